@@ -1,0 +1,1 @@
+//! FUSE wire protocol 7.45 (OWNER: abi helper).

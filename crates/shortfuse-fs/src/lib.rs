@@ -1,0 +1,3 @@
+//! File systems bundled with shortfuse.
+
+pub mod null;

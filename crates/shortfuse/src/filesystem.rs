@@ -1,0 +1,279 @@
+//! The `Filesystem` trait: what a file-system author implements.
+//!
+//! Inode-based like libfuse's low-level API. Methods take `&self` (one
+//! instance serves many worker threads at once) and return values. Every
+//! method has a default; `ENOSYS` defaults are remembered by the kernel for
+//! some calls (e.g. `access`, `flush`, `fsync`, xattrs: the kernel stops
+//! asking and treats the call as succeeded or unsupported for the rest of the
+//! connection), so a file system that does not implement them costs nothing.
+//!
+//! Lookup counting: every [`Entry`] handed back (lookup, create, mkdir,
+//! mknod, symlink, link, and each readdirplus entry other than "." and "..")
+//! counts as one reference the kernel holds on the node; `forget` returns
+//! `nlookup` of them. A node may be freed when its count reaches zero.
+
+use std::ffi::OsStr;
+
+use crate::errno::{Errno, Result};
+use crate::types::*;
+
+/// What the file system may adjust while the connection is set up
+/// (`FUSE_INIT`). Fields start from the mount options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitConfig {
+    /// Protocol version the kernel speaks.
+    pub kernel_major: u32,
+    pub kernel_minor: u32,
+    /// Every `FUSE_*` INIT flag the kernel offers (flags | flags2 << 32).
+    pub kernel_flags: u64,
+    /// The INIT flags the daemon will ask for; the file system may add or
+    /// remove flags the kernel offers (e.g. `FUSE_POSIX_LOCKS` when it
+    /// implements `getlk`/`setlk` itself).
+    pub want: u64,
+    pub max_write: u32,
+    pub max_readahead: u32,
+    pub max_background: u16,
+    pub congestion_threshold: u16,
+    /// Granularity of timestamps in nanoseconds (1 = full precision).
+    pub time_gran: u32,
+}
+
+/// A user-space file system. See the module docs for the contract.
+#[allow(unused_variables)]
+pub trait Filesystem: Send + Sync + 'static {
+    /// Called once when the kernel connects, before any other call.
+    fn init(&self, config: &mut InitConfig) -> Result<()> {
+        Ok(())
+    }
+
+    /// Called once when the connection ends (unmount or shutdown).
+    fn destroy(&self) {}
+
+    /// Looks up `name` in directory `parent`. `ENOENT` becomes a negative
+    /// entry cached by the kernel for the entry timeout.
+    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// The kernel drops `nlookup` references to `node`. No reply is sent.
+    fn forget(&self, node: NodeId, nlookup: u64) {}
+
+    /// `FUSE_BATCH_FORGET`: by default one `forget` per item.
+    fn batch_forget(&self, forgets: &[Forget]) {
+        for f in forgets {
+            self.forget(f.node, f.nlookup);
+        }
+    }
+
+    fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// The target of a symbolic link.
+    fn readlink(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `renameat2(2)`, including `RENAME_NOREPLACE` and `RENAME_EXCHANGE`.
+    fn rename(
+        &self,
+        req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        new_parent: NodeId,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// A new hard link `new_parent/new_name` to `node`.
+    fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Opens a file. `flags` are the `open(2)` flags (without O_CREAT,
+    /// O_EXCL, O_NOCTTY, which the kernel handles). The default succeeds
+    /// with handle 0: a stateless file system needs no handles.
+    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+        Ok(Opened::default())
+    }
+
+    /// Creates and opens `parent/name`. `ENOSYS` makes the kernel fall back to
+    /// `mknod` + `open` for the rest of the connection.
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns the
+    /// number read (short only at end of file, unless the file is direct-io).
+    fn read(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Writes `data`; returns the number of bytes written.
+    fn write(&self, req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Called on every `close(2)` of a descriptor. `ENOSYS` is taken as
+    /// success and never sent again.
+    fn flush(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// The last descriptor of an open file went away. Errors are ignored by
+    /// the kernel.
+    fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
+        Ok(())
+    }
+
+    /// `ENOSYS` is taken as success and never sent again.
+    fn fsync(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+        Ok(Opened::default())
+    }
+
+    /// Lists entries from `offset` (0 = start, otherwise a `next_offset`
+    /// given earlier) into `sink` until it is full or the directory ends.
+    fn readdir(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `readdir` with attributes. `ENOSYS` makes the dispatcher serve it
+    /// from `readdir` + `lookup`.
+    fn readdirplus(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
+        Ok(())
+    }
+
+    /// `ENOSYS` is taken as success and never sent again.
+    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// The default describes an empty file system with 255-byte names.
+    fn statfs(&self, req: &Request, node: NodeId) -> Result<Statfs> {
+        Ok(Statfs {
+            bsize: 4096,
+            frsize: 4096,
+            namelen: 255,
+            ..Statfs::default()
+        })
+    }
+
+    /// `flags` are `XATTR_CREATE`/`XATTR_REPLACE`. `ENOSYS` is permanent
+    /// (every later setxattr fails with EOPNOTSUPP).
+    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// The whole value; the dispatcher answers size probes and `ERANGE`.
+    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Every name, each followed by a NUL byte.
+    fn listxattr(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        Err(Errno::ENOSYS)
+    }
+
+    fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `access(2)` with `mask` of R_OK/W_OK/X_OK/F_OK. `ENOSYS` is taken as
+    /// success and never sent again (use `default_permissions` for checks in
+    /// the kernel).
+    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// Only called when the file system asked for `FUSE_POSIX_LOCKS` in
+    /// `init`; otherwise the kernel keeps POSIX locks itself.
+    fn getlk(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, lock: &Lock) -> Result<Lock> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// See [`Filesystem::getlk`]; `sleep` is set for `F_SETLKW`.
+    fn setlk(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        lock_owner: u64,
+        lock: &Lock,
+        sleep: bool,
+    ) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `flock(2)`; only called when the file system asked for
+    /// `FUSE_FLOCK_LOCKS` in `init`. `op` is `LOCK_SH`/`LOCK_EX`/`LOCK_UN`,
+    /// possibly with `LOCK_NB`.
+    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `fallocate(2)`; `ENOSYS` is permanent (EOPNOTSUPP afterwards).
+    fn fallocate(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (the kernel handles the rest).
+    /// `ENOSYS` makes the kernel use its generic answer (all data).
+    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `copy_file_range(2)`; `ENOSYS` makes the kernel copy through
+    /// read/write for the rest of the connection.
+    fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {
+        Err(Errno::ENOSYS)
+    }
+}

@@ -1,0 +1,23 @@
+//! shortfuse: write a user-space file system once, against one trait, and
+//! serve it over every transport (/dev/fuse, FUSE-over-io_uring, in-process
+//! preload, shared-memory rings).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod datamap;
+pub mod dispatch;
+pub mod errno;
+pub mod filesystem;
+pub mod options;
+pub mod stats;
+pub mod types;
+
+pub use shortfuse_abi as abi;
+
+pub use datamap::{BackingFile, DataMap, Extent};
+pub use dispatch::{Dispatcher, Outcome};
+pub use errno::{Errno, Result};
+pub use filesystem::{Filesystem, InitConfig};
+pub use options::{MountOptions, Readdirplus};
+pub use stats::{Stats, Transport};
+pub use types::*;

@@ -1,0 +1,350 @@
+//! Values that cross the `Filesystem` trait: ids, attributes, entries,
+//! open results and the small argument structs.
+
+use std::ffi::OsStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::datamap::DataMap;
+
+/// The kernel's node id for an inode (`fuse_in_header.nodeid`). Distinct from
+/// the `st_ino` a file system reports in [`Attr::ino`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u64);
+
+impl NodeId {
+    /// The root directory of every mount (`FUSE_ROOT_ID`).
+    pub const ROOT: NodeId = NodeId(1);
+}
+
+/// An open-file or open-directory handle chosen by the file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FileHandle(pub u64);
+
+/// Who asks: the caller's credentials as the kernel reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub unique: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// Seconds and nanoseconds since the epoch, as the kernel carries them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub struct Timestamp {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        Timestamp::from(SystemTime::now())
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Timestamp {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                sec: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                if d.subsec_nanos() == 0 {
+                    Timestamp {
+                        sec: -(d.as_secs() as i64),
+                        nsec: 0,
+                    }
+                } else {
+                    Timestamp {
+                        sec: -(d.as_secs() as i64) - 1,
+                        nsec: 1_000_000_000 - d.subsec_nanos(),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The type bits of a mode (`S_IFMT`), as a Rust enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileType {
+    Regular,
+    Directory,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+}
+
+impl FileType {
+    /// The type encoded in `mode`; unknown types read as `Regular`.
+    pub fn from_mode(mode: u32) -> FileType {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFSOCK => FileType::Socket,
+            _ => FileType::Regular,
+        }
+    }
+
+    /// The `S_IF*` bits of this type.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::Regular => libc::S_IFREG,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::CharDevice => libc::S_IFCHR,
+            FileType::BlockDevice => libc::S_IFBLK,
+            FileType::Fifo => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
+        }
+    }
+
+    /// The `DT_*` value used in directory entries.
+    pub fn dirent_type(self) -> u32 {
+        self.mode_bits() >> 12
+    }
+}
+
+/// Attributes of an inode (`struct fuse_attr`). `mode` holds type and
+/// permission bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Attr {
+    /// `st_ino` as the file system reports it.
+    pub ino: u64,
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+impl Attr {
+    pub fn file_type(&self) -> FileType {
+        FileType::from_mode(self.mode)
+    }
+}
+
+/// A looked-up name: the kernel's node id and the inode's attributes.
+/// Every `Entry` returned (lookup, create, mkdir, mknod, symlink, link,
+/// readdirplus) counts as one lookup that a later `forget` gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub node: NodeId,
+    pub generation: u64,
+    pub attr: Attr,
+    /// How long the kernel may trust the name and attributes; `None` uses
+    /// the mount's `entry_timeout`/`attr_timeout`.
+    pub ttl: Option<Duration>,
+}
+
+impl Entry {
+    pub fn new(node: NodeId, attr: Attr) -> Entry {
+        Entry {
+            node,
+            generation: 0,
+            attr,
+            ttl: None,
+        }
+    }
+}
+
+/// `FOPEN_*` flags a file system may set in its open reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct OpenFlags {
+    /// Bypass the page cache for this open file (`FOPEN_DIRECT_IO`).
+    pub direct_io: bool,
+    /// Keep cached pages from earlier opens (`FOPEN_KEEP_CACHE`).
+    pub keep_cache: bool,
+    /// The file is not seekable (`FOPEN_NONSEEKABLE`).
+    pub nonseekable: bool,
+    /// Cache directory contents (`FOPEN_CACHE_DIR`, opendir only).
+    pub cache_dir: bool,
+    /// Do not send FLUSH on close (`FOPEN_NOFLUSH`).
+    pub noflush: bool,
+    /// Allow parallel direct writes (`FOPEN_PARALLEL_DIRECT_WRITES`).
+    pub parallel_direct_writes: bool,
+}
+
+/// What `open`, `opendir` and `create` return.
+#[derive(Debug, Default)]
+pub struct Opened {
+    pub fh: FileHandle,
+    pub flags: OpenFlags,
+    /// Where the file's data lives, when data I/O may skip the daemon.
+    pub data_map: Option<DataMap>,
+}
+
+impl Opened {
+    pub fn handle(fh: u64) -> Opened {
+        Opened {
+            fh: FileHandle(fh),
+            ..Opened::default()
+        }
+    }
+}
+
+/// What `create` returns: the new name and its open handle.
+#[derive(Debug)]
+pub struct Created {
+    pub entry: Entry,
+    pub opened: Opened,
+}
+
+/// A time to set in `setattr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(Timestamp),
+}
+
+/// The changes asked by `setattr` (chmod, chown, truncate, utimensat).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<Timestamp>,
+    /// The open file this change comes through (ftruncate, fchmod), if any.
+    pub fh: Option<FileHandle>,
+    /// The kernel asks the file system to clear suid/sgid (`FATTR_KILL_SUIDGID`).
+    pub kill_suidgid: bool,
+}
+
+/// Flags of `rename` (`renameat2(2)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RenameFlags {
+    /// `RENAME_NOREPLACE`: fail with EEXIST when the target exists.
+    pub noreplace: bool,
+    /// `RENAME_EXCHANGE`: swap the two names atomically.
+    pub exchange: bool,
+    /// `RENAME_WHITEOUT`.
+    pub whiteout: bool,
+}
+
+impl RenameFlags {
+    pub fn from_raw(flags: u32) -> RenameFlags {
+        RenameFlags {
+            noreplace: flags & libc::RENAME_NOREPLACE != 0,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
+            whiteout: flags & libc::RENAME_WHITEOUT != 0,
+        }
+    }
+
+    pub fn raw(self) -> u32 {
+        (if self.noreplace { libc::RENAME_NOREPLACE } else { 0 })
+            | (if self.exchange { libc::RENAME_EXCHANGE } else { 0 })
+            | (if self.whiteout { libc::RENAME_WHITEOUT } else { 0 })
+    }
+}
+
+/// Arguments of `mknod`, `mkdir` and `create` that describe the new inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewNode {
+    /// Type and permission bits as the caller asked (before umask).
+    pub mode: u32,
+    /// The caller's umask; the kernel leaves applying it to the file system
+    /// when `FUSE_DONT_MASK` was negotiated, otherwise it is already applied.
+    pub umask: u32,
+    /// Device number for `mknod`.
+    pub rdev: u32,
+}
+
+/// Arguments of `write`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WriteArgs {
+    pub offset: u64,
+    /// `FUSE_WRITE_*` flags (cache write, lock owner valid, kill suid/sgid).
+    pub write_flags: u32,
+    /// The open flags of the file (`O_APPEND`, ...).
+    pub flags: u32,
+    pub lock_owner: Option<u64>,
+}
+
+/// Arguments of `release`/`releasedir`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ReleaseArgs {
+    pub flags: u32,
+    /// Set when the kernel asks to flush as part of release.
+    pub flush: bool,
+    /// Set when the kernel asks to drop flock locks held by `lock_owner`.
+    pub flock_release: bool,
+    pub lock_owner: Option<u64>,
+}
+
+/// A byte-range lock (`struct fuse_file_lock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Lock {
+    pub start: u64,
+    /// Last byte included; `u64::MAX` means to end of file.
+    pub end: u64,
+    /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+    pub typ: i32,
+    pub pid: u32,
+}
+
+/// Arguments of `copy_file_range`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyRange {
+    pub node_in: NodeId,
+    pub fh_in: FileHandle,
+    pub off_in: u64,
+    pub node_out: NodeId,
+    pub fh_out: FileHandle,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
+}
+
+/// `struct statvfs` as FUSE carries it (`struct fuse_kstatfs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// One batch-forget item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forget {
+    pub node: NodeId,
+    pub nlookup: u64,
+}
+
+/// Sink for `readdir`: the dispatcher encodes entries straight into the
+/// reply buffer.
+pub trait DirSink {
+    /// Adds one entry; `next_offset` is the offset a later `readdir` resumes
+    /// from. Returns `false` when the reply is full: the entry was not added
+    /// and the file system should stop.
+    fn add(&mut self, ino: u64, next_offset: u64, typ: FileType, name: &OsStr) -> bool;
+}
+
+/// Sink for `readdirplus`: like [`DirSink`] but each entry carries a full
+/// [`Entry`] (which counts as a lookup, except for "." and "..").
+pub trait DirPlusSink {
+    /// Adds one entry. Returns `false` when the reply is full: the entry was
+    /// not added, its lookup does not count, and the file system should stop.
+    fn add(&mut self, entry: &Entry, next_offset: u64, name: &OsStr) -> bool;
+}
