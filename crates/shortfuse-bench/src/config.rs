@@ -1,0 +1,245 @@
+//! Configurations a benchmark runs on: native ext4, shortfuse mounts and
+//! peer FUSE file systems from Debian, each prepared over a fresh source
+//! directory and torn down afterwards (also on failure or Ctrl-C).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cleanup;
+
+/// How one configuration gets its directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The source directory itself (ext4).
+    Native,
+    /// `shortfuse mount FS SRC MNT --transport T -o OPTS`.
+    Shortfuse {
+        fs: String,
+        transport: String,
+        opts: String,
+        threads: Option<usize>,
+    },
+    /// Debian's bindfs, with extra arguments.
+    Bindfs { args: Vec<String> },
+    /// libfuse's low-level passthrough example, compiled at run time.
+    PassthroughLl,
+}
+
+/// A named configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub name: String,
+    pub kind: Kind,
+}
+
+impl Config {
+    /// Every configuration this build knows, in report order.
+    pub fn all() -> Vec<Config> {
+        let sf = |name: &str, opts: &str, threads: Option<usize>| Config {
+            name: name.to_string(),
+            kind: Kind::Shortfuse {
+                fs: "passthrough".into(),
+                transport: "dev".into(),
+                opts: opts.into(),
+                threads,
+            },
+        };
+        vec![
+            Config {
+                name: "native".into(),
+                kind: Kind::Native,
+            },
+            sf("dev-base", "base", Some(1)),
+            sf("dev", "", None),
+            sf("dev-opt", "optimized", None),
+            Config {
+                name: "bindfs".into(),
+                kind: Kind::Bindfs { args: vec![] },
+            },
+            Config {
+                name: "passthrough_ll".into(),
+                kind: Kind::PassthroughLl,
+            },
+        ]
+    }
+
+    /// Configurations by name; an unknown name is an error listing the known ones.
+    pub fn select(names: &[String]) -> Result<Vec<Config>, String> {
+        let all = Config::all();
+        names
+            .iter()
+            .map(|n| {
+                all.iter().find(|c| &c.name == n).cloned().ok_or_else(|| {
+                    let known: Vec<_> = all.iter().map(|c| c.name.as_str()).collect();
+                    format!("unknown configuration {n:?}; known: {}", known.join(", "))
+                })
+            })
+            .collect()
+    }
+}
+
+/// What a run needs from outside: where the shortfuse binary is and where
+/// to put scratch files and built peers.
+pub struct Env {
+    pub shortfuse_bin: PathBuf,
+    pub work: PathBuf,
+}
+
+/// A prepared configuration: `dir` is where the workload runs. Dropping it
+/// unmounts and removes the scratch directories.
+pub struct Prepared {
+    pub dir: PathBuf,
+    root: PathBuf,
+    mountpoint: Option<PathBuf>,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if let Some(mnt) = self.mountpoint.take() {
+            unmount(&mnt);
+            cleanup::forget(&mnt);
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Unmounts `mnt`, lazily if the normal unmount fails, and waits until the
+/// mount table no longer lists it.
+pub fn unmount(mnt: &Path) {
+    let quiet = |c: &mut Command| {
+        c.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+    };
+    if !quiet(Command::new("umount").arg(mnt)).unwrap_or(false) {
+        let _ = quiet(Command::new("umount").arg("-l").arg(mnt));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_mounted(mnt) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `mnt` is a mount point in this process's mount table.
+pub fn is_mounted(mnt: &Path) -> bool {
+    let want = mnt.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| t.lines().any(|l| l.split(' ').nth(4) == Some(&*want)))
+        .unwrap_or(false)
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?} failed ({}): {}",
+            cmd.get_program(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn wait_mounted(mnt: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_mounted(mnt) {
+        if Instant::now() > deadline {
+            return Err(format!("{} did not appear in the mount table", mnt.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Builds libfuse's passthrough_ll from the sources shipped in
+/// libfuse3-dev (once per work directory).
+fn passthrough_ll(env: &Env) -> Result<PathBuf, String> {
+    let examples = Path::new("/usr/share/doc/libfuse3-dev/examples");
+    let bin = env.work.join("peers/passthrough_ll");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    let dir = env.work.join("peers");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    for f in ["passthrough_ll.c", "passthrough_helpers.h"] {
+        std::fs::copy(examples.join(f), dir.join(f))
+            .map_err(|e| format!("{}: {e} (is libfuse3-dev installed?)", examples.join(f).display()))?;
+    }
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "fuse3"])
+        .output()
+        .map_err(|e| format!("pkg-config: {e}"))?;
+    let flags = String::from_utf8_lossy(&flags.stdout).to_string();
+    run(Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(dir.join("passthrough_ll.c"))
+        .args(flags.split_whitespace()))?;
+    Ok(bin)
+}
+
+impl Config {
+    /// Makes a fresh source directory and, for FUSE configurations, mounts
+    /// it. An error says why this configuration cannot run.
+    pub fn prepare(&self, env: &Env) -> Result<Prepared, String> {
+        let root = env.work.join(format!("run-{}-{}", self.name, std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let src = root.join("src");
+        let mnt = root.join("mnt");
+        std::fs::create_dir_all(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+        std::fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+        let mut prepared = Prepared {
+            dir: src.clone(),
+            root,
+            mountpoint: None,
+        };
+        let mut cmd = match &self.kind {
+            Kind::Native => return Ok(prepared),
+            Kind::Shortfuse {
+                fs,
+                transport,
+                opts,
+                threads,
+            } => {
+                let mut c = Command::new(&env.shortfuse_bin);
+                c.arg("mount")
+                    .arg(fs)
+                    .arg(&src)
+                    .arg(&mnt)
+                    .args(["--transport", transport]);
+                if !opts.is_empty() {
+                    c.args(["-o", opts]);
+                }
+                if let Some(t) = threads {
+                    c.args(["--threads", &t.to_string()]);
+                }
+                c
+            }
+            Kind::Bindfs { args } => {
+                let mut c = Command::new("bindfs");
+                c.args(args).arg(&src).arg(&mnt);
+                c
+            }
+            Kind::PassthroughLl => {
+                let mut c = Command::new(passthrough_ll(env)?);
+                c.arg("-o")
+                    .arg(format!("source={},cache=always,writeback", src.display()))
+                    .arg(&mnt);
+                c
+            }
+        };
+        cleanup::remember(&mnt);
+        prepared.mountpoint = Some(mnt.clone());
+        run(&mut cmd)?;
+        wait_mounted(&mnt)?;
+        prepared.dir = mnt;
+        Ok(prepared)
+    }
+}
