@@ -1,0 +1,232 @@
+//! Opcodes (`enum fuse_opcode`) and the one table that describes each of
+//! them: name, fixed argument size, trailing names, reply or not. Parsing,
+//! logging and statistics all read [`op_info`].
+
+use core::mem::size_of;
+
+use crate::request::*;
+
+pub const FUSE_LOOKUP: u32 = 1;
+/// No reply.
+pub const FUSE_FORGET: u32 = 2;
+pub const FUSE_GETATTR: u32 = 3;
+pub const FUSE_SETATTR: u32 = 4;
+pub const FUSE_READLINK: u32 = 5;
+pub const FUSE_SYMLINK: u32 = 6;
+pub const FUSE_MKNOD: u32 = 8;
+pub const FUSE_MKDIR: u32 = 9;
+pub const FUSE_UNLINK: u32 = 10;
+pub const FUSE_RMDIR: u32 = 11;
+pub const FUSE_RENAME: u32 = 12;
+pub const FUSE_LINK: u32 = 13;
+pub const FUSE_OPEN: u32 = 14;
+pub const FUSE_READ: u32 = 15;
+pub const FUSE_WRITE: u32 = 16;
+pub const FUSE_STATFS: u32 = 17;
+pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_FSYNC: u32 = 20;
+pub const FUSE_SETXATTR: u32 = 21;
+pub const FUSE_GETXATTR: u32 = 22;
+pub const FUSE_LISTXATTR: u32 = 23;
+pub const FUSE_REMOVEXATTR: u32 = 24;
+pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_INIT: u32 = 26;
+pub const FUSE_OPENDIR: u32 = 27;
+pub const FUSE_READDIR: u32 = 28;
+pub const FUSE_RELEASEDIR: u32 = 29;
+pub const FUSE_FSYNCDIR: u32 = 30;
+pub const FUSE_GETLK: u32 = 31;
+pub const FUSE_SETLK: u32 = 32;
+pub const FUSE_SETLKW: u32 = 33;
+pub const FUSE_ACCESS: u32 = 34;
+pub const FUSE_CREATE: u32 = 35;
+/// No reply.
+pub const FUSE_INTERRUPT: u32 = 36;
+pub const FUSE_BMAP: u32 = 37;
+pub const FUSE_DESTROY: u32 = 38;
+pub const FUSE_IOCTL: u32 = 39;
+pub const FUSE_POLL: u32 = 40;
+/// The daemon's answer to `FUSE_NOTIFY_RETRIEVE`; no reply.
+pub const FUSE_NOTIFY_REPLY: u32 = 41;
+/// No reply.
+pub const FUSE_BATCH_FORGET: u32 = 42;
+pub const FUSE_FALLOCATE: u32 = 43;
+pub const FUSE_READDIRPLUS: u32 = 44;
+pub const FUSE_RENAME2: u32 = 45;
+pub const FUSE_LSEEK: u32 = 46;
+pub const FUSE_COPY_FILE_RANGE: u32 = 47;
+pub const FUSE_SETUPMAPPING: u32 = 48;
+pub const FUSE_REMOVEMAPPING: u32 = 49;
+pub const FUSE_SYNCFS: u32 = 50;
+pub const FUSE_TMPFILE: u32 = 51;
+pub const FUSE_STATX: u32 = 52;
+/// 7.45: like `FUSE_COPY_FILE_RANGE` with a 64-bit byte count in the reply.
+pub const FUSE_COPY_FILE_RANGE_64: u32 = 53;
+pub const CUSE_INIT: u32 = 4096;
+/// Byte-swapped `CUSE_INIT`: reserved to detect a peer of the other endianness.
+pub const CUSE_INIT_BSWAP_RESERVED: u32 = 1_048_576;
+/// Byte-swapped `FUSE_INIT`: reserved to detect a peer of the other endianness.
+pub const FUSE_INIT_BSWAP_RESERVED: u32 = 436_207_616;
+
+/// What the protocol says about one opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpInfo {
+    pub opcode: u32,
+    /// The kernel's name without the `FUSE_` prefix (`"LOOKUP"`).
+    pub name: &'static str,
+    /// Size of the fixed argument struct at the start of the body (the
+    /// smallest accepted size when the protocol has compatible short forms).
+    pub arg_size: usize,
+    /// NUL-terminated names after the fixed argument.
+    pub names: u8,
+    /// Whether the daemon answers (false for FORGET, BATCH_FORGET,
+    /// INTERRUPT, NOTIFY_REPLY).
+    pub reply: bool,
+}
+
+const fn op(opcode: u32, name: &'static str, arg_size: usize, names: u8, reply: bool) -> OpInfo {
+    OpInfo {
+        opcode,
+        name,
+        arg_size,
+        names,
+        reply,
+    }
+}
+
+/// Every opcode of protocol 7.45, in opcode order.
+pub static OPCODES: &[OpInfo] = &[
+    op(FUSE_LOOKUP, "LOOKUP", 0, 1, true),
+    op(FUSE_FORGET, "FORGET", size_of::<fuse_forget_in>(), 0, false),
+    op(FUSE_GETATTR, "GETATTR", size_of::<fuse_getattr_in>(), 0, true),
+    op(FUSE_SETATTR, "SETATTR", size_of::<fuse_setattr_in>(), 0, true),
+    op(FUSE_READLINK, "READLINK", 0, 0, true),
+    op(FUSE_SYMLINK, "SYMLINK", 0, 2, true),
+    op(FUSE_MKNOD, "MKNOD", size_of::<fuse_mknod_in>(), 1, true),
+    op(FUSE_MKDIR, "MKDIR", size_of::<fuse_mkdir_in>(), 1, true),
+    op(FUSE_UNLINK, "UNLINK", 0, 1, true),
+    op(FUSE_RMDIR, "RMDIR", 0, 1, true),
+    op(FUSE_RENAME, "RENAME", size_of::<fuse_rename_in>(), 2, true),
+    op(FUSE_LINK, "LINK", size_of::<fuse_link_in>(), 1, true),
+    op(FUSE_OPEN, "OPEN", size_of::<fuse_open_in>(), 0, true),
+    op(FUSE_READ, "READ", size_of::<fuse_read_in>(), 0, true),
+    op(FUSE_WRITE, "WRITE", size_of::<fuse_write_in>(), 0, true),
+    op(FUSE_STATFS, "STATFS", 0, 0, true),
+    op(FUSE_RELEASE, "RELEASE", size_of::<fuse_release_in>(), 0, true),
+    op(FUSE_FSYNC, "FSYNC", size_of::<fuse_fsync_in>(), 0, true),
+    op(FUSE_SETXATTR, "SETXATTR", FUSE_COMPAT_SETXATTR_IN_SIZE, 1, true),
+    op(FUSE_GETXATTR, "GETXATTR", size_of::<fuse_getxattr_in>(), 1, true),
+    op(FUSE_LISTXATTR, "LISTXATTR", size_of::<fuse_getxattr_in>(), 0, true),
+    op(FUSE_REMOVEXATTR, "REMOVEXATTR", 0, 1, true),
+    op(FUSE_FLUSH, "FLUSH", size_of::<fuse_flush_in>(), 0, true),
+    op(FUSE_INIT, "INIT", FUSE_COMPAT_INIT_IN_SIZE, 0, true),
+    op(FUSE_OPENDIR, "OPENDIR", size_of::<fuse_open_in>(), 0, true),
+    op(FUSE_READDIR, "READDIR", size_of::<fuse_read_in>(), 0, true),
+    op(FUSE_RELEASEDIR, "RELEASEDIR", size_of::<fuse_release_in>(), 0, true),
+    op(FUSE_FSYNCDIR, "FSYNCDIR", size_of::<fuse_fsync_in>(), 0, true),
+    op(FUSE_GETLK, "GETLK", size_of::<fuse_lk_in>(), 0, true),
+    op(FUSE_SETLK, "SETLK", size_of::<fuse_lk_in>(), 0, true),
+    op(FUSE_SETLKW, "SETLKW", size_of::<fuse_lk_in>(), 0, true),
+    op(FUSE_ACCESS, "ACCESS", size_of::<fuse_access_in>(), 0, true),
+    op(FUSE_CREATE, "CREATE", size_of::<fuse_create_in>(), 1, true),
+    op(FUSE_INTERRUPT, "INTERRUPT", size_of::<fuse_interrupt_in>(), 0, false),
+    op(FUSE_BMAP, "BMAP", size_of::<fuse_bmap_in>(), 0, true),
+    op(FUSE_DESTROY, "DESTROY", 0, 0, true),
+    op(FUSE_IOCTL, "IOCTL", size_of::<fuse_ioctl_in>(), 0, true),
+    op(FUSE_POLL, "POLL", size_of::<fuse_poll_in>(), 0, true),
+    op(
+        FUSE_NOTIFY_REPLY,
+        "NOTIFY_REPLY",
+        size_of::<crate::notify::fuse_notify_retrieve_in>(),
+        0,
+        false,
+    ),
+    op(
+        FUSE_BATCH_FORGET,
+        "BATCH_FORGET",
+        size_of::<fuse_batch_forget_in>(),
+        0,
+        false,
+    ),
+    op(FUSE_FALLOCATE, "FALLOCATE", size_of::<fuse_fallocate_in>(), 0, true),
+    op(FUSE_READDIRPLUS, "READDIRPLUS", size_of::<fuse_read_in>(), 0, true),
+    op(FUSE_RENAME2, "RENAME2", size_of::<fuse_rename2_in>(), 2, true),
+    op(FUSE_LSEEK, "LSEEK", size_of::<fuse_lseek_in>(), 0, true),
+    op(
+        FUSE_COPY_FILE_RANGE,
+        "COPY_FILE_RANGE",
+        size_of::<fuse_copy_file_range_in>(),
+        0,
+        true,
+    ),
+    op(
+        FUSE_SETUPMAPPING,
+        "SETUPMAPPING",
+        size_of::<fuse_setupmapping_in>(),
+        0,
+        true,
+    ),
+    op(
+        FUSE_REMOVEMAPPING,
+        "REMOVEMAPPING",
+        size_of::<fuse_removemapping_in>(),
+        0,
+        true,
+    ),
+    op(FUSE_SYNCFS, "SYNCFS", size_of::<fuse_syncfs_in>(), 0, true),
+    op(FUSE_TMPFILE, "TMPFILE", size_of::<fuse_create_in>(), 1, true),
+    op(FUSE_STATX, "STATX", size_of::<fuse_statx_in>(), 0, true),
+    op(
+        FUSE_COPY_FILE_RANGE_64,
+        "COPY_FILE_RANGE_64",
+        size_of::<fuse_copy_file_range_in>(),
+        0,
+        true,
+    ),
+    op(CUSE_INIT, "CUSE_INIT", size_of::<cuse_init_in>(), 0, true),
+];
+
+/// The description of `opcode`, or `None` for an opcode this protocol does
+/// not know.
+pub fn op_info(opcode: u32) -> Option<&'static OpInfo> {
+    match opcode {
+        // Opcodes 1..=53 are dense except for the holes at 7 and 19; the
+        // table is sorted, so a binary search finds them without a gap map.
+        CUSE_INIT => OPCODES.last(),
+        _ => OPCODES
+            .binary_search_by_key(&opcode, |o| o.opcode)
+            .ok()
+            .map(|i| &OPCODES[i]),
+    }
+}
+
+/// The kernel's name of `opcode` (`"LOOKUP"`), `"UNKNOWN"` otherwise.
+pub fn opcode_name(opcode: u32) -> &'static str {
+    op_info(opcode).map_or("UNKNOWN", |o| o.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_and_complete() {
+        for w in OPCODES.windows(2) {
+            assert!(w[0].opcode < w[1].opcode, "{} before {}", w[0].name, w[1].name);
+        }
+        for code in 1..=53u32 {
+            let known = op_info(code).is_some();
+            assert_eq!(known, code != 7 && code != 19, "opcode {code}");
+        }
+        assert_eq!(opcode_name(FUSE_LOOKUP), "LOOKUP");
+        assert_eq!(opcode_name(FUSE_COPY_FILE_RANGE_64), "COPY_FILE_RANGE_64");
+        assert_eq!(opcode_name(CUSE_INIT), "CUSE_INIT");
+        assert_eq!(opcode_name(7), "UNKNOWN");
+        assert_eq!(opcode_name(FUSE_INIT_BSWAP_RESERVED), "UNKNOWN");
+        let no_reply: Vec<_> = OPCODES.iter().filter(|o| !o.reply).map(|o| o.opcode).collect();
+        assert_eq!(
+            no_reply,
+            [FUSE_FORGET, FUSE_INTERRUPT, FUSE_NOTIFY_REPLY, FUSE_BATCH_FORGET]
+        );
+    }
+}

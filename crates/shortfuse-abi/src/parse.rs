@@ -1,0 +1,757 @@
+//! Zero-copy parsing of one request message into a borrowed per-opcode view.
+//!
+//! Fixed argument structs are copied out by value (they are small, and the
+//! message buffer need not be 8-byte aligned); names and data stay borrowed
+//! slices of the message. Every length is checked: a truncated, oversized
+//! or garbled message gives a [`ParseError`], never a panic.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+
+use zerocopy::FromBytes;
+
+use crate::notify::fuse_notify_retrieve_in;
+use crate::opcodes::*;
+use crate::request::*;
+
+/// What the daemon negotiated that changes request layouts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParseConfig {
+    /// `FUSE_SETXATTR_EXT` was negotiated: SETXATTR carries the 16-byte
+    /// `fuse_setxattr_in`.
+    pub setxattr_ext: bool,
+}
+
+/// One parsed request: header, per-opcode arguments, raw extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub header: fuse_in_header,
+    pub op: Operation<'a>,
+    /// Request extensions (`total_extlen * 8` bytes at the end), unparsed.
+    pub extensions: &'a [u8],
+}
+
+impl Request<'_> {
+    pub fn opcode(&self) -> u32 {
+        self.header.opcode
+    }
+
+    pub fn unique(&self) -> u64 {
+        self.header.unique
+    }
+}
+
+/// The array of a BATCH_FORGET request, read item by item.
+#[derive(Clone, Copy, Debug)]
+pub struct ForgetList<'a>(&'a [u8]);
+
+impl<'a> ForgetList<'a> {
+    pub fn len(&self) -> usize {
+        self.0.len() / core::mem::size_of::<fuse_forget_one>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = fuse_forget_one> + 'a {
+        self.0
+            .chunks_exact(core::mem::size_of::<fuse_forget_one>())
+            .filter_map(|c| fuse_forget_one::read_from_bytes(c).ok())
+    }
+}
+
+/// The array of a REMOVEMAPPING request, read item by item.
+#[derive(Clone, Copy, Debug)]
+pub struct RemoveMappingList<'a>(&'a [u8]);
+
+impl<'a> RemoveMappingList<'a> {
+    pub fn len(&self) -> usize {
+        self.0.len() / core::mem::size_of::<fuse_removemapping_one>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = fuse_removemapping_one> + 'a {
+        self.0
+            .chunks_exact(core::mem::size_of::<fuse_removemapping_one>())
+            .filter_map(|c| fuse_removemapping_one::read_from_bytes(c).ok())
+    }
+}
+
+/// The arguments of each opcode. Names are given without their NUL byte.
+#[derive(Clone, Copy, Debug)]
+pub enum Operation<'a> {
+    Lookup {
+        name: &'a OsStr,
+    },
+    Forget {
+        arg: fuse_forget_in,
+    },
+    Getattr {
+        arg: fuse_getattr_in,
+    },
+    Setattr {
+        arg: fuse_setattr_in,
+    },
+    Readlink,
+    Symlink {
+        name: &'a OsStr,
+        target: &'a OsStr,
+    },
+    Mknod {
+        arg: fuse_mknod_in,
+        name: &'a OsStr,
+    },
+    Mkdir {
+        arg: fuse_mkdir_in,
+        name: &'a OsStr,
+    },
+    Unlink {
+        name: &'a OsStr,
+    },
+    Rmdir {
+        name: &'a OsStr,
+    },
+    Rename {
+        arg: fuse_rename_in,
+        name: &'a OsStr,
+        new_name: &'a OsStr,
+    },
+    Link {
+        arg: fuse_link_in,
+        name: &'a OsStr,
+    },
+    Open {
+        arg: fuse_open_in,
+    },
+    Read {
+        arg: fuse_read_in,
+    },
+    Write {
+        arg: fuse_write_in,
+        data: &'a [u8],
+    },
+    Statfs,
+    Release {
+        arg: fuse_release_in,
+    },
+    Fsync {
+        arg: fuse_fsync_in,
+    },
+    /// Without `FUSE_SETXATTR_EXT`, `setxattr_flags` reads as 0.
+    Setxattr {
+        arg: fuse_setxattr_in,
+        name: &'a OsStr,
+        value: &'a [u8],
+    },
+    Getxattr {
+        arg: fuse_getxattr_in,
+        name: &'a OsStr,
+    },
+    Listxattr {
+        arg: fuse_getxattr_in,
+    },
+    Removexattr {
+        name: &'a OsStr,
+    },
+    Flush {
+        arg: fuse_flush_in,
+    },
+    /// From a kernel older than 7.36 the missing fields read as 0.
+    Init {
+        arg: fuse_init_in,
+    },
+    Opendir {
+        arg: fuse_open_in,
+    },
+    Readdir {
+        arg: fuse_read_in,
+    },
+    Releasedir {
+        arg: fuse_release_in,
+    },
+    Fsyncdir {
+        arg: fuse_fsync_in,
+    },
+    Getlk {
+        arg: fuse_lk_in,
+    },
+    Setlk {
+        arg: fuse_lk_in,
+    },
+    Setlkw {
+        arg: fuse_lk_in,
+    },
+    Access {
+        arg: fuse_access_in,
+    },
+    Create {
+        arg: fuse_create_in,
+        name: &'a OsStr,
+    },
+    Interrupt {
+        arg: fuse_interrupt_in,
+    },
+    Bmap {
+        arg: fuse_bmap_in,
+    },
+    Destroy,
+    Ioctl {
+        arg: fuse_ioctl_in,
+        data: &'a [u8],
+    },
+    Poll {
+        arg: fuse_poll_in,
+    },
+    NotifyReply {
+        arg: fuse_notify_retrieve_in,
+        data: &'a [u8],
+    },
+    BatchForget {
+        arg: fuse_batch_forget_in,
+        nodes: ForgetList<'a>,
+    },
+    Fallocate {
+        arg: fuse_fallocate_in,
+    },
+    Readdirplus {
+        arg: fuse_read_in,
+    },
+    Rename2 {
+        arg: fuse_rename2_in,
+        name: &'a OsStr,
+        new_name: &'a OsStr,
+    },
+    Lseek {
+        arg: fuse_lseek_in,
+    },
+    CopyFileRange {
+        arg: fuse_copy_file_range_in,
+    },
+    SetupMapping {
+        arg: fuse_setupmapping_in,
+    },
+    RemoveMapping {
+        arg: fuse_removemapping_in,
+        entries: RemoveMappingList<'a>,
+    },
+    Syncfs {
+        arg: fuse_syncfs_in,
+    },
+    Tmpfile {
+        arg: fuse_create_in,
+        name: &'a OsStr,
+    },
+    Statx {
+        arg: fuse_statx_in,
+    },
+    CopyFileRange64 {
+        arg: fuse_copy_file_range_in,
+    },
+    CuseInit {
+        arg: cuse_init_in,
+    },
+}
+
+/// Why a message could not be parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParseErrorKind {
+    /// Fewer bytes than a `fuse_in_header`.
+    ShortHeader {
+        have: usize,
+    },
+    /// `fuse_in_header.len` differs from the message length.
+    LengthMismatch {
+        header_len: u32,
+        have: usize,
+    },
+    /// `total_extlen` claims more bytes than the body holds.
+    BadExtensions {
+        extlen: usize,
+        body: usize,
+    },
+    UnknownOpcode,
+    /// The fixed argument or trailing data is cut short.
+    Truncated {
+        need: usize,
+        have: usize,
+    },
+    /// A name has no terminating NUL byte.
+    UnterminatedName,
+    /// A count field does not fit the message.
+    BadCount {
+        count: u64,
+    },
+}
+
+/// A message that could not be parsed. When the header itself was readable,
+/// [`ParseError::header`] gives it, so the caller can still answer
+/// `unique` with an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParseError {
+    pub header: Option<fuse_in_header>,
+    pub kind: ParseErrorKind,
+}
+
+impl ParseError {
+    pub fn header(&self) -> Option<&fuse_in_header> {
+        self.header.as_ref()
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.header {
+            Some(h) => write!(
+                f,
+                "bad FUSE request (opcode {} {}, unique {}): ",
+                h.opcode,
+                opcode_name(h.opcode),
+                h.unique
+            )?,
+            None => f.write_str("bad FUSE request: ")?,
+        }
+        match self.kind {
+            ParseErrorKind::ShortHeader { have } => write!(f, "{have} bytes, shorter than the 40-byte header"),
+            ParseErrorKind::LengthMismatch { header_len, have } => {
+                write!(f, "header says {header_len} bytes, message has {have}")
+            }
+            ParseErrorKind::BadExtensions { extlen, body } => {
+                write!(f, "{extlen} bytes of extensions in a {body}-byte body")
+            }
+            ParseErrorKind::UnknownOpcode => f.write_str("unknown opcode"),
+            ParseErrorKind::Truncated { need, have } => write!(f, "needs {need} bytes of arguments, has {have}"),
+            ParseErrorKind::UnterminatedName => f.write_str("name without NUL terminator"),
+            ParseErrorKind::BadCount { count } => write!(f, "count {count} does not fit the message"),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+/// Parses one request with the default layouts (no `FUSE_SETXATTR_EXT`).
+pub fn parse(buf: &[u8]) -> Result<Request<'_>, ParseError> {
+    parse_with(buf, ParseConfig::default())
+}
+
+/// Only the header: enough to answer a request whose body is unusable.
+pub fn parse_header(buf: &[u8]) -> Result<fuse_in_header, ParseError> {
+    match fuse_in_header::read_from_prefix(buf) {
+        Ok((h, _)) => Ok(h),
+        Err(_) => Err(ParseError {
+            header: None,
+            kind: ParseErrorKind::ShortHeader { have: buf.len() },
+        }),
+    }
+}
+
+/// Parses one request message; `buf` must be exactly the message
+/// (`fuse_in_header.len` bytes).
+pub fn parse_with(buf: &[u8], config: ParseConfig) -> Result<Request<'_>, ParseError> {
+    let header = parse_header(buf)?;
+    let err = |kind| ParseError {
+        header: Some(header),
+        kind,
+    };
+    if header.len as usize != buf.len() {
+        return Err(err(ParseErrorKind::LengthMismatch {
+            header_len: header.len,
+            have: buf.len(),
+        }));
+    }
+    let body = &buf[core::mem::size_of::<fuse_in_header>()..];
+    let extlen = header.total_extlen as usize * 8;
+    if extlen > body.len() {
+        return Err(err(ParseErrorKind::BadExtensions {
+            extlen,
+            body: body.len(),
+        }));
+    }
+    let (body, extensions) = body.split_at(body.len() - extlen);
+    let op = parse_op(header.opcode, body, config).map_err(err)?;
+    Ok(Request { header, op, extensions })
+}
+
+/// A cursor over the body of one message.
+struct Body<'a>(&'a [u8]);
+
+impl<'a> Body<'a> {
+    fn arg<T: FromBytes>(&mut self) -> Result<T, ParseErrorKind> {
+        match T::read_from_prefix(self.0) {
+            Ok((v, rest)) => {
+                self.0 = rest;
+                Ok(v)
+            }
+            Err(_) => Err(ParseErrorKind::Truncated {
+                need: core::mem::size_of::<T>(),
+                have: self.0.len(),
+            }),
+        }
+    }
+
+    /// A struct of which older peers send only a prefix of at least `min`
+    /// bytes; the rest reads as zero.
+    fn arg_prefix<T: FromBytes + zerocopy::IntoBytes>(&mut self, min: usize) -> Result<T, ParseErrorKind> {
+        let size = core::mem::size_of::<T>();
+        if self.0.len() < min {
+            return Err(ParseErrorKind::Truncated {
+                need: min,
+                have: self.0.len(),
+            });
+        }
+        let take = self.0.len().min(size);
+        let mut v = T::new_zeroed();
+        v.as_mut_bytes()[..take].copy_from_slice(&self.0[..take]);
+        self.0 = &self.0[take..];
+        Ok(v)
+    }
+
+    fn name(&mut self) -> Result<&'a OsStr, ParseErrorKind> {
+        let nul = self
+            .0
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(ParseErrorKind::UnterminatedName)?;
+        let name = &self.0[..nul];
+        self.0 = &self.0[nul + 1..];
+        Ok(OsStr::from_bytes(name))
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], ParseErrorKind> {
+        if self.0.len() < n {
+            return Err(ParseErrorKind::Truncated {
+                need: n,
+                have: self.0.len(),
+            });
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array(&mut self, count: u64, item: usize) -> Result<&'a [u8], ParseErrorKind> {
+        let n = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(item))
+            .filter(|&n| n <= self.0.len())
+            .ok_or(ParseErrorKind::BadCount { count })?;
+        self.bytes(n)
+    }
+}
+
+fn parse_op(opcode: u32, body: &[u8], config: ParseConfig) -> Result<Operation<'_>, ParseErrorKind> {
+    use Operation as O;
+    let mut b = Body(body);
+    Ok(match opcode {
+        FUSE_LOOKUP => O::Lookup { name: b.name()? },
+        FUSE_FORGET => O::Forget { arg: b.arg()? },
+        FUSE_GETATTR => O::Getattr { arg: b.arg()? },
+        FUSE_SETATTR => O::Setattr { arg: b.arg()? },
+        FUSE_READLINK => O::Readlink,
+        FUSE_SYMLINK => O::Symlink {
+            name: b.name()?,
+            target: b.name()?,
+        },
+        FUSE_MKNOD => O::Mknod {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_MKDIR => O::Mkdir {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_UNLINK => O::Unlink { name: b.name()? },
+        FUSE_RMDIR => O::Rmdir { name: b.name()? },
+        FUSE_RENAME => O::Rename {
+            arg: b.arg()?,
+            name: b.name()?,
+            new_name: b.name()?,
+        },
+        FUSE_LINK => O::Link {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_OPEN => O::Open { arg: b.arg()? },
+        FUSE_READ => O::Read { arg: b.arg()? },
+        FUSE_WRITE => {
+            let arg: fuse_write_in = b.arg()?;
+            O::Write {
+                arg,
+                data: b.bytes(arg.size as usize)?,
+            }
+        }
+        FUSE_STATFS => O::Statfs,
+        FUSE_RELEASE => O::Release { arg: b.arg()? },
+        FUSE_FSYNC => O::Fsync { arg: b.arg()? },
+        FUSE_SETXATTR => {
+            let arg: fuse_setxattr_in = if config.setxattr_ext {
+                b.arg()?
+            } else {
+                let size: u32 = b.arg()?;
+                let flags: u32 = b.arg()?;
+                fuse_setxattr_in {
+                    size,
+                    flags,
+                    ..Default::default()
+                }
+            };
+            let name = b.name()?;
+            O::Setxattr {
+                arg,
+                name,
+                value: b.bytes(arg.size as usize)?,
+            }
+        }
+        FUSE_GETXATTR => O::Getxattr {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_LISTXATTR => O::Listxattr { arg: b.arg()? },
+        FUSE_REMOVEXATTR => O::Removexattr { name: b.name()? },
+        FUSE_FLUSH => O::Flush { arg: b.arg()? },
+        FUSE_INIT => O::Init {
+            arg: b.arg_prefix(FUSE_COMPAT_INIT_IN_SIZE)?,
+        },
+        FUSE_OPENDIR => O::Opendir { arg: b.arg()? },
+        FUSE_READDIR => O::Readdir { arg: b.arg()? },
+        FUSE_RELEASEDIR => O::Releasedir { arg: b.arg()? },
+        FUSE_FSYNCDIR => O::Fsyncdir { arg: b.arg()? },
+        FUSE_GETLK => O::Getlk { arg: b.arg()? },
+        FUSE_SETLK => O::Setlk { arg: b.arg()? },
+        FUSE_SETLKW => O::Setlkw { arg: b.arg()? },
+        FUSE_ACCESS => O::Access { arg: b.arg()? },
+        FUSE_CREATE => O::Create {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_INTERRUPT => O::Interrupt { arg: b.arg()? },
+        FUSE_BMAP => O::Bmap { arg: b.arg()? },
+        FUSE_DESTROY => O::Destroy,
+        FUSE_IOCTL => {
+            let arg: fuse_ioctl_in = b.arg()?;
+            O::Ioctl {
+                arg,
+                data: b.bytes(arg.in_size as usize)?,
+            }
+        }
+        FUSE_POLL => O::Poll { arg: b.arg()? },
+        FUSE_NOTIFY_REPLY => {
+            let arg: fuse_notify_retrieve_in = b.arg()?;
+            O::NotifyReply {
+                arg,
+                data: b.bytes(arg.size as usize)?,
+            }
+        }
+        FUSE_BATCH_FORGET => {
+            let arg: fuse_batch_forget_in = b.arg()?;
+            let nodes = b.array(arg.count.into(), core::mem::size_of::<fuse_forget_one>())?;
+            O::BatchForget {
+                arg,
+                nodes: ForgetList(nodes),
+            }
+        }
+        FUSE_FALLOCATE => O::Fallocate { arg: b.arg()? },
+        FUSE_READDIRPLUS => O::Readdirplus { arg: b.arg()? },
+        FUSE_RENAME2 => O::Rename2 {
+            arg: b.arg()?,
+            name: b.name()?,
+            new_name: b.name()?,
+        },
+        FUSE_LSEEK => O::Lseek { arg: b.arg()? },
+        FUSE_COPY_FILE_RANGE => O::CopyFileRange { arg: b.arg()? },
+        FUSE_SETUPMAPPING => O::SetupMapping { arg: b.arg()? },
+        FUSE_REMOVEMAPPING => {
+            let arg: fuse_removemapping_in = b.arg()?;
+            let entries = b.array(arg.count.into(), core::mem::size_of::<fuse_removemapping_one>())?;
+            O::RemoveMapping {
+                arg,
+                entries: RemoveMappingList(entries),
+            }
+        }
+        FUSE_SYNCFS => O::Syncfs { arg: b.arg()? },
+        FUSE_TMPFILE => O::Tmpfile {
+            arg: b.arg()?,
+            name: b.name()?,
+        },
+        FUSE_STATX => O::Statx { arg: b.arg()? },
+        FUSE_COPY_FILE_RANGE_64 => O::CopyFileRange64 { arg: b.arg()? },
+        CUSE_INIT => O::CuseInit { arg: b.arg()? },
+        _ => return Err(ParseErrorKind::UnknownOpcode),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerocopy::IntoBytes;
+
+    fn msg(opcode: u32, body: &[u8]) -> Vec<u8> {
+        let h = fuse_in_header {
+            len: (40 + body.len()) as u32,
+            opcode,
+            unique: 7,
+            nodeid: 1,
+            ..Default::default()
+        };
+        let mut v = h.as_bytes().to_vec();
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn lookup_name_without_nul() {
+        let m = msg(FUSE_LOOKUP, b"hello\0");
+        let r = parse(&m).unwrap();
+        assert_eq!(r.unique(), 7);
+        match r.op {
+            Operation::Lookup { name } => assert_eq!(name, "hello"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn write_data_is_borrowed_and_checked() {
+        let arg = fuse_write_in {
+            size: 4,
+            offset: 10,
+            ..Default::default()
+        };
+        let mut body = arg.as_bytes().to_vec();
+        body.extend_from_slice(b"abcd");
+        let m = msg(FUSE_WRITE, &body);
+        match parse(&m).unwrap().op {
+            Operation::Write { arg, data } => {
+                assert_eq!(arg.offset, 10);
+                assert_eq!(data, b"abcd");
+            }
+            other => panic!("{other:?}"),
+        }
+        let short = msg(FUSE_WRITE, &body[..body.len() - 1]);
+        let e = parse(&short).unwrap_err();
+        assert_eq!(e.header().unwrap().unique, 7);
+        assert_eq!(e.kind, ParseErrorKind::Truncated { need: 4, have: 3 });
+    }
+
+    #[test]
+    fn rename_two_names_and_errors() {
+        let mut body = fuse_rename_in { newdir: 5 }.as_bytes().to_vec();
+        body.extend_from_slice(b"a\0bb\0");
+        match parse(&msg(FUSE_RENAME, &body)).unwrap().op {
+            Operation::Rename { arg, name, new_name } => {
+                assert_eq!(
+                    (arg.newdir, name.as_bytes(), new_name.as_bytes()),
+                    (5, &b"a"[..], &b"bb"[..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        body.pop();
+        let e = parse(&msg(FUSE_RENAME, &body)).unwrap_err();
+        assert_eq!(e.kind, ParseErrorKind::UnterminatedName);
+    }
+
+    #[test]
+    fn header_errors() {
+        assert_eq!(
+            parse(&[0u8; 39]).unwrap_err().kind,
+            ParseErrorKind::ShortHeader { have: 39 }
+        );
+        let mut m = msg(FUSE_STATFS, &[]);
+        m.push(0);
+        assert!(matches!(
+            parse(&m).unwrap_err().kind,
+            ParseErrorKind::LengthMismatch { .. }
+        ));
+        let m = msg(999, &[]);
+        assert_eq!(parse(&m).unwrap_err().kind, ParseErrorKind::UnknownOpcode);
+        let mut m = msg(FUSE_STATFS, &[]);
+        m[36] = 1; // total_extlen = 1: 8 bytes of extensions in an empty body
+        assert!(matches!(
+            parse(&m).unwrap_err().kind,
+            ParseErrorKind::BadExtensions { .. }
+        ));
+    }
+
+    #[test]
+    fn init_accepts_the_short_form() {
+        let arg = fuse_init_in {
+            major: 7,
+            minor: 31,
+            max_readahead: 4096,
+            flags: 1,
+            ..Default::default()
+        };
+        let m = msg(FUSE_INIT, &arg.as_bytes()[..16]);
+        match parse(&m).unwrap().op {
+            Operation::Init { arg: got } => assert_eq!(got, arg),
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&msg(FUSE_INIT, &arg.as_bytes()[..15])).is_err());
+    }
+
+    #[test]
+    fn batch_forget_count_is_checked() {
+        let mut body = fuse_batch_forget_in { count: 2, dummy: 0 }.as_bytes().to_vec();
+        body.extend_from_slice(fuse_forget_one { nodeid: 3, nlookup: 1 }.as_bytes());
+        assert_eq!(
+            parse(&msg(FUSE_BATCH_FORGET, &body)).unwrap_err().kind,
+            ParseErrorKind::BadCount { count: 2 }
+        );
+        body.extend_from_slice(fuse_forget_one { nodeid: 4, nlookup: 2 }.as_bytes());
+        match parse(&msg(FUSE_BATCH_FORGET, &body)).unwrap().op {
+            Operation::BatchForget { nodes, .. } => {
+                let v: Vec<_> = nodes.iter().map(|f| (f.nodeid, f.nlookup)).collect();
+                assert_eq!(v, [(3, 1), (4, 2)]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn setxattr_both_layouts() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&3u32.to_ne_bytes());
+        body.extend_from_slice(&1u32.to_ne_bytes());
+        body.extend_from_slice(b"user.a\0xyz");
+        match parse(&msg(FUSE_SETXATTR, &body)).unwrap().op {
+            Operation::Setxattr { arg, name, value } => {
+                assert_eq!(
+                    (arg.size, arg.flags, name.as_bytes(), value),
+                    (3, 1, &b"user.a"[..], &b"xyz"[..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let ext = ParseConfig { setxattr_ext: true };
+        let arg = fuse_setxattr_in {
+            size: 3,
+            flags: 1,
+            setxattr_flags: 1,
+            padding: 0,
+        };
+        let mut body = arg.as_bytes().to_vec();
+        body.extend_from_slice(b"user.a\0xyz");
+        match parse_with(&msg(FUSE_SETXATTR, &body), ext).unwrap().op {
+            Operation::Setxattr { arg: got, value, .. } => assert_eq!((got, value), (arg, &b"xyz"[..])),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_known_opcode_rejects_every_short_body_without_panic() {
+        for info in OPCODES {
+            let full = vec![0xffu8; 200];
+            for cut in 0..full.len() {
+                let _ = parse(&msg(info.opcode, &full[..cut]));
+            }
+            if info.arg_size > 0 {
+                let e = parse(&msg(info.opcode, &full[..info.arg_size - 1])).unwrap_err();
+                assert!(matches!(e.kind, ParseErrorKind::Truncated { .. }), "{}: {e}", info.name);
+            }
+        }
+    }
+}
