@@ -744,7 +744,7 @@ mod tests {
     #[test]
     fn every_known_opcode_rejects_every_short_body_without_panic() {
         for info in OPCODES {
-            let full = vec![0xffu8; 200];
+            let full = [0xffu8; 200];
             for cut in 0..full.len() {
                 let _ = parse(&msg(info.opcode, &full[..cut]));
             }
