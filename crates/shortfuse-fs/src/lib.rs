@@ -1,3 +1,4 @@
 //! File systems bundled with shortfuse.
 
+pub mod mem;
 pub mod null;
