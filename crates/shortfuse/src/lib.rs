@@ -15,7 +15,7 @@ pub mod types;
 pub use shortfuse_abi as abi;
 
 pub use datamap::{BackingFile, DataMap, Extent};
-pub use dispatch::{Dispatcher, Outcome};
+pub use dispatch::{Dispatcher, Negotiated, Outcome};
 pub use errno::{Errno, Result};
 pub use filesystem::{Filesystem, InitConfig};
 pub use options::{MountOptions, Readdirplus};

@@ -1,0 +1,698 @@
+//! Bytes in, trait call, bytes out: decode one FUSE request, call the
+//! `Filesystem`, encode the reply. The same code serves every transport.
+//!
+//! [`Dispatcher::handle`] is called by each worker with its own reused
+//! reply buffer. Apart from what a trait method itself returns (e.g. the
+//! `Vec` of `readlink`), serving a request allocates nothing: READ reads
+//! straight into the reply buffer after the `fuse_out_header`, READDIR
+//! encodes entries straight into it, BATCH_FORGET hands the file system
+//! chunks of a stack array.
+//!
+//! Rules of the protocol that the dispatcher keeps for every file system:
+//! - Before FUSE_INIT every request but INIT is answered with EIO; so is a
+//!   second INIT. After DESTROY every request is answered with EIO.
+//! - FORGET, BATCH_FORGET, INTERRUPT and NOTIFY_REPLY get no reply.
+//! - A malformed request whose header is readable gets EINVAL (ENOSYS for an
+//!   unknown opcode); one whose header is unreadable, or whose `unique` is 0
+//!   (a reply would read as a notification), is dropped with a line on
+//!   stderr.
+//! - INTERRUPT is ignored. Each request runs to completion on the thread
+//!   that took it and is always answered; the protocol lets a daemon ignore
+//!   interrupts, and the kernel then simply waits for the normal reply (the
+//!   interrupted system call sees that reply or its own signal error).
+//!   Honouring interrupts would need cancellable file-system calls.
+//! - Opcodes the trait does not cover (BMAP, IOCTL, POLL, STATX, TMPFILE,
+//!   SYNCFS, SETUPMAPPING, REMOVEMAPPING, CUSE_INIT) get ENOSYS, which the
+//!   kernel remembers for most of them.
+
+mod dir;
+mod encode;
+mod init;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use shortfuse_abi::{self as abi, Operation};
+
+use crate::errno::{Errno, Result};
+use crate::filesystem::Filesystem;
+use crate::options::MountOptions;
+use crate::stats::{Stats, Transport};
+use crate::types::*;
+
+pub use init::Negotiated;
+
+use encode::{reply_bytes, reply_error, reply_ok, reply_struct, OUT_HEADER};
+
+/// What the transport does after `handle`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Write the reply buffer (fuse_out_header + payload) back.
+    Reply,
+    /// Nothing to send (FORGET, BATCH_FORGET, INTERRUPT, dropped request).
+    NoReply,
+    /// FUSE_DESTROY was served (reply in the buffer): the session ends.
+    Destroy,
+}
+
+/// One connection's dispatcher, shared by all worker threads.
+pub struct Dispatcher {
+    fs: Arc<dyn Filesystem>,
+    opts: MountOptions,
+    stats: Arc<Stats>,
+    max_pages_limit: u32,
+    negotiated: OnceLock<Negotiated>,
+    destroyed: AtomicBool,
+    data_map_logged: AtomicBool,
+}
+
+/// Result of serving one decoded request.
+type Served = Result<Outcome>;
+
+impl Dispatcher {
+    /// A dispatcher for a kernel connection: `max_pages` is capped by
+    /// `/proc/sys/fs/fuse/max_pages_limit`.
+    pub fn new(fs: Arc<dyn Filesystem>, opts: MountOptions, stats: Arc<Stats>) -> Dispatcher {
+        Dispatcher::with_max_pages_limit(fs, opts, stats, init::read_max_pages_limit())
+    }
+
+    /// A dispatcher with an explicit page limit, for transports without the
+    /// kernel's sysctl (in-process, shared-memory rings) and for tests.
+    pub fn with_max_pages_limit(
+        fs: Arc<dyn Filesystem>,
+        opts: MountOptions,
+        stats: Arc<Stats>,
+        max_pages_limit: u32,
+    ) -> Dispatcher {
+        Dispatcher {
+            fs,
+            opts,
+            stats,
+            max_pages_limit: max_pages_limit.max(1),
+            negotiated: OnceLock::new(),
+            destroyed: AtomicBool::new(false),
+            data_map_logged: AtomicBool::new(false),
+        }
+    }
+
+    /// What INIT agreed on; `None` until INIT has been answered.
+    pub fn negotiated(&self) -> Option<&Negotiated> {
+        self.negotiated.get()
+    }
+
+    /// Bytes a /dev/fuse read buffer must hold: `max_write` plus one page
+    /// for headers, at least `FUSE_MIN_READ_BUFFER`. Before INIT this is the
+    /// largest size INIT may agree on; after INIT the agreed size.
+    pub fn buffer_size(&self) -> usize {
+        match self.negotiated.get() {
+            Some(n) => n.buffer_size(),
+            None => init::buffer_size_for(init::max_write_limit(self.max_pages_limit)),
+        }
+    }
+
+    pub fn options(&self) -> &MountOptions {
+        &self.opts
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    pub fn filesystem(&self) -> &Arc<dyn Filesystem> {
+        &self.fs
+    }
+
+    /// Serves one request. `reply` is cleared and, for `Outcome::Reply` and
+    /// `Outcome::Destroy`, holds the whole reply message.
+    pub fn handle(&self, request: &[u8], reply: &mut Vec<u8>, transport: Transport) -> Outcome {
+        let start = Instant::now();
+        reply.clear();
+        let config = abi::ParseConfig {
+            setxattr_ext: self.negotiated.get().is_some_and(|n| n.has(abi::FUSE_SETXATTR_EXT)),
+        };
+        let (opcode, outcome) = match abi::parse_with(request, config) {
+            Ok(req) => {
+                let unique = req.header.unique;
+                let outcome = match self.serve(&req, reply) {
+                    Ok(o) => o,
+                    Err(e) => self.error_reply(reply, req.header.opcode, unique, e),
+                };
+                (req.header.opcode, outcome)
+            }
+            Err(err) => (err.header().map_or(0, |h| h.opcode), self.malformed(&err, reply)),
+        };
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.record(opcode, transport, nanos);
+        outcome
+    }
+
+    /// An error answer, unless the opcode takes no reply or `unique` is 0.
+    fn error_reply(&self, reply: &mut Vec<u8>, opcode: u32, unique: u64, err: Errno) -> Outcome {
+        let replies = abi::op_info(opcode).is_none_or(|i| i.reply);
+        if !replies || unique == 0 {
+            reply.clear();
+            return Outcome::NoReply;
+        }
+        reply_error(reply, unique, err);
+        Outcome::Reply
+    }
+
+    fn malformed(&self, err: &abi::ParseError, reply: &mut Vec<u8>) -> Outcome {
+        eprintln!("shortfuse: {err}");
+        match err.header() {
+            Some(h) => {
+                let errno = if err.kind == abi::ParseErrorKind::UnknownOpcode {
+                    Errno::ENOSYS
+                } else {
+                    Errno::EINVAL
+                };
+                self.error_reply(reply, h.opcode, h.unique, errno)
+            }
+            None => Outcome::NoReply,
+        }
+    }
+
+    fn serve(&self, r: &abi::Request<'_>, reply: &mut Vec<u8>) -> Served {
+        let h = &r.header;
+        let unique = h.unique;
+        let negotiated = match (&r.op, self.negotiated.get()) {
+            (Operation::Init { arg }, None) => return self.init(arg, unique, reply),
+            (Operation::Init { .. }, Some(_)) => {
+                eprintln!("shortfuse: second FUSE_INIT refused");
+                return Err(Errno::EIO);
+            }
+            (_, None) => {
+                eprintln!("shortfuse: {} before FUSE_INIT refused", abi::opcode_name(h.opcode));
+                return Err(Errno::EIO);
+            }
+            (_, Some(n)) => n,
+        };
+        if self.destroyed.load(Ordering::Relaxed) {
+            return Err(Errno::EIO);
+        }
+        let fs = &*self.fs;
+        let req = Request {
+            unique,
+            uid: h.uid,
+            gid: h.gid,
+            pid: h.pid,
+        };
+        let node = NodeId(h.nodeid);
+        let o = &self.opts;
+        match r.op {
+            Operation::Lookup { name } => match fs.lookup(&req, node, name) {
+                Ok(e) => self.entry(reply, unique, &e),
+                Err(e) if e == Errno::ENOENT && !o.negative_timeout.is_zero() => {
+                    // A zero node id with a timeout is a cached negative entry.
+                    let (entry_valid, entry_valid_nsec) = encode::split_duration(o.negative_timeout);
+                    let out = abi::fuse_entry_out {
+                        entry_valid,
+                        entry_valid_nsec,
+                        ..Default::default()
+                    };
+                    reply_struct(reply, unique, &out);
+                    Ok(Outcome::Reply)
+                }
+                Err(e) => Err(e),
+            },
+            Operation::Forget { arg } => {
+                fs.forget(node, arg.nlookup);
+                Ok(Outcome::NoReply)
+            }
+            Operation::BatchForget { nodes, .. } => {
+                let mut chunk = [Forget {
+                    node: NodeId(0),
+                    nlookup: 0,
+                }; 64];
+                let mut n = 0;
+                for f in nodes.iter() {
+                    chunk[n] = Forget {
+                        node: NodeId(f.nodeid),
+                        nlookup: f.nlookup,
+                    };
+                    n += 1;
+                    if n == chunk.len() {
+                        fs.batch_forget(&chunk);
+                        n = 0;
+                    }
+                }
+                if n > 0 {
+                    fs.batch_forget(&chunk[..n]);
+                }
+                Ok(Outcome::NoReply)
+            }
+            Operation::Getattr { arg } => {
+                let fh = (arg.getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(FileHandle(arg.fh));
+                let attr = fs.getattr(&req, node, fh)?;
+                reply_struct(reply, unique, &encode::attr_out(&attr, o.attr_timeout));
+                Ok(Outcome::Reply)
+            }
+            Operation::Setattr { arg } => {
+                let attr = fs.setattr(&req, node, &set_attr(&arg))?;
+                reply_struct(reply, unique, &encode::attr_out(&attr, o.attr_timeout));
+                Ok(Outcome::Reply)
+            }
+            Operation::Readlink => {
+                let target = fs.readlink(&req, node)?;
+                reply_bytes(reply, unique, &target);
+                Ok(Outcome::Reply)
+            }
+            Operation::Symlink { name, target } => {
+                let e = fs.symlink(&req, node, name, target)?;
+                self.entry(reply, unique, &e)
+            }
+            Operation::Mknod { arg, name } => {
+                let new = NewNode {
+                    mode: arg.mode,
+                    umask: arg.umask,
+                    rdev: arg.rdev,
+                };
+                let e = fs.mknod(&req, node, name, &new)?;
+                self.entry(reply, unique, &e)
+            }
+            Operation::Mkdir { arg, name } => {
+                // The kernel sends only permission bits; the type is implied.
+                let new = NewNode {
+                    mode: arg.mode | libc::S_IFDIR,
+                    umask: arg.umask,
+                    rdev: 0,
+                };
+                let e = fs.mkdir(&req, node, name, &new)?;
+                self.entry(reply, unique, &e)
+            }
+            Operation::Unlink { name } => {
+                fs.unlink(&req, node, name)?;
+                ok(reply, unique)
+            }
+            Operation::Rmdir { name } => {
+                fs.rmdir(&req, node, name)?;
+                ok(reply, unique)
+            }
+            Operation::Rename { arg, name, new_name } => {
+                fs.rename(&req, node, name, NodeId(arg.newdir), new_name, RenameFlags::default())?;
+                ok(reply, unique)
+            }
+            Operation::Rename2 { arg, name, new_name } => {
+                let flags = RenameFlags::from_raw(arg.flags);
+                if flags.raw() != arg.flags {
+                    return Err(Errno::EINVAL);
+                }
+                fs.rename(&req, node, name, NodeId(arg.newdir), new_name, flags)?;
+                ok(reply, unique)
+            }
+            Operation::Link { arg, name } => {
+                let e = fs.link(&req, NodeId(arg.oldnodeid), node, name)?;
+                self.entry(reply, unique, &e)
+            }
+            Operation::Open { arg } => {
+                let opened = fs.open(&req, node, arg.flags as i32)?;
+                let out = self.open_out(&opened, true);
+                reply_struct(reply, unique, &out);
+                Ok(Outcome::Reply)
+            }
+            Operation::Opendir { arg } => {
+                let opened = fs.opendir(&req, node, arg.flags as i32)?;
+                let out = self.open_out(&opened, false);
+                reply_struct(reply, unique, &out);
+                Ok(Outcome::Reply)
+            }
+            Operation::Create { arg, name } => {
+                let new = NewNode {
+                    mode: arg.mode,
+                    umask: arg.umask,
+                    rdev: 0,
+                };
+                let created = fs.create(&req, node, name, &new, arg.flags as i32)?;
+                let entry = encode::entry_out(&created.entry, o.entry_timeout, o.attr_timeout);
+                let open = self.open_out(&created.opened, true);
+                encode::begin(reply, unique);
+                reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&entry));
+                reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&open));
+                encode::finish(reply);
+                Ok(Outcome::Reply)
+            }
+            Operation::Read { arg } => {
+                let size = checked_size(arg.size, negotiated)?;
+                encode::begin(reply, unique);
+                reply.resize(OUT_HEADER + size, 0);
+                match fs.read(&req, node, FileHandle(arg.fh), arg.offset, &mut reply[OUT_HEADER..]) {
+                    Ok(n) => {
+                        reply.truncate(OUT_HEADER + n.min(size));
+                        encode::finish(reply);
+                        Ok(Outcome::Reply)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Operation::Write { arg, data } => {
+                let args = WriteArgs {
+                    offset: arg.offset,
+                    write_flags: arg.write_flags,
+                    flags: arg.flags,
+                    lock_owner: (arg.write_flags & abi::FUSE_WRITE_LOCKOWNER != 0).then_some(arg.lock_owner),
+                };
+                let n = fs.write(&req, node, FileHandle(arg.fh), data, &args)?;
+                let out = abi::fuse_write_out {
+                    size: n.min(data.len()) as u32,
+                    padding: 0,
+                };
+                reply_struct(reply, unique, &out);
+                Ok(Outcome::Reply)
+            }
+            Operation::Statfs => {
+                let st = fs.statfs(&req, node)?;
+                reply_struct(reply, unique, &encode::statfs_out(&st));
+                Ok(Outcome::Reply)
+            }
+            Operation::Release { arg } => {
+                let flush = arg.release_flags & abi::FUSE_RELEASE_FLUSH != 0;
+                let flock_release = arg.release_flags & abi::FUSE_RELEASE_FLOCK_UNLOCK != 0;
+                let args = ReleaseArgs {
+                    flags: arg.flags,
+                    flush,
+                    flock_release,
+                    lock_owner: (flush || flock_release).then_some(arg.lock_owner),
+                };
+                fs.release(&req, node, FileHandle(arg.fh), &args)?;
+                ok(reply, unique)
+            }
+            Operation::Releasedir { arg } => {
+                fs.releasedir(&req, node, FileHandle(arg.fh), arg.flags)?;
+                ok(reply, unique)
+            }
+            Operation::Fsync { arg } => {
+                fs.fsync(
+                    &req,
+                    node,
+                    FileHandle(arg.fh),
+                    arg.fsync_flags & abi::FUSE_FSYNC_FDATASYNC != 0,
+                )?;
+                ok(reply, unique)
+            }
+            Operation::Fsyncdir { arg } => {
+                fs.fsyncdir(
+                    &req,
+                    node,
+                    FileHandle(arg.fh),
+                    arg.fsync_flags & abi::FUSE_FSYNC_FDATASYNC != 0,
+                )?;
+                ok(reply, unique)
+            }
+            Operation::Flush { arg } => {
+                fs.flush(&req, node, FileHandle(arg.fh), arg.lock_owner)?;
+                ok(reply, unique)
+            }
+            Operation::Readdir { arg } => {
+                let size = checked_size(arg.size, negotiated)?;
+                encode::begin(reply, unique);
+                let mut sink = dir::DirBuf {
+                    buf: reply,
+                    limit: OUT_HEADER + size,
+                };
+                fs.readdir(&req, node, FileHandle(arg.fh), arg.offset, &mut sink)?;
+                encode::finish(reply);
+                Ok(Outcome::Reply)
+            }
+            Operation::Readdirplus { arg } => {
+                let size = checked_size(arg.size, negotiated)?;
+                encode::begin(reply, unique);
+                let mut sink = dir::DirPlusBuf {
+                    buf: reply,
+                    limit: OUT_HEADER + size,
+                    entry_ttl: o.entry_timeout,
+                    attr_ttl: o.attr_timeout,
+                };
+                match fs.readdirplus(&req, node, FileHandle(arg.fh), arg.offset, &mut sink) {
+                    Err(e) if e == Errno::ENOSYS => {
+                        sink.buf.truncate(OUT_HEADER);
+                        dir::emulate_readdirplus(fs, &req, node, FileHandle(arg.fh), arg.offset, &mut sink, size)?;
+                    }
+                    r => r?,
+                }
+                encode::finish(reply);
+                Ok(Outcome::Reply)
+            }
+            Operation::Setxattr { arg, name, value } => {
+                fs.setxattr(&req, node, name, value, arg.flags as i32)?;
+                ok(reply, unique)
+            }
+            Operation::Getxattr { arg, name } => {
+                let value = fs.getxattr(&req, node, name)?;
+                xattr_reply(reply, unique, arg.size, &value)
+            }
+            Operation::Listxattr { arg } => {
+                let names = fs.listxattr(&req, node)?;
+                xattr_reply(reply, unique, arg.size, &names)
+            }
+            Operation::Removexattr { name } => {
+                fs.removexattr(&req, node, name)?;
+                ok(reply, unique)
+            }
+            Operation::Access { arg } => {
+                fs.access(&req, node, arg.mask as i32)?;
+                ok(reply, unique)
+            }
+            Operation::Getlk { arg } => {
+                let lock = fs.getlk(&req, node, FileHandle(arg.fh), arg.owner, &lock_in(&arg.lk))?;
+                let out = abi::fuse_lk_out {
+                    lk: abi::fuse_file_lock {
+                        start: lock.start,
+                        end: lock.end,
+                        typ: lock.typ as u32,
+                        pid: lock.pid,
+                    },
+                };
+                reply_struct(reply, unique, &out);
+                Ok(Outcome::Reply)
+            }
+            Operation::Setlk { arg } => self.setlk(fs, &req, node, &arg, false, reply, unique),
+            Operation::Setlkw { arg } => self.setlk(fs, &req, node, &arg, true, reply, unique),
+            Operation::Fallocate { arg } => {
+                fs.fallocate(&req, node, FileHandle(arg.fh), arg.offset, arg.length, arg.mode as i32)?;
+                ok(reply, unique)
+            }
+            Operation::Lseek { arg } => {
+                let offset = fs.lseek(&req, node, FileHandle(arg.fh), arg.offset, arg.whence as i32)?;
+                reply_struct(reply, unique, &abi::fuse_lseek_out { offset });
+                Ok(Outcome::Reply)
+            }
+            Operation::CopyFileRange { arg } => {
+                let n = fs.copy_file_range(&req, &copy_range(node, &arg))?;
+                // The 32-bit reply: the kernel caps `len` below 4 GiB for it.
+                let out = abi::fuse_write_out {
+                    size: u32::try_from(n).unwrap_or(u32::MAX),
+                    padding: 0,
+                };
+                reply_struct(reply, unique, &out);
+                Ok(Outcome::Reply)
+            }
+            Operation::CopyFileRange64 { arg } => {
+                let n = fs.copy_file_range(&req, &copy_range(node, &arg))?;
+                reply_struct(reply, unique, &abi::fuse_copy_file_range_out { bytes_copied: n as u64 });
+                Ok(Outcome::Reply)
+            }
+            Operation::Interrupt { .. } | Operation::NotifyReply { .. } => Ok(Outcome::NoReply),
+            Operation::Destroy => {
+                if !self.destroyed.swap(true, Ordering::Relaxed) {
+                    fs.destroy();
+                }
+                reply_ok(reply, unique);
+                Ok(Outcome::Destroy)
+            }
+            Operation::Init { .. } => Err(Errno::EIO),
+            Operation::Bmap { .. }
+            | Operation::Ioctl { .. }
+            | Operation::Poll { .. }
+            | Operation::SetupMapping { .. }
+            | Operation::RemoveMapping { .. }
+            | Operation::Syncfs { .. }
+            | Operation::Tmpfile { .. }
+            | Operation::Statx { .. }
+            | Operation::CuseInit { .. } => Err(Errno::ENOSYS),
+        }
+    }
+
+    fn init(&self, arg: &abi::fuse_init_in, unique: u64, reply: &mut Vec<u8>) -> Served {
+        if arg.major > abi::FUSE_KERNEL_VERSION {
+            // Protocol: answer with our major only; the kernel sends a new INIT.
+            let out = abi::fuse_init_out {
+                major: abi::FUSE_KERNEL_VERSION,
+                minor: abi::FUSE_KERNEL_MINOR_VERSION,
+                ..Default::default()
+            };
+            reply_struct(reply, unique, &out);
+            return Ok(Outcome::Reply);
+        }
+        if arg.major < abi::FUSE_KERNEL_VERSION || arg.minor < init::MIN_MINOR {
+            eprintln!(
+                "shortfuse: kernel FUSE protocol {}.{} is too old (need 7.{} or later)",
+                arg.major,
+                arg.minor,
+                init::MIN_MINOR
+            );
+            return Err(Errno::EPROTO);
+        }
+        let kernel_flags = if u64::from(arg.flags) & abi::FUSE_INIT_EXT != 0 {
+            abi::join_init_flags(arg.flags, arg.flags2)
+        } else {
+            u64::from(arg.flags)
+        };
+        let mut cfg = init::initial_config(&self.opts, arg, kernel_flags, self.max_pages_limit);
+        self.fs.init(&mut cfg)?;
+        let (negotiated, out) = init::finish(&cfg, arg, kernel_flags, self.max_pages_limit);
+        if self.negotiated.set(negotiated).is_err() {
+            // Another worker answered an INIT at the same time.
+            return Err(Errno::EIO);
+        }
+        reply_struct(reply, unique, &out);
+        Ok(Outcome::Reply)
+    }
+
+    fn entry(&self, reply: &mut Vec<u8>, unique: u64, e: &Entry) -> Served {
+        let out = encode::entry_out(e, self.opts.entry_timeout, self.opts.attr_timeout);
+        reply_struct(reply, unique, &out);
+        Ok(Outcome::Reply)
+    }
+
+    /// `fuse_open_out`; for files, the mount's `direct_io`/`keep_cache`
+    /// are added to what the file system chose.
+    fn open_out(&self, opened: &Opened, file: bool) -> abi::fuse_open_out {
+        if opened.data_map.is_some() && !self.data_map_logged.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "shortfuse: a DataMap was returned by open; data-path bypass is not wired to this transport yet, \
+                 the daemon serves its reads and writes"
+            );
+        }
+        let f = &opened.flags;
+        let mut flags = 0;
+        let mut set = |on: bool, bit: u32| {
+            if on {
+                flags |= bit;
+            }
+        };
+        set(f.direct_io || (file && self.opts.direct_io), abi::FOPEN_DIRECT_IO);
+        set(f.keep_cache || (file && self.opts.keep_cache), abi::FOPEN_KEEP_CACHE);
+        set(f.nonseekable, abi::FOPEN_NONSEEKABLE);
+        set(f.cache_dir, abi::FOPEN_CACHE_DIR);
+        set(f.noflush, abi::FOPEN_NOFLUSH);
+        set(f.parallel_direct_writes, abi::FOPEN_PARALLEL_DIRECT_WRITES);
+        abi::fuse_open_out {
+            fh: opened.fh.0,
+            open_flags: flags,
+            backing_id: 0,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setlk(
+        &self,
+        fs: &dyn Filesystem,
+        req: &Request,
+        node: NodeId,
+        arg: &abi::fuse_lk_in,
+        sleep: bool,
+        reply: &mut Vec<u8>,
+        unique: u64,
+    ) -> Served {
+        let fh = FileHandle(arg.fh);
+        if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
+            let mut op = match arg.lk.typ as i32 {
+                libc::F_RDLCK => libc::LOCK_SH,
+                libc::F_WRLCK => libc::LOCK_EX,
+                libc::F_UNLCK => libc::LOCK_UN,
+                _ => return Err(Errno::EINVAL),
+            };
+            if !sleep {
+                op |= libc::LOCK_NB;
+            }
+            fs.flock(req, node, fh, arg.owner, op)?;
+        } else {
+            fs.setlk(req, node, fh, arg.owner, &lock_in(&arg.lk), sleep)?;
+        }
+        ok(reply, unique)
+    }
+}
+
+fn ok(reply: &mut Vec<u8>, unique: u64) -> Served {
+    reply_ok(reply, unique);
+    Ok(Outcome::Reply)
+}
+
+/// READ/READDIR sizes beyond what INIT agreed on are refused rather than
+/// allocated: a garbled size must not make the daemon reserve gigabytes.
+fn checked_size(size: u32, n: &Negotiated) -> Result<usize> {
+    let size = size as usize;
+    if size > n.max_io() {
+        return Err(Errno::EINVAL);
+    }
+    Ok(size)
+}
+
+/// The reply of GETXATTR/LISTXATTR: the size for a probe (`size == 0`),
+/// ERANGE when the caller's buffer is too small, the bytes otherwise.
+fn xattr_reply(reply: &mut Vec<u8>, unique: u64, size: u32, value: &[u8]) -> Served {
+    if size == 0 {
+        let out = abi::fuse_getxattr_out {
+            size: u32::try_from(value.len()).map_err(|_| Errno::E2BIG)?,
+            padding: 0,
+        };
+        reply_struct(reply, unique, &out);
+    } else if value.len() > size as usize {
+        return Err(Errno::ERANGE);
+    } else {
+        reply_bytes(reply, unique, value);
+    }
+    Ok(Outcome::Reply)
+}
+
+fn lock_in(lk: &abi::fuse_file_lock) -> Lock {
+    Lock {
+        start: lk.start,
+        end: lk.end,
+        typ: lk.typ as i32,
+        pid: lk.pid,
+    }
+}
+
+fn copy_range(node: NodeId, arg: &abi::fuse_copy_file_range_in) -> CopyRange {
+    CopyRange {
+        node_in: node,
+        fh_in: FileHandle(arg.fh_in),
+        off_in: arg.off_in,
+        node_out: NodeId(arg.nodeid_out),
+        fh_out: FileHandle(arg.fh_out),
+        off_out: arg.off_out,
+        len: arg.len,
+        flags: arg.flags,
+    }
+}
+
+/// `SetAttr` from the `FATTR_*` bits of `fuse_setattr_in.valid`.
+fn set_attr(arg: &abi::fuse_setattr_in) -> SetAttr {
+    let v = arg.valid;
+    let has = |bit: u32| v & bit != 0;
+    let time = |set: u32, now: u32, sec: u64, nsec: u32| {
+        if has(now) {
+            Some(SetTime::Now)
+        } else if has(set) {
+            Some(SetTime::At(Timestamp { sec: sec as i64, nsec }))
+        } else {
+            None
+        }
+    };
+    SetAttr {
+        mode: has(abi::FATTR_MODE).then_some(arg.mode),
+        uid: has(abi::FATTR_UID).then_some(arg.uid),
+        gid: has(abi::FATTR_GID).then_some(arg.gid),
+        size: has(abi::FATTR_SIZE).then_some(arg.size),
+        atime: time(abi::FATTR_ATIME, abi::FATTR_ATIME_NOW, arg.atime, arg.atimensec),
+        mtime: time(abi::FATTR_MTIME, abi::FATTR_MTIME_NOW, arg.mtime, arg.mtimensec),
+        ctime: has(abi::FATTR_CTIME).then_some(Timestamp {
+            sec: arg.ctime as i64,
+            nsec: arg.ctimensec,
+        }),
+        fh: has(abi::FATTR_FH).then_some(FileHandle(arg.fh)),
+        kill_suidgid: has(abi::FATTR_KILL_SUIDGID),
+    }
+}
