@@ -2,6 +2,7 @@
 //! One struct holds what goes to mount(2) and what INIT negotiates.
 //! OWNER: session/mount helper (parsing); dispatch reads the INIT fields.
 
+use std::fmt;
 use std::time::Duration;
 
 /// When the kernel should use READDIRPLUS.
@@ -58,6 +59,11 @@ pub struct MountOptions {
     pub handle_killpriv_v2: bool,
     /// Kernel passthrough for whole-file data maps (later issue).
     pub passthrough: bool,
+
+    // --- for the session ---
+    /// Worker threads a profile or `threads=N` asks for (`base`: 1); `None`
+    /// lets the session choose (one per CPU). `--threads` overrides it.
+    pub threads: Option<usize>,
 }
 
 impl Default for MountOptions {
@@ -91,6 +97,466 @@ impl Default for MountOptions {
             splice_move: false,
             handle_killpriv_v2: false,
             passthrough: false,
+            threads: None,
         }
+    }
+}
+
+/// A `-o` option that could not be parsed. Displays as `-o OPTION: why`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionError {
+    /// The option as written (`max_write=9M`).
+    pub option: String,
+    pub message: String,
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "-o {}: {}", self.option, self.message)
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+impl From<OptionError> for std::io::Error {
+    fn from(e: OptionError) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string())
+    }
+}
+
+/// Options that no mount option claims, in order, for the file system to
+/// interpret (`key` or `key=value`).
+pub type FsOptions = Vec<(String, Option<String>)>;
+
+/// Largest `max_write` the kernel accepts (256 pages with the default
+/// `fs.fuse.max_pages_limit`).
+pub const MAX_WRITE_LIMIT: u32 = 1024 * 1024;
+/// Smallest `max_write`: the kernel raises anything lower to one page anyway.
+pub const MAX_WRITE_MIN: u32 = 4096;
+
+/// One line of help per `-o` option, in the order `--help` lists them.
+pub const OPTION_HELP: &[(&str, &str)] = &[
+    (
+        "base",
+        "seed 001's StackfsBase profile: 1 worker thread, max_write=4096, no writeback cache, no splice",
+    ),
+    (
+        "optimized",
+        "seed 001's StackfsOpt profile: writeback_cache, max_write=131072, one thread per CPU, splice",
+    ),
+    ("ro / rw", "read-only or read-write mount (default rw)"),
+    (
+        "allow_other",
+        "let users other than the mounting user access the file system",
+    ),
+    (
+        "default_permissions",
+        "let the kernel check permissions from the file modes",
+    ),
+    (
+        "fsname=NAME",
+        "source shown in /proc/mounts (default: the file system's name)",
+    ),
+    ("subtype=NAME", "file system type shown as fuse.NAME"),
+    ("max_read=N", "largest READ request the kernel sends"),
+    ("nosuid / suid", "ignore (default) or honour set-user-id bits"),
+    ("nodev / dev", "refuse (default) or allow device files"),
+    ("noexec / exec", "refuse or allow (default) executing programs"),
+    ("noatime", "do not update access times"),
+    (
+        "max_write=N[K|M]",
+        "largest WRITE payload, 4096 to 1M bytes (default 128K); above 128K sets max_pages",
+    ),
+    ("max_readahead=N[K|M]", "largest read-ahead the kernel does"),
+    ("max_background=N", "background requests in flight (kernel default 12)"),
+    (
+        "congestion_threshold=N",
+        "background requests that mark the connection congested (kernel default 9)",
+    ),
+    (
+        "writeback_cache / no_writeback_cache",
+        "cache writes in the kernel page cache (default off)",
+    ),
+    (
+        "parallel_dirops / no_parallel_dirops",
+        "allow concurrent lookups and readdirs in a directory (default on)",
+    ),
+    (
+        "async_read / sync_read",
+        "allow several READs of one file in flight (default async)",
+    ),
+    (
+        "readdirplus=yes|no|auto",
+        "when the kernel uses READDIRPLUS (default auto)",
+    ),
+    ("keep_cache", "keep cached file data across opens"),
+    ("direct_io", "bypass the page cache for file data"),
+    (
+        "attr_timeout=SECONDS",
+        "how long the kernel caches attributes (default 1.0)",
+    ),
+    (
+        "entry_timeout=SECONDS",
+        "how long the kernel caches names (default 1.0)",
+    ),
+    (
+        "negative_timeout=SECONDS",
+        "how long the kernel caches missing names (default 0)",
+    ),
+    (
+        "splice_read / splice_write / splice_move",
+        "move data with splice(2) on /dev/fuse (default off)",
+    ),
+    (
+        "handle_killpriv_v2",
+        "the daemon clears suid/sgid on write, saving a getxattr per write",
+    ),
+    ("passthrough", "kernel passthrough of file data to backing files"),
+    ("threads=N", "worker threads (like --threads; --threads wins)"),
+];
+
+impl MountOptions {
+    /// seed 001's "base" configuration (StackfsBase): what an unconfigured
+    /// libfuse 2 daemon got.
+    pub fn base() -> MountOptions {
+        let mut o = MountOptions::default();
+        o.set_base();
+        o
+    }
+
+    /// seed 001's "optimized" configuration (StackfsOpt).
+    pub fn optimized() -> MountOptions {
+        let mut o = MountOptions::default();
+        o.set_optimized();
+        o
+    }
+
+    fn set_base(&mut self) {
+        self.threads = Some(1);
+        self.max_write = 4096;
+        self.writeback_cache = false;
+        self.splice_read = false;
+        self.splice_write = false;
+        self.splice_move = false;
+    }
+
+    fn set_optimized(&mut self) {
+        self.threads = None;
+        self.max_write = 128 * 1024;
+        self.writeback_cache = true;
+        self.splice_read = true;
+        self.splice_write = true;
+        self.splice_move = true;
+    }
+
+    /// Parses a comma-separated `-o` string on top of the defaults. Every
+    /// option must be known.
+    pub fn parse(s: &str) -> Result<MountOptions, OptionError> {
+        let mut o = MountOptions::default();
+        o.apply(s, None)?;
+        Ok(o)
+    }
+
+    /// Like [`MountOptions::parse`], but hands back the options no mount
+    /// option claims, for the file system to interpret (and refuse).
+    pub fn parse_with_fs_options(s: &str) -> Result<(MountOptions, FsOptions), OptionError> {
+        let mut o = MountOptions::default();
+        let mut rest = FsOptions::new();
+        o.apply(s, Some(&mut rest))?;
+        Ok((o, rest))
+    }
+
+    /// Applies `s` on top of `self`, left to right: a later option wins, so
+    /// `optimized,max_write=65536` keeps the profile but changes one value.
+    /// Unknown options go to `leftover` when given, else they are errors.
+    pub fn apply(&mut self, s: &str, mut leftover: Option<&mut FsOptions>) -> Result<(), OptionError> {
+        for item in split_options(s) {
+            if item.is_empty() {
+                continue;
+            }
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (item.as_str(), None),
+            };
+            let err = |message: String| OptionError {
+                option: item.clone(),
+                message,
+            };
+            if !self.apply_one(key, value).map_err(err)? {
+                match leftover.as_deref_mut() {
+                    Some(rest) => rest.push((key.to_string(), value.map(str::to_string))),
+                    None => {
+                        return Err(OptionError {
+                            option: item.clone(),
+                            message: "unknown option (see `shortfuse mount --help`)".to_string(),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns `Ok(false)` when `key` is not a mount option.
+    fn apply_one(&mut self, key: &str, value: Option<&str>) -> Result<bool, String> {
+        let flag = |v: Option<&str>| match v {
+            None => Ok(()),
+            Some(_) => Err(format!("{key} takes no value")),
+        };
+        match key {
+            "base" => flag(value).map(|_| self.set_base())?,
+            "optimized" => flag(value).map(|_| self.set_optimized())?,
+            "ro" => flag(value).map(|_| self.ro = true)?,
+            "rw" => flag(value).map(|_| self.ro = false)?,
+            "allow_other" => flag(value).map(|_| self.allow_other = true)?,
+            "default_permissions" => flag(value).map(|_| self.default_permissions = true)?,
+            "nosuid" => flag(value).map(|_| self.nosuid = true)?,
+            "suid" => flag(value).map(|_| self.nosuid = false)?,
+            "nodev" => flag(value).map(|_| self.nodev = true)?,
+            "dev" => flag(value).map(|_| self.nodev = false)?,
+            "noexec" => flag(value).map(|_| self.noexec = true)?,
+            "exec" => flag(value).map(|_| self.noexec = false)?,
+            "noatime" => flag(value).map(|_| self.noatime = true)?,
+            "writeback_cache" => flag(value).map(|_| self.writeback_cache = true)?,
+            "no_writeback_cache" => flag(value).map(|_| self.writeback_cache = false)?,
+            "parallel_dirops" => flag(value).map(|_| self.parallel_dirops = true)?,
+            "no_parallel_dirops" => flag(value).map(|_| self.parallel_dirops = false)?,
+            "async_read" => flag(value).map(|_| self.async_read = true)?,
+            "sync_read" => flag(value).map(|_| self.async_read = false)?,
+            "keep_cache" => flag(value).map(|_| self.keep_cache = true)?,
+            "direct_io" => flag(value).map(|_| self.direct_io = true)?,
+            "splice_read" => flag(value).map(|_| self.splice_read = true)?,
+            "splice_write" => flag(value).map(|_| self.splice_write = true)?,
+            "splice_move" => flag(value).map(|_| self.splice_move = true)?,
+            "handle_killpriv_v2" => flag(value).map(|_| self.handle_killpriv_v2 = true)?,
+            "passthrough" => flag(value).map(|_| self.passthrough = true)?,
+            "fsname" => self.fsname = Some(name_value(key, value)?),
+            "subtype" => self.subtype = Some(name_value(key, value)?),
+            "max_read" => self.max_read = Some(size_value(key, value, 1, u32::MAX as u64)? as u32),
+            "max_write" => {
+                self.max_write = size_value(key, value, MAX_WRITE_MIN as u64, MAX_WRITE_LIMIT as u64)? as u32
+            }
+            "max_readahead" => self.max_readahead = Some(size_value(key, value, 0, u32::MAX as u64)? as u32),
+            "max_background" => self.max_background = Some(size_value(key, value, 1, u16::MAX as u64)? as u16),
+            "congestion_threshold" => {
+                self.congestion_threshold = Some(size_value(key, value, 1, u16::MAX as u64)? as u16)
+            }
+            "threads" => self.threads = Some(size_value(key, value, 1, 1024)? as usize),
+            "readdirplus" => {
+                self.readdirplus = match value {
+                    Some("yes") => Readdirplus::Yes,
+                    Some("no") => Readdirplus::No,
+                    Some("auto") => Readdirplus::Auto,
+                    _ => return Err("expected readdirplus=yes, readdirplus=no or readdirplus=auto".to_string()),
+                }
+            }
+            "attr_timeout" => self.attr_timeout = seconds_value(key, value)?,
+            "entry_timeout" => self.entry_timeout = seconds_value(key, value)?,
+            "negative_timeout" => self.negative_timeout = seconds_value(key, value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The options fusermount3 understands, as one `-o` string.
+    pub fn fusermount_options(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        parts.push(if self.ro { "ro" } else { "rw" }.to_string());
+        for (on, name) in [
+            (self.nosuid, "nosuid"),
+            (self.nodev, "nodev"),
+            (self.noexec, "noexec"),
+            (self.noatime, "noatime"),
+            (self.allow_other, "allow_other"),
+            (self.default_permissions, "default_permissions"),
+        ] {
+            if on {
+                parts.push(name.to_string());
+            }
+        }
+        if let Some(n) = &self.fsname {
+            parts.push(format!("fsname={}", escape_commas(n)));
+        }
+        if let Some(n) = &self.subtype {
+            parts.push(format!("subtype={}", escape_commas(n)));
+        }
+        if let Some(n) = self.max_read {
+            parts.push(format!("max_read={n}"));
+        }
+        parts.join(",")
+    }
+}
+
+fn escape_commas(s: &str) -> String {
+    s.replace('\\', "\\\\").replace(',', "\\,")
+}
+
+/// Splits at commas; `\,` is a literal comma and `\\` a backslash, as in
+/// libfuse, so that `fsname=a\,b` works.
+fn split_options(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(n) => cur.push(n),
+                None => cur.push('\\'),
+            },
+            ',' => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+fn name_value(key: &str, value: Option<&str>) -> Result<String, String> {
+    match value {
+        Some(v) if !v.is_empty() => Ok(v.to_string()),
+        _ => Err(format!("expected {key}=NAME")),
+    }
+}
+
+/// A byte count with an optional binary suffix (`K`, `M`, `G`, either case).
+fn size_value(key: &str, value: Option<&str>, min: u64, max: u64) -> Result<u64, String> {
+    let v = value.ok_or_else(|| format!("expected {key}=NUMBER"))?;
+    let (digits, mult) = match v.as_bytes().last() {
+        Some(b'k' | b'K') => (&v[..v.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&v[..v.len() - 1], 1u64 << 20),
+        Some(b'g' | b'G') => (&v[..v.len() - 1], 1u64 << 30),
+        _ => (v, 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{v:?} is not a number (plain bytes or with a K/M/G suffix)"))?;
+    let n = n.checked_mul(mult).ok_or_else(|| format!("{v} is too large"))?;
+    if n < min || n > max {
+        return Err(format!("{n} is out of range: {key} must be between {min} and {max}"));
+    }
+    Ok(n)
+}
+
+fn seconds_value(key: &str, value: Option<&str>) -> Result<Duration, String> {
+    let v = value.ok_or_else(|| format!("expected {key}=SECONDS"))?;
+    let secs: f64 = v.parse().map_err(|_| format!("{v:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{v} is not a non-negative number of seconds"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_flags() {
+        let o = MountOptions::parse("").unwrap();
+        assert_eq!(o, MountOptions::default());
+        let o = MountOptions::parse("ro,allow_other,default_permissions,suid,dev,noexec,noatime").unwrap();
+        assert!(o.ro && o.allow_other && o.default_permissions && o.noexec && o.noatime);
+        assert!(!o.nosuid && !o.nodev);
+        let o = MountOptions::parse("ro,rw,exec,nosuid").unwrap();
+        assert!(!o.ro && !o.noexec && o.nosuid);
+    }
+
+    #[test]
+    fn values() {
+        let o = MountOptions::parse(
+            "fsname=src\\,x,subtype=mem,max_read=8192,max_write=1M,max_readahead=64k,max_background=20,\
+             congestion_threshold=15,readdirplus=no,attr_timeout=2.5,entry_timeout=0,negative_timeout=0.001",
+        )
+        .unwrap();
+        assert_eq!(o.fsname.as_deref(), Some("src,x"));
+        assert_eq!(o.subtype.as_deref(), Some("mem"));
+        assert_eq!(o.max_read, Some(8192));
+        assert_eq!(o.max_write, 1 << 20);
+        assert_eq!(o.max_readahead, Some(65536));
+        assert_eq!(o.max_background, Some(20));
+        assert_eq!(o.congestion_threshold, Some(15));
+        assert_eq!(o.readdirplus, Readdirplus::No);
+        assert_eq!(o.attr_timeout, Duration::from_millis(2500));
+        assert_eq!(o.entry_timeout, Duration::ZERO);
+        assert_eq!(o.negative_timeout, Duration::from_millis(1));
+        assert_eq!(MountOptions::parse("max_write=65536").unwrap().max_write, 65536);
+    }
+
+    #[test]
+    fn toggles() {
+        let o = MountOptions::parse(
+            "writeback_cache,no_parallel_dirops,sync_read,keep_cache,direct_io,splice_read,splice_write,\
+             splice_move,handle_killpriv_v2,passthrough",
+        )
+        .unwrap();
+        assert!(o.writeback_cache && !o.parallel_dirops && !o.async_read && o.keep_cache && o.direct_io);
+        assert!(o.splice_read && o.splice_write && o.splice_move && o.handle_killpriv_v2 && o.passthrough);
+        let o = MountOptions::parse("writeback_cache,no_writeback_cache,parallel_dirops,async_read").unwrap();
+        assert!(!o.writeback_cache && o.parallel_dirops && o.async_read);
+    }
+
+    #[test]
+    fn profiles() {
+        let b = MountOptions::parse("base").unwrap();
+        assert_eq!(b, MountOptions::base());
+        assert_eq!(
+            (b.threads, b.max_write, b.writeback_cache, b.splice_read),
+            (Some(1), 4096, false, false)
+        );
+        let o = MountOptions::parse("optimized").unwrap();
+        assert_eq!(o, MountOptions::optimized());
+        assert_eq!((o.threads, o.max_write, o.writeback_cache), (None, 131072, true));
+        assert!(o.splice_read && o.splice_write && o.splice_move);
+        // Later options win over the profile.
+        let o = MountOptions::parse("optimized,max_write=65536,no_writeback_cache").unwrap();
+        assert_eq!((o.max_write, o.writeback_cache, o.splice_move), (65536, false, true));
+        assert_eq!(MountOptions::parse("base,threads=4").unwrap().threads, Some(4));
+    }
+
+    #[test]
+    fn errors_name_the_option() {
+        let e = MountOptions::parse("ro,bogus=1").unwrap_err();
+        assert_eq!(e.option, "bogus=1");
+        assert!(
+            e.to_string().contains("bogus=1") && e.to_string().contains("unknown"),
+            "{e}"
+        );
+        let e = MountOptions::parse("max_write=2M").unwrap_err();
+        assert!(e.message.contains("1048576"), "{e}");
+        assert!(MountOptions::parse("max_write=1025K").is_err());
+        assert!(MountOptions::parse("max_write=100").is_err());
+        assert!(MountOptions::parse("max_write=abc").is_err());
+        assert!(MountOptions::parse("max_write").is_err());
+        assert!(MountOptions::parse("max_write=99999999999999999999G").is_err());
+        assert!(MountOptions::parse("ro=1").unwrap_err().message.contains("no value"));
+        assert!(MountOptions::parse("readdirplus=maybe").is_err());
+        assert!(MountOptions::parse("attr_timeout=-1").is_err());
+        assert!(MountOptions::parse("attr_timeout=nan").is_err());
+        assert!(MountOptions::parse("fsname=").is_err());
+        assert!(MountOptions::parse("max_background=70000").is_err());
+        let io: std::io::Error = MountOptions::parse("x").unwrap_err().into();
+        assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn leftover_options_go_to_the_file_system() {
+        let (o, rest) = MountOptions::parse_with_fs_options("ro,,xattr,cache=never,max_write=8192").unwrap();
+        assert!(o.ro);
+        assert_eq!(o.max_write, 8192);
+        assert_eq!(
+            rest,
+            vec![
+                ("xattr".to_string(), None),
+                ("cache".to_string(), Some("never".to_string()))
+            ]
+        );
+        // Malformed mount options stay errors even when leftovers are allowed.
+        assert!(MountOptions::parse_with_fs_options("max_write=x,xattr").is_err());
+    }
+
+    #[test]
+    fn fusermount_string() {
+        let o = MountOptions::parse("ro,allow_other,fsname=a\\,b,subtype=mem,max_read=4096,noatime").unwrap();
+        assert_eq!(
+            o.fusermount_options(),
+            "ro,nosuid,nodev,noatime,allow_other,fsname=a\\,b,subtype=mem,max_read=4096"
+        );
     }
 }
