@@ -549,3 +549,47 @@ fn statfs_reports_usage() {
     assert_eq!(before.ffree - after.ffree, 1);
     assert_eq!(after.namelen, 255);
 }
+
+#[test]
+fn sticky_directory_protects_others_files() {
+    let fs = MemFs::new();
+    let d = dir(&fs, NodeId::ROOT, "tmp");
+    let set = SetAttr {
+        mode: Some(0o1777),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ROOT, d, &set).unwrap();
+    file(&fs, d, "roots");
+    let other = Request {
+        uid: 2000,
+        gid: 2000,
+        ..USER
+    };
+    let new = NewNode {
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        rdev: 0,
+    };
+    fs.create(&USER, d, n("users"), &new, 0).unwrap();
+    assert_eq!(fs.unlink(&USER, d, n("roots")), Err(Errno::EPERM));
+    assert_eq!(
+        fs.rename(&other, d, n("users"), d, n("mine"), RenameFlags::default()),
+        Err(Errno::EPERM)
+    );
+    fs.rename(&USER, d, n("users"), d, n("mine"), RenameFlags::default())
+        .unwrap();
+    // Permission comes before the type check, as in the VFS.
+    let sub = dir(&fs, d, "sub");
+    fs.setattr(
+        &ROOT,
+        sub,
+        &SetAttr {
+            mode: Some(0o755),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    file(&fs, sub, "f");
+    assert_eq!(fs.rmdir(&USER, sub, n("f")), Err(Errno::EACCES));
+    fs.unlink(&USER, d, n("mine")).unwrap();
+}

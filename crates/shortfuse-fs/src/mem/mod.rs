@@ -559,7 +559,16 @@ impl MemFs {
         }
         let mut table = write_guard(&self.table);
         let (dir, child) = MemFs::dir_entry_of(&table, parent.0, name)?;
-        let child_uid = {
+        // The VFS order: permission, then sticky bit, then type.
+        let child_uid = child.lock().uid;
+        {
+            let d = dir.lock();
+            d.check(req, (libc::W_OK | libc::X_OK) as u32)?;
+            if !d.sticky_allows(req, child_uid) {
+                return Err(Errno::EPERM);
+            }
+        }
+        {
             let st = child.lock();
             match (want_dir, st.is_dir()) {
                 (true, false) => return Err(Errno::ENOTDIR),
@@ -567,15 +576,10 @@ impl MemFs {
                 (true, true) if !st.dir()?.is_empty() => return Err(Errno::ENOTEMPTY),
                 _ => {}
             }
-            st.uid
-        };
+        }
         let now = Timestamp::now();
         {
             let mut d = dir.lock();
-            d.check(req, (libc::W_OK | libc::X_OK) as u32)?;
-            if !d.sticky_allows(req, child_uid) {
-                return Err(Errno::EPERM);
-            }
             d.dir_mut()?.remove(name);
             if want_dir {
                 d.nlink -= 1;
@@ -705,7 +709,9 @@ impl Filesystem for MemFs {
         }
         if set.size.is_some() {
             match st.content {
-                Content::File(_) => st.check(req, libc::W_OK as u32)?,
+                // ftruncate(2) was checked when the file was opened.
+                Content::File(_) if set.fh.is_none() => st.check(req, libc::W_OK as u32)?,
+                Content::File(_) => {}
                 Content::Dir(_) => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
             }
@@ -851,22 +857,9 @@ impl Filesystem for MemFs {
         let src_is_dir = src.typ == FileType::Directory;
         let dst_is_dir = dst.as_ref().is_some_and(|d| d.typ == FileType::Directory);
         let cross = parent != new_parent;
-        if let Some(dst) = &dst {
-            if !flags.exchange {
-                if src_is_dir && !dst_is_dir {
-                    return Err(Errno::ENOTDIR);
-                }
-                if !src_is_dir && dst_is_dir {
-                    return Err(Errno::EISDIR);
-                }
-            }
-            if Arc::ptr_eq(dst, &src) {
-                // Two names of one inode: rename(2) does nothing.
-                return Ok(());
-            }
-            if !flags.exchange && dst_is_dir && !dst.lock().dir()?.is_empty() {
-                return Err(Errno::ENOTEMPTY);
-            }
+        if dst.as_ref().is_some_and(|d| Arc::ptr_eq(d, &src)) {
+            // Two names of one inode: rename(2) does nothing.
+            return Ok(());
         }
         // No directory may move below itself.
         if src_is_dir && cross && MemFs::is_within(&table, new_parent.0, src.ino) {
@@ -879,6 +872,7 @@ impl Filesystem for MemFs {
         {
             return Err(Errno::EINVAL);
         }
+        // The VFS order: permission and sticky bit, then types.
         if req.uid != 0 {
             let src_uid = src.lock().uid;
             let dst_uid = dst.as_ref().map(|d| d.lock().uid);
@@ -909,6 +903,19 @@ impl Filesystem for MemFs {
             }
         }
 
+        if let Some(dst) = &dst {
+            if !flags.exchange {
+                if src_is_dir && !dst_is_dir {
+                    return Err(Errno::ENOTDIR);
+                }
+                if !src_is_dir && dst_is_dir {
+                    return Err(Errno::EISDIR);
+                }
+            }
+            if !flags.exchange && dst_is_dir && !dst.lock().dir()?.is_empty() {
+                return Err(Errno::ENOTEMPTY);
+            }
+        }
         let now = Timestamp::now();
         if flags.exchange {
             let dst = dst.as_ref().ok_or(Errno::ENOENT)?;
