@@ -593,3 +593,29 @@ fn sticky_directory_protects_others_files() {
     assert_eq!(fs.rmdir(&USER, sub, n("f")), Err(Errno::EACCES));
     fs.unlink(&USER, d, n("mine")).unwrap();
 }
+
+#[test]
+fn truncate_to_same_size_keeps_times() {
+    let fs = MemFs::new();
+    let f = file(&fs, NodeId::ROOT, "f");
+    write(&fs, f, 0, b"abc");
+    let old = Timestamp { sec: 1000, nsec: 0 };
+    let set = SetAttr {
+        mtime: Some(SetTime::At(old)),
+        ctime: Some(old),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ROOT, f, &set).unwrap();
+    let same = SetAttr {
+        size: Some(3),
+        ..SetAttr::default()
+    };
+    let attr = fs.setattr(&ROOT, f, &same).unwrap();
+    assert_eq!((attr.mtime, attr.ctime), (old, old));
+    let grow = SetAttr {
+        size: Some(4),
+        ..SetAttr::default()
+    };
+    let attr = fs.setattr(&ROOT, f, &grow).unwrap();
+    assert!(attr.mtime > old && attr.ctime > old);
+}

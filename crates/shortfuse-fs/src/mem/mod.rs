@@ -751,7 +751,20 @@ impl Filesystem for MemFs {
         if let Some(t) = set.mtime {
             st.mtime = set_time(t, now);
         }
-        st.ctime = set.ctime.unwrap_or(now);
+        // truncate(2) to the same size changes nothing (ext4); any other
+        // change moves ctime (the size change did it in truncate_locked).
+        let meta = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.atime.is_some()
+            || set.mtime.is_some()
+            || set.kill_suidgid;
+        if meta {
+            st.ctime = now;
+        }
+        if let Some(t) = set.ctime {
+            st.ctime = t;
+        }
         Ok(MemFs::attr(inode.ino, &st))
     }
 
