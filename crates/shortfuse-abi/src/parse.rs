@@ -372,6 +372,14 @@ pub fn parse_with(buf: &[u8], config: ParseConfig) -> Result<Request<'_>, ParseE
         }));
     }
     let (body, extensions) = body.split_at(body.len() - extlen);
+    // The opcode table says which opcodes exist and their smallest argument.
+    let info = op_info(header.opcode).ok_or(err(ParseErrorKind::UnknownOpcode))?;
+    if body.len() < info.arg_size {
+        return Err(err(ParseErrorKind::Truncated {
+            need: info.arg_size,
+            have: body.len(),
+        }));
+    }
     let op = parse_op(header.opcode, body, config).map_err(err)?;
     Ok(Request { header, op, extensions })
 }
