@@ -4,12 +4,16 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod control;
 pub mod datamap;
 pub mod dispatch;
 pub mod errno;
 pub mod filesystem;
+pub mod mount;
 pub mod options;
+pub mod session;
 pub mod stats;
+mod sys;
 pub mod types;
 
 pub use shortfuse_abi as abi;
@@ -18,6 +22,8 @@ pub use datamap::{BackingFile, DataMap, Extent};
 pub use dispatch::{Dispatcher, Negotiated, Outcome};
 pub use errno::{Errno, Result};
 pub use filesystem::{Filesystem, InitConfig};
+pub use mount::{Mount, MountMethod};
 pub use options::{MountOptions, Readdirplus};
+pub use session::{serve, DevSession, SessionOptions};
 pub use stats::{Stats, Transport};
 pub use types::*;

@@ -1,0 +1,219 @@
+//! The daemon's control socket: a Unix socket per mount, found from the
+//! mount point alone, so `shortfuse stats MOUNTPOINT` (and later transports
+//! looking for the daemon) need nothing else.
+//!
+//! Protocol: the client sends one line, the daemon answers with text and
+//! closes. Requests: `stats` (table), `stats json`, `reset` (zero the
+//! counters), `ping` (answers `pong <pid>`). An unknown request is answered
+//! with a line starting with `error:`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::stats::Stats;
+use crate::sys;
+
+/// Where control sockets live: /run/shortfuse for root, the user's runtime
+/// directory otherwise.
+pub fn socket_dir() -> PathBuf {
+    if sys::geteuid() == 0 {
+        return PathBuf::from("/run/shortfuse");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("shortfuse"),
+        _ => PathBuf::from(format!("/tmp/shortfuse-{}", sys::geteuid())),
+    }
+}
+
+/// 64-bit FNV-1a: stable across runs and builds, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The control socket of the mount at `mount_point` (canonical): a readable
+/// tail of the path plus a hash of all of it, short enough for sun_path.
+pub fn socket_path(mount_point: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = mount_point.as_os_str().as_bytes();
+    let name: String = mount_point
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "root".to_string())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(32)
+        .collect();
+    socket_dir().join(format!("{name}-{:016x}.sock", fnv1a(bytes)))
+}
+
+/// Sends one request to the daemon serving `mount_point` and returns its
+/// answer.
+pub fn request(mount_point: &Path, line: &str) -> io::Result<String> {
+    let mp = crate::mount::canonical_mountpoint(mount_point)?;
+    let path = socket_path(&mp);
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "no shortfuse daemon answers for {} ({}: {e})",
+                mp.display(),
+                path.display()
+            ),
+        )
+    })?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(format!("{line}\n").as_bytes())?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    match out.strip_prefix("error: ") {
+        Some(msg) => Err(io::Error::new(io::ErrorKind::InvalidInput, msg.trim().to_string())),
+        None => Ok(out),
+    }
+}
+
+/// The listening side; stops and removes its socket when dropped.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Binds the socket of `mount_point` (canonical) and answers requests on
+    /// a thread of its own.
+    pub fn start(mount_point: &Path, stats: Arc<Stats>) -> io::Result<ControlServer> {
+        let path = socket_path(mount_point);
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        std::fs::create_dir_all(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another daemon serves {} ({})", mount_point.display(), path.display()),
+                ));
+            }
+            // Left behind by a daemon that was killed.
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("shortfuse-control".to_string())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop2.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Ok(conn) = conn {
+                        // A stuck client must not stall the others for long.
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                        let _ = serve_one(conn, &stats);
+                    }
+                }
+            })?;
+        Ok(ControlServer {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn serve_one(conn: UnixStream, stats: &Stats) -> io::Result<()> {
+    let mut line = String::new();
+    BufReader::new(&conn).take(4096).read_line(&mut line)?;
+    let answer = match line.trim() {
+        "stats" => stats.snapshot().table(),
+        "stats json" => stats.snapshot().json() + "\n",
+        "reset" => {
+            stats.reset();
+            "ok\n".to_string()
+        }
+        "ping" => format!("pong {}\n", std::process::id()),
+        other => format!("error: unknown request {other:?}\n"),
+    };
+    (&conn).write_all(answer.as_bytes())
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop so it sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Transport;
+
+    #[test]
+    fn socket_names_are_short_and_distinct() {
+        let a = socket_path(Path::new("/mnt/a-b"));
+        let b = socket_path(Path::new("/mnt/a/b"));
+        assert_ne!(a, b);
+        let long = socket_path(&Path::new("/x").join("y".repeat(300)));
+        assert!(long.as_os_str().len() < 108, "{}", long.display());
+        assert!(a.file_name().unwrap().to_str().unwrap().starts_with("a-b-"));
+        assert!(socket_path(Path::new("/"))
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("root-"));
+    }
+
+    #[test]
+    fn request_and_answer() {
+        let dir = std::env::temp_dir().join(format!("shortfuse-ctl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mp = std::fs::canonicalize(&dir).unwrap();
+        let stats = Arc::new(Stats::new());
+        stats.record(1, Transport::Dev, 1000);
+        let server = ControlServer::start(&mp, stats.clone()).unwrap();
+        assert!(
+            ControlServer::start(&mp, stats.clone()).is_err(),
+            "a second server is refused"
+        );
+        let table = request(&mp, "stats").unwrap();
+        assert!(table.contains("LOOKUP"), "{table}");
+        assert!(request(&mp, "stats json").unwrap().contains("\"name\":\"LOOKUP\""));
+        assert!(request(&mp, "ping").unwrap().starts_with("pong "));
+        assert_eq!(request(&mp, "reset").unwrap(), "ok\n");
+        assert!(stats.snapshot().ops.is_empty());
+        let e = request(&mp, "bogus").unwrap_err();
+        assert!(e.to_string().contains("unknown request"), "{e}");
+        let path = server.path().to_path_buf();
+        drop(server);
+        assert!(!path.exists(), "the socket is removed");
+        let e = request(&mp, "stats").unwrap_err();
+        assert!(e.to_string().contains("no shortfuse daemon"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

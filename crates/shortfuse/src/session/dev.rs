@@ -1,0 +1,218 @@
+//! The /dev/fuse session: N worker threads, each blocked in read(2) on its
+//! own fd cloned with `FUSE_DEV_IOC_CLONE`, so replies go back on the fd
+//! that read the request and the kernel spreads requests over the readers.
+//! One thread is the seed 001 "base" configuration.
+//!
+//! Each worker owns one read buffer, sized for the largest request INIT may
+//! agree on, and one reply buffer: nothing is allocated per request here.
+//!
+//! Shutdown: the kernel ends every read with ENODEV once the connection is
+//! gone (unmounted, aborted, or DESTROY answered); workers then return. On
+//! SIGINT/SIGTERM the session detaches the mount (MNT_DETACH, as libfuse);
+//! with no users left that ends the connection at once. A second signal
+//! aborts the connection even if the detached file system is still in use.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::control::ControlServer;
+use crate::dispatch::{Dispatcher, Outcome};
+use crate::filesystem::Filesystem;
+use crate::mount::{self, Mount};
+use crate::options::MountOptions;
+use crate::session::SessionOptions;
+use crate::stats::{Stats, Transport};
+use crate::sys::{self, SignalMask};
+
+/// A mounted file system whose requests are not being served yet.
+pub struct DevSession {
+    mount: Mount,
+    dev: File,
+    dispatcher: Arc<Dispatcher>,
+    threads: usize,
+    session: SessionOptions,
+}
+
+impl DevSession {
+    /// Mounts; requests queue in the kernel until [`DevSession::run`].
+    pub fn mount(
+        fs: Arc<dyn Filesystem>,
+        mount_point: &Path,
+        opts: MountOptions,
+        session: SessionOptions,
+    ) -> io::Result<DevSession> {
+        let threads = session.worker_threads(&opts);
+        let (mount, dev) = Mount::new(mount_point, &opts, session.method)?;
+        let dispatcher = Arc::new(Dispatcher::new(fs, opts, Arc::new(Stats::new())));
+        Ok(DevSession {
+            mount,
+            dev,
+            dispatcher,
+            threads,
+            session,
+        })
+    }
+
+    pub fn mount_point(&self) -> &Path {
+        self.mount.mount_point()
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        self.dispatcher.stats()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Serves requests until the file system is unmounted. `ready` is called
+    /// once every worker, the control socket and the signal handler are in
+    /// place. Returns the first worker error, if any; the mount is gone
+    /// when it returns.
+    pub fn run(self, ready: impl FnOnce()) -> io::Result<()> {
+        let DevSession {
+            mount,
+            dev,
+            dispatcher,
+            threads,
+            session,
+        } = self;
+        // Blocked before any thread starts, so every thread inherits the mask
+        // and only the signal thread takes these signals.
+        let mask = if session.handle_signals {
+            Some(SignalMask::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])?)
+        } else {
+            None
+        };
+        let control = if session.control_socket {
+            Some(ControlServer::start(mount.mount_point(), dispatcher.stats().clone())?)
+        } else {
+            None
+        };
+        let mut fds = Vec::with_capacity(threads);
+        for _ in 1..threads {
+            fds.push(mount::clone_dev_fd(&dev)?);
+        }
+        fds.push(dev);
+        let mount = Arc::new(Mutex::new(mount));
+        let done = Arc::new(AtomicBool::new(false));
+        let signals = match &mask {
+            Some(mask) => {
+                let set = mask.set();
+                let (mount, done, stats) = (mount.clone(), done.clone(), dispatcher.stats().clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("shortfuse-signals".to_string())
+                        .spawn(move || signal_loop(set, &mount, &done, &stats))?,
+                )
+            }
+            None => None,
+        };
+        let mut workers: Vec<JoinHandle<io::Result<()>>> = Vec::with_capacity(threads);
+        let mut spawn_error = None;
+        for (i, fd) in fds.into_iter().enumerate() {
+            let dispatcher = dispatcher.clone();
+            match std::thread::Builder::new()
+                .name(format!("shortfuse-dev-{i}"))
+                .spawn(move || worker(fd, &dispatcher))
+            {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    spawn_error = Some(e);
+                    break;
+                }
+            }
+        }
+        if spawn_error.is_some() {
+            // The workers already running end when the connection does.
+            let m = mount.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = m.abort();
+        } else {
+            ready();
+        }
+        let mut result = spawn_error.map_or(Ok(()), Err);
+        for w in workers {
+            let r = w
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a worker thread panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        done.store(true, Ordering::Release);
+        if let Some(s) = signals {
+            let _ = s.join();
+        }
+        drop(control);
+        // Unmounts if the connection ended while still mounted (aborted).
+        drop(mount);
+        drop(mask);
+        result
+    }
+}
+
+fn signal_loop(set: sys::SignalSet, mount: &Mutex<Mount>, done: &AtomicBool, stats: &Stats) {
+    let mut stopping = false;
+    while !done.load(Ordering::Acquire) {
+        let Some(sig) = set.wait(Duration::from_millis(100)) else {
+            continue;
+        };
+        let mut m = mount.lock().unwrap_or_else(|p| p.into_inner());
+        match sig {
+            libc::SIGUSR1 => eprint!("{}", stats.snapshot().table()),
+            _ if !stopping => {
+                stopping = true;
+                if let Err(e) = m.unmount(true) {
+                    eprintln!("shortfuse: unmounting {}: {e}", m.mount_point().display());
+                    let _ = m.abort();
+                }
+            }
+            _ => {
+                if let Err(e) = m.abort() {
+                    eprintln!("shortfuse: aborting the connection: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// One worker: read a request, dispatch it, write the reply, until the
+/// connection ends.
+fn worker(dev: File, dispatcher: &Dispatcher) -> io::Result<()> {
+    let mut buf = vec![0u8; dispatcher.buffer_size()];
+    let mut reply = Vec::with_capacity(4096);
+    loop {
+        let n = match (&dev).read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                // ENOENT: the request was interrupted before we got it.
+                Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
+            },
+        };
+        let outcome = dispatcher.handle(&buf[..n], &mut reply, Transport::Dev);
+        if outcome == Outcome::NoReply {
+            continue;
+        }
+        // One write(2) per reply: the kernel takes a message per call.
+        match (&dev).write(&reply) {
+            Ok(_) => {}
+            Err(e) => match e.raw_os_error() {
+                // ENOENT: the request was interrupted and is gone.
+                Some(libc::ENOENT) => {}
+                Some(libc::ENODEV) => return Ok(()),
+                _ => eprintln!("shortfuse: writing a reply of {} bytes: {e}", reply.len()),
+            },
+        }
+        if outcome == Outcome::Destroy {
+            return Ok(());
+        }
+    }
+}

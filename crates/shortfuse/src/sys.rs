@@ -1,0 +1,204 @@
+//! The few system calls the session and mount code need that std does not
+//! wrap. Every `unsafe` block of those modules lives here.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn getuid() -> u32 {
+    // SAFETY: getuid cannot fail and touches no memory of ours.
+    unsafe { libc::getuid() }
+}
+
+pub fn getgid() -> u32 {
+    // SAFETY: as getuid.
+    unsafe { libc::getgid() }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: as getuid.
+    unsafe { libc::geteuid() }
+}
+
+/// `ioctl(new, FUSE_DEV_IOC_CLONE, &master)`: attaches the fresh /dev/fuse fd
+/// `new` to the connection of `master`.
+pub fn fuse_dev_clone(new: BorrowedFd<'_>, master: BorrowedFd<'_>) -> io::Result<()> {
+    let master_fd: u32 = master.as_raw_fd() as u32;
+    // SAFETY: both fds are open for the call; the kernel reads a u32 through
+    // the pointer, which points to a live local.
+    let ret = unsafe {
+        libc::ioctl(
+            new.as_raw_fd(),
+            shortfuse_abi::FUSE_DEV_IOC_CLONE as _,
+            &master_fd as *const u32,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// mount(2).
+pub fn mount(source: &OsStr, target: &Path, fstype: &str, flags: u64, data: &str) -> io::Result<()> {
+    let source = cstr(source)?;
+    let target = cstr(target.as_os_str())?;
+    let fstype = cstr(OsStr::new(fstype))?;
+    let data = cstr(OsStr::new(data))?;
+    // SAFETY: every pointer is a NUL-terminated string alive for the call.
+    let ret = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags as libc::c_ulong,
+            data.as_ptr().cast(),
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// umount2(2).
+pub fn umount2(target: &Path, flags: libc::c_int) -> io::Result<()> {
+    let target = cstr(target.as_os_str())?;
+    // SAFETY: `target` is a NUL-terminated string alive for the call.
+    check(unsafe { libc::umount2(target.as_ptr(), flags) }).map(drop)
+}
+
+/// Receives one fd sent with SCM_RIGHTS (fusermount3's `_FUSE_COMMFD`
+/// protocol). `Ok(None)` when the peer closed without sending one.
+pub fn recv_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Aligned room for one cmsghdr carrying one int.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; zero is a valid value for every field.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    loop {
+        // SAFETY: msg points to live buffers of the sizes it states.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        break;
+    }
+    // SAFETY: the CMSG macros walk the control buffer filled in by recvmsg,
+    // bounded by msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let fd: RawFd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                return Ok(Some(OwnedFd::from_raw_fd(fd)));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(None)
+}
+
+/// Lets the child of `cmd` inherit `fd` (std opens everything O_CLOEXEC).
+pub fn inherit_fd(cmd: &mut Command, fd: RawFd) {
+    // SAFETY: fcntl is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(move || check(libc::fcntl(fd, libc::F_SETFD, 0)).map(drop));
+    }
+}
+
+/// A set of signals blocked in the calling thread (and so in every thread
+/// it spawns afterwards), to be taken synchronously with [`SignalMask::wait`].
+pub struct SignalMask {
+    set: SignalSet,
+    old: libc::sigset_t,
+}
+
+/// Signals to wait for; may be sent to another thread.
+#[derive(Clone, Copy)]
+pub struct SignalSet(libc::sigset_t);
+
+impl SignalMask {
+    pub fn block(signals: &[libc::c_int]) -> io::Result<SignalMask> {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset before use.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` and `old` are live sigset_t values.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            for &s in signals {
+                libc::sigaddset(&mut set, s);
+            }
+            let e = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            if e != 0 {
+                return Err(io::Error::from_raw_os_error(e));
+            }
+        }
+        Ok(SignalMask {
+            set: SignalSet(set),
+            old,
+        })
+    }
+
+    pub fn set(&self) -> SignalSet {
+        self.set
+    }
+}
+
+impl SignalSet {
+    /// Waits up to `timeout` for one of the signals; `None` on timeout.
+    /// Works from any thread that blocks the signals.
+    pub fn wait(&self, timeout: Duration) -> Option<libc::c_int> {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        // SAFETY: `set` and `ts` are live; no siginfo is asked for.
+        let sig = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
+}
+
+impl Drop for SignalMask {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block` in this thread. A
+        // signal still pending is delivered with its default action, as it
+        // would have been without us.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The number of CPUs this process may run on.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
