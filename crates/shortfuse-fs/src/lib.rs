@@ -2,3 +2,4 @@
 
 pub mod mem;
 pub mod null;
+pub mod passthrough;

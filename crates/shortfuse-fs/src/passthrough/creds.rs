@@ -1,0 +1,77 @@
+//! Per-request credentials: the calling user owns what it creates.
+//!
+//! `setfsuid`/`setfsgid` change the calling *thread's* file-system ids (the
+//! raw system calls are per thread; glibc does not broadcast them the way
+//! it broadcasts `setuid`). While the fsuid is not 0 the kernel also drops
+//! the file-system capabilities (`CAP_DAC_OVERRIDE`, `CAP_FOWNER`, ...) from
+//! the thread, so permission checks are the caller's; they come back when
+//! the guard restores fsuid 0.
+//!
+//! Limitation: FUSE tells us the caller's uid and gid, not its
+//! supplementary groups, and the thread keeps the daemon's own group list.
+//! An operation that the caller may do only through a supplementary group
+//! (creating a file in a directory writable by a secondary group) fails
+//! with `EACCES` here even when the kernel's `default_permissions` check
+//! let it through.
+
+use std::cell::Cell;
+
+use shortfuse::{Errno, Request, Result};
+
+use super::sys;
+
+thread_local! {
+    /// Whether this thread already has its own zero umask (see
+    /// [`sys::private_zero_umask`]).
+    static ZERO_UMASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Makes sure the daemon's umask does not mask modes a second time on this
+/// thread. Done lazily, once per worker thread.
+pub fn ensure_zero_umask() -> Result<()> {
+    if ZERO_UMASK.with(|z| z.get()) {
+        return Ok(());
+    }
+    sys::private_zero_umask()?;
+    ZERO_UMASK.with(|z| z.set(true));
+    Ok(())
+}
+
+/// While alive, the thread acts with the request's uid/gid; restores the
+/// previous ids on drop.
+pub struct CredGuard {
+    old: Option<(u32, u32)>,
+}
+
+impl CredGuard {
+    /// Switches to `req`'s ids when `enabled` (the daemon runs as root) and
+    /// the caller is not root already.
+    pub fn switch(req: &Request, enabled: bool) -> Result<CredGuard> {
+        if !enabled || (req.uid == 0 && req.gid == 0) {
+            return Ok(CredGuard { old: None });
+        }
+        // gid first: setfsgid needs CAP_SETGID, which the thread keeps
+        // after setfsuid (it is not a file-system capability), but doing it
+        // first keeps the order the exact reverse of the restore.
+        let old_gid = sys::setfsgid(req.gid);
+        let old_uid = sys::setfsuid(req.uid);
+        let guard = CredGuard {
+            old: Some((old_uid, old_gid)),
+        };
+        // The calls report the previous id, never an error: ask again with
+        // an invalid id (-1 changes nothing) to check that they took.
+        if sys::setfsuid(u32::MAX) != req.uid || sys::setfsgid(u32::MAX) != req.gid {
+            return Err(Errno::EPERM);
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for CredGuard {
+    fn drop(&mut self) {
+        if let Some((uid, gid)) = self.old.take() {
+            sys::setfsuid(uid);
+            sys::setfsgid(gid);
+        }
+    }
+}

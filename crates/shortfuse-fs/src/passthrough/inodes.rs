@@ -1,0 +1,180 @@
+//! Inode bookkeeping: one [`Inode`] per source `(st_dev, st_ino)`.
+//!
+//! Lock order: the table lock ([`InodeTable`]'s `RwLock`) is the only lock
+//! here, and it is never held while another lock of the file system is
+//! taken or while a system call that may block runs (lookups open and stat
+//! first, then take the lock to publish). Handle-table and directory-stream
+//! locks (see `handles.rs`) are never held while taking the table lock
+//! either, except that readdirplus holds its directory-stream lock while
+//! interning entries: order is *dir stream → inode table*, never the
+//! reverse.
+//!
+//! Lookup counts change only under the write lock. `forget` decrements and,
+//! at zero, removes the inode from both maps in the same critical section,
+//! so a lookup racing with it either sees the inode before the removal (and
+//! its increment keeps it alive) or finds no entry and publishes a new inode
+//! with a new node id: a freed inode is never handed out again.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use shortfuse::{Errno, FileType, NodeId, Result};
+
+/// Identity of a source inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl InodeKey {
+    pub fn of(st: &libc::stat) -> InodeKey {
+        InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+/// One source inode the kernel knows about.
+#[derive(Debug)]
+pub struct Inode {
+    /// Our node id for it (a counter, never a pointer, never reused).
+    pub node: NodeId,
+    pub key: InodeKey,
+    /// The type never changes for a given inode, so checks such as "is this
+    /// a symlink" need no system call.
+    pub kind: FileType,
+    /// `O_PATH | O_NOFOLLOW`: names the inode without opening it.
+    fd: OwnedFd,
+    /// References the kernel holds (lookups minus forgets). Written under
+    /// the table's write lock only.
+    nlookup: AtomicU64,
+    /// Open handles on this inode (files and directories). Kept for the
+    /// day a backing id is shared per inode (kernel passthrough wants one
+    /// per inode); not needed for correctness today.
+    pub nopen: AtomicU64,
+}
+
+impl Inode {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn lookups(&self) -> u64 {
+        self.nlookup.load(Ordering::Relaxed)
+    }
+}
+
+struct Maps {
+    by_key: HashMap<InodeKey, Arc<Inode>>,
+    by_node: HashMap<u64, Arc<Inode>>,
+    next_node: u64,
+}
+
+/// Both maps behind one lock.
+pub struct InodeTable {
+    maps: RwLock<Maps>,
+}
+
+impl InodeTable {
+    /// A table that holds the root (node 1), whose count never drops.
+    pub fn new(root_fd: OwnedFd, root_st: &libc::stat) -> InodeTable {
+        let root = Arc::new(Inode {
+            node: NodeId::ROOT,
+            key: InodeKey::of(root_st),
+            kind: FileType::from_mode(root_st.st_mode),
+            fd: root_fd,
+            nlookup: AtomicU64::new(1),
+            nopen: AtomicU64::new(0),
+        });
+        let mut maps = Maps {
+            by_key: HashMap::new(),
+            by_node: HashMap::new(),
+            next_node: NodeId::ROOT.0 + 1,
+        };
+        maps.by_key.insert(root.key, root.clone());
+        maps.by_node.insert(root.node.0, root);
+        InodeTable {
+            maps: RwLock::new(maps),
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Maps> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // (each update is a pair of inserts/removes that cannot panic), so a
+        // poisoned lock is still consistent.
+        self.maps.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Maps> {
+        self.maps.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The inode for a node id the kernel sent. `ESTALE` for an id we never
+    /// gave or already forgot (only a confused or malicious peer sends one).
+    pub fn get(&self, node: NodeId) -> Result<Arc<Inode>> {
+        self.read().by_node.get(&node.0).cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// Publishes a looked-up inode and counts one lookup. `fd` is an
+    /// `O_PATH` descriptor for the inode `st` describes; if the inode is
+    /// already known, `fd` is closed (after the lock is released) and the
+    /// known inode is returned.
+    pub fn intern(&self, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
+        let key = InodeKey::of(st);
+        let mut maps = self.write();
+        if let Some(inode) = maps.by_key.get(&key) {
+            inode.nlookup.fetch_add(1, Ordering::Relaxed);
+            let inode = inode.clone();
+            drop(maps);
+            drop(fd);
+            return inode;
+        }
+        let node = NodeId(maps.next_node);
+        maps.next_node += 1;
+        let inode = Arc::new(Inode {
+            node,
+            key,
+            kind: FileType::from_mode(st.st_mode),
+            fd,
+            nlookup: AtomicU64::new(1),
+            nopen: AtomicU64::new(0),
+        });
+        maps.by_key.insert(key, inode.clone());
+        maps.by_node.insert(node.0, inode.clone());
+        inode
+    }
+
+    /// Gives back `n` lookups; at zero the inode leaves the table and its
+    /// descriptor closes once the last in-flight request drops its `Arc`.
+    /// The root is never forgotten.
+    pub fn forget(&self, node: NodeId, n: u64) {
+        if node == NodeId::ROOT {
+            return;
+        }
+        let mut maps = self.write();
+        let Some(inode) = maps.by_node.get(&node.0) else {
+            return;
+        };
+        let left = inode.nlookup.load(Ordering::Relaxed).saturating_sub(n);
+        inode.nlookup.store(left, Ordering::Relaxed);
+        if left == 0 {
+            let key = inode.key;
+            let removed = maps.by_node.remove(&node.0);
+            // Only remove the key entry if it still names this inode.
+            if maps.by_key.get(&key).is_some_and(|i| i.node == node) {
+                maps.by_key.remove(&key);
+            }
+            drop(maps);
+            drop(removed);
+        }
+    }
+
+    /// Number of inodes known, the root included.
+    pub fn count(&self) -> usize {
+        self.read().by_node.len()
+    }
+}

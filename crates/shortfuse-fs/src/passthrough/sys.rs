@@ -1,0 +1,486 @@
+//! The system calls the passthrough file system makes, wrapped so that the
+//! rest of the module stays free of `unsafe`.
+//!
+//! Every wrapper takes borrowed descriptors and `&CStr` names, returns
+//! `Result<_, Errno>` with the thread's `errno` on failure, and never follows
+//! a symbolic link unless its doc says so (only the `/proc/self/fd/N` magic
+//! links, which lead to the very inode the descriptor holds).
+
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use shortfuse::{Errno, Result};
+
+/// Turns a `-1`-on-error return into `Err(errno)`.
+fn cvt<T: Copy + PartialEq + From<i8>>(ret: T) -> Result<T> {
+    if ret == T::from(-1) {
+        Err(Errno::last())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Retries a call interrupted by a signal.
+fn retry<T: Copy + PartialEq + From<i8>>(mut f: impl FnMut() -> T) -> Result<T> {
+    loop {
+        match cvt(f()) {
+            Err(e) if e == Errno::EINTR => continue,
+            other => return other,
+        }
+    }
+}
+
+fn owned(fd: libc::c_int) -> Result<OwnedFd> {
+    let fd = cvt(fd)?;
+    // SAFETY: the kernel just returned this descriptor and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+const EMPTY: &CStr = c"";
+
+/// `"/proc/self/fd/N"` built on the stack: the path through which an
+/// `O_PATH` descriptor is reopened, or used where the kernel has no `*at`
+/// form that accepts one (xattrs, `linkat` without `CAP_DAC_READ_SEARCH`).
+pub struct ProcPath {
+    buf: [u8; 32],
+}
+
+impl ProcPath {
+    pub fn new(fd: BorrowedFd<'_>) -> ProcPath {
+        const PREFIX: &[u8] = b"/proc/self/fd/";
+        let mut buf = [0u8; 32];
+        buf[..PREFIX.len()].copy_from_slice(PREFIX);
+        let mut digits = [0u8; 10];
+        let mut n = fd.as_raw_fd() as u32;
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for i in 0..len {
+            buf[PREFIX.len() + i] = digits[len - 1 - i];
+        }
+        ProcPath { buf }
+    }
+
+    pub fn as_cstr(&self) -> &CStr {
+        // The buffer always ends in zeros: a 14-byte prefix and at most 10 digits.
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(EMPTY)
+    }
+}
+
+/// `struct open_how` (libc's is non-exhaustive and cannot be built).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(dir, name, {flags, mode, resolve})`.
+pub fn openat2(dir: BorrowedFd<'_>, name: &CStr, flags: i32, mode: u32, resolve: u64) -> Result<OwnedFd> {
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: mode as u64,
+        resolve,
+    };
+    let fd = retry(|| {
+        // SAFETY: `name` is NUL-terminated and `how` outlives the call; the
+        // size passed is the size of the struct given.
+        unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        }
+    })?;
+    owned(fd as libc::c_int)
+}
+
+/// `openat(dir, name, flags)` for names that are known to be safe to
+/// resolve (".", or a path the caller controls).
+pub fn openat(dir: RawFd, name: &CStr, flags: i32) -> Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated; the returned fd is taken over by `owned`.
+    let fd = retry(|| unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    owned(fd)
+}
+
+/// `openat(dir, ".", O_RDONLY | O_DIRECTORY)`: a readable descriptor for
+/// the directory an `O_PATH` descriptor names, without going through `/proc`.
+pub fn open_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd> {
+    openat(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY)
+}
+
+/// Opens the inode behind `fd` again with `flags` through its
+/// `/proc/self/fd` magic link. The caller must not pass a symbolic link:
+/// the magic link would hand the symlink inode itself to `open`, which is
+/// never what a FUSE `open` means.
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd> {
+    openat(libc::AT_FDCWD, ProcPath::new(fd).as_cstr(), flags)
+}
+
+/// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: works on `O_PATH`
+/// descriptors too.
+pub fn fstat(fd: BorrowedFd<'_>) -> Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is a valid out-pointer for one `struct stat`.
+    cvt(unsafe {
+        libc::fstatat(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn fstatvfs(fd: BorrowedFd<'_>) -> Result<libc::statvfs> {
+    let mut st = MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `st` is a valid out-pointer for one `struct statvfs`.
+    retry(|| unsafe { libc::fstatvfs(fd.as_raw_fd(), st.as_mut_ptr()) })?;
+    // SAFETY: fstatvfs succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Result<usize> {
+    // SAFETY: the pointer and length describe `buf`, which is writable.
+    let n = retry(|| unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset as i64) })?;
+    Ok(n as usize)
+}
+
+pub fn pwrite(fd: BorrowedFd<'_>, data: &[u8], offset: u64) -> Result<usize> {
+    // SAFETY: the pointer and length describe `data`.
+    let n = retry(|| unsafe { libc::pwrite(fd.as_raw_fd(), data.as_ptr().cast(), data.len(), offset as i64) })?;
+    Ok(n as usize)
+}
+
+pub fn fsync(fd: BorrowedFd<'_>, datasync: bool) -> Result<()> {
+    // SAFETY: plain system calls on a borrowed descriptor.
+    retry(|| unsafe {
+        if datasync {
+            libc::fdatasync(fd.as_raw_fd())
+        } else {
+            libc::fsync(fd.as_raw_fd())
+        }
+    })?;
+    Ok(())
+}
+
+/// `close(dup(fd))`: reports the errors a file system gives at close time
+/// (NFS, FUSE below us) without closing the handle the kernel still uses.
+pub fn close_dup(fd: BorrowedFd<'_>) -> Result<()> {
+    // SAFETY: dup of a borrowed descriptor; the copy is closed right away.
+    let copy = cvt(unsafe { libc::dup(fd.as_raw_fd()) })?;
+    // SAFETY: `copy` is ours; close is not retried on EINTR (the fd is gone).
+    cvt(unsafe { libc::close(copy) })?;
+    Ok(())
+}
+
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> Result<()> {
+    // SAFETY: plain system call on a borrowed descriptor.
+    retry(|| unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) })?;
+    Ok(())
+}
+
+pub fn fallocate(fd: BorrowedFd<'_>, mode: i32, offset: u64, len: u64) -> Result<()> {
+    // SAFETY: plain system call on a borrowed descriptor.
+    retry(|| unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset as i64, len as i64) })?;
+    Ok(())
+}
+
+pub fn lseek(fd: BorrowedFd<'_>, offset: i64, whence: i32) -> Result<u64> {
+    // SAFETY: plain system call on a borrowed descriptor.
+    let off = cvt(unsafe { libc::lseek(fd.as_raw_fd(), offset, whence) })?;
+    Ok(off as u64)
+}
+
+pub fn copy_file_range(
+    fd_in: BorrowedFd<'_>,
+    off_in: u64,
+    fd_out: BorrowedFd<'_>,
+    off_out: u64,
+    len: usize,
+    flags: u32,
+) -> Result<usize> {
+    let mut off_in = off_in as i64;
+    let mut off_out = off_out as i64;
+    // SAFETY: the offsets are valid in/out pointers for the call's duration.
+    let n = retry(|| unsafe {
+        libc::copy_file_range(
+            fd_in.as_raw_fd(),
+            &mut off_in,
+            fd_out.as_raw_fd(),
+            &mut off_out,
+            len,
+            flags,
+        )
+    })?;
+    Ok(n as usize)
+}
+
+/// `getdents64(fd, buf)`: the number of bytes of `struct linux_dirent64`
+/// records written, 0 at the end of the directory.
+pub fn getdents64(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize> {
+    // SAFETY: the pointer and length describe `buf`, which is writable.
+    let n = retry(|| unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()) })?;
+    Ok(n as usize)
+}
+
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
+    Ok(())
+}
+
+pub fn mknodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32, dev: libc::dev_t) -> Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) })?;
+    Ok(())
+}
+
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    // SAFETY: both strings are NUL-terminated.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> Result<()> {
+    // SAFETY: `name` is NUL-terminated.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })?;
+    Ok(())
+}
+
+pub fn renameat2(dir: BorrowedFd<'_>, name: &CStr, new_dir: BorrowedFd<'_>, new_name: &CStr, flags: u32) -> Result<()> {
+    // SAFETY: both names are NUL-terminated.
+    cvt(unsafe {
+        libc::renameat2(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            flags,
+        )
+    })?;
+    Ok(())
+}
+
+/// `linkat(AT_FDCWD, "/proc/self/fd/N", new_dir, new_name, AT_SYMLINK_FOLLOW)`:
+/// following the magic link lands on the inode `fd` holds (a symlink
+/// included, which is not followed further). Unlike `AT_EMPTY_PATH` it needs
+/// no `CAP_DAC_READ_SEARCH`, so it works under a caller's fsuid.
+pub fn link_proc(fd: BorrowedFd<'_>, new_dir: BorrowedFd<'_>, new_name: &CStr) -> Result<()> {
+    let path = ProcPath::new(fd);
+    // SAFETY: both names are NUL-terminated.
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            path.as_cstr().as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+/// `readlinkat(fd, "", ...)` on an `O_PATH` symlink descriptor.
+pub fn readlink_fd(fd: BorrowedFd<'_>) -> Result<Vec<u8>> {
+    readlink_raw(fd.as_raw_fd(), EMPTY)
+}
+
+/// `readlink(path)` for a path the caller controls (a `/proc` link).
+pub fn readlink_path(path: &CStr) -> Result<Vec<u8>> {
+    readlink_raw(libc::AT_FDCWD, path)
+}
+
+fn readlink_raw(dir: RawFd, name: &CStr) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: the pointer and length describe `buf`.
+    let n = cvt(unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })? as usize;
+    if n >= buf.len() {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// `fchmodat2(fd, "", mode, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)` (Linux
+/// 6.6+): chmod through an `O_PATH` descriptor without touching `/proc`.
+pub fn fchmod_path(fd: BorrowedFd<'_>, mode: u32) -> Result<()> {
+    // SAFETY: the empty name is NUL-terminated.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_fchmodat2,
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            mode,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> Result<()> {
+    // SAFETY: plain system call on a borrowed descriptor.
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })?;
+    Ok(())
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`;
+/// `u32::MAX` leaves an id unchanged.
+pub fn fchown_path(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> Result<()> {
+    // SAFETY: the empty name is NUL-terminated.
+    cvt(unsafe {
+        libc::fchownat(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            uid,
+            gid,
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+/// `utimensat(fd, "", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`.
+pub fn utimens_path(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> Result<()> {
+    // SAFETY: `times` points to two timespecs; the empty name is NUL-terminated.
+    cvt(unsafe {
+        libc::utimensat(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            times.as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn futimens(fd: BorrowedFd<'_>, times: &[libc::timespec; 2]) -> Result<()> {
+    // SAFETY: `times` points to two timespecs.
+    cvt(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) })?;
+    Ok(())
+}
+
+/// `faccessat2(fd, "", mask, AT_EMPTY_PATH | AT_EACCESS | AT_SYMLINK_NOFOLLOW)`:
+/// with `AT_EACCESS` the check uses the thread's fsuid/fsgid, which the
+/// credential guard has set to the caller's.
+pub fn faccess(fd: BorrowedFd<'_>, mask: i32) -> Result<()> {
+    // SAFETY: the empty name is NUL-terminated.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            mask,
+            libc::AT_EMPTY_PATH | libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+/// `getxattr(path)`: follows `path` (a `/proc/self/fd` magic link) to the
+/// inode. Two calls: size, then value; retried if the value grew between.
+pub fn getxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>> {
+    loop {
+        // SAFETY: a NULL buffer of size 0 asks for the size only.
+        let size = cvt(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) })? as usize;
+        let mut buf = vec![0u8; size];
+        // SAFETY: the pointer and length describe `buf`.
+        match cvt(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }) {
+            Ok(n) => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
+            Err(e) if e == Errno::ERANGE => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub fn listxattr(path: &CStr) -> Result<Vec<u8>> {
+    loop {
+        // SAFETY: a NULL buffer of size 0 asks for the size only.
+        let size = cvt(unsafe { libc::listxattr(path.as_ptr(), std::ptr::null_mut(), 0) })? as usize;
+        let mut buf = vec![0u8; size];
+        // SAFETY: the pointer and length describe `buf`.
+        match cvt(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }) {
+            Ok(n) => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
+            Err(e) if e == Errno::ERANGE => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub fn setxattr(path: &CStr, name: &CStr, value: &[u8], flags: i32) -> Result<()> {
+    // SAFETY: the pointer and length describe `value`; the strings are NUL-terminated.
+    cvt(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })?;
+    Ok(())
+}
+
+pub fn removexattr(path: &CStr, name: &CStr) -> Result<()> {
+    // SAFETY: the strings are NUL-terminated.
+    cvt(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) })?;
+    Ok(())
+}
+
+/// `setfsuid(2)`; returns the previous fsuid. The system call acts on the
+/// calling thread only (glibc does not broadcast it to other threads).
+pub fn setfsuid(uid: u32) -> u32 {
+    // SAFETY: no memory is involved.
+    unsafe { libc::setfsuid(uid) as u32 }
+}
+
+/// `setfsgid(2)`; returns the previous fsgid.
+pub fn setfsgid(gid: u32) -> u32 {
+    // SAFETY: no memory is involved.
+    unsafe { libc::setfsgid(gid) as u32 }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: no memory is involved.
+    unsafe { libc::geteuid() }
+}
+
+/// Gives the calling thread its own `fs_struct` (`unshare(CLONE_FS)`) and a
+/// zero umask in it: the modes of new files are masked by the caller's
+/// umask in [`super`], and the daemon's own umask must not mask them again,
+/// without changing the umask of every other thread of the process.
+pub fn private_zero_umask() -> Result<()> {
+    // SAFETY: unshare(CLONE_FS) only affects the calling thread's cwd/root/umask.
+    cvt(unsafe { libc::unshare(libc::CLONE_FS) })?;
+    // SAFETY: no memory is involved.
+    unsafe { libc::umask(0) };
+    Ok(())
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit: every inode the
+/// kernel knows holds one descriptor. Returns the new soft limit.
+pub fn raise_nofile_limit() -> Result<u64> {
+    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: `lim` is a valid out-pointer.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) })?;
+    // SAFETY: getrlimit succeeded.
+    let mut lim = unsafe { lim.assume_init() };
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid in-pointer.
+        cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) })?;
+    }
+    Ok(lim.rlim_cur)
+}
