@@ -1,1 +1,262 @@
-fn main() {}
+//! `shortfuse`: mount, unmount and inspect shortfuse file systems.
+
+mod sys;
+
+use std::fs::File;
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use shortfuse::options::{FsOptions, OPTION_HELP};
+use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions};
+
+#[derive(Parser)]
+#[command(name = "shortfuse", version, about = "Serve user-space file systems through FUSE")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount a file system. Returns once the mount is live; the daemon stays
+    /// in the background (use -f to keep it in the foreground).
+    #[command(after_long_help = mount_options_help())]
+    Mount {
+        /// File system: null (answers without storing anything), mem (in
+        /// memory), passthrough (mirrors SOURCE).
+        fs: String,
+        /// [SOURCE] MOUNTPOINT: SOURCE is the directory passthrough mirrors.
+        #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required = true)]
+        paths: Vec<PathBuf>,
+        /// Mount options, comma-separated, like mount(8): -o ro,max_write=1M.
+        /// May be repeated. See the list below (--help).
+        #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+        options: Vec<String>,
+        /// Stay in the foreground (logs go to stderr; Ctrl-C unmounts).
+        #[arg(short = 'f', long)]
+        foreground: bool,
+        /// How requests reach the daemon. Only `dev` (/dev/fuse) for now.
+        #[arg(long, default_value = "dev")]
+        transport: String,
+        /// Worker threads, each with its own /dev/fuse fd [default: one per
+        /// CPU; 1 with -o base].
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
+    },
+    /// Unmount a shortfuse (or any FUSE) mount; works when its daemon died.
+    #[command(alias = "unmount")]
+    Umount {
+        /// Lazy: detach now, even while busy; the file system goes away when
+        /// the last user leaves.
+        #[arg(short = 'l', short_alias = 'z', long)]
+        lazy: bool,
+        mountpoint: PathBuf,
+    },
+    /// Print per-operation counts and latencies (count, mean, p50, p99, max)
+    /// of the daemon serving MOUNTPOINT.
+    Stats {
+        mountpoint: PathBuf,
+        /// Print JSON instead of a table (nanoseconds).
+        #[arg(long)]
+        json: bool,
+        /// Zero the counters (after printing nothing).
+        #[arg(long, conflicts_with = "json")]
+        reset: bool,
+    },
+}
+
+fn mount_options_help() -> String {
+    let width = OPTION_HELP.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut s = String::from("Mount options (-o), later ones win:\n");
+    for (k, v) in OPTION_HELP {
+        s.push_str(&format!("  {k:<width$}  {v}\n"));
+    }
+    s.push_str(
+        "\nOther options go to the file system, which refuses those it does not know.\n\
+         \nExamples:\n  shortfuse mount mem /mnt/m\n  shortfuse mount passthrough /srv/data /mnt/d -o optimized\n  \
+         shortfuse mount null /mnt/n -o base -f",
+    );
+    s
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mount {
+            fs,
+            paths,
+            options,
+            foreground,
+            transport,
+            threads,
+        } => mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from)),
+        Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy),
+        Command::Stats {
+            mountpoint,
+            json,
+            reset,
+        } => {
+            let request = match (json, reset) {
+                (_, true) => "reset",
+                (true, _) => "stats json",
+                _ => "stats",
+            };
+            shortfuse::control::request(&mountpoint, request).map(|out| {
+                if !reset {
+                    print!("{out}");
+                }
+            })
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shortfuse: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// Options a file system without options of its own gets: none allowed.
+fn no_fs_options(name: &str, rest: &FsOptions) -> io::Result<()> {
+    match rest.first() {
+        None => Ok(()),
+        Some((k, v)) => Err(invalid(format!(
+            "-o {k}{}: unknown option (neither a mount option nor one of the {name} file system)",
+            v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
+        ))),
+    }
+}
+
+fn make_fs(name: &str, source: Option<&Path>, rest: &FsOptions) -> io::Result<Arc<dyn Filesystem>> {
+    let needs_source = name == "passthrough";
+    match (needs_source, source) {
+        (true, None) => {
+            return Err(invalid(format!(
+                "{name} needs a SOURCE directory: shortfuse mount {name} SOURCE MOUNTPOINT"
+            )))
+        }
+        (false, Some(s)) => {
+            return Err(invalid(format!(
+                "{name} takes no SOURCE (got {}): shortfuse mount {name} MOUNTPOINT",
+                s.display()
+            )))
+        }
+        _ => {}
+    }
+    match name {
+        "null" => {
+            no_fs_options(name, rest)?;
+            Ok(Arc::new(shortfuse_fs::null::NullFs::new()))
+        }
+        "mem" => {
+            no_fs_options(name, rest)?;
+            Ok(Arc::new(shortfuse_fs::mem::MemFs::new()))
+        }
+        other => Err(invalid(format!(
+            "unknown file system {other:?}: choose null, mem or passthrough"
+        ))),
+    }
+}
+
+fn mount(
+    fs_name: &str,
+    paths: &[PathBuf],
+    options: &[String],
+    foreground: bool,
+    transport: &str,
+    threads: Option<usize>,
+) -> io::Result<()> {
+    if transport != "dev" {
+        return Err(invalid(format!(
+            "--transport {transport}: not available yet; only `dev` (/dev/fuse) is implemented"
+        )));
+    }
+    let (source, mountpoint) = match paths {
+        [mp] => (None, mp),
+        [src, mp] => (Some(src.as_path()), mp),
+        _ => return Err(invalid("expected [SOURCE] MOUNTPOINT".to_string())),
+    };
+    let mut opts = MountOptions::default();
+    let mut rest = FsOptions::new();
+    for o in options {
+        opts.apply(o, Some(&mut rest))?;
+    }
+    if opts.fsname.is_none() {
+        opts.fsname = Some(match source {
+            Some(s) => s.display().to_string(),
+            None => fs_name.to_string(),
+        });
+    }
+    if opts.subtype.is_none() {
+        opts.subtype = Some(format!("shortfuse-{fs_name}"));
+    }
+    let fs = make_fs(fs_name, source, &rest)?;
+    let session = SessionOptions {
+        threads,
+        ..SessionOptions::default()
+    };
+    let dev = DevSession::mount(fs, mountpoint, opts, session)?;
+    if foreground {
+        return dev.run(|| {});
+    }
+    background(dev)
+}
+
+/// Forks: the child serves, the parent waits until the child reports that
+/// it is serving (or why it failed) and exits with that status.
+fn background(dev: DevSession) -> io::Result<()> {
+    let (mut rx, tx) = pipe()?;
+    match sys::fork()? {
+        sys::Forked::Parent => {
+            drop(tx);
+            // One line: the child keeps its end open while it serves.
+            let mut msg = String::new();
+            let _ = io::BufReader::new(&mut rx).read_line(&mut msg);
+            // Exit without running destructors: the mount belongs to the child.
+            if msg == "ok\n" {
+                std::process::exit(0);
+            }
+            let msg = msg.trim();
+            eprintln!(
+                "shortfuse: {}",
+                if msg.is_empty() {
+                    "the daemon exited before serving"
+                } else {
+                    msg
+                }
+            );
+            std::process::exit(1);
+        }
+        sys::Forked::Child => {
+            drop(rx);
+            sys::setsid()?;
+            let _ = std::env::set_current_dir("/");
+            sys::detach_stdio()?;
+            let mut ready_tx = tx.try_clone()?;
+            let result = dev.run(move || {
+                let _ = ready_tx.write_all(b"ok\n");
+            });
+            if let Err(e) = &result {
+                let mut tx = tx;
+                let _ = writeln!(tx, "{e}");
+            }
+            std::process::exit(if result.is_ok() { 0 } else { 1 });
+        }
+    }
+}
+
+fn pipe() -> io::Result<(File, File)> {
+    let (r, w) = std::os::unix::net::UnixStream::pair()?;
+    Ok((
+        File::from(std::os::fd::OwnedFd::from(r)),
+        File::from(std::os::fd::OwnedFd::from(w)),
+    ))
+}
