@@ -1,11 +1,41 @@
-//! Every mount a run makes is remembered here, so that Ctrl-C or SIGTERM
-//! unmounts them all before the process exits.
+//! Every mount a run makes, and every workload process it starts (fio), is
+//! remembered here, so that Ctrl-C or SIGTERM stops the processes (which
+//! hold files open inside the mounts) and then unmounts everything before
+//! the process exits.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 
 static ACTIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static WATCH: Once = Once::new();
+
+/// Spawns `cmd` in its own process group, remembered until [`reap`]. Its own
+/// group keeps the terminal's Ctrl-C away from it: the watcher decides when
+/// it dies, before the unmounts.
+pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let mut children = CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
+    let child = cmd.process_group(0).spawn()?;
+    children.push(child.id());
+    Ok(child)
+}
+
+/// Kills (if still running) and waits for a child from [`spawn`].
+pub fn reap(child: &mut std::process::Child) {
+    kill_group(child.id());
+    let _ = child.wait();
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&p| p != child.id());
+}
+
+fn kill_group(pid: u32) {
+    // SAFETY: signalling a process group this module created; a group that
+    // is already gone just yields ESRCH.
+    unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
+}
 
 /// Notes a mount that must be undone on interruption.
 pub fn remember(mnt: &Path) {
@@ -29,6 +59,14 @@ pub fn install() {
             let mut sig = 0;
             // SAFETY: `set` and `sig` are valid for the duration of the call.
             unsafe { libc::sigwait(&set, &mut sig) };
+            let children = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
+            for &pid in &children {
+                kill_group(pid);
+            }
+            for pid in children {
+                // SAFETY: waiting for our own child; a null status pointer is allowed.
+                unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
+            }
             let mounts = std::mem::take(&mut *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()));
             eprintln!("\ninterrupted: unmounting {} file system(s)", mounts.len());
             for m in mounts {

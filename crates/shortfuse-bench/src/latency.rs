@@ -6,34 +6,38 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::report::Figure;
+use crate::samples::Samples;
 use crate::sys;
 
 /// How many times each operation runs.
 #[derive(Clone, Copy, Debug)]
-pub struct Scale {
+pub struct Sizes {
     pub meta_ops: usize,
     pub data_ops: usize,
     /// Size of the file read sequentially, in MiB.
     pub seq_mib: usize,
 }
 
-impl Scale {
-    pub fn quick() -> Scale {
-        Scale {
+impl Sizes {
+    pub fn of(scale: crate::Scale) -> Sizes {
+        scale.pick(Sizes::tiny(), Sizes::quick(), Sizes::full())
+    }
+    pub fn quick() -> Sizes {
+        Sizes {
             meta_ops: 2_000,
             data_ops: 20_000,
             seq_mib: 128,
         }
     }
-    pub fn full() -> Scale {
-        Scale {
+    pub fn full() -> Sizes {
+        Sizes {
             meta_ops: 20_000,
             data_ops: 200_000,
             seq_mib: 1024,
         }
     }
-    pub fn tiny() -> Scale {
-        Scale {
+    pub fn tiny() -> Sizes {
+        Sizes {
             meta_ops: 50,
             data_ops: 200,
             seq_mib: 4,
@@ -41,43 +45,10 @@ impl Scale {
     }
 }
 
-/// Per-operation samples in nanoseconds, turned into a figure.
-struct Samples(Vec<u64>);
-
-impl Samples {
-    fn with_capacity(n: usize) -> Samples {
-        Samples(Vec::with_capacity(n))
-    }
-
-    /// Runs `op` once and keeps its duration.
-    fn time<T>(&mut self, op: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        let t = Instant::now();
-        let r = op()?;
-        self.0.push(t.elapsed().as_nanos() as u64);
-        Ok(r)
-    }
-
-    fn figure(mut self, op: &str) -> Figure {
-        self.0.sort_unstable();
-        let n = self.0.len().max(1);
-        let mean = self.0.iter().sum::<u64>() as f64 / n as f64;
-        let pct = |p: f64| self.0.get(((n as f64 * p) as usize).min(n - 1)).copied().unwrap_or(0) as f64;
-        Figure {
-            op: op.to_string(),
-            unit: "us".into(),
-            value: mean / 1e3,
-            p50: Some(pct(0.50) / 1e3),
-            p99: Some(pct(0.99) / 1e3),
-            samples: self.0.len() as u64,
-            lower_is_better: true,
-        }
-    }
-}
-
 /// Runs every latency workload in `dir` (which must be empty and writable).
-pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+pub fn run(dir: &Path, sizes: Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     let mut out = Vec::new();
-    let n = scale.meta_ops;
+    let n = sizes.meta_ops;
     let file = dir.join("file");
     let cfile = sys::cpath(&file);
     let fd = sys::open(&cfile, libc::O_CREAT | libc::O_RDWR, 0o644)?;
@@ -86,16 +57,16 @@ pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Resu
     sys::close(fd)?;
 
     progress("stat");
-    let mut s = Samples::with_capacity(scale.data_ops);
-    for _ in 0..scale.data_ops {
+    let mut s = Samples::with_capacity(sizes.data_ops);
+    for _ in 0..sizes.data_ops {
         s.time(|| sys::stat(&cfile))?;
     }
     out.push(s.figure("stat"));
 
     progress("stat (missing)");
     let missing = sys::cpath(&dir.join("missing"));
-    let mut s = Samples::with_capacity(scale.data_ops);
-    for _ in 0..scale.data_ops {
+    let mut s = Samples::with_capacity(sizes.data_ops);
+    for _ in 0..sizes.data_ops {
         let r = s.time(|| Ok(sys::stat(&missing)))?;
         if r.is_ok() {
             return Err(io::Error::other("stat of a missing name succeeded"));
@@ -131,8 +102,8 @@ pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Resu
     for off in (0..(1u64 << 20)).step_by(4096) {
         sys::pread(fd, &mut buf, off)?;
     }
-    let mut s = Samples::with_capacity(scale.data_ops);
-    for i in 0..scale.data_ops as u64 {
+    let mut s = Samples::with_capacity(sizes.data_ops);
+    for i in 0..sizes.data_ops as u64 {
         let off = (i.wrapping_mul(2654435761) % 256) * 4096;
         let got = s.time(|| sys::pread(fd, &mut buf, off))?;
         if got != 4096 || buf[0] != 0x5a {
@@ -145,8 +116,8 @@ pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Resu
     progress("4 KiB write");
     let wfile = sys::cpath(&dir.join("wfile"));
     let fd = sys::open(&wfile, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o644)?;
-    let mut s = Samples::with_capacity(scale.data_ops);
-    for i in 0..scale.data_ops as u64 {
+    let mut s = Samples::with_capacity(sizes.data_ops);
+    for i in 0..sizes.data_ops as u64 {
         let off = (i % 16384) * 4096;
         s.time(|| sys::pwrite(fd, &block[..4096], off))?;
     }
@@ -156,7 +127,7 @@ pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Resu
     out.push(s.figure("4KiB-write"));
 
     progress("sequential read");
-    out.push(sequential_read(dir, scale.seq_mib, &block)?);
+    out.push(sequential_read(dir, sizes.seq_mib, &block)?);
     sys::unlink(&cfile)?;
     Ok(out)
 }
@@ -202,5 +173,6 @@ fn sequential_read(dir: &Path, mib: usize, block: &[u8]) -> io::Result<Figure> {
         p99: None,
         samples: 1,
         lower_is_better: false,
+        ..Figure::default()
     })
 }

@@ -1,21 +1,38 @@
 //! `shortfuse bench`: the seeds' workloads run against native ext4, every
 //! shortfuse transport and the peer FUSE file systems, in one run, reported
 //! as ratios to native.
+//!
+//! Each suite runs on each configuration over a fresh directory (a fresh
+//! mount for FUSE configurations); a configuration that cannot run, or a
+//! workload that fails on it, is reported with the reason and the run goes
+//! on. Every mount and every workload process is undone on the way out, also
+//! on failure and on Ctrl-C (see [`cleanup`]).
 
 pub mod cleanup;
 pub mod config;
+pub mod data;
+pub mod fio;
+pub mod io;
 pub mod latency;
+pub mod meta;
+pub mod personalities;
+pub mod plot;
 pub mod report;
+mod samples;
+pub mod scale;
 mod sys;
+pub mod table2;
+pub mod thesis;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use config::{Config, Env, Kind};
 pub use report::{ConfigResult, Figure, Report, SuiteResult};
+pub use scale::Scale;
 
-/// Suites this build runs.
-pub const SUITES: &[&str] = &["latency"];
+/// Suites this build runs, in the order a full run takes them.
+pub const SUITES: &[&str] = &["latency", "fio", "meta", "table2", "personalities", "thesis", "data"];
 
 /// What `shortfuse bench` was asked.
 #[derive(Clone, Debug)]
@@ -23,19 +40,117 @@ pub struct BenchOptions {
     pub suites: Vec<String>,
     pub configs: Vec<Config>,
     pub quick: bool,
-    /// Seconds-long runs for the test suite.
+    /// About a second per suite per configuration, for the test suite
+    /// (wins over `quick`).
     pub tiny: bool,
     pub out: PathBuf,
     pub shortfuse_bin: PathBuf,
+    /// Workers for `meta` (default: one per core) and N for `table2`'s
+    /// N-thread rows (default: two per core).
+    pub threads: Option<usize>,
 }
 
-/// Runs every asked suite on every asked configuration. A configuration
-/// that cannot run is reported with its reason; it does not stop the run.
+impl BenchOptions {
+    /// Every suite on every configuration at full scale, writing to `out`.
+    pub fn new(out: PathBuf) -> BenchOptions {
+        BenchOptions {
+            suites: SUITES.iter().map(|s| s.to_string()).collect(),
+            configs: Config::all(),
+            quick: false,
+            tiny: false,
+            out,
+            shortfuse_bin: default_shortfuse_bin(),
+            threads: None,
+        }
+    }
+
+    pub fn scale(&self) -> Scale {
+        if self.tiny {
+            Scale::Tiny
+        } else if self.quick {
+            Scale::Quick
+        } else {
+            Scale::Full
+        }
+    }
+}
+
+/// The `shortfuse` binary next to the running one, else the workspace's
+/// debug build.
+pub fn default_shortfuse_bin() -> PathBuf {
+    let sibling = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("shortfuse")))
+        .filter(|p| p.is_file());
+    sibling.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse"))
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+struct Plan {
+    scale: Scale,
+    meta_workers: usize,
+    n: usize,
+}
+
+impl Plan {
+    fn describe(&self, suite: &str) -> String {
+        let s = self.scale;
+        match suite {
+            "latency" => {
+                let z = latency::Sizes::of(s);
+                format!(
+                    "Scale {}: {} metadata operations, {} data operations per row, {} MiB sequential read (mean latency in µs; p50/p99 in the JSON).",
+                    s.name(),
+                    z.meta_ops,
+                    z.data_ops,
+                    z.seq_mib
+                )
+            }
+            "fio" => fio::describe(s),
+            "meta" => meta::describe(s, self.meta_workers),
+            "table2" => table2::describe(s, self.n),
+            "personalities" => format!(
+                "Scale {}: {}. Flow ops/s, and per-step latency in µs (mean; p50/p99 in the JSON).",
+                s.name(),
+                personalities::Persona::describe(s, personalities::duration(s))
+            ),
+            "thesis" => thesis::describe(s),
+            "data" => data::describe(s),
+            _ => String::new(),
+        }
+    }
+
+    fn run(&self, suite: &str, dir: &Path, raw: &Path, progress: &mut dyn FnMut(&str)) -> std::io::Result<Vec<Figure>> {
+        let s = self.scale;
+        match suite {
+            "latency" => latency::run(dir, latency::Sizes::of(s), progress),
+            "fio" => fio::run(dir, raw, s, progress),
+            "meta" => meta::run(dir, s, self.meta_workers, progress),
+            "table2" => table2::run(dir, s, self.n, progress),
+            "personalities" => personalities::suite(dir, s, progress),
+            "thesis" => thesis::run(dir, s, progress),
+            "data" => data::run(dir, s, progress),
+            other => Err(std::io::Error::other(format!("unknown suite {other}"))),
+        }
+    }
+}
+
+/// Runs every asked suite on every asked configuration, then writes
+/// `report.md`, `report.json` and the plots under `opts.out`.
 pub fn run(opts: &BenchOptions) -> Result<Report, String> {
     for s in &opts.suites {
         if !SUITES.contains(&s.as_str()) {
             return Err(format!("unknown suite {s:?}; this build has: {}", SUITES.join(", ")));
         }
+    }
+    if opts.configs.is_empty() {
+        return Err("no configuration to run".into());
+    }
+    if opts.threads == Some(0) {
+        return Err("threads must be at least 1".into());
     }
     cleanup::install();
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
@@ -43,27 +158,32 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         shortfuse_bin: opts.shortfuse_bin.clone(),
         work: opts.out.join("work"),
     };
+    let plan = Plan {
+        scale: opts.scale(),
+        meta_workers: opts.threads.unwrap_or_else(cores),
+        n: opts.threads.unwrap_or(2 * cores()).max(2),
+    };
     let mut suites = Vec::new();
     for suite in &opts.suites {
-        let (scale, words) = if opts.tiny {
-            (latency::Scale::tiny(), "tiny")
-        } else if opts.quick {
-            (latency::Scale::quick(), "quick")
-        } else {
-            (latency::Scale::full(), "full")
-        };
         let mut results = Vec::new();
         for (i, config) in opts.configs.iter().enumerate() {
             let label = format!("[{}/{}] {suite} on {}", i + 1, opts.configs.len(), config.name);
+            let started = std::time::Instant::now();
             let mut progress = |step: &str| {
-                eprint!("\r\x1b[2K{label}: {step}");
+                eprint!("\r\x1b[2K{label} ({:.0}s): {step}", started.elapsed().as_secs_f64());
                 let _ = std::io::stderr().flush();
             };
             progress("preparing");
-            let outcome = config
-                .prepare(&env)
-                .and_then(|p| latency::run(&p.dir, scale, &mut progress).map_err(|e| format!("workload failed: {e}")));
-            eprintln!("\r\x1b[2K{label}: {}", if outcome.is_ok() { "done" } else { "failed" });
+            let raw = opts.out.join("raw").join(suite).join(&config.name);
+            let outcome = config.prepare(&env).and_then(|p| {
+                plan.run(suite, &p.dir, &raw, &mut progress)
+                    .map_err(|e| format!("workload failed: {e}"))
+            });
+            eprintln!(
+                "\r\x1b[2K{label}: {} in {:.1}s",
+                if outcome.is_ok() { "done" } else { "failed" },
+                started.elapsed().as_secs_f64()
+            );
             results.push(match outcome {
                 Ok(figures) => ConfigResult {
                     config: config.name.clone(),
@@ -79,19 +199,151 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         }
         suites.push(SuiteResult {
             suite: suite.clone(),
-            scale: format!(
-                "Scale {words}: {} metadata operations, {} data operations per row, {} MiB sequential read (mean latency in µs; p50/p99 in the JSON).",
-                scale.meta_ops, scale.data_ops, scale.seq_mib
-            ),
+            scale: plan.describe(suite),
             results,
         });
     }
     let _ = std::fs::remove_dir_all(&env.work);
-    let report = Report {
+    let mut report = Report {
         environment: report::Environment::probe(),
         suites,
+        plots: vec![],
+        plot_error: None,
     };
+    match plot::draw(&report, &opts.out) {
+        Ok(p) => report.plots = p,
+        Err(e) => report.plot_error = Some(e),
+    }
     std::fs::write(opts.out.join("report.md"), report.markdown()).map_err(|e| e.to_string())?;
     std::fs::write(opts.out.join("report.json"), report.json()).map_err(|e| e.to_string())?;
     Ok(report)
+}
+
+const USAGE: &str = "usage: shortfuse bench [SUITE...] [--quick | --tiny] [--configs a,b,...] [--out DIR]
+                       [--threads N] [--shortfuse PATH]
+
+Runs the seeds' workloads on native ext4, shortfuse and peer FUSE file
+systems, and writes report.md, report.json and plots/*.png to DIR
+(default: bench-results).";
+
+/// `shortfuse bench ARGS...` (ARGS without the `bench` word): parses, runs,
+/// prints the report and where the plots are. Returns the exit status.
+pub fn cli_main(args: &[String]) -> i32 {
+    let opts = match parse_args(args) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}\n\nsuites: {}", SUITES.join(", "));
+            let names: Vec<_> = Config::all().into_iter().map(|c| c.name).collect();
+            println!("configurations: {}", names.join(", "));
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("shortfuse bench: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    match run(&opts) {
+        Ok(report) => {
+            println!("{}", report.markdown());
+            println!("Report: {}", opts.out.join("report.md").display());
+            println!("Raw figures: {}", opts.out.join("report.json").display());
+            for p in &report.plots {
+                println!("Plot: {}", opts.out.join(p).display());
+            }
+            if let Some(e) = &report.plot_error {
+                eprintln!("no plots: {e}");
+            }
+            let failed = report
+                .suites
+                .iter()
+                .flat_map(|s| &s.results)
+                .filter(|r| r.error.is_some())
+                .count();
+            if failed > 0 {
+                eprintln!("{failed} suite run(s) did not complete; see the report for why");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("shortfuse bench: {e}");
+            1
+        }
+    }
+}
+
+/// `Ok(None)` means help was asked.
+pub fn parse_args(args: &[String]) -> Result<Option<BenchOptions>, String> {
+    let mut opts = BenchOptions::new(PathBuf::from("bench-results"));
+    let mut suites = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| -> Result<String, String> {
+            it.next().cloned().ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match a.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--quick" => opts.quick = true,
+            "--tiny" => opts.tiny = true,
+            "--configs" => {
+                let names: Vec<String> = value(a)?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                opts.configs = Config::select(&names)?;
+            }
+            "--out" => opts.out = PathBuf::from(value(a)?),
+            "--shortfuse" => opts.shortfuse_bin = PathBuf::from(value(a)?),
+            "--threads" => {
+                let v = value(a)?;
+                let n: usize = v.parse().map_err(|_| format!("--threads: {v:?} is not a number"))?;
+                if n == 0 {
+                    return Err("--threads must be at least 1".into());
+                }
+                opts.threads = Some(n);
+            }
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            s if SUITES.contains(&s) => suites.push(s.to_string()),
+            s => return Err(format!("unknown suite {s:?}; suites: {}", SUITES.join(", "))),
+        }
+    }
+    if !suites.is_empty() {
+        opts.suites = suites;
+    }
+    Ok(Some(opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn parses_the_cli_form() {
+        let o = parse_args(&args("latency fio --quick --configs native,bindfs --out /tmp/x"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(o.suites, vec!["latency", "fio"]);
+        assert!(o.quick);
+        assert_eq!(o.scale(), Scale::Quick);
+        let names: Vec<_> = o.configs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["native", "bindfs"]);
+        assert_eq!(o.out, PathBuf::from("/tmp/x"));
+        let all = parse_args(&[]).unwrap().unwrap();
+        assert_eq!(all.suites.len(), SUITES.len());
+        assert_eq!(all.scale(), Scale::Full);
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        assert!(parse_args(&args("nosuch")).is_err());
+        assert!(parse_args(&args("--configs native,nope")).is_err());
+        assert!(parse_args(&args("--out")).is_err());
+        assert!(parse_args(&args("--threads 0")).is_err());
+        assert!(parse_args(&args("--frobnicate")).is_err());
+        assert!(parse_args(&args("--help")).unwrap().is_none());
+    }
 }

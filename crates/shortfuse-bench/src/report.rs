@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 /// One measured figure.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Figure {
     pub op: String,
     pub unit: String,
@@ -15,6 +15,32 @@ pub struct Figure {
     pub p99: Option<f64>,
     pub samples: u64,
     pub lower_is_better: bool,
+    /// For scaling runs: the curve this point belongs to (plotted against
+    /// `threads`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub series: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+}
+
+impl Figure {
+    /// A throughput-like figure where higher is better.
+    pub fn rate(op: impl Into<String>, unit: &str, value: f64, samples: u64) -> Figure {
+        Figure {
+            op: op.into(),
+            unit: unit.into(),
+            value,
+            samples,
+            ..Figure::default()
+        }
+    }
+
+    /// Marks this figure as the point at `threads` of curve `series`.
+    pub fn at(mut self, series: &str, threads: usize) -> Figure {
+        self.series = Some(series.to_string());
+        self.threads = Some(threads as u32);
+        self
+    }
 }
 
 /// The outcome of one configuration in one suite.
@@ -81,6 +107,11 @@ impl Environment {
 pub struct Report {
     pub environment: Environment,
     pub suites: Vec<SuiteResult>,
+    /// PNG files written next to the report, relative to the output directory.
+    pub plots: Vec<String>,
+    /// Why plots are missing, when they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plot_error: Option<String>,
 }
 
 /// Seed 001's classes of the relative difference to native (positive is
@@ -183,6 +214,15 @@ impl Report {
             s.push_str(&suite.markdown());
             s.push('\n');
         }
+        if !self.plots.is_empty() {
+            s.push_str("## Plots\n\n");
+            for p in &self.plots {
+                s.push_str(&format!("- [{p}]({p})\n"));
+            }
+        }
+        if let Some(e) = &self.plot_error {
+            s.push_str(&format!("\nNo plots: {e}\n"));
+        }
         s
     }
 
@@ -222,6 +262,7 @@ mod tests {
             p99: None,
             samples: 1,
             lower_is_better: true,
+            ..Figure::default()
         };
         let suite = SuiteResult {
             suite: "latency".into(),

@@ -74,3 +74,47 @@ pub fn fsync(fd: i32) -> io::Result<()> {
     // SAFETY: plain system call on a descriptor this module opened.
     check(unsafe { libc::fsync(fd) }).map(|_| ())
 }
+
+pub fn rename(from: &CString, to: &CString) -> io::Result<()> {
+    // SAFETY: both are valid C strings.
+    check(unsafe { libc::rename(from.as_ptr(), to.as_ptr()) }).map(|_| ())
+}
+
+/// Writes back dirty pages and drops the page, dentry and inode caches of
+/// every file system, so the next read comes from the device or the FUSE
+/// daemon. Needs root.
+pub fn drop_caches() -> io::Result<()> {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| io::Error::new(e.kind(), format!("dropping caches (needs root): {e}")))
+}
+
+/// A buffer of `len` bytes aligned to 4096, as O_DIRECT asks of user memory.
+pub struct Aligned {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn new(len: usize) -> Aligned {
+        let storage = vec![0u8; len + 4096];
+        let start = storage.as_ptr().align_offset(4096);
+        Aligned { storage, start, len }
+    }
+
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
+pub fn write(fd: i32, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for `buf.len()` readable bytes.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}

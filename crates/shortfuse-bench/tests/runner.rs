@@ -1,23 +1,22 @@
-//! The runner at a tiny scale on real mounts: a well-formed report, and no
-//! mount left behind when a workload fails.
+//! The runner at a tiny scale on real mounts: every suite produces a
+//! well-formed report (Markdown row per figure, JSON with every figure, PNG
+//! plots), and no mount is left behind when a workload fails.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use shortfuse_bench::{config, BenchOptions, Config, Kind};
+use shortfuse_bench::{config, BenchOptions, Config, Kind, SUITES};
 
-fn options(name: &str, configs: Vec<Config>) -> BenchOptions {
+fn options(name: &str, suites: &[&str], configs: Vec<Config>) -> BenchOptions {
     let out = std::env::temp_dir().join(format!("sfbench-{name}-{}", std::process::id()));
-    BenchOptions {
-        suites: vec!["latency".into()],
-        configs,
-        quick: true,
-        tiny: true,
-        out,
-        shortfuse_bin: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse"),
-    }
+    let mut o = BenchOptions::new(out);
+    o.suites = suites.iter().map(|s| s.to_string()).collect();
+    o.configs = configs;
+    o.tiny = true;
+    o.shortfuse_bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse");
+    o
 }
 
-fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+fn mounts_under(dir: &Path) -> Vec<String> {
     let prefix = dir.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
@@ -27,40 +26,112 @@ fn mounts_under(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn tiny_latency_report_is_well_formed() {
-    let opts = options("ok", Config::select(&["native".into(), "bindfs".into()]).unwrap());
+fn check_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.len() > 1000, "{} is only {} bytes", path.display(), bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is not a PNG", path.display());
+}
+
+/// Runs `suites` on native and bindfs and checks everything the report must hold.
+fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
+    let opts = options(
+        name,
+        suites,
+        Config::select(&["native".into(), "bindfs".into()]).unwrap(),
+    );
     let report = shortfuse_bench::run(&opts).expect("run");
-    let suite = &report.suites[0];
-    assert_eq!(suite.results.len(), 2);
-    for r in &suite.results {
-        assert!(r.error.is_none(), "{} failed: {:?}", r.config, r.error);
-        let ops: Vec<_> = r.figures.iter().map(|f| f.op.as_str()).collect();
-        for op in [
-            "stat",
-            "open+close",
-            "create",
-            "unlink",
-            "4KiB-pread-cached",
-            "4KiB-write",
-            "seq-read",
-        ] {
-            assert!(ops.contains(&op), "{} lacks {op}: {ops:?}", r.config);
-        }
-        assert!(r.figures.iter().all(|f| f.value.is_finite() && f.value > 0.0));
-    }
+    assert_eq!(report.suites.len(), suites.len());
     let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
-    assert!(md.contains("| stat | us |") && md.contains("x, "), "{md}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(opts.out.join("report.json")).unwrap()).unwrap();
-    assert_eq!(json["suites"][0]["results"][1]["config"], "bindfs");
+    assert!(json["environment"]["kernel"].as_str().is_some_and(|k| !k.is_empty()));
+    for (si, suite) in report.suites.iter().enumerate() {
+        assert_eq!(suite.results.len(), 2);
+        assert!(md.contains(&format!("### {}", suite.suite)), "{md}");
+        for (ri, r) in suite.results.iter().enumerate() {
+            assert!(
+                r.error.is_none(),
+                "{} on {} failed: {:?}",
+                suite.suite,
+                r.config,
+                r.error
+            );
+            assert!(!r.figures.is_empty(), "{} on {}: no figures", suite.suite, r.config);
+            let jfigs = json["suites"][si]["results"][ri]["figures"].as_array().unwrap();
+            assert_eq!(jfigs.len(), r.figures.len());
+            for (f, j) in r.figures.iter().zip(jfigs) {
+                assert!(
+                    f.value.is_finite() && f.value > 0.0,
+                    "{} {}: {f:?}",
+                    suite.suite,
+                    r.config
+                );
+                assert!(
+                    md.contains(&format!("| {} | {} |", f.op, f.unit)),
+                    "no row for {}: {md}",
+                    f.op
+                );
+                assert_eq!(j["op"], f.op.as_str());
+                let jv = j["value"].as_f64().unwrap();
+                assert!(
+                    (jv - f.value).abs() <= 1e-9 * f.value,
+                    "{} JSON {jv} != {}",
+                    f.op,
+                    f.value
+                );
+            }
+        }
+        // The bindfs column carries ratios and classes.
+        assert!(suite.markdown().contains("x, "), "{}", suite.markdown());
+    }
+    assert!(report.plot_error.is_none(), "{:?}", report.plot_error);
+    for p in expected_plots {
+        assert!(report.plots.iter().any(|q| q == p), "{p} not in {:?}", report.plots);
+    }
+    for p in &report.plots {
+        check_png(&opts.out.join(p));
+        assert!(md.contains(p.as_str()));
+    }
     assert!(mounts_under(&opts.out).is_empty());
     std::fs::remove_dir_all(&opts.out).unwrap();
 }
 
 #[test]
+fn tiny_latency_fio_meta_thesis() {
+    well_formed(
+        "a",
+        &["latency", "fio", "meta", "thesis"],
+        &[
+            "plots/latency-latency.png",
+            "plots/fio-seq-read.png",
+            "plots/fio-rand-write.png",
+            "plots/fio-latency.png",
+            "plots/thesis-latency.png",
+        ],
+    );
+}
+
+#[test]
+fn tiny_table2_personalities_data() {
+    well_formed(
+        "b",
+        &["table2", "personalities", "data"],
+        &["plots/personalities-latency.png", "plots/data-fileserver.png"],
+    );
+}
+
+#[test]
+fn every_suite_is_covered() {
+    let tested = ["latency", "fio", "meta", "thesis", "table2", "personalities", "data"];
+    for s in SUITES {
+        assert!(tested.contains(s), "suite {s} has no tiny-scale test");
+    }
+}
+
+#[test]
 fn failed_workload_is_reported_and_unmounted() {
-    // A read-only bindfs mount makes the first create fail inside the workload.
+    // A read-only bindfs mount makes the first create fail inside each
+    // workload, including while fio runs as a child process.
     let ro = Config {
         name: "bindfs-ro".into(),
         kind: Kind::Bindfs {
@@ -76,12 +147,16 @@ fn failed_workload_is_reported_and_unmounted() {
             threads: None,
         },
     };
-    let opts = options("fail", vec![ro, missing]);
+    let opts = options("fail", &["latency", "fio"], vec![ro, missing]);
     let report = shortfuse_bench::run(&opts).expect("run");
-    let results = &report.suites[0].results;
-    let err = results[0].error.as_deref().expect("read-only run must fail");
-    assert!(err.contains("workload failed"), "{err}");
-    assert!(results[1].error.is_some());
+    for suite in &report.suites {
+        let results = &suite.results;
+        let err = results[0].error.as_deref().expect("read-only run must fail");
+        assert!(err.contains("workload failed"), "{err}");
+        assert!(results[1].error.is_some());
+    }
+    let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
+    assert!(md.contains("`bindfs-ro` did not run"), "{md}");
     assert!(
         mounts_under(&opts.out).is_empty(),
         "left behind: {:?}",

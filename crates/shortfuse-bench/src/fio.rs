@@ -1,0 +1,244 @@
+//! The `fio` suite: RFUSE's fio jobs (seed 002) run with Debian's fio and
+//! its JSON output parsed. psync, iodepth 1, buffered, norandommap,
+//! group_reporting, end_fsync; sequential 128 KiB write then read, random
+//! 4 KiB write (fdatasync after each, as in the scaling runs) then read,
+//! caches dropped before each read phase; numjobs 1, 2, 4, 8 with the total
+//! size fixed. Raw fio JSON is kept next to the report.
+
+use std::io;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cleanup;
+use crate::report::Figure;
+use crate::scale::Scale;
+use crate::sys;
+
+pub const THREADS: &[usize] = &[1, 2, 4, 8];
+
+struct Sizes {
+    /// Total bytes over all jobs (seed: 32 x 4 GiB).
+    total: u64,
+    /// Cap for every phase but the sequential write that lays the files out.
+    runtime: Duration,
+}
+
+fn sizes(scale: Scale) -> Sizes {
+    Sizes {
+        total: scale.pick(8 << 20, 64 << 20, 4 << 30),
+        runtime: scale.pick(
+            Duration::from_millis(100),
+            Duration::from_millis(350),
+            Duration::from_secs(20),
+        ),
+    }
+}
+
+pub fn describe(scale: Scale) -> String {
+    let s = sizes(scale);
+    format!(
+        "Scale {}: {} MiB in total per thread count (seed: 32 x 4 GiB), numjobs {:?} (seed: up to 32), reads and random writes capped at {} ms each; no remount between phases, caches dropped instead. Values in MB/s.",
+        scale.name(),
+        s.total >> 20,
+        THREADS,
+        s.runtime.as_millis()
+    )
+}
+
+struct Phase {
+    name: &'static str,
+    rw: &'static str,
+    bs: &'static str,
+    capped: bool,
+    drop_before: bool,
+    extra: &'static [&'static str],
+}
+
+const PHASES: &[Phase] = &[
+    Phase {
+        name: "seq-write",
+        rw: "write",
+        bs: "128k",
+        capped: false,
+        drop_before: false,
+        extra: &[],
+    },
+    Phase {
+        name: "seq-read",
+        rw: "read",
+        bs: "128k",
+        capped: true,
+        drop_before: true,
+        extra: &[],
+    },
+    Phase {
+        name: "rand-write",
+        rw: "randwrite",
+        bs: "4k",
+        capped: true,
+        drop_before: false,
+        extra: &["--fdatasync=1"],
+    },
+    Phase {
+        name: "rand-read",
+        rw: "randread",
+        bs: "4k",
+        capped: true,
+        drop_before: true,
+        extra: &[],
+    },
+];
+
+/// Runs fio once; returns its JSON output. The child is killed if it runs
+/// far past its expected time, and always reaped.
+fn fio(dir: &Path, phase: &Phase, jobs: usize, s: &Sizes) -> io::Result<String> {
+    let mut cmd = Command::new("fio");
+    cmd.arg("--name=job")
+        .arg(format!("--directory={}", dir.display()))
+        .arg("--filename_format=f.$jobnum")
+        .arg(format!("--rw={}", phase.rw))
+        .arg(format!("--bs={}", phase.bs))
+        .arg(format!("--size={}", s.total / jobs as u64))
+        .arg(format!("--numjobs={jobs}"))
+        .args([
+            "--thread",
+            "--ioengine=psync",
+            "--iodepth=1",
+            "--direct=0",
+            "--norandommap",
+            "--group_reporting",
+            "--end_fsync=1",
+            "--fallocate=none",
+            "--output-format=json",
+        ])
+        .args(phase.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if phase.capped {
+        cmd.arg(format!("--runtime={}ms", s.runtime.as_millis()));
+    }
+    let mut child = cleanup::spawn(&mut cmd)
+        .map_err(|e| io::Error::new(e.kind(), format!("fio: {e} (is Debian's fio installed?)")))?;
+    let limit = Duration::from_secs(60) + s.runtime * 10;
+    let started = Instant::now();
+    // Drain the pipes on threads so a chatty fio cannot block on a full pipe.
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(o) = stdout.as_mut() {
+            let _ = io::Read::read_to_end(o, &mut v);
+        }
+        v
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(e) = stderr.as_mut() {
+            let _ = io::Read::read_to_end(e, &mut v);
+        }
+        v
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Ok(st),
+            Ok(None) if started.elapsed() > limit => break Err(io::Error::other(format!("fio ran over {limit:?}"))),
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => break Err(e),
+        }
+    };
+    cleanup::reap(&mut child);
+    let status = status?;
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    if !status.success() {
+        return Err(io::Error::other(format!(
+            "fio {} x{jobs} failed ({status}): {}",
+            phase.name,
+            String::from_utf8_lossy(&err).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Throughput and completion latency of the one (group-reported) job.
+fn parse(json: &str, rw: &str) -> io::Result<(f64, f64, f64, f64, u64)> {
+    // fio may print warnings before the JSON document.
+    let start = json.find('{').ok_or_else(|| io::Error::other("fio printed no JSON"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&json[start..]).map_err(|e| io::Error::other(format!("fio JSON: {e}")))?;
+    let job = &v["jobs"][0];
+    if job["error"].as_i64().unwrap_or(0) != 0 {
+        return Err(io::Error::other(format!("fio job error {}", job["error"])));
+    }
+    let side = if rw.contains("read") {
+        &job["read"]
+    } else {
+        &job["write"]
+    };
+    let bw = side["bw_bytes"]
+        .as_f64()
+        .ok_or_else(|| io::Error::other("fio JSON lacks bw_bytes"))?;
+    let clat = &side["clat_ns"];
+    let us = |x: &serde_json::Value| x.as_f64().unwrap_or(f64::NAN) / 1e3;
+    Ok((
+        bw,
+        us(&clat["mean"]),
+        us(&clat["percentile"]["50.000000"]),
+        us(&clat["percentile"]["99.000000"]),
+        side["total_ios"].as_u64().unwrap_or(0),
+    ))
+}
+
+pub fn run(dir: &Path, raw: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+    let s = sizes(scale);
+    std::fs::create_dir_all(raw)?;
+    let mut out = Vec::new();
+    let mut lat = Vec::new();
+    for &jobs in THREADS {
+        let d = dir.join(format!("fio-{jobs}"));
+        std::fs::create_dir_all(&d)?;
+        for phase in PHASES {
+            progress(&format!("{} x{jobs}", phase.name));
+            if phase.drop_before {
+                sys::drop_caches()?;
+            }
+            let json = fio(&d, phase, jobs, &s)?;
+            std::fs::write(raw.join(format!("{}-{jobs}.json", phase.name)), &json)?;
+            let (bw, mean, p50, p99, ios) = parse(&json, phase.rw)?;
+            if bw <= 0.0 {
+                return Err(io::Error::other(format!("fio {} x{jobs} moved no data", phase.name)));
+            }
+            out.push(Figure::rate(format!("{}-{jobs}th", phase.name), "MB/s", bw / 1e6, ios).at(phase.name, jobs));
+            lat.push(Figure {
+                op: format!("{}-{jobs}th-clat", phase.name),
+                unit: "us".into(),
+                value: mean,
+                p50: Some(p50),
+                p99: Some(p99),
+                samples: ios,
+                lower_is_better: true,
+                ..Figure::default()
+            });
+        }
+        std::fs::remove_dir_all(&d)?;
+    }
+    out.extend(lat);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_group_reported_job() {
+        let json = r#"note: a warning
+{"jobs":[{"error":0,"read":{"bw_bytes":2000000,"total_ios":10,"clat_ns":{"mean":1500.0,"percentile":{"50.000000":1000,"99.000000":9000}}},"write":{"bw_bytes":0}}]}"#;
+        let (bw, mean, p50, p99, ios) = parse(json, "randread").unwrap();
+        assert_eq!((bw, mean, p50, p99, ios), (2e6, 1.5, 1.0, 9.0, 10));
+        assert!(parse("{\"jobs\":[{\"error\":5}]}", "read").is_err());
+        assert!(parse("garbage", "read").is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! PNG plots of a report: latency bars per operation and configuration (one
+//! chart per suite that measured latencies), and throughput against threads
+//! for every scaling series. Drawn with plotters' bitmap backend and a
+//! DejaVu font from Debian's fonts-dejavu-core, read at run time.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::report::{Figure, Report, SuiteResult};
+
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+const FONT: &str = "sans-serif";
+
+fn font() -> Result<(), String> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let bytes = FONT_PATHS
+                .iter()
+                .find_map(|p| std::fs::read(p).ok())
+                .ok_or_else(|| format!("no DejaVuSans.ttf in {FONT_PATHS:?} (apt-get install fonts-dejavu-core)"))?;
+            // plotters keeps fonts for the life of the process.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font(FONT, FontStyle::Normal, bytes)
+                .map_err(|_| "DejaVuSans.ttf is not a usable font".to_string())
+        })
+        .clone()
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("plot: {e}")
+}
+
+/// Draws every plot of `report` under `out/plots`; returns the paths
+/// relative to `out`.
+pub fn draw(report: &Report, out: &Path) -> Result<Vec<String>, String> {
+    font()?;
+    let dir = out.join("plots");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut made = Vec::new();
+    for suite in &report.suites {
+        let name = format!("plots/{}-latency.png", suite.suite);
+        if latency_bars(suite, &out.join(&name))? {
+            made.push(name);
+        }
+        for series in series_of(suite) {
+            let name = format!("plots/{}-{}.png", suite.suite, series);
+            scaling(suite, &series, &out.join(&name))?;
+            made.push(name);
+        }
+    }
+    Ok(made)
+}
+
+fn ran(suite: &SuiteResult) -> impl Iterator<Item = &crate::report::ConfigResult> {
+    suite
+        .results
+        .iter()
+        .filter(|r| r.error.is_none() && !r.figures.is_empty())
+}
+
+fn is_latency(f: &Figure) -> bool {
+    f.unit == "us" && f.series.is_none()
+}
+
+fn series_of(suite: &SuiteResult) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in ran(suite) {
+        for f in &r.figures {
+            if let Some(s) = &f.series {
+                if !out.contains(s) {
+                    out.push(s.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Horizontal bars, one group per operation, one bar per configuration, on a
+/// log axis (latencies here span 1 µs to milliseconds). Returns whether the
+/// suite had latencies to draw.
+fn latency_bars(suite: &SuiteResult, path: &PathBuf) -> Result<bool, String> {
+    let configs: Vec<_> = ran(suite).collect();
+    let mut ops: Vec<String> = Vec::new();
+    for r in &configs {
+        for f in r.figures.iter().filter(|f| is_latency(f)) {
+            if !ops.contains(&f.op) {
+                ops.push(f.op.clone());
+            }
+        }
+    }
+    if ops.is_empty() {
+        return Ok(false);
+    }
+    let values: Vec<f64> = configs
+        .iter()
+        .flat_map(|r| r.figures.iter().filter(|f| is_latency(f)).map(|f| f.value))
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .collect();
+    let lo = values.iter().cloned().fold(f64::INFINITY, f64::min).max(1e-3) / 2.0;
+    let hi = values.iter().cloned().fold(0.0, f64::max).max(lo * 4.0) * 2.0;
+    let label_len = ops.iter().map(|o| o.len()).max().unwrap_or(4) as u32;
+    let row = (configs.len() as u32 * 14 + 14).max(34);
+    let height = 130 + row * ops.len() as u32 + 22 * configs.len() as u32;
+    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let n = ops.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{}: latency per operation (µs, log scale)", suite.suite),
+            (FONT, 24),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(30 + label_len * 9)
+        .build_cartesian_2d((lo..hi).log_scale(), -0.5..n - 0.5)
+        .map_err(err)?;
+    let label = |y: &f64| {
+        let i = y.round();
+        if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < ops.len() {
+            ops[ops.len() - 1 - i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .y_labels(ops.len() * 2 + 1)
+        .y_label_formatter(&label)
+        .x_desc("µs")
+        .label_style((FONT, 15))
+        .disable_y_mesh()
+        .draw()
+        .map_err(err)?;
+    let band = 0.8 / configs.len() as f64;
+    for (c, r) in configs.iter().enumerate() {
+        let color = Palette99::pick(c).to_rgba();
+        let bars: Vec<_> = ops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| {
+                let f = r.figures.iter().find(|f| &f.op == op && is_latency(f))?;
+                let y = (ops.len() - 1 - i) as f64 + 0.4 - band * c as f64;
+                Some(Rectangle::new([(lo, y - band), (f.value.max(lo), y)], color.filled()))
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(err)?
+            .label(r.config.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(true)
+}
+
+/// A configuration's curve: its name, the unit, and (threads, value) points.
+struct Line {
+    config: String,
+    unit: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// One line per configuration: the series' value against the thread count.
+fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), String> {
+    let lines: Vec<Line> = ran(suite)
+        .map(|r| {
+            let mut pts: Vec<(f64, f64)> = r
+                .figures
+                .iter()
+                .filter(|f| f.series.as_deref() == Some(series))
+                .filter_map(|f| Some((f.threads? as f64, f.value)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let unit = r
+                .figures
+                .iter()
+                .find(|f| f.series.as_deref() == Some(series))
+                .map(|f| f.unit.clone())
+                .unwrap_or_default();
+            Line {
+                config: r.config.clone(),
+                unit,
+                points: pts,
+            }
+        })
+        .filter(|l| !l.points.is_empty())
+        .collect();
+    let xmax = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let ymax = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .fold(0.0, f64::max)
+        * 1.15;
+    let ymax = if ymax > 0.0 { ymax } else { 1.0 };
+    let unit = lines.first().map(|l| l.unit.clone()).unwrap_or_default();
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("{}: {series} against threads", suite.suite), (FONT, 24))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.5..xmax + 0.5, 0.0..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("threads")
+        .y_desc(unit)
+        .label_style((FONT, 15))
+        .axis_desc_style((FONT, 17))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(err)?;
+    for (
+        c,
+        Line {
+            config, points: pts, ..
+        },
+    ) in lines.iter().enumerate()
+    {
+        let color = Palette99::pick(c).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().cloned(), color.stroke_width(3)))
+            .map_err(err)?
+            .label(config.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font((FONT, 15))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

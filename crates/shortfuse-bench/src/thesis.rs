@@ -1,0 +1,67 @@
+//! The `thesis` suite: seed 000's read test. 100 reads of 1 MiB over a big
+//! file, each starting 1024 bytes further than the last, timed as one run;
+//! runs repeated, through the page cache and with O_DIRECT.
+
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+use crate::io::prealloc;
+use crate::report::Figure;
+use crate::samples::Samples;
+use crate::scale::Scale;
+use crate::sys;
+
+const READS: u64 = 100;
+const STEP: u64 = 1024;
+const SIZE: usize = 1 << 20;
+
+fn file_size(scale: Scale) -> u64 {
+    scale.pick(8 << 20, 128 << 20, 1 << 30)
+}
+
+fn repeats(scale: Scale) -> usize {
+    scale.pick(3, 20, 100)
+}
+
+pub fn describe(scale: Scale) -> String {
+    format!(
+        "Scale {}: a {} MiB file (seed: 1 GiB), runs of {READS} reads of 1 MiB moving {STEP} bytes, repeated {} times (seed: 100); value = mean time of one run in µs.",
+        scale.name(),
+        file_size(scale) >> 20,
+        repeats(scale)
+    )
+}
+
+fn one_run(path: &std::ffi::CString, flags: i32, buf: &mut [u8]) -> io::Result<()> {
+    let fd = sys::open(path, libc::O_RDONLY | flags, 0)?;
+    for i in 0..READS {
+        let n = sys::pread(fd, buf, i * STEP)?;
+        if n != SIZE {
+            sys::close(fd)?;
+            return Err(io::Error::other(format!("read at {} returned {n} bytes", i * STEP)));
+        }
+    }
+    sys::close(fd)
+}
+
+pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+    let file = dir.join("thesis");
+    progress("laying out");
+    prealloc(&file, file_size(scale))?;
+    let path = sys::cpath(&file);
+    let mut buf = sys::Aligned::new(SIZE);
+    let mut out = Vec::new();
+    for (name, flags) in [("100x1MiB-read", 0), ("100x1MiB-read-odirect", libc::O_DIRECT)] {
+        progress(name);
+        let mut s = Samples::with_capacity(repeats(scale));
+        for _ in 0..repeats(scale) {
+            let t = Instant::now();
+            one_run(&path, flags, buf.as_mut()).map_err(|e| io::Error::new(e.kind(), format!("{name}: {e}")))?;
+            s.0.push(t.elapsed().as_nanos() as u64);
+        }
+        out.push(s.figure(name));
+    }
+    sys::unlink(&path)?;
+    Ok(out)
+}
