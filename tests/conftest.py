@@ -1,0 +1,152 @@
+"""Fixtures shared by the mounted test suites.
+
+Every test that takes `mnt` runs once per configuration (file system x
+transport, see sfmount.configs_from_env), each time on a fresh mount. Run as
+root: `python3 -m pytest tests/` after `cargo build`.
+
+Environment:
+  SHORTFUSE_BIN         the binary (default target/debug/shortfuse)
+  SHORTFUSE_FS          file systems, comma-separated (default mem,passthrough;
+                        `bindfs` adds Debian's bindfs as a peer)
+  SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
+  SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sfmount  # noqa: E402
+
+DEFAULT_DEADLINE = float(os.environ.get("SHORTFUSE_TEST_DEADLINE", "180"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "deadline(seconds): fail the test if it runs longer than this")
+    config.addinivalue_line("markers", "fs(*names): run only on these file systems")
+    config.addinivalue_line("markers", "shortfuse_only: needs the shortfuse CLI (not a peer like bindfs)")
+    if os.geteuid() != 0:
+        raise pytest.UsageError("the mounted test suite runs as root (it mounts file systems)")
+    # Both sides of every comparison run in this process; a fixed umask keeps modes predictable.
+    os.umask(0o022)
+
+
+def _wanted(item_or_fn, cfg: sfmount.Config) -> bool:
+    fs_marker = item_or_fn.get_closest_marker("fs")
+    if fs_marker and cfg.fs not in fs_marker.args:
+        return False
+    if item_or_fn.get_closest_marker("shortfuse_only") and not cfg.is_shortfuse:
+        return False
+    return True
+
+
+def pytest_generate_tests(metafunc):
+    if "config" in metafunc.fixturenames:
+        cfgs = [c for c in sfmount.configs_from_env() if _wanted(metafunc.definition, c)]
+        metafunc.parametrize("config", cfgs, ids=[c.id for c in cfgs], scope="function")
+
+
+def _deadline(item) -> float:
+    m = item.get_closest_marker("deadline")
+    return float(m.args[0]) if m else DEFAULT_DEADLINE
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # Hard stop: if a test wedges in an uninterruptible FUSE wait, dump every
+    # thread's stack and exit rather than hang CI. Setup and teardown are
+    # covered too (they mount and unmount).
+    faulthandler.dump_traceback_later(_deadline(item) + 120, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    # Soft stop: SIGALRM turns a slow test into a failure with a traceback.
+    limit = _deadline(item)
+
+    def on_alarm(signum, frame):
+        raise DeadlineExceeded(f"test exceeded its deadline of {limit:.0f}s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _harness(fn, *a, **kw):
+    try:
+        return fn(*a, **kw)
+    except sfmount.HarnessError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def mount_factory():
+    """Mounts configurations on demand; unmounts whatever is left at the end
+    and fails the test if a plain unmount did not work or a daemon outlived
+    its mount."""
+    made: list[sfmount.Mount] = []
+
+    def make(config: sfmount.Config, options=None, layout="flat") -> sfmount.Mount:
+        m = _harness(sfmount.make_mount, config, options, layout)
+        made.append(m)
+        return m
+
+    yield make
+    problems = []
+    for m in made:
+        was_mounted = sfmount.is_mounted(m.path)
+        m.unmount()
+        if was_mounted and m.warnings:
+            problems.append(f"{m.path}: " + "; ".join(m.warnings))
+        if left := m.wait_daemon_exit(10):
+            problems.append(f"{m.path}: daemon pids {left} still alive 10s after unmount")
+            m.kill_daemons()
+        sfmount.remove_scratch(m.base)
+    if problems:
+        pytest.fail("teardown: " + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def mnt(config, mount_factory) -> sfmount.Mount:
+    """A fresh mount of `config` (default options)."""
+    return mount_factory(config)
+
+
+@pytest.fixture
+def native_dir():
+    """A fresh directory on the native file system (ext4 /tmp) for the reference run."""
+    d = sfmount.new_scratch("native")
+    d.chmod(0o755)  # like a freshly made source or mount root, not mkdtemp's 0700
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_mounts():
+    before = set(sfmount.leaked_mounts())
+    yield
+    leaked = [p for p in sfmount.leaked_mounts() if p not in before]
+    for p in leaked:
+        sfmount.run(["umount", "-l", p], timeout=30)
+    assert not leaked, f"mounts left behind after the session (now lazily unmounted): {leaked}"
