@@ -264,9 +264,15 @@ impl PassthroughFs {
 
     /// Publishes the inode behind an open descriptor (create): an `O_PATH`
     /// descriptor of the same inode, taken without a second name lookup.
+    /// The magic link must be followed here (no `O_NOFOLLOW`): with it,
+    /// `O_PATH` would name the `/proc` link itself, not the file.
     fn intern_open(&self, fd: &OwnedFd) -> Result<Entry> {
         let st = sys::fstat(fd.as_fd())?;
-        let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH | libc::O_NOFOLLOW)?;
+        let path_fd = sys::reopen(fd.as_fd(), libc::O_PATH)?;
+        // Belt and braces: the descriptor must name the inode we created.
+        if inodes::InodeKey::of(&sys::fstat(path_fd.as_fd())?) != inodes::InodeKey::of(&st) {
+            return Err(Errno::EIO);
+        }
         let inode = self.inodes.intern(path_fd, &st);
         Ok(Entry::new(inode.node, attr_of(&st)))
     }
