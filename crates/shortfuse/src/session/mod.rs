@@ -7,6 +7,7 @@
 //! the background after mounting and before any thread exists.
 
 pub mod dev;
+pub mod uring;
 
 use std::io;
 use std::path::Path;
