@@ -8,6 +8,20 @@ use std::sync::{Mutex, Once};
 
 static ACTIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Notes a scratch directory to delete on interruption (after the unmounts,
+/// so the deletion never walks into a live mount).
+pub fn remember_scratch(dir: &Path) {
+    SCRATCH
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+}
+
+pub fn forget_scratch(dir: &Path) {
+    SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
+}
 static WATCH: Once = Once::new();
 
 /// Spawns `cmd` in its own process group, remembered until [`reap`]. Its own
@@ -69,8 +83,15 @@ pub fn install() {
             }
             let mounts = std::mem::take(&mut *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()));
             eprintln!("\ninterrupted: unmounting {} file system(s)", mounts.len());
+            let mut all_gone = true;
             for m in mounts {
                 crate::config::unmount(&m);
+                all_gone &= !crate::config::is_mounted(&m);
+            }
+            if all_gone {
+                for d in std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|e| e.into_inner())) {
+                    let _ = std::fs::remove_dir_all(d);
+                }
             }
             std::process::exit(130);
         });

@@ -53,6 +53,7 @@ impl Config {
             sf("dev-base", "base", Some(1)),
             sf("dev", "", None),
             sf("dev-opt", "optimized", None),
+            sf("dev-passthrough", "passthrough", None),
             Config {
                 name: "bindfs".into(),
                 kind: Kind::Bindfs { args: vec![] },
@@ -101,6 +102,7 @@ impl Drop for Prepared {
             cleanup::forget(&mnt);
         }
         let _ = std::fs::remove_dir_all(&self.root);
+        cleanup::forget_scratch(&self.root);
     }
 }
 
@@ -200,6 +202,7 @@ impl Config {
             root,
             mountpoint: None,
         };
+        cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
             Kind::Shortfuse {

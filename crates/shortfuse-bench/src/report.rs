@@ -82,8 +82,9 @@ impl Environment {
             .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.to_string()))
             .and_then(|l| l.split_once(':').map(|(_, v)| v.trim().to_string()))
             .unwrap_or_else(|| "unknown".into());
+        // The source tree this binary was built from, wherever it runs.
         let commit = std::process::Command::new("git")
-            .args(["rev-parse", "--short", "HEAD"])
+            .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
             .output()
             .ok()
             .filter(|o| o.status.success())

@@ -165,3 +165,48 @@ fn failed_workload_is_reported_and_unmounted() {
     assert!(!config::is_mounted(&opts.out.join("work")));
     std::fs::remove_dir_all(&opts.out).unwrap();
 }
+
+fn fio_processes_in(dir: &Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.starts_with("fio ") && c.contains(&needle))
+        .collect()
+}
+
+#[test]
+fn ctrl_c_during_fio_stops_fio_and_unmounts() {
+    let out = std::env::temp_dir().join(format!("sfbench-int-{}", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shortfuse-bench"))
+        .args(["fio", "--quick", "--configs", "bindfs", "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fio_processes_in(&out).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "fio never started");
+        assert!(child.try_wait().unwrap().is_none(), "bench ended before fio ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!mounts_under(&out).is_empty(), "bindfs is not mounted while fio runs");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(fio_processes_in(&out).is_empty(), "{:?}", fio_processes_in(&out));
+    assert!(mounts_under(&out).is_empty(), "left behind: {:?}", mounts_under(&out));
+    let work: Vec<_> = std::fs::read_dir(out.join("work"))
+        .map(|d| d.count())
+        .into_iter()
+        .collect();
+    assert!(
+        work.iter().all(|&n| n == 0),
+        "scratch left in {}",
+        out.join("work").display()
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
