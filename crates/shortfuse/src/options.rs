@@ -64,6 +64,15 @@ pub struct MountOptions {
     /// Worker threads a profile or `threads=N` asks for (`base`: 1); `None`
     /// lets the session choose (one per CPU). `--threads` overrides it.
     pub threads: Option<usize>,
+    /// Serve over FUSE-over-io_uring (`--transport uring`): INIT accepts
+    /// `FUSE_OVER_IO_URING`. Only for a session that registers rings: once
+    /// accepted, the kernel holds every request until each queue has an
+    /// entry; it does not fall back to /dev/fuse.
+    pub uring: bool,
+    /// Ring entries per uring worker (`uring_depth=N`, default 8).
+    pub uring_depth: u32,
+    /// uring workers per queue (CPU) (`uring_workers=N`, default 1).
+    pub uring_workers: usize,
 }
 
 impl Default for MountOptions {
@@ -98,6 +107,9 @@ impl Default for MountOptions {
             handle_killpriv_v2: false,
             passthrough: false,
             threads: None,
+            uring: false,
+            uring_depth: 8,
+            uring_workers: 1,
         }
     }
 }
@@ -213,6 +225,14 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
     ),
     ("passthrough", "kernel passthrough of file data to backing files"),
     ("threads=N", "worker threads (like --threads; --threads wins)"),
+    (
+        "uring_depth=N",
+        "--transport uring: ring entries per worker, 1 to 1024 (default 8)",
+    ),
+    (
+        "uring_workers=N",
+        "--transport uring: worker threads per CPU queue, 1 to 64 (default 1)",
+    ),
 ];
 
 impl MountOptions {
@@ -342,6 +362,8 @@ impl MountOptions {
                 self.congestion_threshold = Some(size_value(key, value, 1, u16::MAX as u64)? as u16)
             }
             "threads" => self.threads = Some(size_value(key, value, 1, 1024)? as usize),
+            "uring_depth" => self.uring_depth = size_value(key, value, 1, 1024)? as u32,
+            "uring_workers" => self.uring_workers = size_value(key, value, 1, 64)? as usize,
             "readdirplus" => {
                 self.readdirplus = match value {
                     Some("yes") => Readdirplus::Yes,
@@ -508,6 +530,10 @@ mod tests {
         let o = MountOptions::parse("optimized,max_write=65536,no_writeback_cache").unwrap();
         assert_eq!((o.max_write, o.writeback_cache, o.splice_move), (65536, false, true));
         assert_eq!(MountOptions::parse("base,threads=4").unwrap().threads, Some(4));
+        let o = MountOptions::parse("uring_depth=16,uring_workers=2").unwrap();
+        assert_eq!((o.uring_depth, o.uring_workers, o.uring), (16, 2, false));
+        assert!(MountOptions::parse("uring_depth=0").is_err());
+        assert!(MountOptions::parse("uring_workers=65").is_err());
     }
 
     #[test]

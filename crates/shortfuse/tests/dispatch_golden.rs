@@ -29,9 +29,7 @@ fn init_default_options_golden() {
         | abi::FUSE_READDIRPLUS_AUTO
         | abi::FUSE_ASYNC_DIO
         | abi::FUSE_PARALLEL_DIROPS
-        | abi::FUSE_MAX_PAGES
-        | abi::FUSE_INIT_EXT
-        | abi::FUSE_OVER_IO_URING;
+        | abi::FUSE_MAX_PAGES;
     let expected = golden(&[
         F::U32(7),
         F::U32(45),

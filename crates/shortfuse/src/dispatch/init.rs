@@ -15,9 +15,10 @@
 //!   Off with `writeback_cache`, where the kernel owns mtime and size and
 //!   would otherwise throw away pages on its own attribute refreshes.
 //! - `INIT_EXT`: needed to send any flag of the second word.
-//! - `OVER_IO_URING`: the kernel only uses the rings once the daemon
-//!   registers queues; until then requests keep coming over /dev/fuse, so
-//!   accepting the offer costs nothing and lets a uring session start.
+//! - `OVER_IO_URING`: only with `MountOptions::uring` (the uring session).
+//!   Once accepted, the kernel holds every request (in `fuse_get_req`) until
+//!   every queue has a registered ring entry; nothing falls back to
+//!   /dev/fuse, so a /dev/fuse-only session that accepted it would hang.
 //! - Off: `DONT_MASK` (the kernel applies the umask), `EXPORT_SUPPORT` (no
 //!   lookups of "." and ".."), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps
 //!   locks unless the file system adds them in `init`), `SETXATTR_EXT`
@@ -129,7 +130,7 @@ pub(crate) fn initial_config(
     set(opts.splice_read, abi::FUSE_SPLICE_READ);
     set(opts.splice_write, abi::FUSE_SPLICE_WRITE);
     set(opts.splice_move, abi::FUSE_SPLICE_MOVE);
-    set(true, abi::FUSE_OVER_IO_URING);
+    set(opts.uring, abi::FUSE_OVER_IO_URING);
     match opts.readdirplus {
         Readdirplus::No => {}
         Readdirplus::Yes => want |= abi::FUSE_DO_READDIRPLUS,
