@@ -38,8 +38,10 @@ enum Command {
         /// Stay in the foreground (logs go to stderr; Ctrl-C unmounts).
         #[arg(short = 'f', long)]
         foreground: bool,
-        /// How requests reach the daemon. Only `dev` (/dev/fuse) for now.
-        #[arg(long, default_value = "dev")]
+        /// How requests reach the daemon: `dev` (/dev/fuse) or `uring`
+        /// (FUSE over io_uring, per-CPU rings; root; falls back to `dev`
+        /// when the kernel switch cannot be turned on).
+        #[arg(long, default_value = "dev", value_parser = ["dev", "uring"])]
         transport: String,
         /// Worker threads, each with its own /dev/fuse fd [default: one per
         /// CPU; 1 with -o base].
@@ -174,17 +176,15 @@ fn mount(
     transport: &str,
     threads: Option<usize>,
 ) -> io::Result<()> {
-    if transport != "dev" {
-        return Err(invalid(format!(
-            "--transport {transport}: not available yet; only `dev` (/dev/fuse) is implemented"
-        )));
-    }
     let (source, mountpoint) = match paths {
         [mp] => (None, mp),
         [src, mp] => (Some(src.as_path()), mp),
         _ => return Err(invalid("expected [SOURCE] MOUNTPOINT".to_string())),
     };
-    let mut opts = MountOptions::default();
+    let mut opts = MountOptions {
+        uring: transport == "uring",
+        ..MountOptions::default()
+    };
     let mut rest = FsOptions::new();
     for o in options {
         opts.apply(o, Some(&mut rest))?;

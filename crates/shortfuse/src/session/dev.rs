@@ -11,9 +11,14 @@
 //! SIGINT/SIGTERM the session detaches the mount (MNT_DETACH, as libfuse);
 //! with no users left that ends the connection at once. A second signal
 //! aborts the connection even if the detached file system is still in use.
+//!
+//! With `MountOptions::uring` the requests travel over FUSE-over-io_uring
+//! rings ([`super::uring`]) once INIT is answered; one /dev/fuse worker
+//! stays for INIT, FORGET, INTERRUPT and notifications.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +30,7 @@ use crate::dispatch::{Dispatcher, Outcome};
 use crate::filesystem::Filesystem;
 use crate::mount::{self, Mount};
 use crate::options::MountOptions;
-use crate::session::SessionOptions;
+use crate::session::{uring, SessionOptions};
 use crate::stats::{Stats, Transport};
 use crate::sys::{self, SignalMask};
 
@@ -43,10 +48,18 @@ impl DevSession {
     pub fn mount(
         fs: Arc<dyn Filesystem>,
         mount_point: &Path,
-        opts: MountOptions,
+        mut opts: MountOptions,
         session: SessionOptions,
     ) -> io::Result<DevSession> {
-        let threads = session.worker_threads(&opts);
+        // Before mounting: the kernel offers io_uring in INIT only if the
+        // switch is on when the mount sends INIT.
+        if opts.uring {
+            if let Err(why) = uring::enable_kernel_switch() {
+                eprintln!("shortfuse: --transport uring unavailable, serving over /dev/fuse: {why}");
+                opts.uring = false;
+            }
+        }
+        let threads = if opts.uring { 1 } else { session.worker_threads(&opts) };
         let (mount, dev) = Mount::new(mount_point, &opts, session.method)?;
         let dispatcher = Arc::new(Dispatcher::new(fs, opts, Arc::new(Stats::new())));
         Ok(DevSession {
@@ -94,6 +107,11 @@ impl DevSession {
         } else {
             None
         };
+        let ring_dev = if dispatcher.options().uring {
+            Some(dev.try_clone()?)
+        } else {
+            None
+        };
         let mut fds = Vec::with_capacity(threads);
         for _ in 1..threads {
             fds.push(mount::clone_dev_fd(&dev)?);
@@ -128,6 +146,14 @@ impl DevSession {
                 }
             }
         }
+        let mut rings = None;
+        if let (None, Some(ring_dev)) = (&spawn_error, &ring_dev) {
+            match start_rings(ring_dev, &dispatcher, &workers) {
+                Ok(r) => rings = Some(r),
+                Err(e) => spawn_error = Some(e),
+            }
+        }
+        drop(ring_dev);
         if spawn_error.is_some() {
             // The workers already running end when the connection does.
             let m = mount.lock().unwrap_or_else(|p| p.into_inner());
@@ -144,6 +170,12 @@ impl DevSession {
                 result = r;
             }
         }
+        if let Some(rings) = rings {
+            let r = rings.join();
+            if result.is_ok() {
+                result = r;
+            }
+        }
         done.store(true, Ordering::Release);
         if let Some(s) = signals {
             let _ = s.join();
@@ -154,6 +186,34 @@ impl DevSession {
         drop(mask);
         result
     }
+}
+
+/// Starts the rings once the /dev/fuse worker has answered INIT.
+fn start_rings(
+    dev: &File,
+    dispatcher: &Arc<Dispatcher>,
+    workers: &[JoinHandle<io::Result<()>>],
+) -> io::Result<uring::UringSession> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while dispatcher.negotiated().is_none() {
+        if workers.iter().all(|w| w.is_finished()) {
+            return Err(io::Error::other("the connection ended before FUSE_INIT"));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no FUSE_INIT from the kernel within 30 s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let opts = dispatcher.options();
+    let config = uring::UringConfig {
+        depth: opts.uring_depth,
+        workers: opts.uring_workers,
+    };
+    uring::UringSession::start(dev.as_fd(), dispatcher.clone(), &config)
+        .map_err(|e| io::Error::new(e.kind(), format!("starting the io_uring rings: {e}")))
 }
 
 fn signal_loop(set: sys::SignalSet, mount: &Mutex<Mount>, done: &AtomicBool, stats: &Stats) {
