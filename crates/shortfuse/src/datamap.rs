@@ -121,11 +121,17 @@ impl fmt::Display for InvalidMap {
                 "extent {index} overlaps the one before: it starts at file offset {found}, before {expected}"
             ),
             InvalidMap::OpenEndedNotLast { index } => {
-                write!(f, "extent {index} runs to end of file (len u64::MAX) but is not the last")
+                write!(
+                    f,
+                    "extent {index} runs to end of file (len u64::MAX) but is not the last"
+                )
             }
             InvalidMap::OutOfRange { index } => write!(f, "extent {index} reaches past the largest file offset"),
             InvalidMap::NotRegular { index, mode } => {
-                write!(f, "backing file of extent {index} is not a regular file (mode {mode:#o})")
+                write!(
+                    f,
+                    "backing file of extent {index} is not a regular file (mode {mode:#o})"
+                )
             }
             InvalidMap::Stat { index, errno } => write!(f, "fstat of the backing file of extent {index}: {errno}"),
         }
@@ -178,7 +184,9 @@ impl DataMap {
     pub fn validate(&self) -> Result<(), InvalidMap> {
         self.validate_layout()?;
         for (index, e) in self.extents.iter().enumerate() {
-            let seen = self.extents[..index].iter().any(|p| Arc::ptr_eq(&p.backing, &e.backing));
+            let seen = self.extents[..index]
+                .iter()
+                .any(|p| Arc::ptr_eq(&p.backing, &e.backing));
             if seen {
                 continue;
             }
@@ -432,7 +440,10 @@ mod tests {
         let map = |extents: Vec<Extent>| DataMap { extents };
         assert_eq!(map(vec![]).validate(), Ok(()));
         assert_eq!(DataMap::whole(b.clone()).validate(), Ok(()));
-        assert_eq!(map(vec![ext(&b, 0, 0, 10), ext(&b, 10, 100, u64::MAX)]).validate(), Ok(()));
+        assert_eq!(
+            map(vec![ext(&b, 0, 0, 10), ext(&b, 10, 100, u64::MAX)]).validate(),
+            Ok(())
+        );
         assert_eq!(
             map(vec![ext(&b, 1, 0, 10)]).validate(),
             Err(InvalidMap::Hole {
