@@ -36,11 +36,11 @@ pub struct Config {
 impl Config {
     /// Every configuration this build knows, in report order.
     pub fn all() -> Vec<Config> {
-        let sf = |name: &str, opts: &str, threads: Option<usize>| Config {
+        let sf = |name: &str, transport: &str, opts: &str, threads: Option<usize>| Config {
             name: name.to_string(),
             kind: Kind::Shortfuse {
                 fs: "passthrough".into(),
-                transport: "dev".into(),
+                transport: transport.into(),
                 opts: opts.into(),
                 threads,
             },
@@ -50,10 +50,11 @@ impl Config {
                 name: "native".into(),
                 kind: Kind::Native,
             },
-            sf("dev-base", "base", Some(1)),
-            sf("dev", "", None),
-            sf("dev-opt", "optimized", None),
-            sf("dev-passthrough", "passthrough", None),
+            sf("dev-base", "dev", "base", Some(1)),
+            sf("dev", "dev", "", None),
+            sf("dev-opt", "dev", "optimized", None),
+            sf("dev-passthrough", "dev", "passthrough", None),
+            sf("uring", "uring", "", None),
             Config {
                 name: "bindfs".into(),
                 kind: Kind::Bindfs { args: vec![] },
