@@ -314,6 +314,16 @@ impl MountOptions {
                 }
             }
         }
+        if self.passthrough && self.writeback_cache {
+            // The kernel switches passthrough off under the write-back cache
+            // and then fails every passthrough open with EIO.
+            return Err(OptionError {
+                option: "passthrough".to_string(),
+                message: "cannot be combined with writeback_cache (the kernel allows only one of them per mount; \
+                          `optimized` turns writeback_cache on, add no_writeback_cache after it)"
+                    .to_string(),
+            });
+        }
         Ok(())
     }
 
@@ -505,11 +515,20 @@ mod tests {
     fn toggles() {
         let o = MountOptions::parse(
             "writeback_cache,no_parallel_dirops,sync_read,keep_cache,direct_io,splice_read,splice_write,\
-             splice_move,handle_killpriv_v2,passthrough",
+             splice_move,handle_killpriv_v2",
         )
         .unwrap();
         assert!(o.writeback_cache && !o.parallel_dirops && !o.async_read && o.keep_cache && o.direct_io);
-        assert!(o.splice_read && o.splice_write && o.splice_move && o.handle_killpriv_v2 && o.passthrough);
+        assert!(o.splice_read && o.splice_write && o.splice_move && o.handle_killpriv_v2 && !o.passthrough);
+        assert!(MountOptions::parse("passthrough").unwrap().passthrough);
+        let e = MountOptions::parse("passthrough,writeback_cache").unwrap_err();
+        assert!(e.to_string().contains("cannot be combined with writeback_cache"), "{e}");
+        assert!(MountOptions::parse("optimized,passthrough").is_err());
+        assert!(
+            MountOptions::parse("optimized,no_writeback_cache,passthrough")
+                .unwrap()
+                .passthrough
+        );
         let o = MountOptions::parse("writeback_cache,no_writeback_cache,parallel_dirops,async_read").unwrap();
         assert!(!o.writeback_cache && o.parallel_dirops && o.async_read);
     }

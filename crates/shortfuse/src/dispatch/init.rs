@@ -22,9 +22,13 @@
 //! - Off: `DONT_MASK` (the kernel applies the umask), `EXPORT_SUPPORT` (no
 //!   lookups of "." and ".."), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps
 //!   locks unless the file system adds them in `init`), `SETXATTR_EXT`
-//!   (parsed if a file system adds it), `PASSTHROUGH` (not implemented yet:
-//!   it needs backing ids and `max_stack_depth`; removed even if a file
-//!   system asks for it).
+//!   (parsed if a file system adds it).
+//! - `PASSTHROUGH` with `max_stack_depth` 1 (backing files on a plain file
+//!   system, not on another stacked one) with `-o passthrough`. The kernel
+//!   silently ignores it beside `WRITEBACK_CACHE`, after which every
+//!   passthrough open would fail with EIO; the options refuse the pair, and
+//!   if a file system's `init` still asks for both, passthrough is dropped
+//!   with a line on stderr.
 
 use shortfuse_abi as abi;
 
@@ -131,6 +135,7 @@ pub(crate) fn initial_config(
     set(opts.splice_write, abi::FUSE_SPLICE_WRITE);
     set(opts.splice_move, abi::FUSE_SPLICE_MOVE);
     set(opts.uring, abi::FUSE_OVER_IO_URING);
+    set(opts.passthrough, abi::FUSE_PASSTHROUGH);
     match opts.readdirplus {
         Readdirplus::No => {}
         Readdirplus::Yes => want |= abi::FUSE_DO_READDIRPLUS,
@@ -167,8 +172,8 @@ pub(crate) fn finish(
             cfg.want & !kernel_flags
         );
     }
-    if flags & abi::FUSE_PASSTHROUGH != 0 {
-        eprintln!("shortfuse: INIT: FUSE_PASSTHROUGH is not supported yet; not asked for");
+    if flags & abi::FUSE_PASSTHROUGH != 0 && flags & abi::FUSE_WRITEBACK_CACHE != 0 {
+        eprintln!("shortfuse: INIT: FUSE_PASSTHROUGH cannot go with FUSE_WRITEBACK_CACHE; passthrough not asked for");
         flags &= !abi::FUSE_PASSTHROUGH;
     }
     if flags >> 32 != 0 {
@@ -209,7 +214,7 @@ pub(crate) fn finish(
         max_pages: negotiated.max_pages,
         map_alignment: 0,
         flags2,
-        max_stack_depth: 0,
+        max_stack_depth: if flags & abi::FUSE_PASSTHROUGH != 0 { 1 } else { 0 },
         request_timeout: 0,
         unused: [0; 11],
     };

@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use shortfuse_abi::{self as abi, Operation};
 
+use crate::backing::Passthrough;
 use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::options::MountOptions;
@@ -64,7 +65,7 @@ pub struct Dispatcher {
     max_pages_limit: u32,
     negotiated: OnceLock<Negotiated>,
     destroyed: AtomicBool,
-    data_map_logged: AtomicBool,
+    passthrough: Passthrough,
 }
 
 /// Result of serving one decoded request.
@@ -92,7 +93,7 @@ impl Dispatcher {
             max_pages_limit: max_pages_limit.max(1),
             negotiated: OnceLock::new(),
             destroyed: AtomicBool::new(false),
-            data_map_logged: AtomicBool::new(false),
+            passthrough: Passthrough::new(),
         }
     }
 
@@ -121,6 +122,12 @@ impl Dispatcher {
 
     pub fn filesystem(&self) -> &Arc<dyn Filesystem> {
         &self.fs
+    }
+
+    /// Kernel passthrough bookkeeping. A kernel session calls
+    /// [`Passthrough::attach_device`] with its /dev/fuse fd before serving.
+    pub fn passthrough(&self) -> &Passthrough {
+        &self.passthrough
     }
 
     /// Serves one request. `reply` is cleared and, for `Outcome::Reply` and
@@ -307,7 +314,7 @@ impl Dispatcher {
             }
             Operation::Open { arg } => {
                 let opened = fs.open(&req, node, arg.flags as i32)?;
-                let out = self.open_out(&opened, true);
+                let out = self.file_open_out(fs, &req, node, &opened, arg.flags)?;
                 reply_struct(reply, unique, &out);
                 Ok(Outcome::Reply)
             }
@@ -324,8 +331,16 @@ impl Dispatcher {
                     rdev: 0,
                 };
                 let created = fs.create(&req, node, name, &new, arg.flags as i32)?;
+                let open = match self.file_open_out(fs, &req, created.entry.node, &created.opened, arg.flags) {
+                    Ok(open) => open,
+                    Err(e) => {
+                        // The kernel never learns of the new name: give back
+                        // its lookup so the file system does not leak it.
+                        fs.forget(created.entry.node, 1);
+                        return Err(e);
+                    }
+                };
                 let entry = encode::entry_out(&created.entry, o.entry_timeout, o.attr_timeout);
-                let open = self.open_out(&created.opened, true);
                 encode::begin(reply, unique);
                 reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&entry));
                 reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&open));
@@ -374,7 +389,10 @@ impl Dispatcher {
                     flock_release,
                     lock_owner: (flush || flock_release).then_some(arg.lock_owner),
                 };
-                fs.release(&req, node, FileHandle(arg.fh), &args)?;
+                let released = fs.release(&req, node, FileHandle(arg.fh), &args);
+                // The file is closed whatever the file system answers.
+                self.passthrough.release(node);
+                released?;
                 ok(reply, unique)
             }
             Operation::Releasedir { arg } => {
@@ -541,10 +559,12 @@ impl Dispatcher {
         let mut cfg = init::initial_config(&self.opts, arg, kernel_flags, self.max_pages_limit);
         self.fs.init(&mut cfg)?;
         let (negotiated, out) = init::finish(&cfg, arg, kernel_flags, self.max_pages_limit);
+        let passthrough = negotiated.has(abi::FUSE_PASSTHROUGH);
         if self.negotiated.set(negotiated).is_err() {
             // Another worker answered an INIT at the same time.
             return Err(Errno::EIO);
         }
+        self.passthrough.set_active(passthrough);
         reply_struct(reply, unique, &out);
         Ok(Outcome::Reply)
     }
@@ -558,12 +578,6 @@ impl Dispatcher {
     /// `fuse_open_out`; for files, the mount's `direct_io`/`keep_cache`
     /// are added to what the file system chose.
     fn open_out(&self, opened: &Opened, file: bool) -> abi::fuse_open_out {
-        if opened.data_map.is_some() && !self.data_map_logged.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "shortfuse: a DataMap was returned by open; data-path bypass is not wired to this transport yet, \
-                 the daemon serves its reads and writes"
-            );
-        }
         let f = &opened.flags;
         let mut flags = 0;
         let mut set = |on: bool, bit: u32| {
@@ -582,6 +596,50 @@ impl Dispatcher {
             open_flags: flags,
             backing_id: 0,
         }
+    }
+
+    /// `fuse_open_out` of OPEN/CREATE: checks the file system's data map
+    /// and, under kernel passthrough, registers the open (see
+    /// [`crate::backing`]). An invalid map fails the open with EINVAL after
+    /// the file system's handle is released.
+    fn file_open_out(
+        &self,
+        fs: &dyn Filesystem,
+        req: &Request,
+        node: NodeId,
+        opened: &Opened,
+        open_flags: u32,
+    ) -> Result<abi::fuse_open_out> {
+        if let Some(map) = &opened.data_map {
+            if let Err(e) = map.validate() {
+                eprintln!(
+                    "shortfuse: {}: open of node {} returned an invalid data map: {e}",
+                    self.fs_name(),
+                    node.0
+                );
+                let args = ReleaseArgs {
+                    flags: open_flags,
+                    ..ReleaseArgs::default()
+                };
+                let _ = fs.release(req, node, opened.fh, &args);
+                return Err(Errno::EINVAL);
+            }
+        }
+        let mut out = self.open_out(opened, true);
+        if let Some(id) = self.passthrough.open(node, opened.data_map.as_ref()) {
+            out.open_flags = Passthrough::open_flags(out.open_flags);
+            out.backing_id = id;
+        }
+        Ok(out)
+    }
+
+    /// How log lines name the file system: `fsname`, else `subtype`.
+    fn fs_name(&self) -> &str {
+        self.opts
+            .fsname
+            .as_deref()
+            .or(self.opts.subtype.as_deref())
+            .unwrap_or("file system")
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -107,6 +107,10 @@ impl DevSession {
         } else {
             None
         };
+        if dispatcher.options().passthrough {
+            // Backing ids are registered on the connection's fd (kernel passthrough).
+            dispatcher.passthrough().attach_device(std::os::fd::AsFd::as_fd(&dev))?;
+        }
         let ring_dev = if dispatcher.options().uring {
             Some(dev.try_clone()?)
         } else {
