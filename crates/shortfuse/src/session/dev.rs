@@ -152,7 +152,13 @@ impl DevSession {
         }
         let mut rings = None;
         if let (None, Some(ring_dev)) = (&spawn_error, &ring_dev) {
-            match start_rings(ring_dev, &dispatcher, &workers) {
+            let m = mount.clone();
+            let on_error: uring::OnError = Arc::new(move |_| {
+                // Requests routed to a dead queue would wait forever.
+                let m = m.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = m.abort();
+            });
+            match start_rings(ring_dev, &dispatcher, &workers, on_error) {
                 Ok(r) => rings = Some(r),
                 Err(e) => spawn_error = Some(e),
             }
@@ -197,6 +203,7 @@ fn start_rings(
     dev: &File,
     dispatcher: &Arc<Dispatcher>,
     workers: &[JoinHandle<io::Result<()>>],
+    on_error: uring::OnError,
 ) -> io::Result<uring::UringSession> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while dispatcher.negotiated().is_none() {
@@ -216,7 +223,7 @@ fn start_rings(
         depth: opts.uring_depth,
         workers: opts.uring_workers,
     };
-    uring::UringSession::start(dev.as_fd(), dispatcher.clone(), &config)
+    uring::UringSession::start(dev.as_fd(), dispatcher.clone(), &config, on_error)
         .map_err(|e| io::Error::new(e.kind(), format!("starting the io_uring rings: {e}")))
 }
 

@@ -34,7 +34,9 @@
 //!   [`UringSession::join`] then returns. [`UringSession::stop`] ends the
 //!   workers without the kernel (for daemon errors): close the connection
 //!   (unmount or abort) too, since requests already routed to a queue would
-//!   otherwise wait for an entry that never comes back.
+//!   otherwise wait for an entry that never comes back. For the same reason
+//!   a worker that fails calls the `on_error` hook given to
+//!   [`UringSession::start`], which should abort the connection.
 
 mod entry;
 mod sys;
@@ -158,6 +160,10 @@ const STOP: u64 = u64::MAX;
 const REGISTER_RETRY: Duration = Duration::from_millis(1);
 const REGISTER_ATTEMPTS: u32 = 5000;
 
+/// Called with the error when a worker ends for another reason than the
+/// connection's end.
+pub type OnError = Arc<dyn Fn(&io::Error) + Send + Sync>;
+
 /// Running rings: the worker threads of every queue.
 pub struct UringSession {
     stop: Arc<EventFd>,
@@ -171,7 +177,12 @@ impl UringSession {
     /// fd, duplicated per worker). Call after FUSE_INIT was answered.
     /// Returns once every worker has its ring and submitted its REGISTERs;
     /// ring creation errors come back here.
-    pub fn start(dev: BorrowedFd<'_>, dispatcher: Arc<Dispatcher>, config: &UringConfig) -> io::Result<UringSession> {
+    pub fn start(
+        dev: BorrowedFd<'_>,
+        dispatcher: Arc<Dispatcher>,
+        config: &UringConfig,
+        on_error: OnError,
+    ) -> io::Result<UringSession> {
         let negotiated = dispatcher
             .negotiated()
             .ok_or_else(|| io::Error::other("uring session started before FUSE_INIT was answered"))?;
@@ -208,12 +219,17 @@ impl UringSession {
                     payload,
                 };
                 let ready = ready_tx.clone();
+                let on_error = on_error.clone();
                 let handle = thread::Builder::new()
                     .name(format!("sf-uring-q{qid}w{w}"))
                     .spawn(move || match Worker::new(setup) {
                         Ok(mut worker) => {
                             let _ = ready.send(Ok(()));
-                            worker.run()
+                            let r = worker.run();
+                            if let Err(e) = &r {
+                                on_error(e);
+                            }
+                            r
                         }
                         Err(e) => {
                             let _ = ready.send(Err(io::Error::new(e.kind(), e.to_string())));

@@ -184,3 +184,58 @@ impl EventFd {
         self.0.as_raw_fd()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(e: squeue::Entry128) -> [u8; 128] {
+        assert_eq!(std::mem::size_of::<squeue::Entry128>(), 128);
+        // SAFETY: as in `fuse_cmd`: 128 bytes of plain integers.
+        unsafe { std::mem::transmute::<squeue::Entry128, [u8; 128]>(e) }
+    }
+
+    #[test]
+    fn register_sqe_layout_matches_the_kernel() {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let req = abi::fuse_uring_cmd_req {
+            commit_id: 0x1122_3344_5566_7788,
+            qid: 3,
+            ..Default::default()
+        };
+        let raw = bytes(fuse_cmd(
+            7,
+            abi::FUSE_IO_URING_CMD_REGISTER,
+            &req,
+            Some((iov.as_ptr(), 2)),
+            42,
+        ));
+        let u32_at = |o: usize| u32::from_ne_bytes(raw[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_ne_bytes(raw[o..o + 8].try_into().unwrap());
+        assert_eq!(raw[0], 46, "IORING_OP_URING_CMD");
+        assert_eq!(u32_at(4), 7, "fd");
+        assert_eq!(u32_at(8), abi::FUSE_IO_URING_CMD_REGISTER, "cmd_op");
+        assert_eq!(u64_at(16), iov.as_ptr() as u64, "addr");
+        assert_eq!(u32_at(24), 2, "len");
+        assert_eq!(u64_at(32), 42, "user_data");
+        // The command area starts at byte 48 of a 128-byte SQE.
+        assert_eq!(&raw[48..72], req.as_bytes());
+        assert!(raw[72..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn commit_sqe_has_no_iovec() {
+        let req = abi::fuse_uring_cmd_req {
+            commit_id: 9,
+            qid: 1,
+            ..Default::default()
+        };
+        let raw = bytes(fuse_cmd(5, abi::FUSE_IO_URING_CMD_COMMIT_AND_FETCH, &req, None, 1));
+        assert_eq!(u32::from_ne_bytes(raw[8..12].try_into().unwrap()), 2);
+        assert_eq!(&raw[16..28], &[0u8; 12], "addr and len");
+        assert_eq!(&raw[48..72], req.as_bytes());
+    }
+}
