@@ -2,4 +2,5 @@
 
 pub mod mem;
 pub mod null;
+pub mod pack;
 pub mod passthrough;
