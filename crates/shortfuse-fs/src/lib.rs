@@ -3,4 +3,5 @@
 pub mod mem;
 pub mod null;
 pub mod pack;
+pub mod stripe;
 pub mod passthrough;
