@@ -604,3 +604,34 @@ fn open_refuses_symlinks_and_writable_directories() {
     let f = fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap().node;
     assert_eq!(fs.opendir(&req, f, libc::O_RDONLY).unwrap_err(), Errno::ENOTDIR);
 }
+
+#[test]
+fn o_direct_works_with_unaligned_transport_buffers() {
+    let tmp = TempDir::new("direct");
+    let fs = PassthroughFs::new(tmp.path()).unwrap();
+    let req = root_req();
+    let flags = libc::O_RDWR | libc::O_DIRECT;
+    let c = fs
+        .create(&req, NodeId::ROOT, OsStr::new("d"), &new_node(0o644), flags)
+        .unwrap();
+    let (node, fh) = (c.entry.node, c.opened.fh);
+    // Data after a request header is never page-aligned.
+    let mut storage = vec![0u8; 8192 + 80];
+    for (i, b) in storage.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let start = 80 + (storage.as_ptr() as usize + 80) % 2;
+    let data = &storage[start..start + 8192];
+    let args = WriteArgs {
+        offset: 4096,
+        ..WriteArgs::default()
+    };
+    assert_eq!(fs.write(&req, node, fh, data, &args).unwrap(), 8192);
+    let mut out = vec![0u8; 8192 + 17];
+    let n = fs.read(&req, node, fh, 4096, &mut out[17..]).unwrap();
+    assert_eq!(n, 8192);
+    assert_eq!(&out[17..], data);
+    // A read past the end of the file is short, not an error.
+    assert_eq!(fs.read(&req, node, fh, 8192, &mut out[1..8193]).unwrap(), 4096);
+    release(&fs, node, fh);
+}

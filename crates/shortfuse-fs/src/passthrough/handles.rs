@@ -33,14 +33,17 @@ pub struct OpenFile {
     pub fd: Arc<OwnedFd>,
     /// Present for directories.
     dir: Option<Mutex<DirStream>>,
+    /// Opened with `O_DIRECT`: data must pass through aligned memory.
+    pub direct: bool,
 }
 
 impl OpenFile {
-    pub fn file(node: NodeId, fd: OwnedFd) -> OpenFile {
+    pub fn file(node: NodeId, fd: OwnedFd, flags: i32) -> OpenFile {
         OpenFile {
             node,
             fd: Arc::new(fd),
             dir: None,
+            direct: flags & libc::O_DIRECT != 0,
         }
     }
 
@@ -54,6 +57,7 @@ impl OpenFile {
                 end: 0,
                 cookie: 0,
             })),
+            direct: false,
         }
     }
 

@@ -389,6 +389,51 @@ fn timespec(t: Option<SetTime>) -> libc::timespec {
     }
 }
 
+/// Alignment that `O_DIRECT` asks of memory on every Linux file system
+/// (the logical block size is at most a page).
+const DIRECT_ALIGN: usize = 4096;
+
+fn aligned(p: *const u8) -> bool {
+    (p as usize) & (DIRECT_ALIGN - 1) == 0
+}
+
+thread_local! {
+    /// Per-worker bounce buffer for `O_DIRECT` data that the transport
+    /// placed at an unaligned address (after the request headers).
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` bytes of page-aligned memory, reused per thread.
+fn with_aligned<T>(len: usize, f: impl FnOnce(&mut [u8]) -> Result<T>) -> Result<T> {
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len + DIRECT_ALIGN {
+            b.resize(len + DIRECT_ALIGN, 0);
+        }
+        let start = b.as_ptr().align_offset(DIRECT_ALIGN);
+        f(&mut b[start..start + len])
+    })
+}
+
+/// `pread` until `buf` is full or the file ends, so a short read always
+/// means end of file (the kernel relies on that for cached files). An
+/// `O_DIRECT` read is tried once: the rest would start at an unaligned
+/// offset (`EINVAL`), and direct reads may be short anyway.
+fn read_full(file: &OpenFile, buf: &mut [u8], offset: u64) -> Result<usize> {
+    if file.direct {
+        return sys::pread(file.fd(), buf, offset);
+    }
+    let mut done = 0;
+    while done < buf.len() {
+        let n = sys::pread(file.fd(), &mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
 /// One `struct linux_dirent64` record.
 struct RawDirent<'a> {
     ino: u64,
@@ -667,8 +712,9 @@ impl Filesystem for PassthroughFs {
             FileType::Directory if flags & libc::O_ACCMODE != libc::O_RDONLY => return Err(Errno::EISDIR),
             _ => {}
         }
-        let fd = sys::reopen(inode.fd(), self.open_flags(flags))?;
-        let file = OpenFile::file(node, fd);
+        let flags = self.open_flags(flags);
+        let fd = sys::reopen(inode.fd(), flags)?;
+        let file = OpenFile::file(node, fd, flags);
         let data_map = (inode.kind == FileType::Regular).then(|| DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
         inode.nopen.fetch_add(1, Ordering::Relaxed);
@@ -690,7 +736,7 @@ impl Filesystem for PassthroughFs {
             sys::openat2(parent.fd(), &name, flags, mode, self.resolve)?
         };
         let entry = self.intern_open(&fd)?;
-        let file = OpenFile::file(entry.node, fd);
+        let file = OpenFile::file(entry.node, fd, flags);
         let data_map = Some(DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
         if let Ok(inode) = self.inodes.get(entry.node) {
@@ -708,17 +754,14 @@ impl Filesystem for PassthroughFs {
 
     fn read(&self, _req: &Request, node: NodeId, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let file = self.file(node, fh)?;
-        let mut done = 0;
-        // pread returns short only at end of file (or on a signal, which
-        // `retry` handles); loop anyway so a short read always means EOF.
-        while done < buf.len() {
-            let n = sys::pread(file.fd(), &mut buf[done..], offset + done as u64)?;
-            if n == 0 {
-                break;
-            }
-            done += n;
+        if file.direct && !aligned(buf.as_ptr()) {
+            return with_aligned(buf.len(), |bounce| {
+                let n = read_full(&file, bounce, offset)?;
+                buf[..n].copy_from_slice(&bounce[..n]);
+                Ok(n)
+            });
         }
-        Ok(done)
+        read_full(&file, buf, offset)
     }
 
     fn write(&self, _req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
@@ -726,6 +769,12 @@ impl Filesystem for PassthroughFs {
         if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
             let st = sys::fstat(file.fd())?;
             self.kill_suidgid(file.fd(), &st, true)?;
+        }
+        if file.direct && !aligned(data.as_ptr()) {
+            return with_aligned(data.len(), |bounce| {
+                bounce.copy_from_slice(data);
+                sys::pwrite(file.fd(), bounce, args.offset)
+            });
         }
         sys::pwrite(file.fd(), data, args.offset)
     }
