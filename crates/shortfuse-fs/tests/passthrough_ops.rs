@@ -635,3 +635,43 @@ fn o_direct_works_with_unaligned_transport_buffers() {
     assert_eq!(fs.read(&req, node, fh, 8192, &mut out[1..8193]).unwrap(), 4096);
     release(&fs, node, fh);
 }
+
+#[test]
+fn racing_lookups_and_forgets_never_resurrect_a_freed_inode() {
+    let tmp = TempDir::new("race");
+    fs::write(tmp.path().join("f"), b"x").unwrap();
+    let fs = Arc::new(PassthroughFs::new(tmp.path()).unwrap());
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let req = root_req();
+                for _ in 0..3000 {
+                    let e = fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap();
+                    // While we hold a lookup, the node must stay valid.
+                    assert_eq!(fs.getattr(&req, e.node, None).unwrap().size, 1);
+                    fs.forget(e.node, 1);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(fs.inode_count(), 1, "only the root is left");
+
+    // batch_forget gives back several counts at once.
+    let req = root_req();
+    let a = fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap().node;
+    fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap();
+    fs.batch_forget(&[
+        shortfuse::Forget { node: a, nlookup: 1 },
+        shortfuse::Forget { node: a, nlookup: 1 },
+        shortfuse::Forget {
+            node: NodeId::ROOT,
+            nlookup: 1,
+        },
+    ]);
+    assert_eq!(fs.inode_count(), 1);
+    fs.getattr(&req, NodeId::ROOT, None).unwrap();
+}

@@ -152,25 +152,34 @@ impl InodeTable {
     /// descriptor closes once the last in-flight request drops its `Arc`.
     /// The root is never forgotten.
     pub fn forget(&self, node: NodeId, n: u64) {
-        if node == NodeId::ROOT {
-            return;
-        }
+        self.forget_many(std::iter::once((node, n)));
+    }
+
+    /// `forget` for a batch, under one acquisition of the lock. The freed
+    /// inodes (and their descriptors) are dropped after the lock is released.
+    pub fn forget_many(&self, items: impl Iterator<Item = (NodeId, u64)>) {
+        let mut freed = Vec::new();
         let mut maps = self.write();
-        let Some(inode) = maps.by_node.get(&node.0) else {
-            return;
-        };
-        let left = inode.nlookup.load(Ordering::Relaxed).saturating_sub(n);
-        inode.nlookup.store(left, Ordering::Relaxed);
-        if left == 0 {
-            let key = inode.key;
-            let removed = maps.by_node.remove(&node.0);
-            // Only remove the key entry if it still names this inode.
-            if maps.by_key.get(&key).is_some_and(|i| i.node == node) {
-                maps.by_key.remove(&key);
+        for (node, n) in items {
+            if node == NodeId::ROOT {
+                continue;
             }
-            drop(maps);
-            drop(removed);
+            let Some(inode) = maps.by_node.get(&node.0) else {
+                continue;
+            };
+            let left = inode.nlookup.load(Ordering::Relaxed).saturating_sub(n);
+            inode.nlookup.store(left, Ordering::Relaxed);
+            if left == 0 {
+                let key = inode.key;
+                freed.extend(maps.by_node.remove(&node.0));
+                // Only remove the key entry if it still names this inode.
+                if maps.by_key.get(&key).is_some_and(|i| i.node == node) {
+                    maps.by_key.remove(&key);
+                }
+            }
         }
+        drop(maps);
+        drop(freed);
     }
 
     /// Number of inodes known, the root included.

@@ -109,7 +109,7 @@ use std::sync::Arc;
 
 use shortfuse::abi::{FUSE_FLOCK_LOCKS, FUSE_POSIX_LOCKS, FUSE_WRITEBACK_CACHE, FUSE_WRITE_KILL_SUIDGID};
 use shortfuse::{
-    Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem,
+    Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, Forget,
     InitConfig, NewNode, NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs,
     Timestamp, WriteArgs,
 };
@@ -561,6 +561,10 @@ impl Filesystem for PassthroughFs {
 
     fn forget(&self, node: NodeId, nlookup: u64) {
         self.inodes.forget(node, nlookup);
+    }
+
+    fn batch_forget(&self, forgets: &[Forget]) {
+        self.inodes.forget_many(forgets.iter().map(|f| (f.node, f.nlookup)));
     }
 
     fn getattr(&self, _req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
