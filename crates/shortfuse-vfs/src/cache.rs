@@ -1,0 +1,238 @@
+//! The dentry and attribute cache, and lookup counting.
+//!
+//! One mutex guards the whole table; it is never held across a request, so
+//! a file system running in the same process may call anything while it
+//! serves us. Node states:
+//! - `nlookup`: how many entries (LOOKUP, MKDIR, CREATE, ...) the file
+//!   system has handed out for the node and not yet been told to forget.
+//! - `refs`: what keeps the node in the table: positive dentries naming it,
+//!   open files and pinned locations (cwd, directory descriptors). When it
+//!   reaches zero the node leaves the table and one FORGET gives all of its
+//!   `nlookup` back.
+//!
+//! The root (node 1) is never forgotten, as in the kernel.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use shortfuse::{Attr, NodeId};
+
+/// A cached name.
+struct Dentry {
+    /// `None`: a negative entry (the name is known not to exist).
+    node: Option<NodeId>,
+    expires: Instant,
+}
+
+struct NodeState {
+    nlookup: u64,
+    refs: u64,
+    attr: Attr,
+    /// `None`: the attributes must be asked for again.
+    attr_expires: Option<Instant>,
+}
+
+/// Past this many cached names, expired ones are swept before inserting.
+const SWEEP_AT: usize = 1 << 16;
+
+/// What a cached lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cached {
+    /// Not cached, or expired: ask the file system.
+    Miss,
+    /// Known not to exist.
+    Negative,
+    /// Known node; the attributes when they are still valid.
+    Node(NodeId, Option<Attr>),
+}
+
+pub struct Cache {
+    dentries: HashMap<(u64, Box<[u8]>), Dentry>,
+    nodes: HashMap<u64, NodeState>,
+}
+
+/// Nodes to forget once the cache lock is released: (node, nlookup).
+pub type Forgets = Vec<(NodeId, u64)>;
+
+impl Cache {
+    pub fn new(root_attr: Attr) -> Cache {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            NodeId::ROOT.0,
+            NodeState {
+                nlookup: 0,
+                refs: 1,
+                attr: root_attr,
+                attr_expires: None,
+            },
+        );
+        Cache {
+            dentries: HashMap::new(),
+            nodes,
+        }
+    }
+
+    pub fn lookup(&self, parent: NodeId, name: &[u8], now: Instant) -> Cached {
+        let Some(d) = self.dentries.get(&(parent.0, Box::from(name))) else {
+            return Cached::Miss;
+        };
+        if d.expires <= now {
+            return Cached::Miss;
+        }
+        match d.node {
+            None => Cached::Negative,
+            Some(n) => Cached::Node(n, self.attr(n, now)),
+        }
+    }
+
+    /// The cached attributes of `node` while they are valid.
+    pub fn attr(&self, node: NodeId, now: Instant) -> Option<Attr> {
+        self.nodes
+            .get(&node.0)
+            .filter(|s| s.attr_expires.is_some_and(|e| e > now))
+            .map(|s| s.attr)
+    }
+
+    /// Records one entry handed out by the file system (one lookup to give
+    /// back later) and its attributes.
+    pub fn add_lookup(&mut self, node: NodeId, attr: Attr, attr_ttl: Duration, now: Instant) {
+        let s = self.nodes.entry(node.0).or_insert(NodeState {
+            nlookup: 0,
+            refs: 0,
+            attr,
+            attr_expires: None,
+        });
+        if node != NodeId::ROOT {
+            s.nlookup += 1;
+        }
+        s.attr = attr;
+        s.attr_expires = Some(now + attr_ttl);
+    }
+
+    /// Fresh attributes from GETATTR or SETATTR.
+    pub fn set_attr(&mut self, node: NodeId, attr: Attr, ttl: Duration, now: Instant) {
+        if let Some(s) = self.nodes.get_mut(&node.0) {
+            s.attr = attr;
+            s.attr_expires = Some(now + ttl);
+        }
+    }
+
+    pub fn invalidate_attr(&mut self, node: NodeId) {
+        if let Some(s) = self.nodes.get_mut(&node.0) {
+            s.attr_expires = None;
+        }
+    }
+
+    /// Caches `parent/name` -> `node` (or a negative entry) until `ttl`
+    /// runs out. A zero `ttl` caches nothing but still drops the old entry.
+    pub fn set_dentry(
+        &mut self,
+        parent: NodeId,
+        name: &[u8],
+        node: Option<NodeId>,
+        ttl: Duration,
+        now: Instant,
+        forgets: &mut Forgets,
+    ) {
+        self.remove_dentry(parent, name, forgets);
+        if ttl.is_zero() {
+            return;
+        }
+        if self.dentries.len() >= SWEEP_AT || self.nodes.len() >= SWEEP_AT {
+            self.sweep(now, forgets);
+        }
+        if let Some(n) = node {
+            self.pin(n);
+        }
+        self.dentries.insert(
+            (parent.0, Box::from(name)),
+            Dentry {
+                node,
+                expires: now + ttl,
+            },
+        );
+    }
+
+    pub fn remove_dentry(&mut self, parent: NodeId, name: &[u8], forgets: &mut Forgets) {
+        if let Some(d) = self.dentries.remove(&(parent.0, Box::from(name))) {
+            if let Some(n) = d.node {
+                self.unpin(n, forgets);
+            }
+        }
+    }
+
+    fn sweep(&mut self, now: Instant, forgets: &mut Forgets) {
+        let mut dropped = Vec::new();
+        self.dentries.retain(|_, d| {
+            let keep = d.expires > now;
+            if !keep {
+                if let Some(n) = d.node {
+                    dropped.push(n);
+                }
+            }
+            keep
+        });
+        for n in dropped {
+            self.unpin(n, forgets);
+        }
+        self.forget_unused(forgets);
+    }
+
+    /// Forgets nodes that nothing uses any more: looked up with a zero
+    /// entry timeout, so no dentry holds them. They are kept until a sweep
+    /// rather than dropped at once because a path walk in progress may still
+    /// be using one as the parent of its next lookup.
+    pub fn forget_unused(&mut self, forgets: &mut Forgets) {
+        self.nodes.retain(|&id, s| {
+            let keep = s.refs > 0 || id == NodeId::ROOT.0;
+            if !keep && s.nlookup > 0 {
+                forgets.push((NodeId(id), s.nlookup));
+            }
+            keep
+        });
+    }
+
+    /// Drops every cached name; nodes still in use stay.
+    pub fn clear(&mut self, forgets: &mut Forgets) {
+        let dropped: Vec<NodeId> = self.dentries.drain().filter_map(|(_, d)| d.node).collect();
+        for n in dropped {
+            self.unpin(n, forgets);
+        }
+        self.forget_unused(forgets);
+    }
+
+    /// One more reason to keep `node`: an open file, a pinned location.
+    pub fn pin(&mut self, node: NodeId) {
+        if let Some(s) = self.nodes.get_mut(&node.0) {
+            s.refs += 1;
+        }
+    }
+
+    pub fn unpin(&mut self, node: NodeId, forgets: &mut Forgets) {
+        if node == NodeId::ROOT {
+            return;
+        }
+        if let Some(s) = self.nodes.get_mut(&node.0) {
+            s.refs = s.refs.saturating_sub(1);
+            if s.refs == 0 {
+                let n = s.nlookup;
+                self.nodes.remove(&node.0);
+                if n > 0 {
+                    forgets.push((node, n));
+                }
+            }
+        }
+    }
+
+    pub fn dentry_count(&self) -> usize {
+        self.dentries.len()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn nlookup(&self, node: NodeId) -> Option<u64> {
+        self.nodes.get(&node.0).map(|s| s.nlookup)
+    }
+}

@@ -1,0 +1,629 @@
+//! The FUSE client: one method per opcode that encodes the request the
+//! kernel would send, passes it to the [`Backend`] and decodes the reply.
+//!
+//! Buffers are per thread and reused; a nested call on the same thread
+//! (a file system calling back into its own mount) gets fresh ones.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use shortfuse::{Attr, Errno, NodeId, Statfs, Timestamp};
+use shortfuse_abi as abi;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::backend::Backend;
+
+/// What LOOKUP, MKDIR, CREATE, ... return: a node with its cache lifetimes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryOut {
+    pub node: NodeId,
+    pub generation: u64,
+    pub attr: Attr,
+    pub entry_ttl: Duration,
+    pub attr_ttl: Duration,
+}
+
+/// The answer to LOOKUP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(EntryOut),
+    /// The name does not exist; the file system allows caching that for `ttl`.
+    Negative(Duration),
+}
+
+/// What OPEN, OPENDIR and the second half of CREATE return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct OpenOut {
+    pub fh: u64,
+    /// `FOPEN_*`.
+    pub open_flags: u32,
+}
+
+/// What INIT agreed on, as the client uses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitOut {
+    pub minor: u32,
+    /// The INIT flags in effect (flags | flags2 << 32).
+    pub flags: u64,
+    /// Largest WRITE payload and largest READ the client sends.
+    pub max_io: u32,
+}
+
+/// The credentials every request carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Creds {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// Arguments of SETATTR in the kernel's form.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttrIn {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    /// `None`: unchanged; `Some(None)`: now; `Some(Some(t))`: `t`.
+    pub atime: Option<Option<Timestamp>>,
+    pub mtime: Option<Option<Timestamp>>,
+    pub fh: Option<u64>,
+}
+
+/// The INIT flags the client offers: the ones whose meaning it implements.
+const OFFERED: u64 = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT;
+/// The largest request the client sends (1 MiB, the dispatcher's cap).
+const MAX_IO: u32 = 1 << 20;
+
+thread_local! {
+    static BUFS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Encodes requests for one connection.
+pub struct Client {
+    backend: Box<dyn Backend>,
+    unique: AtomicU64,
+    creds: std::sync::RwLock<Creds>,
+}
+
+fn ttl(sec: u64, nsec: u32) -> Duration {
+    // A file system may answer u64::MAX seconds ("forever"): saturate.
+    Duration::from_secs(sec.min(u64::from(u32::MAX))) + Duration::from_nanos(u64::from(nsec.min(999_999_999)))
+}
+
+fn attr_from(a: &abi::fuse_attr) -> Attr {
+    Attr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: Timestamp {
+            sec: a.atime as i64,
+            nsec: a.atimensec,
+        },
+        mtime: Timestamp {
+            sec: a.mtime as i64,
+            nsec: a.mtimensec,
+        },
+        ctime: Timestamp {
+            sec: a.ctime as i64,
+            nsec: a.ctimensec,
+        },
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+    }
+}
+
+fn entry_from(e: &abi::fuse_entry_out) -> EntryOut {
+    EntryOut {
+        node: NodeId(e.nodeid),
+        generation: e.generation,
+        attr: attr_from(&e.attr),
+        entry_ttl: ttl(e.entry_valid, e.entry_valid_nsec),
+        attr_ttl: ttl(e.attr_valid, e.attr_valid_nsec),
+    }
+}
+
+/// Reads a `T` from the start of a payload.
+fn decode<T: FromBytes>(payload: &[u8]) -> Result<T, Errno> {
+    T::read_from_prefix(payload).map(|(t, _)| t).map_err(|_| Errno::EIO)
+}
+
+fn name_bytes(name: &OsStr) -> Result<&[u8], Errno> {
+    let b = name.as_bytes();
+    if b.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(b)
+}
+
+impl Client {
+    pub fn new(backend: Box<dyn Backend>, creds: Creds) -> Client {
+        Client {
+            backend,
+            unique: AtomicU64::new(1),
+            creds: std::sync::RwLock::new(creds),
+        }
+    }
+
+    pub fn set_creds(&self, creds: Creds) {
+        *self.creds.write().unwrap_or_else(|e| e.into_inner()) = creds;
+    }
+
+    pub fn creds(&self) -> Creds {
+        *self.creds.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `opcode` for `node` with `parts` concatenated as its body; each
+    /// `names` item follows NUL-terminated. `f` sees the reply payload.
+    fn call<T>(
+        &self,
+        opcode: u32,
+        node: NodeId,
+        parts: &[&[u8]],
+        names: &[&[u8]],
+        f: impl FnOnce(&[u8]) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        BUFS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut bufs) => {
+                let (req, reply) = &mut *bufs;
+                self.call_with(req, reply, opcode, node, parts, names, f)
+            }
+            Err(_) => self.call_with(&mut Vec::new(), &mut Vec::new(), opcode, node, parts, names, f),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call_with<T>(
+        &self,
+        req: &mut Vec<u8>,
+        reply: &mut Vec<u8>,
+        opcode: u32,
+        node: NodeId,
+        parts: &[&[u8]],
+        names: &[&[u8]],
+        f: impl FnOnce(&[u8]) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let creds = self.creds();
+        let unique = self.unique.fetch_add(1, Ordering::Relaxed);
+        req.clear();
+        let header = abi::fuse_in_header {
+            len: 0,
+            opcode,
+            unique,
+            nodeid: node.0,
+            uid: creds.uid,
+            gid: creds.gid,
+            pid: creds.pid,
+            total_extlen: 0,
+            padding: 0,
+        };
+        req.extend_from_slice(header.as_bytes());
+        for p in parts {
+            req.extend_from_slice(p);
+        }
+        for n in names {
+            req.extend_from_slice(n);
+            req.push(0);
+        }
+        let len = u32::try_from(req.len()).map_err(|_| Errno::E2BIG)?;
+        req[..4].copy_from_slice(&len.to_ne_bytes());
+        reply.clear();
+        self.backend.call(req, reply)?;
+        let info = abi::op_info(opcode);
+        if info.is_some_and(|i| !i.reply) {
+            return f(&[]);
+        }
+        let out = decode::<abi::fuse_out_header>(reply)?;
+        let hdr = std::mem::size_of::<abi::fuse_out_header>();
+        if out.unique != unique || out.len as usize != reply.len() || reply.len() < hdr {
+            return Err(Errno::EIO);
+        }
+        if out.error != 0 {
+            return Err(if out.error < 0 {
+                Errno::from_raw(-out.error)
+            } else {
+                Errno::EIO
+            });
+        }
+        f(&reply[hdr..])
+    }
+
+    /// FUSE_INIT: must be the first request.
+    pub fn init(&self) -> Result<InitOut, Errno> {
+        let arg = abi::fuse_init_in {
+            major: abi::FUSE_KERNEL_VERSION,
+            minor: abi::FUSE_KERNEL_MINOR_VERSION,
+            max_readahead: 128 << 10,
+            flags: OFFERED as u32,
+            flags2: (OFFERED >> 32) as u32,
+            unused: [0; 11],
+        };
+        self.call(abi::FUSE_INIT, NodeId(0), &[arg.as_bytes()], &[], |p| {
+            let out: abi::fuse_init_out = if p.len() >= std::mem::size_of::<abi::fuse_init_out>() {
+                decode(p)?
+            } else {
+                let mut full = abi::fuse_init_out::default();
+                let n = p.len().min(std::mem::size_of::<abi::fuse_init_out>());
+                full.as_mut_bytes()[..n].copy_from_slice(&p[..n]);
+                full
+            };
+            if out.major != abi::FUSE_KERNEL_VERSION {
+                return Err(Errno::EPROTO);
+            }
+            let flags = u64::from(out.flags) | (u64::from(out.flags2) << 32);
+            let pages = if flags & abi::FUSE_MAX_PAGES != 0 {
+                u32::from(out.max_pages) * 4096
+            } else {
+                0
+            };
+            Ok(InitOut {
+                minor: out.minor,
+                flags,
+                max_io: out.max_write.max(pages).clamp(4096, MAX_IO),
+            })
+        })
+    }
+
+    pub fn lookup(&self, parent: NodeId, name: &OsStr) -> Result<Lookup, Errno> {
+        let n = name_bytes(name)?;
+        self.call(abi::FUSE_LOOKUP, parent, &[], &[n], |p| {
+            let e: abi::fuse_entry_out = decode(p)?;
+            if e.nodeid == 0 {
+                Ok(Lookup::Negative(ttl(e.entry_valid, e.entry_valid_nsec)))
+            } else {
+                Ok(Lookup::Found(entry_from(&e)))
+            }
+        })
+    }
+
+    pub fn forget(&self, node: NodeId, nlookup: u64) {
+        let arg = abi::fuse_forget_in { nlookup };
+        // FORGET has no reply: a transport failure leaves nothing to report.
+        let _ = self.call(abi::FUSE_FORGET, node, &[arg.as_bytes()], &[], |_| Ok(()));
+    }
+
+    pub fn getattr(&self, node: NodeId, fh: Option<u64>) -> Result<(Attr, Duration), Errno> {
+        let arg = abi::fuse_getattr_in {
+            getattr_flags: if fh.is_some() { abi::FUSE_GETATTR_FH } else { 0 },
+            dummy: 0,
+            fh: fh.unwrap_or(0),
+        };
+        self.call(abi::FUSE_GETATTR, node, &[arg.as_bytes()], &[], attr_reply)
+    }
+
+    pub fn setattr(&self, node: NodeId, set: &SetAttrIn) -> Result<(Attr, Duration), Errno> {
+        let mut arg = abi::fuse_setattr_in::default();
+        if let Some(m) = set.mode {
+            arg.valid |= abi::FATTR_MODE;
+            arg.mode = m;
+        }
+        if let Some(u) = set.uid {
+            arg.valid |= abi::FATTR_UID;
+            arg.uid = u;
+        }
+        if let Some(g) = set.gid {
+            arg.valid |= abi::FATTR_GID;
+            arg.gid = g;
+        }
+        if let Some(s) = set.size {
+            arg.valid |= abi::FATTR_SIZE;
+            arg.size = s;
+        }
+        if let Some(fh) = set.fh {
+            arg.valid |= abi::FATTR_FH;
+            arg.fh = fh;
+        }
+        match set.atime {
+            Some(None) => arg.valid |= abi::FATTR_ATIME | abi::FATTR_ATIME_NOW,
+            Some(Some(t)) => {
+                arg.valid |= abi::FATTR_ATIME;
+                arg.atime = t.sec as u64;
+                arg.atimensec = t.nsec;
+            }
+            None => {}
+        }
+        match set.mtime {
+            Some(None) => arg.valid |= abi::FATTR_MTIME | abi::FATTR_MTIME_NOW,
+            Some(Some(t)) => {
+                arg.valid |= abi::FATTR_MTIME;
+                arg.mtime = t.sec as u64;
+                arg.mtimensec = t.nsec;
+            }
+            None => {}
+        }
+        self.call(abi::FUSE_SETATTR, node, &[arg.as_bytes()], &[], attr_reply)
+    }
+
+    pub fn readlink(&self, node: NodeId) -> Result<Vec<u8>, Errno> {
+        self.call(abi::FUSE_READLINK, node, &[], &[], |p| Ok(p.to_vec()))
+    }
+
+    pub fn symlink(&self, parent: NodeId, name: &OsStr, target: &[u8]) -> Result<EntryOut, Errno> {
+        if target.contains(&0) {
+            return Err(Errno::EINVAL);
+        }
+        self.call(
+            abi::FUSE_SYMLINK,
+            parent,
+            &[],
+            &[name_bytes(name)?, target],
+            entry_reply,
+        )
+    }
+
+    pub fn mknod(&self, parent: NodeId, name: &OsStr, mode: u32, rdev: u32, umask: u32) -> Result<EntryOut, Errno> {
+        let arg = abi::fuse_mknod_in {
+            mode,
+            rdev,
+            umask,
+            padding: 0,
+        };
+        self.call(
+            abi::FUSE_MKNOD,
+            parent,
+            &[arg.as_bytes()],
+            &[name_bytes(name)?],
+            entry_reply,
+        )
+    }
+
+    pub fn mkdir(&self, parent: NodeId, name: &OsStr, mode: u32, umask: u32) -> Result<EntryOut, Errno> {
+        let arg = abi::fuse_mkdir_in { mode, umask };
+        self.call(
+            abi::FUSE_MKDIR,
+            parent,
+            &[arg.as_bytes()],
+            &[name_bytes(name)?],
+            entry_reply,
+        )
+    }
+
+    pub fn unlink(&self, parent: NodeId, name: &OsStr) -> Result<(), Errno> {
+        self.call(abi::FUSE_UNLINK, parent, &[], &[name_bytes(name)?], |_| Ok(()))
+    }
+
+    pub fn rmdir(&self, parent: NodeId, name: &OsStr) -> Result<(), Errno> {
+        self.call(abi::FUSE_RMDIR, parent, &[], &[name_bytes(name)?], |_| Ok(()))
+    }
+
+    pub fn rename(
+        &self,
+        parent: NodeId,
+        name: &OsStr,
+        new_parent: NodeId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let names = [name_bytes(name)?, name_bytes(new_name)?];
+        if flags == 0 {
+            let arg = abi::fuse_rename_in { newdir: new_parent.0 };
+            self.call(abi::FUSE_RENAME, parent, &[arg.as_bytes()], &names, |_| Ok(()))
+        } else {
+            let arg = abi::fuse_rename2_in {
+                newdir: new_parent.0,
+                flags,
+                padding: 0,
+            };
+            self.call(abi::FUSE_RENAME2, parent, &[arg.as_bytes()], &names, |_| Ok(()))
+        }
+    }
+
+    pub fn link(&self, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<EntryOut, Errno> {
+        let arg = abi::fuse_link_in { oldnodeid: node.0 };
+        self.call(
+            abi::FUSE_LINK,
+            new_parent,
+            &[arg.as_bytes()],
+            &[name_bytes(new_name)?],
+            entry_reply,
+        )
+    }
+
+    pub fn open(&self, node: NodeId, flags: i32, dir: bool) -> Result<OpenOut, Errno> {
+        let arg = abi::fuse_open_in {
+            flags: flags as u32,
+            open_flags: 0,
+        };
+        let op = if dir { abi::FUSE_OPENDIR } else { abi::FUSE_OPEN };
+        self.call(op, node, &[arg.as_bytes()], &[], |p| {
+            let o: abi::fuse_open_out = decode(p)?;
+            Ok(OpenOut {
+                fh: o.fh,
+                open_flags: o.open_flags,
+            })
+        })
+    }
+
+    pub fn create(
+        &self,
+        parent: NodeId,
+        name: &OsStr,
+        flags: i32,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(EntryOut, OpenOut), Errno> {
+        let arg = abi::fuse_create_in {
+            flags: flags as u32,
+            mode,
+            umask,
+            open_flags: 0,
+        };
+        self.call(abi::FUSE_CREATE, parent, &[arg.as_bytes()], &[name_bytes(name)?], |p| {
+            let e: abi::fuse_entry_out = decode(p)?;
+            let rest = p.get(std::mem::size_of::<abi::fuse_entry_out>()..).ok_or(Errno::EIO)?;
+            let o: abi::fuse_open_out = decode(rest)?;
+            Ok((
+                entry_from(&e),
+                OpenOut {
+                    fh: o.fh,
+                    open_flags: o.open_flags,
+                },
+            ))
+        })
+    }
+
+    /// READ into `buf`; returns the bytes read.
+    pub fn read(&self, node: NodeId, fh: u64, offset: u64, buf: &mut [u8], flags: i32) -> Result<usize, Errno> {
+        let arg = abi::fuse_read_in {
+            fh,
+            offset,
+            size: u32::try_from(buf.len()).map_err(|_| Errno::EINVAL)?,
+            flags: flags as u32,
+            ..Default::default()
+        };
+        self.call(abi::FUSE_READ, node, &[arg.as_bytes()], &[], |p| {
+            let n = p.len().min(buf.len());
+            buf[..n].copy_from_slice(&p[..n]);
+            Ok(n)
+        })
+    }
+
+    pub fn write(&self, node: NodeId, fh: u64, offset: u64, data: &[u8], flags: i32) -> Result<usize, Errno> {
+        let arg = abi::fuse_write_in {
+            fh,
+            offset,
+            size: u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?,
+            flags: flags as u32,
+            ..Default::default()
+        };
+        self.call(abi::FUSE_WRITE, node, &[arg.as_bytes(), data], &[], |p| {
+            let o: abi::fuse_write_out = decode(p)?;
+            Ok((o.size as usize).min(data.len()))
+        })
+    }
+
+    pub fn flush(&self, node: NodeId, fh: u64, lock_owner: u64) -> Result<(), Errno> {
+        let arg = abi::fuse_flush_in {
+            fh,
+            unused: 0,
+            padding: 0,
+            lock_owner,
+        };
+        self.call(abi::FUSE_FLUSH, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
+    pub fn release(&self, node: NodeId, fh: u64, flags: i32, dir: bool) -> Result<(), Errno> {
+        let arg = abi::fuse_release_in {
+            fh,
+            flags: flags as u32,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
+        self.call(op, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
+    pub fn fsync(&self, node: NodeId, fh: u64, datasync: bool, dir: bool) -> Result<(), Errno> {
+        let arg = abi::fuse_fsync_in {
+            fh,
+            fsync_flags: if datasync { abi::FUSE_FSYNC_FDATASYNC } else { 0 },
+            padding: 0,
+        };
+        let op = if dir { abi::FUSE_FSYNCDIR } else { abi::FUSE_FSYNC };
+        self.call(op, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
+    /// READDIR: calls `each(ino, next_offset, dt_type, name)` for every
+    /// entry of one reply of at most `size` bytes; returns how many there were.
+    pub fn readdir(
+        &self,
+        node: NodeId,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        mut each: impl FnMut(u64, u64, u32, &[u8]),
+    ) -> Result<usize, Errno> {
+        let arg = abi::fuse_read_in {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        self.call(abi::FUSE_READDIR, node, &[arg.as_bytes()], &[], |mut p| {
+            let mut count = 0;
+            while !p.is_empty() {
+                let d: abi::fuse_dirent = decode(p)?;
+                let end = abi::FUSE_NAME_OFFSET + d.namelen as usize;
+                let name = p.get(abi::FUSE_NAME_OFFSET..end).ok_or(Errno::EIO)?;
+                each(d.ino, d.off, d.typ, name);
+                count += 1;
+                p = p
+                    .get(abi::fuse_dirent_size(d.namelen as usize).min(p.len())..)
+                    .unwrap_or(&[]);
+            }
+            Ok(count)
+        })
+    }
+
+    pub fn statfs(&self, node: NodeId) -> Result<Statfs, Errno> {
+        self.call(abi::FUSE_STATFS, node, &[], &[], |p| {
+            let s: abi::fuse_statfs_out = decode(p)?;
+            Ok(Statfs {
+                blocks: s.st.blocks,
+                bfree: s.st.bfree,
+                bavail: s.st.bavail,
+                files: s.st.files,
+                ffree: s.st.ffree,
+                bsize: s.st.bsize,
+                namelen: s.st.namelen,
+                frsize: s.st.frsize,
+            })
+        })
+    }
+
+    pub fn access(&self, node: NodeId, mask: i32) -> Result<(), Errno> {
+        let arg = abi::fuse_access_in {
+            mask: mask as u32,
+            padding: 0,
+        };
+        self.call(abi::FUSE_ACCESS, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
+    pub fn fallocate(&self, node: NodeId, fh: u64, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        let arg = abi::fuse_fallocate_in {
+            fh,
+            offset,
+            length,
+            mode: mode as u32,
+            padding: 0,
+        };
+        self.call(abi::FUSE_FALLOCATE, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
+    pub fn lseek(&self, node: NodeId, fh: u64, offset: u64, whence: i32) -> Result<u64, Errno> {
+        let arg = abi::fuse_lseek_in {
+            fh,
+            offset,
+            whence: whence as u32,
+            padding: 0,
+        };
+        self.call(abi::FUSE_LSEEK, node, &[arg.as_bytes()], &[], |p| {
+            Ok(decode::<abi::fuse_lseek_out>(p)?.offset)
+        })
+    }
+
+    /// The largest READ or WRITE payload to send.
+    pub const fn max_io_cap() -> u32 {
+        MAX_IO
+    }
+}
+
+fn attr_reply(p: &[u8]) -> Result<(Attr, Duration), Errno> {
+    let a: abi::fuse_attr_out = decode(p)?;
+    Ok((attr_from(&a.attr), ttl(a.attr_valid, a.attr_valid_nsec)))
+}
+
+fn entry_reply(p: &[u8]) -> Result<EntryOut, Errno> {
+    let e: abi::fuse_entry_out = decode(p)?;
+    if e.nodeid == 0 {
+        return Err(Errno::EIO);
+    }
+    Ok(entry_from(&e))
+}

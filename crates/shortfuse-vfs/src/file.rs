@@ -1,0 +1,612 @@
+//! Open file descriptions and the descriptor table.
+//!
+//! An [`OpenFile`] is what `open(2)` creates: node, file handle, status
+//! flags and offset. Descriptors made by `dup`, `dup2`, `dup3` and
+//! `fcntl(F_DUPFD*)` share one (`Arc`), so they share the offset and the
+//! status flags; `FD_CLOEXEC` belongs to the descriptor. Every `close` of a
+//! descriptor sends FLUSH (as the kernel does); the last reference going
+//! away sends RELEASE.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use shortfuse::{Attr, Errno, FileType, NodeId};
+
+use crate::client::SetAttrIn;
+use crate::vfs::{Location, Target, Vfs};
+
+/// Status flags `fcntl(F_SETFL)` may change (the kernel's `SETFL_MASK`).
+const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME | libc::O_ASYNC;
+
+/// Directory stream state.
+#[derive(Debug, Default)]
+struct DirPos {
+    /// The READDIR cookie to continue from (0 = start).
+    cookie: u64,
+}
+
+/// One open file description.
+pub struct OpenFile {
+    vfs: Arc<Vfs>,
+    node: NodeId,
+    /// `None` for O_PATH descriptors (no FUSE open).
+    fh: Option<u64>,
+    kind: FileType,
+    flags: AtomicI32,
+    /// File offset; for directories the READDIR cookie.
+    pos: Mutex<DirPos>,
+    /// The directory's location, for `*at` calls and `fchdir`.
+    loc: Option<Location>,
+}
+
+fn accmode(flags: i32) -> i32 {
+    flags & libc::O_ACCMODE
+}
+
+impl OpenFile {
+    pub fn vfs(&self) -> &Arc<Vfs> {
+        &self.vfs
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn file_type(&self) -> FileType {
+        self.kind
+    }
+
+    /// The `open(2)` flags, with `fcntl(F_SETFL)` changes.
+    pub fn flags(&self) -> i32 {
+        self.flags.load(Ordering::Relaxed)
+    }
+
+    /// `fcntl(F_SETFL)`: only the status flags the kernel lets change.
+    pub fn set_flags(&self, flags: i32) {
+        let old = self.flags();
+        self.flags
+            .store((old & !SETFL_MASK) | (flags & SETFL_MASK), Ordering::Relaxed);
+    }
+
+    /// The directory this descriptor names, for `*at` and `fchdir`.
+    pub fn location(&self) -> Option<&Location> {
+        self.loc.as_ref()
+    }
+
+    fn is_path(&self) -> bool {
+        self.fh.is_none()
+    }
+
+    fn pos(&self) -> MutexGuard<'_, DirPos> {
+        self.pos.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn readable(&self) -> Result<u64, Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if self.kind == FileType::Directory {
+            return Err(Errno::EISDIR);
+        }
+        if accmode(self.flags()) == libc::O_WRONLY {
+            return Err(Errno::EBADF);
+        }
+        Ok(fh)
+    }
+
+    fn writable(&self) -> Result<u64, Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if accmode(self.flags()) == libc::O_RDONLY {
+            return Err(Errno::EBADF);
+        }
+        Ok(fh)
+    }
+
+    /// `fstat(2)`.
+    pub fn stat(&self) -> Result<Attr, Errno> {
+        self.vfs.getattr(self.node)
+    }
+
+    /// `pread(2)`: reads until `buf` is full or end of file.
+    pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
+        let fh = self.readable()?;
+        self.read_at(fh, buf, offset)
+    }
+
+    fn read_at(&self, fh: u64, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
+        let max = self.vfs.max_io();
+        let mut done = 0;
+        while done < buf.len() {
+            let end = buf.len().min(done + max);
+            let n = self
+                .vfs
+                .client()
+                .read(self.node, fh, offset + done as u64, &mut buf[done..end], self.flags())?;
+            done += n;
+            if n < end - (done - n) {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// `read(2)` at the shared offset.
+    pub fn read(&self, buf: &mut [u8]) -> Result<usize, Errno> {
+        let fh = self.readable()?;
+        let mut pos = self.pos();
+        let n = self.read_at(fh, buf, pos.cookie)?;
+        pos.cookie += n as u64;
+        Ok(n)
+    }
+
+    /// `pwrite(2)`. As on Linux, O_APPEND appends whatever the offset.
+    pub fn pwrite(&self, data: &[u8], offset: u64) -> Result<usize, Errno> {
+        let fh = self.writable()?;
+        let offset = if self.flags() & libc::O_APPEND != 0 {
+            self.size()?
+        } else {
+            offset
+        };
+        self.write_at(fh, data, offset)
+    }
+
+    fn size(&self) -> Result<u64, Errno> {
+        Ok(self.vfs.getattr_fresh(self.node, self.fh)?.size)
+    }
+
+    fn write_at(&self, fh: u64, data: &[u8], offset: u64) -> Result<usize, Errno> {
+        let max = self.vfs.max_io();
+        let mut done = 0;
+        let result = loop {
+            if done == data.len() {
+                break Ok(done);
+            }
+            let end = data.len().min(done + max);
+            match self
+                .vfs
+                .client()
+                .write(self.node, fh, offset + done as u64, &data[done..end], self.flags())
+            {
+                Ok(0) => break Ok(done),
+                Ok(n) => done += n,
+                Err(e) if done > 0 => {
+                    let _ = e;
+                    break Ok(done);
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.vfs.invalidate_attr(self.node);
+        result
+    }
+
+    /// `write(2)` at the shared offset, or at the end with O_APPEND.
+    pub fn write(&self, data: &[u8]) -> Result<usize, Errno> {
+        let fh = self.writable()?;
+        let mut pos = self.pos();
+        let at = if self.flags() & libc::O_APPEND != 0 {
+            self.size()?
+        } else {
+            pos.cookie
+        };
+        let n = self.write_at(fh, data, at)?;
+        pos.cookie = at + n as u64;
+        Ok(n)
+    }
+
+    /// `lseek(2)`.
+    pub fn lseek(&self, offset: i64, whence: i32) -> Result<u64, Errno> {
+        if self.is_path() {
+            return Err(Errno::EBADF);
+        }
+        let mut pos = self.pos();
+        let new = match whence {
+            libc::SEEK_SET => offset,
+            libc::SEEK_CUR => (pos.cookie as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?,
+            libc::SEEK_END if self.kind != FileType::Directory => {
+                (self.size()? as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?
+            }
+            libc::SEEK_DATA | libc::SEEK_HOLE if self.kind == FileType::Regular => {
+                let fh = self.fh.ok_or(Errno::EBADF)?;
+                if offset < 0 {
+                    return Err(Errno::ENXIO);
+                }
+                match self.vfs.client().lseek(self.node, fh, offset as u64, whence) {
+                    Ok(o) => o as i64,
+                    Err(e) if e == Errno::ENOSYS => {
+                        // The kernel's generic answer: all data, a hole at the end.
+                        let size = self.size()?;
+                        if offset as u64 >= size {
+                            return Err(Errno::ENXIO);
+                        }
+                        if whence == libc::SEEK_DATA {
+                            offset
+                        } else {
+                            size as i64
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => return Err(Errno::EINVAL),
+        };
+        if new < 0 {
+            return Err(Errno::EINVAL);
+        }
+        pos.cookie = new as u64;
+        Ok(new as u64)
+    }
+
+    /// `getdents64(2)`: fills `buf` with `struct linux_dirent64` records.
+    /// Returns 0 at the end of the directory.
+    pub fn getdents64(&self, buf: &mut [u8]) -> Result<usize, Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if self.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        let mut pos = self.pos();
+        // At least a page: a READDIR too small for one entry would read as
+        // the end of the directory; entries that do not fit are left for
+        // the next call.
+        let size = buf.len().clamp(4096, self.vfs.max_io()) as u32;
+        let mut used = 0;
+        let mut cookie = pos.cookie;
+        let mut too_small = false;
+        self.vfs
+            .client()
+            .readdir(self.node, fh, pos.cookie, size, |ino, off, typ, name| {
+                let reclen = (19 + name.len() + 1 + 7) & !7;
+                if too_small || used + reclen > buf.len() {
+                    too_small = true;
+                    return;
+                }
+                let rec = &mut buf[used..used + reclen];
+                rec[0..8].copy_from_slice(&ino.to_ne_bytes());
+                rec[8..16].copy_from_slice(&off.to_ne_bytes());
+                rec[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+                rec[18] = typ as u8;
+                rec[19..19 + name.len()].copy_from_slice(name);
+                rec[19 + name.len()..].fill(0);
+                used += reclen;
+                cookie = off;
+            })?;
+        if used == 0 && too_small {
+            return Err(Errno::EINVAL);
+        }
+        pos.cookie = cookie;
+        Ok(used)
+    }
+
+    /// `ftruncate(2)`.
+    pub fn truncate(&self, size: u64) -> Result<(), Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if self.kind != FileType::Regular || accmode(self.flags()) == libc::O_RDONLY {
+            return Err(Errno::EINVAL);
+        }
+        self.vfs.setattr(
+            self.node,
+            &SetAttrIn {
+                size: Some(size),
+                fh: Some(fh),
+                ..Default::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// `fsync(2)`/`fdatasync(2)`. ENOSYS from the file system counts as done.
+    pub fn fsync(&self, datasync: bool) -> Result<(), Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        match self
+            .vfs
+            .client()
+            .fsync(self.node, fh, datasync, self.kind == FileType::Directory)
+        {
+            Err(e) if e == Errno::ENOSYS => Ok(()),
+            r => r,
+        }
+    }
+
+    /// `fallocate(2)`.
+    pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<(), Errno> {
+        let fh = self.writable()?;
+        if self.kind != FileType::Regular {
+            return Err(Errno::ENODEV);
+        }
+        let r = match self.vfs.client().fallocate(self.node, fh, offset, len, mode) {
+            Err(e) if e == Errno::ENOSYS => Err(Errno::EOPNOTSUPP),
+            r => r,
+        };
+        self.vfs.invalidate_attr(self.node);
+        r
+    }
+
+    /// SETATTR through this descriptor (fchmod, fchown, futimens).
+    pub fn setattr(&self, set: &SetAttrIn) -> Result<Attr, Errno> {
+        let mut set = *set;
+        set.fh = self.fh;
+        self.vfs.setattr(self.node, &set)
+    }
+
+    /// FLUSH: sent on every close of a descriptor. ENOSYS counts as success.
+    pub fn flush(&self, lock_owner: u64) -> Result<(), Errno> {
+        let Some(fh) = self.fh else { return Ok(()) };
+        if self.kind == FileType::Directory {
+            return Ok(());
+        }
+        match self.vfs.client().flush(self.node, fh, lock_owner) {
+            Err(e) if e == Errno::ENOSYS => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        if let Some(fh) = self.fh {
+            // RELEASE errors are ignored, as the kernel ignores them.
+            let _ = self
+                .vfs
+                .client()
+                .release(self.node, fh, self.flags(), self.kind == FileType::Directory);
+        }
+        if let Some(loc) = &self.loc {
+            self.vfs.unpin_location(loc);
+        }
+        self.vfs.unpin(self.node);
+    }
+}
+
+impl Vfs {
+    /// `open(2)`/`openat(2)` of a walked target. The walk must have
+    /// followed a final symlink unless O_NOFOLLOW or O_CREAT|O_EXCL.
+    pub fn open(self: &Arc<Vfs>, t: &Target, flags: i32, mode: u32) -> Result<Arc<OpenFile>, Errno> {
+        let creat = flags & libc::O_CREAT != 0;
+        let excl = flags & libc::O_EXCL != 0;
+        let path_only = flags & libc::O_PATH != 0;
+        let want_dir = flags & libc::O_DIRECTORY != 0;
+        let acc = accmode(flags);
+        if acc == libc::O_ACCMODE && !path_only {
+            return Err(Errno::EINVAL);
+        }
+        if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+            // TMPFILE is not in the trait: what the kernel answers for FUSE without it.
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let (node, attr, created_fh) = match t.node {
+            Some((node, attr)) => {
+                if creat && excl && !path_only {
+                    return Err(Errno::EEXIST);
+                }
+                (node, attr, None)
+            }
+            None if creat && !path_only => {
+                let name = match &t.last {
+                    crate::vfs::Last::Name(n) => n.clone(),
+                    _ => return Err(Errno::EISDIR),
+                };
+                if t.trailing_slash {
+                    return Err(Errno::EISDIR);
+                }
+                let parent = t.dir.node();
+                let umask = self.umask();
+                let fmode = libc::S_IFREG | (mode & 0o7777 & !umask);
+                let open_flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+                match self
+                    .client()
+                    .create(parent, OsStr::from_bytes(&name), open_flags, fmode, umask)
+                {
+                    Ok((e, o)) => {
+                        self.remember_created(parent, &name, &e);
+                        (e.node, e.attr, Some(o.fh))
+                    }
+                    Err(e) if e == Errno::ENOSYS => {
+                        let e = self.client().mknod(parent, OsStr::from_bytes(&name), fmode, 0, umask)?;
+                        self.remember_created(parent, &name, &e);
+                        (e.node, e.attr, None)
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => return Err(Errno::ENOENT),
+        };
+        let kind = attr.file_type();
+        if (want_dir || t.trailing_slash) && kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        if kind == FileType::Symlink && !path_only {
+            return Err(Errno::ELOOP);
+        }
+        if kind == FileType::Directory && !path_only && (acc != libc::O_RDONLY || creat || flags & libc::O_TRUNC != 0) {
+            return Err(Errno::EISDIR);
+        }
+        let loc = if kind == FileType::Directory {
+            t.location()
+        } else {
+            None
+        };
+        let fh = if path_only {
+            None
+        } else if let Some(fh) = created_fh {
+            Some(fh)
+        } else {
+            let is_dir = kind == FileType::Directory;
+            let trunc = flags & libc::O_TRUNC != 0 && kind == FileType::Regular && acc != libc::O_RDONLY;
+            let mut oflags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+            if !self.atomic_o_trunc() {
+                oflags &= !libc::O_TRUNC;
+            }
+            let o = self.client().open(node, oflags, is_dir)?;
+            if trunc && !self.atomic_o_trunc() {
+                let set = SetAttrIn {
+                    size: Some(0),
+                    fh: Some(o.fh),
+                    ..Default::default()
+                };
+                if let Err(e) = self.setattr(node, &set) {
+                    let _ = self.client().release(node, o.fh, oflags, false);
+                    return Err(e);
+                }
+            }
+            if trunc {
+                self.invalidate_attr(node);
+            }
+            Some(o.fh)
+        };
+        self.pin(node);
+        if let Some(l) = &loc {
+            self.pin_location(l);
+        }
+        Ok(Arc::new(OpenFile {
+            vfs: self.clone(),
+            node,
+            fh,
+            kind,
+            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
+            pos: Mutex::new(DirPos::default()),
+            loc,
+        }))
+    }
+
+    fn remember_created(&self, parent: NodeId, name: &[u8], e: &crate::client::EntryOut) {
+        self.remember(parent, name, e);
+    }
+}
+
+/// One descriptor: its open file description and its own flag.
+#[derive(Clone)]
+struct Slot {
+    file: Arc<OpenFile>,
+    cloexec: bool,
+}
+
+/// Descriptors below this are looked up in a lock-free bitmap first.
+const FAST_FDS: usize = 1 << 16;
+
+/// The descriptor table: descriptor numbers (chosen by the caller, e.g. the
+/// kernel numbers of placeholders) to open files.
+pub struct FdTable {
+    slots: Mutex<HashMap<i32, Slot>>,
+    /// One bit per descriptor below `FAST_FDS`: is it ours?
+    bits: Box<[AtomicU64]>,
+}
+
+impl Default for FdTable {
+    fn default() -> FdTable {
+        FdTable::new()
+    }
+}
+
+impl FdTable {
+    pub fn new() -> FdTable {
+        FdTable {
+            slots: Mutex::new(HashMap::new()),
+            bits: (0..FAST_FDS / 64).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mark(&self, fd: i32, on: bool) {
+        if let Ok(i) = usize::try_from(fd) {
+            if i < FAST_FDS {
+                let bit = 1u64 << (i % 64);
+                if on {
+                    self.bits[i / 64].fetch_or(bit, Ordering::Release);
+                } else {
+                    self.bits[i / 64].fetch_and(!bit, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Whether `fd` is one of ours: lock-free for descriptors below 65536.
+    pub fn contains(&self, fd: i32) -> bool {
+        match usize::try_from(fd) {
+            Ok(i) if i < FAST_FDS => self.bits[i / 64].load(Ordering::Acquire) & (1u64 << (i % 64)) != 0,
+            Ok(_) => self.lock().contains_key(&fd),
+            Err(_) => false,
+        }
+    }
+
+    pub fn get(&self, fd: i32) -> Option<Arc<OpenFile>> {
+        if !self.contains(fd) {
+            return None;
+        }
+        self.lock().get(&fd).map(|s| s.file.clone())
+    }
+
+    /// Installs `file` at `fd`; returns what was there (to be closed by
+    /// the caller outside any lock of ours).
+    pub fn insert(&self, fd: i32, file: Arc<OpenFile>, cloexec: bool) -> Option<Arc<OpenFile>> {
+        let old = self.lock().insert(fd, Slot { file, cloexec });
+        self.mark(fd, true);
+        old.map(|s| s.file)
+    }
+
+    /// Removes `fd`: FLUSH now, RELEASE when it was the last descriptor of
+    /// the open file. `None` when `fd` is not ours.
+    pub fn close(&self, fd: i32, lock_owner: u64) -> Option<Result<(), Errno>> {
+        let slot = {
+            let mut slots = self.lock();
+            let s = slots.remove(&fd);
+            if s.is_some() {
+                self.mark(fd, false);
+            }
+            s
+        }?;
+        let r = slot.file.flush(lock_owner);
+        drop(slot);
+        Some(r)
+    }
+
+    /// `dup2`/`dup3`/`F_DUPFD`: `new` shares `old`'s open file. Returns the
+    /// file that `new` held before, if it was ours (already removed).
+    pub fn dup(&self, old: i32, new: i32, cloexec: bool) -> Result<Option<Arc<OpenFile>>, Errno> {
+        let file = self.get(old).ok_or(Errno::EBADF)?;
+        Ok(self.insert(new, file, cloexec))
+    }
+
+    pub fn cloexec(&self, fd: i32) -> Option<bool> {
+        self.lock().get(&fd).map(|s| s.cloexec)
+    }
+
+    pub fn set_cloexec(&self, fd: i32, on: bool) -> Result<(), Errno> {
+        let mut slots = self.lock();
+        let s = slots.get_mut(&fd).ok_or(Errno::EBADF)?;
+        s.cloexec = on;
+        Ok(())
+    }
+
+    /// Every descriptor in `lo..=hi` that is ours, removed (close_range).
+    pub fn close_range(&self, lo: u32, hi: u32, lock_owner: u64) {
+        let fds: Vec<i32> = self
+            .lock()
+            .keys()
+            .copied()
+            .filter(|&fd| fd >= 0 && (fd as u32) >= lo && (fd as u32) <= hi)
+            .collect();
+        for fd in fds {
+            self.close(fd, lock_owner);
+        }
+    }
+
+    /// Descriptors with FD_CLOEXEC (dropped at exec).
+    pub fn cloexec_fds(&self) -> Vec<i32> {
+        self.lock()
+            .iter()
+            .filter(|(_, s)| s.cloexec)
+            .map(|(&fd, _)| fd)
+            .collect()
+    }
+
+    /// Every descriptor of ours with its flag.
+    pub fn fds(&self) -> Vec<(i32, bool)> {
+        let mut v: Vec<(i32, bool)> = self.lock().iter().map(|(&fd, s)| (fd, s.cloexec)).collect();
+        v.sort_unstable();
+        v
+    }
+}

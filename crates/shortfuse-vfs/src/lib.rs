@@ -1,0 +1,70 @@
+//! shortfuse-vfs: the kernel's half of FUSE, in user space.
+//!
+//! The preload shim serves a program's file system calls with this crate as
+//! the kernel would: it walks paths over a dentry and attribute cache
+//! ([`Vfs::walk`]), honours the entry and attribute timeouts the file system
+//! returns, caches negative entries, counts lookups and sends FORGET when a
+//! node leaves the cache, and keeps open file descriptions ([`OpenFile`])
+//! with offsets and status flags shared by duplicated descriptors
+//! ([`FdTable`]). Requests travel as FUSE messages through a [`Backend`];
+//! [`InProcess`] hands them to a `shortfuse::Dispatcher` in the same
+//! process.
+//!
+//! Not here yet: a page cache and read-ahead (every read and write is a
+//! request), DataMap I/O on backing files, byte-range locks.
+
+#![deny(unsafe_code)]
+
+mod backend;
+mod cache;
+mod client;
+mod file;
+mod vfs;
+
+pub use backend::{Backend, InProcess};
+pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn};
+pub use file::{FdTable, OpenFile};
+pub use vfs::{Last, Location, Target, Vfs, Walk, WalkFlags, MAXSYMLINKS, PATH_MAX};
+
+/// Normalises an absolute path lexically: collapses slashes, drops `.`,
+/// resolves `..` against the previous component (never above '/'). No
+/// trailing slash except for "/" itself.
+pub fn normalize(path: &[u8]) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for p in parts {
+        out.push(b'/');
+        out.extend_from_slice(p);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// [`normalize`] that keeps one trailing slash when `path` had one (it
+/// says "must be a directory").
+pub fn normalize_keep_slash(path: &[u8]) -> Vec<u8> {
+    let mut out = normalize(path);
+    if path.ends_with(b"/") && !out.ends_with(b"/") {
+        out.push(b'/');
+    }
+    out
+}
+
+/// The parent of a normalised absolute path ("/" for "/").
+pub fn parent_of(path: &[u8]) -> Vec<u8> {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(0) | None => b"/".to_vec(),
+        Some(i) => path[..i].to_vec(),
+    }
+}

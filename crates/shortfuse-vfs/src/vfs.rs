@@ -1,0 +1,826 @@
+//! One mounted file system as a process sees it: the path walk over the
+//! dentry cache and the operations on what a walk found.
+//!
+//! Paths are byte strings. A walk starts from a [`Location`] (the mount's
+//! root for an absolute path below the mount point, the current directory
+//! or a directory descriptor otherwise) and ends either inside the mount
+//! ([`Walk::Inside`]) or with a host path the caller resolves itself
+//! ([`Walk::Outside`]): `..` above the mount's root, or a symbolic link to an
+//! absolute path outside the mount point. Symbolic links count towards
+//! `MAXSYMLINKS` (40) across such hand-overs.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use shortfuse::{Attr, Errno, FileType, NodeId, Statfs};
+use shortfuse_abi as abi;
+
+use crate::backend::Backend;
+use crate::cache::{Cache, Cached, Forgets};
+use crate::client::{Client, Creds, EntryOut, InitOut, Lookup, SetAttrIn};
+
+/// Symbolic links followed in one resolution before `ELOOP` (the kernel's
+/// `MAXSYMLINKS`).
+pub const MAXSYMLINKS: u32 = 40;
+/// Longest path accepted, NUL included (`PATH_MAX`).
+pub const PATH_MAX: usize = 4096;
+
+/// A directory inside the mount: the chain of (node, name) from the root
+/// (the root itself is the empty chain). `..` pops the chain, as the
+/// kernel's dentry tree does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Location {
+    chain: Vec<(NodeId, Box<[u8]>)>,
+}
+
+impl Location {
+    pub fn root() -> Location {
+        Location::default()
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.chain.last().map_or(NodeId::ROOT, |c| c.0)
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.chain.is_empty()
+    }
+
+    /// The path below the mount point, starting with '/' ("/" for the root).
+    pub fn path(&self) -> Vec<u8> {
+        if self.chain.is_empty() {
+            return b"/".to_vec();
+        }
+        let mut p = Vec::new();
+        for (_, name) in &self.chain {
+            p.push(b'/');
+            p.extend_from_slice(name);
+        }
+        p
+    }
+
+    fn push(&mut self, node: NodeId, name: &[u8]) {
+        self.chain.push((node, Box::from(name)));
+    }
+
+    fn pop(&mut self) {
+        self.chain.pop();
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.chain.iter().map(|c| c.0)
+    }
+}
+
+/// How the last component of a path is spelled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Last {
+    /// A plain name in `Target::dir`.
+    Name(Box<[u8]>),
+    /// The path ended at a directory without naming an entry in it: the
+    /// mount's root, `.`, `..` or nothing (`"dir/"` stays a `Name`).
+    Dir,
+    /// `.` as the last component (rmdir gives EINVAL).
+    Dot,
+    /// `..` as the last component (rmdir gives ENOTEMPTY).
+    DotDot,
+}
+
+/// What a walk found inside the mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The directory holding `last` (for `Last::Dir`/`Dot`/`DotDot`: the
+    /// directory the path names).
+    pub dir: Location,
+    pub last: Last,
+    /// The object named, when it exists (for `Last::Name` after following a
+    /// final symlink if asked to).
+    pub node: Option<(NodeId, Attr)>,
+    /// The path ended in '/': the object must be a directory.
+    pub trailing_slash: bool,
+    /// Symbolic links followed so far.
+    pub links: u32,
+}
+
+impl Target {
+    /// The location of the object, when it is a directory that exists.
+    pub fn location(&self) -> Option<Location> {
+        let (node, attr) = self.node?;
+        if attr.file_type() != FileType::Directory {
+            return None;
+        }
+        let mut loc = self.dir.clone();
+        if let Last::Name(n) = &self.last {
+            loc.push(node, n);
+        }
+        Some(loc)
+    }
+
+    /// The name in `dir`, or the error a name-space change gets without one.
+    fn name(&self, not_a_name: Errno) -> Result<&[u8], Errno> {
+        match &self.last {
+            Last::Name(n) => Ok(n),
+            _ => Err(not_a_name),
+        }
+    }
+}
+
+/// Where a walk ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Walk {
+    Inside(Target),
+    /// Resolve this absolute host path instead; `links` symbolic links have
+    /// been followed already.
+    Outside {
+        path: Vec<u8>,
+        links: u32,
+    },
+}
+
+/// How to treat the last component.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkFlags {
+    /// Follow a symbolic link in the last component (not for lstat,
+    /// O_NOFOLLOW, O_CREAT|O_EXCL, unlink, rename, ...).
+    pub follow: bool,
+}
+
+/// Splits `p` at its first '/': (component, rest after the slashes).
+fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
+    match p.iter().position(|&b| b == b'/') {
+        Some(i) => {
+            let rest = &p[i..];
+            let skip = rest.iter().take_while(|&&b| b == b'/').count();
+            (&p[..i], &rest[skip..])
+        }
+        None => (p, &[]),
+    }
+}
+
+/// Joins `dir` (absolute) and `rest` into one absolute path.
+fn join(dir: &[u8], rest: &[u8]) -> Vec<u8> {
+    let mut p = dir.to_vec();
+    if rest.is_empty() {
+        return p;
+    }
+    if !p.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(rest);
+    p
+}
+
+/// A mounted file system in this process.
+pub struct Vfs {
+    client: Client,
+    init: InitOut,
+    /// Absolute, normalised, without a trailing slash.
+    mountpoint: Vec<u8>,
+    /// `st_dev` reported for every file of the mount.
+    dev: u64,
+    cache: Mutex<Cache>,
+    umask: AtomicU32,
+}
+
+impl Vfs {
+    /// Connects to the file system behind `backend` (FUSE_INIT, then a
+    /// GETATTR of the root) and mounts it at `mountpoint`.
+    pub fn new(backend: Box<dyn Backend>, mountpoint: &[u8], dev: u64, creds: Creds) -> Result<Vfs, Errno> {
+        if !mountpoint.starts_with(b"/") {
+            return Err(Errno::EINVAL);
+        }
+        let client = Client::new(backend, creds);
+        let init = client.init()?;
+        let (root, ttl) = client.getattr(NodeId::ROOT, None)?;
+        if root.file_type() != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        let mut cache = Cache::new(root);
+        cache.set_attr(NodeId::ROOT, root, ttl, Instant::now());
+        let mut mp = crate::normalize(mountpoint);
+        if mp.len() > 1 && mp.ends_with(b"/") {
+            mp.pop();
+        }
+        Ok(Vfs {
+            client,
+            init,
+            mountpoint: mp,
+            dev,
+            cache: Mutex::new(cache),
+            umask: AtomicU32::new(0o022),
+        })
+    }
+
+    pub fn mountpoint(&self) -> &[u8] {
+        &self.mountpoint
+    }
+
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn init_out(&self) -> &InitOut {
+        &self.init
+    }
+
+    pub fn set_umask(&self, umask: u32) {
+        self.umask.store(umask & 0o777, Ordering::Relaxed);
+    }
+
+    pub fn umask(&self) -> u32 {
+        self.umask.load(Ordering::Relaxed)
+    }
+
+    /// The part of absolute `path` below the mount point ("" for the mount
+    /// point itself), or `None` when `path` is not inside the mount.
+    /// Compared lexically, component by component.
+    pub fn strip<'a>(&self, path: &'a [u8]) -> Option<&'a [u8]> {
+        let mp = &self.mountpoint;
+        if mp.as_slice() == b"/" {
+            return Some(path.strip_prefix(b"/").unwrap_or(path));
+        }
+        let rest = path.strip_prefix(mp.as_slice())?;
+        match rest.first() {
+            None => Some(rest),
+            Some(b'/') => Some(&rest[1..]),
+            Some(_) => None,
+        }
+    }
+
+    /// The host path of a location.
+    pub fn host_path(&self, loc: &Location) -> Vec<u8> {
+        if loc.is_root() {
+            return self.mountpoint.clone();
+        }
+        let base = if self.mountpoint.as_slice() == b"/" {
+            &b""[..]
+        } else {
+            &self.mountpoint
+        };
+        let mut p = base.to_vec();
+        p.extend_from_slice(&loc.path());
+        p
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends the FORGETs collected under the cache lock.
+    fn forget(&self, forgets: Forgets) {
+        for (node, n) in forgets {
+            self.client.forget(node, n);
+        }
+    }
+
+    /// Records an entry the file system handed out and caches its name.
+    pub(crate) fn remember(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
+        let now = Instant::now();
+        let mut forgets = Forgets::new();
+        {
+            let mut c = self.lock();
+            c.add_lookup(e.node, e.attr, e.attr_ttl, now);
+            c.set_dentry(parent, name, Some(e.node), e.entry_ttl, now, &mut forgets);
+            c.invalidate_attr(parent);
+        }
+        self.forget(forgets);
+    }
+
+    /// Drops a cached name (after unlink, rmdir, rename) and the
+    /// attributes that the change made stale.
+    fn drop_name(&self, parent: NodeId, name: &[u8], node: Option<NodeId>) {
+        let mut forgets = Forgets::new();
+        {
+            let mut c = self.lock();
+            if let Some(n) = node {
+                c.invalidate_attr(n);
+            }
+            c.invalidate_attr(parent);
+            c.remove_dentry(parent, name, &mut forgets);
+        }
+        self.forget(forgets);
+    }
+
+    /// Looks `name` up in `parent`, from the cache when it is valid.
+    pub fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<Option<(NodeId, Attr)>, Errno> {
+        if name.len() > 255 {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let now = Instant::now();
+        let cached = self.lock().lookup(parent, name, now);
+        match cached {
+            Cached::Negative => return Ok(None),
+            Cached::Node(n, Some(a)) => return Ok(Some((n, a))),
+            Cached::Node(n, None) => match self.getattr(n) {
+                Ok(a) => return Ok(Some((n, a))),
+                // Gone behind our back: ask for the name again.
+                Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {}
+                Err(e) => return Err(e),
+            },
+            Cached::Miss => {}
+        }
+        match self.client.lookup(parent, OsStr::from_bytes(name)) {
+            Ok(Lookup::Found(e)) => {
+                self.remember_lookup(parent, name, &e);
+                Ok(Some((e.node, e.attr)))
+            }
+            Ok(Lookup::Negative(ttl)) => {
+                let mut forgets = Forgets::new();
+                self.lock()
+                    .set_dentry(parent, name, None, ttl, Instant::now(), &mut forgets);
+                self.forget(forgets);
+                Ok(None)
+            }
+            Err(e) if e == Errno::ENOENT => {
+                self.drop_name_only(parent, name);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn remember_lookup(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
+        let now = Instant::now();
+        let mut forgets = Forgets::new();
+        {
+            let mut c = self.lock();
+            c.add_lookup(e.node, e.attr, e.attr_ttl, now);
+            c.set_dentry(parent, name, Some(e.node), e.entry_ttl, now, &mut forgets);
+        }
+        self.forget(forgets);
+    }
+
+    fn drop_name_only(&self, parent: NodeId, name: &[u8]) {
+        let mut forgets = Forgets::new();
+        self.lock().remove_dentry(parent, name, &mut forgets);
+        self.forget(forgets);
+    }
+
+    /// The attributes of `node`, from the cache when they are valid.
+    pub fn getattr(&self, node: NodeId) -> Result<Attr, Errno> {
+        if let Some(a) = self.lock().attr(node, Instant::now()) {
+            return Ok(a);
+        }
+        self.getattr_fresh(node, None)
+    }
+
+    /// GETATTR, bypassing the cache (and refreshing it).
+    pub fn getattr_fresh(&self, node: NodeId, fh: Option<u64>) -> Result<Attr, Errno> {
+        let (a, ttl) = self.client.getattr(node, fh)?;
+        self.lock().set_attr(node, a, ttl, Instant::now());
+        Ok(a)
+    }
+
+    pub fn invalidate_attr(&self, node: NodeId) {
+        self.lock().invalidate_attr(node);
+    }
+
+    /// Keeps the nodes of `loc` in the table (a current directory or a
+    /// directory descriptor holds them).
+    pub fn pin_location(&self, loc: &Location) {
+        let mut c = self.lock();
+        for n in loc.nodes() {
+            c.pin(n);
+        }
+    }
+
+    pub fn unpin_location(&self, loc: &Location) {
+        let mut forgets = Forgets::new();
+        {
+            let mut c = self.lock();
+            for n in loc.nodes() {
+                c.unpin(n, &mut forgets);
+            }
+        }
+        self.forget(forgets);
+    }
+
+    pub(crate) fn pin(&self, node: NodeId) {
+        self.lock().pin(node);
+    }
+
+    pub(crate) fn unpin(&self, node: NodeId) {
+        let mut forgets = Forgets::new();
+        self.lock().unpin(node, &mut forgets);
+        self.forget(forgets);
+    }
+
+    /// Drops every cached name and forgets every node nothing uses.
+    pub fn drop_caches(&self) {
+        let mut forgets = Forgets::new();
+        self.lock().clear(&mut forgets);
+        self.forget(forgets);
+    }
+
+    /// (cached names, nodes in the table, root included).
+    pub fn cache_counts(&self) -> (usize, usize) {
+        let c = self.lock();
+        (c.dentry_count(), c.node_count())
+    }
+
+    /// Lookups held on `node` and not yet forgotten.
+    pub fn nlookup(&self, node: NodeId) -> Option<u64> {
+        self.lock().nlookup(node)
+    }
+
+    /// Resolves `path` from `start`. A leading '/' starts from the mount's
+    /// root (callers strip the mount point from absolute paths first).
+    /// `links` counts symbolic links already followed.
+    pub fn walk(&self, start: &Location, path: &[u8], flags: WalkFlags, links: u32) -> Result<Walk, Errno> {
+        if path.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let mut links = links;
+        let mut loc = if path.starts_with(b"/") {
+            Location::root()
+        } else {
+            start.clone()
+        };
+        // The path still to walk; replaced when a symbolic link expands.
+        let mut buf: Vec<u8> = path.to_vec();
+        let mut pos = buf.iter().take_while(|&&b| b == b'/').count();
+        loop {
+            let (comp, rest) = split_first(&buf[pos..]);
+            let comp_len = comp.len();
+            let rest_at = buf.len() - rest.len();
+            let is_last = rest.is_empty();
+            let trailing = is_last && buf[pos + comp_len..].contains(&b'/');
+            if comp.is_empty() {
+                // Nothing (left) to walk: the path names the directory itself.
+                let node = loc.node();
+                let attr = self.getattr(node)?;
+                return Ok(Walk::Inside(Target {
+                    dir: loc,
+                    last: Last::Dir,
+                    node: Some((node, attr)),
+                    trailing_slash: true,
+                    links,
+                }));
+            }
+            let comp = comp.to_vec();
+            if comp == b"." || comp == b".." {
+                if comp == b".." {
+                    if loc.is_root() {
+                        let up = crate::parent_of(&self.mountpoint);
+                        let mut rest = buf[rest_at..].to_vec();
+                        if is_last && trailing {
+                            rest.push(b'/');
+                        }
+                        return Ok(Walk::Outside {
+                            path: join(&up, &rest),
+                            links,
+                        });
+                    }
+                    loc.pop();
+                }
+                if is_last {
+                    let node = loc.node();
+                    let attr = self.getattr(node)?;
+                    return Ok(Walk::Inside(Target {
+                        dir: loc,
+                        last: if comp == b"." { Last::Dot } else { Last::DotDot },
+                        node: Some((node, attr)),
+                        trailing_slash: trailing,
+                        links,
+                    }));
+                }
+                pos = rest_at;
+                continue;
+            }
+            let parent = loc.node();
+            let found = self.lookup(parent, &comp)?;
+            let Some((node, attr)) = found else {
+                if is_last {
+                    return Ok(Walk::Inside(Target {
+                        dir: loc,
+                        last: Last::Name(comp.into()),
+                        node: None,
+                        trailing_slash: trailing,
+                        links,
+                    }));
+                }
+                return Err(Errno::ENOENT);
+            };
+            let typ = attr.file_type();
+            if typ == FileType::Symlink && (!is_last || flags.follow || trailing) {
+                links += 1;
+                if links > MAXSYMLINKS {
+                    return Err(Errno::ELOOP);
+                }
+                let target = self.client.readlink(node)?;
+                if target.is_empty() {
+                    return Err(Errno::ENOENT);
+                }
+                let mut rest = buf[pos + comp_len..].to_vec();
+                // Keep the slashes: "link/" must still name a directory.
+                if target.starts_with(b"/") {
+                    let Some(inside) = self.strip(&target) else {
+                        let mut out = target.clone();
+                        if !rest.is_empty() {
+                            out.append(&mut rest);
+                        }
+                        return Ok(Walk::Outside { path: out, links });
+                    };
+                    loc = Location::root();
+                    let mut nb = inside.to_vec();
+                    nb.append(&mut rest);
+                    buf = nb;
+                } else {
+                    let mut nb = target;
+                    nb.append(&mut rest);
+                    buf = nb;
+                }
+                if buf.len() >= PATH_MAX {
+                    return Err(Errno::ENAMETOOLONG);
+                }
+                pos = buf.iter().take_while(|&&b| b == b'/').count();
+                if buf[pos..].is_empty() {
+                    // "link" -> "/mnt/x": the mount's root itself.
+                    let node = loc.node();
+                    let attr = self.getattr(node)?;
+                    return Ok(Walk::Inside(Target {
+                        dir: loc,
+                        last: Last::Dir,
+                        node: Some((node, attr)),
+                        trailing_slash: trailing,
+                        links,
+                    }));
+                }
+                continue;
+            }
+            if is_last {
+                if trailing && typ != FileType::Directory && typ != FileType::Symlink {
+                    return Err(Errno::ENOTDIR);
+                }
+                return Ok(Walk::Inside(Target {
+                    dir: loc,
+                    last: Last::Name(comp.into()),
+                    node: Some((node, attr)),
+                    trailing_slash: trailing,
+                    links,
+                }));
+            }
+            if typ != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            loc.push(node, &comp);
+            pos = rest_at;
+        }
+    }
+
+    // ----- operations on what a walk found -----
+
+    /// `stat(2)` of a target (the walk decided whether links were followed).
+    pub fn stat(&self, t: &Target) -> Result<Attr, Errno> {
+        t.node.map(|(_, a)| a).ok_or(Errno::ENOENT)
+    }
+
+    pub fn mkdir(&self, t: &Target, mode: u32) -> Result<Attr, Errno> {
+        let name = t.name(Errno::EEXIST)?;
+        if t.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let parent = t.dir.node();
+        let umask = self.umask();
+        let e = self
+            .client
+            .mkdir(parent, OsStr::from_bytes(name), mode & 0o7777 & !umask, umask)?;
+        self.remember(parent, name, &e);
+        Ok(e.attr)
+    }
+
+    /// `mknod(2)` for regular files, FIFOs, sockets and devices.
+    pub fn mknod(&self, t: &Target, mode: u32, rdev: u32) -> Result<Attr, Errno> {
+        let name = t.name(Errno::EEXIST)?;
+        if t.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if t.trailing_slash {
+            return Err(Errno::ENOENT);
+        }
+        let parent = t.dir.node();
+        let umask = self.umask();
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
+        let e = self.client.mknod(
+            parent,
+            OsStr::from_bytes(name),
+            mode & (libc::S_IFMT | (0o7777 & !umask)),
+            rdev,
+            umask,
+        )?;
+        self.remember(parent, name, &e);
+        Ok(e.attr)
+    }
+
+    pub fn symlink(&self, target: &[u8], t: &Target) -> Result<Attr, Errno> {
+        let name = t.name(Errno::EEXIST)?;
+        if t.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if t.trailing_slash {
+            return Err(Errno::ENOENT);
+        }
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        let parent = t.dir.node();
+        let e = self.client.symlink(parent, OsStr::from_bytes(name), target)?;
+        self.remember(parent, name, &e);
+        Ok(e.attr)
+    }
+
+    /// `link(2)`: `old` is the existing object (links not followed unless
+    /// AT_SYMLINK_FOLLOW), `new` the new name in the same mount.
+    pub fn link(&self, old: &Target, new: &Target) -> Result<Attr, Errno> {
+        let (node, attr) = old.node.ok_or(Errno::ENOENT)?;
+        if attr.file_type() == FileType::Directory {
+            return Err(Errno::EPERM);
+        }
+        if old.trailing_slash {
+            return Err(Errno::ENOTDIR);
+        }
+        let name = new.name(Errno::EEXIST)?;
+        if new.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if new.trailing_slash {
+            return Err(Errno::ENOENT);
+        }
+        let parent = new.dir.node();
+        let e = self.client.link(node, parent, OsStr::from_bytes(name))?;
+        self.remember(parent, name, &e);
+        self.invalidate_attr(node);
+        Ok(e.attr)
+    }
+
+    pub fn readlink(&self, t: &Target) -> Result<Vec<u8>, Errno> {
+        let (node, attr) = t.node.ok_or(Errno::ENOENT)?;
+        if attr.file_type() != FileType::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        self.client.readlink(node)
+    }
+
+    pub fn unlink(&self, t: &Target) -> Result<(), Errno> {
+        let name = t.name(Errno::EISDIR)?;
+        let (node, attr) = t.node.ok_or(Errno::ENOENT)?;
+        if attr.file_type() == FileType::Directory {
+            return Err(Errno::EISDIR);
+        }
+        if t.trailing_slash {
+            return Err(Errno::ENOTDIR);
+        }
+        let parent = t.dir.node();
+        let r = self.client.unlink(parent, OsStr::from_bytes(name));
+        self.drop_name(parent, name, Some(node));
+        r
+    }
+
+    pub fn rmdir(&self, t: &Target) -> Result<(), Errno> {
+        let name = match &t.last {
+            Last::Name(n) => n,
+            Last::Dot => return Err(Errno::EINVAL),
+            Last::DotDot => return Err(Errno::ENOTEMPTY),
+            Last::Dir => return Err(Errno::EBUSY),
+        };
+        let (node, attr) = t.node.ok_or(Errno::ENOENT)?;
+        if attr.file_type() != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        let parent = t.dir.node();
+        let r = self.client.rmdir(parent, OsStr::from_bytes(name));
+        self.drop_name(parent, name, Some(node));
+        r
+    }
+
+    /// `renameat2(2)`; both targets from this mount (EXDEV is the caller's).
+    pub fn rename(&self, old: &Target, new: &Target, flags: u32) -> Result<(), Errno> {
+        let old_name = old.name(Errno::EBUSY)?;
+        let new_name = new.name(Errno::EBUSY)?;
+        let (node, attr) = old.node.ok_or(Errno::ENOENT)?;
+        let is_dir = attr.file_type() == FileType::Directory;
+        if !is_dir && (old.trailing_slash || new.trailing_slash) {
+            return Err(Errno::ENOTDIR);
+        }
+        if flags & libc::RENAME_EXCHANGE != 0 && new.node.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        if flags & libc::RENAME_NOREPLACE != 0 && new.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if let Some((_, na)) = new.node {
+            let new_dir = na.file_type() == FileType::Directory;
+            if flags & libc::RENAME_EXCHANGE == 0 {
+                if is_dir && !new_dir {
+                    return Err(Errno::ENOTDIR);
+                }
+                if !is_dir && new_dir {
+                    return Err(Errno::EISDIR);
+                }
+            }
+        }
+        // A directory may not move below itself.
+        if is_dir && (new.dir.nodes().any(|n| n == node)) {
+            return Err(Errno::EINVAL);
+        }
+        if let (Some((n1, _)), Some((n2, _))) = (old.node, new.node) {
+            if n1 == n2 && flags & libc::RENAME_EXCHANGE == 0 {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+        }
+        let (p1, p2) = (old.dir.node(), new.dir.node());
+        let r = self
+            .client
+            .rename(p1, OsStr::from_bytes(old_name), p2, OsStr::from_bytes(new_name), flags);
+        self.drop_name(p1, old_name, Some(node));
+        self.drop_name(p2, new_name, new.node.map(|n| n.0));
+        r
+    }
+
+    /// SETATTR on a target or an open file's node.
+    pub fn setattr(&self, node: NodeId, set: &SetAttrIn) -> Result<Attr, Errno> {
+        match self.client.setattr(node, set) {
+            Ok((a, ttl)) => {
+                self.lock().set_attr(node, a, ttl, Instant::now());
+                Ok(a)
+            }
+            Err(e) => {
+                self.invalidate_attr(node);
+                Err(e)
+            }
+        }
+    }
+
+    /// `truncate(2)`.
+    pub fn truncate(&self, t: &Target, size: u64) -> Result<(), Errno> {
+        let (node, attr) = t.node.ok_or(Errno::ENOENT)?;
+        match attr.file_type() {
+            FileType::Directory => return Err(Errno::EISDIR),
+            FileType::Regular => {}
+            _ => return Err(Errno::EINVAL),
+        }
+        self.client
+            .access(node, libc::W_OK)
+            .or_else(|e| if e == Errno::ENOSYS { Ok(()) } else { Err(e) })?;
+        self.setattr(
+            node,
+            &SetAttrIn {
+                size: Some(size),
+                ..Default::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// `access(2)`/`faccessat(2)` (`mode` of R_OK, W_OK, X_OK or F_OK).
+    pub fn access(&self, t: &Target, mode: i32) -> Result<(), Errno> {
+        let (node, _) = t.node.ok_or(Errno::ENOENT)?;
+        if mode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        if mode == libc::F_OK {
+            return Ok(());
+        }
+        match self.client.access(node, mode) {
+            Err(e) if e == Errno::ENOSYS => Ok(()),
+            r => r,
+        }
+    }
+
+    pub fn statfs(&self, node: NodeId) -> Result<Statfs, Errno> {
+        self.client.statfs(node)
+    }
+
+    /// Checks that `t` may become the current directory.
+    pub fn chdir(&self, t: &Target) -> Result<Location, Errno> {
+        let (node, attr) = t.node.ok_or(Errno::ENOENT)?;
+        if attr.file_type() != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        match self.client.access(node, libc::X_OK) {
+            Err(e) if e != Errno::ENOSYS => return Err(e),
+            _ => {}
+        }
+        t.location().ok_or(Errno::ENOTDIR)
+    }
+
+    pub(crate) fn atomic_o_trunc(&self) -> bool {
+        self.init.flags & abi::FUSE_ATOMIC_O_TRUNC != 0
+    }
+
+    pub(crate) fn max_io(&self) -> usize {
+        self.init.max_io as usize
+    }
+}
