@@ -1,0 +1,782 @@
+//! The system calls served on mounts. Each handler returns `None` to let
+//! the original call reach the kernel unchanged, or `Some(result)`
+//! (a value or a negated errno) when it served the call or re-issued it
+//! with a resolved path.
+
+use std::sync::Arc;
+
+use shortfuse::{Attr, Errno};
+use shortfuse_vfs::{OpenFile, SetAttrIn, Target, Vfs, Walk, WalkFlags};
+
+use crate::state;
+use crate::sys::raw;
+use crate::user;
+
+const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
+
+/// The numbers `dispatch` looks at; the rest never leave the fast path.
+pub fn is_file_call(nr: i64) -> bool {
+    matches!(
+        nr,
+        libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_open
+            | libc::SYS_close
+            | libc::SYS_stat
+            | libc::SYS_fstat
+            | libc::SYS_lstat
+            | libc::SYS_lseek
+            | libc::SYS_pread64
+            | libc::SYS_pwrite64
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_access
+            | libc::SYS_dup
+            | libc::SYS_dup2
+            | libc::SYS_dup3
+            | libc::SYS_fcntl
+            | libc::SYS_fsync
+            | libc::SYS_fdatasync
+            | libc::SYS_truncate
+            | libc::SYS_ftruncate
+            | libc::SYS_getdents64
+            | libc::SYS_getcwd
+            | libc::SYS_chdir
+            | libc::SYS_fchdir
+            | libc::SYS_rename
+            | libc::SYS_mkdir
+            | libc::SYS_rmdir
+            | libc::SYS_creat
+            | libc::SYS_unlink
+            | libc::SYS_readlink
+            | libc::SYS_openat
+            | libc::SYS_openat2
+            | libc::SYS_mkdirat
+            | libc::SYS_newfstatat
+            | libc::SYS_unlinkat
+            | libc::SYS_renameat
+            | libc::SYS_renameat2
+            | libc::SYS_readlinkat
+            | libc::SYS_faccessat
+            | libc::SYS_faccessat2
+            | libc::SYS_statx
+            | libc::SYS_close_range
+            | libc::SYS_umask
+            | libc::SYS_utimensat
+            | libc::SYS_fchmod
+            | libc::SYS_fchmodat
+            | libc::SYS_getxattr
+            | libc::SYS_lgetxattr
+            | libc::SYS_fgetxattr
+            | libc::SYS_listxattr
+            | libc::SYS_llistxattr
+            | libc::SYS_flistxattr
+    )
+}
+
+fn err(e: Errno) -> i64 {
+    -(e.raw() as i64)
+}
+
+fn res<T: Into<i64>>(r: Result<T, Errno>) -> i64 {
+    match r {
+        Ok(v) => v.into(),
+        Err(e) => err(e),
+    }
+}
+
+/// Where a path leads.
+enum Resolved {
+    /// Not ours: the kernel takes the call; `Some` is an absolute path to use
+    /// instead of the original (a walk left a mount).
+    Kernel(Option<Vec<u8>>),
+    Ours(Arc<Vfs>, Target),
+}
+
+/// Finds the mount an absolute path enters: the remainder after the mount
+/// point. `..` before the mount point is taken lexically.
+fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
+    let st = state();
+    let mut prefix: Vec<u8> = Vec::new();
+    let mut rest = abs;
+    loop {
+        let p: &[u8] = if prefix.is_empty() { b"/" } else { &prefix };
+        for m in &st.mounts {
+            if m.mountpoint() == p {
+                return Some((m.clone(), rest.to_vec()));
+            }
+        }
+        let trimmed = rest
+            .iter()
+            .position(|&b| b != b'/')
+            .map_or(&rest[rest.len()..], |i| &rest[i..]);
+        if trimmed.is_empty() {
+            return None;
+        }
+        let end = trimmed.iter().position(|&b| b == b'/').unwrap_or(trimmed.len());
+        let comp = &trimmed[..end];
+        rest = &trimmed[end..];
+        match comp {
+            b"." => {}
+            b".." => {
+                let cut = prefix.iter().rposition(|&b| b == b'/').unwrap_or(0);
+                prefix.truncate(cut);
+            }
+            c => {
+                prefix.push(b'/');
+                prefix.extend_from_slice(c);
+            }
+        }
+    }
+}
+
+fn with_nul(mut p: Vec<u8>) -> Vec<u8> {
+    p.push(0);
+    p
+}
+
+/// Resolves `path` relative to `dirfd` (or the current directory).
+fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
+    // An `int` argument: the kernel reads the low 32 bits of the register.
+    let dirfd = dirfd as i32 as i64;
+    let st = state();
+    let flags = WalkFlags { follow };
+    let walk = |vfs: &Arc<Vfs>, start: &shortfuse_vfs::Location, p: &[u8], links: u32| vfs.walk(start, p, flags, links);
+    let mut first = None;
+    let mut abs: Vec<u8>;
+    let mut links = 0;
+    let mut rewritten = false;
+    if path.is_empty() {
+        return if dirfd != AT_FDCWD && st.fds.contains(dirfd as i32) {
+            Err(Errno::ENOENT)
+        } else {
+            Ok(Resolved::Kernel(None))
+        };
+    }
+    if path.starts_with(b"/") {
+        abs = path.to_vec();
+    } else if dirfd == AT_FDCWD {
+        let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some((vfs, loc)) = cwd {
+            first = Some(walk(&vfs, &loc, path, 0).map(|w| (vfs, w))?);
+            abs = Vec::new();
+        } else {
+            let host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            abs = host;
+            abs.push(b'/');
+            abs.extend_from_slice(path);
+        }
+    } else if let Some(f) = st.fds.get(dirfd as i32) {
+        let loc = f.location().ok_or(Errno::ENOTDIR)?;
+        first = Some(walk(f.vfs(), loc, path, 0).map(|w| (f.vfs().clone(), w))?);
+        abs = Vec::new();
+    } else {
+        // A kernel directory descriptor: only its path tells whether the
+        // walk enters a mount.
+        let link = with_nul(format!("/proc/self/fd/{dirfd}").into_bytes());
+        let mut buf = [0u8; 4096];
+        let n = raw(
+            libc::SYS_readlink,
+            link.as_ptr() as i64,
+            buf.as_mut_ptr() as i64,
+            buf.len() as i64,
+            0,
+            0,
+            0,
+        );
+        if n <= 0 || buf[0] != b'/' {
+            return Ok(Resolved::Kernel(None));
+        }
+        abs = buf[..n as usize].to_vec();
+        abs.push(b'/');
+        abs.extend_from_slice(path);
+        if mount_of(&abs).is_none() {
+            return Ok(Resolved::Kernel(None));
+        }
+    }
+    loop {
+        let (vfs, w) = match first.take() {
+            Some(x) => x,
+            None => match mount_of(&abs) {
+                Some((vfs, rest)) => {
+                    let w = vfs.walk(&shortfuse_vfs::Location::root(), &rest, flags, links)?;
+                    (vfs, w)
+                }
+                None => return Ok(Resolved::Kernel(if rewritten { Some(with_nul(abs)) } else { None })),
+            },
+        };
+        match w {
+            Walk::Inside(t) => return Ok(Resolved::Ours(vfs, t)),
+            Walk::Outside { path, links: l } => {
+                abs = path;
+                links = l;
+                rewritten = true;
+            }
+        }
+    }
+}
+
+/// Re-issues a path call on the kernel with `path` (absolute) in place of
+/// the original path argument at index `i`, the dirfd (if any) at `i - 1`.
+fn reissue(nr: i64, mut a: [i64; 6], i: usize, has_dirfd: bool, path: &[u8]) -> i64 {
+    a[i] = path.as_ptr() as i64;
+    if has_dirfd {
+        a[i - 1] = AT_FDCWD;
+    }
+    raw(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+}
+
+macro_rules! resolve_or_pass {
+    ($nr:expr, $a:expr, $dirfd:expr, $idx:expr, $has_dirfd:expr, $follow:expr) => {{
+        let path = user::cstr($a[$idx])?;
+        match resolve($dirfd, path, $follow) {
+            Err(e) => return Some(err(e)),
+            Ok(Resolved::Kernel(None)) => return None,
+            Ok(Resolved::Kernel(Some(p))) => return Some(reissue($nr, $a, $idx, $has_dirfd, &p)),
+            Ok(Resolved::Ours(vfs, t)) => (vfs, t),
+        }
+    }};
+}
+
+fn file(fd: i64) -> Option<Arc<OpenFile>> {
+    // The kernel reads descriptors as 32-bit ints.
+    let fd = fd as i32;
+    state().fds.get(fd)
+}
+
+pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let st = state();
+    match nr {
+        libc::SYS_read => {
+            let f = file(a[0])?;
+            Some(res(f.read(user::slice_mut(a[1], a[2] as usize)).map(|n| n as i64)))
+        }
+        libc::SYS_write => {
+            let f = file(a[0])?;
+            Some(res(f.write(user::slice(a[1], a[2] as usize)).map(|n| n as i64)))
+        }
+        libc::SYS_pread64 => {
+            let f = file(a[0])?;
+            if a[3] < 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            Some(res(f
+                .pread(user::slice_mut(a[1], a[2] as usize), a[3] as u64)
+                .map(|n| n as i64)))
+        }
+        libc::SYS_pwrite64 => {
+            let f = file(a[0])?;
+            if a[3] < 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            Some(res(f
+                .pwrite(user::slice(a[1], a[2] as usize), a[3] as u64)
+                .map(|n| n as i64)))
+        }
+        libc::SYS_readv | libc::SYS_writev => {
+            let f = file(a[0])?;
+            let mut total = 0i64;
+            for v in user::iovecs(a[1], a[2]) {
+                let r = if nr == libc::SYS_readv {
+                    f.read(user::slice_mut(v.iov_base as i64, v.iov_len))
+                } else {
+                    f.write(user::slice(v.iov_base as i64, v.iov_len))
+                };
+                match r {
+                    Ok(n) => {
+                        total += n as i64;
+                        if n < v.iov_len {
+                            break;
+                        }
+                    }
+                    Err(e) if total == 0 => return Some(err(e)),
+                    Err(_) => break,
+                }
+            }
+            Some(total)
+        }
+        libc::SYS_lseek => {
+            let f = file(a[0])?;
+            Some(res(f.lseek(a[1], a[2] as i32).map(|n| n as i64)))
+        }
+        libc::SYS_getdents64 => {
+            let f = file(a[0])?;
+            Some(res(f
+                .getdents64(user::slice_mut(a[1], a[2] as usize))
+                .map(|n| n as i64)))
+        }
+        libc::SYS_fstat => {
+            let f = file(a[0])?;
+            Some(res(f.stat().map(|at| {
+                user::put(a[1], &to_stat(&at, f.vfs().dev()));
+                0i64
+            })))
+        }
+        libc::SYS_ftruncate => {
+            let f = file(a[0])?;
+            if a[1] < 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            Some(res(f.truncate(a[1] as u64).map(|_| 0i64)))
+        }
+        libc::SYS_fsync | libc::SYS_fdatasync => {
+            let f = file(a[0])?;
+            Some(res(f.fsync(nr == libc::SYS_fdatasync).map(|_| 0i64)))
+        }
+        libc::SYS_fchmod => {
+            let f = file(a[0])?;
+            let set = SetAttrIn {
+                mode: Some(a[1] as u32 & 0o7777),
+                ..Default::default()
+            };
+            Some(res(f.setattr(&set).map(|_| 0i64)))
+        }
+        libc::SYS_close => {
+            let fd = a[0] as i32;
+            let r = st.fds.close(fd, owner())?;
+            raw(libc::SYS_close, a[0], 0, 0, 0, 0, 0);
+            Some(res(r.map(|_| 0i64)))
+        }
+        libc::SYS_close_range => {
+            let (lo, hi) = (a[0] as u32, a[1] as u32);
+            let r = raw(libc::SYS_close_range, a[0], a[1], a[2], 0, 0, 0);
+            if r == 0 && a[2] as u32 & libc::CLOSE_RANGE_CLOEXEC == 0 {
+                st.fds.close_range(lo, hi, owner());
+            } else if r == 0 {
+                for (fd, _) in st.fds.fds() {
+                    if fd as u32 >= lo && fd as u32 <= hi {
+                        let _ = st.fds.set_cloexec(fd, true);
+                    }
+                }
+            }
+            Some(r)
+        }
+        libc::SYS_dup => {
+            file(a[0])?;
+            let new = raw(libc::SYS_dup, a[0], 0, 0, 0, 0, 0);
+            if new >= 0 {
+                let _ = st.fds.dup(a[0] as i32, new as i32, false);
+            }
+            Some(new)
+        }
+        libc::SYS_dup2 | libc::SYS_dup3 => {
+            let ours_old = file(a[0]).is_some();
+            let ours_new = file(a[1]).is_some();
+            if !ours_old && !ours_new {
+                return None;
+            }
+            let r = raw(nr, a[0], a[1], a[2], 0, 0, 0);
+            if r >= 0 && a[0] != a[1] {
+                if ours_new && !ours_old {
+                    st.fds.close(a[1] as i32, owner());
+                } else if let Ok(Some(old)) = st.fds.dup(a[0] as i32, a[1] as i32, a[2] as i32 & libc::O_CLOEXEC != 0) {
+                    let _ = old.flush(owner());
+                }
+            }
+            Some(r)
+        }
+        libc::SYS_fcntl => {
+            let f = file(a[0])?;
+            match a[1] as i32 {
+                libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+                    let new = raw(libc::SYS_fcntl, a[0], a[1], a[2], 0, 0, 0);
+                    if new >= 0 {
+                        let _ = st
+                            .fds
+                            .dup(a[0] as i32, new as i32, a[1] as i32 == libc::F_DUPFD_CLOEXEC);
+                    }
+                    Some(new)
+                }
+                libc::F_GETFL => Some(i64::from(f.flags() & !libc::O_CLOEXEC)),
+                libc::F_SETFL => {
+                    f.set_flags(a[2] as i32);
+                    Some(0)
+                }
+                libc::F_SETFD => {
+                    let r = raw(libc::SYS_fcntl, a[0], a[1], a[2], 0, 0, 0);
+                    if r == 0 {
+                        let _ = st.fds.set_cloexec(a[0] as i32, a[2] as i32 & libc::FD_CLOEXEC != 0);
+                    }
+                    Some(r)
+                }
+                libc::F_GETFD => None,
+                // Locks are not served: say so rather than let the
+                // placeholder answer for a file it does not stand for.
+                _ => Some(err(Errno::EINVAL)),
+            }
+        }
+        libc::SYS_fchdir => {
+            let Some(f) = file(a[0]) else {
+                let r = raw(nr, a[0], 0, 0, 0, 0, 0);
+                if r == 0 {
+                    follow_kernel_cwd();
+                }
+                return Some(r);
+            };
+            let Some(loc) = f.location() else {
+                return Some(err(Errno::ENOTDIR));
+            };
+            set_cwd(Some((f.vfs().clone(), loc.clone())));
+            Some(0)
+        }
+        libc::SYS_getcwd => {
+            let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let (vfs, loc) = cwd?;
+            let p = vfs.host_path(&loc);
+            let buf = user::slice_mut(a[0], a[1] as usize);
+            if buf.len() < p.len() + 1 {
+                return Some(err(Errno::ERANGE));
+            }
+            buf[..p.len()].copy_from_slice(&p);
+            buf[p.len()] = 0;
+            Some(p.len() as i64 + 1)
+        }
+        libc::SYS_chdir => Some(chdir(a)),
+        libc::SYS_umask => {
+            let r = raw(nr, a[0], 0, 0, 0, 0, 0);
+            for m in &st.mounts {
+                m.set_umask(a[0] as u32);
+            }
+            Some(r)
+        }
+        libc::SYS_open => open(nr, a, AT_FDCWD, 0, a[1] as i32, a[2] as u32),
+        libc::SYS_creat => open(
+            nr,
+            a,
+            AT_FDCWD,
+            0,
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+            a[1] as u32,
+        ),
+        libc::SYS_openat => open(nr, a, a[0], 1, a[2] as i32, a[3] as u32),
+        libc::SYS_openat2 => {
+            let how = user::slice(a[2], (a[3] as usize).min(24));
+            if how.len() < 24 {
+                return None;
+            }
+            let flags = i64::from_ne_bytes(how[0..8].try_into().ok()?) as i32;
+            let mode = u64::from_ne_bytes(how[8..16].try_into().ok()?) as u32;
+            open(nr, a, a[0], 1, flags, mode)
+        }
+        libc::SYS_stat => stat(nr, a, AT_FDCWD, 0, true, a[1]),
+        libc::SYS_lstat => stat(nr, a, AT_FDCWD, 0, false, a[1]),
+        libc::SYS_newfstatat => {
+            let flags = a[3] as i32;
+            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+                let f = file(a[0])?;
+                return Some(res(f.stat().map(|at| {
+                    user::put(a[2], &to_stat(&at, f.vfs().dev()));
+                    0i64
+                })));
+            }
+            stat(nr, a, a[0], 1, flags & libc::AT_SYMLINK_NOFOLLOW == 0, a[2])
+        }
+        libc::SYS_statx => {
+            let flags = a[2] as i32;
+            let attr = if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+                let f = file(a[0])?;
+                f.stat().map(|at| (at, f.vfs().dev()))
+            } else {
+                let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
+                vfs.stat(&t).map(|at| (at, vfs.dev()))
+            };
+            Some(res(attr.map(|(at, dev)| {
+                user::put(a[4], &to_statx(&at, dev));
+                0i64
+            })))
+        }
+        libc::SYS_access => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            Some(res(vfs.access(&t, a[1] as i32).map(|_| 0i64)))
+        }
+        libc::SYS_faccessat | libc::SYS_faccessat2 => {
+            let flags = if nr == libc::SYS_faccessat2 { a[3] as i32 } else { 0 };
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
+            Some(res(vfs.access(&t, a[2] as i32).map(|_| 0i64)))
+        }
+        libc::SYS_mkdir => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(res(vfs.mkdir(&t, a[1] as u32).map(|_| 0i64)))
+        }
+        libc::SYS_mkdirat => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
+            Some(res(vfs.mkdir(&t, a[2] as u32).map(|_| 0i64)))
+        }
+        libc::SYS_unlink => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(res(vfs.unlink(&t).map(|_| 0i64)))
+        }
+        libc::SYS_rmdir => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(res(vfs.rmdir(&t).map(|_| 0i64)))
+        }
+        libc::SYS_unlinkat => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
+            let r = if a[2] as i32 & libc::AT_REMOVEDIR != 0 {
+                vfs.rmdir(&t)
+            } else {
+                vfs.unlink(&t)
+            };
+            Some(res(r.map(|_| 0i64)))
+        }
+        libc::SYS_readlink => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(readlink_out(&vfs, &t, a[1], a[2]))
+        }
+        libc::SYS_readlinkat => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
+            Some(readlink_out(&vfs, &t, a[2], a[3]))
+        }
+        libc::SYS_truncate => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            if a[1] < 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            Some(res(vfs.truncate(&t, a[1] as u64).map(|_| 0i64)))
+        }
+        libc::SYS_fchmodat => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, true);
+            let Some((node, _)) = t.node else {
+                return Some(err(Errno::ENOENT));
+            };
+            let set = SetAttrIn {
+                mode: Some(a[2] as u32 & 0o7777),
+                ..Default::default()
+            };
+            Some(res(vfs.setattr(node, &set).map(|_| 0i64)))
+        }
+        libc::SYS_utimensat => utimensat(nr, a),
+        // Extended attributes are not served yet: answer as a file system
+        // without them, rather than let the kernel say the path is missing.
+        libc::SYS_getxattr | libc::SYS_listxattr => {
+            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_lgetxattr | libc::SYS_llistxattr => {
+            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_fgetxattr | libc::SYS_flistxattr => {
+            file(a[0])?;
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_rename => rename(nr, a, AT_FDCWD, 0, AT_FDCWD, 1, 0),
+        libc::SYS_renameat => rename(nr, a, a[0], 1, a[2], 3, 0),
+        libc::SYS_renameat2 => rename(nr, a, a[0], 1, a[2], 3, a[4] as u32),
+        _ => None,
+    }
+}
+
+fn owner() -> u64 {
+    raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64
+}
+
+fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
+    let st = state();
+    if let Some((vfs, loc)) = &new {
+        vfs.pin_location(loc);
+    }
+    let old = std::mem::replace(&mut *st.cwd.lock().unwrap_or_else(|e| e.into_inner()), new);
+    if let Some((vfs, loc)) = old {
+        vfs.unpin_location(&loc);
+    }
+}
+
+/// The kernel's current directory changed: remember it, leave the mount's.
+fn follow_kernel_cwd() {
+    let mut buf = vec![0u8; 4096];
+    let n = raw(libc::SYS_getcwd, buf.as_mut_ptr() as i64, buf.len() as i64, 0, 0, 0, 0);
+    if n > 0 {
+        buf.truncate(n as usize - 1);
+        *state().host_cwd.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+    }
+    set_cwd(None);
+}
+
+/// chdir: ours, or the kernel's (then our idea of the cwd follows it).
+fn chdir(a: [i64; 6]) -> i64 {
+    let Some(path) = user::cstr(a[0]) else {
+        return err(Errno::EFAULT);
+    };
+    let kernel = |p: Option<Vec<u8>>| {
+        let ptr = p.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
+        let r = raw(libc::SYS_chdir, ptr, 0, 0, 0, 0, 0);
+        if r == 0 {
+            follow_kernel_cwd();
+        }
+        r
+    };
+    match resolve(AT_FDCWD, path, true) {
+        Err(e) => err(e),
+        Ok(Resolved::Kernel(p)) => kernel(p),
+        Ok(Resolved::Ours(vfs, t)) => res(vfs.chdir(&t).map(|loc| {
+            set_cwd(Some((vfs.clone(), loc)));
+            0i64
+        })),
+    }
+}
+
+fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> Option<i64> {
+    let follow =
+        flags & libc::O_NOFOLLOW == 0 && flags & (libc::O_CREAT | libc::O_EXCL) != libc::O_CREAT | libc::O_EXCL;
+    let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
+    let f = match vfs.open(&t, flags, mode) {
+        Ok(f) => f,
+        Err(e) => return Some(err(e)),
+    };
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    let ph = b"/dev/null\0";
+    let pflags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
+    let fd = raw(libc::SYS_openat, AT_FDCWD, ph.as_ptr() as i64, pflags as i64, 0, 0, 0);
+    if fd < 0 {
+        return Some(fd);
+    }
+    state().fds.insert(fd as i32, f, cloexec);
+    Some(fd)
+}
+
+fn stat(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, follow: bool, out: i64) -> Option<i64> {
+    let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
+    Some(res(vfs.stat(&t).map(|at| {
+        user::put(out, &to_stat(&at, vfs.dev()));
+        0i64
+    })))
+}
+
+fn readlink_out(vfs: &Vfs, t: &Target, buf: i64, len: i64) -> i64 {
+    if len <= 0 {
+        return err(Errno::EINVAL);
+    }
+    match vfs.readlink(t) {
+        Ok(target) => {
+            let out = user::slice_mut(buf, len as usize);
+            let n = target.len().min(out.len());
+            out[..n].copy_from_slice(&target[..n]);
+            n as i64
+        }
+        Err(e) => err(e),
+    }
+}
+
+fn utimensat(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let flags = a[3] as i32;
+    let path = if a[1] == 0 { None } else { user::cstr(a[1]) };
+    let (vfs, node) = match path {
+        None => {
+            let f = file(a[0])?;
+            (f.vfs().clone(), f.node())
+        }
+        Some(_) => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
+            let Some((node, _)) = t.node else {
+                return Some(err(Errno::ENOENT));
+            };
+            (vfs, node)
+        }
+    };
+    let time = |i: usize| -> Option<Option<shortfuse::Timestamp>> {
+        if a[2] == 0 {
+            return Some(None);
+        }
+        let ts = user::slice(a[2] + (i * 16) as i64, 16);
+        let sec = i64::from_ne_bytes(ts[0..8].try_into().ok()?);
+        let nsec = i64::from_ne_bytes(ts[8..16].try_into().ok()?);
+        match nsec {
+            n if n == libc::UTIME_OMIT => None,
+            n if n == libc::UTIME_NOW => Some(None),
+            n => Some(Some(shortfuse::Timestamp { sec, nsec: n as u32 })),
+        }
+    };
+    let set = SetAttrIn {
+        atime: time(0),
+        mtime: time(1),
+        ..Default::default()
+    };
+    Some(res(vfs.setattr(node, &set).map(|_| 0i64)))
+}
+
+fn rename(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: u32) -> Option<i64> {
+    let p1 = user::cstr(a[i1])?;
+    let p2 = user::cstr(a[i2])?;
+    let r1 = match resolve(d1, p1, false) {
+        Ok(r) => r,
+        Err(e) => return Some(err(e)),
+    };
+    let r2 = match resolve(d2, p2, false) {
+        Ok(r) => r,
+        Err(e) => return Some(err(e)),
+    };
+    match (r1, r2) {
+        (Resolved::Kernel(None), Resolved::Kernel(None)) => None,
+        (Resolved::Kernel(x), Resolved::Kernel(y)) => {
+            let old = x.unwrap_or_else(|| p1.iter().copied().chain([0]).collect());
+            let new = y.unwrap_or_else(|| p2.iter().copied().chain([0]).collect());
+            let (od, nd) = (
+                if old[0] == b'/' { AT_FDCWD } else { d1 },
+                if new[0] == b'/' { AT_FDCWD } else { d2 },
+            );
+            Some(raw(
+                libc::SYS_renameat2,
+                od,
+                old.as_ptr() as i64,
+                nd,
+                new.as_ptr() as i64,
+                flags as i64,
+                0,
+            ))
+        }
+        (Resolved::Ours(v1, t1), Resolved::Ours(v2, t2)) if Arc::ptr_eq(&v1, &v2) => {
+            let _ = nr;
+            Some(res(v1.rename(&t1, &t2, flags).map(|_| 0i64)))
+        }
+        _ => Some(err(Errno::EXDEV)),
+    }
+}
+
+pub fn to_stat(a: &Attr, dev: u64) -> libc::stat {
+    let mut s: libc::stat = user::zeroed();
+    s.st_dev = dev;
+    s.st_ino = a.ino;
+    s.st_nlink = u64::from(a.nlink);
+    s.st_mode = a.mode;
+    s.st_uid = a.uid;
+    s.st_gid = a.gid;
+    s.st_rdev = u64::from(a.rdev);
+    s.st_size = a.size as i64;
+    s.st_blksize = if a.blksize == 0 { 4096 } else { i64::from(a.blksize) };
+    s.st_blocks = a.blocks as i64;
+    s.st_atime = a.atime.sec;
+    s.st_atime_nsec = i64::from(a.atime.nsec);
+    s.st_mtime = a.mtime.sec;
+    s.st_mtime_nsec = i64::from(a.mtime.nsec);
+    s.st_ctime = a.ctime.sec;
+    s.st_ctime_nsec = i64::from(a.ctime.nsec);
+    s
+}
+
+pub fn to_statx(a: &Attr, dev: u64) -> libc::statx {
+    let mut s: libc::statx = user::zeroed();
+    s.stx_mask = libc::STATX_BASIC_STATS;
+    s.stx_blksize = if a.blksize == 0 { 4096 } else { a.blksize };
+    s.stx_nlink = a.nlink;
+    s.stx_uid = a.uid;
+    s.stx_gid = a.gid;
+    s.stx_mode = a.mode as u16;
+    s.stx_ino = a.ino;
+    s.stx_size = a.size;
+    s.stx_blocks = a.blocks;
+    let ts = |t: shortfuse::Timestamp| {
+        let mut x: libc::statx_timestamp = user::zeroed();
+        x.tv_sec = t.sec;
+        x.tv_nsec = t.nsec;
+        x
+    };
+    s.stx_atime = ts(a.atime);
+    s.stx_mtime = ts(a.mtime);
+    s.stx_ctime = ts(a.ctime);
+    s.stx_rdev_major = libc::major(u64::from(a.rdev));
+    s.stx_rdev_minor = libc::minor(u64::from(a.rdev));
+    s.stx_dev_major = libc::major(dev);
+    s.stx_dev_minor = libc::minor(dev);
+    s
+}

@@ -1,0 +1,51 @@
+//! The program's memory as the system calls hand it to us.
+#![allow(unsafe_code)]
+
+/// The NUL-terminated string at `p` (None for a null pointer).
+pub fn cstr<'a>(p: i64) -> Option<&'a [u8]> {
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: the program passed `p` as a path argument: the kernel would
+    // read a NUL-terminated string there too. A bad pointer faults in the
+    // program, as a bad pointer given to libc would.
+    Some(unsafe { std::ffi::CStr::from_ptr(p as *const libc::c_char) }.to_bytes())
+}
+
+pub fn slice<'a>(p: i64, len: usize) -> &'a [u8] {
+    if len == 0 || p == 0 {
+        return &[];
+    }
+    // SAFETY: a buffer argument of `len` bytes, as the kernel would read it.
+    unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+}
+
+pub fn slice_mut<'a>(p: i64, len: usize) -> &'a mut [u8] {
+    if len == 0 || p == 0 {
+        return &mut [];
+    }
+    // SAFETY: a buffer argument of `len` bytes, as the kernel would write it.
+    unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) }
+}
+
+/// Copies `v` to the program's `p`.
+pub fn put<T: Copy>(p: i64, v: &T) {
+    // SAFETY: `p` is the program's output struct of type T (stat, statx, ...).
+    unsafe { std::ptr::write_unaligned(p as *mut T, *v) }
+}
+
+/// The `struct iovec` array at `p`.
+pub fn iovecs<'a>(p: i64, n: i64) -> &'a [libc::iovec] {
+    if p == 0 || n <= 0 {
+        return &[];
+    }
+    // SAFETY: an iovec array argument of `n` entries.
+    unsafe { std::slice::from_raw_parts(p as *const libc::iovec, n as usize) }
+}
+
+/// A zeroed C struct (stat, statx, statfs).
+pub fn zeroed<T: Copy>() -> T {
+    // SAFETY: only used for plain C structs of integers, for which all-zero
+    // bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
