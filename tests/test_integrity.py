@@ -294,8 +294,9 @@ def test_fsx(mnt):
 def _fio(directory, *args: str, timeout: float = 600) -> dict:
     fio = shutil.which("fio")
     assert fio, "fio is not installed: run scripts/setup.sh"
-    cmd = [fio, f"--directory={directory}", "--output-format=json", *args]
-    r = run(cmd, timeout=timeout)
+    # No verify state files: they would land in the working directory.
+    cmd = [fio, f"--directory={directory}", "--output-format=json", "--verify_state_save=0", *args]
+    r = run(cmd, timeout=timeout, cwd=directory)
     text = r.stdout
     start = text.find("{")
     assert r.returncode == 0, f"fio exited {r.returncode}: {' '.join(cmd)}\n{r.stderr[-3000:]}\n{text[-3000:]}"

@@ -1,0 +1,264 @@
+"""Faults and the CLI's edges: unmount while busy, kill -9 of the daemon,
+SIGTERM, mistakes on the command line, and `shortfuse stats`.
+
+Every wait is bounded: a hang fails the test instead of stalling CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sfmount
+from sfmount import Config, is_mounted, mounts_at, pid_alive, run, shortfuse_bin, wait_until
+
+pytestmark = pytest.mark.shortfuse_only
+
+# Errno name of os.stat on `path`, or "ok", measured in a child process with a
+# deadline so that a hung mount fails the test instead of wedging pytest.
+STAT_PROBE = "import os,errno,sys\ntry:\n os.stat(sys.argv[1]); print('ok')\nexcept OSError as e:\n print(errno.errorcode[e.errno])"
+
+
+def probe_stat(path, timeout: float = 10) -> str:
+    try:
+        r = subprocess.run([sys.executable, "-c", STAT_PROBE, str(path)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"HANG (no answer within {timeout}s)"
+    return r.stdout.strip() or r.stderr.strip()
+
+
+def sf(*args, timeout: float = 30) -> subprocess.CompletedProcess:
+    return run([shortfuse_bin(), *map(str, args)], timeout=timeout)
+
+
+def test_mount_detaches_from_stdio(config, mount_factory):
+    """`out=$(shortfuse mount ...)` must return: the background daemon may
+    not keep the caller's stdout/stderr pipes open."""
+    base = sfmount.new_scratch("stdio")
+    try:
+        mnt = base / "mnt"
+        mnt.mkdir()
+        args = [shortfuse_bin(), "mount", config.fs]
+        if config.has_source:
+            (base / "src").mkdir()
+            args.append(base / "src")
+        args += [mnt, "--transport", config.transport]
+        p = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            p.communicate(timeout=20)
+            hung = False
+        except subprocess.TimeoutExpired:
+            hung = True
+            p.kill()
+            p.communicate()
+        mounted = is_mounted(mnt)
+        if mounted:
+            sfmount.Mount(config, base, mnt, None).unmount()
+        assert not hung, "shortfuse mount kept stdout/stderr open after returning: command substitution would hang"
+        assert p.returncode == 0 and mounted
+    finally:
+        sfmount.remove_scratch(base)
+
+
+def test_umount_busy_open_file(mnt):
+    f = mnt.path / "held"
+    f.write_bytes(b"still readable")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        r = sf("umount", mnt.path)
+        assert r.returncode != 0, "umount of a mount with an open file succeeded"
+        assert "busy" in (r.stderr + r.stdout).lower(), f"no 'busy' in the message: {r.stderr!r}"
+        assert is_mounted(mnt.path), "failed umount still removed the mount"
+        r = sf("umount", "-l", mnt.path)
+        assert r.returncode == 0, f"umount -l failed: {r.stderr}"
+        assert wait_until(lambda: not is_mounted(mnt.path), 5), "umount -l left the mount in the table"
+        # Lazily detached: the open file keeps the file system alive and served.
+        assert os.pread(fd, 100, 0) == b"still readable"
+    finally:
+        os.close(fd)
+    assert not mnt.wait_daemon_exit(10), "daemon still running 10s after the last user left a lazily unmounted fs"
+
+
+def test_umount_busy_cwd(mnt):
+    (mnt.path / "d").mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=mnt.path / "d")
+    try:
+        r = sf("umount", mnt.path)
+        assert r.returncode != 0, "umount succeeded while a process had its cwd inside"
+        assert "busy" in (r.stderr + r.stdout).lower(), f"no 'busy' in the message: {r.stderr!r}"
+        assert is_mounted(mnt.path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    r = sf("umount", mnt.path)
+    assert r.returncode == 0, f"umount after the user left failed: {r.stderr}"
+    assert not is_mounted(mnt.path)
+    assert not mnt.wait_daemon_exit(10), "daemon outlived its unmount"
+
+
+def test_kill9_gives_enotconn_and_umount_l_cleans(mnt):
+    (mnt.path / "f").write_bytes(b"x")
+    assert mnt.daemon_pids, f"no shortfuse daemon process found serving {mnt.path}"
+    for pid in mnt.daemon_pids:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not any(pid_alive(p) for p in mnt.daemon_pids), 10), "daemon survived SIGKILL"
+    assert probe_stat(mnt.path / "f") == "ENOTCONN"
+    assert probe_stat(mnt.path) == "ENOTCONN"
+    r = sf("umount", "-l", mnt.path)
+    assert r.returncode == 0, f"umount -l of a dead mount failed: {r.stderr}"
+    assert wait_until(lambda: not is_mounted(mnt.path), 5), "dead mount still listed after umount -l"
+    assert probe_stat(mnt.path) == "ok", "mount point unusable after cleaning"
+
+
+def test_umount_of_dead_daemon(mnt):
+    """`shortfuse umount` (not lazy) also works when the daemon died, as its help says."""
+    for pid in mnt.daemon_pids:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not any(pid_alive(p) for p in mnt.daemon_pids), 10)
+    r = sf("umount", mnt.path)
+    assert r.returncode == 0, f"umount of a dead mount failed: {r.stderr}"
+    assert not is_mounted(mnt.path)
+
+
+def test_sigterm_unmounts(mnt):
+    assert mnt.daemon_pids, f"no shortfuse daemon process found serving {mnt.path}"
+    for pid in mnt.daemon_pids:
+        os.kill(pid, signal.SIGTERM)
+    assert wait_until(lambda: not is_mounted(mnt.path), 10), "SIGTERM did not unmount within 10s"
+    assert not mnt.wait_daemon_exit(10), "daemon still alive 10s after SIGTERM"
+
+
+def test_foreground_mount_and_sigint(config):
+    base = sfmount.new_scratch("fg")
+    mnt = base / "mnt"
+    mnt.mkdir()
+    args = [shortfuse_bin(), "mount", config.fs]
+    if config.has_source:
+        (base / "src").mkdir()
+        args.append(base / "src")
+    args += [mnt, "-f", "--transport", config.transport]
+    p = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: is_mounted(mnt) or p.poll() is not None, 15), "-f mount never appeared"
+        assert p.poll() is None, f"foreground daemon exited: {p.stderr.read()}"
+        assert is_mounted(mnt)
+        (mnt / "x").write_bytes(b"fg")
+        assert (mnt / "x").read_bytes() == b"fg"
+        p.send_signal(signal.SIGINT)
+        p.wait(15)
+        assert p.returncode == 0, f"foreground daemon exit status {p.returncode} after SIGINT: {p.stderr.read()}"
+        assert not is_mounted(mnt), "SIGINT did not unmount"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if is_mounted(mnt):
+            run(["umount", "-l", str(mnt)])
+        sfmount.remove_scratch(base)
+
+
+@pytest.fixture
+def scratch():
+    base = sfmount.new_scratch("cli")
+    yield base
+    for m in sfmount.leaked_mounts():
+        if m.startswith(str(base)):
+            run(["umount", "-l", m])
+    sfmount.remove_scratch(base)
+
+
+def _expect_refusal(args, mountpoint: Path, *hints: str) -> str:
+    r = sf(*args, timeout=20)
+    msg = (r.stderr + r.stdout).strip()
+    assert r.returncode != 0, f"`shortfuse {' '.join(map(str, args))}` succeeded; output: {msg!r}"
+    assert msg, "refused without any message"
+    assert any(h.lower() in msg.lower() for h in hints), f"message {msg!r} mentions none of {hints}"
+    return msg
+
+
+def test_cli_mountpoint_missing(config, scratch):
+    mp = scratch / "nope"
+    src = [scratch] if config.has_source else []
+    _expect_refusal(["mount", config.fs, *src, mp], mp, str(mp), "no such", "not exist")
+    assert not mounts_at(scratch)
+
+
+def test_cli_mountpoint_is_file(config, scratch):
+    mp = scratch / "file"
+    mp.write_bytes(b"")
+    src = []
+    if config.has_source:
+        (scratch / "src").mkdir()
+        src = [scratch / "src"]
+    _expect_refusal(["mount", config.fs, *src, mp], mp, "not a directory", str(mp))
+    assert not is_mounted(mp)
+
+
+def test_cli_already_mounted(config, mnt):
+    src = [mnt.source] if mnt.source else []
+    _expect_refusal(["mount", config.fs, *src, mnt.path], mnt.path, "already", "mounted")
+    assert len(mounts_at(mnt.path)) == 1, "a second mount was stacked on the first"
+    assert probe_stat(mnt.path) == "ok", "the first mount stopped working"
+
+
+@pytest.mark.fs("passthrough")
+def test_cli_passthrough_source_missing(config, scratch):
+    mp = scratch / "mnt"
+    mp.mkdir()
+    missing = scratch / "no-source"
+    _expect_refusal(["mount", "passthrough", missing, mp], mp, str(missing), "source", "no such")
+    assert not is_mounted(mp)
+
+
+def test_cli_unknown_fs_and_option(config, scratch):
+    mp = scratch / "mnt"
+    mp.mkdir()
+    _expect_refusal(["mount", "no-such-fs", mp], mp, "no-such-fs", "unknown")
+    src = []
+    if config.has_source:
+        (scratch / "src").mkdir()
+        src = [scratch / "src"]
+    _expect_refusal(["mount", config.fs, *src, mp, "-o", "bogus_option_xyz"], mp, "bogus_option_xyz")
+    assert not is_mounted(mp)
+
+
+def test_cli_umount_not_mounted(scratch):
+    r = sf("umount", scratch)
+    assert r.returncode != 0 and (r.stderr + r.stdout).strip()
+
+
+def test_stats(mnt):
+    d = mnt.path
+    for i in range(20):
+        (d / f"f{i}").write_bytes(b"data" * 100)
+    for i in range(20):
+        os.stat(d / f"f{i}")
+        (d / f"f{i}").read_bytes()
+    os.listdir(d)
+    r = sf("stats", mnt.path)
+    assert r.returncode == 0, f"stats failed: {r.stderr}"
+    counts = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isupper() and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    for op in ("LOOKUP", "GETATTR", "CREATE", "WRITE", "OPEN", "READ", "RELEASE"):
+        assert counts.get(op, 0) > 0, f"{op} missing or zero in stats:\n{r.stdout}"
+    assert counts["LOOKUP"] >= 20, f"20 new names looked up, LOOKUP count {counts['LOOKUP']}"
+    r = sf("stats", "--json", mnt.path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    by_name = {op["name"]: op for op in doc["ops"]}
+    assert by_name["CREATE"]["count"] >= 20
+    assert all(op["max_nanos"] >= op["p50_nanos"] > 0 for op in doc["ops"] if op["count"])
+
+
+def test_stats_refuses_non_shortfuse_dir(scratch):
+    r = sf("stats", scratch)
+    assert r.returncode != 0 and (r.stderr + r.stdout).strip()
