@@ -66,12 +66,9 @@ const FAST_SYMLINK_MAX: usize = 60;
 /// How many directory entries readdirplus copies out per dir-lock hold.
 const READDIR_BATCH: usize = 64;
 
-// INIT flags, from the FUSE protocol (include/uapi/linux/fuse.h).
-const FUSE_POSIX_LOCKS: u64 = 1 << 1;
-const FUSE_ATOMIC_O_TRUNC: u64 = 1 << 3;
-const FUSE_FLOCK_LOCKS: u64 = 1 << 10;
-/// `FUSE_WRITE_KILL_SUIDGID` in `WriteArgs::write_flags`.
-const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
+use shortfuse::abi::{
+    FUSE_ATOMIC_O_TRUNC, FUSE_FLOCK_LOCKS, FUSE_HANDLE_KILLPRIV_V2, FUSE_POSIX_LOCKS, FUSE_WRITE_KILL_SUIDGID,
+};
 
 /// Bytes and inodes in use, shared with every inode so that dropping one
 /// gives its blocks back.
@@ -648,6 +645,11 @@ impl Filesystem for MemFs {
         config.want &= !(FUSE_POSIX_LOCKS | FUSE_FLOCK_LOCKS);
         // `open` truncates on O_TRUNC itself: saves a SETATTR round trip.
         config.want |= config.kernel_flags & FUSE_ATOMIC_O_TRUNC;
+        // We clear set-id bits ourselves (`kill_suidgid` on setattr and
+        // write). Without this the kernel does it for chown by sending a
+        // mode that also loses the sticky bit, and asks for
+        // security.capability before every write.
+        config.want |= config.kernel_flags & FUSE_HANDLE_KILLPRIV_V2;
         Ok(())
     }
 

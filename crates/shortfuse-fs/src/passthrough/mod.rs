@@ -107,7 +107,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use shortfuse::abi::{FUSE_FLOCK_LOCKS, FUSE_POSIX_LOCKS, FUSE_WRITEBACK_CACHE, FUSE_WRITE_KILL_SUIDGID};
+use shortfuse::abi::{
+    FUSE_FLOCK_LOCKS, FUSE_HANDLE_KILLPRIV_V2, FUSE_POSIX_LOCKS, FUSE_WRITEBACK_CACHE, FUSE_WRITE_KILL_SUIDGID,
+};
 use shortfuse::{
     Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, Forget,
     InitConfig, NewNode, NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs,
@@ -548,6 +550,10 @@ impl Filesystem for PassthroughFs {
         // getlk/setlk/flock, and the source file system's own locks would
         // then be taken by the daemon, not by the caller's process.
         config.want &= !(FUSE_POSIX_LOCKS | FUSE_FLOCK_LOCKS);
+        // We clear set-id bits ourselves (`kill_suidgid`): the daemon runs
+        // with CAP_FSETID, so the source would not do it on write; and the
+        // kernel's own chown path sends a mode that loses the sticky bit.
+        config.want |= config.kernel_flags & FUSE_HANDLE_KILLPRIV_V2;
         self.writeback
             .store(config.want & FUSE_WRITEBACK_CACHE != 0, Ordering::Relaxed);
         Ok(())
