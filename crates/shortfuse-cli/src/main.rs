@@ -95,7 +95,10 @@ fn main() -> ExitCode {
             transport,
             threads,
         } => mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from)),
-        Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy),
+        Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
+            // The daemon of a killed mount left its socket behind.
+            shortfuse::control::remove_stale_socket(&mountpoint);
+        }),
         Command::Stats {
             mountpoint,
             json,

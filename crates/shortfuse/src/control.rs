@@ -8,6 +8,8 @@
 //! with a line starting with `error:`.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +90,10 @@ pub fn request(mount_point: &Path, line: &str) -> io::Result<String> {
 /// The listening side; stops and removes its socket when dropped.
 pub struct ControlServer {
     path: PathBuf,
+    /// Inode of our socket file, so that we never remove a successor's.
+    ino: u64,
+    /// The listening socket, shut down to end the accept loop.
+    waker: UnixListener,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -100,20 +106,16 @@ impl ControlServer {
         let dir = path.parent().unwrap_or(Path::new("/"));
         std::fs::create_dir_all(dir)
             .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
-        if path.exists() {
-            if UnixStream::connect(&path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("another daemon serves {} ({})", mount_point.display(), path.display()),
-                ));
-            }
-            // Left behind by a daemon that was killed.
-            let _ = std::fs::remove_file(&path);
-        }
+        // A socket left here belongs to a killed daemon, or to one serving a
+        // lazily detached mount that nobody can reach by this path any more:
+        // either way the path now names the new mount.
+        let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+        let ino = std::fs::symlink_metadata(&path)?.ino();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let waker = listener.try_clone()?;
         let thread = std::thread::Builder::new()
             .name("shortfuse-control".to_string())
             .spawn(move || {
@@ -121,15 +123,21 @@ impl ControlServer {
                     if stop2.load(Ordering::Acquire) {
                         break;
                     }
-                    if let Ok(conn) = conn {
-                        // A stuck client must not stall the others for long.
-                        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                        let _ = serve_one(conn, &stats);
+                    match conn {
+                        Ok(conn) => {
+                            // A stuck client must not stall the others for long.
+                            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                            let _ = serve_one(conn, &stats);
+                        }
+                        // EMFILE and the like: do not spin.
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
                     }
                 }
             })?;
         Ok(ControlServer {
             path,
+            ino,
+            waker,
             stop,
             thread: Some(thread),
         })
@@ -159,12 +167,28 @@ fn serve_one(conn: UnixStream, stats: &Stats) -> io::Result<()> {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accept loop so it sees the flag.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept loop so it sees the flag. Not by connecting to the
+        // path: a successor may own it by now.
+        sys::shutdown_listener(self.waker.as_fd());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Removes the control socket of `mount_point` if no daemon answers on it
+/// (its daemon was killed). Returns whether it removed one.
+pub fn remove_stale_socket(mount_point: &Path) -> bool {
+    let Ok(mp) = crate::mount::canonical_mountpoint(mount_point) else {
+        return false;
+    };
+    let path = socket_path(&mp);
+    match UnixStream::connect(&path) {
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(&path).is_ok(),
+        _ => false,
     }
 }
 
@@ -196,11 +220,12 @@ mod tests {
         let mp = std::fs::canonicalize(&dir).unwrap();
         let stats = Arc::new(Stats::new());
         stats.record(1, Transport::Dev, 1000);
+        // A successor takes the path over; the old server, dropped later,
+        // leaves the successor's socket in place.
+        let old = ControlServer::start(&mp, stats.clone()).unwrap();
         let server = ControlServer::start(&mp, stats.clone()).unwrap();
-        assert!(
-            ControlServer::start(&mp, stats.clone()).is_err(),
-            "a second server is refused"
-        );
+        drop(old);
+        assert!(server.path().exists());
         let table = request(&mp, "stats").unwrap();
         assert!(table.contains("LOOKUP"), "{table}");
         assert!(request(&mp, "stats json").unwrap().contains("\"name\":\"LOOKUP\""));
@@ -212,6 +237,13 @@ mod tests {
         let path = server.path().to_path_buf();
         drop(server);
         assert!(!path.exists(), "the socket is removed");
+        // A socket whose daemon died is stale and can be removed.
+        let listener = UnixListener::bind(&path).unwrap();
+        drop(listener);
+        assert!(path.exists());
+        assert!(remove_stale_socket(&mp));
+        assert!(!path.exists());
+        assert!(!remove_stale_socket(&mp), "nothing left to remove");
         let e = request(&mp, "stats").unwrap_err();
         assert!(e.to_string().contains("no shortfuse daemon"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -202,3 +202,13 @@ impl Drop for SignalMask {
 pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
+
+/// shutdown(2) on a listening socket: wakes every thread blocked in
+/// accept(2) on it (which then fails with EINVAL), whatever its path now
+/// names.
+pub fn shutdown_listener(fd: BorrowedFd<'_>) {
+    // SAFETY: `fd` is open for the call; shutdown touches no memory of ours.
+    unsafe {
+        libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR);
+    }
+}

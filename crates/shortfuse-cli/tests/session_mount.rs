@@ -1,0 +1,305 @@
+//! Mounted tests of the `shortfuse` binary on /dev/fuse (need root and
+//! /dev/fuse; they fail, not skip, without them).
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shortfuse");
+
+fn shortfuse(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running shortfuse")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh directory to mount on; lazily unmounts anything left on it and
+/// removes it when dropped, so a failing test leaves no mount behind.
+struct MountDir {
+    path: PathBuf,
+}
+
+impl MountDir {
+    fn new(name: &str) -> MountDir {
+        let path = std::env::temp_dir().join(format!("shortfuse-cli-{name}-{}", std::process::id()));
+        let _ = Command::new(BIN).args(["umount", "-l"]).arg(&path).output();
+        std::fs::create_dir_all(&path).unwrap();
+        MountDir {
+            path: std::fs::canonicalize(&path).unwrap(),
+        }
+    }
+
+    fn s(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+}
+
+impl Drop for MountDir {
+    fn drop(&mut self) {
+        while is_mounted(&self.path) {
+            let _ = Command::new(BIN).args(["umount", "-l"]).arg(&self.path).output();
+        }
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = path.to_str().unwrap().replace(' ', "\\040");
+    text.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn daemon_pid(mp: &Path) -> i32 {
+    let pong = shortfuse::control::request(mp, "ping").expect("ping the daemon");
+    pong.trim().strip_prefix("pong ").unwrap().parse().unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still has /proc/PID; the daemon's parent (the CLI) exited, so
+    // init reaps it promptly.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn kill(pid: i32, sig: &str) {
+    let st = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(st.success());
+}
+
+fn mount_bg(dir: &MountDir, extra: &[&str]) {
+    let mut args = vec!["mount", "null", dir.s()];
+    args.extend_from_slice(extra);
+    let out = shortfuse(&args);
+    assert!(out.status.success(), "mount failed: {}", stderr(&out));
+    assert!(is_mounted(&dir.path), "mounted when `shortfuse mount` returns");
+}
+
+#[test]
+fn null_mount_stat_stats_umount() {
+    let dir = MountDir::new("basic");
+    mount_bg(&dir, &[]);
+    let pid = daemon_pid(&dir.path);
+    let md = std::fs::metadata(&dir.path).unwrap();
+    assert!(md.is_dir());
+    assert_eq!(md.ino(), 1);
+    let e = std::fs::metadata(dir.path.join("missing")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+
+    let out = shortfuse(&["stats", dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.starts_with("opcode"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("INIT ")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("LOOKUP ")), "{table}");
+    let out = shortfuse(&["stats", "--json", dir.s()]);
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(json.contains("\"name\":\"LOOKUP\""), "{json}");
+    assert!(shortfuse(&["stats", "--reset", dir.s()]).status.success());
+    let json = String::from_utf8(shortfuse(&["stats", "--json", dir.s()]).stdout).unwrap();
+    assert!(
+        !json.contains("\"name\":\"LOOKUP\""),
+        "reset zeroes the counters: {json}"
+    );
+
+    let out = shortfuse(&["umount", dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_mounted(&dir.path));
+    wait_until("the daemon to exit after umount", || !alive(pid));
+    let out = shortfuse(&["stats", dir.s()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no shortfuse daemon"), "{}", stderr(&out));
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly() {
+    for sig in ["-TERM", "-INT"] {
+        let dir = MountDir::new(&format!("sig{sig}"));
+        mount_bg(&dir, &[]);
+        let pid = daemon_pid(&dir.path);
+        std::fs::metadata(&dir.path).unwrap();
+        kill(pid, sig);
+        wait_until("the daemon to exit", || !alive(pid));
+        assert!(!is_mounted(&dir.path), "{sig} leaves no mount behind");
+        let sock = shortfuse::control::socket_path(&dir.path);
+        assert!(!sock.exists(), "{sig} removes {}", sock.display());
+    }
+}
+
+#[test]
+fn kill9_gives_enotconn_and_lazy_umount_cleans() {
+    let dir = MountDir::new("kill9");
+    mount_bg(&dir, &[]);
+    let pid = daemon_pid(&dir.path);
+    kill(pid, "-KILL");
+    wait_until("the daemon to die", || !alive(pid));
+    // Linux 6.18 answers ENOTCONN or, for a connection it marked aborted,
+    // ECONNABORTED; both mean "the daemon is gone".
+    let dead = |e: io::Error| {
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+            "{e}"
+        )
+    };
+    dead(std::fs::metadata(&dir.path).unwrap_err());
+    dead(std::fs::read_dir(&dir.path).unwrap_err());
+    let out = shortfuse(&["umount", "-l", dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_mounted(&dir.path));
+    assert!(
+        std::fs::metadata(&dir.path).unwrap().is_dir(),
+        "the plain directory is back"
+    );
+    // A new daemon can take the place (and the stale control socket).
+    assert!(
+        !shortfuse::control::socket_path(&dir.path).exists(),
+        "umount removes the dead daemon's socket"
+    );
+    mount_bg(&dir, &["-o", "ro"]);
+    assert!(shortfuse(&["umount", "-z", dir.s()]).status.success());
+}
+
+#[test]
+fn foreground_mount_ends_on_ctrl_c() {
+    let dir = MountDir::new("fg");
+    let child = Command::new(BIN)
+        .args(["mount", "null", dir.s(), "-f", "--threads", "3"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the foreground mount", || is_mounted(&dir.path));
+    wait_until("the control socket", || {
+        shortfuse::control::request(&dir.path, "ping").is_ok()
+    });
+    let pid = child.id() as i32;
+    assert_eq!(daemon_pid(&dir.path), pid, "-f serves in the process itself");
+    std::fs::metadata(&dir.path).unwrap();
+    // main + signal thread + control thread + 3 workers.
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    assert_eq!(threads, 6);
+    kill(pid, "-USR1");
+    // SIGINT would be taken first if both were pending (lower number).
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pid, "-INT");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let err = stderr(&out);
+    assert!(
+        err.contains("opcode") && err.contains("INIT"),
+        "SIGUSR1 logs the table: {err}"
+    );
+    assert!(!is_mounted(&dir.path));
+}
+
+#[test]
+fn base_profile_runs_one_worker() {
+    let dir = MountDir::new("base");
+    mount_bg(&dir, &["-o", "base"]);
+    let pid = daemon_pid(&dir.path);
+    std::fs::metadata(&dir.path).unwrap();
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    assert_eq!(threads, 4, "main + signals + control + 1 worker");
+    // Many concurrent requests on one worker still all get answered.
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let p = dir.path.clone();
+            s.spawn(move || {
+                for j in 0..50 {
+                    let e = std::fs::metadata(p.join(format!("n{i}-{j}"))).unwrap_err();
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+                }
+            });
+        }
+    });
+    assert!(shortfuse(&["umount", dir.s()]).status.success());
+    wait_until("the daemon to exit", || !alive(pid));
+}
+
+#[test]
+fn errors_are_clear() {
+    let dir = MountDir::new("errors");
+    let missing = dir.path.join("missing");
+    let out = shortfuse(&["mount", "null", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+
+    let file = dir.path.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = shortfuse(&["mount", "null", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("is not a directory"), "{}", stderr(&out));
+    std::fs::remove_file(&file).unwrap();
+
+    let cases: &[(&[&str], &str)] = &[
+        (&["mount", "null", dir.s(), "-o", "bogus"], "-o bogus: unknown option"),
+        (&["mount", "null", dir.s(), "-o", "max_write=2M"], "1048576"),
+        (
+            &["mount", "null", dir.s(), "--transport", "carrier-pigeon"],
+            "invalid value",
+        ),
+        (&["mount", "null", "/tmp", dir.s()], "takes no SOURCE"),
+        (&["mount", "ext9", dir.s()], "unknown file system"),
+        (&["umount", dir.s()], "is not mounted"),
+        (&["umount", "/"], "not a FUSE mount"),
+    ];
+    for (args, want) in cases {
+        let out = shortfuse(args);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert!(!is_mounted(&dir.path), "{args:?} mounted nothing");
+    }
+
+    mount_bg(&dir, &[]);
+    let out = shortfuse(&["mount", "null", dir.s()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already a FUSE mount"), "{}", stderr(&out));
+    assert!(shortfuse(&["umount", dir.s()]).status.success());
+}
+
+#[test]
+fn help_lists_every_option() {
+    let out = shortfuse(&["mount", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    for (opt, _) in shortfuse::options::OPTION_HELP {
+        assert!(help.contains(opt), "--help lists {opt}");
+    }
+    assert!(help.contains("--threads") && help.contains("--transport") && help.contains("-f"));
+}
+
+#[test]
+fn busy_umount_fails_and_lazy_succeeds() -> io::Result<()> {
+    let dir = MountDir::new("busy");
+    mount_bg(&dir, &[]);
+    let pid = daemon_pid(&dir.path);
+    // A process whose working directory is the mount keeps it busy.
+    let mut holder = Command::new("sleep").arg("30").current_dir(&dir.path).spawn()?;
+    let out = shortfuse(&["umount", dir.s()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("busy"), "{}", stderr(&out));
+    let out = shortfuse(&["umount", "-l", dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!is_mounted(&dir.path));
+    assert!(alive(pid), "the daemon serves the detached mount while it is in use");
+    holder.kill()?;
+    holder.wait()?;
+    wait_until("the daemon to exit when the last user leaves", || !alive(pid));
+    Ok(())
+}
