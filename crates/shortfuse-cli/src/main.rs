@@ -165,6 +165,18 @@ fn make_fs(name: &str, source: Option<&Path>, rest: &FsOptions) -> io::Result<Ar
             no_fs_options(name, rest)?;
             Ok(Arc::new(shortfuse_fs::mem::MemFs::new()))
         }
+        "passthrough" => {
+            no_fs_options(name, rest)?;
+            let source = source.unwrap_or(Path::new("."));
+            match std::fs::metadata(source) {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => return Err(invalid(format!("source {} is not a directory", source.display()))),
+                Err(e) => return Err(io::Error::new(e.kind(), format!("source {}: {e}", source.display()))),
+            }
+            let fs = shortfuse_fs::passthrough::PassthroughFs::new(source)
+                .map_err(|e| io::Error::new(e.kind(), format!("source {}: {e}", source.display())))?;
+            Ok(Arc::new(fs))
+        }
         other => Err(invalid(format!(
             "unknown file system {other:?}: choose null, mem or passthrough"
         ))),

@@ -257,6 +257,16 @@ fn errors_are_clear() {
         ),
         (&["mount", "null", "/tmp", dir.s()], "takes no SOURCE"),
         (&["mount", "ext9", dir.s()], "unknown file system"),
+        (&["mount", "passthrough", dir.s()], "needs a SOURCE"),
+        (
+            &["mount", "passthrough", "/nonexistent-src", dir.s()],
+            "/nonexistent-src: No such file",
+        ),
+        (
+            &["mount", "passthrough", "/etc/hostname", dir.s()],
+            "is not a directory",
+        ),
+        (&["mount", "mem", dir.s(), "-o", "xattr"], "-o xattr: unknown option"),
         (&["umount", dir.s()], "is not mounted"),
         (&["umount", "/"], "not a FUSE mount"),
     ];
@@ -271,6 +281,22 @@ fn errors_are_clear() {
     let out = shortfuse(&["mount", "null", dir.s()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("already a FUSE mount"), "{}", stderr(&out));
+    assert!(shortfuse(&["umount", dir.s()]).status.success());
+}
+
+#[test]
+fn passthrough_and_mem_mount() {
+    let src = MountDir::new("pt-src");
+    std::fs::write(src.path.join("hello"), b"world").unwrap();
+    let dir = MountDir::new("pt");
+    let out = shortfuse(&["mount", "passthrough", src.s(), dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(dir.path.join("hello")).unwrap(), b"world");
+    assert!(shortfuse(&["umount", dir.s()]).status.success());
+    let out = shortfuse(&["mount", "mem", dir.s()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(dir.path.join("f"), b"x").unwrap();
+    assert_eq!(std::fs::read(dir.path.join("f")).unwrap(), b"x");
     assert!(shortfuse(&["umount", dir.s()]).status.success());
 }
 
