@@ -1,16 +1,16 @@
 //! `shortfuse`: mount, unmount and inspect shortfuse file systems.
 
+mod filesystems;
 mod sys;
 
 use std::fs::File;
 use std::io::{self, BufRead, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use shortfuse::options::{FsOptions, OPTION_HELP};
-use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions};
+use shortfuse::{DevSession, MountOptions, SessionOptions};
 
 #[derive(Parser)]
 #[command(name = "shortfuse", version, about = "Serve user-space file systems through FUSE")]
@@ -25,10 +25,9 @@ enum Command {
     /// in the background (use -f to keep it in the foreground).
     #[command(after_long_help = mount_options_help())]
     Mount {
-        /// File system: null (answers without storing anything), mem (in
-        /// memory), passthrough (mirrors SOURCE).
+        /// File system: null, mem, passthrough, stripe, pack (see below).
         fs: String,
-        /// [SOURCE] MOUNTPOINT: SOURCE is the directory passthrough mirrors.
+        /// [SOURCE] MOUNTPOINT: SOURCE is what the file system serves (see below).
         #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required = true)]
         paths: Vec<PathBuf>,
         /// Mount options, comma-separated, like mount(8): -o ro,max_write=1M.
@@ -57,6 +56,13 @@ enum Command {
         lazy: bool,
         mountpoint: PathBuf,
     },
+    /// Run the benchmark suites against native ext4, the shortfuse transports
+    /// and peer FUSE file systems (`shortfuse bench --help` lists them).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -72,7 +78,8 @@ enum Command {
 
 fn mount_options_help() -> String {
     let width = OPTION_HELP.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    let mut s = String::from("Mount options (-o), later ones win:\n");
+    let mut s = filesystems::help();
+    s.push_str("\nMount options (-o), later ones win:\n");
     for (k, v) in OPTION_HELP {
         s.push_str(&format!("  {k:<width$}  {v}\n"));
     }
@@ -95,6 +102,14 @@ fn main() -> ExitCode {
             transport,
             threads,
         } => mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from)),
+        Command::Bench { mut args } => {
+            if !args.iter().any(|a| a == "--shortfuse") {
+                if let Ok(me) = std::env::current_exe() {
+                    args.extend(["--shortfuse".to_string(), me.display().to_string()]);
+                }
+            }
+            return ExitCode::from(shortfuse_bench::cli_main(&args).clamp(0, 255) as u8);
+        }
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);
@@ -125,63 +140,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
-}
-
-/// Options a file system without options of its own gets: none allowed.
-fn no_fs_options(name: &str, rest: &FsOptions) -> io::Result<()> {
-    match rest.first() {
-        None => Ok(()),
-        Some((k, v)) => Err(invalid(format!(
-            "-o {k}{}: unknown option (neither a mount option nor one of the {name} file system)",
-            v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
-        ))),
-    }
-}
-
-fn make_fs(name: &str, source: Option<&Path>, rest: &FsOptions) -> io::Result<Arc<dyn Filesystem>> {
-    let needs_source = name == "passthrough";
-    match (needs_source, source) {
-        (true, None) => {
-            return Err(invalid(format!(
-                "{name} needs a SOURCE directory: shortfuse mount {name} SOURCE MOUNTPOINT"
-            )))
-        }
-        (false, Some(s)) => {
-            return Err(invalid(format!(
-                "{name} takes no SOURCE (got {}): shortfuse mount {name} MOUNTPOINT",
-                s.display()
-            )))
-        }
-        _ => {}
-    }
-    match name {
-        "null" => {
-            no_fs_options(name, rest)?;
-            Ok(Arc::new(shortfuse_fs::null::NullFs::new()))
-        }
-        "mem" => {
-            no_fs_options(name, rest)?;
-            Ok(Arc::new(shortfuse_fs::mem::MemFs::new()))
-        }
-        "passthrough" => {
-            no_fs_options(name, rest)?;
-            let source = source.unwrap_or(Path::new("."));
-            match std::fs::metadata(source) {
-                Ok(md) if md.is_dir() => {}
-                Ok(_) => return Err(invalid(format!("source {} is not a directory", source.display()))),
-                Err(e) => return Err(io::Error::new(e.kind(), format!("source {}: {e}", source.display()))),
-            }
-            let fs = shortfuse_fs::passthrough::PassthroughFs::new(source)
-                .map_err(|e| io::Error::new(e.kind(), format!("source {}: {e}", source.display())))?;
-            Ok(Arc::new(fs))
-        }
-        other => Err(invalid(format!(
-            "unknown file system {other:?}: choose null, mem or passthrough"
-        ))),
-    }
-}
+use filesystems::invalid;
 
 fn mount(
     fs_name: &str,
@@ -213,7 +172,7 @@ fn mount(
     if opts.subtype.is_none() {
         opts.subtype = Some(format!("shortfuse-{fs_name}"));
     }
-    let fs = make_fs(fs_name, source, &rest)?;
+    let fs = filesystems::build(fs_name, source, &rest, &mut opts)?;
     let session = SessionOptions {
         threads,
         ..SessionOptions::default()

@@ -451,7 +451,7 @@ fn name_value(key: &str, value: Option<&str>) -> Result<String, String> {
 }
 
 /// A byte count with an optional binary suffix (`K`, `M`, `G`, either case).
-fn size_value(key: &str, value: Option<&str>, min: u64, max: u64) -> Result<u64, String> {
+pub fn size_value(key: &str, value: Option<&str>, min: u64, max: u64) -> Result<u64, String> {
     let v = value.ok_or_else(|| format!("expected {key}=NUMBER"))?;
     let (digits, mult) = match v.as_bytes().last() {
         Some(b'k' | b'K') => (&v[..v.len() - 1], 1u64 << 10),

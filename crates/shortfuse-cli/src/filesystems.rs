@@ -1,0 +1,161 @@
+//! The file systems `shortfuse mount` knows, built from a name, an optional
+//! SOURCE and the `-o` options the mount itself did not take.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use shortfuse::options::FsOptions;
+use shortfuse::{Filesystem, MountOptions};
+
+/// Builds a file system from SOURCE and its own `-o` options.
+type Builder = fn(Option<&Path>, &FsOptions) -> io::Result<Arc<dyn Filesystem>>;
+
+/// One bundled file system.
+pub struct FsKind {
+    pub name: &'static str,
+    /// What SOURCE means, or `None` when it takes none.
+    pub source: Option<&'static str>,
+    pub about: &'static str,
+    /// The daemon does not check permissions itself (it relies on the
+    /// kernel's `default_permissions`), so the mount always asks for them.
+    pub kernel_permissions: bool,
+    build: Builder,
+}
+
+/// Every file system, in help order.
+pub const ALL: &[FsKind] = &[
+    FsKind {
+        name: "null",
+        source: None,
+        about: "seed 002's NullFS: lookups fail, create succeeds, nothing is kept",
+        kernel_permissions: false,
+        build: |_, rest| {
+            no_options("null", rest)?;
+            Ok(Arc::new(shortfuse_fs::null::NullFs::new()))
+        },
+    },
+    FsKind {
+        name: "mem",
+        source: None,
+        about: "in-memory POSIX file system",
+        kernel_permissions: false,
+        build: |_, rest| {
+            no_options("mem", rest)?;
+            Ok(Arc::new(shortfuse_fs::mem::MemFs::new()))
+        },
+    },
+    FsKind {
+        name: "passthrough",
+        source: Some("the directory to mirror"),
+        about: "mirrors SOURCE (-o symlinks=raw|beneath, one_file_system)",
+        kernel_permissions: true,
+        build: |src, rest| {
+            let src = existing_dir(src)?;
+            let fs = shortfuse_fs::passthrough::PassthroughFs::with_options(src, rest)
+                .map_err(|e| io::Error::new(e.kind(), format!("passthrough {}: {e}", src.display())))?;
+            Ok(Arc::new(fs))
+        },
+    },
+    FsKind {
+        name: "stripe",
+        source: Some("DIR1,DIR2,... (1 to 16 directories)"),
+        about: "each file split over the SOURCE directories, one chunk each (-o stripe_size=N, default 1M)",
+        kernel_permissions: true,
+        build: |src, rest| {
+            let src = src.ok_or_else(|| invalid("stripe needs SOURCE: DIR1,DIR2,...".into()))?;
+            let dirs: Vec<PathBuf> = src.to_string_lossy().split(',').map(PathBuf::from).collect();
+            let mut stripe_size = 1 << 20;
+            for (k, v) in rest {
+                match (k.as_str(), v) {
+                    ("stripe_size", v) => {
+                        stripe_size = shortfuse::options::size_value(k, v.as_deref(), 4096, 1 << 40)
+                            .map_err(|e| invalid(format!("-o stripe_size: {e}")))?
+                    }
+                    _ => return Err(unknown("stripe", k, v)),
+                }
+            }
+            Ok(Arc::new(shortfuse_fs::stripe::StripeFs::new(dirs, stripe_size)?))
+        },
+    },
+    FsKind {
+        name: "pack",
+        source: Some("the directory holding containers and index"),
+        about: "small files packed into container files with an index",
+        kernel_permissions: true,
+        build: |src, rest| {
+            no_options("pack", rest)?;
+            let src = existing_dir(src)?;
+            Ok(Arc::new(shortfuse_fs::pack::PackFs::new(src)?))
+        },
+    },
+];
+
+/// The file system called `name`, built over `source` with `rest`; also
+/// turns on what the mount must carry for it.
+pub fn build(
+    name: &str,
+    source: Option<&Path>,
+    rest: &FsOptions,
+    opts: &mut MountOptions,
+) -> io::Result<Arc<dyn Filesystem>> {
+    let kind = ALL.iter().find(|k| k.name == name).ok_or_else(|| {
+        let names: Vec<_> = ALL.iter().map(|k| k.name).collect();
+        invalid(format!("unknown file system {name:?}: choose {}", names.join(", ")))
+    })?;
+    match (kind.source, source) {
+        (Some(what), None) => {
+            return Err(invalid(format!(
+                "{name} needs a SOURCE ({what}): shortfuse mount {name} SOURCE MOUNTPOINT"
+            )))
+        }
+        (None, Some(s)) => {
+            return Err(invalid(format!(
+                "{name} takes no SOURCE (got {}): shortfuse mount {name} MOUNTPOINT",
+                s.display()
+            )))
+        }
+        _ => {}
+    }
+    if kind.kernel_permissions {
+        opts.default_permissions = true;
+    }
+    (kind.build)(source, rest)
+}
+
+/// One line per file system, for `--help`.
+pub fn help() -> String {
+    let mut s = String::from("File systems:\n");
+    for k in ALL {
+        let src = k.source.map(|s| format!(" SOURCE = {s};")).unwrap_or_default();
+        s.push_str(&format!("  {:<12}{src} {}\n", k.name, k.about));
+    }
+    s
+}
+
+fn existing_dir(src: Option<&Path>) -> io::Result<&Path> {
+    let src = src.ok_or_else(|| invalid("SOURCE is missing".into()))?;
+    match std::fs::metadata(src) {
+        Ok(md) if md.is_dir() => Ok(src),
+        Ok(_) => Err(invalid(format!("source {} is not a directory", src.display()))),
+        Err(e) => Err(io::Error::new(e.kind(), format!("source {}: {e}", src.display()))),
+    }
+}
+
+fn no_options(name: &str, rest: &FsOptions) -> io::Result<()> {
+    match rest.first() {
+        None => Ok(()),
+        Some((k, v)) => Err(unknown(name, k, v)),
+    }
+}
+
+fn unknown(name: &str, k: &str, v: &Option<String>) -> io::Error {
+    invalid(format!(
+        "-o {k}{}: unknown option (neither a mount option nor one of the {name} file system)",
+        v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
+    ))
+}
+
+pub fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
