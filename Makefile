@@ -9,7 +9,7 @@ PYTHON ?= python3
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export SHORTFUSE_BIN ?= $(TARGET_DIR)/debug/shortfuse
 
-.PHONY: build test setup test-rust test-mounted
+.PHONY: build test setup test-rust test-mounted demo
 
 setup:
 	./scripts/setup.sh
@@ -26,3 +26,11 @@ test-rust:
 # SHORTFUSE_FS / SHORTFUSE_TRANSPORTS select configurations (see tests/conftest.py).
 test-mounted: build
 	$(PYTHON) -m pytest -x -q -p no:cacheprovider tests/
+
+# The main job: native ext4 against shortfuse (passthrough over /dev/fuse
+# base/default/optimized, kernel passthrough, io_uring) and the peers bindfs
+# and libfuse's passthrough_ll, in one run, as ratios to native.
+DEMO_OUT ?= $(CURDIR)/bench-out
+demo: setup
+	$(CARGO) build --release -p shortfuse-cli
+	$(TARGET_DIR)/release/shortfuse bench --quick latency fio --out $(DEMO_OUT)

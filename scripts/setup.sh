@@ -23,6 +23,8 @@ missing=()
 for cmd in "${!CMD_PKG[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${CMD_PKG[$cmd]}")
 done
+# The bench's plots are labelled with DejaVu Sans.
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 # libfuse3-dev has no command: the header tells.
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
 # pytest for whichever python3 is first on PATH.
