@@ -5,3 +5,4 @@ pub mod null;
 pub mod pack;
 pub mod stripe;
 pub mod passthrough;
+pub mod sftp;

@@ -1,0 +1,209 @@
+//! One SSH connection carrying one SFTP session, and how it is made.
+
+use std::sync::{Arc, Mutex};
+
+use russh::client;
+use russh::keys::{self, PrivateKeyWithHashAlg};
+use russh_sftp::client::rawsession::{Limits, RawSftpSession};
+use russh_sftp::client::Config as SftpConfig;
+
+use super::config::{Config, HostKeyPolicy};
+
+/// A live session. `generation` tells sessions apart so that a failure seen
+/// on an old session does not tear down its successor, and so that open
+/// handles know when they must be opened again.
+pub struct Conn {
+    pub generation: u64,
+    pub sftp: RawSftpSession,
+    pub ssh: client::Handle<HostKeys>,
+    /// Largest read and write per request, after the server's limits.
+    pub read_len: u32,
+    pub write_len: u32,
+}
+
+/// Checks the server key against `known_hosts` (see [`HostKeyPolicy`]) and
+/// keeps the reason of a refusal for the error message.
+pub struct HostKeys {
+    host: String,
+    port: u16,
+    config: Arc<Config>,
+    refused: Arc<Mutex<Option<String>>>,
+}
+
+impl client::Handler for HostKeys {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &russh::keys::PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let policy = self.config.host_key_policy;
+        if policy == HostKeyPolicy::No {
+            return Ok(true);
+        }
+        let russh::keys::PublicKeyOrCertificate::PublicKey { key, .. } = key else {
+            self.refuse("the server offered a certificate; only plain host keys are checked".into());
+            return Ok(false);
+        };
+        let file = &self.config.known_hosts;
+        match keys::check_known_hosts_path(&self.host, self.port, key, file) {
+            Ok(true) => Ok(true),
+            Ok(false) if policy == HostKeyPolicy::AcceptNew => {
+                if let Err(e) = keys::known_hosts::learn_known_hosts_path(&self.host, self.port, key, file) {
+                    self.refuse(format!("cannot record the host key in {}: {e}", file.display()));
+                    return Ok(false);
+                }
+                Ok(true)
+            }
+            Ok(false) => {
+                self.refuse(format!(
+                    "host key of {}:{} is not in {} (StrictHostKeyChecking=yes)",
+                    self.host,
+                    self.port,
+                    file.display()
+                ));
+                Ok(false)
+            }
+            Err(keys::Error::KeyChanged { line }) => {
+                self.refuse(format!(
+                    "HOST KEY OF {}:{} CHANGED (differs from {} line {line}); refusing to connect",
+                    self.host,
+                    self.port,
+                    file.display()
+                ));
+                Ok(false)
+            }
+            Err(e) => {
+                self.refuse(format!("cannot read {}: {e}", file.display()));
+                Ok(false)
+            }
+        }
+    }
+}
+
+impl HostKeys {
+    fn refuse(&self, why: String) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    }
+}
+
+fn err(kind: std::io::ErrorKind, msg: String) -> std::io::Error {
+    std::io::Error::new(kind, msg)
+}
+
+/// Connects, authenticates with the first identity the server takes, and
+/// starts the SFTP subsystem. Bounded by `connect_timeout`.
+pub async fn connect(config: Arc<Config>, generation: u64) -> std::io::Result<Conn> {
+    let timeout = config.connect_timeout;
+    match tokio::time::timeout(timeout, connect_inner(config.clone(), generation)).await {
+        Ok(r) => r,
+        Err(_) => Err(err(
+            std::io::ErrorKind::TimedOut,
+            format!("sftp: {}:{}: no session within {timeout:?}", config.host, config.port),
+        )),
+    }
+}
+
+async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<Conn> {
+    use std::io::ErrorKind::*;
+    let at = format!("{}@{}:{}", config.user, config.host, config.port);
+    if config.identities.is_empty() {
+        return Err(err(
+            NotFound,
+            format!("sftp: no identity for {at}: give -o identity=FILE (none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa exists)"),
+        ));
+    }
+    let ssh_config = Arc::new(client::Config {
+        keepalive_interval: config.keepalive,
+        keepalive_max: 3,
+        nodelay: true,
+        // A wide window keeps many pipelined reads in flight.
+        window_size: 8 << 20,
+        ..client::Config::default()
+    });
+    let refused = Arc::new(Mutex::new(None));
+    let handler = HostKeys {
+        host: config.host.clone(),
+        port: config.port,
+        config: config.clone(),
+        refused: refused.clone(),
+    };
+    let mut ssh = match client::connect(ssh_config, (config.host.as_str(), config.port), handler).await {
+        Ok(h) => h,
+        Err(e) => {
+            let why = refused.lock().unwrap_or_else(|e| e.into_inner()).take();
+            return Err(match why {
+                Some(why) => err(PermissionDenied, format!("sftp: {at}: {why}")),
+                None => err(ConnectionRefused, format!("sftp: cannot connect to {at}: {e}")),
+            });
+        }
+    };
+    let mut authenticated = false;
+    let mut reasons = Vec::new();
+    for path in &config.identities {
+        let key = match keys::load_secret_key(path, None) {
+            Ok(k) => k,
+            Err(e) => {
+                reasons.push(format!("{}: {e}", path.display()));
+                continue;
+            }
+        };
+        let hash = ssh
+            .best_supported_rsa_hash()
+            .await
+            .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: {e}")))?
+            .flatten();
+        let res = ssh
+            .authenticate_publickey(config.user.clone(), PrivateKeyWithHashAlg::new(Arc::new(key), hash))
+            .await
+            .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: {e}")))?;
+        if res.success() {
+            authenticated = true;
+            break;
+        }
+        reasons.push(format!("{}: refused by the server", path.display()));
+    }
+    if !authenticated {
+        return Err(err(
+            PermissionDenied,
+            format!("sftp: {at}: public-key authentication failed ({})", reasons.join("; ")),
+        ));
+    }
+    let channel = ssh
+        .channel_open_session()
+        .await
+        .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: session channel: {e}")))?;
+    channel
+        .request_subsystem(true, "sftp")
+        .await
+        .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: sftp subsystem: {e}")))?;
+    let sftp_config = SftpConfig {
+        request_timeout_secs: config.request_timeout.as_secs(),
+        ..SftpConfig::default()
+    };
+    let mut sftp = RawSftpSession::new_with_config(channel.into_stream(), sftp_config);
+    sftp.init()
+        .await
+        .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: SFTP init: {e}")))?;
+    let mut read_len = config.chunk;
+    let mut write_len = config.chunk;
+    // limits@openssh.com: requests past the server's maximum would fail.
+    if let Ok(l) = sftp.limits().await {
+        let limits = Limits::from(l);
+        if let Some(r) = limits.read_len {
+            read_len = read_len.min(r.min(u32::MAX as u64) as u32);
+        }
+        if let Some(w) = limits.write_len {
+            write_len = write_len.min(w.min(u32::MAX as u64) as u32);
+        }
+        sftp.set_limits(limits);
+    } else {
+        // RFC-era servers: 32 KiB is the size every server must take.
+        read_len = read_len.min(32 * 1024);
+        write_len = write_len.min(32 * 1024);
+    }
+    Ok(Conn {
+        generation,
+        sftp,
+        ssh,
+        read_len,
+        write_len,
+    })
+}
