@@ -14,6 +14,7 @@ declare -A CMD_PKG=(
     [fusermount3]=fuse3
     [fio]=fio
     [bindfs]=bindfs
+    [sshd]=openssh-server
     [setfattr]=attr
     [pkg-config]=pkg-config
     [cc]=build-essential
