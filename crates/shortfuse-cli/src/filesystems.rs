@@ -89,6 +89,19 @@ pub const ALL: &[FsKind] = &[
             Ok(Arc::new(shortfuse_fs::pack::PackFs::new(src)?))
         },
     },
+    FsKind {
+        name: "sftp",
+        source: Some("[user@]host:[path] on an SSH server"),
+        about: "a remote directory over SFTP, like sshfs (-o port=,identity=,reconnect,StrictHostKeyChecking=,...)",
+        kernel_permissions: false,
+        build: |src, rest| {
+            let target = src.ok_or_else(|| invalid("sftp needs SOURCE: [user@]host:[path]".into()))?;
+            Ok(Arc::new(shortfuse_fs::sftp::SftpFs::connect(
+                &target.to_string_lossy(),
+                rest,
+            )?))
+        },
+    },
 ];
 
 /// The file system called `name`, built over `source` with `rest`; also
