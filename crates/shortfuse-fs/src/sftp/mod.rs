@@ -43,7 +43,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use futures_util::stream::{self, StreamExt};
 use russh_sftp::client::error::Error as SftpError;
@@ -78,7 +78,9 @@ enum Handle {
 
 /// The `sftp` file system. See the module docs.
 pub struct SftpFs {
-    rt: tokio::runtime::Runtime,
+    /// Made on first use: a daemon forks after building its file system,
+    /// and a fork keeps none of a runtime's threads.
+    rt: OnceLock<std::io::Result<tokio::runtime::Runtime>>,
     config: Arc<Config>,
     conn: Mutex<Option<Arc<Conn>>>,
     /// Set once a session was lost without `reconnect`.
@@ -181,45 +183,38 @@ impl SftpFs {
         SftpFs::with_config(Config::parse(target, opts)?)
     }
 
+    /// Checks that `config` reaches a directory (a first session, closed
+    /// again), so that mistakes show at mount time; serving sessions are
+    /// made on first use.
     pub fn with_config(config: Config) -> std::io::Result<SftpFs> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sftp-io")
-            .enable_all()
-            .build()?;
+        // No threads: the caller may fork next.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let config = Arc::new(config);
-        let conn = rt.block_on(conn::connect(config.clone(), 1))?;
-        let path = if config.path.is_empty() {
-            "."
-        } else {
-            config.path.as_str()
-        };
-        let root = rt
-            .block_on(conn.sftp.realpath(path))
-            .map_err(|e| std::io::Error::other(format!("sftp: remote path {path:?}: {e}")))?
-            .files
-            .into_iter()
-            .next()
-            .map(|f| f.filename)
-            .ok_or_else(|| std::io::Error::other(format!("sftp: remote path {path:?}: no answer")))?;
-        let attrs = rt
-            .block_on(conn.sftp.stat(root.clone()))
-            .map_err(|e| std::io::Error::other(format!("sftp: remote path {root:?}: {e}")))?;
-        if to_attr(1, &attrs.attrs).file_type() != FileType::Directory {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotADirectory,
-                format!("sftp: remote path {root:?} is not a directory"),
-            ));
-        }
+        let root = rt.block_on(probe(config.clone()))?;
+        drop(rt);
         Ok(SftpFs {
-            rt,
+            rt: OnceLock::new(),
             config,
-            conn: Mutex::new(Some(Arc::new(conn))),
+            conn: Mutex::new(None),
             gave_up: Default::default(),
-            generations: AtomicU64::new(1),
+            generations: AtomicU64::new(0),
             nodes: Nodes::new(root),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+        })
+    }
+
+    fn rt(&self) -> Result<&tokio::runtime::Runtime> {
+        let rt = self.rt.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("sftp-io")
+                .enable_all()
+                .build()
+        });
+        rt.as_ref().map_err(|e| {
+            eprintln!("sftp: cannot start the I/O runtime: {e}");
+            Errno::EIO
         })
     }
 
@@ -250,7 +245,7 @@ impl SftpFs {
             return Err(Errno::ENOTCONN);
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        match self.rt.block_on(conn::connect(self.config.clone(), generation)) {
+        match self.rt()?.block_on(conn::connect(self.config.clone(), generation)) {
             Ok(c) => {
                 let c = Arc::new(c);
                 *slot = Some(c.clone());
@@ -293,7 +288,7 @@ impl SftpFs {
         Fut: Future<Output = std::result::Result<T, SftpError>>,
     {
         let conn = self.session().map_err(Fail::Other)?;
-        let r = self.rt.block_on(f(conn.clone()));
+        let r = self.rt().map_err(Fail::Other)?.block_on(f(conn.clone()));
         r.map_err(|e| self.classify(&conn, e))
     }
 
@@ -369,7 +364,7 @@ impl SftpFs {
         let path = self.nodes.path(file.node)?;
         let flags = file.flags;
         let h = self
-            .rt
+            .rt()?
             .block_on(conn.sftp.open(path, flags, FileAttributes::empty()))
             .map_err(|e| match self.classify(&conn, e) {
                 Fail::Status(c) => status_errno(c),
@@ -395,7 +390,7 @@ impl SftpFs {
         if let Some(file) = fh.and_then(|fh| self.file(fh).ok()) {
             let (conn, h) = self.server_handle(&file)?;
             let a = self
-                .rt
+                .rt()?
                 .block_on(conn.sftp.fstat(h))
                 .map_err(|e| match self.classify(&conn, e) {
                     Fail::Status(c) => status_errno(c),
@@ -442,13 +437,51 @@ impl SftpFs {
     }
 }
 
+/// Connects once and resolves the remote path to the absolute directory
+/// to serve.
+async fn probe(config: Arc<Config>) -> std::io::Result<String> {
+    let conn = conn::connect(config.clone(), 0).await?;
+    let path = if config.path.is_empty() {
+        "."
+    } else {
+        config.path.as_str()
+    };
+    let root = conn
+        .sftp
+        .realpath(path)
+        .await
+        .map_err(|e| std::io::Error::other(format!("sftp: remote path {path:?}: {e}")))?
+        .files
+        .into_iter()
+        .next()
+        .map(|f| f.filename)
+        .ok_or_else(|| std::io::Error::other(format!("sftp: remote path {path:?}: no answer")))?;
+    let attrs = conn
+        .sftp
+        .stat(root.clone())
+        .await
+        .map_err(|e| std::io::Error::other(format!("sftp: remote path {root:?}: {e}")))?;
+    if to_attr(1, &attrs.attrs).file_type() != FileType::Directory {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("sftp: remote path {root:?} is not a directory"),
+        ));
+    }
+    let _ = conn.sftp.close_session();
+    let _ = conn
+        .ssh
+        .disconnect(russh::Disconnect::ByApplication, "checked", "en")
+        .await;
+    Ok(root)
+}
+
 impl Filesystem for SftpFs {
     fn destroy(&self) {
         if let Some(c) = lock(&self.conn).take() {
             let _ = c.sftp.close_session();
-            let _ = self
-                .rt
-                .block_on(c.ssh.disconnect(russh::Disconnect::ByApplication, "unmount", "en"));
+            if let Some(Ok(rt)) = self.rt.get() {
+                let _ = rt.block_on(c.ssh.disconnect(russh::Disconnect::ByApplication, "unmount", "en"));
+            }
         }
     }
 
@@ -500,7 +533,7 @@ impl Filesystem for SftpFs {
         }
         if let Some(file) = file {
             let (conn, h) = self.server_handle(&file)?;
-            self.rt
+            self.rt()?
                 .block_on(conn.sftp.fsetstat(h, a))
                 .map_err(|e| self.map(&conn, e))?;
         } else {
@@ -691,7 +724,7 @@ impl Filesystem for SftpFs {
             .map(|at| (offset + at as u64, (buf.len() - at).min(chunk) as u32))
             .collect();
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.rt.block_on(
+        let results: Vec<_> = self.rt()?.block_on(
             stream::iter(pieces.iter().map(|&(off, len)| {
                 let h = h.clone();
                 async move { sftp.read(h, off, len).await }
@@ -715,7 +748,7 @@ impl Filesystem for SftpFs {
                 // time (the later replies started at the wrong offsets).
                 while done < buf.len() {
                     let want = (buf.len() - done).min(chunk) as u32;
-                    match self.rt.block_on(sftp.read(h.clone(), offset + done as u64, want)) {
+                    match self.rt()?.block_on(sftp.read(h.clone(), offset + done as u64, want)) {
                         Ok(d) if d.data.is_empty() => return Ok(done),
                         Ok(d) => {
                             let n = d.data.len().min(buf.len() - done);
@@ -737,7 +770,7 @@ impl Filesystem for SftpFs {
         let (conn, h) = self.server_handle(&file)?;
         let chunk = conn.write_len.max(512) as usize;
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.rt.block_on(
+        let results: Vec<_> = self.rt()?.block_on(
             stream::iter(data.chunks(chunk).enumerate().map(|(i, piece)| {
                 let h = h.clone();
                 let off = args.offset + (i * chunk) as u64;
@@ -765,7 +798,7 @@ impl Filesystem for SftpFs {
         if let Some((generation, h)) = server {
             let current = lock(&self.conn).clone();
             if let Some(conn) = current.filter(|c| c.generation == generation) {
-                if let Err(e) = self.rt.block_on(conn.sftp.close(h)) {
+                if let Err(e) = self.rt()?.block_on(conn.sftp.close(h)) {
                     return Err(self.map(&conn, e));
                 }
             }
@@ -776,7 +809,7 @@ impl Filesystem for SftpFs {
     fn fsync(&self, _req: &Request, _node: NodeId, fh: FileHandle, _datasync: bool) -> Result<()> {
         let file = self.file(fh)?;
         let (conn, h) = self.server_handle(&file)?;
-        match self.rt.block_on(conn.sftp.fsync(h)) {
+        match self.rt()?.block_on(conn.sftp.fsync(h)) {
             Ok(_) => Ok(()),
             // Without fsync@openssh.com the acknowledged writes are all we have.
             Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => Ok(()),
