@@ -5,6 +5,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod backing;
+pub mod cache;
 pub mod control;
 pub mod datamap;
 pub mod dispatch;

@@ -1,0 +1,265 @@
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+
+/// Files in memory, counting the data calls that reach them.
+#[derive(Default)]
+struct Backing {
+    files: Mutex<HashMap<u64, (Vec<u8>, i64)>>,
+    reads: AtomicUsize,
+    writes: AtomicUsize,
+}
+
+impl Backing {
+    fn with(node: u64, data: &[u8]) -> Backing {
+        let b = Backing::default();
+        b.files.lock().unwrap().insert(node, (data.to_vec(), 1));
+        b
+    }
+
+    fn data(&self, node: u64) -> Vec<u8> {
+        self.files.lock().unwrap()[&node].0.clone()
+    }
+
+    /// A change made behind the cache's back.
+    fn replace(&self, node: u64, data: &[u8]) {
+        let mut f = self.files.lock().unwrap();
+        let e = f.get_mut(&node).unwrap();
+        e.0 = data.to_vec();
+        e.1 += 1;
+    }
+}
+
+impl Filesystem for Backing {
+    fn getattr(&self, _req: &Request, node: NodeId, _fh: Option<FileHandle>) -> Result<Attr> {
+        let f = self.files.lock().unwrap();
+        let (d, mtime) = f.get(&node.0).ok_or(Errno::ENOENT)?;
+        Ok(Attr {
+            ino: node.0,
+            size: d.len() as u64,
+            mtime: Timestamp { sec: *mtime, nsec: 0 },
+            mode: libc::S_IFREG | 0o644,
+            ..Attr::default()
+        })
+    }
+
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        if let Some(size) = set.size {
+            let mut f = self.files.lock().unwrap();
+            let e = f.get_mut(&node.0).ok_or(Errno::ENOENT)?;
+            e.0.resize(size as usize, 0);
+            e.1 += 1;
+        }
+        self.getattr(req, node, None)
+    }
+
+    fn read(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let f = self.files.lock().unwrap();
+        let d = &f.get(&node.0).ok_or(Errno::ENOENT)?.0;
+        let start = (offset as usize).min(d.len());
+        let n = (d.len() - start).min(buf.len());
+        buf[..n].copy_from_slice(&d[start..start + n]);
+        Ok(n)
+    }
+
+    fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut f = self.files.lock().unwrap();
+        let e = f.get_mut(&node.0).ok_or(Errno::ENOENT)?;
+        let end = args.offset as usize + data.len();
+        if e.0.len() < end {
+            e.0.resize(end, 0);
+        }
+        e.0[args.offset as usize..end].copy_from_slice(data);
+        e.1 += 1;
+        Ok(data.len())
+    }
+}
+
+const PS: usize = 4096;
+const R: Request = Request {
+    unique: 1,
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
+const N: NodeId = NodeId(7);
+const FH: FileHandle = FileHandle(1);
+
+fn cached(b: Backing, pages: usize, policy: Policy, readahead: usize) -> CachedFs<Backing> {
+    let config = CacheConfig {
+        page_size: PS,
+        capacity: pages * PS,
+        policy,
+        readahead,
+    };
+    CachedFs::new(b, config).unwrap()
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
+}
+
+fn read(fs: &CachedFs<Backing>, off: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let n = fs.read(&R, N, FH, off, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn reads_hit_after_the_first_and_clip_at_eof() {
+    let data = pattern(10 * PS + 100);
+    let fs = cached(Backing::with(7, &data), 64, Policy::Clock, 1);
+    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    assert_eq!(read(&fs, 100, 3 * PS), data[100..100 + 3 * PS]);
+    let calls = fs.inner().reads.load(Ordering::Relaxed);
+    assert_eq!(read(&fs, 200, 2 * PS), data[200..200 + 2 * PS]);
+    assert_eq!(
+        fs.inner().reads.load(Ordering::Relaxed),
+        calls,
+        "a cached range went to the inner fs"
+    );
+    assert_eq!(read(&fs, 10 * PS as u64, PS), data[10 * PS..]);
+    assert_eq!(read(&fs, 10 * PS as u64 + 100, PS), b"");
+    assert_eq!(read(&fs, 20 * PS as u64, PS), b"");
+    assert!(fs.stats.hits.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn sequential_reads_fetch_ahead() {
+    let data = pattern(64 * PS);
+    let fs = cached(Backing::with(7, &data), 64, Policy::Lru, 8);
+    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    let mut all = Vec::new();
+    for i in 0..64 {
+        all.extend(read(&fs, (i * PS) as u64, PS));
+    }
+    assert!(all == data);
+    assert_eq!(fs.inner().reads.load(Ordering::Relaxed), 8, "8 pages per inner read");
+    // Random reads do not fetch ahead.
+    let fs = cached(Backing::with(7, &data), 64, Policy::Lru, 8);
+    for i in [40u64, 3, 17] {
+        read(&fs, i * PS as u64 + 5, 10);
+    }
+    assert_eq!(fs.stats.bytes_in.load(Ordering::Relaxed), 3 * PS as u64);
+}
+
+#[test]
+fn writes_are_written_back_on_flush_fsync_release_and_destroy() {
+    let data = pattern(3 * PS);
+    let fs = cached(Backing::with(7, &data), 16, Policy::Clock, 1);
+    fs.open(&R, N, libc::O_RDWR).unwrap();
+    let args = |offset| WriteArgs {
+        offset,
+        ..WriteArgs::default()
+    };
+    fs.write(&R, N, FH, b"hello", &args(10)).unwrap();
+    // Past the end: the file grows, the gap reads as zeros.
+    fs.write(&R, N, FH, b"tail", &args(5 * PS as u64)).unwrap();
+    assert_eq!(
+        fs.inner().writes.load(Ordering::Relaxed),
+        0,
+        "write-back, not write-through"
+    );
+    assert_eq!(fs.getattr(&R, N, None).unwrap().size, 5 * PS as u64 + 4);
+    let mut want = data.clone();
+    want[10..15].copy_from_slice(b"hello");
+    want.resize(5 * PS, 0);
+    want.extend_from_slice(b"tail");
+    assert!(read(&fs, 0, 6 * PS) == want, "read through the cache before write-back");
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert!(fs.inner().data(7) == want, "inner copy after flush");
+    let w = fs.inner().writes.load(Ordering::Relaxed);
+    fs.fsync(&R, N, FH, false).unwrap();
+    assert_eq!(
+        fs.inner().writes.load(Ordering::Relaxed),
+        w,
+        "clean pages written again"
+    );
+    fs.write(&R, N, FH, b"X", &args(0)).unwrap();
+    fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
+    assert_eq!(fs.inner().data(7)[0], b'X');
+    fs.write(&R, N, FH, b"Y", &args(1)).unwrap();
+    fs.destroy();
+    assert_eq!(fs.inner().data(7)[1], b'Y');
+}
+
+#[test]
+fn truncate_and_remote_changes_invalidate() {
+    let data = pattern(4 * PS);
+    let fs = cached(Backing::with(7, &data), 16, Policy::Clock, 4);
+    fs.open(&R, N, libc::O_RDWR).unwrap();
+    assert_eq!(read(&fs, 0, 4 * PS), data);
+    fs.write(
+        &R,
+        N,
+        FH,
+        b"dirty",
+        &WriteArgs {
+            offset: 3 * PS as u64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let set = SetAttr {
+        size: Some(PS as u64 + 1),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(&R, N, &set).unwrap().size, PS as u64 + 1);
+    assert_eq!(read(&fs, 0, 4 * PS), data[..PS + 1]);
+    fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
+    // Changed behind the cache: still cached until reopened.
+    fs.inner().replace(7, b"new contents");
+    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    assert_eq!(read(&fs, 0, PS), b"new contents");
+    assert!(fs.stats.invalidations.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn eviction_writes_dirty_pages_back() {
+    for policy in [Policy::Clock, Policy::Lru] {
+        let fs = cached(Backing::with(7, b""), 4, policy, 1);
+        fs.open(&R, N, libc::O_RDWR).unwrap();
+        let data = pattern(32 * PS);
+        for (i, page) in data.chunks(PS).enumerate() {
+            fs.write(
+                &R,
+                N,
+                FH,
+                page,
+                &WriteArgs {
+                    offset: (i * PS) as u64,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        }
+        assert!(fs.stats.evictions.load(Ordering::Relaxed) >= 28, "{policy:?}");
+        assert!(read(&fs, 0, 32 * PS) == data, "{policy:?}: read back");
+        fs.flush(&R, N, FH, 0).unwrap();
+        assert!(fs.inner().data(7) == data, "{policy:?}: inner copy");
+    }
+}
+
+#[test]
+fn bad_configs_are_refused() {
+    let bad = |page_size, capacity, readahead| {
+        CachedFs::new(
+            Backing::default(),
+            CacheConfig {
+                page_size,
+                capacity,
+                policy: Policy::Lru,
+                readahead,
+            },
+        )
+        .is_err()
+    };
+    assert!(bad(1000, 1 << 20, 1));
+    assert!(bad(4096, 100, 1));
+    assert!(bad(4096, 1 << 20, 0));
+    assert!(!bad(4096, 1 << 20, 1));
+}
