@@ -36,6 +36,15 @@ pub struct Config {
 impl Config {
     /// Every configuration this build knows, in report order.
     pub fn all() -> Vec<Config> {
+        let null = |name: &str, transport: &str| Config {
+            name: name.to_string(),
+            kind: Kind::Shortfuse {
+                fs: "null".into(),
+                transport: transport.into(),
+                opts: String::new(),
+                threads: None,
+            },
+        };
         let sf = |name: &str, transport: &str, opts: &str, threads: Option<usize>| Config {
             name: name.to_string(),
             kind: Kind::Shortfuse {
@@ -55,6 +64,7 @@ impl Config {
             sf("dev-opt", "dev", "optimized", None),
             sf("dev-passthrough", "dev", "passthrough", None),
             sf("uring", "uring", "", None),
+            sf("uring-passthrough", "uring", "passthrough", None),
             Config {
                 name: "bindfs".into(),
                 kind: Kind::Bindfs { args: vec![] },
@@ -63,7 +73,47 @@ impl Config {
                 name: "passthrough_ll".into(),
                 kind: Kind::PassthroughLl,
             },
+            null("null-dev", "dev"),
+            null("null-uring", "uring"),
         ]
+    }
+
+    /// What a suite runs on when `--configs` is not given: `transport`
+    /// compares the two transports (empty operations on `null`, files on
+    /// `passthrough`), `data` compares kernel passthrough with the same file
+    /// system without maps, the others take every configuration holding
+    /// files except the seed-004 uring-passthrough pairing.
+    pub fn defaults(suite: &str) -> Vec<Config> {
+        let names: &[&str] = match suite {
+            "transport" => &["native", "dev", "uring", "null-dev", "null-uring"],
+            "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
+            _ => &[
+                "native",
+                "dev-base",
+                "dev",
+                "dev-opt",
+                "dev-passthrough",
+                "uring",
+                "bindfs",
+                "passthrough_ll",
+            ],
+        };
+        let all = Config::all();
+        names
+            .iter()
+            .filter_map(|n| all.iter().find(|c| c.name == *n).cloned())
+            .collect()
+    }
+
+    /// Whether files written here can be read back: `null` forgets every
+    /// name, so only the `transport` suite's empty operations run on it.
+    pub fn holds_files(&self) -> bool {
+        !matches!(&self.kind, Kind::Shortfuse { fs, .. } if fs == "null")
+    }
+
+    /// Whether this configuration asked for FUSE over io_uring.
+    pub fn wants_uring(&self) -> bool {
+        matches!(&self.kind, Kind::Shortfuse { transport, .. } if transport == "uring")
     }
 
     /// Configurations by name; an unknown name is an error listing the known ones.
@@ -94,6 +144,26 @@ pub struct Prepared {
     pub dir: PathBuf,
     root: PathBuf,
     mountpoint: Option<PathBuf>,
+    uring: bool,
+}
+
+impl Prepared {
+    /// For a configuration that asked for io_uring: an error unless the
+    /// daemon served most requests over it (the mount falls back to
+    /// /dev/fuse, with a warning only, when the kernel switch is off). Call
+    /// after the workload, while still mounted.
+    pub fn check_transport(&self, env: &Env) -> Result<(), String> {
+        let Some(mnt) = self.mountpoint.as_deref().filter(|_| self.uring) else {
+            return Ok(());
+        };
+        let (dev, uring) = transport_counts(env, mnt)?;
+        if uring <= dev {
+            return Err(format!(
+                "asked for --transport uring but the daemon served {dev} requests over /dev/fuse and {uring} over io_uring (the mount fell back?)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Prepared {
@@ -161,6 +231,38 @@ fn wait_mounted(mnt: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `shortfuse mount FS` takes a SOURCE (`null` and `mem` keep
+/// everything, or nothing, in the daemon).
+fn takes_source(fs: &str) -> bool {
+    !matches!(fs, "null" | "mem")
+}
+
+/// Requests the daemon serving `mnt` received over each transport, from
+/// `shortfuse stats MNT --json`: (dev, uring).
+fn transport_counts(env: &Env, mnt: &Path) -> Result<(u64, u64), String> {
+    let out = Command::new(&env.shortfuse_bin)
+        .arg("stats")
+        .arg(mnt)
+        .arg("--json")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", env.shortfuse_bin.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "shortfuse stats {}: {}",
+            mnt.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("shortfuse stats JSON: {e}"))?;
+    let count = |t: &str| {
+        v["transports"][t]
+            .as_u64()
+            .ok_or_else(|| format!("shortfuse stats JSON has no transports.{t}"))
+    };
+    Ok((count("dev")?, count("uring")?))
+}
+
 /// Builds libfuse's passthrough_ll from the sources shipped in
 /// libfuse3-dev (once per work directory).
 fn passthrough_ll(env: &Env) -> Result<PathBuf, String> {
@@ -202,6 +304,7 @@ impl Config {
             dir: src.clone(),
             root,
             mountpoint: None,
+            uring: self.wants_uring(),
         };
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
@@ -213,11 +316,11 @@ impl Config {
                 threads,
             } => {
                 let mut c = Command::new(&env.shortfuse_bin);
-                c.arg("mount")
-                    .arg(fs)
-                    .arg(&src)
-                    .arg(&mnt)
-                    .args(["--transport", transport]);
+                c.arg("mount").arg(fs);
+                if takes_source(fs) {
+                    c.arg(&src);
+                }
+                c.arg(&mnt).args(["--transport", transport]);
                 if !opts.is_empty() {
                     c.args(["-o", opts]);
                 }

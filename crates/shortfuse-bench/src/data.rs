@@ -1,6 +1,10 @@
 //! The `data` suite: DeFUSE's rows (seed 004). A single stream of 1 MiB
-//! writes then reads over a big file, the data rows with 4 KiB - 1 MiB I/O,
-//! and fileserver with 1 to 8 threads (the cost of small files).
+//! writes then reads over a big file; the data-centric rows (sequential and
+//! random read and write, on 1 and 2 threads, with 4 KiB, 32 KiB, 128 KiB
+//! and 1 MiB I/O); and fileserver with 1 to 8 threads (the cost of small
+//! files). By default it runs on native, `dev` (passthrough without maps)
+//! and kernel passthrough on `dev` and `uring`, and the report puts every
+//! row against native and against `dev`.
 
 use std::io;
 use std::path::Path;
@@ -13,12 +17,22 @@ use crate::scale::Scale;
 use crate::sys;
 use crate::table2;
 
-pub const IOS: &[(usize, &str)] = &[
-    (4 << 10, "4K"),
-    (16 << 10, "16K"),
-    (64 << 10, "64K"),
-    (256 << 10, "256K"),
-    (1 << 20, "1M"),
+/// Seed 004's four I/O sizes.
+pub const IOS: &[(usize, &str)] = &[(4 << 10, "4K"), (32 << 10, "32K"), (128 << 10, "128K"), (1 << 20, "1M")];
+/// Seed 004's "single thread" and "multiple thread" modes (32 threads there),
+/// scaled to this 2-core machine.
+pub const THREADS: usize = 2;
+/// Seed 004's data-centric rows, with N = [`THREADS`]: (pattern, threads,
+/// one file per thread, name).
+pub const ROWS: &[(Pattern, usize, bool, &str)] = &[
+    (Pattern::SeqRead, 1, false, "seq-rd-1th-1f"),
+    (Pattern::SeqRead, THREADS, true, "seq-rd-2th-2f"),
+    (Pattern::RandRead, 1, false, "rnd-rd-1th-1f"),
+    (Pattern::RandRead, THREADS, false, "rnd-rd-2th-1f"),
+    (Pattern::SeqWrite, 1, false, "seq-wr-1th-1f"),
+    (Pattern::SeqWrite, THREADS, true, "seq-wr-2th-2f"),
+    (Pattern::RandWrite, 1, false, "rnd-wr-1th-1f"),
+    (Pattern::RandWrite, THREADS, false, "rnd-wr-2th-1f"),
 ];
 pub const FILESERVER_THREADS: &[usize] = &[1, 2, 4, 8];
 
@@ -37,7 +51,7 @@ fn fileserver_time(scale: Scale) -> Duration {
 pub fn describe(scale: Scale) -> String {
     let t = table2::Sizes::of(scale);
     format!(
-        "Scale {}: single stream over a {} MiB file (seed: 60 GiB), read after dropping caches; data rows on a {} MiB file, {:.2} s each; fileserver with {:?} threads, {:.2} s each. Values in MB/s and ops/s.",
+        "Scale {}: single stream over a {} MiB file (seed: 60 GiB), read after dropping caches; seed 004's data rows with 1 and {THREADS} threads (seed: 32) on one {} MiB file or {THREADS} files of half that (seed: 60 GiB / 32 x 2 GiB), {:.2} s each or until the files are covered, reads after dropping caches; fileserver with {:?} threads, {:.2} s each. Values in MB/s and ops/s.",
         scale.name(),
         stream_size(scale) >> 20,
         t.file >> 20,
@@ -89,13 +103,7 @@ fn stream(dir: &Path, size: u64) -> io::Result<Vec<Figure>> {
 pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     progress("single stream");
     let mut out = stream(dir, stream_size(scale))?;
-    let rows = [
-        (Pattern::SeqRead, 1, false, "seq-rd"),
-        (Pattern::RandRead, 1, false, "rnd-rd"),
-        (Pattern::SeqWrite, 1, false, "seq-wr"),
-        (Pattern::RandWrite, 1, false, "rnd-wr"),
-    ];
-    out.extend(table2::data_rows(dir, &table2::Sizes::of(scale), &rows, IOS, progress)?);
+    out.extend(table2::data_rows(dir, &table2::Sizes::of(scale), ROWS, IOS, progress)?);
     let base = Persona::all(scale)[0];
     for &threads in FILESERVER_THREADS {
         progress(&format!("fileserver {threads} threads"));

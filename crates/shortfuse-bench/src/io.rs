@@ -88,6 +88,8 @@ pub struct IoRow<'a> {
     pub files: &'a [PathBuf],
     pub file_size: u64,
     pub duration: Duration,
+    /// Extra open flags (O_DIRECT).
+    pub flags: i32,
 }
 
 impl IoRow<'_> {
@@ -108,8 +110,11 @@ impl IoRow<'_> {
                 Pattern::SeqWrite => libc::O_WRONLY | libc::O_CREAT,
                 Pattern::RandWrite => libc::O_WRONLY,
             };
-            let fd = sys::open(&path, flags, 0o644)?;
-            let mut buf = vec![0x3cu8; self.bs];
+            let fd = sys::open(&path, flags | self.flags, 0o644)?;
+            // Aligned, as O_DIRECT asks of user memory.
+            let mut aligned = sys::Aligned::new(self.bs);
+            let buf = aligned.as_mut();
+            buf.fill(0x3c);
             let slots = ((hi - lo) / self.bs as u64).max(1);
             let mut rng = Rng::new(t as u64 + 1);
             let deadline = Instant::now() + self.duration;
@@ -121,8 +126,8 @@ impl IoRow<'_> {
                     Pattern::RandRead | Pattern::RandWrite => lo + rng.below(slots) * self.bs as u64,
                 };
                 let n = match self.pattern {
-                    Pattern::SeqRead | Pattern::RandRead => sys::pread(fd, &mut buf, off)?,
-                    Pattern::SeqWrite | Pattern::RandWrite => sys::pwrite(fd, &buf, off)?,
+                    Pattern::SeqRead | Pattern::RandRead => sys::pread(fd, buf, off)?,
+                    Pattern::SeqWrite | Pattern::RandWrite => sys::pwrite(fd, buf, off)?,
                 };
                 if n == 0 {
                     break;

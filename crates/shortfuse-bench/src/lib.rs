@@ -23,6 +23,7 @@ pub mod scale;
 mod sys;
 pub mod table2;
 pub mod thesis;
+pub mod transport;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,13 +33,24 @@ pub use report::{ConfigResult, Figure, Report, SuiteResult};
 pub use scale::Scale;
 
 /// Suites this build runs, in the order a full run takes them.
-pub const SUITES: &[&str] = &["latency", "fio", "meta", "table2", "personalities", "thesis", "data"];
+pub const SUITES: &[&str] = &[
+    "latency",
+    "fio",
+    "meta",
+    "table2",
+    "personalities",
+    "thesis",
+    "data",
+    "transport",
+];
 
 /// What `shortfuse bench` was asked.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     pub suites: Vec<String>,
-    pub configs: Vec<Config>,
+    /// Configurations for every suite; `None` runs each suite on its own
+    /// defaults ([`Config::defaults`]).
+    pub configs: Option<Vec<Config>>,
     pub quick: bool,
     /// About a second per suite per configuration, for the test suite
     /// (wins over `quick`).
@@ -55,7 +67,7 @@ impl BenchOptions {
     pub fn new(out: PathBuf) -> BenchOptions {
         BenchOptions {
             suites: SUITES.iter().map(|s| s.to_string()).collect(),
-            configs: Config::all(),
+            configs: None,
             quick: false,
             tiny: false,
             out,
@@ -119,11 +131,19 @@ impl Plan {
             ),
             "thesis" => thesis::describe(s),
             "data" => data::describe(s),
+            "transport" => transport::describe(s),
             _ => String::new(),
         }
     }
 
-    fn run(&self, suite: &str, dir: &Path, raw: &Path, progress: &mut dyn FnMut(&str)) -> std::io::Result<Vec<Figure>> {
+    fn run(
+        &self,
+        suite: &str,
+        config: &Config,
+        dir: &Path,
+        raw: &Path,
+        progress: &mut dyn FnMut(&str),
+    ) -> std::io::Result<Vec<Figure>> {
         let s = self.scale;
         match suite {
             "latency" => latency::run(dir, latency::Sizes::of(s), progress),
@@ -133,6 +153,7 @@ impl Plan {
             "personalities" => personalities::suite(dir, s, progress),
             "thesis" => thesis::run(dir, s, progress),
             "data" => data::run(dir, s, progress),
+            "transport" => transport::run(dir, s, config.holds_files(), progress),
             other => Err(std::io::Error::other(format!("unknown suite {other}"))),
         }
     }
@@ -146,7 +167,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
             return Err(format!("unknown suite {s:?}; this build has: {}", SUITES.join(", ")));
         }
     }
-    if opts.configs.is_empty() {
+    if opts.configs.as_ref().is_some_and(|c| c.is_empty()) {
         return Err("no configuration to run".into());
     }
     if opts.threads == Some(0) {
@@ -165,9 +186,21 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
     };
     let mut suites = Vec::new();
     for suite in &opts.suites {
+        let configs = opts.configs.clone().unwrap_or_else(|| Config::defaults(suite));
         let mut results = Vec::new();
-        for (i, config) in opts.configs.iter().enumerate() {
-            let label = format!("[{}/{}] {suite} on {}", i + 1, opts.configs.len(), config.name);
+        for (i, config) in configs.iter().enumerate() {
+            if !config.holds_files() && suite != "transport" {
+                results.push(ConfigResult {
+                    config: config.name.clone(),
+                    error: Some(format!(
+                        "not applicable: {} keeps no files, and {suite} needs them (only transport runs on it)",
+                        config.name
+                    )),
+                    figures: vec![],
+                });
+                continue;
+            }
+            let label = format!("[{}/{}] {suite} on {}", i + 1, configs.len(), config.name);
             let started = std::time::Instant::now();
             let mut progress = |step: &str| {
                 eprint!("\r\x1b[2K{label} ({:.0}s): {step}", started.elapsed().as_secs_f64());
@@ -176,8 +209,11 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
             progress("preparing");
             let raw = opts.out.join("raw").join(suite).join(&config.name);
             let outcome = config.prepare(&env).and_then(|p| {
-                plan.run(suite, &p.dir, &raw, &mut progress)
-                    .map_err(|e| format!("workload failed: {e}"))
+                let figures = plan
+                    .run(suite, config, &p.dir, &raw, &mut progress)
+                    .map_err(|e| format!("workload failed: {e}"))?;
+                p.check_transport(&env)?;
+                Ok(figures)
             });
             eprintln!(
                 "\r\x1b[2K{label}: {} in {:.1}s",
@@ -200,6 +236,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         suites.push(SuiteResult {
             suite: suite.clone(),
             scale: plan.describe(suite),
+            comparisons: report::comparisons(&results),
             results,
         });
     }
@@ -235,6 +272,11 @@ pub fn cli_main(args: &[String]) -> i32 {
             println!("{USAGE}\n\nsuites: {}", SUITES.join(", "));
             let names: Vec<_> = Config::all().into_iter().map(|c| c.name).collect();
             println!("configurations: {}", names.join(", "));
+            println!("\nwithout --configs, each suite runs on its defaults:");
+            for s in SUITES {
+                let names: Vec<_> = Config::defaults(s).into_iter().map(|c| c.name).collect();
+                println!("  {s}: {}", names.join(", "));
+            }
             return 0;
         }
         Err(e) => {
@@ -290,7 +332,7 @@ pub fn parse_args(args: &[String]) -> Result<Option<BenchOptions>, String> {
                     .filter(|s| !s.is_empty())
                     .map(str::to_string)
                     .collect();
-                opts.configs = Config::select(&names)?;
+                opts.configs = Some(Config::select(&names)?);
             }
             "--out" => opts.out = PathBuf::from(value(a)?),
             "--shortfuse" => opts.shortfuse_bin = PathBuf::from(value(a)?),
@@ -329,12 +371,30 @@ mod tests {
         assert_eq!(o.suites, vec!["latency", "fio"]);
         assert!(o.quick);
         assert_eq!(o.scale(), Scale::Quick);
-        let names: Vec<_> = o.configs.iter().map(|c| c.name.as_str()).collect();
+        let names: Vec<_> = o.configs.iter().flatten().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["native", "bindfs"]);
         assert_eq!(o.out, PathBuf::from("/tmp/x"));
         let all = parse_args(&[]).unwrap().unwrap();
         assert_eq!(all.suites.len(), SUITES.len());
         assert_eq!(all.scale(), Scale::Full);
+        assert!(all.configs.is_none());
+    }
+
+    #[test]
+    fn every_suite_has_runnable_defaults() {
+        for s in SUITES {
+            let d = Config::defaults(s);
+            assert!(d.iter().any(|c| c.name == "native"), "{s}: {d:?}");
+            if *s != "transport" {
+                assert!(d.iter().all(Config::holds_files), "{s}: {d:?}");
+            }
+        }
+        let t: Vec<_> = Config::defaults("transport").into_iter().map(|c| c.name).collect();
+        for want in ["dev", "uring", "null-dev", "null-uring"] {
+            assert!(t.iter().any(|n| n == want), "{t:?}");
+        }
+        let d: Vec<_> = Config::defaults("data").into_iter().map(|c| c.name).collect();
+        assert_eq!(d, ["native", "dev", "dev-passthrough", "uring-passthrough"]);
     }
 
     #[test]

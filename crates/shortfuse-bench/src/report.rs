@@ -58,7 +58,51 @@ pub struct SuiteResult {
     pub suite: String,
     /// What was scaled from the seeds' definitions, in words.
     pub scale: String,
+    /// Pairings reported next to the ratios to native (see [`comparisons`]).
+    pub comparisons: Vec<Comparison>,
     pub results: Vec<ConfigResult>,
+}
+
+/// A column of speed-ups of one configuration over another.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// The column heading, e.g. "uring vs dev".
+    pub title: String,
+    /// (configuration, baseline) pairs; each row uses the first pair where
+    /// both measured it (so `null-uring` against `null-dev` for the empty
+    /// operations, `uring` against `dev` for the rest).
+    pub pairs: Vec<(String, String)>,
+}
+
+/// The pairings the issues ask about, kept when one of their pairs has both
+/// configurations in `results`: the two transports against each other
+/// (issue 3), and kernel passthrough against native (the main table) and
+/// against the same file system without maps, plain `dev` (issue 4).
+pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
+    let has = |c: &str| results.iter().any(|r| r.config == c);
+    let candidates: [(&str, &[(&str, &str)]); 4] = [
+        ("uring vs dev", &[("null-uring", "null-dev"), ("uring", "dev")]),
+        ("dev-passthrough vs dev (no maps)", &[("dev-passthrough", "dev")]),
+        ("uring-passthrough vs dev (no maps)", &[("uring-passthrough", "dev")]),
+        (
+            "uring-passthrough vs dev-passthrough",
+            &[("uring-passthrough", "dev-passthrough")],
+        ),
+    ];
+    candidates
+        .iter()
+        .filter_map(|(title, pairs)| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .filter(|(a, b)| has(a) && has(b))
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            (!pairs.is_empty()).then(|| Comparison {
+                title: title.to_string(),
+                pairs,
+            })
+        })
+        .collect()
 }
 
 /// Where and on what the run happened.
@@ -158,12 +202,7 @@ impl SuiteResult {
     pub fn markdown(&self) -> String {
         let mut s = format!("### {}\n\n{}\n\n", self.suite, self.scale);
         let native = self.results.iter().find(|r| r.config == "native" && r.error.is_none());
-        let ops: Vec<&Figure> = self
-            .results
-            .iter()
-            .find(|r| r.error.is_none())
-            .map(|r| r.figures.iter().collect())
-            .unwrap_or_default();
+        let ops = self.ops();
         s.push_str("| op | unit |");
         for r in &self.results {
             s.push_str(&format!(" {} |", r.config));
@@ -200,6 +239,74 @@ impl SuiteResult {
             ));
         }
         s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in seed 001: green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).\n");
+        if !self.comparisons.is_empty() {
+            s.push_str(&self.comparison_table());
+        }
+        s
+    }
+
+    /// Every operation some configuration measured, in order of first
+    /// appearance (configurations may measure different rows: `null` only
+    /// the empty operations).
+    fn ops(&self) -> Vec<&Figure> {
+        let mut ops: Vec<&Figure> = Vec::new();
+        for r in self.results.iter().filter(|r| r.error.is_none()) {
+            for f in &r.figures {
+                if !ops.iter().any(|g| g.op == f.op) {
+                    ops.push(f);
+                }
+            }
+        }
+        ops
+    }
+
+    fn value(&self, config: &str, op: &str) -> Option<&Figure> {
+        self.results
+            .iter()
+            .find(|r| r.config == config && r.error.is_none())?
+            .figures
+            .iter()
+            .find(|f| f.op == op)
+    }
+
+    /// The speed-up of `config` over `baseline` for one row, if both have it.
+    pub fn speedup(&self, config: &str, baseline: &str, op: &str) -> Option<f64> {
+        let (a, b) = (self.value(config, op)?, self.value(baseline, op)?);
+        let rel = relative(a.value, b.value, a.lower_is_better);
+        rel.is_finite().then_some(1.0 + rel)
+    }
+
+    fn comparison_table(&self) -> String {
+        let mut s = String::from("\n| op |");
+        for c in &self.comparisons {
+            s.push_str(&format!(" {} |", c.title));
+        }
+        s.push_str("\n|---|");
+        for _ in &self.comparisons {
+            s.push_str("---|");
+        }
+        s.push('\n');
+        for f in self.ops() {
+            s.push_str(&format!("| {} |", f.op));
+            for c in &self.comparisons {
+                let cell = c
+                    .pairs
+                    .iter()
+                    .find_map(|(a, b)| Some((self.speedup(a, b, &f.op)?, a, b)))
+                    .map(|(x, a, b)| {
+                        let name = if c.pairs.len() > 1 {
+                            format!(" {a}/{b}")
+                        } else {
+                            String::new()
+                        };
+                        format!("{x:.2}x{name} ({})", class(x - 1.0))
+                    })
+                    .unwrap_or_else(|| "n/a".into());
+                s.push_str(&format!(" {cell} |"));
+            }
+            s.push('\n');
+        }
+        s.push_str("\nSpeed-up of the first configuration over the second (above 1 is faster: for latencies the second's latency over the first's, for throughputs the first's over the second's), with the class as above.\n");
         s
     }
 }
@@ -268,6 +375,7 @@ mod tests {
         let suite = SuiteResult {
             suite: "latency".into(),
             scale: "tiny".into(),
+            comparisons: vec![],
             results: vec![
                 ConfigResult {
                     config: "native".into(),
@@ -289,5 +397,80 @@ mod tests {
         let md = suite.markdown();
         assert!(md.contains("4.00 (4.00x, red)"), "{md}");
         assert!(md.contains("`x` did not run: no bindfs"), "{md}");
+    }
+
+    fn result(config: &str, figures: Vec<Figure>) -> ConfigResult {
+        ConfigResult {
+            config: config.into(),
+            error: None,
+            figures,
+        }
+    }
+
+    #[test]
+    fn comparisons_pair_transports_and_maps() {
+        let lat = |op: &str, v| Figure {
+            op: op.into(),
+            unit: "us".into(),
+            value: v,
+            lower_is_better: true,
+            ..Figure::default()
+        };
+        let rate = |op: &str, v| Figure::rate(op, "MB/s", v, 1);
+        let results = vec![
+            result("native", vec![rate("rd", 100.0)]),
+            result("dev", vec![rate("rd", 40.0)]),
+            result("uring", vec![rate("rd", 50.0)]),
+            result("null-dev", vec![lat("create", 30.0)]),
+            result("null-uring", vec![lat("create", 15.0)]),
+        ];
+        let cmp = comparisons(&results);
+        assert_eq!(cmp.len(), 1, "{cmp:?}");
+        assert_eq!(cmp[0].pairs.len(), 2);
+        let suite = SuiteResult {
+            suite: "transport".into(),
+            scale: String::new(),
+            comparisons: cmp,
+            results,
+        };
+        assert_eq!(suite.speedup("null-uring", "null-dev", "create"), Some(2.0));
+        assert_eq!(suite.speedup("uring", "dev", "rd"), Some(1.25));
+        assert_eq!(suite.speedup("uring", "dev", "create"), None);
+        let md = suite.markdown();
+        // Rows only null measured are in the main table too.
+        assert!(md.contains("| create | us | n/a | n/a | n/a | 30.0 | 15.0 |"), "{md}");
+        assert!(md.contains("| create | 2.00x null-uring/null-dev (green) |"), "{md}");
+        assert!(md.contains("| rd | 1.25x uring/dev (green) |"), "{md}");
+
+        let data = vec![
+            result("native", vec![rate("rd", 100.0)]),
+            result("dev", vec![rate("rd", 25.0)]),
+            result("dev-passthrough", vec![rate("rd", 97.0)]),
+            result("uring-passthrough", vec![rate("rd", 98.0)]),
+        ];
+        let titles: Vec<_> = comparisons(&data).into_iter().map(|c| c.title).collect();
+        assert_eq!(
+            titles,
+            [
+                "dev-passthrough vs dev (no maps)",
+                "uring-passthrough vs dev (no maps)",
+                "uring-passthrough vs dev-passthrough"
+            ]
+        );
+        let suite = SuiteResult {
+            suite: "data".into(),
+            scale: String::new(),
+            comparisons: comparisons(&data),
+            results: data,
+        };
+        let md = suite.markdown();
+        assert!(
+            md.contains("| rd | MB/s | 100 | 25.0 (0.25x, red) | 97.0 (0.97x, green) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| rd | 3.88x (green) | 3.92x (green) | 1.01x (green) |"),
+            "{md}"
+        );
     }
 }

@@ -98,6 +98,7 @@ pub fn data_rows(
                     files,
                     file_size,
                     duration: sizes.row,
+                    flags: 0,
                 }
                 .run(&op)?,
             );

@@ -6,13 +6,27 @@ use std::path::{Path, PathBuf};
 
 use shortfuse_bench::{config, BenchOptions, Config, Kind, SUITES};
 
-fn options(name: &str, suites: &[&str], configs: Vec<Config>) -> BenchOptions {
+/// The `shortfuse` binary under test: `SHORTFUSE_BIN` (the Makefile sets
+/// it), else the one built next to this test's binary, else the workspace's
+/// debug build.
+fn shortfuse_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("SHORTFUSE_BIN") {
+        return PathBuf::from(p);
+    }
+    let sibling = Path::new(env!("CARGO_BIN_EXE_shortfuse-bench")).with_file_name("shortfuse");
+    if sibling.is_file() {
+        return sibling;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse")
+}
+
+fn options(name: &str, suites: &[&str], configs: Option<Vec<Config>>) -> BenchOptions {
     let out = std::env::temp_dir().join(format!("sfbench-{name}-{}", std::process::id()));
     let mut o = BenchOptions::new(out);
     o.suites = suites.iter().map(|s| s.to_string()).collect();
     o.configs = configs;
     o.tiny = true;
-    o.shortfuse_bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse");
+    o.shortfuse_bin = shortfuse_bin();
     o
 }
 
@@ -32,13 +46,15 @@ fn check_png(path: &Path) {
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is not a PNG", path.display());
 }
 
-/// Runs `suites` on native and bindfs and checks everything the report must hold.
-fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
-    let opts = options(
-        name,
-        suites,
-        Config::select(&["native".into(), "bindfs".into()]).unwrap(),
-    );
+/// Runs `suites` on `configs` (each suite's defaults when `None`), checks
+/// everything the report must hold, and returns it with its Markdown.
+fn well_formed_on(
+    name: &str,
+    suites: &[&str],
+    configs: Option<Vec<Config>>,
+    expected_plots: &[&str],
+) -> (shortfuse_bench::Report, String) {
+    let opts = options(name, suites, configs.clone());
     let report = shortfuse_bench::run(&opts).expect("run");
     assert_eq!(report.suites.len(), suites.len());
     let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
@@ -46,7 +62,8 @@ fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
         serde_json::from_str(&std::fs::read_to_string(opts.out.join("report.json")).unwrap()).unwrap();
     assert!(json["environment"]["kernel"].as_str().is_some_and(|k| !k.is_empty()));
     for (si, suite) in report.suites.iter().enumerate() {
-        assert_eq!(suite.results.len(), 2);
+        let want = configs.clone().unwrap_or_else(|| Config::defaults(&suite.suite)).len();
+        assert_eq!(suite.results.len(), want);
         assert!(md.contains(&format!("### {}", suite.suite)), "{md}");
         for (ri, r) in suite.results.iter().enumerate() {
             assert!(
@@ -81,7 +98,7 @@ fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
                 );
             }
         }
-        // The bindfs column carries ratios and classes.
+        // The columns after native carry ratios and classes.
         assert!(suite.markdown().contains("x, "), "{}", suite.markdown());
     }
     assert!(report.plot_error.is_none(), "{:?}", report.plot_error);
@@ -94,6 +111,42 @@ fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
     }
     assert!(mounts_under(&opts.out).is_empty());
     std::fs::remove_dir_all(&opts.out).unwrap();
+    (report, md)
+}
+
+/// Runs `suites` on native and bindfs.
+fn well_formed(name: &str, suites: &[&str], expected_plots: &[&str]) {
+    let configs = Config::select(&["native".into(), "bindfs".into()]).unwrap();
+    well_formed_on(name, suites, Some(configs), expected_plots);
+}
+
+/// The ops of `config` in `suite`, in order.
+fn ops_of(suite: &shortfuse_bench::SuiteResult, config: &str) -> Vec<String> {
+    let r = suite.results.iter().find(|r| r.config == config).unwrap();
+    r.figures.iter().map(|f| f.op.clone()).collect()
+}
+
+/// The comparison cell of `op` in the column `title`, from the Markdown
+/// table after the main one.
+fn comparison_cell(suite: &shortfuse_bench::SuiteResult, title: &str, op: &str) -> String {
+    let col = suite
+        .comparisons
+        .iter()
+        .position(|c| c.title == title)
+        .unwrap_or_else(|| {
+            panic!("no comparison {title:?} in {:?}", suite.comparisons);
+        });
+    let md = suite.markdown();
+    let line = md
+        .lines()
+        .filter(|l| l.starts_with(&format!("| {op} |")))
+        .find(|l| !l.contains(" | us |") && !l.contains(" | MB/s |") && !l.contains(" | ops/s |"))
+        .unwrap_or_else(|| panic!("no comparison row for {op}: {md}"));
+    line.split(" | ")
+        .nth(col + 1)
+        .unwrap_or_default()
+        .trim_end_matches(" |")
+        .to_string()
 }
 
 #[test]
@@ -121,8 +174,98 @@ fn tiny_table2_personalities_data() {
 }
 
 #[test]
+fn tiny_transport_on_its_defaults() {
+    let (report, md) = well_formed_on(
+        "t",
+        &["transport"],
+        None,
+        &[
+            "plots/transport-latency.png",
+            "plots/transport-rand-read-4K.png",
+            "plots/transport-rand-read-4K-direct.png",
+            "plots/transport-create.png",
+        ],
+    );
+    let suite = &report.suites[0];
+    let empty = ["empty-create", "empty-stat-missing", "empty-open+close-root"];
+    let mut files: Vec<String> = Vec::new();
+    for series in ["rand-read-4K", "rand-read-4K-direct"] {
+        files.extend([1, 2, 4, 8].map(|t| format!("{series}-{t}th")));
+    }
+    files.extend(["create-1th".to_string(), "create-2th".to_string()]);
+    for c in ["null-dev", "null-uring"] {
+        assert_eq!(ops_of(suite, c), empty, "{c}");
+    }
+    for c in ["native", "dev", "uring"] {
+        assert_eq!(ops_of(suite, c), files, "{c}");
+    }
+    // Every row has its dev-vs-uring speed-up, from the matching pair.
+    for op in empty {
+        let cell = comparison_cell(suite, "uring vs dev", op);
+        assert!(cell.contains("x null-uring/null-dev ("), "{op}: {cell:?}");
+    }
+    for op in &files {
+        let cell = comparison_cell(suite, "uring vs dev", op);
+        assert!(cell.contains("x uring/dev ("), "{op}: {cell:?}");
+    }
+    assert!(md.contains("null answers CREATE but keeps nothing"), "{md}");
+}
+
+#[test]
+fn tiny_data_on_its_defaults() {
+    let (report, _) = well_formed_on("d", &["data"], None, &["plots/data-fileserver.png"]);
+    let suite = &report.suites[0];
+    let mut want = vec!["stream-write-1M".to_string(), "stream-read-1M".to_string()];
+    for row in [
+        "seq-rd-1th-1f",
+        "seq-rd-2th-2f",
+        "rnd-rd-1th-1f",
+        "rnd-rd-2th-1f",
+        "seq-wr-1th-1f",
+        "seq-wr-2th-2f",
+        "rnd-wr-1th-1f",
+        "rnd-wr-2th-1f",
+    ] {
+        want.extend(["4K", "32K", "128K", "1M"].map(|io| format!("{row}-{io}")));
+    }
+    want.extend([1, 2, 4, 8].map(|t| format!("fileserver-{t}th")));
+    for c in ["native", "dev", "dev-passthrough", "uring-passthrough"] {
+        assert_eq!(ops_of(suite, c), want, "{c}");
+    }
+    for op in &want {
+        for title in ["dev-passthrough vs dev (no maps)", "uring-passthrough vs dev (no maps)"] {
+            let cell = comparison_cell(suite, title, op);
+            assert!(cell.ends_with(')') && cell.contains("x ("), "{op} {title}: {cell:?}");
+        }
+    }
+}
+
+#[test]
+fn null_runs_only_the_transport_suite() {
+    let configs = Config::select(&["null-dev".into()]).unwrap();
+    let opts = options("null", &["latency", "transport"], Some(configs));
+    let report = shortfuse_bench::run(&opts).expect("run");
+    let err = report.suites[0].results[0].error.as_deref().unwrap();
+    assert!(err.starts_with("not applicable"), "{err}");
+    let t = &report.suites[1].results[0];
+    assert!(t.error.is_none(), "{:?}", t.error);
+    assert_eq!(t.figures.len(), 3);
+    assert!(mounts_under(&opts.out).is_empty());
+    std::fs::remove_dir_all(&opts.out).unwrap();
+}
+
+#[test]
 fn every_suite_is_covered() {
-    let tested = ["latency", "fio", "meta", "thesis", "table2", "personalities", "data"];
+    let tested = [
+        "latency",
+        "fio",
+        "meta",
+        "thesis",
+        "table2",
+        "personalities",
+        "data",
+        "transport",
+    ];
     for s in SUITES {
         assert!(tested.contains(s), "suite {s} has no tiny-scale test");
     }
@@ -147,7 +290,7 @@ fn failed_workload_is_reported_and_unmounted() {
             threads: None,
         },
     };
-    let opts = options("fail", &["latency", "fio"], vec![ro, missing]);
+    let opts = options("fail", &["latency", "fio"], Some(vec![ro, missing]));
     let report = shortfuse_bench::run(&opts).expect("run");
     for suite in &report.suites {
         let results = &suite.results;
