@@ -1,0 +1,205 @@
+//! Block storage: file data in fixed-size blocks, one object per block,
+//! behind the `object_store` crate.
+//!
+//! Objects are named `{node}/{ino}/{index}` after the file's [`Gfi`]. A
+//! block holds up to `block_size` bytes; a missing object is a hole (reads
+//! as zeros), and a short last block ends where the file's data ends. The
+//! store is any [`ObjectStore`]: the embedded server uses the local file
+//! system under the data directory, and an S3-compatible store is a
+//! different constructor, nothing else. The local store does not fsync its
+//! writes, so [`BlockStore::put`] with `sync` does it for that store; object
+//! stores like S3 are durable once a put returns.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, PutPayload};
+use shortfuse::{Errno, Result};
+
+use crate::proto::Gfi;
+
+/// How many object requests run at once for one batch.
+const PARALLEL: usize = 16;
+
+pub struct BlockStore {
+    store: Arc<dyn ObjectStore>,
+    /// Set for the local store: where its objects are, to fsync them.
+    local: Option<Arc<LocalFileSystem>>,
+    block_size: u32,
+}
+
+fn store_err(e: object_store::Error) -> Errno {
+    match e {
+        object_store::Error::NotFound { .. } => Errno::ENOENT,
+        _ => Errno::EIO,
+    }
+}
+
+fn fsync_path(path: PathBuf) -> std::io::Result<()> {
+    std::fs::File::open(&path)?.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+impl BlockStore {
+    /// Blocks as files under `dir`.
+    pub fn local(dir: &std::path::Path, block_size: u32) -> std::io::Result<BlockStore> {
+        std::fs::create_dir_all(dir)?;
+        let local = Arc::new(
+            LocalFileSystem::new_with_prefix(dir)
+                .map_err(|e| std::io::Error::other(format!("block store {}: {e}", dir.display())))?
+                .with_automatic_cleanup(true),
+        );
+        Ok(BlockStore {
+            store: local.clone(),
+            local: Some(local),
+            block_size,
+        })
+    }
+
+    /// Blocks in any object store (S3, GCS, memory, ...).
+    pub fn new(store: Arc<dyn ObjectStore>, block_size: u32) -> BlockStore {
+        BlockStore {
+            store,
+            local: None,
+            block_size,
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    fn path(gfi: Gfi, index: u64) -> ObjPath {
+        ObjPath::from(format!("{}/{}/{index}", gfi.node, gfi.ino))
+    }
+
+    fn prefix(gfi: Gfi) -> ObjPath {
+        ObjPath::from(format!("{}/{}", gfi.node, gfi.ino))
+    }
+
+    /// Reads `count` blocks from `first`; `None` for a hole.
+    pub async fn get(&self, gfi: Gfi, first: u64, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        stream::iter(first..first + u64::from(count))
+            .map(|i| async move {
+                match self.store.get(&Self::path(gfi, i)).await {
+                    Ok(r) => Ok(Some(r.bytes().await.map_err(store_err)?.to_vec())),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(store_err(e)),
+                }
+            })
+            .buffered(PARALLEL)
+            .try_collect()
+            .await
+    }
+
+    /// Writes blocks (each at most one block long); with `sync` they are
+    /// durable when this returns.
+    pub async fn put(&self, gfi: Gfi, blocks: Vec<(u64, Vec<u8>)>, sync: bool) -> Result<()> {
+        if blocks.iter().any(|(_, b)| b.len() > self.block_size as usize) {
+            return Err(Errno::EINVAL);
+        }
+        let indexes: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
+        stream::iter(blocks)
+            .map(|(i, data)| async move {
+                self.store
+                    .put(&Self::path(gfi, i), PutPayload::from(Bytes::from(data)))
+                    .await
+                    .map_err(store_err)
+            })
+            .buffer_unordered(PARALLEL)
+            .try_collect::<Vec<_>>()
+            .await?;
+        if let (true, Some(local)) = (sync, &self.local) {
+            let paths = indexes
+                .iter()
+                .map(|i| local.path_to_filesystem(&Self::path(gfi, *i)).map_err(store_err))
+                .collect::<Result<Vec<_>>>()?;
+            tokio::task::spawn_blocking(move || paths.into_iter().try_for_each(fsync_path))
+                .await
+                .map_err(|_| Errno::EIO)?
+                .map_err(Errno::from)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the file's data at `size`: blocks past it go, the last one is
+    /// shortened, so that growing the file again reads zeros.
+    pub async fn truncate(&self, gfi: Gfi, old_size: u64, size: u64) -> Result<()> {
+        if size >= old_size {
+            return Ok(());
+        }
+        let bs = u64::from(self.block_size);
+        let keep = size.div_ceil(bs);
+        let old_blocks = old_size.div_ceil(bs);
+        stream::iter(keep..old_blocks)
+            .map(|i| async move {
+                match self.store.delete(&Self::path(gfi, i)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(store_err(e)),
+                }
+            })
+            .buffer_unordered(PARALLEL)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let tail = (size % bs) as usize;
+        if tail != 0 {
+            let last = size / bs;
+            if let Some(Some(mut data)) = self.get(gfi, last, 1).await?.pop() {
+                if data.len() > tail {
+                    data.truncate(tail);
+                    self.put(gfi, vec![(last, data)], false).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every block of a file that no longer exists.
+    pub async fn remove_file(&self, gfi: Gfi) -> Result<()> {
+        let paths: Vec<ObjPath> = self
+            .store
+            .list(Some(&Self::prefix(gfi)))
+            .map_ok(|m| m.location)
+            .try_collect()
+            .await
+            .map_err(store_err)?;
+        for p in paths {
+            match self.store.delete(&p).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_err(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn blocks_holes_truncate_remove() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = BlockStore::local(dir.path(), 8).unwrap();
+        let f = Gfi { node: 1, ino: 2 };
+        s.put(f, vec![(0, b"abcdefgh".to_vec()), (2, b"xyz".to_vec())], true)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get(f, 0, 3).await.unwrap(),
+            vec![Some(b"abcdefgh".to_vec()), None, Some(b"xyz".to_vec())]
+        );
+        assert_eq!(s.put(f, vec![(0, vec![0; 9])], false).await, Err(Errno::EINVAL));
+        s.truncate(f, 19, 5).await.unwrap();
+        assert_eq!(s.get(f, 0, 3).await.unwrap(), vec![Some(b"abcde".to_vec()), None, None]);
+        s.remove_file(f).await.unwrap();
+        assert_eq!(s.get(f, 0, 1).await.unwrap(), vec![None]);
+    }
+}

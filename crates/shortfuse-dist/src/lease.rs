@@ -1,0 +1,401 @@
+//! The lease manager: per-file shared-read and exclusive-write leases
+//! (seed 003, Algorithm 2).
+//!
+//! A file has at most one writer or any number of readers. A request that
+//! conflicts with current holders sends each of them a revocation and waits
+//! until every one has released, or is gone: leases hang off a client's
+//! session, which lives while the client renews it (heartbeats) and ends
+//! when its connection closes or it misses renewals for the TTL. A holder
+//! that does not answer a revocation within the TTL loses the lease too.
+//!
+//! Every lease has a fresh id. Releases and data requests name the id, so a
+//! late release of an old lease cannot drop a newer one, and the block
+//! service refuses I/O under a lease that is no longer held (fencing): a
+//! client cut off from the manager cannot write over data of the client
+//! that holds the lease now. Data requests also register as running I/O
+//! ([`IoGuard`]): a conflicting grant waits for them, so a write that passed
+//! the check lands before the next holder reads.
+//!
+//! Seam for the scale-out step: the public methods (`open_session`,
+//! `renew`, `end_session`, `acquire`, `release`, `begin_io`) are the whole
+//! interface the server uses; an etcd-backed manager keeps the same shape
+//! (sessions as etcd leases, holders as keys attached to them, grants as
+//! transactions, revocations through a watch).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shortfuse::{Errno, Result};
+use tokio::sync::{mpsc, Notify};
+
+use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
+
+/// Where revocations for a session go (its connection's writer).
+pub type RevokeSender = mpsc::UnboundedSender<ServerMsg>;
+
+struct Session {
+    expires: Instant,
+    revokes: RevokeSender,
+}
+
+#[derive(Default)]
+struct FileLeases {
+    /// `None` when nobody holds a lease.
+    mode: Option<LeaseMode>,
+    /// Holder → lease id.
+    holders: HashMap<ClientId, u64>,
+    /// Holders sent a revocation, with when it was sent.
+    revoking: HashMap<ClientId, Instant>,
+    /// Running data requests per client (read or write).
+    io: HashMap<ClientId, u32>,
+}
+
+impl FileLeases {
+    fn idle(&self) -> bool {
+        self.holders.is_empty() && self.io.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<ClientId, Session>,
+    files: HashMap<Gfi, FileLeases>,
+    next_client: u64,
+    next_lease: u64,
+}
+
+/// The lease manager. Cheap to share (`Arc`).
+pub struct LeaseManager {
+    state: Mutex<State>,
+    /// Woken on every release, session end and finished I/O.
+    changed: Notify,
+    ttl: Duration,
+}
+
+/// Running I/O under a lease; conflicting grants wait until it is dropped.
+pub struct IoGuard {
+    mgr: Arc<LeaseManager>,
+    gfi: Gfi,
+    client: ClientId,
+}
+
+impl Drop for IoGuard {
+    fn drop(&mut self) {
+        let mut st = self.mgr.lock();
+        if let Some(f) = st.files.get_mut(&self.gfi) {
+            if let Some(n) = f.io.get_mut(&self.client) {
+                *n -= 1;
+                if *n == 0 {
+                    f.io.remove(&self.client);
+                }
+            }
+            if f.idle() {
+                st.files.remove(&self.gfi);
+            }
+        }
+        drop(st);
+        self.mgr.changed.notify_waiters();
+    }
+}
+
+impl LeaseManager {
+    pub fn new(ttl: Duration) -> Arc<LeaseManager> {
+        Arc::new(LeaseManager {
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            ttl,
+        })
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent maps (every
+        // update is a single insert/remove), so poisoning is not fatal.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a session; revocations for it are sent to `revokes`.
+    pub fn open_session(&self, revokes: RevokeSender) -> ClientId {
+        let mut st = self.lock();
+        st.next_client += 1;
+        let id = ClientId(st.next_client);
+        let expires = Instant::now() + self.ttl;
+        st.sessions.insert(id, Session { expires, revokes });
+        id
+    }
+
+    /// Extends the session by one TTL from now. `ESTALE` once it expired:
+    /// its leases are gone and the client must start over.
+    pub fn renew(&self, client: ClientId) -> Result<()> {
+        let mut st = self.lock();
+        self.expire(&mut st, Instant::now());
+        match st.sessions.get_mut(&client) {
+            Some(s) => {
+                s.expires = Instant::now() + self.ttl;
+                Ok(())
+            }
+            None => Err(Errno::ESTALE),
+        }
+    }
+
+    /// Ends a session (its connection closed): every lease it held is free.
+    pub fn end_session(&self, client: ClientId) {
+        let mut st = self.lock();
+        st.sessions.remove(&client);
+        Self::drop_holder_everywhere(&mut st, client);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    fn drop_holder_everywhere(st: &mut State, client: ClientId) {
+        st.files.retain(|_, f| {
+            if f.holders.remove(&client).is_some() {
+                f.revoking.remove(&client);
+                if f.holders.is_empty() {
+                    f.mode = None;
+                }
+            }
+            !f.idle()
+        });
+    }
+
+    /// Drops expired sessions and holders that ignored a revocation for a
+    /// whole TTL. Returns whether anything changed.
+    fn expire(&self, st: &mut State, now: Instant) -> bool {
+        let dead: Vec<ClientId> = st
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expires <= now)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in &dead {
+            st.sessions.remove(c);
+            Self::drop_holder_everywhere(st, *c);
+        }
+        let mut changed = !dead.is_empty();
+        let ttl = self.ttl;
+        st.files.retain(|_, f| {
+            let late: Vec<ClientId> = f
+                .revoking
+                .iter()
+                .filter(|(_, since)| now.duration_since(**since) >= ttl)
+                .map(|(c, _)| *c)
+                .collect();
+            for c in late {
+                f.revoking.remove(&c);
+                f.holders.remove(&c);
+                changed = true;
+            }
+            if f.holders.is_empty() {
+                f.mode = None;
+            }
+            !f.idle()
+        });
+        changed
+    }
+
+    /// Grants `mode` on `gfi` to `client` (Algorithm 2). Compatible requests
+    /// join the holders; conflicting ones revoke the other holders and wait
+    /// until they released, expired, and finished their running I/O. A
+    /// client that already holds a lease that satisfies `mode` gets its id
+    /// back; one that holds a read lease and asks to write is upgraded once
+    /// the other readers are gone.
+    pub async fn acquire(&self, client: ClientId, gfi: Gfi, mode: LeaseMode) -> Result<u64> {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before looking at the state, so a change made
+            // after the look wakes this waiter.
+            notified.as_mut().enable();
+            let deadline = {
+                let mut st = self.lock();
+                let now = Instant::now();
+                self.expire(&mut st, now);
+                if !st.sessions.contains_key(&client) {
+                    return Err(Errno::ESTALE);
+                }
+                let st = &mut *st;
+                let f = st.files.entry(gfi).or_default();
+                let others: Vec<(ClientId, u64)> = f
+                    .holders
+                    .iter()
+                    .filter(|(c, _)| **c != client)
+                    .map(|(c, l)| (*c, *l))
+                    .collect();
+                let others_io = f.io.keys().any(|c| *c != client);
+                // Other clients' running I/O is harmless only when it is
+                // reads under shared leases and this is a read.
+                let compatible = match mode {
+                    LeaseMode::Read if f.mode == Some(LeaseMode::Read) => true,
+                    _ => others.is_empty() && !others_io,
+                };
+                if compatible {
+                    if let Some(&id) = f.holders.get(&client) {
+                        let held = f.mode.unwrap_or(LeaseMode::Read);
+                        if held == LeaseMode::Write || mode == LeaseMode::Read {
+                            return Ok(id);
+                        }
+                    }
+                    st.next_lease += 1;
+                    let id = st.next_lease;
+                    f.holders.insert(client, id);
+                    f.revoking.remove(&client);
+                    f.mode = Some(if others.is_empty() { mode } else { LeaseMode::Read });
+                    return Ok(id);
+                }
+                let mut deadline = now + self.ttl;
+                for (holder, lease) in others {
+                    let since = *f.revoking.entry(holder).or_insert_with(|| {
+                        if let Some(s) = st.sessions.get(&holder) {
+                            // A closed channel means the connection is
+                            // going away: its session end frees the lease.
+                            let _ = s.revokes.send(ServerMsg::Revoke { gfi, lease });
+                        }
+                        now
+                    });
+                    deadline = deadline.min(since + self.ttl);
+                    if let Some(s) = st.sessions.get(&holder) {
+                        deadline = deadline.min(s.expires);
+                    }
+                }
+                deadline
+            };
+            // Wake on any change, or when a holder's time runs out.
+            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
+        }
+    }
+
+    /// Gives lease `lease` back. A release of a lease that is no longer
+    /// held (already revoked, expired or replaced) does nothing.
+    pub fn release(&self, client: ClientId, gfi: Gfi, lease: u64) {
+        let mut st = self.lock();
+        if let Some(f) = st.files.get_mut(&gfi) {
+            if f.holders.get(&client) == Some(&lease) {
+                f.holders.remove(&client);
+                f.revoking.remove(&client);
+                if f.holders.is_empty() {
+                    f.mode = None;
+                }
+            }
+            if f.idle() {
+                st.files.remove(&gfi);
+            }
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Checks that `client` still holds `lease` on `gfi` (a write lease
+    /// when `write`) and registers running I/O until the guard is dropped.
+    /// `ESTALE` when the lease is gone: the caller's cache is no longer
+    /// valid and its data must not reach storage.
+    pub fn begin_io(self: &Arc<Self>, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
+        let mut st = self.lock();
+        if self.expire(&mut st, Instant::now()) {
+            self.changed.notify_waiters();
+        }
+        let f = st.files.get_mut(&gfi).ok_or(Errno::ESTALE)?;
+        if f.holders.get(&client) != Some(&lease) || (write && f.mode != Some(LeaseMode::Write)) {
+            return Err(Errno::ESTALE);
+        }
+        *f.io.entry(client).or_insert(0) += 1;
+        Ok(IoGuard {
+            mgr: self.clone(),
+            gfi,
+            client,
+        })
+    }
+
+    /// The holders of `gfi` and the mode, for tests and diagnostics.
+    pub fn holders(&self, gfi: Gfi) -> (Option<LeaseMode>, HashSet<ClientId>) {
+        let st = self.lock();
+        match st.files.get(&gfi) {
+            Some(f) => (f.mode, f.holders.keys().copied().collect()),
+            None => (None, HashSet::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: Gfi = Gfi { node: 1, ino: 5 };
+
+    fn session(m: &LeaseManager) -> (ClientId, mpsc::UnboundedReceiver<ServerMsg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (m.open_session(tx), rx)
+    }
+
+    #[tokio::test]
+    async fn readers_share_writer_revokes() {
+        let m = LeaseManager::new(Duration::from_secs(30));
+        let (a, _ra) = session(&m);
+        let (b, mut rb) = session(&m);
+        let (c, mut rc) = session(&m);
+        let la = m.acquire(a, F, LeaseMode::Read).await.unwrap();
+        let lb = m.acquire(b, F, LeaseMode::Read).await.unwrap();
+        assert_ne!(la, lb);
+        assert_eq!(m.holders(F).1.len(), 2);
+        // Same mode again: the same lease.
+        assert_eq!(m.acquire(a, F, LeaseMode::Read).await.unwrap(), la);
+
+        // C wants to write: A and B get revocations; C waits for both.
+        let m2 = m.clone();
+        let writer = tokio::spawn(async move { m2.acquire(c, F, LeaseMode::Write).await });
+        assert_eq!(rb.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lb }));
+        m.release(b, F, lb);
+        // A stale release changes nothing.
+        m.release(a, F, la + 100);
+        assert!(!writer.is_finished());
+        m.release(a, F, la);
+        let lc = writer.await.unwrap().unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Write), [c].into()));
+
+        // Fencing: the old readers' leases no longer allow I/O.
+        assert_eq!(m.begin_io(a, F, la, false).err(), Some(Errno::ESTALE));
+        let io = m.begin_io(c, F, lc, true).unwrap();
+
+        // A reader now waits for the writer's release and its running I/O.
+        let m2 = m.clone();
+        let reader = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Read).await });
+        assert_eq!(rc.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lc }));
+        m.release(c, F, lc);
+        tokio::task::yield_now().await;
+        assert!(!reader.is_finished(), "granted while the writer's I/O runs");
+        drop(io);
+        reader.await.unwrap().unwrap();
+        assert_eq!(m.holders(F).0, Some(LeaseMode::Read));
+    }
+
+    #[tokio::test]
+    async fn dead_and_silent_holders_lose_their_lease() {
+        let m = LeaseManager::new(Duration::from_millis(200));
+        let (a, _ra) = session(&m);
+        let (b, _rb) = session(&m);
+        let la = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        // B keeps its session alive; A neither renews nor answers.
+        let m2 = m.clone();
+        let keep = tokio::spawn(async move {
+            loop {
+                if m2.renew(b).is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let t = Instant::now();
+        let lb = m.acquire(b, F, LeaseMode::Write).await.unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+        assert_eq!(m.renew(a), Err(Errno::ESTALE));
+        assert_eq!(m.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
+        assert!(m.begin_io(b, F, lb, true).is_ok());
+        m.end_session(b);
+        assert_eq!(m.holders(F).0, None);
+        keep.await.unwrap();
+    }
+}

@@ -1,0 +1,22 @@
+//! distfs: a distributed file system with write-back caching and strong
+//! consistency through per-file leases (seed 003, DistFUSE).
+//!
+//! Roles, one module each:
+//! - [`lease`]: the lease manager (shared-read and exclusive-write leases
+//!   per file, revocation, expiry, fencing);
+//! - [`meta`]: name space and attributes, strongly consistent, persisted;
+//! - [`blocks`]: file data in fixed-size blocks behind `object_store`;
+//! - [`server`]: the three above in one process on TCP (the embedded mode);
+//! - [`client`]: a [`shortfuse::Filesystem`] with a write-back block cache
+//!   kept coherent by leases.
+//!
+//! Files are named everywhere by their global identifier [`proto::Gfi`].
+
+#![deny(unsafe_code)]
+
+pub mod blocks;
+pub mod lease;
+pub mod meta;
+pub mod proto;
+#[allow(unsafe_code)]
+pub mod server;

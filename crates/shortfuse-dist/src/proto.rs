@@ -1,0 +1,328 @@
+//! The wire protocol between clients and the server.
+//!
+//! One TCP connection per client carries length-prefixed frames: a
+//! big-endian `u32` length, then a message encoded with bincode (serde).
+//! bincode because the message enums below are then the whole schema (no
+//! separate IDL to keep in step), encoding is a memcpy-like walk with no
+//! field names or tags beyond enum indexes, and block data travels as raw
+//! bytes; decoding is bounded by [`MAX_FRAME`] so a bad peer cannot make
+//! either side allocate without limit. Both sides are this crate, so the
+//! lack of schema evolution is no loss; a version number in [`Request::Hello`]
+//! refuses mismatched peers.
+//!
+//! The client sends [`ClientMsg`] (a request with an id); the server sends
+//! [`ServerMsg`]: a reply carrying the request's id, or a lease revocation,
+//! which may arrive at any time. Requests are answered out of order: a lease
+//! request may wait for other clients while later requests are served.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any change of the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts (a batch of blocks plus headers).
+pub const MAX_FRAME: u32 = 64 << 20;
+
+/// Global file identifier (seed 003, 4.1.4): the storage node that holds
+/// the file and the inode number there. Every client names the same file
+/// with the same `Gfi`, whatever node id its kernel gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Gfi {
+    pub node: u32,
+    pub ino: u64,
+}
+
+/// A client's session with the lease manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClientId(pub u64);
+
+/// Which lease a client asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LeaseMode {
+    /// Shared: any number of readers cache the file.
+    Read,
+    /// Exclusive: one writer caches reads and writes.
+    Write,
+}
+
+/// Attributes as the metadata service keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeAttr {
+    pub size: u64,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    /// Type and permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+}
+
+/// An inode as clients see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub gfi: Gfi,
+    pub attr: NodeAttr,
+}
+
+/// A time to set (`utimensat`'s `UTIME_NOW` is resolved by the server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireTime {
+    Now,
+    At(i64, u32),
+}
+
+/// The changes of a `setattr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AttrChange {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<WireTime>,
+    pub mtime: Option<WireTime>,
+}
+
+/// What a new name points at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NewKind {
+    /// Regular file, device, fifo or socket: the type is in `mode`.
+    Node {
+        rdev: u32,
+    },
+    Dir,
+    Symlink {
+        target: Vec<u8>,
+    },
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntryInfo {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    /// `S_IF*` bits.
+    pub kind: u32,
+}
+
+/// Requests a client makes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// First message on a connection: opens a lease session.
+    Hello {
+        version: u32,
+        name: String,
+    },
+    /// Renews the session (and so every lease it holds).
+    Heartbeat,
+    Lookup {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: u64,
+    },
+    /// A size change needs the caller's write lease (`lease`).
+    SetAttr {
+        ino: u64,
+        change: AttrChange,
+        lease: Option<u64>,
+    },
+    Create {
+        parent: u64,
+        name: Vec<u8>,
+        kind: NewKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Unlink {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: u64,
+        name: Vec<u8>,
+    },
+    Rename {
+        parent: u64,
+        name: Vec<u8>,
+        new_parent: u64,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    Link {
+        ino: u64,
+        new_parent: u64,
+        new_name: Vec<u8>,
+    },
+    Readlink {
+        ino: u64,
+    },
+    ReadDir {
+        ino: u64,
+    },
+    Statfs,
+    /// Algorithm 2's GrantLease: answered once the lease is granted, after
+    /// conflicting holders were revoked (or expired).
+    Acquire {
+        gfi: Gfi,
+        mode: LeaseMode,
+    },
+    /// Gives lease `lease` back (after a revocation, or voluntarily).
+    Release {
+        gfi: Gfi,
+        lease: u64,
+    },
+    /// Reads `count` blocks from `first`, under lease `lease`.
+    ReadBlocks {
+        gfi: Gfi,
+        lease: u64,
+        first: u64,
+        count: u32,
+    },
+    /// Writes whole blocks (the last one may be short) and then the file
+    /// size, under write lease `lease`; `sync` makes both durable first.
+    WriteBlocks {
+        gfi: Gfi,
+        lease: u64,
+        blocks: Vec<(u64, Vec<u8>)>,
+        size: u64,
+        mtime: (i64, u32),
+        sync: bool,
+    },
+}
+
+/// Answers to [`Request`]s.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Ok,
+    Err(i32),
+    Welcome {
+        client: ClientId,
+        node: u32,
+        block_size: u32,
+        lease_ttl_ms: u64,
+    },
+    Node(NodeInfo),
+    Data(Vec<u8>),
+    Entries(Vec<DirEntryInfo>),
+    Statfs {
+        blocks: u64,
+        bfree: u64,
+        files: u64,
+        ffree: u64,
+        bsize: u32,
+    },
+    Granted {
+        lease: u64,
+    },
+    /// One entry per block asked; `None` is a block never written (a hole).
+    Blocks(Vec<Option<Vec<u8>>>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientMsg {
+    pub id: u64,
+    pub req: Request,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerMsg {
+    Reply {
+        id: u64,
+        reply: Reply,
+    },
+    /// The manager wants `lease` on `gfi` back (Algorithm 2, ReleaseLease).
+    Revoke {
+        gfi: Gfi,
+        lease: u64,
+    },
+}
+
+fn options() -> impl bincode::Options {
+    use bincode::Options;
+    bincode::DefaultOptions::new().with_limit(u64::from(MAX_FRAME))
+}
+
+/// Encodes `msg` as one frame (length prefix included).
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    use bincode::Options;
+    let len = options()
+        .serialized_size(msg)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encode: {e}")))?;
+    let mut buf = Vec::with_capacity(4 + len as usize);
+    buf.extend_from_slice(&(len as u32).to_be_bytes());
+    options()
+        .serialize_into(&mut buf, msg)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("encode: {e}")))?;
+    Ok(buf)
+}
+
+/// Decodes one frame body (without its length prefix).
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> io::Result<T> {
+    use bincode::Options;
+    options()
+        .deserialize(body)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad frame: {e}")))
+}
+
+/// Checks a frame length read from the wire.
+pub fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
+    let len = u32::from_be_bytes(prefix);
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes is over the {MAX_FRAME}-byte limit"),
+        ));
+    }
+    Ok(len as usize)
+}
+
+/// Blocking read of one frame.
+pub fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> io::Result<T> {
+    let mut prefix = [0u8; 4];
+    r.read_exact(&mut prefix)?;
+    let mut body = vec![0u8; frame_len(prefix)?];
+    r.read_exact(&mut body)?;
+    decode(&body)
+}
+
+/// Blocking write of one frame.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    w.write_all(&encode(msg)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_limits() {
+        let msg = ClientMsg {
+            id: 7,
+            req: Request::WriteBlocks {
+                gfi: Gfi { node: 3, ino: 9 },
+                lease: 4,
+                blocks: vec![(2, vec![1, 2, 3])],
+                size: 10,
+                mtime: (5, 6),
+                sync: true,
+            },
+        };
+        let frame = encode(&msg).unwrap();
+        let back: ClientMsg = read_frame(&mut &frame[..]).unwrap();
+        assert_eq!(back, msg);
+        // A length over the limit is refused before any allocation.
+        let mut bad = (MAX_FRAME + 1).to_be_bytes().to_vec();
+        bad.extend_from_slice(&[0; 8]);
+        assert!(read_frame::<ClientMsg>(&mut &bad[..]).is_err());
+        // Garbage is an error, not a panic.
+        let junk = [0u8, 0, 0, 3, 0xff, 0xff, 0xff];
+        assert!(read_frame::<ClientMsg>(&mut &junk[..]).is_err());
+    }
+}

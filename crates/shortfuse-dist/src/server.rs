@@ -1,0 +1,352 @@
+//! The embedded server: lease manager, metadata and block storage in one
+//! process, serving clients over TCP ([`crate::proto`]).
+//!
+//! Each connection has a reader (frames in, one task per request, so a
+//! lease request that waits for other clients holds up nothing else) and a
+//! writer (replies and revocations out, in the order they were queued).
+//! The connection is the client's lease session: when it closes, the
+//! client's leases are free.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shortfuse::{Errno, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+use crate::blocks::BlockStore;
+use crate::lease::LeaseManager;
+use crate::meta::Meta;
+use crate::proto::{self, ClientId, ClientMsg, Reply, Request, ServerMsg, PROTOCOL_VERSION};
+
+/// Block size of a new server (128 KiB: the kernel's largest write is 1 MiB,
+/// so a write spans few blocks, and a small random write costs one block).
+pub const DEFAULT_BLOCK_SIZE: u32 = 128 << 10;
+/// Lease session lifetime without renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Metadata under `DATA/meta`, blocks under `DATA/blocks`.
+    pub data: PathBuf,
+    pub listen: SocketAddr,
+    pub block_size: u32,
+    pub lease_ttl: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(data: PathBuf, listen: SocketAddr) -> ServerConfig {
+        ServerConfig {
+            data,
+            listen,
+            block_size: DEFAULT_BLOCK_SIZE,
+            lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+}
+
+struct Shared {
+    meta: Arc<Meta>,
+    blocks: BlockStore,
+    leases: Arc<LeaseManager>,
+}
+
+/// A running server; dropping it stops it (connections close, so every
+/// client's session ends).
+pub struct DistServer {
+    rt: Option<Runtime>,
+    addr: SocketAddr,
+    leases: Arc<LeaseManager>,
+}
+
+fn new_node_id() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ d.as_secs() as u32)
+        .unwrap_or(0);
+    (t ^ std::process::id().rotate_left(16)) | 1
+}
+
+impl DistServer {
+    /// Opens the data directory, binds `listen` and starts serving in
+    /// background threads.
+    pub fn start(cfg: ServerConfig) -> std::io::Result<DistServer> {
+        if !(4096..=(16 << 20)).contains(&cfg.block_size) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("block size {} is outside 4 KiB..16 MiB", cfg.block_size),
+            ));
+        }
+        let meta = Arc::new(Meta::open(&cfg.data.join("meta"), new_node_id())?);
+        let blocks = BlockStore::local(&cfg.data.join("blocks"), cfg.block_size)?;
+        let leases = LeaseManager::new(cfg.lease_ttl);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("distfs-server")
+            .enable_all()
+            .build()?;
+        let listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listen on {}: {e}", cfg.listen)))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            meta,
+            blocks,
+            leases: leases.clone(),
+        });
+        let listener = {
+            let _guard = rt.enter();
+            TcpListener::from_std(listener)?
+        };
+        rt.spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((sock, _)) => {
+                        tokio::spawn(serve_conn(shared.clone(), sock));
+                    }
+                    // Out of descriptors and the like: try again shortly
+                    // rather than spin.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        });
+        Ok(DistServer {
+            rt: Some(rt),
+            addr,
+            leases,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn leases(&self) -> &Arc<LeaseManager> {
+        &self.leases
+    }
+
+    /// Serves until the process is stopped.
+    pub fn wait(self) {
+        if let Some(rt) = &self.rt {
+            rt.block_on(std::future::pending::<()>());
+        }
+    }
+}
+
+impl Drop for DistServer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+async fn read_msg(rd: &mut OwnedReadHalf) -> std::io::Result<ClientMsg> {
+    let mut prefix = [0u8; 4];
+    rd.read_exact(&mut prefix).await?;
+    let mut body = vec![0u8; proto::frame_len(prefix)?];
+    rd.read_exact(&mut body).await?;
+    proto::decode(&body)
+}
+
+async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
+    let _ = sock.set_nodelay(true);
+    let (mut rd, wr) = sock.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
+    let writer = tokio::spawn(async move {
+        let mut wr = BufWriter::new(wr);
+        while let Some(msg) = rx.recv().await {
+            let Ok(frame) = proto::encode(&msg) else { break };
+            if wr.write_all(&frame).await.is_err() {
+                return;
+            }
+            // Several queued messages go out in one write.
+            if rx.is_empty() && wr.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = match read_msg(&mut rd).await {
+        Ok(ClientMsg {
+            id,
+            req: Request::Hello { version, .. },
+        }) if version == PROTOCOL_VERSION => {
+            let client = shared.leases.open_session(tx.clone());
+            let _ = tx.send(ServerMsg::Reply {
+                id,
+                reply: Reply::Welcome {
+                    client,
+                    node: shared.meta.node_id(),
+                    block_size: shared.blocks.block_size(),
+                    lease_ttl_ms: shared.leases.ttl().as_millis() as u64,
+                },
+            });
+            client
+        }
+        Ok(ClientMsg { id, .. }) => {
+            let _ = tx.send(ServerMsg::Reply {
+                id,
+                reply: Reply::Err(Errno::EPROTO.raw()),
+            });
+            drop(tx);
+            let _ = writer.await;
+            return;
+        }
+        Err(_) => return,
+    };
+    while let Ok(msg) = read_msg(&mut rd).await {
+        let shared = shared.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let reply = handle(&shared, client, msg.req)
+                .await
+                .unwrap_or_else(|e| Reply::Err(e.raw()));
+            let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
+        });
+    }
+    shared.leases.end_session(client);
+    drop(tx);
+}
+
+async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
+    let meta = &s.meta;
+    Ok(match req {
+        Request::Hello { .. } => return Err(Errno::EPROTO),
+        Request::Heartbeat => {
+            s.leases.renew(client)?;
+            Reply::Ok
+        }
+        Request::Lookup { parent, name } => Reply::Node(meta.lookup(parent, &name)?),
+        Request::GetAttr { ino } => Reply::Node(meta.getattr(ino)?),
+        Request::SetAttr { ino, change, lease } => {
+            let gfi = meta.getattr(ino)?.gfi;
+            // Changing the size changes data: only the writer may.
+            let _io = match (change.size, lease) {
+                (None, _) => None,
+                (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true)?),
+                (Some(_), None) => return Err(Errno::EINVAL),
+            };
+            let (info, old_size) = meta.setattr(ino, &change)?;
+            if let Some(size) = change.size {
+                s.blocks.truncate(gfi, old_size, size).await?;
+            }
+            Reply::Node(info)
+        }
+        Request::Create {
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+        } => Reply::Node(meta.create(parent, &name, kind, mode, uid, gid)?),
+        Request::Unlink { parent, name } => {
+            let freed = meta.remove(parent, &name, false)?;
+            remove_data(s, freed).await?;
+            Reply::Ok
+        }
+        Request::Rmdir { parent, name } => {
+            meta.remove(parent, &name, true)?;
+            Reply::Ok
+        }
+        Request::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } => {
+            let freed = meta.rename(parent, &name, new_parent, &new_name, flags)?;
+            remove_data(s, freed).await?;
+            Reply::Ok
+        }
+        Request::Link {
+            ino,
+            new_parent,
+            new_name,
+        } => Reply::Node(meta.link(ino, new_parent, &new_name)?),
+        Request::Readlink { ino } => Reply::Data(meta.readlink(ino)?),
+        Request::ReadDir { ino } => Reply::Entries(meta.readdir(ino)?),
+        Request::Statfs => {
+            let (blocks, bfree) = disk_space(meta.dir(), s.blocks.block_size());
+            Reply::Statfs {
+                blocks,
+                bfree,
+                files: meta.count(),
+                ffree: u64::from(u32::MAX),
+                bsize: s.blocks.block_size(),
+            }
+        }
+        Request::Acquire { gfi, mode } => Reply::Granted {
+            lease: s.leases.acquire(client, gfi, mode).await?,
+        },
+        Request::Release { gfi, lease } => {
+            s.leases.release(client, gfi, lease);
+            Reply::Ok
+        }
+        Request::ReadBlocks {
+            gfi,
+            lease,
+            first,
+            count,
+        } => {
+            let _io = s.leases.begin_io(client, gfi, lease, false)?;
+            Reply::Blocks(s.blocks.get(gfi, first, count).await?)
+        }
+        Request::WriteBlocks {
+            gfi,
+            lease,
+            blocks,
+            size,
+            mtime,
+            sync,
+        } => {
+            let _io = s.leases.begin_io(client, gfi, lease, true)?;
+            // Data first, then the size that makes it visible.
+            s.blocks.put(gfi, blocks, sync).await?;
+            let info = meta.set_size(gfi.ino, size, mtime)?;
+            if sync {
+                let m = s.meta.clone();
+                tokio::task::spawn_blocking(move || m.sync())
+                    .await
+                    .map_err(|_| Errno::EIO)??;
+            }
+            Reply::Node(info)
+        }
+    })
+}
+
+async fn remove_data(s: &Shared, freed: crate::meta::Freed) -> Result<()> {
+    let node = s.meta.node_id();
+    for ino in freed.0 {
+        s.blocks.remove_file(proto::Gfi { node, ino }).await?;
+    }
+    Ok(())
+}
+
+/// Total and free space of the file system holding the data directory, in
+/// `block_size` units.
+fn disk_space(dir: &std::path::Path, block_size: u32) -> (u64, u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return (0, 0);
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a valid NUL-terminated string and `st` points to
+    // writable memory the size of `struct statvfs`; it is read only when
+    // the call succeeded and so filled it.
+    let st = unsafe {
+        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+            return (0, 0);
+        }
+        st.assume_init()
+    };
+    let unit = st.f_frsize;
+    let bs = u64::from(block_size);
+    (st.f_blocks * unit / bs, st.f_bavail * unit / bs)
+}
