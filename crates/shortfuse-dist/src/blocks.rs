@@ -102,10 +102,37 @@ impl BlockStore {
     /// Writes blocks (each at most one block long); with `sync` they are
     /// durable when this returns.
     pub async fn put(&self, gfi: Gfi, blocks: Vec<(u64, Vec<u8>)>, sync: bool) -> Result<()> {
+        let indexes: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
+        self.put_blocks(gfi, blocks).await?;
+        if sync {
+            self.sync(gfi, &indexes).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes blocks written earlier durable (missing ones are skipped: a
+    /// truncation removed them).
+    pub async fn sync(&self, gfi: Gfi, indexes: &[u64]) -> Result<()> {
+        let Some(local) = &self.local else { return Ok(()) };
+        let paths = indexes
+            .iter()
+            .map(|i| local.path_to_filesystem(&Self::path(gfi, *i)).map_err(store_err))
+            .collect::<Result<Vec<_>>>()?;
+        tokio::task::spawn_blocking(move || {
+            paths.into_iter().try_for_each(|p| match fsync_path(p) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
+            })
+        })
+        .await
+        .map_err(|_| Errno::EIO)?
+        .map_err(Errno::from)
+    }
+
+    async fn put_blocks(&self, gfi: Gfi, blocks: Vec<(u64, Vec<u8>)>) -> Result<()> {
         if blocks.iter().any(|(_, b)| b.len() > self.block_size as usize) {
             return Err(Errno::EINVAL);
         }
-        let indexes: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
         stream::iter(blocks)
             .map(|(i, data)| async move {
                 self.store
@@ -116,16 +143,6 @@ impl BlockStore {
             .buffer_unordered(PARALLEL)
             .try_collect::<Vec<_>>()
             .await?;
-        if let (true, Some(local)) = (sync, &self.local) {
-            let paths = indexes
-                .iter()
-                .map(|i| local.path_to_filesystem(&Self::path(gfi, *i)).map_err(store_err))
-                .collect::<Result<Vec<_>>>()?;
-            tokio::task::spawn_blocking(move || paths.into_iter().try_for_each(fsync_path))
-                .await
-                .map_err(|_| Errno::EIO)?
-                .map_err(Errno::from)?;
-        }
         Ok(())
     }
 

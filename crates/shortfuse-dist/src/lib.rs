@@ -15,6 +15,8 @@
 #![deny(unsafe_code)]
 
 pub mod blocks;
+pub mod client;
+mod conn;
 pub mod lease;
 pub mod meta;
 pub mod proto;

@@ -185,15 +185,16 @@ pub enum Request {
         first: u64,
         count: u32,
     },
-    /// Writes whole blocks (the last one may be short) and then the file
-    /// size, under write lease `lease`; `sync` makes both durable first.
+    /// Writes blocks (each at most one block long) and then the file size,
+    /// under write lease `lease`. `sync: Some(earlier)` (an fsync) makes
+    /// these blocks, the `earlier` ones and the metadata durable first.
     WriteBlocks {
         gfi: Gfi,
         lease: u64,
         blocks: Vec<(u64, Vec<u8>)>,
         size: u64,
         mtime: (i64, u32),
-        sync: bool,
+        sync: Option<Vec<u64>>,
     },
 }
 
@@ -311,7 +312,7 @@ mod tests {
                 blocks: vec![(2, vec![1, 2, 3])],
                 size: 10,
                 mtime: (5, 6),
-                sync: true,
+                sync: Some(vec![1]),
             },
         };
         let frame = encode(&msg).unwrap();

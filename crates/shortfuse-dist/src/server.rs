@@ -308,9 +308,14 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
         } => {
             let _io = s.leases.begin_io(client, gfi, lease, true)?;
             // Data first, then the size that makes it visible.
-            s.blocks.put(gfi, blocks, sync).await?;
+            let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
+            s.blocks.put(gfi, blocks, false).await?;
+            if let Some(earlier) = &sync {
+                s.blocks.sync(gfi, &written).await?;
+                s.blocks.sync(gfi, earlier).await?;
+            }
             let info = meta.set_size(gfi.ino, size, mtime)?;
-            if sync {
+            if sync.is_some() {
                 let m = s.meta.clone();
                 tokio::task::spawn_blocking(move || m.sync())
                     .await

@@ -1,0 +1,1042 @@
+//! The distfs client: a [`Filesystem`] over the server, with a write-back
+//! block cache in the daemon kept coherent by per-file leases.
+//!
+//! # Leases and the cache (seed 003, Algorithm 1)
+//!
+//! Each file has a lease slot behind an `RwLock`. Reads and writes take it
+//! shared and check that the lease suffices (a read lease for reads, the
+//! write lease for writes and size changes); if it does not, they take it
+//! exclusive and acquire the lease from the manager (a read lease is
+//! released first when upgrading, as Algorithm 1 does, so that two readers
+//! upgrading at once cannot wait for each other). A revocation takes the
+//! slot exclusive, which blocks new I/O on the file and waits for running
+//! I/O, then writes the dirty blocks back, empties the cache and releases.
+//! Cached blocks are trusted only under a lease: a new lease starts from an
+//! empty cache and the size the metadata service holds.
+//!
+//! Writes stay in the cache until the lease is revoked, the file is
+//! fsync'd, too many blocks are dirty, or the file system is unmounted.
+//! Data and size go to the server in batches (one request for many blocks).
+//! `close(2)` does not write back: that is the point of leases; a client
+//! that dies loses what it did not fsync, and nothing else.
+//!
+//! # Kernel page cache
+//!
+//! The kernel knows nothing about leases, so its page cache could serve a
+//! stale page after this client lost its lease. Files are therefore opened
+//! with `FOPEN_DIRECT_IO` (configurable): every read and write reaches the
+//! daemon, whose cache the leases protect, and the daemon's cache plays the
+//! part that the kernel page cache plays in the seed's modified kernel.
+//!
+//! # Lock order
+//!
+//! `Inner::conn` and `Inner::files` are leaf locks held for a lookup only.
+//! Per file: the lease slot, then the block cache; never two files at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
+
+use shortfuse::{
+    Attr, Created, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId, OpenFlags,
+    Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+};
+
+use crate::conn::Conn;
+use crate::proto::{
+    AttrChange, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime,
+};
+
+/// Blocks fetched past a read miss, when the file has them.
+const READAHEAD: u64 = 8;
+/// Dirty blocks per file before a write writes back.
+const DIRTY_MAX: usize = 256;
+/// Cached blocks per file before clean ones are dropped.
+const CACHED_MAX: usize = 1024;
+/// Bytes of block data per write-back request.
+const BATCH_BYTES: usize = 8 << 20;
+
+/// How a client is set up.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host:port` of the server.
+    pub addr: String,
+    /// Shown in the server's diagnostics.
+    pub name: String,
+    /// Open files with `FOPEN_DIRECT_IO` (see the module docs).
+    pub direct_io: bool,
+}
+
+impl ClientConfig {
+    pub fn new(addr: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            addr: addr.into(),
+            name: format!("pid {}", std::process::id()),
+            direct_io: true,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    mode: Option<LeaseMode>,
+    id: u64,
+    /// The connection the lease belongs to.
+    generation: u64,
+}
+
+struct Block {
+    /// The block's bytes up to its last written one; the rest reads as zeros.
+    data: Vec<u8>,
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct Cache {
+    blocks: HashMap<u64, Block>,
+    /// Valid under a lease: the server's size at grant, then this client's.
+    size: u64,
+    mtime: (i64, u32),
+    /// Size or mtime changed here and not yet on the server.
+    meta_dirty: bool,
+    /// Blocks written to the server since the last fsync.
+    unsynced: BTreeSet<u64>,
+    /// Dirty data was lost (lease lost or write-back failed); the next
+    /// flush/fsync reports EIO once.
+    lost: bool,
+}
+
+impl Cache {
+    fn dirty_count(&self) -> usize {
+        self.blocks.values().filter(|b| b.dirty).count()
+    }
+
+    fn clear(&mut self) {
+        if self.meta_dirty || self.blocks.values().any(|b| b.dirty) {
+            self.lost = true;
+        }
+        self.blocks.clear();
+        self.meta_dirty = false;
+        self.unsynced.clear();
+    }
+
+    fn evict_clean(&mut self) {
+        if self.blocks.len() > CACHED_MAX {
+            let excess = self.blocks.len() - CACHED_MAX / 2;
+            let clean: Vec<u64> = self
+                .blocks
+                .iter()
+                .filter(|(_, b)| !b.dirty)
+                .map(|(i, _)| *i)
+                .take(excess)
+                .collect();
+            for i in clean {
+                self.blocks.remove(&i);
+            }
+        }
+    }
+}
+
+struct FileState {
+    gfi: Gfi,
+    /// `S_IF*` bits: only regular files carry data under leases.
+    kind: u32,
+    lease: RwLock<Slot>,
+    cache: Mutex<Cache>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    conn: Mutex<Option<Arc<Conn>>>,
+    generation: AtomicU64,
+    /// Block size of the server, fixed by the first connection.
+    block_size: AtomicU32,
+    files: Mutex<HashMap<u64, Arc<FileState>>>,
+    /// Handed to each connection's reader so revocations find the files.
+    me: Weak<Inner>,
+}
+
+/// The distfs client file system.
+pub struct DistFs {
+    inner: Arc<Inner>,
+}
+
+fn to_ts((sec, nsec): (i64, u32)) -> Timestamp {
+    Timestamp { sec, nsec }
+}
+
+fn to_attr(ino: u64, a: &NodeAttr, block_size: u32) -> Attr {
+    Attr {
+        ino,
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: to_ts(a.atime),
+        mtime: to_ts(a.mtime),
+        ctime: to_ts(a.ctime),
+        mode: a.mode,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: block_size,
+    }
+}
+
+fn node_reply(r: Reply) -> Result<NodeInfo> {
+    match r {
+        Reply::Node(n) => Ok(n),
+        _ => Err(Errno::EPROTO),
+    }
+}
+
+/// A short count, or `EAGAIN` when nothing was done: the caller goes on.
+fn partial(done: u64) -> Result<usize> {
+    if done == 0 {
+        Err(Errno::EAGAIN)
+    } else {
+        Ok(done as usize)
+    }
+}
+
+fn wire_time(t: SetTime) -> WireTime {
+    match t {
+        SetTime::Now => WireTime::Now,
+        SetTime::At(t) => WireTime::At(t.sec, t.nsec),
+    }
+}
+
+impl DistFs {
+    /// A client that connects on first use (so that a daemon may fork after
+    /// building it). Checks now that the server answers.
+    pub fn new(cfg: ClientConfig) -> std::io::Result<DistFs> {
+        let fs = DistFs::unconnected(cfg);
+        let probe = Conn::open(&fs.inner.cfg.addr, "probe", 0, Box::new(|_, _| {}))?;
+        drop(probe);
+        Ok(fs)
+    }
+
+    /// A client connected now (tests, in-process use).
+    pub fn connect(cfg: ClientConfig) -> std::io::Result<DistFs> {
+        let fs = DistFs::unconnected(cfg);
+        fs.inner.conn().map_err(std::io::Error::from)?;
+        Ok(fs)
+    }
+
+    fn unconnected(cfg: ClientConfig) -> DistFs {
+        DistFs {
+            inner: Arc::new_cyclic(|me| Inner {
+                cfg,
+                conn: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                block_size: AtomicU32::new(0),
+                files: Mutex::new(HashMap::new()),
+                me: me.clone(),
+            }),
+        }
+    }
+
+    /// The global identifier of `node`.
+    pub fn gfi(&self, node: NodeId) -> Result<Gfi> {
+        Ok(self.inner.file(node.0)?.gfi)
+    }
+
+    /// Writes back every dirty block and releases every lease (what an
+    /// unmount does).
+    pub fn shutdown(&self) -> Result<()> {
+        self.inner.shutdown()
+    }
+
+    /// This client's lease session, once connected.
+    pub fn client_id(&self) -> Option<ClientId> {
+        lock(&self.inner.conn).as_ref().map(|c| c.client)
+    }
+
+    /// Test hook: stop renewing the lease session and ignore revocations,
+    /// as a client cut off from the manager would.
+    pub fn cut_off(&self) {
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            c.freeze();
+        }
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> Result<Arc<Conn>> {
+        let mut slot = lock(&self.conn);
+        if let Some(c) = slot.as_ref() {
+            if !c.is_dead() {
+                return Ok(c.clone());
+            }
+        }
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let me = self.me.clone();
+        let conn = Conn::open(
+            &self.cfg.addr,
+            &self.cfg.name,
+            generation,
+            Box::new(move |gfi, lease| {
+                if let Some(inner) = me.upgrade() {
+                    // Revocation writes back and may wait for running I/O:
+                    // never on the reader thread, which must keep reading.
+                    let _ = std::thread::Builder::new()
+                        .name("distfs-revoke".into())
+                        .spawn(move || inner.revoke(gfi, lease, generation));
+                }
+            }),
+        )
+        .map_err(|_| Errno::ENOTCONN)?;
+        let bs = self.block_size.load(Ordering::Acquire);
+        if bs == 0 {
+            self.block_size.store(conn.block_size, Ordering::Release);
+        } else if bs != conn.block_size {
+            return Err(Errno::EIO);
+        }
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn call(&self, req: Req) -> Result<Reply> {
+        self.conn()?.call(req)
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.block_size.load(Ordering::Acquire))
+    }
+
+    fn file(&self, ino: u64) -> Result<Arc<FileState>> {
+        if let Some(f) = lock(&self.files).get(&ino) {
+            return Ok(f.clone());
+        }
+        let info = node_reply(self.call(Req::GetAttr { ino })?)?;
+        Ok(self.file_for(&info))
+    }
+
+    fn file_for(&self, info: &NodeInfo) -> Arc<FileState> {
+        lock(&self.files)
+            .entry(info.gfi.ino)
+            .or_insert_with(|| {
+                Arc::new(FileState {
+                    gfi: info.gfi,
+                    kind: info.attr.mode & libc::S_IFMT,
+                    lease: RwLock::new(Slot::default()),
+                    cache: Mutex::new(Cache::default()),
+                })
+            })
+            .clone()
+    }
+
+    fn entry(&self, info: &NodeInfo) -> Entry {
+        let f = self.file_for(info);
+        let mut attr = info.attr;
+        self.overlay(&f, &mut attr);
+        Entry::new(NodeId(info.gfi.ino), to_attr(info.gfi.ino, &attr, self.bs() as u32))
+    }
+
+    /// Under this client's write lease, the size and mtime here are newer
+    /// than the server's.
+    fn overlay(&self, f: &FileState, attr: &mut NodeAttr) {
+        let Ok(slot) = f.lease.try_read() else { return };
+        if slot.mode == Some(LeaseMode::Write) {
+            let c = lock(&f.cache);
+            if c.meta_dirty {
+                attr.size = c.size;
+                attr.mtime = c.mtime;
+            }
+        }
+    }
+
+    /// Holds a lease of at least `mode` on `f` and runs `io` under it, with
+    /// the connection the lease belongs to.
+    fn with_lease<T>(
+        &self,
+        f: &FileState,
+        mode: LeaseMode,
+        mut io: impl FnMut(&Conn, &RwLockReadGuard<'_, Slot>) -> Result<T>,
+    ) -> Result<T> {
+        // Two rounds: a revocation may slip in between acquiring and using.
+        for _ in 0..8 {
+            let conn = self.conn()?;
+            {
+                let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+                if Self::suffices(&g, mode, &conn) {
+                    return io(&conn, &g);
+                }
+            }
+            match self.acquire(f, mode, &conn) {
+                // The session expired on the server (this client was cut
+                // off): start a new one.
+                Err(Errno::ESTALE) => conn.kill(),
+                r => r?,
+            }
+        }
+        Err(Errno::EAGAIN)
+    }
+
+    fn suffices(slot: &Slot, mode: LeaseMode, conn: &Conn) -> bool {
+        slot.generation == conn.generation
+            && conn.leases_valid()
+            && matches!(
+                (slot.mode, mode),
+                (Some(LeaseMode::Write), _) | (Some(LeaseMode::Read), LeaseMode::Read)
+            )
+    }
+
+    /// Algorithm 1, AcquireLease.
+    fn acquire(&self, f: &FileState, mode: LeaseMode, conn: &Conn) -> Result<()> {
+        let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+        if Self::suffices(&g, mode, conn) {
+            return Ok(());
+        }
+        if g.mode.is_some() {
+            if g.generation == conn.generation && conn.leases_valid() {
+                // Upgrade: give the read lease back first (nothing is dirty
+                // under a read lease).
+                lock(&f.cache).clear();
+                let id = g.id;
+                *g = Slot::default();
+                conn.call(Req::Release { gfi: f.gfi, lease: id })?;
+            } else {
+                // The lease died with its connection or on our clock: what
+                // was dirty can no longer be written back safely.
+                lock(&f.cache).clear();
+            }
+            *g = Slot::default();
+        }
+        let lease = match conn.call(Req::Acquire { gfi: f.gfi, mode })? {
+            Reply::Granted { lease } => lease,
+            _ => return Err(Errno::EPROTO),
+        };
+        let attr = match conn.call(Req::GetAttr { ino: f.gfi.ino }).and_then(node_reply) {
+            Ok(info) => info.attr,
+            Err(e) => {
+                let _ = conn.call(Req::Release { gfi: f.gfi, lease });
+                return Err(e);
+            }
+        };
+        let mut c = lock(&f.cache);
+        c.blocks.clear();
+        c.unsynced.clear();
+        c.meta_dirty = false;
+        c.size = attr.size;
+        c.mtime = attr.mtime;
+        drop(c);
+        *g = Slot {
+            mode: Some(mode),
+            id: lease,
+            generation: conn.generation,
+        };
+        Ok(())
+    }
+
+    /// Algorithm 1, ReleaseLease, on the manager's request: block new I/O
+    /// and wait for running I/O (the exclusive slot), write back, empty the
+    /// cache, release.
+    fn revoke(&self, gfi: Gfi, lease: u64, generation: u64) {
+        let f = lock(&self.files).get(&gfi.ino).cloned();
+        let conn = lock(&self.conn).clone();
+        let Some(conn) = conn.filter(|c| c.generation == generation) else {
+            return;
+        };
+        if let Some(f) = f {
+            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            if g.id == lease && g.generation == generation && g.mode.is_some() {
+                if g.mode == Some(LeaseMode::Write) {
+                    // A failure marks the data lost (reported at the next
+                    // fsync/close); the lease goes back either way.
+                    let _ = self.write_back(&f, &conn, lease, false);
+                }
+                lock(&f.cache).clear();
+                *g = Slot::default();
+                // Released before new I/O may ask again: an acquire that
+                // reached the manager first would get this dying lease back.
+                let _ = conn.call(Req::Release { gfi, lease });
+                return;
+            }
+        }
+        // Not (or no longer) held here: the manager may still count it.
+        let _ = conn.call(Req::Release { gfi, lease });
+    }
+
+    /// Sends every dirty block and the size; with `sync`, makes them and
+    /// every block written since the last fsync durable.
+    fn write_back(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool) -> Result<()> {
+        let (dirty, size, mtime, unsynced) = {
+            let mut c = lock(&f.cache);
+            let mut dirty: Vec<(u64, Vec<u8>)> = Vec::new();
+            for (i, b) in c.blocks.iter_mut() {
+                if b.dirty {
+                    b.dirty = false;
+                    dirty.push((*i, b.data.clone()));
+                }
+            }
+            if dirty.is_empty() && !c.meta_dirty && !sync {
+                return Ok(());
+            }
+            c.meta_dirty = false;
+            dirty.sort_by_key(|(i, _)| *i);
+            let unsynced: Vec<u64> = c.unsynced.iter().copied().collect();
+            (dirty, c.size, c.mtime, unsynced)
+        };
+        let written: Vec<u64> = dirty.iter().map(|(i, _)| *i).collect();
+        let mut batches: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for b in dirty {
+            if bytes + b.1.len() > BATCH_BYTES && !batches[batches.len() - 1].is_empty() {
+                batches.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += b.1.len();
+            let last = batches.len() - 1;
+            batches[last].push(b);
+        }
+        let n = batches.len();
+        let mut result = Ok(());
+        for (k, blocks) in batches.into_iter().enumerate() {
+            // Only the last request syncs: it covers the earlier ones too.
+            let last_sync = sync && k + 1 == n;
+            let mut to_sync = Vec::new();
+            if last_sync {
+                to_sync = unsynced.clone();
+                to_sync.extend(&written);
+            }
+            let r = conn.call(Req::WriteBlocks {
+                gfi: f.gfi,
+                lease,
+                blocks,
+                size,
+                mtime,
+                sync: last_sync.then_some(to_sync),
+            });
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+        }
+        let mut c = lock(&f.cache);
+        match result {
+            Ok(()) if sync => c.unsynced.clear(),
+            Ok(()) => c.unsynced.extend(written),
+            Err(_) => {
+                // Still dirty here; whether it can be retried depends on
+                // the lease, which the caller knows.
+                for i in written {
+                    if let Some(b) = c.blocks.get_mut(&i) {
+                        b.dirty = true;
+                    }
+                }
+                c.meta_dirty = true;
+            }
+        }
+        result
+    }
+
+    fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let f = self.file(ino)?;
+        let bs = self.bs();
+        self.with_lease(&f, LeaseMode::Read, |conn, slot| {
+            let size = lock(&f.cache).size;
+            if offset >= size || buf.is_empty() {
+                return Ok(0);
+            }
+            let end = size.min(offset + buf.len() as u64);
+            let (first, last) = (offset / bs, (end - 1) / bs);
+            let missing: Vec<u64> = {
+                let c = lock(&f.cache);
+                (first..=last).filter(|i| !c.blocks.contains_key(i)).collect()
+            };
+            if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
+                let file_blocks = size.div_ceil(bs);
+                let hi = (hi + READAHEAD).min(file_blocks.saturating_sub(1)).max(hi);
+                self.fetch(&f, conn, slot.id, lo, hi)?;
+            }
+            let c = lock(&f.cache);
+            let mut pos = offset;
+            while pos < end {
+                let i = pos / bs;
+                let within = (pos % bs) as usize;
+                let n = ((bs - pos % bs).min(end - pos)) as usize;
+                let out = &mut buf[(pos - offset) as usize..][..n];
+                match c.blocks.get(&i) {
+                    Some(b) => {
+                        let have = b.data.len().saturating_sub(within).min(n);
+                        out[..have].copy_from_slice(&b.data[within..within + have]);
+                        out[have..].fill(0);
+                    }
+                    // Dropped between fetch and copy by the cache bound:
+                    // rare; the caller retries the read.
+                    None => return partial(pos - offset),
+                }
+                pos += n as u64;
+            }
+            Ok((end - offset) as usize)
+        })
+    }
+
+    /// Fetches blocks `lo..=hi` in one request; keeps what this client
+    /// wrote meanwhile.
+    fn fetch(&self, f: &FileState, conn: &Conn, lease: u64, lo: u64, hi: u64) -> Result<()> {
+        let count = u32::try_from(hi - lo + 1).map_err(|_| Errno::EINVAL)?;
+        let blocks = match conn.call(Req::ReadBlocks {
+            gfi: f.gfi,
+            lease,
+            first: lo,
+            count,
+        })? {
+            Reply::Blocks(b) if b.len() == count as usize => b,
+            _ => return Err(Errno::EPROTO),
+        };
+        let mut c = lock(&f.cache);
+        for (k, data) in blocks.into_iter().enumerate() {
+            c.blocks.entry(lo + k as u64).or_insert(Block {
+                data: data.unwrap_or_default(),
+                dirty: false,
+            });
+        }
+        c.evict_clean();
+        Ok(())
+    }
+
+    fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let f = self.file(ino)?;
+        let bs = self.bs();
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        self.with_lease(&f, LeaseMode::Write, |conn, slot| {
+            if data.is_empty() {
+                return Ok(0);
+            }
+            {
+                // Partly written blocks that exist on the server and are not
+                // cached must be read first.
+                let need: Vec<u64> = {
+                    let c = lock(&f.cache);
+                    let stored = c.size.div_ceil(bs);
+                    [offset / bs, (end - 1) / bs]
+                        .into_iter()
+                        .filter(|&i| {
+                            let covers = offset <= i * bs && end >= (i + 1) * bs;
+                            !covers && i < stored && !c.blocks.contains_key(&i)
+                        })
+                        .collect()
+                };
+                for i in need {
+                    self.fetch(&f, conn, slot.id, i, i)?;
+                }
+                let mut c = lock(&f.cache);
+                let stored = c.size.div_ceil(bs);
+                let mut pos = offset;
+                let mut complete = true;
+                while pos < end {
+                    let i = pos / bs;
+                    let within = (pos % bs) as usize;
+                    let n = ((bs - pos % bs).min(end - pos)) as usize;
+                    let covers = within == 0 && n as u64 == bs;
+                    if !covers && i < stored && !c.blocks.contains_key(&i) {
+                        complete = false;
+                        break;
+                    }
+                    let b = c.blocks.entry(i).or_insert(Block {
+                        data: Vec::new(),
+                        dirty: false,
+                    });
+                    if b.data.len() < within + n {
+                        b.data.resize(within + n, 0);
+                    }
+                    b.data[within..within + n].copy_from_slice(&data[(pos - offset) as usize..][..n]);
+                    b.dirty = true;
+                    pos += n as u64;
+                }
+                if pos > offset {
+                    c.size = c.size.max(pos);
+                    c.mtime = crate::meta::now();
+                    c.meta_dirty = true;
+                }
+                if !complete {
+                    // A needed block was dropped by the cache bound: the
+                    // caller fetches the rest again (what is written stays).
+                    return partial(pos - offset);
+                }
+                let too_dirty = c.dirty_count() > DIRTY_MAX;
+                drop(c);
+                if too_dirty {
+                    self.write_back(&f, conn, slot.id, false)?;
+                }
+                Ok(data.len())
+            }
+        })
+    }
+
+    fn truncate(&self, f: &FileState, size: u64, change: AttrChange) -> Result<NodeInfo> {
+        let bs = self.bs();
+        self.with_lease(f, LeaseMode::Write, |conn, slot| {
+            {
+                let mut c = lock(&f.cache);
+                c.blocks.retain(|i, _| i * bs < size);
+                let tail = (size % bs) as usize;
+                if let Some(b) = c.blocks.get_mut(&(size / bs)) {
+                    if tail < b.data.len() {
+                        b.data.truncate(tail);
+                    }
+                }
+            }
+            // Dirty data below the new size goes first, so that the size the
+            // server records and the blocks it holds agree.
+            self.write_back(f, conn, slot.id, false)?;
+            let info = node_reply(conn.call(Req::SetAttr {
+                ino: f.gfi.ino,
+                change,
+                lease: Some(slot.id),
+            })?)?;
+            let mut c = lock(&f.cache);
+            c.size = size;
+            c.mtime = info.attr.mtime;
+            Ok(info)
+        })
+    }
+
+    fn fsync(&self, ino: u64) -> Result<()> {
+        let f = self.file(ino)?;
+        let conn = self.conn()?;
+        let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+        let lost = std::mem::take(&mut lock(&f.cache).lost);
+        if g.mode == Some(LeaseMode::Write) && g.generation == conn.generation {
+            self.write_back(&f, &conn, g.id, true)?;
+        }
+        if lost {
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        let Some(conn) = lock(&self.conn).clone() else {
+            return Ok(());
+        };
+        let mut result = Ok(());
+        for f in files {
+            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            if g.mode.is_none() || g.generation != conn.generation {
+                continue;
+            }
+            if g.mode == Some(LeaseMode::Write) {
+                if let Err(e) = self.write_back(&f, &conn, g.id, true) {
+                    result = Err(e);
+                }
+            }
+            lock(&f.cache).clear();
+            let _ = conn.call(Req::Release {
+                gfi: f.gfi,
+                lease: g.id,
+            });
+            *g = Slot::default();
+        }
+        result
+    }
+}
+
+impl Filesystem for DistFs {
+    fn init(&self, _config: &mut InitConfig) -> Result<()> {
+        self.inner.conn().map(|_| ())
+    }
+
+    fn destroy(&self) {
+        let _ = self.inner.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
+        let info = node_reply(self.inner.call(Req::Lookup {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+        })?)?;
+        Ok(self.inner.entry(&info))
+    }
+
+    fn getattr(&self, _req: &Request, node: NodeId, _fh: Option<FileHandle>) -> Result<Attr> {
+        let inner = &self.inner;
+        let f = inner.file(node.0)?;
+        let attr = if f.kind == libc::S_IFREG {
+            // Size and mtime are data: under a read lease nobody else has
+            // unwritten changes; under our write lease ours are newest.
+            inner.with_lease(&f, LeaseMode::Read, |conn, _| {
+                let mut attr = node_reply(conn.call(Req::GetAttr { ino: node.0 })?)?.attr;
+                let c = lock(&f.cache);
+                if c.meta_dirty {
+                    attr.size = c.size;
+                    attr.mtime = c.mtime;
+                }
+                Ok(attr)
+            })?
+        } else {
+            node_reply(inner.call(Req::GetAttr { ino: node.0 })?)?.attr
+        };
+        Ok(to_attr(node.0, &attr, inner.bs() as u32))
+    }
+
+    fn setattr(&self, _req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        let inner = &self.inner;
+        let f = inner.file(node.0)?;
+        let mut change = AttrChange {
+            mode: set.mode,
+            uid: set.uid,
+            gid: set.gid,
+            size: set.size,
+            atime: set.atime.map(wire_time),
+            mtime: set.mtime.map(wire_time),
+        };
+        let info = match set.size {
+            Some(size) => inner.truncate(&f, size, change)?,
+            None => {
+                if change.mtime.is_some() {
+                    // An explicit mtime must not be overwritten by a later
+                    // write-back of an older one.
+                    let _ = inner.with_lease(&f, LeaseMode::Write, |conn, slot| {
+                        inner.write_back(&f, conn, slot.id, false)
+                    });
+                }
+                change.size = None;
+                node_reply(inner.call(Req::SetAttr {
+                    ino: node.0,
+                    change,
+                    lease: None,
+                })?)?
+            }
+        };
+        let mut attr = info.attr;
+        inner.overlay(&f, &mut attr);
+        Ok(to_attr(node.0, &attr, inner.bs() as u32))
+    }
+
+    fn readlink(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        match self.inner.call(Req::Readlink { ino: node.0 })? {
+            Reply::Data(d) => Ok(d),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
+        self.create_node(
+            req,
+            parent,
+            name,
+            NewKind::Symlink {
+                target: target.as_bytes().to_vec(),
+            },
+            libc::S_IFLNK | 0o777,
+        )
+    }
+
+    fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        self.create_node(req, parent, name, NewKind::Node { rdev: new.rdev }, new.mode)
+    }
+
+    fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        self.create_node(req, parent, name, NewKind::Dir, libc::S_IFDIR | (new.mode & 0o7777))
+    }
+
+    fn unlink(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.inner
+            .call(Req::Unlink {
+                parent: parent.0,
+                name: name.as_bytes().to_vec(),
+            })
+            .map(|_| ())
+    }
+
+    fn rmdir(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.inner
+            .call(Req::Rmdir {
+                parent: parent.0,
+                name: name.as_bytes().to_vec(),
+            })
+            .map(|_| ())
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        new_parent: NodeId,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        if flags.whiteout {
+            return Err(Errno::EINVAL);
+        }
+        self.inner
+            .call(Req::Rename {
+                parent: parent.0,
+                name: name.as_bytes().to_vec(),
+                new_parent: new_parent.0,
+                new_name: new_name.as_bytes().to_vec(),
+                flags: flags.raw(),
+            })
+            .map(|_| ())
+    }
+
+    fn link(&self, _req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
+        let info = node_reply(self.inner.call(Req::Link {
+            ino: node.0,
+            new_parent: new_parent.0,
+            new_name: new_name.as_bytes().to_vec(),
+        })?)?;
+        Ok(self.inner.entry(&info))
+    }
+
+    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+        let f = self.inner.file(node.0)?;
+        if flags & libc::O_TRUNC != 0 {
+            // The kernel sends O_TRUNC here only with atomic_o_trunc, which
+            // is not asked for; a setattr does it otherwise.
+            self.inner.truncate(
+                &f,
+                0,
+                AttrChange {
+                    size: Some(0),
+                    ..AttrChange::default()
+                },
+            )?;
+        }
+        Ok(self.opened())
+    }
+
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
+        let entry = self.create_node(req, parent, name, NewKind::Node { rdev: 0 }, new.mode)?;
+        Ok(Created {
+            entry,
+            opened: self.opened(),
+        })
+    }
+
+    fn read(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        // A short count that is not end of file happens only when the cache
+        // bound dropped a block mid-copy: finish the request.
+        let mut done = 0;
+        while done < buf.len() {
+            match self.inner.read(node.0, offset + done as u64, &mut buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(Errno::EAGAIN) => continue,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+        let mut offset = args.offset;
+        if args.flags & libc::O_APPEND as u32 != 0 {
+            // With direct I/O the kernel's idea of the end may be stale.
+            let f = self.inner.file(node.0)?;
+            offset = self
+                .inner
+                .with_lease(&f, LeaseMode::Write, |_, _| Ok(lock(&f.cache).size))?;
+        }
+        let mut done = 0;
+        while done < data.len() {
+            match self.inner.write(node.0, offset + done as u64, &data[done..]) {
+                Ok(n) => done += n,
+                Err(Errno::EAGAIN) => continue,
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    fn flush(&self, _req: &Request, node: NodeId, _fh: FileHandle, _lock_owner: u64) -> Result<()> {
+        // Data stays cached under the lease; only a loss is reported.
+        let f = self.inner.file(node.0)?;
+        if std::mem::take(&mut lock(&f.cache).lost) {
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+
+    fn release(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _args: &ReleaseArgs) -> Result<()> {
+        Ok(())
+    }
+
+    fn fsync(&self, _req: &Request, node: NodeId, _fh: FileHandle, _datasync: bool) -> Result<()> {
+        self.inner.fsync(node.0)
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        node: NodeId,
+        _fh: FileHandle,
+        offset: u64,
+        sink: &mut dyn DirSink,
+    ) -> Result<()> {
+        let entries = match self.inner.call(Req::ReadDir { ino: node.0 })? {
+            Reply::Entries(e) => e,
+            _ => return Err(Errno::EPROTO),
+        };
+        for (k, e) in entries.iter().enumerate().skip(offset as usize) {
+            let typ = FileType::from_mode(e.kind);
+            if !sink.add(e.ino, k as u64 + 1, typ, OsStr::from_bytes(&e.name)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn fsyncdir(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _datasync: bool) -> Result<()> {
+        // Every name-space change is already on the server when answered.
+        Ok(())
+    }
+
+    fn statfs(&self, _req: &Request, _node: NodeId) -> Result<Statfs> {
+        match self.inner.call(Req::Statfs)? {
+            Reply::Statfs {
+                blocks,
+                bfree,
+                files,
+                ffree,
+                bsize,
+            } => Ok(Statfs {
+                blocks,
+                bfree,
+                bavail: bfree,
+                files,
+                ffree,
+                bsize,
+                namelen: 255,
+                frsize: bsize,
+            }),
+            _ => Err(Errno::EPROTO),
+        }
+    }
+}
+
+impl DistFs {
+    fn opened(&self) -> Opened {
+        Opened {
+            flags: OpenFlags {
+                direct_io: self.inner.cfg.direct_io,
+                ..OpenFlags::default()
+            },
+            ..Opened::default()
+        }
+    }
+
+    fn create_node(&self, req: &Request, parent: NodeId, name: &OsStr, kind: NewKind, mode: u32) -> Result<Entry> {
+        let info = node_reply(self.inner.call(Req::Create {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            kind,
+            mode,
+            uid: req.uid,
+            gid: req.gid,
+        })?)?;
+        Ok(self.inner.entry(&info))
+    }
+}

@@ -1,0 +1,228 @@
+//! The client's connection to the server: requests from any thread, each
+//! answered through its own channel; revocations handed to a callback.
+//!
+//! A reader thread takes every frame off the socket; a heartbeat thread
+//! renews the lease session every quarter TTL. The client keeps its own
+//! clock on its leases: they count as valid only until one TTL after the
+//! last renewal that the server acknowledged was *sent* (the server's
+//! expiry is counted from when it received it, which is later), so the
+//! client stops trusting its cache before the manager may give the lease to
+//! someone else.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use shortfuse::{Errno, Result};
+
+use crate::proto::{self, ClientId, ClientMsg, Gfi, Reply, Request, ServerMsg, PROTOCOL_VERSION};
+
+/// Called on the reader thread for each revocation; must not block.
+pub type RevokeHandler = Box<dyn Fn(Gfi, u64) + Send + Sync>;
+
+/// Slack subtracted from the lease TTL on the client's clock.
+const CLOCK_MARGIN_DIV: u32 = 10;
+
+pub struct Conn {
+    /// Tells this connection's leases from those of an earlier one.
+    pub generation: u64,
+    pub client: ClientId,
+    pub block_size: u32,
+    pub ttl: Duration,
+    writer: Mutex<BufWriter<TcpStream>>,
+    socket: TcpStream,
+    pending: Mutex<HashMap<u64, SyncSender<Reply>>>,
+    next_id: AtomicU64,
+    dead: AtomicBool,
+    valid_until: Mutex<Instant>,
+    /// Test hook: stop renewing (a client cut off from the manager).
+    frozen: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Conn {
+    /// Connects, opens a lease session and starts the reader and heartbeat
+    /// threads.
+    pub fn open(addr: &str, name: &str, generation: u64, on_revoke: RevokeHandler) -> io::Result<Arc<Conn>> {
+        let sockaddr = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: no address")))?;
+        let socket = TcpStream::connect_timeout(&sockaddr, Duration::from_secs(5))?;
+        socket.set_nodelay(true)?;
+        let mut reader = BufReader::new(socket.try_clone()?);
+        let mut writer = BufWriter::new(socket.try_clone()?);
+        let sent = Instant::now();
+        proto::write_frame(
+            &mut writer,
+            &ClientMsg {
+                id: 0,
+                req: Request::Hello {
+                    version: PROTOCOL_VERSION,
+                    name: name.to_string(),
+                },
+            },
+        )?;
+        writer.flush()?;
+        socket.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let welcome: ServerMsg = proto::read_frame(&mut reader)?;
+        socket.set_read_timeout(None)?;
+        let (client, block_size, ttl) = match welcome {
+            ServerMsg::Reply {
+                reply:
+                    Reply::Welcome {
+                        client,
+                        block_size,
+                        lease_ttl_ms,
+                        ..
+                    },
+                ..
+            } => (client, block_size, Duration::from_millis(lease_ttl_ms)),
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{addr}: not a distfs server of protocol {PROTOCOL_VERSION} ({other:?})"),
+                ))
+            }
+        };
+        let conn = Arc::new(Conn {
+            generation,
+            client,
+            block_size,
+            ttl,
+            writer: Mutex::new(writer),
+            socket,
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+            valid_until: Mutex::new(sent + ttl - ttl / CLOCK_MARGIN_DIV),
+            frozen: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&conn);
+        std::thread::Builder::new()
+            .name("distfs-reader".into())
+            .spawn(move || read_loop(weak, reader, on_revoke))?;
+        let weak = Arc::downgrade(&conn);
+        std::thread::Builder::new()
+            .name("distfs-heartbeat".into())
+            .spawn(move || heartbeat_loop(weak))?;
+        Ok(conn)
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Whether leases of this connection may still be trusted.
+    pub fn leases_valid(&self) -> bool {
+        !self.is_dead() && Instant::now() < *lock(&self.valid_until)
+    }
+
+    /// Test hook: stop heartbeats and ignore revocations, as if the
+    /// manager were unreachable.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// Ends the connection (and the leases of its session).
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+        let _ = self.socket.shutdown(Shutdown::Both);
+        // Dropping the senders wakes every waiter with an error.
+        lock(&self.pending).clear();
+    }
+
+    /// Sends `req` and waits for its reply (at most `timeout`).
+    pub fn call_timeout(&self, req: Request, timeout: Duration) -> Result<Reply> {
+        if self.is_dead() {
+            return Err(Errno::ENOTCONN);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        lock(&self.pending).insert(id, tx);
+        let frame = proto::encode(&ClientMsg { id, req }).map_err(|_| Errno::EINVAL)?;
+        {
+            let mut w = lock(&self.writer);
+            if w.write_all(&frame).and_then(|()| w.flush()).is_err() {
+                drop(w);
+                self.kill();
+                return Err(Errno::ENOTCONN);
+            }
+        }
+        match rx.recv_timeout(timeout) {
+            Ok(Reply::Err(e)) => Err(Errno::from_raw(e)),
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => {
+                lock(&self.pending).remove(&id);
+                Err(Errno::ETIMEDOUT)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(Errno::ENOTCONN),
+        }
+    }
+
+    /// Sends `req` with the default timeout: long enough for a lease
+    /// request that waits for a dead holder to expire.
+    pub fn call(&self, req: Request) -> Result<Reply> {
+        self.call_timeout(req, self.ttl * 3 + Duration::from_secs(5))
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_revoke: RevokeHandler) {
+    loop {
+        let msg: io::Result<ServerMsg> = proto::read_frame(&mut reader);
+        let Some(c) = conn.upgrade() else { return };
+        match msg {
+            Ok(ServerMsg::Reply { id, reply }) => {
+                if let Some(tx) = lock(&c.pending).remove(&id) {
+                    let _ = tx.send(reply);
+                }
+            }
+            Ok(ServerMsg::Revoke { gfi, lease }) => {
+                if !c.frozen.load(Ordering::Acquire) {
+                    on_revoke(gfi, lease)
+                }
+            }
+            Err(_) => {
+                c.kill();
+                return;
+            }
+        }
+    }
+}
+
+fn heartbeat_loop(conn: Weak<Conn>) {
+    loop {
+        let Some(c) = conn.upgrade() else { return };
+        if c.is_dead() {
+            return;
+        }
+        let period = c.ttl / 4;
+        if !c.frozen.load(Ordering::Acquire) {
+            let sent = Instant::now();
+            match c.call_timeout(Request::Heartbeat, period) {
+                Ok(_) => *lock(&c.valid_until) = sent + c.ttl - c.ttl / CLOCK_MARGIN_DIV,
+                // The session is gone on the server: nothing of it is valid.
+                Err(Errno::ESTALE) => {
+                    c.kill();
+                    return;
+                }
+                Err(_) => {}
+            }
+        }
+        drop(c);
+        std::thread::sleep(period);
+    }
+}

@@ -1,0 +1,271 @@
+//! Several distfs clients in one process against one embedded server, no
+//! kernel: lease revocation, strong consistency, serialized writers,
+//! durability across a server restart, dead and cut-off clients.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use shortfuse::{Errno, FileHandle, Filesystem, NewNode, NodeId, Request, SetAttr, WriteArgs};
+use shortfuse_dist::client::{ClientConfig, DistFs};
+use shortfuse_dist::proto::LeaseMode;
+use shortfuse_dist::server::{DistServer, ServerConfig};
+
+const REQ: Request = Request {
+    unique: 0,
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
+const FH: FileHandle = FileHandle(0);
+
+fn server(data: &Path, ttl: Duration) -> DistServer {
+    let mut cfg = ServerConfig::new(data.to_path_buf(), "127.0.0.1:0".parse().unwrap());
+    cfg.block_size = 4096;
+    cfg.lease_ttl = ttl;
+    DistServer::start(cfg).unwrap()
+}
+
+fn client(s: &DistServer) -> DistFs {
+    DistFs::connect(ClientConfig::new(s.addr().to_string())).unwrap()
+}
+
+fn create(fs: &DistFs, name: &str) -> NodeId {
+    let new = NewNode {
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        rdev: 0,
+    };
+    fs.create(&REQ, NodeId::ROOT, OsStr::new(name), &new, libc::O_RDWR)
+        .unwrap()
+        .entry
+        .node
+}
+
+fn lookup(fs: &DistFs, name: &str) -> NodeId {
+    fs.lookup(&REQ, NodeId::ROOT, OsStr::new(name)).unwrap().node
+}
+
+fn write(fs: &DistFs, node: NodeId, offset: u64, data: &[u8]) {
+    let args = WriteArgs {
+        offset,
+        ..WriteArgs::default()
+    };
+    assert_eq!(fs.write(&REQ, node, FH, data, &args).unwrap(), data.len());
+}
+
+fn read(fs: &DistFs, node: NodeId, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let n = fs.read(&REQ, node, FH, offset, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i * 7 % 251) as u8)).collect()
+}
+
+#[test]
+fn reader_revokes_writer_and_sees_its_cached_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let (a, b) = (client(&s), client(&s));
+    let node = create(&a, "f");
+    // 2.5 blocks, unaligned, into A's cache only.
+    let data = pattern(1, 10_000);
+    write(&a, node, 100, &data);
+    let gfi = a.gfi(node).unwrap();
+    assert_eq!(
+        s.leases().holders(gfi),
+        (Some(LeaseMode::Write), [a.client_id().unwrap()].into())
+    );
+    // Nothing reached storage yet: the server still has an empty file.
+    let nb = lookup(&b, "f");
+    assert_eq!(b.gfi(nb).unwrap(), gfi, "both clients name the file by the same GFI");
+    assert_eq!(b.lookup(&REQ, NodeId::ROOT, OsStr::new("f")).unwrap().attr.size, 0);
+
+    // B reads: A's lease is revoked, A writes back, B sees A's bytes.
+    let got = read(&b, nb, 0, 20_000);
+    let mut want = vec![0u8; 100];
+    want.extend_from_slice(&data);
+    assert_eq!(got, want);
+    assert_eq!(b.getattr(&REQ, nb, None).unwrap().size, 10_100);
+    assert_eq!(
+        s.leases().holders(gfi),
+        (Some(LeaseMode::Read), [b.client_id().unwrap()].into())
+    );
+
+    // A reads too: readers share.
+    assert_eq!(read(&a, node, 100, 5), &data[..5]);
+    assert_eq!(s.leases().holders(gfi).1.len(), 2);
+
+    // A writes again: B's read lease goes, and B's next read sees the change.
+    write(&a, node, 4096, b"XYZ");
+    assert_eq!(s.leases().holders(gfi).1, [a.client_id().unwrap()].into());
+    assert_eq!(read(&b, nb, 4096, 3), b"XYZ");
+
+    // Truncation goes through the lease as well.
+    let set = SetAttr {
+        size: Some(50),
+        ..SetAttr::default()
+    };
+    assert_eq!(a.setattr(&REQ, node, &set).unwrap().size, 50);
+    assert_eq!(read(&b, nb, 0, 1000), vec![0u8; 50]);
+    write(&a, node, 8000, b"end");
+    let got = read(&b, nb, 0, 10_000);
+    assert_eq!(got.len(), 8003);
+    assert!(got[..8000].iter().all(|&x| x == 0), "truncated data came back");
+}
+
+#[test]
+fn concurrent_writers_serialize() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let clients: Vec<DistFs> = (0..3).map(|_| client(&s)).collect();
+    let node = create(&clients[0], "shared");
+    let nodes: Vec<NodeId> = clients.iter().map(|c| lookup(c, "shared")).collect();
+    const ROUNDS: usize = 40;
+    const WHOLE: usize = 3 * 4096 + 17;
+    std::thread::scope(|scope| {
+        for (k, (c, &n)) in clients.iter().zip(&nodes).enumerate() {
+            scope.spawn(move || {
+                for r in 0..ROUNDS {
+                    // Every client owns a few bytes inside the same blocks
+                    // (a lost update would show) and overwrites a shared
+                    // region whole (a torn write would show).
+                    let off = (r * 3 + k) as u64 * 97;
+                    write(c, n, off % 12_000, &[k as u8 + 1; 3]);
+                    write(c, n, 20_000, &vec![k as u8 + 1; WHOLE]);
+                    let seen = read(c, n, 20_000, WHOLE);
+                    assert!(seen.windows(2).all(|w| w[0] == w[1]), "torn write seen by client {k}");
+                }
+            });
+        }
+    });
+    let last = read(&clients[0], node, 0, 40_000);
+    // The small writes never overlap (offsets 97 apart): every one of them
+    // must be there, whichever order the clients ran in.
+    let mut owner = vec![0u8; 12_000];
+    for r in 0..ROUNDS {
+        for k in 0..3 {
+            let off = (r * 3 + k) * 97 % 12_000;
+            owner[off..off + 3].fill(k as u8 + 1);
+        }
+    }
+    assert_eq!(&last[..12_000], &owner[..], "updates lost or reordered");
+    let whole = &last[20_000..20_000 + WHOLE];
+    assert!(whole.windows(2).all(|w| w[0] == w[1]), "final shared region is torn");
+}
+
+#[test]
+fn fsynced_data_survives_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let a = client(&s);
+    let node = create(&a, "durable");
+    let data = pattern(9, 50_000);
+    write(&a, node, 0, &data);
+    a.fsync(&REQ, node, FH, false).unwrap();
+    let gfi = a.gfi(node).unwrap();
+    let addr = s.addr();
+    drop(s);
+    // The client's connection died with the server; its leases are gone.
+    // Same port, so that the old client finds the new server.
+    let mut cfg = ServerConfig::new(dir.path().to_path_buf(), addr);
+    cfg.block_size = 4096;
+    let s = DistServer::start(cfg).unwrap();
+    let b = client(&s);
+    let nb = lookup(&b, "durable");
+    assert_eq!(b.gfi(nb).unwrap(), gfi, "the GFI outlives the server process");
+    assert_eq!(read(&b, nb, 0, 60_000), data);
+    // The old client reconnects on its next call with a new session.
+    let na = lookup(&a, "durable");
+    assert_eq!(read(&a, na, 49_990, 100), &data[49_990..]);
+}
+
+#[test]
+fn dead_client_loses_only_unsynced_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(30));
+    let (a, b) = (client(&s), client(&s));
+    let node = create(&a, "f");
+    write(&a, node, 0, b"synced");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    write(&a, node, 6, b" and cached");
+    // The process dies: the connection closes, nothing is written back.
+    drop(a);
+    let nb = lookup(&b, "f");
+    // The dead client's session ended with its connection: B does not wait
+    // for the 30-second TTL.
+    let t = Instant::now();
+    assert_eq!(read(&b, nb, 0, 100), b"synced");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    write(&b, nb, 6, b"!");
+    assert_eq!(read(&b, nb, 0, 100), b"synced!");
+}
+
+#[test]
+fn cut_off_client_leases_expire_and_it_cannot_write_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(600);
+    let s = server(dir.path(), ttl);
+    let (a, b) = (client(&s), client(&s));
+    let node = create(&a, "f");
+    write(&a, node, 0, b"before");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    write(&a, node, 0, b"AFTER!");
+    // A keeps its connection but neither renews nor answers revocations.
+    a.cut_off();
+    let nb = lookup(&b, "f");
+    let t = Instant::now();
+    assert_eq!(read(&b, nb, 0, 100), b"before");
+    assert!(
+        t.elapsed() >= ttl / 2,
+        "granted before A's lease could expire: {:?}",
+        t.elapsed()
+    );
+    write(&b, nb, 0, b"B wins");
+    // A's cached data can no longer reach storage: its fsync fails and B's
+    // data stands.
+    assert!(a.fsync(&REQ, node, FH, false).is_err());
+    assert_eq!(read(&b, nb, 0, 100), b"B wins");
+    // A's later reads go through a new session and see B's data.
+    let na = lookup(&a, "f");
+    assert_eq!(read(&a, na, 0, 100), b"B wins");
+}
+
+#[test]
+fn namespace_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let (a, b) = (client(&s), client(&s));
+    let dnew = NewNode {
+        mode: 0o755,
+        umask: 0,
+        rdev: 0,
+    };
+    let d = a.mkdir(&REQ, NodeId::ROOT, OsStr::new("d"), &dnew).unwrap().node;
+    let f = create(&a, "f");
+    write(&a, f, 0, b"hello");
+    a.rename(
+        &REQ,
+        NodeId::ROOT,
+        OsStr::new("f"),
+        d,
+        OsStr::new("g"),
+        Default::default(),
+    )
+    .unwrap();
+    let g = b.lookup(&REQ, d, OsStr::new("g")).unwrap().node;
+    assert_eq!(read(&b, g, 0, 10), b"hello");
+    b.symlink(&REQ, d, OsStr::new("s"), OsStr::new("g")).unwrap();
+    assert_eq!(a.readlink(&REQ, lookup_in(&a, d, "s")).unwrap(), b"g");
+    assert_eq!(a.rmdir(&REQ, NodeId::ROOT, OsStr::new("d")), Err(Errno::ENOTEMPTY));
+    a.unlink(&REQ, d, OsStr::new("g")).unwrap();
+    assert_eq!(b.lookup(&REQ, d, OsStr::new("g")).err(), Some(Errno::ENOENT));
+    assert!(b.statfs(&REQ, NodeId::ROOT).unwrap().files >= 3);
+}
+
+fn lookup_in(fs: &DistFs, dir: NodeId, name: &str) -> NodeId {
+    fs.lookup(&REQ, dir, OsStr::new(name)).unwrap().node
+}
