@@ -160,6 +160,8 @@ fn untime(s: &str) -> Option<Timestamp> {
 
 /// Root inode number (the kernel's `FUSE_ROOT_ID`).
 pub const ROOT: u64 = 1;
+/// The longest name an entry can have (statfs reports it as namemax).
+pub const NAME_MAX: usize = 255;
 
 /// The namespace and its journal.
 pub struct Tree<P> {
@@ -296,12 +298,18 @@ impl<P: Payload> Tree<P> {
         if name == ".." {
             return Ok(d.parent);
         }
+        // The kernel passes names up to 1024 bytes to lookup; one that no
+        // entry can have must say so, as statfs's namemax promises, or a
+        // later link/rename to it would get an unrelated error.
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
         d.children.get(name).copied().ok_or(Errno::ENOENT)
     }
 
     /// Adds `node` (its `ino` is assigned here) under its parent.
     pub fn insert(&mut self, mut node: Node<P>) -> Result<u64> {
-        if node.name.len() > 255 {
+        if node.name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
         let parent = self.dir(node.parent)?;
@@ -458,6 +466,25 @@ mod tests {
         let d = t.child(ROOT, OsStr::new("d i r")).unwrap();
         assert!(t.dir(d).unwrap().children.is_empty());
         assert_eq!(t.nodes.len(), 3);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn names_longer_than_name_max_are_enametoolong() {
+        let dir = std::env::temp_dir().join(format!("sf-tree-long-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut t: Tree<P> = Tree::open(&dir.join("journal")).unwrap();
+        let ok = "a".repeat(NAME_MAX);
+        let long = "a".repeat(NAME_MAX + 1);
+        assert_eq!(t.child(ROOT, OsStr::new(&ok)), Err(Errno::ENOENT));
+        assert_eq!(t.child(ROOT, OsStr::new(&long)), Err(Errno::ENAMETOOLONG));
+        let long_node = Node::new(0, ROOT, OsStr::new(&long), FileType::Regular, 0o644, 0, 0);
+        assert_eq!(t.insert(long_node), Err(Errno::ENAMETOOLONG));
+        let f = t
+            .insert(Node::new(0, ROOT, OsStr::new(&ok), FileType::Regular, 0o644, 0, 0))
+            .unwrap();
+        assert_eq!(t.child(ROOT, OsStr::new(&ok)), Ok(f));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
