@@ -392,7 +392,20 @@ fn unmount_path(mp: &Path, lazy: bool, use_fusermount: bool) -> io::Result<()> {
         return Err(err(kind, format!("fusermount3 -u {}: {msg}", mp.display())));
     }
     let flags = libc::UMOUNT_NOFOLLOW | if lazy { libc::MNT_DETACH } else { 0 };
-    sys::umount2(mp, flags).map_err(|e| match e.raw_os_error() {
+    // A file closed just before stays pinned until the kernel's
+    // asynchronous RELEASE completes: give that a bounded moment before
+    // calling the mount busy.
+    let mut result = sys::umount2(mp, flags);
+    for _ in 0..20 {
+        match &result {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+                result = sys::umount2(mp, flags);
+            }
+            _ => break,
+        }
+    }
+    result.map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => err(
             io::ErrorKind::ResourceBusy,
             format!(
