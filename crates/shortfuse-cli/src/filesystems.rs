@@ -102,6 +102,20 @@ pub const ALL: &[FsKind] = &[
             )?))
         },
     },
+    FsKind {
+        name: "dist",
+        source: Some("ADDR (host:port) of a `shortfuse dist up` server"),
+        about: "distfs client: write-back cache kept strongly consistent by per-file leases",
+        kernel_permissions: true,
+        build: |src, rest| {
+            no_options("dist", rest)?;
+            let addr = src.ok_or_else(|| invalid("dist needs SOURCE: ADDR".into()))?;
+            let cfg = shortfuse_dist::client::ClientConfig::new(addr.to_string_lossy());
+            let fs = shortfuse_dist::client::DistFs::new(cfg)
+                .map_err(|e| io::Error::new(e.kind(), format!("dist {}: {e}", addr.display())))?;
+            Ok(Arc::new(fs))
+        },
+    },
 ];
 
 /// The file system called `name`, built over `source` with `rest`; also

@@ -63,6 +63,13 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// distfs servers: `dist up --data DIR` runs lease manager, metadata and
+    /// block storage in one process (foreground; mount it with `shortfuse
+    /// mount dist ADDR MOUNTPOINT`).
+    Dist {
+        #[command(subcommand)]
+        command: DistCommand,
+    },
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -73,6 +80,17 @@ enum Command {
         /// Zero the counters (after printing nothing).
         #[arg(long, conflicts_with = "json")]
         reset: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum DistCommand {
+    /// Serve DIR (metadata and blocks) on ADDR until stopped.
+    Up {
+        #[arg(long, value_name = "DIR")]
+        data: PathBuf,
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7420")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -110,6 +128,9 @@ fn main() -> ExitCode {
             }
             return ExitCode::from(shortfuse_bench::cli_main(&args).clamp(0, 255) as u8);
         }
+        Command::Dist {
+            command: DistCommand::Up { data, listen },
+        } => shortfuse_dist::server::run_up(data, listen),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);

@@ -355,3 +355,15 @@ fn disk_space(dir: &std::path::Path, block_size: u32) -> (u64, u64) {
     let bs = u64::from(block_size);
     (st.f_blocks * unit / bs, st.f_bavail * unit / bs)
 }
+
+/// `shortfuse dist up`: serves the data directory `data` on `listen` in the
+/// foreground until the process is stopped. Prints the address it listens
+/// on (useful with port 0) once clients can connect.
+pub fn run_up(data: PathBuf, listen: SocketAddr) -> std::io::Result<()> {
+    let server = DistServer::start(ServerConfig::new(data.clone(), listen))?;
+    println!("distfs: serving {} on {}", data.display(), server.addr());
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    server.wait();
+    Ok(())
+}
