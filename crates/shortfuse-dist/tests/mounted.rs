@@ -106,7 +106,7 @@ fn two_mounts_see_each_others_writes() {
     let mut got = vec![0u8; 7];
     r.read_exact_at(&mut got, 4096).unwrap();
     assert_eq!(got, data[4096..4103]);
-    let mut w = OpenOptions::new().write(true).open(&p1).unwrap();
+    let w = OpenOptions::new().write(true).open(&p1).unwrap();
     w.write_all_at(b"CHANGED", 4096).unwrap();
     r.read_exact_at(&mut got, 4096).unwrap();
     assert_eq!(got, b"CHANGED", "a stale page was served");
