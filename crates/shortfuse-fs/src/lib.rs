@@ -3,6 +3,6 @@
 pub mod mem;
 pub mod null;
 pub mod pack;
-pub mod stripe;
 pub mod passthrough;
 pub mod sftp;
+pub mod stripe;
