@@ -23,10 +23,11 @@ impl Sizes {
         scale.pick(Sizes::tiny(), Sizes::quick(), Sizes::full())
     }
     pub fn quick() -> Sizes {
+        // Sized with fio's quick scale for `make demo`'s two minutes.
         Sizes {
             meta_ops: 2_000,
-            data_ops: 20_000,
-            seq_mib: 128,
+            data_ops: 10_000,
+            seq_mib: 64,
         }
     }
     pub fn full() -> Sizes {
