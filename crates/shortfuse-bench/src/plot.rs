@@ -88,7 +88,9 @@ fn series_of(suite: &SuiteResult) -> Vec<String> {
 /// log axis (latencies here span 1 µs to milliseconds). Returns whether the
 /// suite had latencies to draw.
 fn latency_bars(suite: &SuiteResult, path: &PathBuf) -> Result<bool, String> {
-    let configs: Vec<_> = ran(suite).collect();
+    // Only configurations with latencies get a bar and a legend entry (in
+    // `transport`, only the null ones have any).
+    let configs: Vec<_> = ran(suite).filter(|r| r.figures.iter().any(is_latency)).collect();
     let mut ops: Vec<String> = Vec::new();
     for r in &configs {
         for f in r.figures.iter().filter(|f| is_latency(f)) {
