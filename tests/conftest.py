@@ -6,8 +6,9 @@ root: `python3 -m pytest tests/` after `cargo build`.
 
 Environment:
   SHORTFUSE_BIN         the binary (default target/debug/shortfuse)
-  SHORTFUSE_FS          file systems, comma-separated (default mem,passthrough;
-                        `bindfs` adds Debian's bindfs as a peer)
+  SHORTFUSE_FS          configurations, comma-separated, from sfmount.FILE_SYSTEMS:
+                        mem, passthrough, passthrough+kp, stripe, pack (default
+                        mem,passthrough; `bindfs` adds Debian's bindfs as a peer)
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
   SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
 """
@@ -32,7 +33,7 @@ DEFAULT_DEADLINE = float(os.environ.get("SHORTFUSE_TEST_DEADLINE", "180"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "deadline(seconds): fail the test if it runs longer than this")
-    config.addinivalue_line("markers", "fs(*names): run only on these file systems")
+    config.addinivalue_line("markers", "fs(*names): run only on these configurations (names in sfmount.FILE_SYSTEMS)")
     config.addinivalue_line("markers", "shortfuse_only: needs the shortfuse CLI (not a peer like bindfs)")
     if os.geteuid() != 0:
         raise pytest.UsageError("the mounted test suite runs as root (it mounts file systems)")
@@ -42,7 +43,7 @@ def pytest_configure(config):
 
 def _wanted(item_or_fn, cfg: sfmount.Config) -> bool:
     fs_marker = item_or_fn.get_closest_marker("fs")
-    if fs_marker and cfg.fs not in fs_marker.args:
+    if fs_marker and cfg.name not in fs_marker.args:
         return False
     if item_or_fn.get_closest_marker("shortfuse_only") and not cfg.is_shortfuse:
         return False
@@ -53,6 +54,19 @@ def pytest_generate_tests(metafunc):
     if "config" in metafunc.fixturenames:
         cfgs = [c for c in sfmount.configs_from_env() if _wanted(metafunc.definition, c)]
         metafunc.parametrize("config", cfgs, ids=[c.id for c in cfgs], scope="function")
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test restricted (fs marker, shortfuse_only) to configurations that are
+    # not selected gets an empty parameter set, which pytest reports as a
+    # skip. It was not skipped on a configuration it should run on: report
+    # it as deselected instead, so that every skip in a run means something.
+    dropped = [
+        i for i in items if any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set") for m in i.iter_markers("skip"))
+    ]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
 
 
 def _deadline(item) -> float:

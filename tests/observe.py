@@ -59,10 +59,47 @@ def errname(e: OSError) -> str:
     return "E:" + errno.errorcode.get(e.errno, str(e.errno))
 
 
+# Features a file system may declare unsupported (sfmount.FsSpec.unsupported).
+FEATURES = ("hardlink", "rename_exchange", "xattr", "fallocate", "seek_hole")
+
+
 class Rec:
-    def __init__(self, root: str):
+    """Observations of one scenario run rooted at `root`.
+
+    `unsupported` is the file system under test's declaration (feature ->
+    sfmount.Unsupported); both the reference run and the mounted run get it,
+    so that scenarios take the same path on both. `reference` marks the
+    native run: there, a call of an unsupported feature is not made and the
+    declared errno is recorded instead, so the mount must refuse with exactly
+    that errno (and, like the native run, change nothing).
+    """
+
+    def __init__(self, root: str, unsupported: dict | None = None, reference: bool = False):
         self.root = root
         self.obs: list[tuple[str, object]] = []
+        self.unsupported = dict(unsupported or {})
+        self.reference = reference
+        if unknown := set(self.unsupported) - set(FEATURES):
+            raise ValueError(f"unknown features declared unsupported: {sorted(unknown)}; known: {FEATURES}")
+
+    def supports(self, feature: str) -> bool:
+        assert feature in FEATURES, feature
+        return feature not in self.unsupported
+
+    def attempt(self, feature: str, label: str, fn, *args, expect=None, **kw):
+        """Like call, for a call that the file system itself answers with
+        `feature` (not one the VFS decides before asking it). Where the
+        feature is unsupported, the reference run records the declared errno,
+        or, when the file system falls back to a documented behaviour instead
+        of failing, what `expect()` (a model of that behaviour, evaluated on
+        the reference side) returns or raises."""
+        if self.supports(feature) or not self.reference:
+            return self.call(label, fn, *args, **kw)
+        if expect is None:
+            # errname's spelling: ENOTSUP and EOPNOTSUPP are one number on Linux.
+            self.obs.append((label, "E:" + errno.errorcode[getattr(errno, self.unsupported[feature].errno)]))
+            return None
+        return self.call(label, expect)
 
     def p(self, *names: str) -> str:
         return os.path.join(self.root, *names)

@@ -1,7 +1,9 @@
 """Mounting and unmounting the configurations under test.
 
-A configuration is a file system served over a transport (``mem`` over
-``dev``, ``passthrough`` over ``dev``, ...), or the optional peer ``bindfs``
+A configuration is a named file system setup (``FILE_SYSTEMS``: the CLI's
+file system, its sources and mount options, and what it legitimately does
+not support) served over a transport (``mem`` over ``dev``,
+``passthrough+kp`` over ``uring``, ...), or the optional peer ``bindfs``
 (Debian's, a real FUSE mount that needs no shortfuse code). Each mount lives
 in a fresh scratch directory; ``Mount.unmount`` always leaves the mount table
 clean, falling back to a lazy unmount, and says when it had to.
@@ -20,8 +22,58 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCRATCH_PREFIX = "shortfuse-test-"
-SHORTFUSE_FS = ("mem", "passthrough")
 PEERS = ("bindfs",)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A feature a file system refuses by design, and the errno it answers with."""
+
+    errno: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FsSpec:
+    """How to mount one configuration with the CLI.
+
+    `sources`: 0 (no source), 1 (one directory) or K (K directories passed
+    comma-separated, as stripe takes them). `unsupported` maps a feature name
+    (see observe.FEATURES) to the refusal the suites expect instead of ext4's
+    behaviour; everything not listed must match ext4. `fsx_ops` overrides the
+    length of the fsx run (None: SHORTFUSE_FSX_OPS).
+    """
+
+    fs: str
+    sources: int = 0
+    options: tuple[str, ...] = ()
+    unsupported: dict[str, Unsupported] = field(default_factory=dict)
+    fsx_ops: int | None = None
+
+
+# stripe and pack share their namespace code (crates/shortfuse-fs/src/pack/metafs.rs),
+# and with it the list of what they do not do.
+_METAFS_UNSUPPORTED = {
+    "hardlink": Unsupported("EPERM", "every inode has exactly one (parent, name) in the journal (pack/tree.rs), as vfat"),
+    "rename_exchange": Unsupported("EINVAL", "RENAME_EXCHANGE is not implemented by the shared namespace (pack/metafs.rs)"),
+    "xattr": Unsupported("EOPNOTSUPP", "no extended attributes (the daemon answers ENOSYS, the kernel reports EOPNOTSUPP)"),
+    "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP, glibc's posix_fallocate writes zeros)"),
+    "seek_hole": Unsupported(
+        "", "no LSEEK: the kernel's generic llseek reports the whole file as data, the one hole at EOF (POSIX allows it)"
+    ),
+}
+
+# Every configuration the suites know, in one place. SHORTFUSE_FS picks among them.
+FILE_SYSTEMS: dict[str, FsSpec] = {
+    "mem": FsSpec("mem"),
+    "passthrough": FsSpec("passthrough", sources=1),
+    # Kernel passthrough: after open, READ/WRITE go from the kernel to the source file directly.
+    "passthrough+kp": FsSpec("passthrough", sources=1, options=("passthrough",), fsx_ops=30_000),
+    # 64 KiB stripes over 3 directories: the suites' files (up to a few MiB) cross every chunk boundary.
+    "stripe": FsSpec("stripe", sources=3, options=("stripe_size=64K",), unsupported=_METAFS_UNSUPPORTED, fsx_ops=30_000),
+    "pack": FsSpec("pack", sources=1, unsupported=_METAFS_UNSUPPORTED, fsx_ops=30_000),
+}
+DEFAULT_FS = ("mem", "passthrough")
 
 
 class HarnessError(Exception):
@@ -156,33 +208,74 @@ def pid_alive(pid: int) -> bool:
 
 @dataclass
 class Config:
-    fs: str
+    """`name` is a key of FILE_SYSTEMS (or a peer), `transport` dev or uring."""
+
+    name: str
     transport: str
 
     @property
+    def spec(self) -> FsSpec:
+        return FILE_SYSTEMS[self.name] if self.name in FILE_SYSTEMS else FsSpec(self.name, sources=1)
+
+    @property
+    def fs(self) -> str:
+        """The file system as the CLI names it (`passthrough` for `passthrough+kp`)."""
+        return self.spec.fs
+
+    @property
     def id(self) -> str:
-        return self.fs if self.fs in PEERS else f"{self.fs}-{self.transport}"
+        return self.name if self.name in PEERS else f"{self.name}-{self.transport}"
 
     @property
     def is_shortfuse(self) -> bool:
-        return self.fs not in PEERS
+        return self.name not in PEERS
 
     @property
     def has_source(self) -> bool:
-        return self.fs in ("passthrough", "bindfs")
+        return self.spec.sources > 0
+
+    @property
+    def options(self) -> list[str]:
+        return list(self.spec.options)
+
+    @property
+    def unsupported(self) -> dict[str, Unsupported]:
+        return dict(self.spec.unsupported)
+
+    def make_sources(self, base: Path) -> list[Path]:
+        """Creates the source directories of this configuration under `base`."""
+        n = self.spec.sources
+        dirs = [base / "src"] if n == 1 else [base / f"src{i}" for i in range(n)]
+        for d in dirs:
+            d.mkdir(parents=True)
+        return dirs
+
+    def mount_args(self, sources: list[Path], mountpoint: Path, *extra_options: str) -> list[str]:
+        """`mount FS [SOURCE] MNT [-o ...] --transport T` for the shortfuse CLI (without the binary)."""
+        args = ["mount", self.fs]
+        if sources:
+            args.append(",".join(str(s) for s in sources))
+        args.append(str(mountpoint))
+        opts = self.options + list(extra_options)
+        if opts:
+            args += ["-o", ",".join(opts)]
+        return args + ["--transport", self.transport]
 
 
 def configs_from_env() -> list[Config]:
-    """File systems from SHORTFUSE_FS (default mem,passthrough; `bindfs` may be added as a peer),
-    transports from SHORTFUSE_TRANSPORTS (default dev)."""
-    fss = [s for s in os.environ.get("SHORTFUSE_FS", ",".join(SHORTFUSE_FS)).split(",") if s]
+    """Configurations from SHORTFUSE_FS (names in FILE_SYSTEMS, default mem,passthrough;
+    `bindfs` may be added as a peer) times SHORTFUSE_TRANSPORTS (default dev)."""
+    names = [s for s in os.environ.get("SHORTFUSE_FS", ",".join(DEFAULT_FS)).split(",") if s]
     transports = [t for t in os.environ.get("SHORTFUSE_TRANSPORTS", "dev").split(",") if t]
+    unknown = [n for n in names if n not in FILE_SYSTEMS and n not in PEERS]
+    if unknown:
+        raise HarnessError(f"SHORTFUSE_FS: unknown configuration {unknown}; known: {list(FILE_SYSTEMS) + list(PEERS)}")
     out = []
-    for fs in fss:
-        if fs in PEERS:
-            out.append(Config(fs, "kernel"))
+    for name in names:
+        if name in PEERS:
+            out.append(Config(name, "kernel"))
         else:
-            out.extend(Config(fs, t) for t in transports)
+            out.extend(Config(name, t) for t in transports)
     return out
 
 
@@ -190,32 +283,34 @@ def configs_from_env() -> list[Config]:
 class Mount:
     """One mounted configuration in its scratch directory `base`.
 
-    `path` is the mount point, `source` the backing directory (passthrough,
-    bindfs) or None; `unmount()` is idempotent.
+    `path` is the mount point, `sources` the backing directories (one for
+    passthrough, pack and bindfs, K for stripe, none for mem), `options` the
+    test's mount options on top of the configuration's; `unmount()` is
+    idempotent.
     """
 
     config: Config
     base: Path
     path: Path
-    source: Path | None
+    sources: list[Path] = field(default_factory=list)
     options: list[str] = field(default_factory=list)
     daemon_pids: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def source(self) -> Path | None:
+        """The one backing directory (passthrough, pack, bindfs); None without one."""
+        if len(self.sources) > 1:
+            raise HarnessError(f"{self.config.id} has {len(self.sources)} sources; use Mount.sources")
+        return self.sources[0] if self.sources else None
+
     def mount_command(self) -> list[str]:
-        if self.config.fs == "bindfs":
+        if self.config.name == "bindfs":
             cmd = [require_tool("bindfs")]
             if self.options:
                 cmd += ["-o", ",".join(self.options)]
             return cmd + [str(self.source), str(self.path)]
-        cmd = [str(shortfuse_bin()), "mount", self.config.fs]
-        if self.source is not None:
-            cmd.append(str(self.source))
-        cmd.append(str(self.path))
-        if self.options:
-            cmd += ["-o", ",".join(self.options)]
-        cmd += ["--transport", self.config.transport]
-        return cmd
+        return [str(shortfuse_bin())] + self.config.mount_args(self.sources, self.path, *self.options)
 
     def mount(self) -> None:
         cmd = self.mount_command()
@@ -279,11 +374,8 @@ def make_mount(config: Config, options: list[str] | None = None, layout: str = "
     else:
         src, mnt = base / "src", base / "mnt"
     mnt.mkdir(parents=True)
-    source = None
-    if config.has_source:
-        src.mkdir(parents=True)
-        source = src
-    m = Mount(config=config, base=base, path=mnt, source=source, options=list(options or []))
+    sources = config.make_sources(src.parent) if config.has_source else []
+    m = Mount(config=config, base=base, path=mnt, sources=sources, options=list(options or []))
     try:
         m.mount()
     except BaseException:

@@ -2,7 +2,9 @@
 fio with crc32c verification over several threads.
 
 The fsx run is reproducible: the seed is in every failure message and
-SHORTFUSE_FSX_SEED / SHORTFUSE_FSX_OPS override it and the length.
+SHORTFUSE_FSX_SEED / SHORTFUSE_FSX_OPS override it and the length (without
+SHORTFUSE_FSX_OPS: 100,000 operations, or the configuration's fsx_ops in
+sfmount.FILE_SYSTEMS).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pytest
 from observe import FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, fallocate
 from sfmount import run
 
-FSX_OPS = int(os.environ.get("SHORTFUSE_FSX_OPS", "100000"))
+FSX_OPS_ENV = os.environ.get("SHORTFUSE_FSX_OPS")
+FSX_OPS = 100_000
 FSX_SEED = int(os.environ.get("SHORTFUSE_FSX_SEED", "20250601"))
 MAX_SIZE = 1 << 20
 
@@ -72,7 +75,7 @@ class Fsx:
 
     def __init__(self, root: str, seed: int, nfiles: int = 3, fallocate_optional: bool = False):
         self.seed = seed
-        # Peers (bindfs) may lack fallocate; shortfuse file systems must have it.
+        # Peers (bindfs) and configurations that declare it unsupported may lack fallocate.
         self.fallocate_optional = fallocate_optional
         self.fallocate_works = True
         self.rng = random.Random(seed)
@@ -286,9 +289,11 @@ def test_fsx_harness_on_native(native_dir):
 
 @pytest.mark.deadline(240)
 def test_fsx(mnt):
-    fsx = Fsx(str(mnt.path), FSX_SEED, fallocate_optional=not mnt.config.is_shortfuse)
-    fsx.run(FSX_OPS)
-    assert fsx.opno == FSX_OPS - 1
+    ops = int(FSX_OPS_ENV) if FSX_OPS_ENV else (mnt.config.spec.fsx_ops or FSX_OPS)
+    no_fallocate = not mnt.config.is_shortfuse or "fallocate" in mnt.config.unsupported
+    fsx = Fsx(str(mnt.path), FSX_SEED, fallocate_optional=no_fallocate)
+    fsx.run(ops)
+    assert fsx.opno == ops - 1
 
 
 def _fio(directory, *args: str, timeout: float = 600) -> dict:
