@@ -1,6 +1,7 @@
 //! `shortfuse`: mount, unmount and inspect shortfuse file systems.
 
 mod filesystems;
+mod run;
 mod sys;
 
 use std::fs::File;
@@ -70,6 +71,10 @@ enum Command {
         #[command(subcommand)]
         command: DistCommand,
     },
+    /// Run a program with mounts served inside its own process by the
+    /// preload shim (no FUSE, no kernel mount; children inherit them).
+    #[command(after_long_help = run::after_help())]
+    Run(run::RunArgs),
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -112,6 +117,7 @@ fn mount_options_help() -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => return run::main(args),
         Command::Mount {
             fs,
             paths,

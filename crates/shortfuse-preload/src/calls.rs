@@ -12,6 +12,8 @@ use crate::state;
 use crate::sys::raw;
 use crate::user;
 
+mod exec;
+
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
 /// The numbers `dispatch` looks at; the rest never leave the fast path.
@@ -71,6 +73,40 @@ pub fn is_file_call(nr: i64) -> bool {
             | libc::SYS_listxattr
             | libc::SYS_llistxattr
             | libc::SYS_flistxattr
+            | libc::SYS_setxattr
+            | libc::SYS_lsetxattr
+            | libc::SYS_fsetxattr
+            | libc::SYS_removexattr
+            | libc::SYS_lremovexattr
+            | libc::SYS_fremovexattr
+            | libc::SYS_symlink
+            | libc::SYS_symlinkat
+            | libc::SYS_link
+            | libc::SYS_linkat
+            | libc::SYS_mknod
+            | libc::SYS_mknodat
+            | libc::SYS_chmod
+            | libc::SYS_fchmodat2
+            | libc::SYS_chown
+            | libc::SYS_fchown
+            | libc::SYS_lchown
+            | libc::SYS_fchownat
+            | libc::SYS_statfs
+            | libc::SYS_fstatfs
+            | libc::SYS_fallocate
+            | libc::SYS_preadv
+            | libc::SYS_pwritev
+            | libc::SYS_preadv2
+            | libc::SYS_pwritev2
+            | libc::SYS_copy_file_range
+            | libc::SYS_sendfile
+            | libc::SYS_splice
+            | libc::SYS_fadvise64
+            | libc::SYS_sync_file_range
+            | libc::SYS_ioctl
+            | libc::SYS_mmap
+            | libc::SYS_execve
+            | libc::SYS_execveat
     )
 }
 
@@ -365,11 +401,16 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             if !ours_old && !ours_new {
                 return None;
             }
-            let r = raw(nr, a[0], a[1], a[2], 0, 0, 0);
+            // dup2 has two arguments: the third register is whatever the caller left there.
+            let flags = if nr == libc::SYS_dup3 { a[2] } else { 0 };
+            let r = raw(nr, a[0], a[1], flags, 0, 0, 0);
             if r >= 0 && a[0] != a[1] {
                 if ours_new && !ours_old {
                     st.fds.close(a[1] as i32, owner());
-                } else if let Ok(Some(old)) = st.fds.dup(a[0] as i32, a[1] as i32, a[2] as i32 & libc::O_CLOEXEC != 0) {
+                } else if let Ok(Some(old)) = st
+                    .fds
+                    .dup(a[0] as i32, a[1] as i32, flags as i32 & libc::O_CLOEXEC != 0)
+                {
                     let _ = old.flush(owner());
                 }
             }
@@ -387,7 +428,8 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                     }
                     Some(new)
                 }
-                libc::F_GETFL => Some(i64::from(f.flags() & !libc::O_CLOEXEC)),
+                // The kernel forces O_LARGEFILE on every open of a 64-bit process.
+                libc::F_GETFL => Some(i64::from((f.flags() & !libc::O_CLOEXEC) | libc::O_LARGEFILE)),
                 libc::F_SETFL => {
                     f.set_flags(a[2] as i32);
                     Some(0)
@@ -496,11 +538,11 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_mkdir => {
             let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
-            Some(res(vfs.mkdir(&t, a[1] as u32).map(|_| 0i64)))
+            Some(creating(&vfs, || vfs.mkdir(&t, a[1] as u32)))
         }
         libc::SYS_mkdirat => {
             let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
-            Some(res(vfs.mkdir(&t, a[2] as u32).map(|_| 0i64)))
+            Some(creating(&vfs, || vfs.mkdir(&t, a[2] as u32)))
         }
         libc::SYS_unlink => {
             let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
@@ -563,8 +605,305 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_rename => rename(nr, a, AT_FDCWD, 0, AT_FDCWD, 1, 0),
         libc::SYS_renameat => rename(nr, a, a[0], 1, a[2], 3, 0),
         libc::SYS_renameat2 => rename(nr, a, a[0], 1, a[2], 3, a[4] as u32),
+        libc::SYS_setxattr | libc::SYS_removexattr => {
+            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_lsetxattr | libc::SYS_lremovexattr => {
+            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_fsetxattr | libc::SYS_fremovexattr => {
+            file(a[0])?;
+            Some(err(Errno::EOPNOTSUPP))
+        }
+        libc::SYS_symlink => symlink(nr, a, a[0], AT_FDCWD, 1),
+        libc::SYS_symlinkat => symlink(nr, a, a[0], a[1], 2),
+        libc::SYS_link => link(nr, a, AT_FDCWD, 0, AT_FDCWD, 1, 0),
+        libc::SYS_linkat => link(nr, a, a[0], 1, a[2], 3, a[4] as i32),
+        libc::SYS_mknod => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(creating(&vfs, || vfs.mknod(&t, a[1] as u32, a[2] as u32)))
+        }
+        libc::SYS_mknodat => {
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
+            Some(creating(&vfs, || vfs.mknod(&t, a[2] as u32, a[3] as u32)))
+        }
+        libc::SYS_chmod => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            Some(set_on(&vfs, &t, &mode_set(a[1])))
+        }
+        libc::SYS_fchmodat2 => {
+            let flags = a[3] as i32;
+            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+                let f = file(a[0])?;
+                return Some(res(f.setattr(&mode_set(a[2])).map(|_| 0i64)));
+            }
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
+            if flags & libc::AT_SYMLINK_NOFOLLOW != 0
+                && t.node
+                    .is_some_and(|(_, at)| at.file_type() == shortfuse::FileType::Symlink)
+            {
+                // As the kernel: a symbolic link's mode cannot change.
+                return Some(err(Errno::EOPNOTSUPP));
+            }
+            Some(set_on(&vfs, &t, &mode_set(a[2])))
+        }
+        libc::SYS_chown => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            Some(set_on(&vfs, &t, &owner_set(a[1], a[2])))
+        }
+        libc::SYS_lchown => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
+            Some(set_on(&vfs, &t, &owner_set(a[1], a[2])))
+        }
+        libc::SYS_fchown => {
+            let f = file(a[0])?;
+            Some(res(f.setattr(&owner_set(a[1], a[2])).map(|_| 0i64)))
+        }
+        libc::SYS_fchownat => {
+            let flags = a[4] as i32;
+            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+                let f = file(a[0])?;
+                return Some(res(f.setattr(&owner_set(a[2], a[3])).map(|_| 0i64)));
+            }
+            let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
+            Some(set_on(&vfs, &t, &owner_set(a[2], a[3])))
+        }
+        libc::SYS_statfs => {
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
+            let Some((node, _)) = t.node else {
+                return Some(err(Errno::ENOENT));
+            };
+            Some(res(vfs.statfs(node).map(|s| {
+                user::put(a[1], &to_statfs(&s, &vfs));
+                0i64
+            })))
+        }
+        libc::SYS_fstatfs => {
+            let f = file(a[0])?;
+            Some(res(f.vfs().statfs(f.node()).map(|s| {
+                user::put(a[1], &to_statfs(&s, f.vfs()));
+                0i64
+            })))
+        }
+        libc::SYS_fallocate => {
+            let f = file(a[0])?;
+            if a[2] < 0 || a[3] <= 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            Some(res(f.fallocate(a[1] as i32, a[2] as u64, a[3] as u64).map(|_| 0i64)))
+        }
+        libc::SYS_preadv | libc::SYS_pwritev | libc::SYS_preadv2 | libc::SYS_pwritev2 => {
+            let f = file(a[0])?;
+            let read = nr == libc::SYS_preadv || nr == libc::SYS_preadv2;
+            // preadv2/pwritev2 with offset -1 use (and move) the file offset.
+            let at = if a[3] == -1 && (nr == libc::SYS_preadv2 || nr == libc::SYS_pwritev2) {
+                None
+            } else if a[3] < 0 {
+                return Some(err(Errno::EINVAL));
+            } else {
+                Some(a[3] as u64)
+            };
+            Some(vectored(&f, a[1], a[2], read, at))
+        }
+        libc::SYS_copy_file_range => {
+            if file(a[0]).is_none() && file(a[2]).is_none() {
+                return None;
+            }
+            // What the kernel answers across file systems without a copy
+            // method: callers (cp, shutil) fall back to read and write.
+            Some(err(Errno::EXDEV))
+        }
+        libc::SYS_sendfile | libc::SYS_splice => {
+            let (out, inp) = if nr == libc::SYS_sendfile {
+                (a[0], a[1])
+            } else {
+                (a[2], a[0])
+            };
+            if file(out).is_none() && file(inp).is_none() {
+                return None;
+            }
+            Some(err(Errno::EINVAL))
+        }
+        libc::SYS_fadvise64 | libc::SYS_sync_file_range => {
+            file(a[0])?;
+            Some(0)
+        }
+        libc::SYS_ioctl => {
+            file(a[0])?;
+            // No ioctl is served on a mount file (FICLONE, FS_IOC_*, TCGETS):
+            // the answer of a file without them.
+            Some(err(Errno::from_raw(libc::ENOTTY)))
+        }
+        libc::SYS_mmap => {
+            file(a[4])?;
+            if a[3] as i32 & libc::MAP_ANONYMOUS != 0 {
+                return None;
+            }
+            // No page cache to map yet (issue 6): what a file system without
+            // mmap answers.
+            Some(err(Errno::ENODEV))
+        }
+        libc::SYS_execve => exec::execve(a),
+        libc::SYS_execveat => exec::execveat(a),
         _ => None,
     }
+}
+
+/// Runs an operation that may create a node: the in-process passthrough
+/// zeroes the calling thread's umask for its own work (it applies the
+/// caller's umask itself); give the program its umask back.
+fn creating<T>(vfs: &Vfs, f: impl FnOnce() -> Result<T, Errno>) -> i64 {
+    let r = f();
+    raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+    res(r.map(|_| 0i64))
+}
+
+fn mode_set(mode: i64) -> SetAttrIn {
+    SetAttrIn {
+        mode: Some(mode as u32 & 0o7777),
+        ..Default::default()
+    }
+}
+
+/// chown's (uid, gid): -1 (as a 32-bit value) leaves one unchanged.
+fn owner_set(uid: i64, gid: i64) -> SetAttrIn {
+    let id = |v: i64| (v as u32 != u32::MAX).then_some(v as u32);
+    SetAttrIn {
+        uid: id(uid),
+        gid: id(gid),
+        ..Default::default()
+    }
+}
+
+fn set_on(vfs: &Vfs, t: &Target, set: &SetAttrIn) -> i64 {
+    let Some((node, _)) = t.node else {
+        return err(Errno::ENOENT);
+    };
+    if t.trailing_slash
+        && t.node
+            .is_some_and(|(_, a)| a.file_type() != shortfuse::FileType::Directory)
+    {
+        return err(Errno::ENOTDIR);
+    }
+    if set.uid.is_none() && set.gid.is_none() && set.mode.is_none() {
+        // chown(-1, -1): nothing to change, but still a permission check.
+        return res(vfs.stat(t).map(|_| 0i64));
+    }
+    res(vfs.setattr(node, set).map(|_| 0i64))
+}
+
+/// readv/writev/preadv/pwritev: one request per buffer, stopping at the
+/// first short transfer; an error after some bytes moved reports the bytes.
+fn vectored(f: &OpenFile, iov: i64, n: i64, read: bool, at: Option<u64>) -> i64 {
+    if !(0..=1024).contains(&n) {
+        return err(Errno::EINVAL);
+    }
+    let mut total = 0i64;
+    for v in user::iovecs(iov, n) {
+        let r = match (read, at) {
+            (true, None) => f.read(user::slice_mut(v.iov_base as i64, v.iov_len)),
+            (false, None) => f.write(user::slice(v.iov_base as i64, v.iov_len)),
+            (true, Some(off)) => f.pread(user::slice_mut(v.iov_base as i64, v.iov_len), off + total as u64),
+            (false, Some(off)) => f.pwrite(user::slice(v.iov_base as i64, v.iov_len), off + total as u64),
+        };
+        match r {
+            Ok(got) => {
+                total += got as i64;
+                if got < v.iov_len {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return err(e),
+            Err(_) => break,
+        }
+    }
+    total
+}
+
+fn symlink(nr: i64, a: [i64; 6], target: i64, dirfd: i64, idx: usize) -> Option<i64> {
+    let target = user::cstr(target)?.to_vec();
+    let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 2, false);
+    Some(creating(&vfs, || vfs.symlink(&target, &t)))
+}
+
+fn link(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: i32) -> Option<i64> {
+    let p1 = user::cstr(a[i1])?;
+    let p2 = user::cstr(a[i2])?;
+    let old = if flags & libc::AT_EMPTY_PATH != 0 && p1.is_empty() {
+        match file(d1) {
+            Some(f) => {
+                let node = f.node();
+                let attr = match f.stat() {
+                    Ok(at) => at,
+                    Err(e) => return Some(err(e)),
+                };
+                let t = Target {
+                    dir: shortfuse_vfs::Location::root(),
+                    last: shortfuse_vfs::Last::Dir,
+                    node: Some((node, attr)),
+                    trailing_slash: false,
+                    links: 0,
+                };
+                Resolved::Ours(f.vfs().clone(), t)
+            }
+            None => Resolved::Kernel(None),
+        }
+    } else {
+        match resolve(d1, p1, flags & libc::AT_SYMLINK_FOLLOW != 0) {
+            Ok(r) => r,
+            Err(e) => return Some(err(e)),
+        }
+    };
+    let new = match resolve(d2, p2, false) {
+        Ok(r) => r,
+        Err(e) => return Some(err(e)),
+    };
+    match (old, new) {
+        (Resolved::Kernel(None), Resolved::Kernel(None)) => None,
+        (Resolved::Kernel(x), Resolved::Kernel(y)) => {
+            let old = x.unwrap_or_else(|| p1.iter().copied().chain([0]).collect());
+            let new = y.unwrap_or_else(|| p2.iter().copied().chain([0]).collect());
+            let od = if old[0] == b'/' { AT_FDCWD } else { d1 };
+            let nd = if new[0] == b'/' { AT_FDCWD } else { d2 };
+            let _ = nr;
+            Some(raw(
+                libc::SYS_linkat,
+                od,
+                old.as_ptr() as i64,
+                nd,
+                new.as_ptr() as i64,
+                i64::from(flags),
+                0,
+            ))
+        }
+        (Resolved::Ours(v1, t1), Resolved::Ours(v2, t2)) if Arc::ptr_eq(&v1, &v2) => {
+            Some(res(v1.link(&t1, &t2).map(|_| 0i64)))
+        }
+        _ => Some(err(Errno::EXDEV)),
+    }
+}
+
+/// The kernel's `struct statfs` (x86_64): f_type, f_bsize, f_blocks,
+/// f_bfree, f_bavail, f_files, f_ffree, f_fsid, f_namelen, f_frsize,
+/// f_flags, f_spare[4]. Written as words: libc's struct hides f_flags.
+fn to_statfs(s: &shortfuse::Statfs, vfs: &Vfs) -> [i64; 15] {
+    let mut out = [0i64; 15];
+    // FUSE_SUPER_MAGIC, as statfs(2) reports for a FUSE mount.
+    out[0] = 0x6573_5546;
+    out[1] = i64::from(s.bsize);
+    out[2] = s.blocks as i64;
+    out[3] = s.bfree as i64;
+    out[4] = s.bavail as i64;
+    out[5] = s.files as i64;
+    out[6] = s.ffree as i64;
+    // f_fsid stays zero, as for every FUSE mount.
+    out[8] = i64::from(s.namelen);
+    out[9] = i64::from(if s.frsize == 0 { s.bsize } else { s.frsize });
+    // ST_VALID says f_flags is filled in.
+    out[10] = 0x20 | if vfs.is_read_only() { libc::ST_RDONLY as i64 } else { 0 };
+    out
 }
 
 fn owner() -> u64 {
@@ -620,7 +959,12 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
     let follow =
         flags & libc::O_NOFOLLOW == 0 && flags & (libc::O_CREAT | libc::O_EXCL) != libc::O_CREAT | libc::O_EXCL;
     let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
-    let f = match vfs.open(&t, flags, mode) {
+    let opened = vfs.open(&t, flags, mode);
+    if flags & libc::O_CREAT != 0 {
+        // See `creating`.
+        raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+    }
+    let f = match opened {
         Ok(f) => f,
         Err(e) => return Some(err(e)),
     };
@@ -779,4 +1123,75 @@ pub fn to_statx(a: &Attr, dev: u64) -> libc::statx {
     s.stx_dev_major = libc::major(dev);
     s.stx_dev_minor = libc::minor(dev);
     s
+}
+
+/// Where descriptors of our own code go (see [`nested`]): above the small
+/// numbers programs pick themselves (shells use 3 to 9 for `exec N>`, and
+/// save descriptors at 10 and up with F_DUPFD, which finds free ones).
+pub const OWN_FD_FLOOR: i64 = 100;
+
+/// A system call made by our own code (the in-process file system, the
+/// allocator) while it serves one of the program's. Runs it, and moves a
+/// descriptor it creates above [`OWN_FD_FLOOR`]: the file system's
+/// descriptors live in the program's table, and a program picks some
+/// numbers itself (`exec 3> f` in a shell is `dup2(fd, 3)`, after probing 3
+/// with `fcntl(F_GETFD)`; `closefrom(3)`), which must never be ours.
+///
+/// For the hook in lib.rs to call for nested calls in place of `sys::raw`
+/// (until it does, only descriptors opened while the mounts are built are
+/// kept high, by `mounts::Fence`).
+#[allow(dead_code)]
+pub fn nested(nr: i64, a: [i64; 6]) -> i64 {
+    let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+    let creates = match nr {
+        libc::SYS_open | libc::SYS_openat | libc::SYS_openat2 | libc::SYS_creat | libc::SYS_dup => true,
+        libc::SYS_fcntl => matches!(a[1] as i32, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC),
+        libc::SYS_socket | libc::SYS_memfd_create | libc::SYS_eventfd2 | libc::SYS_epoll_create1 => true,
+        _ => false,
+    };
+    if !creates || r < 0 {
+        return r;
+    }
+    let floor = OWN_FD_FLOOR;
+    if r >= floor {
+        return r;
+    }
+    let cloexec = raw(libc::SYS_fcntl, r, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+    let cmd = if cloexec > 0 && cloexec & i64::from(libc::FD_CLOEXEC) != 0 {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let high = raw(libc::SYS_fcntl, r, i64::from(cmd), floor, 0, 0, 0);
+    if high < 0 {
+        // No room up there (a tiny limit): keep the low number.
+        return r;
+    }
+    raw(libc::SYS_close, r, 0, 0, 0, 0, 0);
+    high
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_descriptors_move_above_the_programs_numbers() {
+        let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
+        let fd = nested(libc::SYS_openat, [AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0]);
+        let floor = OWN_FD_FLOOR;
+        assert!(fd >= floor, "fd {fd} below {floor}");
+        let fdflags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        assert_eq!(fdflags & i64::from(libc::FD_CLOEXEC), i64::from(libc::FD_CLOEXEC));
+        let dup = nested(libc::SYS_dup, [fd, 0, 0, 0, 0, 0]);
+        assert!(dup >= floor && dup != fd);
+        // Failures pass through.
+        let bad = nested(
+            libc::SYS_openat,
+            [AT_FDCWD, c"/nonexistent/x".as_ptr() as i64, flags, 0, 0, 0],
+        );
+        assert_eq!(bad, -i64::from(libc::ENOENT));
+        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        raw(libc::SYS_close, dup, 0, 0, 0, 0, 0);
+    }
 }

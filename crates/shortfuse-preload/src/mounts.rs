@@ -1,31 +1,63 @@
-//! The mounts named by `SHORTFUSE_MOUNTS`, each a file system built in
-//! process behind a [`Vfs`].
+//! The mounts named by `SHORTFUSE_MOUNTS` (format:
+//! [`shortfuse_vfs::spec`]), each a file system built in process behind a
+//! [`Vfs`], and the current directory handed over by the image that exec'd
+//! us (`SHORTFUSE_CWD`, see [`crate::calls`]).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use shortfuse::{Filesystem, MountOptions, Stats};
-use shortfuse_vfs::{Creds, FdTable, InProcess, Vfs};
+use shortfuse::{Filesystem, Stats};
+use shortfuse_vfs::spec::{parse_mounts, MountSpec};
+use shortfuse_vfs::{Creds, FdTable, InProcess, Location, Vfs, Walk, WalkFlags};
 
 use crate::{sys, State};
 
-fn build_fs(spec: &str) -> Result<Arc<dyn Filesystem>, String> {
-    let (name, source) = match spec.split_once(':') {
-        Some((n, s)) => (n, Some(s)),
-        None => (spec, None),
-    };
-    match (name, source) {
-        ("mem", None) => Ok(Arc::new(shortfuse_fs::mem::MemFs::new())),
-        ("passthrough", Some(src)) => shortfuse_fs::passthrough::PassthroughFs::new(Path::new(src))
+/// The environment variable naming the current directory inside a mount
+/// when the exec'ing image was in one.
+pub const CWD_VAR: &str = "SHORTFUSE_CWD";
+
+fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result<Arc<dyn Filesystem>, String> {
+    match (spec.fs.as_str(), spec.source.as_deref()) {
+        ("mem", None) => match fs_opts.first() {
+            None => Ok(Arc::new(shortfuse_fs::mem::MemFs::new())),
+            Some((k, _)) => Err(format!("-o {k}: not an option of mem")),
+        },
+        ("mem", Some(s)) => Err(format!("mem takes no SOURCE (got {s})")),
+        ("passthrough", Some(src)) => shortfuse_fs::passthrough::PassthroughFs::with_options(Path::new(src), fs_opts)
             .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
-            .map_err(|e| format!("passthrough {src}: {e}")),
-        ("passthrough", None) => Err("passthrough needs a source: passthrough:/dir".into()),
-        _ => Err(format!("unknown file system {spec:?} (mem, passthrough:SOURCE)")),
+            .map_err(|e| e.to_string()),
+        ("passthrough", None) => Err("passthrough needs a SOURCE: MOUNTPOINT=passthrough:/dir".into()),
+        (other, _) => {
+            let known: Vec<&str> = shortfuse_vfs::spec::IN_PROCESS_FS.iter().map(|f| f.0).collect();
+            Err(format!(
+                "file system {other:?} is not served in process (these are: {})",
+                known.join(", ")
+            ))
+        }
     }
 }
 
+/// Builds one mount; `i` numbers it for its device number.
+fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs, String> {
+    let run = spec.run_options()?;
+    let fs = build_fs(spec, &run.fs)?;
+    let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
+    // A device number no disk uses: major 0 is for anonymous devices.
+    let dev = 0xf5_0000 + i as u64;
+    let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
+    let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+    vfs.set_umask(umask);
+    vfs.set_read_only(run.ro);
+    if spec.fs == "passthrough" {
+        if let Some(src) = &spec.source {
+            let abs = std::fs::canonicalize(src).map_err(|e| format!("passthrough {src}: {e}"))?;
+            vfs.set_source(abs.as_os_str().as_encoded_bytes());
+        }
+    }
+    Ok(vfs)
+}
+
 pub(crate) fn build(spec: &str) -> Result<State, String> {
-    let mut mounts = Vec::new();
     let creds = Creds {
         uid: sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32,
         gid: sys::raw(libc::SYS_getegid, 0, 0, 0, 0, 0, 0) as u32,
@@ -33,29 +65,82 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     };
     let umask = sys::raw(libc::SYS_umask, 0o022, 0, 0, 0, 0, 0);
     sys::raw(libc::SYS_umask, umask, 0, 0, 0, 0, 0);
-    for (i, m) in spec.split(';').filter(|s| !s.is_empty()).enumerate() {
-        let (mp, fs) = m
-            .split_once('=')
-            .ok_or_else(|| format!("mount {m:?}: expected MOUNTPOINT=FS"))?;
-        if !mp.starts_with('/') {
-            return Err(format!("mount point {mp:?} is not absolute"));
-        }
-        let fs = build_fs(fs)?;
-        let backend = InProcess::new(fs, MountOptions::default(), Arc::new(Stats::new()));
-        // A device number no disk uses: major 0 is for anonymous devices.
-        let dev = 0xf5_0000 + i as u64;
-        let vfs = Vfs::new(Box::new(backend), &shortfuse_vfs::normalize(mp.as_bytes()), dev, creds)
-            .map_err(|e| format!("mount {mp}: {e}"))?;
-        vfs.set_umask(umask as u32);
-        mounts.push(Arc::new(vfs));
+    let specs = parse_mounts(spec)?;
+    // The file systems open descriptors while they are built (passthrough:
+    // its source), before the hook can move them out of the program's way
+    // (`calls::nested`): keep the low numbers taken meanwhile.
+    let fence = Fence::low_numbers();
+    let mut mounts = Vec::new();
+    for (i, m) in specs.iter().enumerate() {
+        mounts.push(Arc::new(build_one(m, i, creds, umask as u32)?));
     }
-    let cwd = std::env::current_dir()
+    drop(fence);
+    let host = std::env::current_dir()
         .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
         .unwrap_or_else(|_| b"/".to_vec());
+    let cwd = std::env::var_os(CWD_VAR).and_then(|c| inherited_cwd(&mounts, c.as_encoded_bytes()));
     Ok(State {
         mounts,
         fds: FdTable::new(),
-        cwd: Mutex::new(None),
-        host_cwd: Mutex::new(cwd),
+        cwd: Mutex::new(cwd),
+        host_cwd: Mutex::new(host),
     })
+}
+
+/// The mount directory the exec'ing image was in, pinned as our current
+/// directory; `None` (the kernel's current directory) when it is gone.
+fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, Location)> {
+    let path = shortfuse_vfs::normalize(path);
+    let vfs = mounts.iter().find(|m| m.strip(&path).is_some())?;
+    let rest = vfs.strip(&path)?.to_vec();
+    let Ok(Walk::Inside(t)) = vfs.walk(&Location::root(), &rest, WalkFlags { follow: true }, 0) else {
+        return None;
+    };
+    let loc = vfs.chdir(&t).ok()?;
+    vfs.pin_location(&loc);
+    Some((vfs.clone(), loc))
+}
+
+/// Every free descriptor below [`crate::calls::OWN_FD_FLOOR`], held by
+/// duplicates of one /dev/null descriptor until dropped.
+struct Fence(Vec<i64>);
+
+impl Fence {
+    fn low_numbers() -> Fence {
+        let null = b"/dev/null\0";
+        let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
+        let fd = sys::raw(
+            libc::SYS_openat,
+            libc::AT_FDCWD as i64,
+            null.as_ptr() as i64,
+            flags,
+            0,
+            0,
+            0,
+        );
+        let mut held = Vec::new();
+        if fd < 0 {
+            return Fence(held);
+        }
+        held.push(fd);
+        while held.len() < crate::calls::OWN_FD_FLOOR as usize {
+            let d = sys::raw(libc::SYS_fcntl, fd, i64::from(libc::F_DUPFD_CLOEXEC), 0, 0, 0, 0);
+            if !(0..crate::calls::OWN_FD_FLOOR).contains(&d) {
+                if d >= 0 {
+                    held.push(d);
+                }
+                break;
+            }
+            held.push(d);
+        }
+        Fence(held)
+    }
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        for &fd in &self.0 {
+            sys::raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        }
+    }
 }

@@ -49,3 +49,11 @@ pub fn zeroed<T: Copy>() -> T {
     // bytes are a valid value.
     unsafe { std::mem::zeroed() }
 }
+
+/// The `i`th pointer of the NULL-terminated pointer array at `p` (argv, envp).
+pub fn pointer_at(p: i64, i: usize) -> i64 {
+    // SAFETY: `p` is the program's NULL-terminated array of pointers (an
+    // execve argument, which the kernel would read the same way); callers
+    // stop at the NULL.
+    unsafe { std::ptr::read_unaligned((p as *const i64).add(i)) }
+}

@@ -40,6 +40,9 @@ pub struct OpenFile {
     pos: Mutex<DirPos>,
     /// The directory's location, for `*at` calls and `fchdir`.
     loc: Option<Location>,
+    /// The path below the mount point it was opened by (names may move
+    /// later): what a descriptor handed over at exec reopens.
+    path: Vec<u8>,
 }
 
 fn accmode(flags: i32) -> i32 {
@@ -74,6 +77,22 @@ impl OpenFile {
     /// The directory this descriptor names, for `*at` and `fchdir`.
     pub fn location(&self) -> Option<&Location> {
         self.loc.as_ref()
+    }
+
+    /// The path below the mount point (starting with '/') this file was
+    /// opened by.
+    pub fn path(&self) -> &[u8] {
+        &self.path
+    }
+
+    /// The shared file offset (for directories, the READDIR cookie).
+    pub fn offset(&self) -> u64 {
+        self.pos().cookie
+    }
+
+    /// Whether this is an O_PATH descriptor (no FUSE open).
+    pub fn is_path_only(&self) -> bool {
+        self.is_path()
     }
 
     fn is_path(&self) -> bool {
@@ -379,6 +398,10 @@ impl Vfs {
                 if creat && excl && !path_only {
                     return Err(Errno::EEXIST);
                 }
+                let writes = acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                if writes && !path_only && attr.file_type() == FileType::Regular {
+                    self.writable()?;
+                }
                 (node, attr, None)
             }
             None if creat && !path_only => {
@@ -389,6 +412,7 @@ impl Vfs {
                 if t.trailing_slash {
                     return Err(Errno::EISDIR);
                 }
+                self.writable()?;
                 let parent = t.dir.node();
                 let umask = self.umask();
                 let fmode = libc::S_IFREG | (mode & 0o7777 & !umask);
@@ -466,6 +490,7 @@ impl Vfs {
             flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
             pos: Mutex::new(DirPos::default()),
             loc,
+            path: t.path(),
         }))
     }
 

@@ -19,11 +19,13 @@ mod backend;
 mod cache;
 mod client;
 mod file;
+pub mod spec;
 mod vfs;
 
 pub use backend::{Backend, InProcess};
 pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn};
 pub use file::{FdTable, OpenFile};
+pub use spec::{MountSpec, RunOptions};
 pub use vfs::{Last, Location, Target, Vfs, Walk, WalkFlags, MAXSYMLINKS, PATH_MAX};
 
 /// Normalises an absolute path lexically: collapses slashes, drops `.`,

@@ -11,8 +11,8 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use shortfuse::{Attr, Errno, FileType, NodeId, Statfs};
@@ -119,6 +119,18 @@ impl Target {
         Some(loc)
     }
 
+    /// The path of the object below the mount point ("/" for the root).
+    pub fn path(&self) -> Vec<u8> {
+        let mut p = self.dir.path();
+        if let Last::Name(n) = &self.last {
+            if !p.ends_with(b"/") {
+                p.push(b'/');
+            }
+            p.extend_from_slice(n);
+        }
+        p
+    }
+
     /// The name in `dir`, or the error a name-space change gets without one.
     fn name(&self, not_a_name: Errno) -> Result<&[u8], Errno> {
         match &self.last {
@@ -183,6 +195,11 @@ pub struct Vfs {
     dev: u64,
     cache: Mutex<Cache>,
     umask: AtomicU32,
+    /// `ro`: every call that would change the mount fails with EROFS.
+    read_only: AtomicBool,
+    /// The host directory the file system mirrors, when it mirrors one
+    /// (passthrough): what a descriptor can be handed over to at exec.
+    source: OnceLock<Vec<u8>>,
 }
 
 impl Vfs {
@@ -211,6 +228,8 @@ impl Vfs {
             dev,
             cache: Mutex::new(cache),
             umask: AtomicU32::new(0o022),
+            read_only: AtomicBool::new(false),
+            source: OnceLock::new(),
         })
     }
 
@@ -236,6 +255,34 @@ impl Vfs {
 
     pub fn umask(&self) -> u32 {
         self.umask.load(Ordering::Relaxed)
+    }
+
+    /// Makes the mount read-only (`-o ro`): calls that would change it fail
+    /// with EROFS, after the checks the kernel makes first (ENOENT, EEXIST).
+    pub fn set_read_only(&self, ro: bool) {
+        self.read_only.store(ro, Ordering::Relaxed);
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Relaxed)
+    }
+
+    /// EROFS on a read-only mount.
+    pub(crate) fn writable(&self) -> Result<(), Errno> {
+        if self.is_read_only() {
+            return Err(Errno::EROFS);
+        }
+        Ok(())
+    }
+
+    /// Records the host directory this mount mirrors (once).
+    pub fn set_source(&self, dir: &[u8]) {
+        let _ = self.source.set(crate::normalize(dir));
+    }
+
+    /// The host directory this mount mirrors, if any.
+    pub fn source(&self) -> Option<&[u8]> {
+        self.source.get().map(Vec::as_slice)
     }
 
     /// The part of absolute `path` below the mount point ("" for the mount
@@ -587,6 +634,7 @@ impl Vfs {
         if t.node.is_some() {
             return Err(Errno::EEXIST);
         }
+        self.writable()?;
         let parent = t.dir.node();
         let umask = self.umask();
         let e = self
@@ -605,6 +653,7 @@ impl Vfs {
         if t.trailing_slash {
             return Err(Errno::ENOENT);
         }
+        self.writable()?;
         let parent = t.dir.node();
         let umask = self.umask();
         let mode = if mode & libc::S_IFMT == 0 {
@@ -634,6 +683,7 @@ impl Vfs {
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
+        self.writable()?;
         let parent = t.dir.node();
         let e = self.client.symlink(parent, OsStr::from_bytes(name), target)?;
         self.remember(parent, name, &e);
@@ -657,6 +707,7 @@ impl Vfs {
         if new.trailing_slash {
             return Err(Errno::ENOENT);
         }
+        self.writable()?;
         let parent = new.dir.node();
         let e = self.client.link(node, parent, OsStr::from_bytes(name))?;
         self.remember(parent, name, &e);
@@ -681,6 +732,7 @@ impl Vfs {
         if t.trailing_slash {
             return Err(Errno::ENOTDIR);
         }
+        self.writable()?;
         let parent = t.dir.node();
         let r = self.client.unlink(parent, OsStr::from_bytes(name));
         self.drop_name(parent, name, Some(node));
@@ -698,6 +750,7 @@ impl Vfs {
         if attr.file_type() != FileType::Directory {
             return Err(Errno::ENOTDIR);
         }
+        self.writable()?;
         let parent = t.dir.node();
         let r = self.client.rmdir(parent, OsStr::from_bytes(name));
         self.drop_name(parent, name, Some(node));
@@ -709,6 +762,7 @@ impl Vfs {
         let old_name = old.name(Errno::EBUSY)?;
         let new_name = new.name(Errno::EBUSY)?;
         let (node, attr) = old.node.ok_or(Errno::ENOENT)?;
+        self.writable()?;
         let is_dir = attr.file_type() == FileType::Directory;
         if !is_dir && (old.trailing_slash || new.trailing_slash) {
             return Err(Errno::ENOTDIR);
@@ -751,6 +805,7 @@ impl Vfs {
 
     /// SETATTR on a target or an open file's node.
     pub fn setattr(&self, node: NodeId, set: &SetAttrIn) -> Result<Attr, Errno> {
+        self.writable()?;
         match self.client.setattr(node, set) {
             Ok((a, ttl)) => {
                 self.lock().set_attr(node, a, ttl, Instant::now());
@@ -792,6 +847,9 @@ impl Vfs {
         }
         if mode == libc::F_OK {
             return Ok(());
+        }
+        if mode & libc::W_OK != 0 && self.is_read_only() {
+            return Err(Errno::EROFS);
         }
         match self.client.access(node, mode) {
             Err(e) if e == Errno::ENOSYS => Ok(()),

@@ -1,0 +1,268 @@
+//! `shortfuse run -m MOUNTPOINT=FS[:SOURCE] [-m ...] [-o OPTS] -- PROGRAM
+//! ARGS...`: starts PROGRAM with the preload shim (`libshortfuse_preload.so`)
+//! loaded, so that its file calls on the mounts are served inside its own
+//! process, without FUSE and without a kernel mount.
+//!
+//! The mounts travel in `SHORTFUSE_MOUNTS` (format in
+//! `shortfuse_vfs::spec`), the shim in `LD_PRELOAD`: every process PROGRAM
+//! starts inherits both, and with them the mounts. We check everything we
+//! can before the exec (file system names, sources, options), since the
+//! shim can only complain on stderr and run without its mounts.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use shortfuse::MountOptions;
+use shortfuse_vfs::spec::{check_distinct, format_mounts, MountSpec, IN_PROCESS_FS, RUN_MOUNT_OPTIONS};
+
+use crate::filesystems;
+
+/// The shim's file name, next to the `shortfuse` binary.
+pub const SHIM: &str = "libshortfuse_preload.so";
+
+/// Exit status for a bad command line (clap's usage errors use it too).
+const USAGE: u8 = 2;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A mount for the program and its children: MOUNTPOINT=mem or
+    /// MOUNTPOINT=passthrough:SOURCE. The mount point need not exist.
+    #[arg(short = 'm', long = "mount", value_name = "MOUNTPOINT=FS[:SOURCE]", required = true)]
+    mounts: Vec<String>,
+    /// Options for every mount, comma-separated: ro, attr_timeout=S,
+    /// entry_timeout=S, negative_timeout=S, and the file system's own
+    /// (passthrough: symlinks=raw|beneath, one_file_system). May be repeated.
+    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+    options: Vec<String>,
+    /// The program and its arguments (after `--`).
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    program: Vec<OsString>,
+}
+
+pub fn after_help() -> String {
+    let mut s = String::from("File systems served in process:\n");
+    for (name, source) in IN_PROCESS_FS {
+        let src = source.map(|s| format!(" (SOURCE = {s})")).unwrap_or_default();
+        s.push_str(&format!("  {name}{src}\n"));
+    }
+    s.push_str("\nOptions (-o):\n");
+    for (k, v) in RUN_MOUNT_OPTIONS {
+        s.push_str(&format!("  {k:<26}{v}\n"));
+    }
+    s.push_str(
+        "\nEvery process started by PROGRAM inherits the mounts (through SHORTFUSE_MOUNTS and LD_PRELOAD in \
+         its environment), but each process image serves them itself: a `mem` mount lives in one process \
+         image, and every program it execs starts with its own empty one (sharing comes with the daemon \
+         over shared-memory rings); a passthrough mount is shared through its SOURCE directory. At exec, \
+         descriptors of passthrough mounts that are not close-on-exec become kernel descriptors of their \
+         backing files (so `cmd > /mnt/file` works in a shell), and a current directory inside a mount is \
+         kept; descriptors of `mem` mounts do not survive exec.\n\
+         \nThe shim maps its trampoline at address 0: as root, run sets vm.mmap_min_addr to 0 when it is \
+         not (and says so); otherwise the shim falls back to Syscall User Dispatch.\n\
+         \nExit status: PROGRAM's; 2 for a bad mount or option; 126/127 when PROGRAM cannot be run.\n\
+         \nExamples:\n  shortfuse run -m /mnt/m=mem -- python3 build.py\n  \
+         shortfuse run -m /data=passthrough:/srv/data -o ro -- bash -c 'ls -lR /data | wc -l'",
+    );
+    s
+}
+
+/// Validates the mounts, prepares the environment and execs PROGRAM; only
+/// returns when that fails.
+pub fn main(args: RunArgs) -> ExitCode {
+    let specs = match specs(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("shortfuse run: {e}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    let shim = match shim_path() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("shortfuse run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    page_zero();
+    let mut cmd = Command::new(&args.program[0]);
+    cmd.args(&args.program[1..]);
+    cmd.env("SHORTFUSE_MOUNTS", format_mounts(&specs));
+    cmd.env("LD_PRELOAD", ld_preload(&shim, std::env::var_os("LD_PRELOAD")));
+    // A current directory handed over by an outer `run` means nothing here.
+    cmd.env_remove("SHORTFUSE_CWD");
+    let e = cmd.exec();
+    eprintln!("shortfuse run: {}: {e}", Path::new(&args.program[0]).display());
+    ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
+
+/// The mounts of the command line, with `-o` applied to each, checked as
+/// far as can be done before the program runs.
+fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
+    let options = args
+        .options
+        .iter()
+        .filter(|o| !o.is_empty())
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let mut specs = Vec::new();
+    for m in &args.mounts {
+        let (mp, rest) = m
+            .split_once('=')
+            .ok_or_else(|| format!("-m {m}: expected MOUNTPOINT=FS[:SOURCE]"))?;
+        let (fs, source) = match rest.split_once(':') {
+            Some((f, s)) => (f, Some(s.to_string())),
+            None => (rest, None),
+        };
+        let mut spec = MountSpec {
+            mountpoint: absolute(&cwd, Path::new(mp)),
+            fs: fs.to_string(),
+            source,
+            options: options.clone(),
+        };
+        spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
+        if let Some(src) = &spec.source {
+            let src = std::fs::canonicalize(absolute(&cwd, Path::new(src)))
+                .map_err(|e| format!("-m {m}: source {src}: {e}"))?;
+            spec.source = Some(src.to_string_lossy().into_owned());
+        }
+        spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
+        check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;
+        specs.push(spec);
+    }
+    check_distinct(&specs)?;
+    Ok(specs)
+}
+
+/// `p` made absolute against `cwd`, lexically normalised.
+fn absolute(cwd: &Path, p: &Path) -> String {
+    let joined = cwd.join(p);
+    let norm = shortfuse_vfs::normalize(joined.as_os_str().as_encoded_bytes());
+    String::from_utf8_lossy(&norm).into_owned()
+}
+
+/// The file system is one the shim builds, and builds here too: the source
+/// exists and is a directory, the file system knows its options.
+fn check_fs(spec: &MountSpec) -> Result<(), String> {
+    if !IN_PROCESS_FS.iter().any(|(n, _)| *n == spec.fs) {
+        let served: Vec<&str> = IN_PROCESS_FS.iter().map(|f| f.0).collect();
+        let hint = if filesystems::ALL.iter().any(|k| k.name == spec.fs) {
+            format!(" (mount {} with `shortfuse mount` instead)", spec.fs)
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "unknown file system {:?} for run: choose {}{hint}",
+            spec.fs,
+            served.join(", ")
+        ));
+    }
+    let run = spec.run_options()?;
+    let mut scratch = MountOptions::default();
+    filesystems::build(&spec.fs, spec.source.as_deref().map(Path::new), &run.fs, &mut scratch)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// `libshortfuse_preload.so` next to this binary.
+fn shim_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the shortfuse binary: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let so = dir.join(SHIM);
+    if !so.is_file() {
+        return Err(format!(
+            "the preload shim {} is missing: build it next to shortfuse (cargo build -p shortfuse-preload, or make build)",
+            so.display()
+        ));
+    }
+    let s = so.to_string_lossy();
+    if s.contains([' ', ':']) {
+        return Err(format!(
+            "the preload shim's path {s} holds a space or a colon, which LD_PRELOAD cannot carry"
+        ));
+    }
+    Ok(so)
+}
+
+/// LD_PRELOAD with the shim first (the program's own preloads follow).
+fn ld_preload(shim: &Path, existing: Option<OsString>) -> OsString {
+    let mut v = OsString::from(shim);
+    if let Some(old) = existing {
+        let rest: Vec<_> = old
+            .to_string_lossy()
+            .split([' ', ':'])
+            .filter(|p| !p.is_empty() && Path::new(p) != shim)
+            .map(str::to_string)
+            .collect();
+        if !rest.is_empty() {
+            v.push(":");
+            v.push(rest.join(":"));
+        }
+    }
+    v
+}
+
+/// The trampoline page at address 0 needs vm.mmap_min_addr = 0.
+fn page_zero() {
+    const KNOB: &str = "/proc/sys/vm/mmap_min_addr";
+    let now = match std::fs::read_to_string(KNOB) {
+        Ok(v) => v.trim().to_string(),
+        Err(e) => {
+            eprintln!("shortfuse run: {KNOB}: {e}; the shim falls back to Syscall User Dispatch");
+            return;
+        }
+    };
+    if now == "0" {
+        return;
+    }
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!(
+            "shortfuse run: vm.mmap_min_addr is {now} and only root can set it to 0: the shim falls back to \
+             Syscall User Dispatch (slower per intercepted call)"
+        );
+        return;
+    }
+    match std::fs::write(KNOB, "0") {
+        Ok(()) => {
+            eprintln!("shortfuse run: set vm.mmap_min_addr from {now} to 0 (the shim maps its trampoline at address 0)")
+        }
+        Err(e) => eprintln!(
+            "shortfuse run: cannot set vm.mmap_min_addr to 0 ({e}): the shim falls back to Syscall User Dispatch"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shim_goes_first_in_ld_preload() {
+        let shim = Path::new("/t/libshortfuse_preload.so");
+        assert_eq!(ld_preload(shim, None), OsString::from("/t/libshortfuse_preload.so"));
+        assert_eq!(
+            ld_preload(shim, Some("/a.so /t/libshortfuse_preload.so:/b.so".into())),
+            OsString::from("/t/libshortfuse_preload.so:/a.so:/b.so")
+        );
+    }
+
+    #[test]
+    fn mount_points_are_made_absolute() {
+        assert_eq!(absolute(Path::new("/w"), Path::new("m/../n/")), "/w/n");
+        assert_eq!(absolute(Path::new("/w"), Path::new("/x//y")), "/x/y");
+    }
+}

@@ -1,0 +1,186 @@
+//! execve/execveat: what the new image keeps of this one's mounts.
+//!
+//! The new image loads the shim again (LD_PRELOAD and SHORTFUSE_MOUNTS are in
+//! its environment) and builds its mounts afresh: a `mem` mount starts empty,
+//! a passthrough mount sees its source. Before the kernel runs the exec:
+//!
+//! - A program path inside a mount is exec'd from the backing file of a
+//!   passthrough mount (EACCES elsewhere: there is no file to map).
+//! - A descriptor of a passthrough mount that survives exec (no FD_CLOEXEC)
+//!   is handed over: its placeholder is replaced, at the same number, by a
+//!   kernel descriptor of the backing file opened with the same status flags
+//!   and moved to the same offset (descriptors sharing one open file share
+//!   the new one too). This is what makes `cmd > /mnt/file` work in a shell.
+//!   The new image then reaches that file through the kernel. Descriptors of
+//!   other mounts stay placeholders (their reads and writes fail with EBADF).
+//! - A current directory inside a mount travels in `SHORTFUSE_CWD`.
+
+use std::ffi::CString;
+use std::sync::Arc;
+
+use shortfuse::{Errno, FileType};
+use shortfuse_vfs::OpenFile;
+
+use super::{err, resolve, Resolved, AT_FDCWD};
+use crate::mounts::CWD_VAR;
+use crate::sys::raw;
+use crate::{state, user};
+
+pub fn execve(a: [i64; 6]) -> Option<i64> {
+    let path = user::cstr(a[0])?;
+    let (dirfd, prog) = match program(AT_FDCWD, path, true) {
+        Ok(p) => p,
+        Err(e) => return Some(err(e)),
+    };
+    let prog_ptr = prog.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
+    hand_over_descriptors();
+    let env = environment(a[2]);
+    let envp = env.as_ref().map_or(a[2], |e| e.pointers.as_ptr() as i64);
+    Some(if dirfd == AT_FDCWD && prog.is_none() {
+        raw(libc::SYS_execve, prog_ptr, a[1], envp, 0, 0, 0)
+    } else {
+        raw(libc::SYS_execveat, dirfd, prog_ptr, a[1], envp, 0, 0)
+    })
+}
+
+pub fn execveat(a: [i64; 6]) -> Option<i64> {
+    let path = user::cstr(a[1])?;
+    let flags = a[4] as i32;
+    let (dirfd, prog) = if path.is_empty() {
+        (a[0], None)
+    } else {
+        match program(a[0], path, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
+            Ok(p) => p,
+            Err(e) => return Some(err(e)),
+        }
+    };
+    let prog_ptr = prog.as_ref().map_or(a[1], |p| p.as_ptr() as i64);
+    hand_over_descriptors();
+    let env = environment(a[3]);
+    let envp = env.as_ref().map_or(a[3], |e| e.pointers.as_ptr() as i64);
+    Some(raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0))
+}
+
+/// The program to exec: `(dirfd, None)` keeps the caller's path,
+/// `(AT_FDCWD, Some(abs))` replaces it (NUL-terminated).
+fn program(dirfd: i64, path: &[u8], follow: bool) -> Result<(i64, Option<Vec<u8>>), Errno> {
+    match resolve(dirfd, path, follow)? {
+        Resolved::Kernel(None) => Ok((dirfd, None)),
+        Resolved::Kernel(Some(p)) => Ok((AT_FDCWD, Some(p))),
+        Resolved::Ours(vfs, t) => {
+            let (_, attr) = t.node.ok_or(Errno::ENOENT)?;
+            if attr.file_type() == FileType::Directory {
+                return Err(Errno::EACCES);
+            }
+            let src = vfs.source().ok_or(Errno::EACCES)?;
+            Ok((AT_FDCWD, Some(backing_path(src, &t.path()))))
+        }
+    }
+}
+
+/// `src` + `rel` (which starts with '/'), NUL-terminated.
+fn backing_path(src: &[u8], rel: &[u8]) -> Vec<u8> {
+    let mut p = src.to_vec();
+    if rel != b"/" {
+        if p.ends_with(b"/") {
+            p.pop();
+        }
+        p.extend_from_slice(rel);
+    }
+    p.push(0);
+    p
+}
+
+/// Replaces the placeholders of passthrough descriptors that survive exec
+/// with kernel descriptors of their backing files.
+fn hand_over_descriptors() {
+    let st = state();
+    let mut done: Vec<(Arc<OpenFile>, i64)> = Vec::new();
+    for (fd, cloexec) in st.fds.fds() {
+        if cloexec {
+            continue;
+        }
+        let Some(f) = st.fds.get(fd) else { continue };
+        if let Some((_, kfd)) = done.iter().find(|(g, _)| Arc::ptr_eq(g, &f)) {
+            raw(libc::SYS_dup3, *kfd, i64::from(fd), 0, 0, 0, 0);
+            continue;
+        }
+        let Some(src) = f.vfs().source() else { continue };
+        let path = backing_path(src, f.path());
+        let flags = f.flags() & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
+        let kfd = raw(
+            libc::SYS_openat,
+            AT_FDCWD,
+            path.as_ptr() as i64,
+            i64::from(flags),
+            0,
+            0,
+            0,
+        );
+        if kfd < 0 {
+            continue;
+        }
+        if f.file_type() == FileType::Regular && !f.is_path_only() {
+            raw(
+                libc::SYS_lseek,
+                kfd,
+                f.offset() as i64,
+                i64::from(libc::SEEK_SET),
+                0,
+                0,
+                0,
+            );
+        }
+        raw(libc::SYS_dup3, kfd, i64::from(fd), 0, 0, 0, 0);
+        done.push((f, kfd));
+    }
+    for (_, kfd) in done {
+        raw(libc::SYS_close, kfd, 0, 0, 0, 0, 0);
+    }
+}
+
+/// A rewritten environment: the pointers (NULL-terminated) and the one
+/// string we own.
+struct Env {
+    pointers: Vec<*const libc::c_char>,
+    _cwd: Option<CString>,
+}
+
+/// The environment for the new image with `SHORTFUSE_CWD` set to our
+/// current directory inside a mount, or removed when we are not in one.
+/// `None`: the program's own environment needs no change.
+fn environment(envp: i64) -> Option<Env> {
+    let st = state();
+    let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let prefix = format!("{CWD_VAR}=");
+    let mut pointers = Vec::new();
+    let mut had = false;
+    if envp != 0 {
+        let mut i = 0;
+        loop {
+            let p = user::pointer_at(envp, i);
+            if p == 0 {
+                break;
+            }
+            i += 1;
+            if user::cstr(p).is_some_and(|s| s.starts_with(prefix.as_bytes())) {
+                had = true;
+                continue;
+            }
+            pointers.push(p as *const libc::c_char);
+        }
+    }
+    if cwd.is_none() && !had {
+        return None;
+    }
+    let own = cwd.and_then(|(vfs, loc)| {
+        let mut s = prefix.into_bytes();
+        s.extend_from_slice(&vfs.host_path(&loc));
+        CString::new(s).ok()
+    });
+    if let Some(c) = &own {
+        pointers.push(c.as_ptr());
+    }
+    pointers.push(std::ptr::null());
+    Some(Env { pointers, _cwd: own })
+}

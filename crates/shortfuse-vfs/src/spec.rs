@@ -1,0 +1,267 @@
+//! The mounts a process serves in process, as `shortfuse run` hands them to
+//! the preload shim in the `SHORTFUSE_MOUNTS` environment variable (and as
+//! every child inherits them).
+//!
+//! Format: mounts separated by `;`, each `MOUNTPOINT=FS[:SOURCE][#OPTIONS]`,
+//! OPTIONS comma-separated as for `-o`. The separators `;` and `#` may not
+//! appear in a mount point or a source; the mount point is absolute.
+//!
+//! Only the mount options that mean something without a kernel mount are
+//! accepted ([`RUN_MOUNT_OPTIONS`]); anything that is not a mount option is
+//! the file system's, which refuses what it does not know.
+
+use std::time::Duration;
+
+use shortfuse::options::FsOptions;
+use shortfuse::MountOptions;
+
+/// Mount options a preloaded mount honours: `ro` (EROFS from every call
+/// that would change the mount) and the cache timeouts the in-process
+/// dispatcher hands to the shim's dentry and attribute cache.
+pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
+    (
+        "ro / rw",
+        "read-only (calls that would change the mount fail with EROFS) or read-write (default)",
+    ),
+    (
+        "attr_timeout=SECONDS",
+        "how long the shim caches attributes (default 1)",
+    ),
+    ("entry_timeout=SECONDS", "how long the shim caches names (default 1)"),
+    (
+        "negative_timeout=SECONDS",
+        "how long the shim caches missing names (default 0)",
+    ),
+];
+
+/// The file systems the preload shim builds in process, with what their
+/// SOURCE is (`None`: they take none).
+pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[("mem", None), ("passthrough", Some("the directory to mirror"))];
+
+const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];
+
+/// One mount: where, which file system, over what, with which options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountSpec {
+    /// Absolute, as given (normalised by the VFS).
+    pub mountpoint: String,
+    pub fs: String,
+    pub source: Option<String>,
+    /// Comma-separated, as for `-o` (may be empty).
+    pub options: String,
+}
+
+/// What a spec's options come to.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    pub ro: bool,
+    pub attr_timeout: Option<Duration>,
+    pub entry_timeout: Option<Duration>,
+    pub negative_timeout: Option<Duration>,
+    /// Options for the file system itself.
+    pub fs: FsOptions,
+}
+
+impl RunOptions {
+    /// The dispatcher's options with these applied.
+    pub fn mount_options(&self) -> MountOptions {
+        let mut o = MountOptions {
+            ro: self.ro,
+            ..MountOptions::default()
+        };
+        if let Some(t) = self.attr_timeout {
+            o.attr_timeout = t;
+        }
+        if let Some(t) = self.entry_timeout {
+            o.entry_timeout = t;
+        }
+        if let Some(t) = self.negative_timeout {
+            o.negative_timeout = t;
+        }
+        o
+    }
+}
+
+fn forbidden(s: &str) -> Option<char> {
+    s.chars().find(|c| matches!(c, ';' | '#' | '\0'))
+}
+
+impl MountSpec {
+    /// Parses `MOUNTPOINT=FS[:SOURCE][#OPTIONS]`.
+    pub fn parse(s: &str) -> Result<MountSpec, String> {
+        let (rest, options) = match s.split_once('#') {
+            Some((r, o)) => (r, o.to_string()),
+            None => (s, String::new()),
+        };
+        let (mp, fs) = rest
+            .split_once('=')
+            .ok_or_else(|| format!("mount {s:?}: expected MOUNTPOINT=FS[:SOURCE]"))?;
+        let (fs, source) = match fs.split_once(':') {
+            Some((f, src)) => (f, Some(src.to_string())),
+            None => (fs, None),
+        };
+        let spec = MountSpec {
+            mountpoint: mp.to_string(),
+            fs: fs.to_string(),
+            source,
+            options,
+        };
+        spec.check_syntax()?;
+        Ok(spec)
+    }
+
+    /// The checks that do not look at the file system: an absolute mount
+    /// point, a file system name, no separator inside a field, options that
+    /// a preloaded mount honours.
+    pub fn check_syntax(&self) -> Result<(), String> {
+        if !self.mountpoint.starts_with('/') {
+            return Err(format!("mount point {:?} is not an absolute path", self.mountpoint));
+        }
+        if crate::normalize(self.mountpoint.as_bytes()) == b"/" {
+            return Err("mount point / would hide every file of the system".into());
+        }
+        if self.fs.is_empty() {
+            return Err(format!("mount {}: no file system named", self.mountpoint));
+        }
+        for (what, v) in [
+            ("mount point", Some(&self.mountpoint)),
+            ("source", self.source.as_ref()),
+        ] {
+            if let Some(c) = v.and_then(|v| forbidden(v)) {
+                return Err(format!(
+                    "{what} {:?}: may not contain {c:?}",
+                    v.map_or("", |v| v.as_str())
+                ));
+            }
+        }
+        if let Some(src) = &self.source {
+            if src.is_empty() {
+                return Err(format!("mount {}: empty SOURCE after '{}:'", self.mountpoint, self.fs));
+            }
+        }
+        self.run_options().map(|_| ())
+    }
+
+    /// Splits the options into the ones a preloaded mount honours and the
+    /// file system's; refuses kernel mount options that mean nothing here.
+    pub fn run_options(&self) -> Result<RunOptions, String> {
+        if let Some(c) = forbidden(&self.options) {
+            return Err(format!("options {:?}: may not contain {c:?}", self.options));
+        }
+        let mut out = RunOptions::default();
+        for item in self.options.split(',').filter(|i| !i.is_empty()) {
+            let mut scratch = MountOptions::default();
+            let mut rest = FsOptions::new();
+            scratch.apply(item, Some(&mut rest)).map_err(|e| e.to_string())?;
+            if !rest.is_empty() {
+                out.fs.extend(rest);
+                continue;
+            }
+            let key = item.split_once('=').map_or(item, |(k, _)| k);
+            if !ALLOWED_KEYS.contains(&key) {
+                return Err(format!(
+                    "-o {item}: a kernel mount option, meaningless for a preloaded mount (these work: {})",
+                    ALLOWED_KEYS.join(", ")
+                ));
+            }
+            match key {
+                "ro" => out.ro = true,
+                "rw" => out.ro = false,
+                "attr_timeout" => out.attr_timeout = Some(scratch.attr_timeout),
+                "entry_timeout" => out.entry_timeout = Some(scratch.entry_timeout),
+                "negative_timeout" => out.negative_timeout = Some(scratch.negative_timeout),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// The spec in `SHORTFUSE_MOUNTS` form.
+    pub fn to_env(&self) -> String {
+        let mut s = format!("{}={}", self.mountpoint, self.fs);
+        if let Some(src) = &self.source {
+            s.push(':');
+            s.push_str(src);
+        }
+        if !self.options.is_empty() {
+            s.push('#');
+            s.push_str(&self.options);
+        }
+        s
+    }
+}
+
+/// Parses a whole `SHORTFUSE_MOUNTS` value; two mounts at one mount point
+/// are refused.
+pub fn parse_mounts(s: &str) -> Result<Vec<MountSpec>, String> {
+    let specs: Vec<MountSpec> = s
+        .split(';')
+        .filter(|m| !m.is_empty())
+        .map(MountSpec::parse)
+        .collect::<Result<_, _>>()?;
+    check_distinct(&specs)?;
+    Ok(specs)
+}
+
+/// Refuses two mounts at one (normalised) mount point.
+pub fn check_distinct(specs: &[MountSpec]) -> Result<(), String> {
+    for (i, a) in specs.iter().enumerate() {
+        for b in &specs[..i] {
+            if crate::normalize(a.mountpoint.as_bytes()) == crate::normalize(b.mountpoint.as_bytes()) {
+                return Err(format!("two mounts at {}", a.mountpoint));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `SHORTFUSE_MOUNTS` value for `specs`.
+pub fn format_mounts(specs: &[MountSpec]) -> String {
+    specs.iter().map(MountSpec::to_env).collect::<Vec<_>>().join(";")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_the_environment_form() {
+        let s = "/mnt/a=mem;/mnt/b=passthrough:/srv/x#ro,attr_timeout=5,symlinks=beneath";
+        let specs = parse_mounts(s).unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[1].source.as_deref(), Some("/srv/x"));
+        assert_eq!(format_mounts(&specs), s);
+        let o = specs[1].run_options().unwrap();
+        assert!(o.ro);
+        assert_eq!(o.attr_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(o.fs, vec![("symlinks".to_string(), Some("beneath".to_string()))]);
+        assert_eq!(o.mount_options().attr_timeout, Duration::from_secs(5));
+        // A source may hold ':' (only the first one splits).
+        let c = MountSpec::parse("/m=passthrough:/a:b").unwrap();
+        assert_eq!(c.source.as_deref(), Some("/a:b"));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_serve() {
+        for bad in [
+            "mnt=mem",
+            "/mnt",
+            "/=mem",
+            "/mnt/a=",
+            "/mnt/a=passthrough:",
+            "/mnt/a=mem#allow_other",
+            "/mnt/a=mem#writeback_cache",
+            "/mnt/a=mem#attr_timeout=x",
+        ] {
+            assert!(parse_mounts(bad).is_err(), "{bad}");
+        }
+        assert!(parse_mounts("/m=mem;/m/=mem").unwrap_err().contains("two mounts"));
+        let spec = MountSpec {
+            mountpoint: "/m".into(),
+            fs: "passthrough".into(),
+            source: Some("/a;b".into()),
+            options: String::new(),
+        };
+        assert!(spec.check_syntax().unwrap_err().contains("may not contain"));
+    }
+}
