@@ -48,7 +48,7 @@ pub const ALL: &[FsKind] = &[
     FsKind {
         name: "passthrough",
         source: Some("the directory to mirror"),
-        about: "mirrors SOURCE (-o symlinks=raw|beneath, one_file_system)",
+        about: "mirrors SOURCE (-o symlinks=raw|beneath, one_file_system, path_fds=N)",
         kernel_permissions: true,
         build: |src, rest| {
             let src = existing_dir(src)?;

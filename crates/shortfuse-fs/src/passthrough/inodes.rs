@@ -7,7 +7,9 @@
 //! locks (see `handles.rs`) are never held while taking the table lock
 //! either, except that readdirplus holds its directory-stream lock while
 //! interning entries: order is *dir stream → inode table*, never the
-//! reverse.
+//! reverse. A sweep that gives descriptors up takes each inode's path-slot
+//! lock under the table's read lock (without waiting); slot locks are
+//! leaves (see `pathfd.rs`).
 //!
 //! Lookup counts change only under the write lock. `forget` decrements and,
 //! at zero, removes the inode from both maps in the same critical section,
@@ -16,11 +18,13 @@
 //! with a new node id: a freed inode is never handed out again.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use shortfuse::{Errno, FileType, NodeId, Result};
+
+use super::pathfd::{Budget, PathFd, PathSlot};
 
 /// Identity of a source inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -47,20 +51,27 @@ pub struct Inode {
     /// The type never changes for a given inode, so checks such as "is this
     /// a symlink" need no system call.
     pub kind: FileType,
-    /// `O_PATH | O_NOFOLLOW`: names the inode without opening it.
-    fd: OwnedFd,
+    /// `O_PATH | O_NOFOLLOW`: names the inode without opening it (given
+    /// up for a file handle when too many are open, see [`super::pathfd`]).
+    path: PathSlot,
     /// References the kernel holds (lookups minus forgets). Written under
     /// the table's write lock only.
     nlookup: AtomicU64,
-    /// Open handles on this inode (files and directories). Kept for the
-    /// day a backing id is shared per inode (kernel passthrough wants one
-    /// per inode); not needed for correctness today.
+    /// Open handles on this inode (files and directories): an inode with
+    /// open handles keeps its descriptor (an unlinked open file could not be
+    /// found by handle again).
     pub nopen: AtomicU64,
 }
 
 impl Inode {
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The inode's `O_PATH` descriptor, open at least while the result lives.
+    pub fn fd(&self) -> Result<PathFd> {
+        self.path.get()
+    }
+
+    /// Whether the descriptor is open now (tests of the budget).
+    pub fn has_fd(&self) -> bool {
+        self.path.is_open()
     }
 
     pub fn lookups(&self) -> u64 {
@@ -74,19 +85,20 @@ struct Maps {
     next_node: u64,
 }
 
-/// Both maps behind one lock.
+/// Both maps behind one lock, and the budget of open descriptors.
 pub struct InodeTable {
     maps: RwLock<Maps>,
+    budget: Arc<Budget>,
 }
 
 impl InodeTable {
     /// A table that holds the root (node 1), whose count never drops.
-    pub fn new(root_fd: OwnedFd, root_st: &libc::stat) -> InodeTable {
+    pub fn new(root_fd: OwnedFd, root_st: &libc::stat, budget: Arc<Budget>) -> InodeTable {
         let root = Arc::new(Inode {
             node: NodeId::ROOT,
             key: InodeKey::of(root_st),
             kind: FileType::from_mode(root_st.st_mode),
-            fd: root_fd,
+            path: PathSlot::new(root_fd, root_st.st_dev, true, &budget),
             nlookup: AtomicU64::new(1),
             nopen: AtomicU64::new(0),
         });
@@ -99,6 +111,7 @@ impl InodeTable {
         maps.by_node.insert(root.node.0, root);
         InodeTable {
             maps: RwLock::new(maps),
+            budget,
         }
     }
 
@@ -116,13 +129,41 @@ impl InodeTable {
     /// The inode for a node id the kernel sent. `ESTALE` for an id we never
     /// gave or already forgot (only a confused or malicious peer sends one).
     pub fn get(&self, node: NodeId) -> Result<Arc<Inode>> {
+        // Reopens by handle happen after a get; the next get sheds them.
+        self.shed();
         self.read().by_node.get(&node.0).cloned().ok_or(Errno::ESTALE)
+    }
+
+    /// Gives descriptors up while more than the budget are open: a clock
+    /// sweep over the table, at most two passes (the first may only clear
+    /// use marks).
+    fn shed(&self) {
+        let mut excess = self.budget.excess();
+        if excess == 0 {
+            return;
+        }
+        let maps = self.read();
+        for _ in 0..2 {
+            for inode in maps.by_node.values() {
+                if inode.path.shed(inode.nopen.load(Ordering::Relaxed) > 0) {
+                    excess -= 1;
+                    if excess == 0 {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The descriptor budget (tests, statistics).
+    pub fn budget(&self) -> &Budget {
+        &self.budget
     }
 
     /// Publishes a looked-up inode and counts one lookup. `fd` is an
     /// `O_PATH` descriptor for the inode `st` describes; if the inode is
-    /// already known, `fd` is closed (after the lock is released) and the
-    /// known inode is returned.
+    /// already known, `fd` replaces a descriptor it gave up or is closed
+    /// (after the lock is released), and the known inode is returned.
     pub fn intern(&self, fd: OwnedFd, st: &libc::stat) -> Arc<Inode> {
         let key = InodeKey::of(st);
         let mut maps = self.write();
@@ -130,7 +171,7 @@ impl InodeTable {
             inode.nlookup.fetch_add(1, Ordering::Relaxed);
             let inode = inode.clone();
             drop(maps);
-            drop(fd);
+            inode.path.refill(fd);
             return inode;
         }
         let node = NodeId(maps.next_node);
@@ -139,12 +180,14 @@ impl InodeTable {
             node,
             key,
             kind: FileType::from_mode(st.st_mode),
-            fd,
+            path: PathSlot::new(fd, st.st_dev, false, &self.budget),
             nlookup: AtomicU64::new(1),
             nopen: AtomicU64::new(0),
         });
         maps.by_key.insert(key, inode.clone());
         maps.by_node.insert(node.0, inode.clone());
+        drop(maps);
+        self.shed();
         inode
     }
 

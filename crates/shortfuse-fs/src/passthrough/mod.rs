@@ -96,6 +96,7 @@
 mod creds;
 mod handles;
 pub mod inodes;
+mod pathfd;
 pub mod symlinks;
 mod sys;
 
@@ -119,6 +120,7 @@ use shortfuse::{
 use creds::CredGuard;
 use handles::{HandleTable, OpenFile};
 use inodes::{Inode, InodeTable};
+use pathfd::Budget;
 
 /// How READLINK presents symbolic links (`-o symlinks=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -136,6 +138,9 @@ pub struct PassthroughOptions {
     pub symlinks: SymlinkMode,
     /// Do not cross mount points inside the source (`RESOLVE_NO_XDEV`).
     pub one_file_system: bool,
+    /// At most this many inode descriptors open at once (`-o path_fds=N`);
+    /// default half of `RLIMIT_NOFILE`. See [`pathfd`].
+    pub path_fds: Option<usize>,
 }
 
 impl PassthroughOptions {
@@ -153,16 +158,22 @@ impl PassthroughOptions {
                     )))
                 }
                 ("one_file_system", None) => out.one_file_system = true,
+                ("path_fds", Some(v)) => match v.parse::<usize>() {
+                    Ok(n) if n > 0 => out.path_fds = Some(n),
+                    _ => {
+                        return Err(invalid(format!(
+                            "passthrough: option path_fds={v} is not valid: a positive number of descriptors"
+                        )))
+                    }
+                },
                 ("one_file_system", Some(v)) => {
                     return Err(invalid(format!(
                         "passthrough: option one_file_system takes no value (got one_file_system={v})"
                     )))
                 }
-                (other, _) => {
-                    return Err(invalid(format!(
-                        "passthrough: unknown option '{other}' (known: symlinks=raw|beneath, one_file_system)"
-                    )))
-                }
+                (other, _) => return Err(invalid(format!(
+                    "passthrough: unknown option '{other}' (known: symlinks=raw|beneath, one_file_system, path_fds=N)"
+                ))),
             }
         }
         Ok(out)
@@ -215,14 +226,23 @@ impl PassthroughFs {
         let st = sys::fstat(root.as_fd()).map_err(|e| context(e.into()))?;
         let root_path =
             sys::readlink_path(sys::ProcPath::new(root.as_fd()).as_cstr()).map_err(|e| context(e.into()))?;
-        // Not fatal: the limit only bounds how many inodes the kernel may keep.
-        let _ = sys::raise_nofile_limit();
+        // Not fatal: the limit only bounds how many inodes keep a descriptor.
+        let nofile = sys::raise_nofile_limit().unwrap_or(1024);
+        let limit = opts.path_fds.unwrap_or((nofile / 2) as usize);
+        let (budget, no_handles) = Budget::probe(root.as_fd(), st.st_dev, limit);
+        if let Some(e) = no_handles {
+            eprintln!(
+                "shortfuse: passthrough {}: file handles do not work here ({e}): every inode the kernel keeps \
+                 holds a descriptor, at most {nofile}",
+                source.display()
+            );
+        }
         let mut resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
         if opts.one_file_system {
             resolve |= libc::RESOLVE_NO_XDEV;
         }
         Ok(PassthroughFs {
-            inodes: InodeTable::new(root, &st),
+            inodes: InodeTable::new(root, &st, Arc::new(budget)),
             handles: HandleTable::default(),
             opts,
             resolve,
@@ -240,6 +260,18 @@ impl PassthroughFs {
     /// Inodes the kernel holds references to, the root included.
     pub fn inode_count(&self) -> usize {
         self.inodes.count()
+    }
+
+    /// Inode descriptors open now, and the budget they are kept within
+    /// (None: file handles do not work on the source, every inode keeps one).
+    pub fn path_fds(&self) -> (usize, Option<usize>) {
+        let budget = self.inodes.budget();
+        (budget.open(), budget.limit())
+    }
+
+    /// Whether the inode behind `node` holds its descriptor now.
+    pub fn holds_path_fd(&self, node: NodeId) -> Result<bool> {
+        Ok(self.inodes.get(node)?.has_fd())
     }
 
     /// Open file and directory handles.
@@ -318,7 +350,7 @@ impl PassthroughFs {
     }
 
     fn readlink_beneath(&self, inode: &Inode, target: Vec<u8>) -> Result<Vec<u8>> {
-        let path = sys::readlink_path(sys::ProcPath::new(inode.fd()).as_cstr())?;
+        let path = sys::readlink_path(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr())?;
         // A link no longer below the root (moved out of the source) has no
         // depth to clamp at: refuse rather than guess.
         let dir = symlinks::link_dir(&self.root_path, &path).ok_or(Errno::ENOENT)?;
@@ -562,7 +594,7 @@ impl Filesystem for PassthroughFs {
     fn lookup(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         let name = component(name)?;
         let parent = self.dir(parent)?;
-        self.lookup_at(parent.fd(), &name)
+        self.lookup_at(parent.fd()?.as_fd(), &name)
     }
 
     fn forget(&self, node: NodeId, nlookup: u64) {
@@ -576,7 +608,7 @@ impl Filesystem for PassthroughFs {
     fn getattr(&self, _req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
         let st = match fh {
             Some(fh) if fh.0 != 0 => sys::fstat(self.file(node, fh)?.fd())?,
-            _ => sys::fstat(self.inodes.get(node)?.fd())?,
+            _ => sys::fstat(self.inodes.get(node)?.fd()?.as_fd())?,
         };
         Ok(attr_of(&st))
     }
@@ -590,11 +622,15 @@ impl Filesystem for PassthroughFs {
         if let Some(mode) = set.mode {
             match &file {
                 Some(f) => sys::fchmod(f.fd(), mode & 0o7777)?,
-                None => sys::fchmod_path(inode.fd(), mode & 0o7777)?,
+                None => sys::fchmod_path(inode.fd()?.as_fd(), mode & 0o7777)?,
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
-            sys::fchown_path(inode.fd(), set.uid.unwrap_or(u32::MAX), set.gid.unwrap_or(u32::MAX))?;
+            sys::fchown_path(
+                inode.fd()?.as_fd(),
+                set.uid.unwrap_or(u32::MAX),
+                set.gid.unwrap_or(u32::MAX),
+            )?;
         }
         if let Some(size) = set.size {
             match &file {
@@ -607,24 +643,24 @@ impl Filesystem for PassthroughFs {
                             Errno::EINVAL
                         });
                     }
-                    let fd = sys::reopen(inode.fd(), libc::O_WRONLY)?;
+                    let fd = sys::reopen(inode.fd()?.as_fd(), libc::O_WRONLY)?;
                     sys::ftruncate(fd.as_fd(), size)?;
                 }
             }
         }
         if set.kill_suidgid && set.mode.is_none() {
-            let st = sys::fstat(inode.fd())?;
-            self.kill_suidgid(inode.fd(), &st, false)?;
+            let st = sys::fstat(inode.fd()?.as_fd())?;
+            self.kill_suidgid(inode.fd()?.as_fd(), &st, false)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let times = [timespec(set.atime), timespec(set.mtime)];
             match &file {
                 Some(f) => sys::futimens(f.fd(), &times)?,
-                None => sys::utimens_path(inode.fd(), &times)?,
+                None => sys::utimens_path(inode.fd()?.as_fd(), &times)?,
             }
         }
         // ctime cannot be set on Linux; it moved with the changes above.
-        Ok(attr_of(&sys::fstat(inode.fd())?))
+        Ok(attr_of(&sys::fstat(inode.fd()?.as_fd())?))
     }
 
     fn readlink(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
@@ -632,7 +668,7 @@ impl Filesystem for PassthroughFs {
         if inode.kind != FileType::Symlink {
             return Err(Errno::EINVAL);
         }
-        let target = sys::readlink_fd(inode.fd())?;
+        let target = sys::readlink_fd(inode.fd()?.as_fd())?;
         match self.opts.symlinks {
             SymlinkMode::Raw => Ok(target),
             SymlinkMode::Beneath => self.readlink_beneath(&inode, target),
@@ -645,9 +681,9 @@ impl Filesystem for PassthroughFs {
         let parent = self.dir(parent)?;
         {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
-            sys::symlinkat(&target, parent.fd(), &name)?;
+            sys::symlinkat(&target, parent.fd()?.as_fd(), &name)?;
         }
-        self.lookup_at(parent.fd(), &name)
+        self.lookup_at(parent.fd()?.as_fd(), &name)
     }
 
     fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
@@ -657,9 +693,9 @@ impl Filesystem for PassthroughFs {
         let mode = (new.mode & libc::S_IFMT) | (new.mode & 0o7777 & !new.umask);
         {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
-            sys::mknodat(parent.fd(), &name, mode, dev_of(new.rdev))?;
+            sys::mknodat(parent.fd()?.as_fd(), &name, mode, dev_of(new.rdev))?;
         }
-        self.lookup_at(parent.fd(), &name)
+        self.lookup_at(parent.fd()?.as_fd(), &name)
     }
 
     fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
@@ -668,19 +704,19 @@ impl Filesystem for PassthroughFs {
         creds::ensure_zero_umask()?;
         {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
-            sys::mkdirat(parent.fd(), &name, new.mode & 0o7777 & !new.umask)?;
+            sys::mkdirat(parent.fd()?.as_fd(), &name, new.mode & 0o7777 & !new.umask)?;
         }
-        self.lookup_at(parent.fd(), &name)
+        self.lookup_at(parent.fd()?.as_fd(), &name)
     }
 
     fn unlink(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
         let name = component(name)?;
-        sys::unlinkat(self.dir(parent)?.fd(), &name, 0)
+        sys::unlinkat(self.dir(parent)?.fd()?.as_fd(), &name, 0)
     }
 
     fn rmdir(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
         let name = component(name)?;
-        sys::unlinkat(self.dir(parent)?.fd(), &name, libc::AT_REMOVEDIR)
+        sys::unlinkat(self.dir(parent)?.fd()?.as_fd(), &name, libc::AT_REMOVEDIR)
     }
 
     fn rename(
@@ -696,7 +732,13 @@ impl Filesystem for PassthroughFs {
         let new_name = component(new_name)?;
         let parent = self.dir(parent)?;
         let new_parent = self.dir(new_parent)?;
-        sys::renameat2(parent.fd(), &name, new_parent.fd(), &new_name, flags.raw())
+        sys::renameat2(
+            parent.fd()?.as_fd(),
+            &name,
+            new_parent.fd()?.as_fd(),
+            &new_name,
+            flags.raw(),
+        )
     }
 
     fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
@@ -705,10 +747,10 @@ impl Filesystem for PassthroughFs {
         let new_parent = self.dir(new_parent)?;
         {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
-            sys::link_proc(inode.fd(), new_parent.fd(), &new_name)?;
+            sys::link_proc(inode.fd()?.as_fd(), new_parent.fd()?.as_fd(), &new_name)?;
         }
         // The same inode: count a lookup on it through a copy of its descriptor.
-        let fd = inode.fd().try_clone_to_owned().map_err(Errno::from)?;
+        let fd = inode.fd()?.as_fd().try_clone_to_owned().map_err(Errno::from)?;
         let st = sys::fstat(fd.as_fd())?;
         let inode = self.inodes.intern(fd, &st);
         Ok(Entry::new(inode.node, attr_of(&st)))
@@ -723,7 +765,7 @@ impl Filesystem for PassthroughFs {
             _ => {}
         }
         let flags = self.open_flags(flags);
-        let fd = sys::reopen(inode.fd(), flags)?;
+        let fd = sys::reopen(inode.fd()?.as_fd(), flags)?;
         let file = OpenFile::file(node, fd, flags);
         let data_map = (inode.kind == FileType::Regular).then(|| DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
@@ -743,7 +785,7 @@ impl Filesystem for PassthroughFs {
         let mode = new.mode & 0o7777 & !new.umask;
         let fd = {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
-            sys::openat2(parent.fd(), &name, flags, mode, self.resolve)?
+            sys::openat2(parent.fd()?.as_fd(), &name, flags, mode, self.resolve)?
         };
         let entry = self.intern_open(&fd)?;
         let file = OpenFile::file(entry.node, fd, flags);
@@ -807,7 +849,7 @@ impl Filesystem for PassthroughFs {
 
     fn opendir(&self, _req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
         let inode = self.dir(node)?;
-        let fd = sys::open_dir(inode.fd())?;
+        let fd = sys::open_dir(inode.fd()?.as_fd())?;
         let fh = self.handles.insert(OpenFile::dir(node, fd));
         inode.nopen.fetch_add(1, Ordering::Relaxed);
         Ok(Opened::handle(fh.0))
@@ -881,7 +923,7 @@ impl Filesystem for PassthroughFs {
     }
 
     fn statfs(&self, _req: &Request, node: NodeId) -> Result<Statfs> {
-        let st = sys::fstatvfs(self.inodes.get(node)?.fd())?;
+        let st = sys::fstatvfs(self.inodes.get(node)?.fd()?.as_fd())?;
         Ok(Statfs {
             blocks: st.f_blocks,
             bfree: st.f_bfree,
@@ -897,30 +939,30 @@ impl Filesystem for PassthroughFs {
     fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
         let inode = self.inodes.get(node)?;
-        sys::setxattr(sys::ProcPath::new(inode.fd()).as_cstr(), &name, value, flags)
+        sys::setxattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(), &name, value, flags)
     }
 
     fn getxattr(&self, _req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
         let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
         let inode = self.inodes.get(node)?;
-        sys::getxattr(sys::ProcPath::new(inode.fd()).as_cstr(), &name)
+        sys::getxattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(), &name)
     }
 
     fn listxattr(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
         let inode = self.inodes.get(node)?;
-        sys::listxattr(sys::ProcPath::new(inode.fd()).as_cstr())
+        sys::listxattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr())
     }
 
     fn removexattr(&self, _req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
         let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
         let inode = self.inodes.get(node)?;
-        sys::removexattr(sys::ProcPath::new(inode.fd()).as_cstr(), &name)
+        sys::removexattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(), &name)
     }
 
     fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
         let inode = self.inodes.get(node)?;
         let _creds = CredGuard::switch(req, self.switch_creds)?;
-        sys::faccess(inode.fd(), mask)
+        sys::faccess(inode.fd()?.as_fd(), mask)
     }
 
     fn fallocate(

@@ -1,0 +1,219 @@
+//! The `O_PATH` descriptor each inode is named by, kept within a budget.
+//!
+//! Holding one descriptor per inode the kernel knows (as `passthrough_hp`
+//! does) makes the number of inodes a workload may keep in the kernel's
+//! caches equal to `RLIMIT_NOFILE`: a `find` over a large tree or a
+//! create-heavy run then fails with `EMFILE`, and an unprivileged daemon
+//! cannot raise its hard limit. Like virtiofsd's `inode_file_handles`, an
+//! inode here can give its descriptor up and keep a file handle
+//! (`name_to_handle_at`) instead, reopened with `open_by_handle_at` on next
+//! use. Descriptors are given up in a clock order (recently used ones get a
+//! second chance) once more than the budget are open.
+//!
+//! Reopening by handle needs `CAP_DAC_READ_SEARCH` and a source file system
+//! that exports handles (ext4, xfs, btrfs, tmpfs do); [`Budget::probe`]
+//! checks both on the root at mount time, and without them descriptors are
+//! never given up (the old behaviour). The root, inodes on other devices
+//! than the root (mount points below the source, where the root's
+//! descriptor is no mount fd for `open_by_handle_at`) and inodes with open
+//! handles keep theirs: an unlinked file that is still open could not be
+//! found by handle again.
+//!
+//! A handle names an inode, not a path: reopening cannot resolve anything,
+//! so it cannot leave the source either.
+//!
+//! Lock order: a slot's mutex is a leaf, taken under the inode table's lock
+//! by [`super::inodes::InodeTable::shed`] and never held while another lock
+//! is taken.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use shortfuse::{Errno, Result};
+
+use super::sys::{self, Handle};
+
+/// Descriptors the daemon keeps for other things than inodes (open files,
+/// directory streams, the session) are not counted: the budget is a share
+/// of the limit that leaves room for them.
+const MIN_BUDGET: usize = 16;
+
+/// How many `O_PATH` descriptors may be open, and the means to reopen.
+#[derive(Debug)]
+pub struct Budget {
+    /// `None`: handles do not work here, descriptors are never given up.
+    mount: Option<OwnedFd>,
+    root_dev: u64,
+    limit: usize,
+    open: AtomicUsize,
+}
+
+impl Budget {
+    /// A budget of `limit` descriptors over the root `root` (on device
+    /// `root_dev`), if file handles work there; unlimited otherwise. The
+    /// second value says why they do not, for the mount's log.
+    pub fn probe(root: BorrowedFd<'_>, root_dev: u64, limit: usize) -> (Budget, Option<Errno>) {
+        // open_by_handle_at wants an opened (not O_PATH) descriptor on the
+        // file system: the root directory, opened for reading.
+        let works = sys::open_dir(root).and_then(|mount| {
+            let h = sys::name_to_handle(root)?;
+            sys::open_by_handle(mount.as_fd(), &h, libc::O_PATH)?;
+            Ok(mount)
+        });
+        let (mount, why) = match works {
+            Ok(mount) => (Some(mount), None),
+            Err(e) => (None, Some(e)),
+        };
+        let budget = Budget {
+            mount,
+            root_dev,
+            limit: limit.max(MIN_BUDGET),
+            open: AtomicUsize::new(0),
+        };
+        (budget, why)
+    }
+
+    /// The budget's size, or None when descriptors are never given up.
+    pub fn limit(&self) -> Option<usize> {
+        self.mount.as_ref().map(|_| self.limit)
+    }
+
+    /// Descriptors open now that count against the budget.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// How many descriptors to give up now (a quarter of the budget at once,
+    /// so that the sweep's cost is spread over many opens).
+    pub fn excess(&self) -> usize {
+        if self.mount.is_none() {
+            return 0;
+        }
+        let open = self.open();
+        if open <= self.limit {
+            0
+        } else {
+            open - self.limit + self.limit / 4
+        }
+    }
+}
+
+/// One inode's descriptor, or the handle to get it back.
+#[derive(Debug)]
+pub struct PathSlot {
+    state: Mutex<SlotState>,
+    /// Set on use, cleared by a sweep that passes over it.
+    used: AtomicBool,
+    budget: Arc<Budget>,
+    /// Counts against the budget (may be given up).
+    sheddable: bool,
+}
+
+#[derive(Debug)]
+struct SlotState {
+    fd: Option<Arc<OwnedFd>>,
+    handle: Option<Handle>,
+}
+
+/// A use of an inode's descriptor; it stays open while this lives.
+pub struct PathFd(Arc<OwnedFd>);
+
+impl AsFd for PathFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl PathSlot {
+    /// A slot holding `fd`, of an inode on device `dev`. `pinned` slots (the
+    /// root) never give their descriptor up.
+    pub fn new(fd: OwnedFd, dev: u64, pinned: bool, budget: &Arc<Budget>) -> PathSlot {
+        let sheddable = !pinned && budget.mount.is_some() && dev == budget.root_dev;
+        if sheddable {
+            budget.open.fetch_add(1, Ordering::Relaxed);
+        }
+        PathSlot {
+            state: Mutex::new(SlotState {
+                fd: Some(Arc::new(fd)),
+                handle: None,
+            }),
+            used: AtomicBool::new(true),
+            budget: budget.clone(),
+            sheddable,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        // Every update leaves the state consistent: a poisoned lock is fine.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The descriptor, reopened by handle if it was given up. `ESTALE` when
+    /// the inode is gone from the source.
+    pub fn get(&self) -> Result<PathFd> {
+        self.used.store(true, Ordering::Relaxed);
+        let mut st = self.lock();
+        if let Some(fd) = &st.fd {
+            return Ok(PathFd(fd.clone()));
+        }
+        let (Some(mount), Some(handle)) = (self.budget.mount.as_ref(), st.handle.as_ref()) else {
+            // Only a slot with a handle gives its descriptor up.
+            return Err(Errno::EIO);
+        };
+        let fd = Arc::new(sys::open_by_handle(mount.as_fd(), handle, libc::O_PATH)?);
+        st.fd = Some(fd.clone());
+        self.budget.open.fetch_add(1, Ordering::Relaxed);
+        Ok(PathFd(fd))
+    }
+
+    /// Puts `fd` (a fresh descriptor of the same inode, from a lookup) back
+    /// into a slot that gave its own up; otherwise `fd` is dropped.
+    pub fn refill(&self, fd: OwnedFd) {
+        let mut st = self.lock();
+        if st.fd.is_none() {
+            st.fd = Some(Arc::new(fd));
+            self.budget.open.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// One step of the clock sweep: a slot used since the last pass gets a
+    /// second chance; otherwise its descriptor is given up for a handle.
+    /// `busy` (open handles on the inode) keeps it. True if one was closed.
+    pub fn shed(&self, busy: bool) -> bool {
+        if !self.sheddable || busy || self.used.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        // Never wait here: the sweep runs under the inode table's lock.
+        let Ok(mut st) = self.state.try_lock() else {
+            return false;
+        };
+        let Some(fd) = st.fd.as_ref() else {
+            return false;
+        };
+        if st.handle.is_none() {
+            match sys::name_to_handle(fd.as_fd()) {
+                Ok(h) => st.handle = Some(h),
+                // This inode cannot be found by handle: it keeps its descriptor.
+                Err(_) => return false,
+            }
+        }
+        // A request still using the descriptor keeps it open until it ends.
+        st.fd = None;
+        self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    /// True while the descriptor is open (for tests).
+    pub fn is_open(&self) -> bool {
+        self.lock().fd.is_some()
+    }
+}
+
+impl Drop for PathSlot {
+    fn drop(&mut self) {
+        if self.sheddable && self.lock().fd.is_some() {
+            self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
