@@ -122,6 +122,25 @@ def test_umount_of_dead_daemon(mnt):
     assert not is_mounted(mnt.path)
 
 
+@pytest.mark.shortfuse_only
+def test_mount_again_right_after_umount(config, mnt):
+    """A new mount at the place of one just unmounted gets the old
+    connection's device numbers; the old daemon, exiting late, must not take
+    it for its own and unmount it."""
+    old = list(mnt.daemon_pids)
+    for _ in range(3):
+        r = sf("umount", mnt.path)
+        assert r.returncode == 0, r.stderr
+        r = run([shortfuse_bin(), *config.mount_args(mnt.sources, mnt.path)], timeout=30)
+        assert r.returncode == 0, f"mount again failed: {r.stderr}"
+        (mnt.path / "probe").write_bytes(b"x")
+        assert wait_until(lambda: not any(pid_alive(p) for p in old), 10), "the old daemon did not exit"
+        assert is_mounted(mnt.path), "the new mount vanished when the old daemon exited"
+        assert (mnt.path / "probe").read_bytes() == b"x"
+        old = sfmount.pids_of_daemon(shortfuse_bin(), str(mnt.path))
+    mnt.daemon_pids = old
+
+
 def test_sigterm_unmounts(mnt):
     assert mnt.daemon_pids, f"no shortfuse daemon process found serving {mnt.path}"
     for pid in mnt.daemon_pids:

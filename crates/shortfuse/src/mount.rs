@@ -182,6 +182,11 @@ pub struct Mount {
     /// Device numbers of the new file system, to tell our mount from a later
     /// one at the same place.
     dev: Option<(u32, u32)>,
+    /// The mount's never-reused id: device numbers of FUSE connections are
+    /// reused at once, so a new mount at the same place, made right after
+    /// ours went away, can carry our numbers (and our late `Drop` would
+    /// unmount it).
+    unique_id: Option<u64>,
     unmounted: bool,
 }
 
@@ -202,11 +207,16 @@ impl Mount {
             syscall_mount(&mp, opts)?
         };
         let ours = fuse_mount_at(&mp)?.map(|m| (m.major, m.minor));
+        let unique_id = match sys::mount_unique_id(&mp) {
+            Ok(Some((id, dev))) if Some(dev) == ours => Some(id),
+            _ => None,
+        };
         Ok((
             Mount {
                 mount_point: mp,
                 use_fusermount,
                 dev: ours,
+                unique_id,
                 unmounted: false,
             },
             dev,
@@ -228,10 +238,16 @@ impl Mount {
         let Some((major, minor)) = self.dev else {
             return false;
         };
-        mounts().is_ok_and(|ms| {
+        let listed = mounts().is_ok_and(|ms| {
             ms.iter()
                 .any(|m| m.major == major && m.minor == minor && m.mount_point == self.mount_point)
-        })
+        });
+        match self.unique_id {
+            Some(id) if listed => {
+                sys::mount_unique_id(&self.mount_point).is_ok_and(|now| now.map(|(i, _)| i) == Some(id))
+            }
+            _ => listed,
+        }
     }
 
     /// Unmounts; `lazy` detaches even while files are open (MNT_DETACH).

@@ -212,3 +212,29 @@ pub fn shutdown_listener(fd: BorrowedFd<'_>) {
         libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR);
     }
 }
+
+/// The never-reused id (`STATX_MNT_ID_UNIQUE`, Linux 6.8+) and device of
+/// the mount at `path`, without asking a FUSE daemon anything
+/// (`AT_STATX_DONT_SYNC`: a mount's root attributes come from the cache, so
+/// this works on a mount whose daemon is not serving yet, or any more).
+/// `Ok(None)` when the kernel does not report unique ids.
+pub fn mount_unique_id(path: &Path) -> io::Result<Option<(u64, (u32, u32))>> {
+    let path = cstr(path.as_os_str())?;
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `path` is NUL-terminated and `stx` a valid out-pointer for the call.
+    check(unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID_UNIQUE,
+            stx.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: statx succeeded and filled the struct (zeroed before).
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & libc::STATX_MNT_ID_UNIQUE == 0 {
+        return Ok(None);
+    }
+    Ok(Some((stx.stx_mnt_id, (stx.stx_dev_major, stx.stx_dev_minor))))
+}
