@@ -113,8 +113,8 @@ use shortfuse::abi::{
 };
 use shortfuse::{
     Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, Forget,
-    InitConfig, NewNode, NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs,
-    Timestamp, WriteArgs,
+    InitConfig, NewNode, NodeId, OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime,
+    Statfs, Timestamp, WriteArgs,
 };
 
 use creds::CredGuard;
@@ -171,9 +171,11 @@ impl PassthroughOptions {
                         "passthrough: option one_file_system takes no value (got one_file_system={v})"
                     )))
                 }
-                (other, _) => return Err(invalid(format!(
+                (other, _) => {
+                    return Err(invalid(format!(
                     "passthrough: unknown option '{other}' (known: symlinks=raw|beneath, one_file_system, path_fds=N)"
-                ))),
+                )))
+                }
             }
         }
         Ok(out)
@@ -772,8 +774,16 @@ impl Filesystem for PassthroughFs {
         inode.nopen.fetch_add(1, Ordering::Relaxed);
         Ok(Opened {
             fh,
+            // FLUSH is a close of a duplicate, which reports a writer's
+            // deferred errors (NFS sources); a reader has none, and without
+            // FUSE_POSIX_LOCKS there are no locks of ours to drop, so its
+            // close saves the round trip (the kernel still flushes its own
+            // cache first under writeback_cache, where it ignores the flag).
+            flags: OpenFlags {
+                noflush: flags & libc::O_ACCMODE == libc::O_RDONLY,
+                ..OpenFlags::default()
+            },
             data_map,
-            ..Opened::default()
         })
     }
 
@@ -831,6 +841,8 @@ impl Filesystem for PassthroughFs {
         sys::pwrite(file.fd(), data, args.offset)
     }
 
+    /// Sent for writers only (see `open`): closing a duplicate makes the
+    /// source report deferred write errors at `close(2)`, as it would natively.
     fn flush(&self, _req: &Request, node: NodeId, fh: FileHandle, _lock_owner: u64) -> Result<()> {
         sys::close_dup(self.file(node, fh)?.fd())
     }
