@@ -5,36 +5,69 @@
 //! At load time the constructor reads `SHORTFUSE_MOUNTS`
 //! (`MOUNTPOINT=FS[:SOURCE]`, several separated by `;`, FS being `mem` or
 //! `passthrough`), builds each file system in process behind a
-//! `shortfuse_vfs::Vfs`, then rewrites every `syscall` instruction of the
-//! loaded objects into a call to our hook ([`zpoline`]).
+//! `shortfuse_vfs::Vfs`, then intercepts system calls, as
+//! `SHORTFUSE_INTERCEPT` says:
 //!
-//! The hook sends every call that is not a file call straight to the kernel.
-//! File calls on mount paths and mount descriptors are served by the VFS;
-//! others go to the kernel unchanged (or with the path resolved for them,
-//! when a walk left a mount through `..` or a symbolic link). Our own work
-//! runs with a per-thread flag set, so the system calls of the file system
-//! and of our allocator reach the kernel directly.
+//! - `both` (default): every `syscall` instruction of the loaded objects
+//!   becomes a call into our hook ([`zpoline`], needs `vm.mmap_min_addr=0`),
+//!   and Syscall User Dispatch ([`sud`]) catches the rest (dlopen, JIT code,
+//!   skipped sites) and rewrites those sites lazily. Without page 0 it runs
+//!   with Syscall User Dispatch alone and says so once.
+//! - `zpoline`: the rewrite alone (code loaded later bypasses the mount).
+//! - `sud`: Syscall User Dispatch alone: every system call pays a signal.
+//!
+//! The hook sends every call that is not a file call straight to the kernel
+//! (in the zpoline path without leaving the assembly entry). File calls on
+//! mount paths and mount descriptors are served by the VFS; others go to the
+//! kernel unchanged (or with the path resolved for them, when a walk left a
+//! mount through `..` or a symbolic link).
+//!
+//! Re-entry and signals. While a call is served, asynchronous signals are
+//! blocked (two rt_sigprocmask calls per file call in the zpoline path; free
+//! in the SIGSYS path, where the handler's mask does it) and a per-thread
+//! flag sends the file system's own system calls to the kernel. A program's
+//! signal handler therefore never runs inside the hook: it runs when the
+//! served call returns, and its file calls on the mount are served like any
+//! other; no lock of ours or of the allocator is held when it runs.
+//! Synchronous faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP) stay
+//! unblocked: a bad pointer handed to a served call faults inside the hook,
+//! where a handler of the program that then touches the mount reaches the
+//! kernel instead. A served call that blocks (none does today: the file
+//! systems are in process) would delay signals until it returns.
+//!
+//! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
+//! as under seccomp sandboxes); clone with a new stack returns on that stack;
+//! vfork, and clone(CLONE_VM) without a stack, keep their return address off
+//! the shared stack; the child of a vfork-like call (posix_spawn) shares our
+//! memory and sends everything to the kernel until it execs, so it cannot
+//! change the parent's descriptor table; new threads and forked children
+//! turn Syscall User Dispatch on for themselves. rt_sigreturn runs on the
+//! stack of its signal frame; exit and exit_group go to the kernel from the
+//! fast path.
 //!
 //! Descriptors of the mount are real kernel descriptor numbers: an O_PATH
 //! open of /dev/null holds each number, so the kernel never hands it out
 //! twice. Calls we do not serve on such a descriptor (mmap, poll, ...) reach
 //! the kernel and fail on the placeholder.
 //!
-//! Not yet: Syscall User Dispatch for code loaded after start-up (dlopen,
-//! JIT) — such code bypasses the mount; handing descriptors and the
-//! current directory over `exec`; state shared between processes (a `mem`
-//! mount is private to each process image, fork copies it); signal handlers
-//! that touch the mount while the interrupted thread is inside the hook.
+//! Not yet: handing descriptors and the current directory over `exec` (a
+//! vfork child's file actions on mount descriptors act on the
+//! placeholders); state shared between processes (a `mem` mount is private
+//! to each process image, fork copies it); programs that use clone3 with no
+//! fallback to clone; threads created with CLONE_VM but without their own
+//! TLS (they would share our per-thread state); system-call numbers of 512
+//! and above (x32) in the zpoline path; the top 8 bytes of a red zone, which
+//! the `call *%rax` of a rewritten site overwrites (zpoline's own limit).
 
 #![deny(unsafe_code)]
 
 mod calls;
 mod mounts;
+mod sud;
 mod sys;
 mod user;
 mod zpoline;
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -53,13 +86,59 @@ pub(crate) struct State {
 static STATE: OnceLock<State> = OnceLock::new();
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-}
-
 pub(crate) fn state() -> &'static State {
     // The hook only runs this after ACTIVE is set, which follows the set.
     STATE.get().expect("shortfuse-preload state")
+}
+
+/// How system calls are intercepted (`SHORTFUSE_INTERCEPT`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Zpoline,
+    Sud,
+    Both,
+}
+
+fn mode() -> Mode {
+    match std::env::var("SHORTFUSE_INTERCEPT").as_deref() {
+        Ok("zpoline") => Mode::Zpoline,
+        Ok("sud") => Mode::Sud,
+        Ok("both") | Ok("") | Err(_) => Mode::Both,
+        Ok(other) => {
+            eprintln!("shortfuse-preload: SHORTFUSE_INTERCEPT={other:?} is not zpoline, sud or both; using both");
+            Mode::Both
+        }
+    }
+}
+
+/// Whether the parent process runs the shim too: it has already said what
+/// this process would say about page 0 (the setting is system-wide).
+fn parent_has_shim(text: Option<(usize, usize)>) -> bool {
+    let Some((start, _)) = text else { return false };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let Some(own) = maps
+        .lines()
+        .find(|l| l.split('-').next().and_then(|a| usize::from_str_radix(a, 16).ok()) == Some(start))
+        .and_then(|l| l.split_whitespace().nth(5))
+    else {
+        return false;
+    };
+    let ppid = std::os::unix::process::parent_id();
+    std::fs::read_to_string(format!("/proc/{ppid}/maps")).is_ok_and(|m| m.contains(own))
+}
+
+/// Numbers the entry hands to the hook: file calls and the clone family.
+fn mark_slow_calls() {
+    for nr in 0..512 {
+        if calls::is_file_call(nr) {
+            sys::set_slow(nr);
+        }
+    }
+    for nr in [15, 56, 57, 58, 435] {
+        sys::set_slow(nr);
+    }
 }
 
 /// The LD_PRELOAD constructor.
@@ -77,19 +156,63 @@ extern "C" fn init() {
     if STATE.set(state).is_err() {
         return;
     }
-    match zpoline::install() {
-        Ok(n) => {
-            if std::env::var_os("SHORTFUSE_DEBUG").is_some() {
-                eprintln!("shortfuse-preload: {n} system-call sites rewritten");
+    let mode = mode();
+    let debug = std::env::var_os("SHORTFUSE_DEBUG").is_some();
+    sys::init_cfg();
+    mark_slow_calls();
+    let text = zpoline::own_text();
+    let mut zpoline_on = false;
+    if mode != Mode::Sud {
+        match zpoline::install() {
+            Ok(n) => {
+                zpoline_on = true;
+                if debug {
+                    eprintln!("shortfuse-preload: {n} system-call sites rewritten");
+                }
             }
-            ACTIVE.store(true, Ordering::Release);
+            Err(zpoline::SetupError::Page0(errno)) if mode == Mode::Both => {
+                if !parent_has_shim(text) {
+                    eprintln!(
+                        "shortfuse-preload: cannot map the trampoline at address 0 (errno {errno}; vm.mmap_min_addr \
+                         is not 0): running with Syscall User Dispatch alone (a signal per system call)"
+                    );
+                }
+            }
+            Err(zpoline::SetupError::Page0(errno)) => {
+                eprintln!(
+                    "shortfuse-preload: cannot map the trampoline at address 0 (errno {errno}): set \
+                     vm.mmap_min_addr=0, or SHORTFUSE_INTERCEPT=sud; mounts are not served"
+                );
+                return;
+            }
+            Err(zpoline::SetupError::Maps(e)) => {
+                eprintln!("shortfuse-preload: /proc/self/maps: {e}; mounts are not served");
+                return;
+            }
         }
-        Err(zpoline::SetupError::Page0(errno)) => eprintln!(
-            "shortfuse-preload: cannot map the trampoline at address 0 (errno {errno}): set vm.mmap_min_addr=0 \
-             (Syscall User Dispatch fallback not implemented); mounts are not served"
-        ),
-        Err(zpoline::SetupError::Maps(e)) => eprintln!("shortfuse-preload: /proc/self/maps: {e}"),
     }
+    if mode != Mode::Zpoline {
+        let r = match text {
+            Some(t) => sud::install(t).map_err(|e| format!("errno {e}")),
+            None => Err("our own code is not found in /proc/self/maps".to_string()),
+        };
+        match r {
+            Ok(()) => {
+                if debug {
+                    eprintln!("shortfuse-preload: Syscall User Dispatch on");
+                }
+            }
+            Err(e) if zpoline_on => eprintln!(
+                "shortfuse-preload: Syscall User Dispatch unavailable ({e}): code loaded after start-up bypasses \
+                 the mounts"
+            ),
+            Err(e) => {
+                eprintln!("shortfuse-preload: Syscall User Dispatch unavailable ({e}): mounts are not served");
+                return;
+            }
+        }
+    }
+    ACTIVE.store(true, Ordering::Release);
 }
 
 #[used]
@@ -97,19 +220,62 @@ extern "C" fn init() {
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
-/// Called by the trampoline for every rewritten system call.
+/// Called by the entry for every intercepted call the fast path does not
+/// take: file calls, and signal calls when Syscall User Dispatch is on.
 #[allow(unsafe_code)]
 #[no_mangle]
 pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64, nr: i64) -> i64 {
-    if calls::is_file_call(nr) && ACTIVE.load(Ordering::Acquire) {
-        let outer = IN_HOOK.with(|f| !f.replace(true));
-        if outer {
-            let r = calls::dispatch(nr, [a1, a2, a3, a4, a5, a6]);
-            IN_HOOK.with(|f| f.set(false));
-            if let Some(r) = r {
-                return r;
-            }
+    let a = [a1, a2, a3, a4, a5, a6];
+    if sud::on() && sys::thread().vforked.load(Ordering::Relaxed) == 0 {
+        if let Some(r) = sud::signal_call(nr, a, None) {
+            return r;
         }
     }
-    sys::raw(nr, a1, a2, a3, a4, a5, a6)
+    if let Some(r) = serve(nr, a, true) {
+        return r;
+    }
+    sys::raw6(nr, a)
+}
+
+/// Serves a file call on the mounts: None sends it to the kernel.
+/// `block_signals`: block asynchronous signals meanwhile (the SIGSYS
+/// handler's mask already does).
+pub(crate) fn serve(nr: i64, a: [i64; 6], block_signals: bool) -> Option<i64> {
+    if !calls::is_file_call(nr) || !ACTIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    let t = sys::thread();
+    // A vfork child shares our memory: it must not change our tables.
+    if t.vforked.load(Ordering::Relaxed) != 0 || t.in_hook.swap(true, Ordering::Relaxed) {
+        return None;
+    }
+    let mut old_mask = 0u64;
+    if block_signals {
+        let block = sud::ASYNC_MASK;
+        sys::raw(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK as i64,
+            &block as *const u64 as i64,
+            &mut old_mask as *mut u64 as i64,
+            8,
+            0,
+            0,
+        );
+    }
+    let selector = t.selector.swap(sys::ALLOW, Ordering::SeqCst);
+    let r = calls::dispatch(nr, a);
+    t.selector.store(selector, Ordering::SeqCst);
+    if block_signals {
+        sys::raw(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as i64,
+            &old_mask as *const u64 as i64,
+            0,
+            8,
+            0,
+            0,
+        );
+    }
+    t.in_hook.store(false, Ordering::Relaxed);
+    r
 }

@@ -1,11 +1,26 @@
-//! Raw system calls and the hook entry. Everything here runs with the
-//! program's registers and stack: no libc, no locks.
+//! Raw system calls, the hook entry and the per-thread state the assembly
+//! reads. Everything here runs with the program's registers and stack: no
+//! libc, no locks.
+//!
+//! Registers. A system call preserves every register but rax (the result),
+//! rcx and r11 (the CPU overwrites them). The entry therefore lets the
+//! kernel run non-file calls straight from its fast path (a bitmap test and
+//! our own `syscall`), and around the Rust hook it saves the argument
+//! registers, rflags and the vector state (`xsave`, or `fxsave` on CPUs
+//! without it): glibc's memcpy inside the hook uses ymm/zmm registers that
+//! the interrupted code may hold live across its `syscall`. The
+//! `call *%rax` of a rewritten site stores its return address at rsp-8,
+//! the top slot of the interrupted function's red zone; every zpoline-style
+//! rewrite shares that limitation. The remaining 120 bytes are stepped over
+//! before anything else is pushed.
 #![allow(unsafe_code)]
 
 use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// A system call straight to the kernel. Our own mapping is never
-/// rewritten, so this `syscall` instruction stays one.
+/// rewritten and is exempt from Syscall User Dispatch, so this `syscall`
+/// instruction always reaches the kernel.
 #[inline(always)]
 pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
     let ret: i64;
@@ -27,85 +42,411 @@ pub fn raw3(nr: i64, a1: i64, a2: i64, a3: i64) -> i64 {
     raw(nr, a1, a2, a3, 0, 0, 0)
 }
 
-// The trampoline at address 0 ends in `jmp *%r11` to `shortfuse_entry` with
-// the stack 0x80 bytes below the return address that `call *%rax` pushed
-// (the red zone of the interrupted function is left alone).
+pub fn raw6(nr: i64, a: [i64; 6]) -> i64 {
+    raw(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+}
+
+/// Settings the assembly reads, in one block at a fixed layout
+/// (`shortfuse_cfg`, defined below so that it is local to our object and
+/// reachable rip-relative).
+#[repr(C)]
+pub struct Cfg {
+    /// Bit n set: system call n leaves the fast path (file calls, signal
+    /// calls when Syscall User Dispatch is on, the clone family).
+    pub slow: [AtomicU64; 8],
+    /// Offset of [`ThreadState`] from the thread pointer (`%fs:0`).
+    pub tls_off: AtomicU64,
+    /// Bytes reserved on the stack for the vector state.
+    pub xsave_size: AtomicU64,
+    /// Non-zero: `xsave`/`xrstor`; zero: `fxsave`/`fxrstor`.
+    pub xsave_on: AtomicU64,
+    /// Non-zero: new threads and forked children turn on Syscall User
+    /// Dispatch for themselves.
+    pub sud_on: AtomicU64,
+    /// Our own executable mapping, exempt from Syscall User Dispatch.
+    pub text_start: AtomicU64,
+    pub text_len: AtomicU64,
+}
+
+const _: () = {
+    assert!(core::mem::offset_of!(Cfg, tls_off) == 64);
+    assert!(core::mem::offset_of!(Cfg, xsave_size) == 72);
+    assert!(core::mem::offset_of!(Cfg, xsave_on) == 80);
+    assert!(core::mem::offset_of!(Cfg, sud_on) == 88);
+    assert!(core::mem::offset_of!(Cfg, text_start) == 96);
+    assert!(core::mem::offset_of!(Cfg, text_len) == 104);
+    assert!(core::mem::size_of::<Cfg>() <= 128);
+};
+
+extern "C" {
+    static shortfuse_cfg: Cfg;
+    pub fn shortfuse_entry();
+    /// Runs a clone-family call or rt_sigreturn for the program: entered
+    /// with rsp as at the system call, r11 the address to return to, rax the
+    /// number and the arguments in their registers.
+    pub fn shortfuse_special();
+    /// `sa_restorer` of our SIGSYS handler: its rt_sigreturn is issued from
+    /// our text, which Syscall User Dispatch lets through.
+    pub fn shortfuse_restorer();
+}
+
+pub fn cfg() -> &'static Cfg {
+    // SAFETY: a zero-initialised block of atomics, defined in the assembly
+    // below with the size and alignment of `Cfg`.
+    unsafe { &shortfuse_cfg }
+}
+
+/// Selector values of Syscall User Dispatch.
+pub const ALLOW: u8 = 0;
+pub const BLOCK: u8 = 1;
+
+/// Per-thread state, at a fixed offset from the thread pointer (the shim
+/// is loaded at start-up, so its TLS block is in the static TLS area). The
+/// assembly reads and writes the first fields.
+#[repr(C)]
+pub struct ThreadState {
+    /// Return address of a vfork-like call: its child runs on this very
+    /// stack, so the address cannot be kept there.
+    pub vfork_ret: AtomicU64,
+    /// Set in the child of a vfork-like call (it shares our memory and this
+    /// state until it execs or exits); cleared when the parent resumes.
+    pub vforked: AtomicU8,
+    /// The Syscall User Dispatch selector of this thread.
+    pub selector: AtomicU8,
+    /// Inside `calls::dispatch`: the file system's own system calls go to
+    /// the kernel.
+    pub in_hook: AtomicBool,
+}
+
+const _: () = {
+    assert!(core::mem::offset_of!(ThreadState, vforked) == 8);
+    assert!(core::mem::offset_of!(ThreadState, selector) == 9);
+};
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            vfork_ret: AtomicU64::new(0),
+            vforked: AtomicU8::new(0),
+            selector: AtomicU8::new(BLOCK),
+            in_hook: AtomicBool::new(false),
+        }
+    };
+}
+
+/// This thread's state. A `const` thread-local without a destructor: no
+/// registration, no allocation, usable from a signal handler.
+pub fn thread() -> &'static ThreadState {
+    // SAFETY: the reference does not outlive the thread in practice: every
+    // caller uses it within the current call; 'static only spares lifetimes
+    // through the hook's plumbing.
+    THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: on x86-64 Linux %fs:0 holds the thread pointer itself (TLS ABI).
+    unsafe { asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags)) };
+    tp
+}
+
+/// Fills the parts of [`Cfg`] that depend on the CPU and the TLS layout.
+pub fn init_cfg() {
+    let c = cfg();
+    let off = (thread() as *const ThreadState as usize).wrapping_sub(thread_pointer());
+    c.tls_off.store(off as u64, Ordering::Relaxed);
+    let (on, size) = xsave_layout();
+    c.xsave_on.store(on as u64, Ordering::Relaxed);
+    c.xsave_size.store(size as u64, Ordering::Relaxed);
+}
+
+/// Whether `xsave` is usable, and the size of the area for the components
+/// the entry saves (x87, SSE, AVX, MPX, AVX-512: mask 0xff).
+fn xsave_layout() -> (bool, usize) {
+    use core::arch::x86_64::__cpuid_count;
+    let l1 = __cpuid_count(1, 0);
+    if l1.ecx & (1 << 27) == 0 {
+        return (false, 512);
+    }
+    let (lo, _hi): (u32, u32);
+    // SAFETY: OSXSAVE is set, so xgetbv with ecx=0 is allowed.
+    unsafe { asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") _hi, options(nomem, nostack, preserves_flags)) };
+    let mut end = 576; // legacy area and header
+    for i in 2..8 {
+        if lo & (1 << i) != 0 {
+            let s = __cpuid_count(0xd, i);
+            end = end.max((s.ebx + s.eax) as usize);
+        }
+    }
+    (true, end.next_multiple_of(64))
+}
+
+/// Marks system call `nr` as one the fast path leaves alone.
+pub fn set_slow(nr: i64) {
+    if (0..512).contains(&nr) {
+        cfg().slow[nr as usize / 64].fetch_or(1 << (nr % 64), Ordering::Relaxed);
+    }
+}
+
+/// Stores two bytes with one instruction, so that another CPU fetching
+/// them sees the old or the new pair, never a mix (the caller keeps the
+/// pair inside one cache line).
+///
+/// # Safety
+/// `p` must be writable for two bytes.
+pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
+    // SAFETY: forwarded to the caller.
+    unsafe { asm!("mov word ptr [{p}], {v:x}", p = in(reg) p, v = in(reg) u16::from_le_bytes(v), options(nostack)) };
+}
+
+// The trampoline at address 0 ends in `jmp *%r11` to `shortfuse_entry`,
+// the stack 0x80 bytes below the return address that `call *%rax` pushed.
 //
-// - rt_sigreturn (15) must run on the stack the signal frame is on: drop
-//   our adjustment and the return address, then issue it.
-// - vfork (58) would share our stack with the child: run it as fork (57).
-// - clone (56) with a new stack: the child returns on that stack, so the
-//   return address is copied there first (rsi -= 8), as zpoline does.
-// - clone3 (435) answers ENOSYS: glibc then falls back to clone.
-// - Everything else: save the registers the kernel preserves, call
-//   `shortfuse_hook(a1..a6, nr)` with a 16-byte aligned stack, restore.
+// Fast path: a number the bitmap does not mark goes to the kernel from
+// here, every register as the program left it.
+//
+// Slow path: save arguments, rflags and vector state, call
+// `shortfuse_hook(a1..a6, nr)` on a 16-byte aligned stack, restore.
+//
+// rt_sigreturn (15) runs on the stack its signal frame is on. The clone
+// family (clone 56, fork 57, vfork 58, clone3 435) goes to
+// `shortfuse_special` with r11 = return address and the stack as at the
+// call site:
+// - clone3 answers ENOSYS (as seccomp sandboxes do); glibc then uses clone,
+//   whose stack argument we can see.
+// - clone with a new stack: the return address is copied to the top of
+//   the child's stack (rsi -= 8 for the call, restored after), the child
+//   `ret`s there; the parent keeps its copy below its red zone.
+// - fork-like (fork, clone without CLONE_VM and without a stack): the
+//   child has a copy of our stack, so the address stays below the red zone.
+// - vfork-like (vfork, clone with CLONE_VM and no stack): the child runs on
+//   this stack and would overwrite anything we left there, so the address
+//   waits in the thread's ThreadState.vfork_ret (the child shares it, and
+//   the parent sleeps until the child has exec'd or exited).
+// - children: `shortfuse_child` turns on Syscall User Dispatch for a new
+//   thread or process (it is not inherited), or marks a vfork child.
 global_asm!(
+    ".pushsection .bss.shortfuse_cfg,\"aw\",@nobits",
+    ".balign 64",
+    ".hidden shortfuse_cfg",
+    "shortfuse_cfg:",
+    ".zero 128",
+    ".popsection",
+    "",
     ".globl shortfuse_entry",
+    ".hidden shortfuse_entry",
     ".type shortfuse_entry,@function",
     "shortfuse_entry:",
+    "cmp $512, %rax",
+    "jae 10f",
+    "btq %rax, shortfuse_cfg(%rip)",
+    "jc 10f",
+    "syscall",
+    "add $0x80, %rsp",
+    "ret",
+    "10:",
     "cmp $15, %rax",
-    "je 2f",
+    "je 20f",
     "cmp $56, %rax",
-    "je 3f",
+    "je 21f",
+    "cmp $57, %rax",
+    "je 21f",
     "cmp $58, %rax",
-    "je 5f",
+    "je 21f",
     "cmp $435, %rax",
-    "je 6f",
+    "je 21f",
     "push %rbp",
     "mov %rsp, %rbp",
-    "and $-16, %rsp",
+    "pushfq",
     "push %rdi",
     "push %rsi",
     "push %rdx",
     "push %r10",
     "push %r8",
     "push %r9",
-    "sub $8, %rsp",
     "push %rax",
-    "mov %r10, %rcx",
+    "sub shortfuse_cfg+72(%rip), %rsp",
+    "and $-64, %rsp",
+    "cmpb $0, shortfuse_cfg+80(%rip)",
+    "je 11f",
+    "xor %eax, %eax",
+    "mov %rax, 512(%rsp)",
+    "mov %rax, 520(%rsp)",
+    "mov %rax, 528(%rsp)",
+    "mov %rax, 536(%rsp)",
+    "mov %rax, 544(%rsp)",
+    "mov %rax, 552(%rsp)",
+    "mov %rax, 560(%rsp)",
+    "mov %rax, 568(%rsp)",
+    "mov $0xff, %eax",
+    "xor %edx, %edx",
+    "xsave64 (%rsp)",
+    "jmp 12f",
+    "11:",
+    "fxsave64 (%rsp)",
+    "12:",
+    "sub $16, %rsp",
+    "mov -64(%rbp), %rax",
+    "mov %rax, (%rsp)",
+    "mov -16(%rbp), %rdi",
+    "mov -24(%rbp), %rsi",
+    "mov -32(%rbp), %rdx",
+    "mov -40(%rbp), %rcx",
+    "mov -48(%rbp), %r8",
+    "mov -56(%rbp), %r9",
+    "cld",
     "call shortfuse_hook",
     "add $16, %rsp",
-    "pop %r9",
+    "mov %rax, %r11",
+    "cmpb $0, shortfuse_cfg+80(%rip)",
+    "je 13f",
+    "mov $0xff, %eax",
+    "xor %edx, %edx",
+    "xrstor64 (%rsp)",
+    "jmp 14f",
+    "13:",
+    "fxrstor64 (%rsp)",
+    "14:",
+    "mov %r11, %rax",
+    "mov -16(%rbp), %rdi",
+    "mov -24(%rbp), %rsi",
+    "mov -32(%rbp), %rdx",
+    "mov -40(%rbp), %r10",
+    "mov -48(%rbp), %r8",
+    "mov -56(%rbp), %r9",
+    "lea -8(%rbp), %rsp",
+    "popfq",
+    "pop %rbp",
+    "add $0x80, %rsp",
+    "ret",
+    // rt_sigreturn
+    "20:",
+    "add $0x88, %rsp",
+    "syscall",
+    "ud2",
+    // the clone family
+    "21:",
+    "mov 0x80(%rsp), %r11",
+    "add $0x88, %rsp",
+    "jmp shortfuse_special",
+    ".size shortfuse_entry, .-shortfuse_entry",
+    "",
+    ".globl shortfuse_special",
+    ".hidden shortfuse_special",
+    ".type shortfuse_special,@function",
+    "shortfuse_special:",
+    "cmp $15, %rax",
+    "jne 1f",
+    "syscall",
+    "ud2",
+    "1:",
+    "cmp $435, %rax",
+    "jne 2f",
+    "mov $-38, %rax",
+    "jmp *%r11",
+    "2:",
+    "cmp $58, %rax",
+    "je 5f",
+    "cmp $57, %rax",
+    "je 4f",
+    // clone
+    "test %rsi, %rsi",
+    "jnz 3f",
+    "test $0x100, %edi",
+    "jnz 5f",
+    "jmp 4f",
+    // clone onto a new stack
+    "3:",
+    "lea -0x80(%rsp), %rsp",
+    "push %r11",
+    "mov %r11, -8(%rsi)",
+    "sub $8, %rsi",
+    "syscall",
+    "lea 8(%rsi), %rsi",
+    "test %rax, %rax",
+    "jnz 7f",
+    "mov %rdi, %r11",
+    "call shortfuse_child",
+    "ret",
+    // fork-like
+    "4:",
+    "lea -0x80(%rsp), %rsp",
+    "push %r11",
+    "syscall",
+    "test %rax, %rax",
+    "jnz 7f",
+    "xor %r11d, %r11d",
+    "call shortfuse_child",
+    "7:",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "movb $0, 8(%rcx)",
+    "pop %r11",
+    "lea 0x80(%rsp), %rsp",
+    "jmp *%r11",
+    // vfork-like
+    "5:",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "mov %r11, (%rcx)",
+    "syscall",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "test %rax, %rax",
+    "setz 8(%rcx)",
+    "jmp *(%rcx)",
+    ".size shortfuse_special, .-shortfuse_special",
+    "",
+    // In a child, r11 = clone flags (0 for fork). Preserves every register
+    // but rcx, r11 and rflags.
+    ".hidden shortfuse_child",
+    ".type shortfuse_child,@function",
+    "shortfuse_child:",
+    "push %rax",
+    "mov %r11, %rax",
+    "and $0x4100, %eax",
+    "cmp $0x4100, %eax",
+    "jne 1f",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "movb $1, 8(%rcx)",
+    "pop %rax",
+    "ret",
+    "1:",
+    "cmpb $0, shortfuse_cfg+88(%rip)",
+    "je 2f",
+    "push %rdi",
+    "push %rsi",
+    "push %rdx",
+    "push %r10",
+    "push %r8",
+    "mov %fs:0, %r8",
+    "add shortfuse_cfg+64(%rip), %r8",
+    "add $9, %r8",
+    "movb $1, (%r8)",
+    "mov $157, %eax",
+    "mov $59, %edi",
+    "mov $1, %esi",
+    "mov shortfuse_cfg+96(%rip), %rdx",
+    "mov shortfuse_cfg+104(%rip), %r10",
+    "syscall",
     "pop %r8",
     "pop %r10",
     "pop %rdx",
     "pop %rsi",
     "pop %rdi",
-    "mov %rbp, %rsp",
-    "pop %rbp",
-    "add $0x80, %rsp",
-    "ret",
-    // rt_sigreturn
     "2:",
-    "add $0x88, %rsp",
+    "pop %rax",
+    "ret",
+    ".size shortfuse_child, .-shortfuse_child",
+    "",
+    ".globl shortfuse_restorer",
+    ".hidden shortfuse_restorer",
+    ".type shortfuse_restorer,@function",
+    "shortfuse_restorer:",
+    "mov $15, %eax",
     "syscall",
     "ud2",
-    // clone
-    "3:",
-    "add $0x80, %rsp",
-    "test %rsi, %rsi",
-    "jz 4f",
-    "sub $8, %rsi",
-    "mov (%rsp), %r11",
-    "mov %r11, (%rsi)",
-    "4:",
-    "syscall",
-    "ret",
-    // vfork as fork
-    "5:",
-    "add $0x80, %rsp",
-    "mov $57, %eax",
-    "syscall",
-    "ret",
-    // clone3
-    "6:",
-    "add $0x80, %rsp",
-    "mov $-38, %rax",
-    "ret",
-    ".size shortfuse_entry, .-shortfuse_entry",
+    ".size shortfuse_restorer, .-shortfuse_restorer",
     options(att_syntax)
 );
-
-extern "C" {
-    pub fn shortfuse_entry();
-}

@@ -3,7 +3,13 @@
 //! instructions are touched) becomes `call *%rax`. The call lands in a sled
 //! of one-byte `nop`s at address `nr` of the page at 0 and slides into
 //! [`crate::sys::shortfuse_entry`].
+//!
+//! Sites found later (code loaded with dlopen, JIT code, sites the start-up
+//! pass skipped) are reported by Syscall User Dispatch and rewritten one at
+//! a time by [`rewrite_site`].
 #![allow(unsafe_code)]
+
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use iced_x86::{Code, Decoder, DecoderOptions};
 
@@ -134,5 +140,193 @@ pub fn install() -> Result<usize, SetupError> {
     for r in regions(own)? {
         n += rewrite(&r);
     }
+    TRAMPOLINE.store(true, Ordering::Release);
     Ok(n)
+}
+
+/// The trampoline page is mapped: a rewritten site has somewhere to go.
+static TRAMPOLINE: AtomicBool = AtomicBool::new(false);
+
+pub fn active() -> bool {
+    TRAMPOLINE.load(Ordering::Acquire)
+}
+
+/// Serialises lazy rewrites: two threads changing the protection of one
+/// page would otherwise restore it under each other's store.
+static REWRITING: AtomicBool = AtomicBool::new(false);
+
+/// Rewrites the `syscall` instruction at `site` into `call *%rax`, with
+/// other threads possibly running that very code. Returns whether the site
+/// now holds `call *%rax`.
+///
+/// The two bytes are stored with one instruction inside one cache line
+/// (a pair that straddles a line is left alone and keeps being served by
+/// Syscall User Dispatch), so another CPU executes either instruction,
+/// never a mix. The page is made writable while staying executable, then
+/// given back its protection from /proc/self/maps. Called from the SIGSYS
+/// handler: no allocation, raw system calls only; the spin lock cannot be
+/// re-entered on one thread, since the handler runs with the selector at
+/// ALLOW and asynchronous signals blocked.
+pub fn rewrite_site(site: usize) -> bool {
+    if site % 64 == 63 || !active() {
+        return false;
+    }
+    let Some((start, end, prot)) = mapping_of(site) else {
+        return false;
+    };
+    if site + 2 > end || site < start || prot & libc::PROT_READ == 0 {
+        return false;
+    }
+    while REWRITING
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+    }
+    let done = rewrite_locked(site, prot);
+    REWRITING.store(false, Ordering::Release);
+    done
+}
+
+fn rewrite_locked(site: usize, prot: i32) -> bool {
+    let p = site as *mut u8;
+    // SAFETY: the mapping is readable (checked above) for both bytes.
+    let cur = unsafe { [core::ptr::read_volatile(p), core::ptr::read_volatile(p.add(1))] };
+    if cur == [0xff, 0xd0] {
+        return true;
+    }
+    if cur != [0x0f, 0x05] {
+        return false;
+    }
+    let page = site & !(PAGE - 1);
+    let len = ((site + 1) & !(PAGE - 1)) + PAGE - page;
+    let rwx = (prot | libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as i64;
+    if raw3(SYS_MPROTECT, page as i64, len as i64, rwx) != 0 {
+        return false;
+    }
+    // SAFETY: both bytes are in the page range just made writable.
+    unsafe { crate::sys::store2(p, [0xff, 0xd0]) };
+    raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64);
+    true
+}
+
+/// The mapping holding `addr`, from /proc/self/maps, read with raw system
+/// calls into a stack buffer.
+fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
+    let path = b"/proc/self/maps\0";
+    let fd = raw(
+        libc::SYS_openat,
+        libc::AT_FDCWD as i64,
+        path.as_ptr() as i64,
+        (libc::O_RDONLY | libc::O_CLOEXEC) as i64,
+        0,
+        0,
+        0,
+    );
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 8192];
+    let mut len = 0;
+    let mut skipping = false;
+    let mut found = None;
+    'read: loop {
+        let n = raw3(
+            libc::SYS_read,
+            fd,
+            buf[len..].as_mut_ptr() as i64,
+            (buf.len() - len) as i64,
+        );
+        if n <= 0 {
+            if len > 0 && !skipping {
+                found = parse_maps_line(&buf[..len], addr);
+            }
+            break;
+        }
+        len += n as usize;
+        let mut from = 0;
+        while let Some(nl) = buf[from..len].iter().position(|&b| b == b'\n') {
+            if !skipping {
+                if let Some(m) = parse_maps_line(&buf[from..from + nl], addr) {
+                    found = Some(m);
+                    break 'read;
+                }
+            }
+            skipping = false;
+            from += nl + 1;
+        }
+        buf.copy_within(from..len, 0);
+        len -= from;
+        if len == buf.len() {
+            // A line longer than the buffer (a long path): its address range
+            // and permissions are at the start.
+            if let Some(m) = parse_maps_line(&buf[..len], addr) {
+                found = Some(m);
+                break;
+            }
+            skipping = true;
+            len = 0;
+        }
+    }
+    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    found
+}
+
+/// `start-end perms ...`: the range and protection if it holds `addr`.
+fn parse_maps_line(line: &[u8], addr: usize) -> Option<(usize, usize, i32)> {
+    let mut f = line.split(|&b| b == b' ');
+    let range = f.next()?;
+    let perms = f.next()?;
+    let dash = range.iter().position(|&b| b == b'-')?;
+    let start = hex(&range[..dash])?;
+    let end = hex(&range[dash + 1..])?;
+    if !(start..end).contains(&addr) {
+        return None;
+    }
+    let mut prot = 0;
+    for (c, p) in [
+        (b'r', libc::PROT_READ),
+        (b'w', libc::PROT_WRITE),
+        (b'x', libc::PROT_EXEC),
+    ] {
+        if perms.contains(&c) {
+            prot |= p;
+        }
+    }
+    Some((start, end, prot))
+}
+
+fn hex(s: &[u8]) -> Option<usize> {
+    if s.is_empty() || s.len() > 16 {
+        return None;
+    }
+    let mut v = 0usize;
+    for &b in s {
+        v = v * 16 + (b as char).to_digit(16)? as usize;
+    }
+    Some(v)
+}
+
+/// The executable mapping holding our own code: exempt from Syscall User
+/// Dispatch, so that our raw system calls and our signal restorer always
+/// reach the kernel.
+pub fn own_text() -> Option<(usize, usize)> {
+    let (start, end, prot) = mapping_of(crate::sys::shortfuse_special as *const () as usize)?;
+    (prot & libc::PROT_EXEC != 0).then_some((start, end - start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse() {
+        let l = b"7f12a000-7f12c000 r-xp 00002000 08:01 1234   /usr/lib/libc.so.6";
+        assert_eq!(
+            parse_maps_line(l, 0x7f12a100),
+            Some((0x7f12a000, 0x7f12c000, libc::PROT_READ | libc::PROT_EXEC))
+        );
+        assert_eq!(parse_maps_line(l, 0x7f12c000), None);
+        assert_eq!(parse_maps_line(b"garbage", 1), None);
+    }
 }

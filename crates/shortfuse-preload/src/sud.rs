@@ -1,0 +1,398 @@
+//! Syscall User Dispatch (Linux 5.11+): every system call issued while this
+//! thread's selector byte says BLOCK, from outside our own text, raises
+//! SIGSYS. That catches what the start-up rewrite missed: code loaded with
+//! dlopen, JIT code, skipped sites, and with no trampoline page, everything.
+//!
+//! The SIGSYS handler, when the trampoline is mapped, rewrites the site
+//! into `call *%rax` and resumes on it, so a site pays for one signal only.
+//! Otherwise it serves the call itself: file calls through the same
+//! `calls::dispatch`, the clone family and rt_sigreturn by resuming in
+//! `shortfuse_special` (they cannot run inside a signal frame), the rest by
+//! a raw system call with the program's signal mask.
+//!
+//! Why the selector *and* an exempt range. Our text (`offset`/`len` of the
+//! prctl) is exempt, so our raw system calls and the rt_sigreturn of our
+//! handler (its `sa_restorer` is ours) pass with the selector at BLOCK.
+//! But the file system serving a call uses libc (allocator, std::fs), whose
+//! calls come from libc's text: the selector is ALLOW while we serve, and
+//! asynchronous signals are blocked then (the handler's `sa_mask`, or an
+//! explicit mask in the zpoline path), so a program's signal handler never
+//! runs with the selector at ALLOW and escapes interception.
+//!
+//! Keeping SIGSYS deliverable. A trap while SIGSYS is blocked kills the
+//! process, and the program's own handlers run with their `sa_mask`: so
+//! SIGSYS is removed from every mask the program hands the kernel
+//! (rt_sigprocmask, rt_sigaction masks, rt_sigsuspend, ppoll, pselect6,
+//! epoll_pwait(2)), and the program's `sigaction(SIGSYS)` is recorded
+//! instead of replacing ours; a SIGSYS that is not a dispatch trap goes to
+//! the handler the program asked for.
+//!
+//! Not inherited by threads or children: `shortfuse_child` turns it on in
+//! each new thread and forked child; a vfork child runs without it until
+//! exec, and exec clears it (the shim, preloaded again, turns it back on).
+#![allow(unsafe_code)]
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::sys::{self, raw, raw6, thread, ALLOW, BLOCK};
+
+const PR_SET_SYSCALL_USER_DISPATCH: i64 = 59;
+const PR_SYS_DISPATCH_ON: i64 = 1;
+/// si_code of a dispatch trap.
+const SYS_USER_DISPATCH: i32 = 2;
+const SA_RESTORER: u64 = 0x0400_0000;
+
+const SIGSYS_BIT: u64 = 1 << (libc::SIGSYS - 1);
+
+/// Signals blocked while we serve a call: everything but SIGSYS and the
+/// synchronous faults (a fault in our code is reported, not deferred
+/// forever: the kernel kills a thread that faults with the signal blocked).
+pub const ASYNC_MASK: u64 = !(SIGSYS_BIT
+    | 1 << (libc::SIGSEGV - 1)
+    | 1 << (libc::SIGBUS - 1)
+    | 1 << (libc::SIGILL - 1)
+    | 1 << (libc::SIGFPE - 1)
+    | 1 << (libc::SIGTRAP - 1));
+
+/// The kernel's `struct sigaction` on x86-64.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct KSigaction {
+    handler: u64,
+    flags: u64,
+    restorer: u64,
+    mask: u64,
+}
+
+/// The SIGSYS action the program asked for (handler, flags, restorer,
+/// mask), reported back by `sigaction(SIGSYS)` and used for SIGSYS signals
+/// that are not dispatch traps.
+static APP_SIGSYS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+fn app_sigsys() -> KSigaction {
+    KSigaction {
+        handler: APP_SIGSYS[0].load(Ordering::Acquire),
+        flags: APP_SIGSYS[1].load(Ordering::Acquire),
+        restorer: APP_SIGSYS[2].load(Ordering::Acquire),
+        mask: APP_SIGSYS[3].load(Ordering::Acquire),
+    }
+}
+
+pub fn on() -> bool {
+    sys::cfg().sud_on.load(Ordering::Relaxed) != 0
+}
+
+/// Installs the SIGSYS handler and turns dispatch on for this thread; our
+/// text `[start, start+len)` is exempt. Returns the errno on failure.
+pub fn install(text: (usize, usize)) -> Result<(), i64> {
+    let act = KSigaction {
+        handler: sigsys as *const () as u64,
+        flags: (libc::SA_SIGINFO | libc::SA_NODEFER) as u64 | SA_RESTORER,
+        restorer: sys::shortfuse_restorer as *const () as u64,
+        mask: ASYNC_MASK,
+    };
+    let mut old = KSigaction::default();
+    let r = raw(
+        libc::SYS_rt_sigaction,
+        libc::SIGSYS as i64,
+        &act as *const _ as i64,
+        &mut old as *mut _ as i64,
+        8,
+        0,
+        0,
+    );
+    if r < 0 {
+        return Err(-r);
+    }
+    for (slot, v) in APP_SIGSYS.iter().zip([old.handler, old.flags, old.restorer, old.mask]) {
+        slot.store(v, Ordering::Release);
+    }
+    let c = sys::cfg();
+    c.text_start.store(text.0 as u64, Ordering::Relaxed);
+    c.text_len.store(text.1 as u64, Ordering::Relaxed);
+    let r = enable_thread();
+    if r < 0 {
+        // Put the program's action back: nothing will trap.
+        raw(
+            libc::SYS_rt_sigaction,
+            libc::SIGSYS as i64,
+            &old as *const _ as i64,
+            0,
+            8,
+            0,
+            0,
+        );
+        return Err(-r);
+    }
+    c.sud_on.store(1, Ordering::Release);
+    for nr in SIGNAL_CALLS {
+        sys::set_slow(nr);
+    }
+    Ok(())
+}
+
+fn enable_thread() -> i64 {
+    let c = sys::cfg();
+    let t = thread();
+    t.selector.store(BLOCK, Ordering::SeqCst);
+    raw(
+        libc::SYS_prctl,
+        PR_SET_SYSCALL_USER_DISPATCH,
+        PR_SYS_DISPATCH_ON,
+        c.text_start.load(Ordering::Relaxed) as i64,
+        c.text_len.load(Ordering::Relaxed) as i64,
+        &t.selector as *const _ as i64,
+        0,
+    )
+}
+
+/// The calls that carry a signal mask or set SIGSYS's action.
+const SIGNAL_CALLS: [i64; 7] = [
+    libc::SYS_rt_sigaction,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigsuspend,
+    libc::SYS_ppoll,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+];
+
+fn read_u64(p: i64) -> u64 {
+    // SAFETY: a sigset argument: the kernel would read 8 bytes there.
+    unsafe { core::ptr::read_unaligned(p as *const u64) }
+}
+
+fn write_u64(p: i64, v: u64) {
+    // SAFETY: an output sigset argument: the kernel would write 8 bytes.
+    unsafe { core::ptr::write_unaligned(p as *mut u64, v) }
+}
+
+/// The signal calls, with SIGSYS kept deliverable. `frame_mask` is the
+/// interrupted context's mask when we run inside the SIGSYS handler: the
+/// program's rt_sigprocmask then acts on it (rt_sigreturn installs it).
+/// None: not a signal call, or nothing to change.
+pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option<i64> {
+    const EINVAL: i64 = -(libc::EINVAL as i64);
+    match nr {
+        libc::SYS_rt_sigaction => {
+            if a[3] != 8 {
+                return None;
+            }
+            if a[0] == libc::SIGSYS as i64 {
+                let old = app_sigsys();
+                if a[1] != 0 {
+                    // SAFETY: the program's new action, as the kernel would read it.
+                    let new: KSigaction = unsafe { core::ptr::read_unaligned(a[1] as *const KSigaction) };
+                    for (slot, v) in APP_SIGSYS.iter().zip([new.handler, new.flags, new.restorer, new.mask]) {
+                        slot.store(v, Ordering::Release);
+                    }
+                }
+                if a[2] != 0 {
+                    // SAFETY: the program's output action.
+                    unsafe { core::ptr::write_unaligned(a[2] as *mut KSigaction, old) };
+                }
+                return Some(0);
+            }
+            if a[1] == 0 {
+                return None;
+            }
+            // SAFETY: as above.
+            let mut act: KSigaction = unsafe { core::ptr::read_unaligned(a[1] as *const KSigaction) };
+            act.mask &= !SIGSYS_BIT;
+            let mut b = a;
+            b[1] = &act as *const _ as i64;
+            Some(raw6(nr, b))
+        }
+        libc::SYS_rt_sigprocmask => {
+            if a[3] != 8 {
+                return Some(EINVAL);
+            }
+            if let Some(cur) = frame_mask {
+                let old = *cur;
+                if a[1] != 0 {
+                    let set = read_u64(a[1]);
+                    *cur = match a[0] as i32 {
+                        libc::SIG_BLOCK => old | set,
+                        libc::SIG_UNBLOCK => old & !set,
+                        libc::SIG_SETMASK => set,
+                        _ => return Some(EINVAL),
+                    } & !SIGSYS_BIT;
+                }
+                if a[2] != 0 {
+                    write_u64(a[2], old);
+                }
+                return Some(0);
+            }
+            if a[1] == 0 {
+                return None;
+            }
+            let set = read_u64(a[1]) & !SIGSYS_BIT;
+            let mut b = a;
+            b[1] = &set as *const u64 as i64;
+            Some(raw6(nr, b))
+        }
+        libc::SYS_rt_sigsuspend | libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
+            let i = match nr {
+                libc::SYS_rt_sigsuspend => 0,
+                libc::SYS_ppoll => 3,
+                _ => 4,
+            };
+            if a[i] == 0 {
+                return None;
+            }
+            let set = read_u64(a[i]) & !SIGSYS_BIT;
+            let mut b = a;
+            b[i] = &set as *const u64 as i64;
+            Some(with_mask(frame_mask, || raw6(nr, b)))
+        }
+        libc::SYS_pselect6 => {
+            if a[5] == 0 {
+                return None;
+            }
+            // SAFETY: pselect6's sixth argument: { const sigset_t *, size_t }.
+            let [ss, len]: [u64; 2] = unsafe { core::ptr::read_unaligned(a[5] as *const [u64; 2]) };
+            if ss == 0 {
+                return None;
+            }
+            let set = read_u64(ss as i64) & !SIGSYS_BIT;
+            let pair = [&set as *const u64 as u64, len];
+            let mut b = a;
+            b[5] = pair.as_ptr() as i64;
+            Some(with_mask(frame_mask, || raw6(nr, b)))
+        }
+        _ => None,
+    }
+}
+
+/// Inside the SIGSYS handler, a call that waits for signals runs with the
+/// program's mask (the handler's own blocks them all).
+fn with_mask(frame_mask: Option<&mut u64>, f: impl FnOnce() -> i64) -> i64 {
+    if let Some(m) = frame_mask {
+        program_mask(*m);
+    }
+    f()
+}
+
+/// Selector back to BLOCK, then the program's mask: from here on a signal
+/// handler of the program may run, and its calls are intercepted.
+fn program_mask(m: u64) {
+    thread().selector.store(BLOCK, Ordering::SeqCst);
+    let set = m & !SIGSYS_BIT;
+    raw(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK as i64,
+        &set as *const u64 as i64,
+        0,
+        8,
+        0,
+        0,
+    );
+}
+
+fn is_special(nr: i64) -> bool {
+    matches!(nr, 15 | 56 | 57 | 58 | 435)
+}
+
+/// The SIGSYS handler.
+extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let t = thread();
+    t.selector.store(ALLOW, Ordering::SeqCst);
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an
+    // SA_SIGINFO handler; we are their only user until we return.
+    let (info_ref, uc) = unsafe { (&*info, &mut *(ctx as *mut libc::ucontext_t)) };
+    if info_ref.si_code != SYS_USER_DISPATCH {
+        foreign(sig, info, ctx);
+        t.selector.store(BLOCK, Ordering::SeqCst);
+        return;
+    }
+    let g = &mut uc.uc_mcontext.gregs;
+    let nr = g[libc::REG_RAX as usize];
+    let ret = g[libc::REG_RIP as usize];
+    let a = [
+        g[libc::REG_RDI as usize],
+        g[libc::REG_RSI as usize],
+        g[libc::REG_RDX as usize],
+        g[libc::REG_R10 as usize],
+        g[libc::REG_R8 as usize],
+        g[libc::REG_R9 as usize],
+    ];
+    // Rewrite the site and run it again through the trampoline (rax still
+    // holds the number: the kernel rolled it back).
+    if (0..512).contains(&nr)
+        && t.vforked.load(Ordering::Relaxed) == 0
+        && crate::zpoline::rewrite_site(ret as usize - 2)
+    {
+        g[libc::REG_RIP as usize] = ret - 2;
+        t.selector.store(BLOCK, Ordering::SeqCst);
+        return;
+    }
+    if is_special(nr) {
+        g[libc::REG_R11 as usize] = ret;
+        g[libc::REG_RIP as usize] = sys::shortfuse_special as *const () as i64;
+        t.selector.store(BLOCK, Ordering::SeqCst);
+        return;
+    }
+    // The kernel's sigset is the first 8 bytes of uc_sigmask.
+    // SAFETY: uc_sigmask is at least 8 bytes, suitably aligned.
+    let mask = unsafe { &mut *(&mut uc.uc_sigmask as *mut libc::sigset_t as *mut u64) };
+    let r = match signal_call(nr, a, Some(&mut *mask)) {
+        Some(r) => r,
+        None => match crate::serve(nr, a, false) {
+            Some(r) => r,
+            None => {
+                program_mask(*mask);
+                raw6(nr, a)
+            }
+        },
+    };
+    uc.uc_mcontext.gregs[libc::REG_RAX as usize] = r;
+    t.selector.store(BLOCK, Ordering::SeqCst);
+}
+
+/// A SIGSYS that is not a dispatch trap (seccomp, kill): what the program
+/// asked for.
+fn foreign(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let act = app_sigsys();
+    match act.handler as usize {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // Default action (core dump): give the signal back to the kernel
+            // with no handler. Dispatch traps can no longer be served, which
+            // does not matter: the process is ending.
+            let dfl = KSigaction::default();
+            raw(libc::SYS_rt_sigaction, sig as i64, &dfl as *const _ as i64, 0, 8, 0, 0);
+            let unblock = SIGSYS_BIT;
+            raw(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_UNBLOCK as i64,
+                &unblock as *const u64 as i64,
+                0,
+                8,
+                0,
+                0,
+            );
+            let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
+            let tid = raw(libc::SYS_gettid, 0, 0, 0, 0, 0, 0);
+            raw(libc::SYS_tgkill, pid, tid, sig as i64, 0, 0, 0);
+        }
+        h => {
+            t_block_for_app();
+            if act.flags & libc::SA_SIGINFO as u64 != 0 {
+                // SAFETY: the program registered this function as an
+                // SA_SIGINFO handler for SIGSYS.
+                let f: extern "C" fn(i32, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { core::mem::transmute(h) };
+                f(sig, info, ctx);
+            } else {
+                // SAFETY: the program registered this function as a plain
+                // SIGSYS handler.
+                let f: extern "C" fn(i32) = unsafe { core::mem::transmute(h) };
+                f(sig);
+            }
+        }
+    }
+}
+
+/// The program's handler runs as it would have: selector at BLOCK.
+fn t_block_for_app() {
+    thread().selector.store(BLOCK, Ordering::SeqCst);
+}
