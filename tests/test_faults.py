@@ -267,6 +267,22 @@ def test_stats(mnt):
     assert all(op["max_nanos"] >= op["p50_nanos"] > 0 for op in doc["ops"] if op["count"])
 
 
+@pytest.mark.shortfuse_only
+def test_background_daemon_logs_beside_its_socket(mnt):
+    """A background daemon's stderr goes to a log file, not to /dev/null:
+    SIGUSR1's statistics table must appear there."""
+    (mnt.path / "logged").write_bytes(b"x")
+    assert mnt.daemon_pids, "no daemon found for the mount"
+    log = Path(os.readlink(f"/proc/{mnt.daemon_pids[0]}/fd/2"))
+    assert log.parent == Path("/run/shortfuse") and log.suffix == ".log", f"daemon stderr is {log}"
+    before = log.read_text() if log.exists() else ""
+    for pid in mnt.daemon_pids:
+        os.kill(pid, signal.SIGUSR1)
+    assert wait_until(lambda: "CREATE" in log.read_text()[len(before) :], 10), (
+        f"SIGUSR1's table did not reach {log}:\n{log.read_text()[-2000:]}"
+    )
+
+
 def test_stats_refuses_non_shortfuse_dir(scratch):
     r = sf("stats", scratch)
     assert r.returncode != 0 and (r.stderr + r.stdout).strip()

@@ -23,7 +23,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount a file system. Returns once the mount is live; the daemon stays
-    /// in the background (use -f to keep it in the foreground).
+    /// in the background (use -f to keep it in the foreground) and logs to
+    /// /run/shortfuse/NAME.log (root) or $XDG_RUNTIME_DIR/shortfuse/NAME.log,
+    /// beside its control socket.
     #[command(after_long_help = mount_options_help())]
     Mount {
         /// File system: null, mem, passthrough, stripe, pack (see below).
@@ -240,7 +242,7 @@ fn background(dev: DevSession) -> io::Result<()> {
             drop(rx);
             sys::setsid()?;
             let _ = std::env::set_current_dir("/");
-            sys::detach_stdio()?;
+            sys::detach_stdio(&shortfuse::control::log_path(dev.mount_point()))?;
             let mut ready_tx = tx.try_clone()?;
             let result = dev.run(move || {
                 let _ = ready_tx.write_all(b"ok\n");

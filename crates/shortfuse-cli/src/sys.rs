@@ -1,9 +1,11 @@
 //! Process plumbing for going into the background: fork, setsid, and
-//! pointing the standard streams at /dev/null.
+//! pointing the standard streams away from the terminal.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 pub enum Forked {
     Parent,
@@ -32,13 +34,20 @@ pub fn setsid() -> io::Result<()> {
     Ok(())
 }
 
-/// Points stdin, stdout and stderr at /dev/null.
-pub fn detach_stdio() -> io::Result<()> {
+/// Points stdin at /dev/null and stdout and stderr at `log` (appended,
+/// created 0600), or at /dev/null when the log cannot be opened.
+pub fn detach_stdio(log: &Path) -> io::Result<()> {
     let null = File::options().read(true).write(true).open("/dev/null")?;
-    for fd in 0..3 {
-        // SAFETY: dup2 onto the standard fds replaces them atomically; `null`
-        // stays open for the call.
-        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+    let out = log
+        .parent()
+        .map(std::fs::create_dir_all)
+        .transpose()
+        .and_then(|_| File::options().create(true).append(true).mode(0o600).open(log))
+        .unwrap_or_else(|_| null.try_clone().expect("dup of /dev/null"));
+    for (fd, file) in [(0, &null), (1, &out), (2, &out)] {
+        // SAFETY: dup2 onto the standard fds replaces them atomically; the
+        // files stay open for the call.
+        if unsafe { libc::dup2(file.as_raw_fd(), fd) } < 0 {
             return Err(io::Error::last_os_error());
         }
     }

@@ -32,6 +32,13 @@ pub fn socket_dir() -> PathBuf {
     }
 }
 
+/// The log of the background daemon serving `mount_point`: beside its
+/// control socket, same name, `.log`. It holds what the daemon reports
+/// after `shortfuse mount` returned (errors, SIGUSR1 statistics).
+pub fn log_path(mount_point: &Path) -> PathBuf {
+    socket_path(mount_point).with_extension("log")
+}
+
 /// 64-bit FNV-1a: stable across runs and builds, unlike std's hasher.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
