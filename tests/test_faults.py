@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -286,3 +288,41 @@ def test_background_daemon_logs_beside_its_socket(mnt):
 def test_stats_refuses_non_shortfuse_dir(scratch):
     r = sf("stats", scratch)
     assert r.returncode != 0 and (r.stderr + r.stdout).strip()
+
+
+def test_unprivileged_mount_through_fusermount3(scratch):
+    """A user without privileges mounts through the setuid fusermount3 (as
+    libfuse does), writes to the mount it owns, reads its statistics and
+    unmounts it. /dev/fuse is made world-usable for the test (Debian's udev
+    rule makes it 0666; this machine ships it 0600) and restored after."""
+    user = "nobody"
+    mp = scratch / "mnt"
+    mp.mkdir()
+    os.chmod(scratch, 0o777)
+    shutil.chown(mp, user)
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    as_user = ["runuser", "-u", user, "--", "env", "XDG_RUNTIME_DIR=", str(shortfuse_bin())]
+    try:
+        os.chmod("/dev/fuse", 0o666)
+        r = run(as_user + ["mount", "mem", str(mp)], timeout=30)
+        assert r.returncode == 0, f"unprivileged mount failed: {r.stderr}"
+        info = mounts_at(mp)
+        assert len(info) == 1 and info[0].fstype == "fuse.shortfuse-mem", info
+        r = run(["runuser", "-u", user, "--", "stat", "-c", "%u %a", str(mp)], timeout=30)
+        assert r.stdout.split() == [str(pwd.getpwnam(user).pw_uid), "755"], f"the mount's root is not its owner's: {r.stdout}"
+        r = run(["runuser", "-u", user, "--", "sh", "-c", f"echo hi > {mp}/f && cat {mp}/f"], timeout=30)
+        assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+        r = run(as_user + ["stats", str(mp)], timeout=30)
+        assert r.returncode == 0 and "CREATE" in r.stdout, r.stderr
+        # Nobody else may enter it, not even root (no allow_other).
+        r = run(["runuser", "-u", "daemon", "--", "ls", str(mp)], timeout=30)
+        assert r.returncode != 0, "a mount without allow_other was readable by another user"
+        with pytest.raises(PermissionError):
+            os.listdir(mp)
+        r = run(as_user + ["umount", str(mp)], timeout=30)
+        assert r.returncode == 0, f"unprivileged umount failed: {r.stderr}"
+        assert not is_mounted(mp)
+    finally:
+        os.chmod("/dev/fuse", mode)
+        if is_mounted(mp):
+            run(["umount", "-l", str(mp)], timeout=30)

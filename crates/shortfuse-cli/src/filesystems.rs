@@ -42,7 +42,8 @@ pub const ALL: &[FsKind] = &[
         kernel_permissions: false,
         build: |_, rest| {
             no_options("mem", rest)?;
-            Ok(Arc::new(shortfuse_fs::mem::MemFs::new()))
+            let (uid, gid) = crate::sys::effective_ids();
+            Ok(Arc::new(shortfuse_fs::mem::MemFs::with_root_owner(uid, gid)))
         },
     },
     FsKind {

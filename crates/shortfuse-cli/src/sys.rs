@@ -53,3 +53,9 @@ pub fn detach_stdio(log: &Path) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The effective user and group ids of this process.
+pub fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid and getegid cannot fail and touch no memory.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}

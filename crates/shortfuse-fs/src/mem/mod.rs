@@ -311,6 +311,13 @@ fn node_of(table: &Table, ino: u64) -> Result<Arc<Inode>> {
 impl MemFs {
     /// An empty file system: a root directory owned by root, mode 0755.
     pub fn new() -> MemFs {
+        MemFs::with_root_owner(0, 0)
+    }
+
+    /// An empty file system whose root directory (mode 0755) belongs to
+    /// `uid`/`gid`: the user who mounts it, as a tmpfs mounted by a user
+    /// would, so that an unprivileged mount can be written by its owner.
+    pub fn with_root_owner(uid: u32, gid: u32) -> MemFs {
         let now = Timestamp::now();
         let usage = Arc::new(Usage::default());
         let root = Inode {
@@ -320,8 +327,8 @@ impl MemFs {
             state: Mutex::new(State {
                 mode: libc::S_IFDIR | 0o755,
                 nlink: 2,
-                uid: 0,
-                gid: 0,
+                uid,
+                gid,
                 rdev: 0,
                 size: 0,
                 atime: now,
