@@ -3,6 +3,7 @@
 //! (a value or a negated errno) when it served the call or re-issued it
 //! with a resolved path.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use shortfuse::{Attr, Errno};
@@ -182,6 +183,9 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
     let mut abs: Vec<u8>;
     let mut links = 0;
     let mut rewritten = false;
+    if let Some(f) = magic_link(path).and_then(|fd| st.fds.get(fd)) {
+        return Ok(Resolved::Ours(f.vfs().clone(), target_of(&f)?));
+    }
     if path.is_empty() {
         return if dirfd != AT_FDCWD && st.fds.contains(dirfd as i32) {
             Err(Errno::ENOENT)
@@ -250,6 +254,32 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
             }
         }
     }
+}
+
+/// The descriptor number of `/proc/self/fd/N`, `/proc/thread-self/fd/N`
+/// or `/dev/fd/N`: the kernel's magic links to an open file. glibc reaches
+/// O_PATH descriptors that way (fchmod, fchmodat with AT_EMPTY_PATH); for a
+/// descriptor of ours the kernel would act on the placeholder instead.
+fn magic_link(path: &[u8]) -> Option<i32> {
+    let n = [&b"/proc/self/fd/"[..], b"/proc/thread-self/fd/", b"/dev/fd/"]
+        .iter()
+        .find_map(|p| path.strip_prefix(*p))?;
+    if n.is_empty() || n.len() > 10 || !n.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(n).ok()?.parse().ok()
+}
+
+/// What a descriptor of ours names, as a walk would have found it.
+fn target_of(f: &OpenFile) -> Result<Target, Errno> {
+    let attr = f.stat()?;
+    Ok(Target {
+        dir: f.location().cloned().unwrap_or_default(),
+        last: shortfuse_vfs::Last::Dir,
+        node: Some((f.node(), attr)),
+        trailing_slash: false,
+        links: 0,
+    })
 }
 
 /// Re-issues a path call on the kernel with `path` (absolute) in place of
@@ -464,6 +494,12 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_getcwd => {
             let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let (vfs, loc) = cwd?;
+            // As the kernel: a removed current directory has no path.
+            match vfs.getattr_fresh(loc.node(), None) {
+                Ok(a) if a.nlink == 0 => return Some(err(Errno::ENOENT)),
+                Err(e) => return Some(err(e)),
+                Ok(_) => {}
+            }
             let p = vfs.host_path(&loc);
             let buf = user::slice_mut(a[0], a[1] as usize);
             if buf.len() < p.len() + 1 {
@@ -607,15 +643,15 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_renameat2 => rename(nr, a, a[0], 1, a[2], 3, a[4] as u32),
         libc::SYS_setxattr | libc::SYS_removexattr => {
             let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
-            Some(err(Errno::EOPNOTSUPP))
+            Some(err(xattr_refusal(a[1])))
         }
         libc::SYS_lsetxattr | libc::SYS_lremovexattr => {
             let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
-            Some(err(Errno::EOPNOTSUPP))
+            Some(err(xattr_refusal(a[1])))
         }
         libc::SYS_fsetxattr | libc::SYS_fremovexattr => {
             file(a[0])?;
-            Some(err(Errno::EOPNOTSUPP))
+            Some(err(xattr_refusal(a[1])))
         }
         libc::SYS_symlink => symlink(nr, a, a[0], AT_FDCWD, 1),
         libc::SYS_symlinkat => symlink(nr, a, a[0], a[1], 2),
@@ -760,6 +796,15 @@ fn creating<T>(vfs: &Vfs, f: impl FnOnce() -> Result<T, Errno>) -> i64 {
     res(r.map(|_| 0i64))
 }
 
+/// Extended attributes are not served yet (issue 6): EOPNOTSUPP, after the
+/// name check the kernel makes before any file system sees the call.
+fn xattr_refusal(name: i64) -> Errno {
+    match user::cstr(name) {
+        Some(n) if n.is_empty() || n.len() > 255 => Errno::ERANGE,
+        _ => Errno::EOPNOTSUPP,
+    }
+}
+
 fn mode_set(mode: i64) -> SetAttrIn {
     SetAttrIn {
         mode: Some(mode as u32 & 0o7777),
@@ -833,21 +878,10 @@ fn link(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: i32
     let p2 = user::cstr(a[i2])?;
     let old = if flags & libc::AT_EMPTY_PATH != 0 && p1.is_empty() {
         match file(d1) {
-            Some(f) => {
-                let node = f.node();
-                let attr = match f.stat() {
-                    Ok(at) => at,
-                    Err(e) => return Some(err(e)),
-                };
-                let t = Target {
-                    dir: shortfuse_vfs::Location::root(),
-                    last: shortfuse_vfs::Last::Dir,
-                    node: Some((node, attr)),
-                    trailing_slash: false,
-                    links: 0,
-                };
-                Resolved::Ours(f.vfs().clone(), t)
-            }
+            Some(f) => match target_of(&f) {
+                Ok(t) => Resolved::Ours(f.vfs().clone(), t),
+                Err(e) => return Some(err(e)),
+            },
             None => Resolved::Kernel(None),
         }
     } else {
@@ -969,14 +1003,69 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         Err(e) => return Some(err(e)),
     };
     let cloexec = flags & libc::O_CLOEXEC != 0;
-    let ph = b"/dev/null\0";
-    let pflags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
-    let fd = raw(libc::SYS_openat, AT_FDCWD, ph.as_ptr() as i64, pflags as i64, 0, 0, 0);
+    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+    let fd = raw(libc::SYS_fcntl, placeholder_source(), i64::from(cmd), 0, 0, 0, 0);
     if fd < 0 {
         return Some(fd);
     }
     state().fds.insert(fd as i32, f, cloexec);
     Some(fd)
+}
+
+/// The descriptor placeholders are duplicated from: an O_PATH descriptor of
+/// a memfd of our own, above [`OWN_FD_FLOOR`]. A kernel call that still
+/// reaches a placeholder then touches nothing anybody else uses (a chmod
+/// of `/proc/self/fd/N` by glibc, say, which we serve ourselves anyway).
+fn placeholder_source() -> i64 {
+    static SOURCE: AtomicI64 = AtomicI64::new(-1);
+    let have = SOURCE.load(Ordering::Acquire);
+    if have >= 0 {
+        return have;
+    }
+    let memfd = raw(
+        libc::SYS_memfd_create,
+        c"shortfuse-placeholder".as_ptr() as i64,
+        i64::from(libc::MFD_CLOEXEC),
+        0,
+        0,
+        0,
+        0,
+    );
+    let made = if memfd >= 0 {
+        let link = with_nul(format!("/proc/self/fd/{memfd}").into_bytes());
+        let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
+        let p = raw(libc::SYS_openat, AT_FDCWD, link.as_ptr() as i64, flags, 0, 0, 0);
+        raw(libc::SYS_close, memfd, 0, 0, 0, 0, 0);
+        p
+    } else {
+        let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
+        raw(libc::SYS_openat, AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0)
+    };
+    if made < 0 {
+        return made;
+    }
+    let high = raw(
+        libc::SYS_fcntl,
+        made,
+        i64::from(libc::F_DUPFD_CLOEXEC),
+        OWN_FD_FLOOR,
+        0,
+        0,
+        0,
+    );
+    let fd = if high >= 0 {
+        raw(libc::SYS_close, made, 0, 0, 0, 0, 0);
+        high
+    } else {
+        made
+    };
+    match SOURCE.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => fd,
+        Err(other) => {
+            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            other
+        }
+    }
 }
 
 fn stat(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, follow: bool, out: i64) -> Option<i64> {
@@ -1178,7 +1267,10 @@ mod tests {
     #[test]
     fn nested_descriptors_move_above_the_programs_numbers() {
         let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
-        let fd = nested(libc::SYS_openat, [AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0]);
+        let fd = nested(
+            libc::SYS_openat,
+            [AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0],
+        );
         let floor = OWN_FD_FLOOR;
         assert!(fd >= floor, "fd {fd} below {floor}");
         let fdflags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFD), 0, 0, 0, 0);

@@ -134,15 +134,20 @@ impl Cache {
         now: Instant,
         forgets: &mut Forgets,
     ) {
-        self.remove_dentry(parent, name, forgets);
+        // Pin the new node before the old entry lets go: when both name
+        // the same node (an expired entry looked up again), unpinning first
+        // would drop the node, and forget the lookup just counted, while
+        // the new entry still names it.
         if ttl.is_zero() {
+            self.remove_dentry(parent, name, forgets);
             return;
-        }
-        if self.dentries.len() >= SWEEP_AT || self.nodes.len() >= SWEEP_AT {
-            self.sweep(now, forgets);
         }
         if let Some(n) = node {
             self.pin(n);
+        }
+        self.remove_dentry(parent, name, forgets);
+        if self.dentries.len() >= SWEEP_AT || self.nodes.len() >= SWEEP_AT {
+            self.sweep(now, forgets);
         }
         self.dentries.insert(
             (parent.0, Box::from(name)),
@@ -234,5 +239,56 @@ impl Cache {
 
     pub fn nlookup(&self, node: NodeId) -> Option<u64> {
         self.nodes.get(&node.0).map(|s| s.nlookup)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file() -> Attr {
+        Attr {
+            ino: 5,
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            ..Attr::default()
+        }
+    }
+
+    #[test]
+    fn an_expired_entry_looked_up_again_keeps_its_node() {
+        let mut c = Cache::new(Attr::default());
+        let (node, sec) = (NodeId(5), Duration::from_secs(1));
+        let now = Instant::now();
+        let mut forgets = Forgets::new();
+        c.add_lookup(node, file(), sec, now);
+        c.set_dentry(NodeId::ROOT, b"a", Some(node), sec, now, &mut forgets);
+        let later = now + 2 * sec;
+        assert_eq!(c.lookup(NodeId::ROOT, b"a", later), Cached::Miss);
+        // The file system answers the new LOOKUP with the same node.
+        c.add_lookup(node, file(), sec, later);
+        c.set_dentry(NodeId::ROOT, b"a", Some(node), sec, later, &mut forgets);
+        assert!(forgets.is_empty(), "forgot {forgets:?} while a name still holds it");
+        assert_eq!(c.nlookup(node), Some(2));
+        assert_eq!(c.lookup(NodeId::ROOT, b"a", later), Cached::Node(node, Some(file())));
+        // Dropping the name gives both lookups back at once.
+        c.remove_dentry(NodeId::ROOT, b"a", &mut forgets);
+        assert_eq!(forgets, vec![(node, 2)]);
+    }
+
+    #[test]
+    fn a_zero_timeout_entry_is_not_cached_and_its_node_waits_for_a_sweep() {
+        let mut c = Cache::new(Attr::default());
+        let node = NodeId(5);
+        let now = Instant::now();
+        let mut forgets = Forgets::new();
+        c.add_lookup(node, file(), Duration::ZERO, now);
+        c.set_dentry(NodeId::ROOT, b"a", Some(node), Duration::ZERO, now, &mut forgets);
+        assert_eq!(c.lookup(NodeId::ROOT, b"a", now), Cached::Miss);
+        // A walk in progress may still use it as the parent of its next lookup.
+        assert!(forgets.is_empty());
+        assert_eq!(c.nlookup(node), Some(1));
+        c.forget_unused(&mut forgets);
+        assert_eq!(forgets, vec![(node, 1)]);
     }
 }

@@ -639,7 +639,13 @@ impl Vfs {
         let umask = self.umask();
         let e = self
             .client
-            .mkdir(parent, OsStr::from_bytes(name), mode & 0o7777 & !umask, umask)?;
+            // As vfs_mkdir: only the permission bits and the sticky bit.
+            .mkdir(
+                parent,
+                OsStr::from_bytes(name),
+                mode & (0o777 | libc::S_ISVTX) & !umask,
+                umask,
+            )?;
         self.remember(parent, name, &e);
         Ok(e.attr)
     }
@@ -759,6 +765,12 @@ impl Vfs {
 
     /// `renameat2(2)`; both targets from this mount (EXDEV is the caller's).
     pub fn rename(&self, old: &Target, new: &Target, flags: u32) -> Result<(), Errno> {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if flags & !known != 0
+            || (flags & libc::RENAME_EXCHANGE != 0 && flags & (libc::RENAME_NOREPLACE | libc::RENAME_WHITEOUT) != 0)
+        {
+            return Err(Errno::EINVAL);
+        }
         let old_name = old.name(Errno::EBUSY)?;
         let new_name = new.name(Errno::EBUSY)?;
         let (node, attr) = old.node.ok_or(Errno::ENOENT)?;
