@@ -24,6 +24,11 @@ pub enum Kind {
     Bindfs { args: Vec<String> },
     /// libfuse's low-level passthrough example, compiled at run time.
     PassthroughLl,
+    /// No mount: the workload runs in a worker process under `shortfuse run
+    /// -m MNT=passthrough:SRC` (the preload shim serves the file system
+    /// inside that process). Only suites that know how to start such a
+    /// worker run here (`latency`); see [`preload_worker`].
+    Preload,
 }
 
 /// A named configuration.
@@ -75,6 +80,10 @@ impl Config {
             },
             null("null-dev", "dev"),
             null("null-uring", "uring"),
+            Config {
+                name: "preload".into(),
+                kind: Kind::Preload,
+            },
         ]
     }
 
@@ -87,6 +96,17 @@ impl Config {
         let names: &[&str] = match suite {
             "transport" => &["native", "dev", "uring", "null-dev", "null-uring"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
+            "latency" => &[
+                "native",
+                "preload",
+                "dev-base",
+                "dev",
+                "dev-opt",
+                "dev-passthrough",
+                "uring",
+                "bindfs",
+                "passthrough_ll",
+            ],
             _ => &[
                 "native",
                 "dev-base",
@@ -145,6 +165,27 @@ pub struct Prepared {
     root: PathBuf,
     mountpoint: Option<PathBuf>,
     uring: bool,
+    preload: bool,
+}
+
+/// How to run a workload on a `preload` configuration's directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreloadWorker {
+    /// The `shortfuse` binary (its `run` subcommand starts the worker).
+    pub shortfuse_bin: PathBuf,
+    /// What the in-process passthrough mirrors.
+    pub source: PathBuf,
+}
+
+/// The prepared `preload` directories: mount point -> worker. The suites
+/// get a directory only, and a mount point of the shim exists nowhere else.
+static PRELOAD: std::sync::Mutex<Vec<(PathBuf, PreloadWorker)>> = std::sync::Mutex::new(Vec::new());
+
+/// The worker to start when `dir` is the mount point of a prepared
+/// `preload` configuration.
+pub fn preload_worker(dir: &Path) -> Option<PreloadWorker> {
+    let list = PRELOAD.lock().unwrap_or_else(|e| e.into_inner());
+    list.iter().find(|(d, _)| d == dir).map(|(_, w)| w.clone())
 }
 
 impl Prepared {
@@ -168,6 +209,12 @@ impl Prepared {
 
 impl Drop for Prepared {
     fn drop(&mut self) {
+        if self.preload {
+            PRELOAD
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(d, _)| d != &self.dir);
+        }
         if let Some(mnt) = self.mountpoint.take() {
             unmount(&mnt);
             cleanup::forget(&mnt);
@@ -305,10 +352,33 @@ impl Config {
             root,
             mountpoint: None,
             uring: self.wants_uring(),
+            preload: false,
         };
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
+            Kind::Preload => {
+                // The mount point exists only for the worker's shim.
+                std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+                let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
+                if !so.is_file() {
+                    return Err(format!(
+                        "{} is missing (built by cargo build -p shortfuse-preload)",
+                        so.display()
+                    ));
+                }
+                let worker = PreloadWorker {
+                    shortfuse_bin: env.shortfuse_bin.clone(),
+                    source: src,
+                };
+                PRELOAD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((mnt.clone(), worker));
+                prepared.dir = mnt;
+                prepared.preload = true;
+                return Ok(prepared);
+            }
             Kind::Shortfuse {
                 fs,
                 transport,

@@ -1,8 +1,17 @@
 //! The `latency` suite: the cost of one operation of each kind, as the
-//! foundation issue and `notes/kernel-fuse.md` list them.
+//! foundation issue and `notes/kernel-fuse.md` list them, and of one system
+//! call that no file system serves (`getpid`: on `preload`, the cost of the
+//! hook every intercepted call pays).
+//!
+//! On the `preload` configuration the workload runs in a worker process
+//! started with `shortfuse run -m MNT=passthrough:SRC -- shortfuse bench
+//! --latency-worker ...` (the shim has to be loaded at exec): the worker
+//! runs the same code against the shim's mount and prints its figures as
+//! JSON.
 
 use std::io;
 use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::report::Figure;
@@ -46,8 +55,116 @@ impl Sizes {
     }
 }
 
-/// Runs every latency workload in `dir` (which must be empty and writable).
+/// Runs every latency workload in `dir` (which must be empty and writable),
+/// in a preload worker when `dir` is a `preload` configuration's.
 pub fn run(dir: &Path, sizes: Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+    match crate::config::preload_worker(dir) {
+        Some(w) => in_worker(&w, dir, sizes, progress),
+        None => workload(dir, sizes, progress),
+    }
+}
+
+const WORKER_FLAG: &str = "--latency-worker";
+
+/// The worker's side: `--latency-worker DIR META_OPS DATA_OPS SEQ_MIB`
+/// runs the workload in DIR and prints the figures as JSON. `None` when
+/// `args` are not a worker's.
+pub fn worker_main(args: &[String]) -> Option<i32> {
+    if args.first().map(String::as_str) != Some(WORKER_FLAG) {
+        return None;
+    }
+    // `shortfuse bench` adds `--shortfuse PATH` after the arguments.
+    let args = match args {
+        [head @ .., flag, _] if flag == "--shortfuse" => head,
+        all => all,
+    };
+    let parsed = match args {
+        [_, dir, m, d, s] => match (m.parse(), d.parse(), s.parse()) {
+            (Ok(meta_ops), Ok(data_ops), Ok(seq_mib)) => Some((
+                dir,
+                Sizes {
+                    meta_ops,
+                    data_ops,
+                    seq_mib,
+                },
+            )),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some((dir, sizes)) = parsed else {
+        eprintln!("usage: {WORKER_FLAG} DIR META_OPS DATA_OPS SEQ_MIB");
+        return Some(2);
+    };
+    match workload(Path::new(dir), sizes, &mut |_| {}) {
+        Ok(figures) => match serde_json::to_string(&figures) {
+            Ok(json) => {
+                println!("{json}");
+                Some(0)
+            }
+            Err(e) => {
+                eprintln!("latency worker: {e}");
+                Some(1)
+            }
+        },
+        Err(e) => {
+            eprintln!("latency worker: {e}");
+            Some(1)
+        }
+    }
+}
+
+/// Runs the workload in a process under the preload shim and reads its
+/// figures back.
+fn in_worker(
+    w: &crate::config::PreloadWorker,
+    dir: &Path,
+    sizes: Sizes,
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<Vec<Figure>> {
+    progress("all operations, in a worker under shortfuse run");
+    let mount = format!("{}=passthrough:{}", dir.display(), w.source.display());
+    let out = Command::new(&w.shortfuse_bin)
+        .args(["run", "-m", &mount, "--"])
+        .arg(&w.shortfuse_bin)
+        .args(["bench", WORKER_FLAG])
+        .arg(dir)
+        .args([sizes.meta_ops, sizes.data_ops, sizes.seq_mib].map(|n| n.to_string()))
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "preload worker ({}): {}",
+            out.status,
+            stderr.trim()
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| io::Error::other(format!("preload worker output: {e}; stderr: {}", stderr.trim())))?;
+    let figures = v
+        .as_array()
+        .ok_or_else(|| io::Error::other("preload worker output is not a list"))?
+        .iter()
+        .map(|f| Figure {
+            op: f["op"].as_str().unwrap_or_default().to_string(),
+            unit: f["unit"].as_str().unwrap_or_default().to_string(),
+            value: f["value"].as_f64().unwrap_or(f64::NAN),
+            p50: f["p50"].as_f64(),
+            p99: f["p99"].as_f64(),
+            samples: f["samples"].as_u64().unwrap_or(0),
+            lower_is_better: f["lower_is_better"].as_bool().unwrap_or(true),
+            ..Figure::default()
+        })
+        .collect::<Vec<_>>();
+    if figures.is_empty() || figures.iter().any(|f| f.op.is_empty() || !f.value.is_finite()) {
+        return Err(io::Error::other(format!("preload worker gave no usable figures: {v}")));
+    }
+    Ok(figures)
+}
+
+/// The workload itself, in this process.
+fn workload(dir: &Path, sizes: Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     let mut out = Vec::new();
     let n = sizes.meta_ops;
     let file = dir.join("file");
@@ -130,7 +247,33 @@ pub fn run(dir: &Path, sizes: Sizes, progress: &mut dyn FnMut(&str)) -> io::Resu
     progress("sequential read");
     out.push(sequential_read(dir, sizes.seq_mib, &block)?);
     sys::unlink(&cfile)?;
+
+    progress("getpid");
+    out.push(getpid(sizes.data_ops));
     Ok(out)
+}
+
+/// The cost of a system call no file system serves, in batches of 100 (a
+/// clock read per call would cost as much as the call).
+fn getpid(batches: usize) -> Figure {
+    const BATCH: u64 = 100;
+    let mut s = Samples::with_capacity(batches);
+    for _ in 0..batches {
+        let _ = s.time(|| {
+            for _ in 0..BATCH {
+                // SAFETY: getpid takes no arguments and cannot fail; the raw
+                // system call (not glibc's wrapper) is what the shim hooks.
+                std::hint::black_box(unsafe { libc::syscall(libc::SYS_getpid) });
+            }
+            Ok(())
+        });
+    }
+    let mut f = s.figure("getpid");
+    f.value /= BATCH as f64;
+    f.p50 = f.p50.map(|v| v / BATCH as f64);
+    f.p99 = f.p99.map(|v| v / BATCH as f64);
+    f.samples *= BATCH;
+    f
 }
 
 /// Writes a file of `mib` MiB, reads it once to warm the caches, then times

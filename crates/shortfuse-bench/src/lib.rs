@@ -266,6 +266,9 @@ systems, and writes report.md, report.json and plots/*.png to DIR
 /// `shortfuse bench ARGS...` (ARGS without the `bench` word): parses, runs,
 /// prints the report and where the plots are. Returns the exit status.
 pub fn cli_main(args: &[String]) -> i32 {
+    if let Some(code) = latency::worker_main(args) {
+        return code;
+    }
     let opts = match parse_args(args) {
         Ok(Some(o)) => o,
         Ok(None) => {
