@@ -186,11 +186,18 @@ fn creates(dir: &Path, threads: usize, s: &Sizes) -> io::Result<Figure> {
         made.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
         outcome.map(|()| n)
     });
-    for p in made.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        sys::unlink(&p)?;
-    }
-    std::fs::remove_dir(dir)?;
+    let cleanup = || -> io::Result<()> {
+        for p in made.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            sys::unlink(&p)?;
+        }
+        std::fs::remove_dir(dir)
+    };
+    let cleaned = cleanup();
+    // The workload's own error first: after a failed create the directory
+    // may hold a file nobody recorded (the daemon made it, then the call
+    // failed), and the removal's ENOTEMPTY would hide why.
     let (n, elapsed) = result?;
+    cleaned.map_err(|e| io::Error::new(e.kind(), format!("create-{threads}th: removing the files: {e}")))?;
     if n == 0 {
         return Err(io::Error::other(format!("create-{threads}th: no file created")));
     }

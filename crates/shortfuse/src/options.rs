@@ -73,6 +73,9 @@ pub struct MountOptions {
     pub uring_depth: u32,
     /// uring workers per queue (CPU) (`uring_workers=N`, default 1).
     pub uring_workers: usize,
+    /// How long a uring worker polls its completion queue before sleeping
+    /// (`uring_spin=MICROSECONDS`; 0 always sleeps at once).
+    pub uring_spin: Duration,
 }
 
 impl Default for MountOptions {
@@ -110,6 +113,7 @@ impl Default for MountOptions {
             uring: false,
             uring_depth: 8,
             uring_workers: 1,
+            uring_spin: crate::session::uring::DEFAULT_SPIN,
         }
     }
 }
@@ -232,6 +236,10 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
     (
         "uring_workers=N",
         "--transport uring: worker threads per CPU queue, 1 to 64 (default 1)",
+    ),
+    (
+        "uring_spin=MICROSECONDS",
+        "--transport uring: poll for the next request this long before sleeping, 0 to 10000 (default 20)",
     ),
 ];
 
@@ -374,6 +382,7 @@ impl MountOptions {
             "threads" => self.threads = Some(size_value(key, value, 1, 1024)? as usize),
             "uring_depth" => self.uring_depth = size_value(key, value, 1, 1024)? as u32,
             "uring_workers" => self.uring_workers = size_value(key, value, 1, 64)? as usize,
+            "uring_spin" => self.uring_spin = micros_value(key, value, crate::session::uring::MAX_SPIN)?,
             "readdirplus" => {
                 self.readdirplus = match value {
                     Some("yes") => Readdirplus::Yes,
@@ -469,6 +478,22 @@ pub fn size_value(key: &str, value: Option<&str>, min: u64, max: u64) -> Result<
     Ok(n)
 }
 
+/// A whole number of microseconds, at most `max`.
+fn micros_value(key: &str, value: Option<&str>, max: Duration) -> Result<Duration, String> {
+    let v = value.ok_or_else(|| format!("expected {key}=MICROSECONDS"))?;
+    let us: u64 = v
+        .parse()
+        .map_err(|_| format!("{v:?} is not a whole number of microseconds"))?;
+    let d = Duration::from_micros(us);
+    if d > max {
+        return Err(format!(
+            "{us} is out of range: {key} must be at most {}",
+            max.as_micros()
+        ));
+    }
+    Ok(d)
+}
+
 fn seconds_value(key: &str, value: Option<&str>) -> Result<Duration, String> {
     let v = value.ok_or_else(|| format!("expected {key}=SECONDS"))?;
     let secs: f64 = v.parse().map_err(|_| format!("{v:?} is not a number of seconds"))?;
@@ -553,6 +578,31 @@ mod tests {
         assert_eq!((o.uring_depth, o.uring_workers, o.uring), (16, 2, false));
         assert!(MountOptions::parse("uring_depth=0").is_err());
         assert!(MountOptions::parse("uring_workers=65").is_err());
+    }
+
+    #[test]
+    fn uring_spin() {
+        assert_eq!(MountOptions::default().uring_spin, Duration::from_micros(20));
+        assert_eq!(MountOptions::parse("uring_spin=0").unwrap().uring_spin, Duration::ZERO);
+        assert_eq!(
+            MountOptions::parse("uring_spin=150").unwrap().uring_spin,
+            Duration::from_micros(150)
+        );
+        assert_eq!(
+            MountOptions::parse("uring_spin=10000").unwrap().uring_spin,
+            Duration::from_millis(10)
+        );
+        for bad in [
+            "uring_spin",
+            "uring_spin=",
+            "uring_spin=10001",
+            "uring_spin=-1",
+            "uring_spin=2.5",
+            "uring_spin=1K",
+        ] {
+            let e = MountOptions::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("-o uring_spin"), "{bad}: {e}");
+        }
     }
 
     #[test]
