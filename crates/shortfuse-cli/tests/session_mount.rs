@@ -192,9 +192,15 @@ fn foreground_mount_ends_on_ctrl_c() {
     let pid = child.id() as i32;
     assert_eq!(daemon_pid(&dir.path), pid, "-f serves in the process itself");
     std::fs::metadata(&dir.path).unwrap();
-    // main + signal thread + control thread + 3 workers.
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
-    assert_eq!(threads, 6);
+    // main + signal thread + control thread + 1 reader: readers start on demand.
+    let threads = || std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    assert_eq!(threads(), 4);
+    // Parallel lookups keep requests waiting: the readers grow to the 3 asked for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while threads() < 6 && std::time::Instant::now() < deadline {
+        lookups_in_parallel(&dir.path);
+    }
+    assert_eq!(threads(), 6, "main + signals + control + 3 readers after parallel load");
     kill(pid, "-USR1");
     // SIGINT would be taken first if both were pending (lower number).
     std::thread::sleep(Duration::from_millis(300));
@@ -209,6 +215,20 @@ fn foreground_mount_ends_on_ctrl_c() {
     assert!(!is_mounted(&dir.path));
 }
 
+/// Eight threads looking up missing names at once.
+fn lookups_in_parallel(dir: &std::path::Path) {
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            s.spawn(move || {
+                for j in 0..50 {
+                    let e = std::fs::metadata(dir.join(format!("n{i}-{j}"))).unwrap_err();
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn base_profile_runs_one_worker() {
     let dir = MountDir::new("base");
@@ -217,18 +237,11 @@ fn base_profile_runs_one_worker() {
     std::fs::metadata(&dir.path).unwrap();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
     assert_eq!(threads, 4, "main + signals + control + 1 worker");
-    // Many concurrent requests on one worker still all get answered.
-    std::thread::scope(|s| {
-        for i in 0..8 {
-            let p = dir.path.clone();
-            s.spawn(move || {
-                for j in 0..50 {
-                    let e = std::fs::metadata(p.join(format!("n{i}-{j}"))).unwrap_err();
-                    assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
-                }
-            });
-        }
-    });
+    // Many concurrent requests on one worker still all get answered, and no
+    // reader is added beyond the one asked for.
+    lookups_in_parallel(&dir.path);
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count();
+    assert_eq!(threads, 4, "-o base: one reader, whatever the load");
     assert!(shortfuse(&["umount", dir.s()]).status.success());
     wait_until("the daemon to exit", || !alive(pid));
 }

@@ -238,3 +238,15 @@ pub fn mount_unique_id(path: &Path) -> io::Result<Option<(u64, (u32, u32))>> {
     }
     Ok(Some((stx.stx_mnt_id, (stx.stx_dev_major, stx.stx_dev_minor))))
 }
+
+/// Whether `fd` is readable now (`poll` with a zero timeout).
+pub fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}

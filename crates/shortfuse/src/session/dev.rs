@@ -1,7 +1,9 @@
-//! The /dev/fuse session: N worker threads, each blocked in read(2) on its
-//! own fd cloned with `FUSE_DEV_IOC_CLONE`, so replies go back on the fd
-//! that read the request and the kernel spreads requests over the readers.
-//! One thread is the seed 001 "base" configuration.
+//! The /dev/fuse session: up to N worker threads, each blocked in read(2)
+//! on its own fd cloned with `FUSE_DEV_IOC_CLONE`, so replies go back on the
+//! fd that read the request and the kernel spreads requests over the
+//! readers. Readers start on demand ([`super::pool`]): one at first, more
+//! while requests keep waiting. One thread is the seed 001 "base"
+//! configuration.
 //!
 //! Each worker owns one read buffer, sized for the largest request INIT may
 //! agree on, and one reply buffer: nothing is allocated per request here.
@@ -22,14 +24,14 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::control::ControlServer;
 use crate::dispatch::{Dispatcher, Outcome};
 use crate::filesystem::Filesystem;
-use crate::mount::{self, Mount};
+use crate::mount::Mount;
 use crate::options::MountOptions;
+use crate::session::pool::{Backlog, Pool};
 use crate::session::{uring, SessionOptions};
 use crate::stats::{Stats, Transport};
 use crate::sys::{self, SignalMask};
@@ -116,11 +118,7 @@ impl DevSession {
         } else {
             None
         };
-        let mut fds = Vec::with_capacity(threads);
-        for _ in 1..threads {
-            fds.push(mount::clone_dev_fd(&dev)?);
-        }
-        fds.push(dev);
+        let pool = Pool::new(dev, dispatcher.clone(), threads, worker);
         let mount = Arc::new(Mutex::new(mount));
         let done = Arc::new(AtomicBool::new(false));
         let signals = match &mask {
@@ -135,21 +133,7 @@ impl DevSession {
             }
             None => None,
         };
-        let mut workers: Vec<JoinHandle<io::Result<()>>> = Vec::with_capacity(threads);
-        let mut spawn_error = None;
-        for (i, fd) in fds.into_iter().enumerate() {
-            let dispatcher = dispatcher.clone();
-            match std::thread::Builder::new()
-                .name(format!("shortfuse-dev-{i}"))
-                .spawn(move || worker(fd, &dispatcher))
-            {
-                Ok(h) => workers.push(h),
-                Err(e) => {
-                    spawn_error = Some(e);
-                    break;
-                }
-            }
-        }
+        let mut spawn_error = pool.grow().err();
         let mut rings = None;
         if let (None, Some(ring_dev)) = (&spawn_error, &ring_dev) {
             let m = mount.clone();
@@ -158,7 +142,7 @@ impl DevSession {
                 let m = m.lock().unwrap_or_else(|p| p.into_inner());
                 let _ = m.abort();
             });
-            match start_rings(ring_dev, &dispatcher, &workers, on_error) {
+            match start_rings(ring_dev, &dispatcher, &pool, on_error) {
                 Ok(r) => rings = Some(r),
                 Err(e) => spawn_error = Some(e),
             }
@@ -172,13 +156,9 @@ impl DevSession {
             ready();
         }
         let mut result = spawn_error.map_or(Ok(()), Err);
-        for w in workers {
-            let r = w
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("a worker thread panicked")));
-            if result.is_ok() {
-                result = r;
-            }
+        let r = pool.join();
+        if result.is_ok() {
+            result = r;
         }
         if let Some(rings) = rings {
             let r = rings.join();
@@ -202,12 +182,12 @@ impl DevSession {
 fn start_rings(
     dev: &File,
     dispatcher: &Arc<Dispatcher>,
-    workers: &[JoinHandle<io::Result<()>>],
+    workers: &Pool,
     on_error: uring::OnError,
 ) -> io::Result<uring::UringSession> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while dispatcher.negotiated().is_none() {
-        if workers.iter().all(|w| w.is_finished()) {
+        if workers.all_finished() {
             return Err(io::Error::other("the connection ended before FUSE_INIT"));
         }
         if std::time::Instant::now() > deadline {
@@ -254,10 +234,15 @@ fn signal_loop(set: sys::SignalSet, mount: &Mutex<Mount>, done: &AtomicBool, sta
 
 /// One worker: read a request, dispatch it, write the reply, until the
 /// connection ends.
-fn worker(dev: File, dispatcher: &Dispatcher) -> io::Result<()> {
+fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()> {
     let mut buf = vec![0u8; dispatcher.buffer_size()];
     let mut reply = Vec::with_capacity(4096);
+    let mut backlog = Backlog::default();
     loop {
+        // Under uring this reader only sees INIT, FORGET and INTERRUPT.
+        if !dispatcher.options().uring {
+            backlog.after_request(&dev, pool);
+        }
         let n = match (&dev).read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => n,

@@ -7,6 +7,7 @@
 //! the background after mounting and before any thread exists.
 
 pub mod dev;
+mod pool;
 pub mod uring;
 
 use std::io;
