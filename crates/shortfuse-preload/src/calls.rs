@@ -1279,6 +1279,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn magic_links_name_descriptors() {
+        assert_eq!(magic_link(b"/proc/self/fd/3"), Some(3));
+        assert_eq!(magic_link(b"/dev/fd/12"), Some(12));
+        assert_eq!(magic_link(b"/proc/thread-self/fd/7"), Some(7));
+        for other in [
+            &b"/proc/self/fd/"[..],
+            b"/proc/self/fd/3/x",
+            b"/proc/self/fdinfo/3",
+            b"/dev/fd/x",
+            b"/tmp/3",
+        ] {
+            assert_eq!(magic_link(other), None, "{}", String::from_utf8_lossy(other));
+        }
+        assert_eq!(magic_link(b"/proc/self/fd/99999999999"), None);
+    }
+
+    #[test]
     fn nested_descriptors_move_above_the_programs_numbers() {
         let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
         let fd = nested(

@@ -777,3 +777,91 @@ fn umask_and_setattr() {
     let loc = fx.vfs.chdir(&fx.target("d", false).unwrap()).unwrap();
     assert_eq!(loc.path(), b"/d");
 }
+
+#[test]
+fn an_entry_looked_up_again_after_expiry_stays_usable() {
+    let opts = MountOptions {
+        entry_timeout: Duration::from_millis(30),
+        attr_timeout: Duration::from_millis(30),
+        ..MountOptions::default()
+    };
+    let fx = fixture(opts);
+    fx.vfs.mkdir(&fx.target("d", false).unwrap(), 0o755).unwrap();
+    fx.write_file("d/f", b"kept");
+    std::thread::sleep(Duration::from_millis(60));
+    // The second LOOKUP of "d" hands out the same node: replacing the
+    // expired entry must not forget it (the file system would then answer
+    // ESTALE for "d" from then on).
+    assert_eq!(fx.read_file("d/f"), b"kept");
+    let Some((node, _)) = fx.target("d", false).unwrap().node else {
+        panic!("d vanished");
+    };
+    assert_eq!(fx.vfs.nlookup(node), Some(2));
+    fx.write_file("d/g", b"new");
+    assert_eq!(fx.read_file("d/g"), b"new");
+}
+
+#[test]
+fn a_read_only_mount_refuses_changes_after_the_other_checks() {
+    let fx = fx();
+    fx.write_file("f", b"data");
+    fx.vfs.mkdir(&fx.target("d", false).unwrap(), 0o755).unwrap();
+    fx.vfs.set_read_only(true);
+    let t = |p: &str| fx.target(p, false).unwrap();
+    assert_eq!(fx.read_file("f"), b"data");
+    assert_eq!(fx.open("f", libc::O_WRONLY, 0).err(), Some(Errno::EROFS));
+    assert_eq!(
+        fx.open("f", libc::O_RDONLY | libc::O_TRUNC, 0).err(),
+        Some(Errno::EROFS)
+    );
+    assert_eq!(
+        fx.open("g", libc::O_CREAT | libc::O_WRONLY, 0o644).err(),
+        Some(Errno::EROFS)
+    );
+    assert_eq!(fx.vfs.mkdir(&t("e"), 0o755).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.mkdir(&t("d"), 0o755).err(), Some(Errno::EEXIST));
+    assert_eq!(fx.vfs.unlink(&t("missing")).err(), Some(Errno::ENOENT));
+    assert_eq!(fx.vfs.unlink(&t("f")).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.rmdir(&t("d")).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.rename(&t("f"), &t("h"), 0).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.symlink(b"f", &t("l")).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.truncate(&t("f"), 0).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.access(&t("f"), libc::W_OK).err(), Some(Errno::EROFS));
+    assert_eq!(fx.vfs.access(&t("f"), libc::R_OK), Ok(()));
+    fx.vfs.set_read_only(false);
+    assert_eq!(fx.vfs.unlink(&t("f")), Ok(()));
+}
+
+#[test]
+fn rename_flags_and_mkdir_modes_as_the_kernel_checks_them() {
+    let fx = fx();
+    fx.write_file("a", b"1");
+    fx.write_file("b", b"2");
+    let t = |p: &str| fx.target(p, false).unwrap();
+    let both = libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE;
+    assert_eq!(fx.vfs.rename(&t("a"), &t("b"), both).err(), Some(Errno::EINVAL));
+    assert_eq!(fx.vfs.rename(&t("a"), &t("b"), 1 << 7).err(), Some(Errno::EINVAL));
+    assert_eq!(fx.vfs.rename(&t("a"), &t("b"), libc::RENAME_EXCHANGE), Ok(()));
+    assert_eq!(fx.read_file("a"), b"2");
+    // mkdir keeps the permission bits and the sticky bit, never set-id bits.
+    let a = fx.vfs.mkdir(&t("d"), 0o6777).unwrap();
+    assert_eq!(a.mode & 0o7777, 0o755);
+    let a = fx.vfs.mkdir(&t("s"), 0o1777).unwrap();
+    assert_eq!(a.mode & 0o7777, 0o1755);
+}
+
+#[test]
+fn open_files_remember_their_path_and_offset() {
+    let fx = fx();
+    fx.vfs.mkdir(&fx.target("d", false).unwrap(), 0o755).unwrap();
+    fx.write_file("d/f", b"0123456789");
+    assert_eq!(fx.target("d/f", true).unwrap().path(), b"/d/f");
+    assert_eq!(fx.target("d/..", true).unwrap().path(), b"/");
+    let f = fx.open("d/./f", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(f.path(), b"/d/f");
+    let mut buf = [0u8; 4];
+    assert_eq!(f.read(&mut buf), Ok(4));
+    assert_eq!(f.offset(), 4);
+    let d = fx.open("d", libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
+    assert_eq!(d.path(), b"/d");
+}
