@@ -231,26 +231,40 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
             return r;
         }
     }
-    if let Some(r) = serve(nr, a, true) {
+    if let Some(r) = serve(nr, a, None) {
         return r;
     }
     sys::raw6(nr, a)
 }
 
 /// Serves a file call on the mounts: None sends it to the kernel.
-/// `block_signals`: block asynchronous signals meanwhile (the SIGSYS
-/// handler's mask already does).
-pub(crate) fn serve(nr: i64, a: [i64; 6], block_signals: bool) -> Option<i64> {
+/// `frame_mask`: None from the zpoline entry (asynchronous signals are
+/// blocked here meanwhile); from the SIGSYS handler, the program's mask in
+/// the signal frame (the handler's own mask already blocks them).
+///
+/// exec is the exception: the new image inherits the signal mask, so
+/// execve/execveat are served with the program's mask and selector. A
+/// handler that interrupts them finds `in_hook` set and reaches the kernel.
+pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
     if !calls::is_file_call(nr) || !ACTIVE.load(Ordering::Acquire) {
         return None;
     }
     let t = sys::thread();
     // A vfork child shares our memory: it must not change our tables.
-    if t.vforked.load(Ordering::Relaxed) != 0 || t.in_hook.swap(true, Ordering::Relaxed) {
+    if t.vforked.load(Ordering::Relaxed) != 0 || t.in_hook.load(Ordering::Relaxed) {
         return None;
     }
+    if matches!(nr, libc::SYS_execve | libc::SYS_execveat) {
+        t.in_hook.store(true, Ordering::Relaxed);
+        if let Some(m) = frame_mask {
+            sud::program_mask(m);
+        }
+        let r = calls::dispatch(nr, a);
+        t.in_hook.store(false, Ordering::Relaxed);
+        return r;
+    }
     let mut old_mask = 0u64;
-    if block_signals {
+    if frame_mask.is_none() {
         let block = sud::ASYNC_MASK;
         sys::raw(
             libc::SYS_rt_sigprocmask,
@@ -262,10 +276,15 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], block_signals: bool) -> Option<i64> {
             0,
         );
     }
+    // Only now: a handler that ran before the mask went on was not inside.
+    t.in_hook.store(true, Ordering::Relaxed);
     let selector = t.selector.swap(sys::ALLOW, Ordering::SeqCst);
     let r = calls::dispatch(nr, a);
     t.selector.store(selector, Ordering::SeqCst);
-    if block_signals {
+    // Last: a signal pending meanwhile is delivered as the mask comes off,
+    // and its handler's file calls must find us out of the hook.
+    t.in_hook.store(false, Ordering::Relaxed);
+    if frame_mask.is_none() {
         sys::raw(
             libc::SYS_rt_sigprocmask,
             libc::SIG_SETMASK as i64,
@@ -276,6 +295,5 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], block_signals: bool) -> Option<i64> {
             0,
         );
     }
-    t.in_hook.store(false, Ordering::Relaxed);
     r
 }

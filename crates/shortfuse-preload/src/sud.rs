@@ -275,7 +275,7 @@ fn with_mask(frame_mask: Option<&mut u64>, f: impl FnOnce() -> i64) -> i64 {
 
 /// Selector back to BLOCK, then the program's mask: from here on a signal
 /// handler of the program may run, and its calls are intercepted.
-fn program_mask(m: u64) {
+pub fn program_mask(m: u64) {
     thread().selector.store(BLOCK, Ordering::SeqCst);
     let set = m & !SIGSYS_BIT;
     raw(
@@ -337,7 +337,7 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
     let mask = unsafe { &mut *(&mut uc.uc_sigmask as *mut libc::sigset_t as *mut u64) };
     let r = match signal_call(nr, a, Some(&mut *mask)) {
         Some(r) => r,
-        None => match crate::serve(nr, a, false) {
+        None => match crate::serve(nr, a, Some(*mask)) {
             Some(r) => r,
             None => {
                 program_mask(*mask);

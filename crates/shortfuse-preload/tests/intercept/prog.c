@@ -1,0 +1,299 @@
+/* Interception checks, one per subcommand: prog CMD MOUNTPOINT [ARGS]. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+static const char *mp;
+
+static char *at(const char *rel) {
+    /* Per thread: the workers build paths at the same time. */
+    static __thread char bufs[8][512];
+    static __thread int i;
+    char *b = bufs[i++ % 8];
+    snprintf(b, 512, "%s/%s", mp, rel);
+    return b;
+}
+
+static void put(const char *rel, const char *data) {
+    int fd = open(at(rel), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, data, strlen(data)) != (ssize_t)strlen(data)) {
+        printf("put %s failed: %s\n", rel, strerror(errno));
+        exit(1);
+    }
+    close(fd);
+}
+
+static int cmp(const void *a, const void *b) { return strcmp(*(char **)a, *(char **)b); }
+
+static void list(const char *rel) {
+    DIR *d = opendir(at(rel));
+    if (!d) {
+        printf("opendir %s: %s\n", rel, strerror(errno));
+        return;
+    }
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) names[n++] = strdup(e->d_name);
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp);
+    printf("ls %s:", rel);
+    for (int i = 0; i < n; i++) printf(" %s", names[i]);
+    printf("\n");
+}
+
+static int ops(void) {
+    char buf[64];
+    struct stat st;
+    printf("mkdir %d\n", mkdir(at("dir"), 0755));
+    int r = mkdir(at("dir"), 0755);
+    printf("mkdir again %d %s\n", r, strerror(errno));
+    int fd = open(at("dir/file"), O_CREAT | O_RDWR | O_TRUNC, 0644);
+    printf("open %d\n", fd >= 0);
+    printf("write %zd\n", write(fd, "abcdefghij", 10));
+    printf("lseek %ld\n", (long)lseek(fd, 2, SEEK_SET));
+    ssize_t n = read(fd, buf, 4);
+    printf("read %zd %.*s\n", n, (int)n, buf);
+    int fd2 = dup(fd);
+    lseek(fd2, 1, SEEK_SET);
+    printf("dup shares offset %ld\n", (long)lseek(fd, 0, SEEK_CUR));
+    printf("pwrite %zd\n", pwrite(fd, "XY", 2, 8));
+    fstat(fd, &st);
+    printf("fstat %ld %o\n", (long)st.st_size, st.st_mode & 07777);
+    close(fd2);
+    close(fd);
+    printf("rename %d\n", rename(at("dir/file"), at("dir/file2")));
+    r = stat(at("dir/file"), &st);
+    printf("stat old %d %s\n", r, strerror(errno));
+    stat(at("dir/file2"), &st);
+    printf("stat new %ld\n", (long)st.st_size);
+    FILE *f = fopen(at("dir/file2"), "r");
+    printf("fgets %s\n", fgets(buf, sizeof buf, f));
+    fclose(f);
+    put("dir/other", "x");
+    list("dir");
+    printf("chdir %d\n", chdir(at("dir")));
+    printf("relative %d\n", access("file2", R_OK));
+    printf("unlink %d\n", unlink("file2"));
+    printf("unlink %d\n", unlink(at("dir/other")));
+    chdir("/");
+    printf("rmdir %d\n", rmdir(at("dir")));
+    list(".");
+    r = open(at("nope/x"), O_RDONLY);
+    printf("open missing %d %s\n", r, strerror(errno));
+    return 0;
+}
+
+/* A library loaded now issues raw system calls on the mount. */
+static int dl(const char *lib) {
+    put("secret", "only-in-the-mount");
+    void *h = dlopen(lib, RTLD_NOW);
+    if (!h) {
+        printf("dlopen: %s\n", dlerror());
+        return 1;
+    }
+    long (*rs)(long, long, long, long) = dlsym(h, "raw_syscall");
+    unsigned char *site = dlsym(h, "raw_site");
+    printf("site before %02x%02x\n", site[0], site[1]);
+    for (int round = 0; round < 2; round++) {
+        char buf[64] = {0};
+        long fd = rs(SYS_openat, AT_FDCWD, (long)at("secret"), O_RDONLY);
+        long n = fd < 0 ? fd : rs(SYS_read, fd, (long)buf, sizeof buf - 1);
+        if (fd >= 0) rs(SYS_close, fd, 0, 0);
+        printf("raw read %ld %s\n", n, buf);
+        printf("site after %02x%02x\n", site[0], site[1]);
+    }
+    return 0;
+}
+
+static int wait_code(pid_t pid) {
+    int st;
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* posix_spawn (clone with CLONE_VM|CLONE_VFORK on a new stack), vfork,
+ * fork; the parent's mount descriptor survives the child's close. */
+static int spawn(void) {
+    put("f", "data");
+    int fd = open(at("f"), O_RDONLY);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addclose(&fa, fd);
+    char *argv[] = {"sh", "-c", "exit 7", NULL};
+    pid_t pid;
+    int r = posix_spawn(&pid, "/bin/sh", &fa, NULL, argv, environ);
+    printf("posix_spawn %d exit %d\n", r, r ? -1 : wait_code(pid));
+    pid = vfork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", "exit 5", (char *)NULL);
+        _exit(127);
+    }
+    printf("vfork exec exit %d\n", wait_code(pid));
+    pid = vfork();
+    if (pid == 0) _exit(3);
+    printf("vfork _exit %d\n", wait_code(pid));
+    printf("system %d\n", WEXITSTATUS(system("exit 4")));
+    char buf[16] = {0};
+    printf("parent read %zd %s\n", read(fd, buf, sizeof buf - 1), buf);
+    pid = fork();
+    if (pid == 0) {
+        char b[8];
+        _exit(pread(fd, b, 4, 0) == 4 && !memcmp(b, "data", 4) ? 9 : 1);
+    }
+    printf("fork child read exit %d\n", wait_code(pid));
+    return 0;
+}
+
+static void *worker(void *arg) {
+    long id = (long)arg;
+    char name[32], want[64], got[64] = {0};
+    snprintf(name, sizeof name, "t%ld", id);
+    snprintf(want, sizeof want, "thread %ld was here", id);
+    for (int i = 0; i < 50; i++) {
+        put(name, want);
+        int fd = open(at(name), O_RDONLY);
+        ssize_t n = read(fd, got, sizeof got - 1);
+        close(fd);
+        if (n != (ssize_t)strlen(want) || memcmp(got, want, n)) return (void *)1;
+    }
+    return NULL;
+}
+
+static int threads(void) {
+    pthread_t t[8];
+    for (long i = 0; i < 8; i++) pthread_create(&t[i], NULL, worker, (void *)i);
+    int bad = 0;
+    for (int i = 0; i < 8; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        bad += r != NULL;
+    }
+    list(".");
+    printf("threads bad %d\n", bad);
+    return 0;
+}
+
+static volatile sig_atomic_t handled, bad_in_handler;
+
+static void on_alarm(int sig) {
+    (void)sig;
+    int saved = errno;
+    char buf[16] = {0};
+    int fd = open(at("sig"), O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0) close(fd);
+    if (n == 7 && !memcmp(buf, "sigdata", 7))
+        handled++;
+    else
+        bad_in_handler++;
+    errno = saved;
+}
+
+/* A signal handler doing file calls on the mount while the interrupted
+ * thread keeps issuing file calls on it. */
+static int signals(void) {
+    put("sig", "sigdata");
+    put("main", "maindata");
+    struct sigaction sa = {0};
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask); /* SIGSYS must stay deliverable regardless */
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it = {{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int bad = 0, loops = 0;
+    do {
+        struct stat st;
+        char buf[16] = {0};
+        if (stat(at("main"), &st) || st.st_size != 8) bad++;
+        int fd = open(at("main"), O_RDONLY);
+        if (read(fd, buf, sizeof buf - 1) != 8) bad++;
+        close(fd);
+        loops++;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 400000000L || handled < 20);
+    struct itimerval off = {0};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("signals handled>=20 %d bad %d in handler %d\n", handled >= 20, bad, (int)bad_in_handler);
+    return 0;
+}
+
+/* Vector and argument registers survive a served call. */
+static int regs(void) {
+    put("r", "0123456789abcdef");
+    int fd = open(at("r"), O_RDONLY);
+    unsigned char in[256], out[256], buf[16];
+    for (int i = 0; i < 256; i++) in[i] = (unsigned char)(i * 7 + 1);
+    register long r10 __asm__("r10") = 0;
+    register long r8 __asm__("r8") = 0x1111;
+    register long r9 __asm__("r9") = 0x2222;
+    long rdi = fd, rsi = (long)buf, rdx = 16, rax = SYS_pread64;
+    __asm__ volatile("movdqu 0(%[in]), %%xmm0\n movdqu 16(%[in]), %%xmm1\n movdqu 32(%[in]), %%xmm2\n"
+                     "movdqu 48(%[in]), %%xmm3\n movdqu 64(%[in]), %%xmm4\n movdqu 80(%[in]), %%xmm5\n"
+                     "movdqu 96(%[in]), %%xmm6\n movdqu 112(%[in]), %%xmm7\n movdqu 128(%[in]), %%xmm8\n"
+                     "movdqu 144(%[in]), %%xmm9\n movdqu 160(%[in]), %%xmm10\n movdqu 176(%[in]), %%xmm11\n"
+                     "movdqu 192(%[in]), %%xmm12\n movdqu 208(%[in]), %%xmm13\n movdqu 224(%[in]), %%xmm14\n"
+                     "movdqu 240(%[in]), %%xmm15\n"
+                     "syscall\n"
+                     "movdqu %%xmm0, 0(%[out])\n movdqu %%xmm1, 16(%[out])\n movdqu %%xmm2, 32(%[out])\n"
+                     "movdqu %%xmm3, 48(%[out])\n movdqu %%xmm4, 64(%[out])\n movdqu %%xmm5, 80(%[out])\n"
+                     "movdqu %%xmm6, 96(%[out])\n movdqu %%xmm7, 112(%[out])\n movdqu %%xmm8, 128(%[out])\n"
+                     "movdqu %%xmm9, 144(%[out])\n movdqu %%xmm10, 160(%[out])\n movdqu %%xmm11, 176(%[out])\n"
+                     "movdqu %%xmm12, 192(%[out])\n movdqu %%xmm13, 208(%[out])\n movdqu %%xmm14, 224(%[out])\n"
+                     "movdqu %%xmm15, 240(%[out])\n"
+                     : "+a"(rax), "+D"(rdi), "+S"(rsi), "+d"(rdx), "+r"(r10), "+r"(r8), "+r"(r9)
+                     : [in] "b"(in), [out] "r"(out)
+                     : "rcx", "r11", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+                       "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
+    /* Register variables hold only across asm operands: copy them first. */
+    int kept = rdi == fd && rsi == (long)buf && rdx == 16 && r10 == 0 && r8 == 0x1111 && r9 == 0x2222;
+    printf("pread %ld %.16s\n", rax, buf);
+    printf("args kept %d\n", kept);
+    printf("vector kept %d\n", !memcmp(in, out, sizeof in));
+    return 0;
+}
+
+/* Not a test: prints ns per getpid, for the report. */
+static int bench(void) {
+    struct timespec a, b;
+    long n = 2000000;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) syscall(SYS_getpid);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n;
+    printf("getpid %.1f ns\n", ns);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    mp = argv[2];
+    const char *c = argv[1];
+    if (!strcmp(c, "ops")) return ops();
+    if (!strcmp(c, "dlopen") && argc > 3) return dl(argv[3]);
+    if (!strcmp(c, "spawn")) return spawn();
+    if (!strcmp(c, "threads")) return threads();
+    if (!strcmp(c, "signals")) return signals();
+    if (!strcmp(c, "regs")) return regs();
+    if (!strcmp(c, "bench")) return bench();
+    return 2;
+}
