@@ -23,8 +23,9 @@
 //! mount through `..` or a symbolic link).
 //!
 //! Re-entry and signals. While a call is served, asynchronous signals are
-//! blocked (two rt_sigprocmask calls per file call in the zpoline path; free
-//! in the SIGSYS path, where the handler's mask does it) and a per-thread
+//! blocked (in the zpoline path two rt_sigprocmask calls per file call, paid
+//! only once the program has installed a handler for an asynchronous signal;
+//! free in the SIGSYS path, where the handler's mask does it) and a per-thread
 //! flag sends the file system's own system calls to the kernel. A program's
 //! signal handler therefore never runs inside the hook: it runs when the
 //! served call returns, and its file calls on the mount are served like any
@@ -136,7 +137,8 @@ fn mark_slow_calls() {
             sys::set_slow(nr);
         }
     }
-    for nr in [15, 56, 57, 58, 435] {
+    // rt_sigaction: to know whether the program has signal handlers.
+    for nr in [13, 15, 56, 57, 58, 435] {
         sys::set_slow(nr);
     }
 }
@@ -226,6 +228,9 @@ static INIT: extern "C" fn() = init;
 #[no_mangle]
 pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64, nr: i64) -> i64 {
     let a = [a1, a2, a3, a4, a5, a6];
+    if nr == libc::SYS_rt_sigaction && !sud::on() {
+        sud::note_sigaction(a1, a2);
+    }
     if sud::on() && sys::thread().vforked.load(Ordering::Relaxed) == 0 {
         if let Some(r) = sud::signal_call(nr, a, None) {
             return r;
@@ -264,12 +269,13 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
         return r;
     }
     let mut old_mask = 0u64;
-    if frame_mask.is_none() {
-        let block = sud::ASYNC_MASK;
+    let block = frame_mask.is_none() && sud::handlers_installed();
+    if block {
+        let all = sud::ASYNC_MASK;
         sys::raw(
             libc::SYS_rt_sigprocmask,
             libc::SIG_BLOCK as i64,
-            &block as *const u64 as i64,
+            &all as *const u64 as i64,
             &mut old_mask as *mut u64 as i64,
             8,
             0,
@@ -284,7 +290,7 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     // Last: a signal pending meanwhile is delivered as the mask comes off,
     // and its handler's file calls must find us out of the hook.
     t.in_hook.store(false, Ordering::Relaxed);
-    if frame_mask.is_none() {
+    if block {
         sys::raw(
             libc::SYS_rt_sigprocmask,
             libc::SIG_SETMASK as i64,
