@@ -15,6 +15,7 @@ declare -A CMD_PKG=(
     [fio]=fio
     [bindfs]=bindfs
     [sshd]=openssh-server
+    [sshfs]=sshfs
     [setfattr]=attr
     [pkg-config]=pkg-config
     [cc]=build-essential

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cleanup;
+use crate::sshd::Sshd;
 
 /// How one configuration gets its directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +30,11 @@ pub enum Kind {
     /// inside that process). Only suites that know how to start such a
     /// worker run here (`latency`); see [`preload_worker`].
     Preload,
+    /// `shortfuse mount sftp` of a loopback sshd serving the source
+    /// directory (see [`crate::sshd`]).
+    Sftp,
+    /// Debian's sshfs, on the same kind of server.
+    Sshfs,
 }
 
 /// A named configuration.
@@ -84,6 +90,14 @@ impl Config {
                 name: "preload".into(),
                 kind: Kind::Preload,
             },
+            Config {
+                name: "sftp".into(),
+                kind: Kind::Sftp,
+            },
+            Config {
+                name: "sshfs".into(),
+                kind: Kind::Sshfs,
+            },
         ]
     }
 
@@ -91,11 +105,14 @@ impl Config {
     /// compares the two transports (empty operations on `null`, files on
     /// `passthrough`), `data` compares kernel passthrough with the same file
     /// system without maps, the others take every configuration holding
-    /// files except the seed-004 uring-passthrough pairing.
+    /// files except the seed-004 uring-passthrough pairing and the network
+    /// rows; `thesis` is seed 000's comparison (native, dev, and the two
+    /// SFTP clients).
     pub fn defaults(suite: &str) -> Vec<Config> {
         let names: &[&str] = match suite {
             "transport" => &["native", "dev", "uring", "null-dev", "null-uring"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
+            "thesis" => &["native", "dev", "sftp", "sshfs"],
             "latency" => &[
                 "native",
                 "preload",
@@ -166,6 +183,8 @@ pub struct Prepared {
     mountpoint: Option<PathBuf>,
     uring: bool,
     preload: bool,
+    /// The loopback sshd of a network row, stopped after the unmount.
+    server: Option<Sshd>,
 }
 
 /// How to run a workload on a `preload` configuration's directory.
@@ -219,6 +238,7 @@ impl Drop for Prepared {
             unmount(&mnt);
             cleanup::forget(&mnt);
         }
+        drop(self.server.take());
         let _ = std::fs::remove_dir_all(&self.root);
         cleanup::forget_scratch(&self.root);
     }
@@ -310,6 +330,12 @@ fn transport_counts(env: &Env, mnt: &Path) -> Result<(u64, u64), String> {
     Ok((count("dev")?, count("uring")?))
 }
 
+/// `name` in a directory of $PATH.
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
 /// Builds libfuse's passthrough_ll from the sources shipped in
 /// libfuse3-dev (once per work directory).
 fn passthrough_ll(env: &Env) -> Result<PathBuf, String> {
@@ -353,6 +379,7 @@ impl Config {
             mountpoint: None,
             uring: self.wants_uring(),
             preload: false,
+            server: None,
         };
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
@@ -402,6 +429,33 @@ impl Config {
             Kind::Bindfs { args } => {
                 let mut c = Command::new("bindfs");
                 c.args(args).arg(&src).arg(&mnt);
+                c
+            }
+            Kind::Sftp | Kind::Sshfs => {
+                let client = if self.kind == Kind::Sshfs {
+                    find_in_path("sshfs").ok_or("sshfs is not installed (apt-get install sshfs)")?
+                } else {
+                    env.shortfuse_bin.clone()
+                };
+                let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
+                let opts = format!(
+                    "port={},IdentityFile={},UserKnownHostsFile={},StrictHostKeyChecking=yes",
+                    server.port,
+                    server.client_key().display(),
+                    server.known_hosts().display()
+                );
+                let mut c = Command::new(client);
+                if self.kind == Kind::Sftp {
+                    c.args(["mount", "sftp"]);
+                }
+                c.arg(server.target()).arg(&mnt).args(["-o", &opts]);
+                if self.kind == Kind::Sftp {
+                    c.args(["--transport", "dev"]);
+                } else {
+                    // No terminal to ask for a password on.
+                    c.args(["-o", "BatchMode=yes"]);
+                }
+                prepared.server = Some(server);
                 c
             }
             Kind::PassthroughLl => {

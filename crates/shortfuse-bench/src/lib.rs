@@ -20,6 +20,7 @@ pub mod plot;
 pub mod report;
 mod samples;
 pub mod scale;
+pub mod sshd;
 mod sys;
 pub mod table2;
 pub mod thesis;

@@ -77,10 +77,12 @@ pub struct Comparison {
 /// The pairings the issues ask about, kept when one of their pairs has both
 /// configurations in `results`: the two transports against each other
 /// (issue 3), and kernel passthrough against native (the main table) and
-/// against the same file system without maps, plain `dev` (issue 4).
+/// against the same file system without maps, plain `dev` (issue 4), and
+/// shortfuse's SFTP client against the kernel-FUSE sshfs on the same kind
+/// of loopback server (seed 000's comparison, issue 8).
 pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
     let has = |c: &str| results.iter().any(|r| r.config == c);
-    let candidates: [(&str, &[(&str, &str)]); 4] = [
+    let candidates: [(&str, &[(&str, &str)]); 5] = [
         ("uring vs dev", &[("null-uring", "null-dev"), ("uring", "dev")]),
         ("dev-passthrough vs dev (no maps)", &[("dev-passthrough", "dev")]),
         ("uring-passthrough vs dev (no maps)", &[("uring-passthrough", "dev")]),
@@ -88,6 +90,7 @@ pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
             "uring-passthrough vs dev-passthrough",
             &[("uring-passthrough", "dev-passthrough")],
         ),
+        ("sftp vs sshfs", &[("sftp", "sshfs")]),
     ];
     candidates
         .iter()
