@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -227,14 +228,19 @@ def test_programs_that_never_touch_the_mount_run_unchanged(shortfuse, scratch):
     src = scratch / "src"
     src.mkdir()
     mounts = [f"{scratch}/m=mem", f"{scratch}/p=passthrough:{src}"]
+    def low_limit():
+        # Below the hard limit: the in-process passthrough must not raise it for the program.
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(512, hard), hard))
+
     for argv in (
-        ["sh", "-c", "echo hi; ls / >/dev/null; umask; exit 3"],
+        ["sh", "-c", "echo hi; ls / >/dev/null; umask; ulimit -Sn; exit 3"],
         ["bash", "-c", "cd /; pwd; ulimit -n; for i in 1 2 3; do echo $i; done | sort -r; exit 5"],
         [sys.executable, "-c", "import os,sys; print(os.getcwd(), sorted(os.listdir('/etc'))[:3]); sys.exit(4)"],
         ["ls", "/nonexistent"],
     ):
-        n = run(argv, cwd=str(scratch))
-        s = under(shortfuse, mounts, argv, cwd=str(scratch))
+        n = run(argv, cwd=str(scratch), preexec_fn=low_limit)
+        s = under(shortfuse, mounts, argv, cwd=str(scratch), preexec_fn=low_limit)
         assert (s.returncode, output(s, "")) == (n.returncode, output(n, "")), argv
 
 

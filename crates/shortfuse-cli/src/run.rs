@@ -171,9 +171,22 @@ fn check_fs(spec: &MountSpec) -> Result<(), String> {
     }
     let run = spec.run_options()?;
     let mut scratch = MountOptions::default();
-    filesystems::build(&spec.fs, spec.source.as_deref().map(Path::new), &run.fs, &mut scratch)
+    // Building a passthrough raises RLIMIT_NOFILE (as a daemon wants); the
+    // program must start with the limit it was given.
+    let mut saved = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `saved` is a valid out-pointer for getrlimit.
+    let have = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut saved) } == 0;
+    let built = filesystems::build(&spec.fs, spec.source.as_deref().map(Path::new), &run.fs, &mut scratch)
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string());
+    if have {
+        // SAFETY: `saved` is a valid in-pointer; lowering a limit needs no privilege.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &saved) };
+    }
+    built
 }
 
 /// `libshortfuse_preload.so` next to this binary.

@@ -39,8 +39,28 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
 
 /// Builds one mount; `i` numbers it for its device number.
 fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs, String> {
-    let run = spec.run_options()?;
-    let fs = build_fs(spec, &run.fs)?;
+    let mut run = spec.run_options()?;
+    // The passthrough raises RLIMIT_NOFILE as a daemon would and holds
+    // inode descriptors up to half of it. In process the limit is the
+    // program's: keep it as it was, and the inode descriptors to a quarter.
+    let saved = nofile();
+    if spec.fs == "passthrough" && !run.fs.iter().any(|(k, _)| k == "path_fds") {
+        let quarter = saved.map_or(256, |l| (l[0] / 4).max(16));
+        run.fs.push(("path_fds".into(), Some(quarter.to_string())));
+    }
+    let fs = build_fs(spec, &run.fs);
+    if let Some(l) = saved {
+        sys::raw(
+            libc::SYS_prlimit64,
+            0,
+            i64::from(libc::RLIMIT_NOFILE as i32),
+            l.as_ptr() as i64,
+            0,
+            0,
+            0,
+        );
+    }
+    let fs = fs?;
     let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
     // A device number no disk uses: major 0 is for anonymous devices.
     let dev = 0xf5_0000 + i as u64;
@@ -55,6 +75,21 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         }
     }
     Ok(vfs)
+}
+
+/// RLIMIT_NOFILE (soft, hard).
+fn nofile() -> Option<[u64; 2]> {
+    let mut l = [0u64; 2];
+    let r = sys::raw(
+        libc::SYS_prlimit64,
+        0,
+        i64::from(libc::RLIMIT_NOFILE as i32),
+        0,
+        l.as_mut_ptr() as i64,
+        0,
+        0,
+    );
+    (r == 0).then_some(l)
 }
 
 pub(crate) fn build(spec: &str) -> Result<State, String> {
