@@ -270,7 +270,8 @@ pub fn is_mounted(mnt: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+/// Runs `cmd` to completion; an error carries its stderr.
+pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd
         .stdin(Stdio::null())
         .output()

@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cleanup;
+use crate::config::run;
 
 const SSHD: &str = "/usr/sbin/sshd";
 const UNSHARE: &str = "/usr/bin/unshare";
@@ -32,22 +33,6 @@ pub struct Sshd {
     launcher: Option<Child>,
     /// The server as seen from here (the launcher's only child).
     server: Option<u32>,
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(format!(
-        "{:?} failed ({}): {}",
-        cmd.get_program(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    ))
 }
 
 fn free_port() -> Result<u16, String> {
