@@ -112,9 +112,10 @@ fn mode() -> Mode {
     }
 }
 
-/// Whether the parent process runs the shim too: it has already said what
-/// this process would say about page 0 (the setting is system-wide).
-fn parent_has_shim(text: Option<(usize, usize)>) -> bool {
+/// Whether the parent process runs the shim without its page 0: it has
+/// already said what this process would say (so a shell script warns once,
+/// not once per command).
+fn parent_fell_back(text: Option<(usize, usize)>) -> bool {
     let Some((start, _)) = text else { return false };
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return false;
@@ -127,7 +128,8 @@ fn parent_has_shim(text: Option<(usize, usize)>) -> bool {
         return false;
     };
     let ppid = std::os::unix::process::parent_id();
-    std::fs::read_to_string(format!("/proc/{ppid}/maps")).is_ok_and(|m| m.contains(own))
+    std::fs::read_to_string(format!("/proc/{ppid}/maps"))
+        .is_ok_and(|m| m.contains(own) && !m.lines().any(|l| l.starts_with("00000000-")))
 }
 
 /// Numbers the entry hands to the hook: file calls and the clone family.
@@ -173,7 +175,7 @@ extern "C" fn init() {
                 }
             }
             Err(zpoline::SetupError::Page0(errno)) if mode == Mode::Both => {
-                if !parent_has_shim(text) {
+                if !parent_fell_back(text) {
                     eprintln!(
                         "shortfuse-preload: cannot map the trampoline at address 0 (errno {errno}; vm.mmap_min_addr \
                          is not 0): running with Syscall User Dispatch alone (a signal per system call)"

@@ -6,7 +6,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
+
+/// Shared by every run that needs page 0; taken exclusively by the test
+/// that takes page 0 away for a moment.
+static PAGE_ZERO: RwLock<()> = RwLock::new(());
 
 fn shim() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -74,6 +78,7 @@ fn mountpoint(name: &str) -> String {
 /// under the shim with DIR a mem mount and `SHORTFUSE_INTERCEPT=mode`
 /// ("" for the default). Killed after 60 s, so that a hang fails.
 fn prog(mode: Option<&str>, cmd: &str, dir: &str, args: &[&str]) -> Output {
+    let _page0 = PAGE_ZERO.read().unwrap_or_else(|e| e.into_inner());
     let mut c = Command::new("timeout");
     c.args(["-s", "KILL", "60"])
         .arg(programs().join("prog"))
@@ -213,6 +218,7 @@ fn python_gives_the_same_results_with_dispatch_alone() {
     let script = real.join("t.py");
     std::fs::write(&script, PY).unwrap();
     let run = |mode: Option<&str>, dir: &str| {
+        let _page0 = PAGE_ZERO.read().unwrap_or_else(|e| e.into_inner());
         let mut c = Command::new("timeout");
         c.args(["-s", "KILL", "120", "python3"]).arg(&script).arg(dir);
         if let Some(m) = mode {
@@ -233,4 +239,51 @@ fn python_gives_the_same_results_with_dispatch_alone() {
     assert_eq!(zp, native);
     assert_eq!(sud, zp);
     std::fs::remove_dir_all(&real).unwrap();
+}
+
+/// Puts vm.mmap_min_addr back when dropped, also on a failed assertion.
+struct MinAddr(String);
+
+impl Drop for MinAddr {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/vm/mmap_min_addr", &self.0);
+    }
+}
+
+/// Without page 0 the default mode falls back to Syscall User Dispatch
+/// alone, still serves the mount, and says so once for the process tree.
+/// CAP_SYS_RAWIO lets root map below vm.mmap_min_addr: the shell runs
+/// without it.
+#[test]
+fn without_page_zero_dispatch_alone_serves_and_says_so_once() {
+    let _only_us = PAGE_ZERO.write().unwrap_or_else(|e| e.into_inner());
+    let knob = "/proc/sys/vm/mmap_min_addr";
+    let _restore = MinAddr(std::fs::read_to_string(knob).unwrap().trim().to_string());
+    std::fs::write(knob, "65536").expect("setting vm.mmap_min_addr needs root");
+    let mp = mountpoint("nopage0");
+    // dash runs the redirections and `read` itself: served in its process;
+    // /bin/true is a child that loads the shim again.
+    let script = format!("echo served > {mp}/f; read x < {mp}/f; /bin/true; echo $x");
+    let o = Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "60",
+            "setpriv",
+            "--bounding-set",
+            "-sys_rawio",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("SHORTFUSE_MOUNTS", format!("{mp}=mem"))
+        .env("LD_PRELOAD", shim())
+        .env_remove("SHORTFUSE_INTERCEPT")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?} {err}", o.status);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "served\n");
+    assert_eq!(err.matches("Syscall User Dispatch alone").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
