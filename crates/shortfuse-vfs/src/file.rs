@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shortfuse::{Attr, Errno, FileType, NodeId};
+use shortfuse_abi as abi;
 
 use crate::client::SetAttrIn;
 use crate::vfs::{Location, Target, Vfs};
@@ -43,6 +44,8 @@ pub struct OpenFile {
     /// The path below the mount point it was opened by (names may move
     /// later): what a descriptor handed over at exec reopens.
     path: Vec<u8>,
+    /// The file system answered the open with FOPEN_NOFLUSH: no FLUSH at close.
+    noflush: bool,
 }
 
 fn accmode(flags: i32) -> i32 {
@@ -88,6 +91,11 @@ impl OpenFile {
     /// The shared file offset (for directories, the READDIR cookie).
     pub fn offset(&self) -> u64 {
         self.pos().cookie
+    }
+
+    /// Whether closing a descriptor sends FLUSH (and so needs a lock owner).
+    pub fn needs_flush(&self) -> bool {
+        self.fh.is_some() && !self.noflush && self.kind != FileType::Directory
     }
 
     /// Whether this is an O_PATH descriptor (no FUSE open).
@@ -351,7 +359,7 @@ impl OpenFile {
     /// FLUSH: sent on every close of a descriptor. ENOSYS counts as success.
     pub fn flush(&self, lock_owner: u64) -> Result<(), Errno> {
         let Some(fh) = self.fh else { return Ok(()) };
-        if self.kind == FileType::Directory {
+        if !self.needs_flush() {
             return Ok(());
         }
         match self.vfs.client().flush(self.node, fh, lock_owner) {
@@ -393,6 +401,7 @@ impl Vfs {
             // TMPFILE is not in the trait: what the kernel answers for FUSE without it.
             return Err(Errno::EOPNOTSUPP);
         }
+        let mut noflush = false;
         let (node, attr, created_fh) = match t.node {
             Some((node, attr)) => {
                 if creat && excl && !path_only {
@@ -423,6 +432,7 @@ impl Vfs {
                 {
                     Ok((e, o)) => {
                         self.remember_created(parent, &name, &e);
+                        noflush = o.open_flags & abi::FOPEN_NOFLUSH != 0;
                         (e.node, e.attr, Some(o.fh))
                     }
                     Err(e) if e == Errno::ENOSYS => {
@@ -476,6 +486,7 @@ impl Vfs {
             if trunc {
                 self.invalidate_attr(node);
             }
+            noflush = o.open_flags & abi::FOPEN_NOFLUSH != 0;
             Some(o.fh)
         };
         self.pin(node);
@@ -491,6 +502,7 @@ impl Vfs {
             pos: Mutex::new(DirPos::default()),
             loc,
             path: t.path(),
+            noflush,
         }))
     }
 

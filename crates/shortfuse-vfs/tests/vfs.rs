@@ -865,3 +865,35 @@ fn open_files_remember_their_path_and_offset() {
     let d = fx.open("d", libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
     assert_eq!(d.path(), b"/d");
 }
+
+#[test]
+fn no_flush_for_opens_the_file_system_marks_noflush() {
+    let dir = std::env::temp_dir().join(format!("sfvfs-noflush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    let fs = Arc::new(shortfuse_fs::passthrough::PassthroughFs::new(&dir).unwrap());
+    let stats = Arc::new(Stats::new());
+    let backend = InProcess::new(fs, MountOptions::default(), stats.clone());
+    let vfs = Arc::new(Vfs::new(Box::new(backend), MP, 0x5f5f, Creds::default()).unwrap());
+    let fds = FdTable::new();
+    let t = match vfs
+        .walk(&Location::root(), b"f", WalkFlags { follow: true }, 0)
+        .unwrap()
+    {
+        Walk::Inside(t) => t,
+        Walk::Outside { .. } => panic!("left the mount"),
+    };
+    // passthrough answers read-only opens with FOPEN_NOFLUSH.
+    let r = vfs.open(&t, libc::O_RDONLY, 0).unwrap();
+    assert!(!r.needs_flush());
+    fds.insert(10, r, false);
+    assert_eq!(fds.close(10, 1), Some(Ok(())));
+    assert_eq!(count(&stats, abi::FUSE_FLUSH), 0);
+    let w = vfs.open(&t, libc::O_WRONLY, 0).unwrap();
+    assert!(w.needs_flush());
+    fds.insert(11, w, false);
+    assert_eq!(fds.close(11, 1), Some(Ok(())));
+    assert_eq!(count(&stats, abi::FUSE_FLUSH), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
