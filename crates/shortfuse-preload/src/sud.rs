@@ -15,9 +15,10 @@
 //! handler (its `sa_restorer` is ours) pass with the selector at BLOCK.
 //! But the file system serving a call uses libc (allocator, std::fs), whose
 //! calls come from libc's text: the selector is ALLOW while we serve, and
-//! asynchronous signals are blocked then (the handler's `sa_mask`, or an
-//! explicit mask in the zpoline path), so a program's signal handler never
-//! runs with the selector at ALLOW and escapes interception.
+//! asynchronous signals are blocked then (the handler's `sa_mask`, or in
+//! the zpoline path an explicit mask once the program has a handler), so a
+//! program's signal handler never runs with the selector at ALLOW and
+//! escapes interception.
 //!
 //! Keeping SIGSYS deliverable. A trap while SIGSYS is blocked kills the
 //! process, and the program's own handlers run with their `sa_mask`: so
@@ -162,16 +163,32 @@ pub fn handlers_installed() -> bool {
 /// Records the action an rt_sigaction call installs (`act`, the program's
 /// pointer, may be null).
 pub fn note_sigaction(sig: i64, act: i64) {
+    if act != 0 {
+        // SAFETY: the program's new action, as the kernel reads it.
+        note_handler(sig, unsafe { core::ptr::read_unaligned(act as *const u64) });
+    }
+}
+
+/// Seeds the record from the actions in place at start-up (a constructor
+/// that ran before ours may have installed handlers).
+pub fn scan_handlers() {
+    for sig in 1..=64 {
+        let mut old = KSigaction::default();
+        if raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) == 0 {
+            note_handler(sig, old.handler);
+        }
+    }
+}
+
+fn note_handler(sig: i64, handler: u64) {
     // glibc's SIGSETXID (33) handler only issues set*id calls.
-    if act == 0 || !(1..=64).contains(&sig) || sig == 33 {
+    if !(1..=64).contains(&sig) || sig == 33 {
         return;
     }
     let bit = 1u64 << (sig - 1);
     if bit & ASYNC_MASK == 0 {
         return;
     }
-    // SAFETY: the program's new action, as the kernel reads it.
-    let handler = unsafe { core::ptr::read_unaligned(act as *const u64) };
     if handler as usize == libc::SIG_DFL || handler as usize == libc::SIG_IGN {
         HANDLED.fetch_and(!bit, Ordering::Relaxed);
     } else {

@@ -253,7 +253,9 @@ impl Drop for MinAddr {
 /// Without page 0 the default mode falls back to Syscall User Dispatch
 /// alone, still serves the mount, and says so once for the process tree.
 /// CAP_SYS_RAWIO lets root map below vm.mmap_min_addr: the shell runs
-/// without it.
+/// without it. The knob is system-wide: another test run on the same
+/// machine that sets it back to 0 meanwhile (programs.rs does) makes this
+/// one see page 0 mapped and no warning.
 #[test]
 fn without_page_zero_dispatch_alone_serves_and_says_so_once() {
     let _only_us = PAGE_ZERO.write().unwrap_or_else(|e| e.into_inner());

@@ -190,12 +190,14 @@ static int threads(void) {
 }
 
 static volatile sig_atomic_t handled, bad_in_handler;
+/* Built before the handler is installed: at() is not async-signal-safe. */
+static char sig_path[512], main_path[512];
 
 static void on_alarm(int sig) {
     (void)sig;
     int saved = errno;
     char buf[16] = {0};
-    int fd = open(at("sig"), O_RDONLY);
+    int fd = open(sig_path, O_RDONLY);
     ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
     if (fd >= 0) close(fd);
     if (n == 7 && !memcmp(buf, "sigdata", 7))
@@ -210,6 +212,8 @@ static void on_alarm(int sig) {
 static int signals(void) {
     put("sig", "sigdata");
     put("main", "maindata");
+    snprintf(sig_path, sizeof sig_path, "%s", at("sig"));
+    snprintf(main_path, sizeof main_path, "%s", at("main"));
     struct sigaction sa = {0};
     sa.sa_handler = on_alarm;
     sa.sa_flags = SA_RESTART;
@@ -223,8 +227,8 @@ static int signals(void) {
     do {
         struct stat st;
         char buf[16] = {0};
-        if (stat(at("main"), &st) || st.st_size != 8) bad++;
-        int fd = open(at("main"), O_RDONLY);
+        if (stat(main_path, &st) || st.st_size != 8) bad++;
+        int fd = open(main_path, O_RDONLY);
         if (read(fd, buf, sizeof buf - 1) != 8) bad++;
         close(fd);
         loops++;
