@@ -9,7 +9,8 @@
 //! `SHORTFUSE_INTERCEPT` says:
 //!
 //! - `both` (default): every `syscall` instruction of the loaded objects
-//!   becomes a call into our hook ([`zpoline`], needs `vm.mmap_min_addr=0`),
+//!   becomes a call into our hook ([`zpoline`], needs `vm.mmap_min_addr=0`
+//!   or CAP_SYS_RAWIO, which root has),
 //!   and Syscall User Dispatch ([`sud`]) catches the rest (dlopen, JIT code,
 //!   skipped sites) and rewrites those sites lazily. Without page 0 it runs
 //!   with Syscall User Dispatch alone and says so once.
@@ -34,7 +35,9 @@
 //! unblocked: a bad pointer handed to a served call faults inside the hook,
 //! where a handler of the program that then touches the mount reaches the
 //! kernel instead. A served call that blocks (none does today: the file
-//! systems are in process) would delay signals until it returns.
+//! systems are in process) would delay signals until it returns. exec is
+//! served with the program's mask and selector, since the new image
+//! inherits them.
 //!
 //! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
 //! as under seccomp sandboxes); clone with a new stack returns on that stack;
@@ -58,7 +61,10 @@
 //! fallback to clone; threads created with CLONE_VM but without their own
 //! TLS (they would share our per-thread state); system-call numbers of 512
 //! and above (x32) in the zpoline path; the top 8 bytes of a red zone, which
-//! the `call *%rax` of a rewritten site overwrites (zpoline's own limit).
+//! the `call *%rax` of a rewritten site overwrites (zpoline's own limit);
+//! loading the shim later than start-up (dlopen): the assembly finds its
+//! per-thread state at a fixed offset from the thread pointer, which only
+//! holds for objects in the static TLS block.
 
 #![deny(unsafe_code)]
 
