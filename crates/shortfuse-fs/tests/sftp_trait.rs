@@ -415,8 +415,9 @@ fn in_flight_reads_fail_when_the_server_dies() {
     let fs = std::sync::Arc::new(connect(&s, &[("reconnect", None)]));
     let e = fs.lookup(&REQ, NodeId::ROOT, n("big")).unwrap();
     let o = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reader = {
-        let fs = fs.clone();
+        let (fs, done) = (fs.clone(), done.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 4 << 20];
             let mut reads = 0u64;
@@ -426,10 +427,17 @@ fn in_flight_reads_fail_when_the_server_dies() {
                     Err(err) => return (reads, err, Instant::now()),
                 }
                 reads += 1;
+                done.store(reads, std::sync::atomic::Ordering::Release);
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    // Kill while reads are running: after the first one finished (a loaded
+    // machine may take seconds for it), and a moment into the next.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.load(std::sync::atomic::Ordering::Acquire) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(20));
     let killed = Instant::now();
     s.kill();
     let (reads, err, failed) = reader.join().unwrap();
