@@ -228,6 +228,7 @@ pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
 global_asm!(
     ".pushsection .bss.shortfuse_cfg,\"aw\",@nobits",
     ".balign 64",
+    ".globl shortfuse_cfg",
     ".hidden shortfuse_cfg",
     "shortfuse_cfg:",
     ".zero 128",
