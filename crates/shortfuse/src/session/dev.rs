@@ -31,7 +31,7 @@ use crate::dispatch::{Dispatcher, Outcome};
 use crate::filesystem::Filesystem;
 use crate::mount::Mount;
 use crate::options::MountOptions;
-use crate::session::pool::{Backlog, Pool};
+use crate::session::pool::{opcode_of, Backlog, Pool};
 use crate::session::{uring, SessionOptions};
 use crate::stats::{Stats, Transport};
 use crate::sys::{self, SignalMask};
@@ -238,11 +238,9 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
     let mut buf = vec![0u8; dispatcher.buffer_size()];
     let mut reply = Vec::with_capacity(4096);
     let mut backlog = Backlog::default();
+    // Under uring this reader only sees INIT, FORGET and INTERRUPT.
+    let grows = !dispatcher.options().uring;
     loop {
-        // Under uring this reader only sees INIT, FORGET and INTERRUPT.
-        if !dispatcher.options().uring {
-            backlog.after_request(&dev, pool);
-        }
         let n = match (&dev).read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
@@ -253,9 +251,17 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
                 _ => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             },
         };
+        let opcode = opcode_of(&buf[..n]);
+        if grows {
+            backlog.read(opcode, pool);
+        }
         let outcome = dispatcher.handle(&buf[..n], &mut reply, Transport::Dev);
         if outcome == Outcome::NoReply {
             continue;
+        }
+        if grows {
+            // Before the reply: this request's caller cannot have sent another yet.
+            backlog.handled(opcode, &dev, pool);
         }
         // One write(2) per reply: the kernel takes a message per call.
         match (&dev).write(&reply) {

@@ -8,11 +8,18 @@
 //! made open+close and unlink 35-40% slower with two readers than with one
 //! (measured at real-time priority: 19.5 against 14.4 µs, 38 against
 //! 29 µs). So a session starts with one reader, as libfuse's
-//! single-threaded loop does, and adds one only when requests keep waiting:
-//! after handling a request, a reader checks (`poll`, no wait) whether the
-//! queue still holds one, and [`GROW_AFTER`] such checks in a row start the
-//! next reader. A lone program whose messages alternate with the replies
-//! rarely shows a backlog that long; parallel programs show it at once.
+//! single-threaded loop does, and adds one only when callers keep waiting:
+//! having handled a synchronous request, before replying, a reader checks
+//! (`poll`, no wait) whether the queue already holds another, and when the
+//! request it then reads is synchronous too, a second caller waited;
+//! [`GROW_AFTER`] such requests in a row start the next reader. Requests
+//! nobody waits for (FORGET, RELEASE after close) are left out: a lone
+//! program produces them between its own requests (counting them grew a
+//! second reader under a single open/close loop), parallel programs show
+//! a backlog of real requests at once. Not perfect: a FORGET waiting at the
+//! check, read after the program's next LOOKUP (the kernel lets requests
+//! overtake long runs of FORGETs), counts too, so an unlink-heavy lone
+//! program can still grow a second reader.
 //! Readers never retire: a daemon that has seen parallel load keeps its
 //! readers.
 
@@ -23,6 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::abi;
 use crate::dispatch::Dispatcher;
 use crate::mount;
 use crate::sys;
@@ -131,17 +139,58 @@ impl Pool {
 #[derive(Default)]
 pub struct Backlog {
     streak: u32,
+    /// A request was waiting when the last synchronous one was answered.
+    pending: bool,
+}
+
+/// Requests nobody waits for: the kernel sends them after the caller's
+/// system call returned (RELEASE after close), or without a reply at all.
+/// A lone program produces them between its own requests, so they say
+/// nothing about parallel callers.
+fn asynchronous(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        abi::FUSE_FORGET
+            | abi::FUSE_BATCH_FORGET
+            | abi::FUSE_RELEASE
+            | abi::FUSE_RELEASEDIR
+            | abi::FUSE_INTERRUPT
+            | abi::FUSE_NOTIFY_REPLY
+    )
+}
+
+/// The opcode of a raw request (`fuse_in_header.opcode`, bytes 4..8).
+pub fn opcode_of(request: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(request.get(4..8)?.try_into().ok()?))
 }
 
 impl Backlog {
-    /// Called after a request was handled on `dev`: adds a reader once
-    /// requests kept waiting. Failing to add one is not fatal.
-    pub fn after_request(&mut self, dev: &File, pool: &Arc<Pool>) {
+    /// Called once `opcode` was handled on `dev`, before its reply is
+    /// written: notes whether another request is already waiting. Only for
+    /// a synchronous request: its caller is still blocked on us, so a
+    /// request waiting now comes from a second caller. (After the reply the
+    /// caller, woken on this CPU, often runs first and sends its next
+    /// request before we look: a lone program then looked like two.)
+    pub fn handled(&mut self, opcode: Option<u32>, dev: &File, pool: &Pool) {
         if !pool.can_grow() {
             return;
         }
-        if !sys::readable_now(dev.as_fd()) {
+        self.pending = false;
+        if opcode.is_none_or(asynchronous) {
+            return;
+        }
+        self.pending = sys::readable_now(dev.as_fd());
+        if !self.pending {
             self.streak = 0;
+        }
+    }
+
+    /// Called with the opcode of the next request read: a synchronous
+    /// request that was already waiting extends the streak, and
+    /// [`GROW_AFTER`] in a row start another reader. Failing to start one
+    /// is not fatal.
+    pub fn read(&mut self, opcode: Option<u32>, pool: &Arc<Pool>) {
+        if !std::mem::take(&mut self.pending) || opcode.is_none_or(asynchronous) {
             return;
         }
         self.streak += 1;
