@@ -5,25 +5,17 @@
 //! scratch directory is left, also when a mount fails after the server
 //! started and when the bench is interrupted.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use support::{mounts_under, shortfuse_bin};
 
 use shortfuse_bench::{BenchOptions, Config};
 
 /// The checks look at every sshd on the machine: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn shortfuse_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SHORTFUSE_BIN") {
-        return PathBuf::from(p);
-    }
-    let sibling = Path::new(env!("CARGO_BIN_EXE_shortfuse-bench")).with_file_name("shortfuse");
-    if sibling.is_file() {
-        return sibling;
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse")
-}
 
 fn out_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("sfbench-net-{name}-{}", std::process::id()))
@@ -37,16 +29,6 @@ fn options(name: &str, suites: &[&str], configs: &[&str]) -> BenchOptions {
     o.tiny = true;
     o.shortfuse_bin = shortfuse_bin();
     o
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .filter(|m| m.starts_with(&prefix))
-        .collect()
 }
 
 /// Live sshd processes the bench could have started: any naming `dir` on

@@ -3,20 +3,11 @@
 //! report next to native's. Needs root (vm.mmap_min_addr) and the shim built
 //! next to the `shortfuse` binary.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use support::shortfuse_bin;
 
 use shortfuse_bench::{BenchOptions, Config};
-
-fn shortfuse_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SHORTFUSE_BIN") {
-        return PathBuf::from(p);
-    }
-    let sibling = Path::new(env!("CARGO_BIN_EXE_shortfuse-bench")).with_file_name("shortfuse");
-    if sibling.is_file() {
-        return sibling;
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse")
-}
 
 #[test]
 fn latency_runs_in_a_preload_worker() {

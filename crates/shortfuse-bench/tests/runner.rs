@@ -2,23 +2,12 @@
 //! well-formed report (Markdown row per figure, JSON with every figure, PNG
 //! plots), and no mount is left behind when a workload fails.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
+use support::{mounts_under, shortfuse_bin};
 
 use shortfuse_bench::{config, BenchOptions, Config, Kind, SUITES};
-
-/// The `shortfuse` binary under test: `SHORTFUSE_BIN` (the Makefile sets
-/// it), else the one built next to this test's binary, else the workspace's
-/// debug build.
-fn shortfuse_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("SHORTFUSE_BIN") {
-        return PathBuf::from(p);
-    }
-    let sibling = Path::new(env!("CARGO_BIN_EXE_shortfuse-bench")).with_file_name("shortfuse");
-    if sibling.is_file() {
-        return sibling;
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/shortfuse")
-}
 
 fn options(name: &str, suites: &[&str], configs: Option<Vec<Config>>) -> BenchOptions {
     let out = std::env::temp_dir().join(format!("sfbench-{name}-{}", std::process::id()));
@@ -28,16 +17,6 @@ fn options(name: &str, suites: &[&str], configs: Option<Vec<Config>>) -> BenchOp
     o.tiny = true;
     o.shortfuse_bin = shortfuse_bin();
     o
-}
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
-        .filter(|m| m.starts_with(&prefix))
-        .collect()
 }
 
 fn check_png(path: &Path) {

@@ -4,29 +4,16 @@
 //! that only a served call can see its files. Needs root (vm.mmap_min_addr
 //! is set to 0 for the trampoline page); fails, saying why, otherwise.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{OnceLock, RwLock};
+use support::{allow_page_zero, scratch, shim};
 
 /// Shared by every run that needs page 0; taken exclusively by the test
 /// that takes page 0 away for a moment.
 static PAGE_ZERO: RwLock<()> = RwLock::new(());
-
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let so = dir.join("libshortfuse_preload.so");
-    assert!(so.exists(), "{} not built", so.display());
-    so
-}
-
-fn allow_page_zero() {
-    let now = std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").unwrap();
-    if now.trim() != "0" {
-        std::fs::write("/proc/sys/vm/mmap_min_addr", "0")
-            .expect("setting vm.mmap_min_addr=0 needs root: the preload shim maps its trampoline at address 0");
-    }
-}
 
 /// The test programs: `prog` and the library `libraw.so`.
 fn programs() -> &'static Path {
@@ -104,18 +91,11 @@ fn stdout(o: &Output, what: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sfint-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 const MODES: [&str; 3] = ["", "zpoline", "sud"];
 
 /// The same program output natively and in every interception mode.
 fn same_as_native(cmd: &str) -> String {
-    let real = scratch(cmd);
+    let real = scratch("sfint", cmd);
     let native = stdout(&prog(None, cmd, real.to_str().unwrap(), &[]), "native");
     std::fs::remove_dir_all(&real).unwrap();
     let mp = mountpoint(cmd);
@@ -214,7 +194,7 @@ print(os.stat(root + "/a/g").st_size, os.path.exists(root + "/a/b/f0"))
 /// as with the rewrite, and as natively.
 #[test]
 fn python_gives_the_same_results_with_dispatch_alone() {
-    let real = scratch("py");
+    let real = scratch("sfint", "py");
     let script = real.join("t.py");
     std::fs::write(&script, PY).unwrap();
     let run = |mode: Option<&str>, dir: &str| {

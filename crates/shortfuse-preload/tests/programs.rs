@@ -2,31 +2,10 @@
 //! a real directory. Needs root (vm.mmap_min_addr is set to 0 for the
 //! trampoline page); fails, saying why, otherwise.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Output};
-
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let so = dir.join("libshortfuse_preload.so");
-    assert!(so.exists(), "{} not built", so.display());
-    so
-}
-
-fn allow_page_zero() {
-    let now = std::fs::read_to_string("/proc/sys/vm/mmap_min_addr").unwrap();
-    if now.trim() != "0" {
-        std::fs::write("/proc/sys/vm/mmap_min_addr", "0")
-            .expect("setting vm.mmap_min_addr=0 needs root: the preload shim maps its trampoline at address 0");
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sfpre-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use support::{allow_page_zero, scratch, shim};
 
 fn run(mounts: Option<&str>, prog: &str, args: &[&str]) -> Output {
     let mut c = Command::new(prog);
@@ -81,7 +60,7 @@ for bad in [lambda: os.rmdir(root + "/nonexist"), lambda: os.mkdir(root + "/d"),
 #[test]
 fn python_on_a_mem_mount_matches_a_real_directory() {
     allow_page_zero();
-    let real = scratch("py");
+    let real = scratch("sfpre", "py");
     let script = real.join("t.py");
     std::fs::write(&script, PY).unwrap();
     let work = real.join("work");
@@ -101,8 +80,8 @@ fn python_on_a_mem_mount_matches_a_real_directory() {
 #[test]
 fn coreutils_on_a_passthrough_mount_match_a_real_directory() {
     allow_page_zero();
-    let src = scratch("cu-src");
-    let real = scratch("cu-real");
+    let src = scratch("sfpre", "cu-src");
+    let real = scratch("sfpre", "cu-real");
     let mp = format!("/shortfuse-test-{}/p", std::process::id());
     let mounts = format!("{mp}=passthrough:{}", src.display());
     let steps: &[&[&str]] = &[
