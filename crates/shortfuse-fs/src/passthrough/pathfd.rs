@@ -161,7 +161,7 @@ impl PathSlot {
             // Only a slot with a handle gives its descriptor up.
             return Err(Errno::EIO);
         };
-        let fd = Arc::new(sys::open_by_handle(mount.as_fd(), handle, libc::O_PATH)?);
+        let fd = Arc::new(reopen(mount.as_fd(), handle)?);
         st.fd = Some(fd.clone());
         self.budget.open.fetch_add(1, Ordering::Relaxed);
         Ok(PathFd(fd))
@@ -214,6 +214,24 @@ impl Drop for PathSlot {
     fn drop(&mut self) {
         if self.sheddable && self.lock().fd.is_some() {
             self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `open_by_handle_at` of a given-up inode. An inode whose last name went
+/// while the kernel is still evicting it is found half-freed: ext4's iget
+/// then reports ENOMEM instead of ESTALE (seen on a CI machine). Eviction
+/// ends within microseconds, so a few short retries turn that into the
+/// ESTALE the caller expects; a real shortage stays ENOMEM.
+fn reopen(mount: BorrowedFd<'_>, handle: &Handle) -> Result<OwnedFd> {
+    let mut tries = 0;
+    loop {
+        match sys::open_by_handle(mount, handle, libc::O_PATH) {
+            Err(Errno::ENOMEM) if tries < 5 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1 << tries));
+            }
+            other => return other,
         }
     }
 }
