@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCRATCH_PREFIX = "shortfuse-test-"
+# The pid keeps concurrent pytest runs (engineers, CI) out of each other's
+# scratch dirs, and the leak check to this run's own mounts.
+SCRATCH_PREFIX = f"shortfuse-test-{os.getpid()}-"
 PEERS = ("bindfs",)
 
 
