@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use shortfuse::{Dispatcher, Errno, Filesystem, MountOptions, Stats, Transport};
+use shortfuse::{Dispatcher, Errno, Filesystem, MountOptions, NodeId, Stats, Transport};
 
 /// Carries FUSE requests to a file system.
 pub trait Backend: Send + Sync {
@@ -22,6 +22,25 @@ pub trait Backend: Send + Sync {
     /// empty. `Err` means the transport failed, not the operation: the
     /// operation's own error travels in `fuse_out_header.error`.
     fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno>;
+
+    /// Hands `apply` every invalidation the file system announced since the
+    /// last time (the kernel's FUSE_NOTIFY_INVAL_*): a shared daemon tells
+    /// each client what other clients changed. The VFS drains them before
+    /// it looks at its cache. In process there is nobody else: nothing.
+    fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
+        let _ = apply;
+    }
+}
+
+/// What a client must stop believing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalidation<'a> {
+    /// The node's attributes changed.
+    Inode(NodeId),
+    /// The name in the directory changed (and so did the directory).
+    Entry { parent: NodeId, name: &'a [u8] },
+    /// Announcements were lost: forget every name and attribute.
+    All,
 }
 
 /// Calls a [`Filesystem`] in the same process through a [`Dispatcher`].

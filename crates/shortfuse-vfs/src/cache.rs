@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use shortfuse::{Attr, NodeId};
 
+use crate::backend::Invalidation;
+
 /// A cached name.
 struct Dentry {
     /// `None`: a negative entry (the name is known not to exist).
@@ -120,6 +122,30 @@ impl Cache {
     pub fn invalidate_attr(&mut self, node: NodeId) {
         if let Some(s) = self.nodes.get_mut(&node.0) {
             s.attr_expires = None;
+        }
+    }
+
+    /// Applies a change the file system announced (a notification from the
+    /// daemon of a ring backend): the name or the attributes must be asked
+    /// for again. Entries are expired rather than removed, so no lookup
+    /// count changes hands here: the next lookup replaces them.
+    pub fn invalidate(&mut self, inv: Invalidation<'_>, now: Instant) {
+        match inv {
+            Invalidation::Inode(node) => self.invalidate_attr(node),
+            Invalidation::Entry { parent, name } => {
+                if let Some(d) = self.dentries.get_mut(&(parent.0, Box::from(name))) {
+                    d.expires = now;
+                }
+                self.invalidate_attr(parent);
+            }
+            Invalidation::All => {
+                for d in self.dentries.values_mut() {
+                    d.expires = now;
+                }
+                for s in self.nodes.values_mut() {
+                    s.attr_expires = None;
+                }
+            }
         }
     }
 

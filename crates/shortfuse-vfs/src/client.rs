@@ -609,6 +609,11 @@ impl Client {
         })
     }
 
+    /// Drains the backend's invalidations (see [`Backend::invalidations`]).
+    pub fn invalidations(&self, apply: &mut dyn FnMut(crate::backend::Invalidation<'_>)) {
+        self.backend.invalidations(apply);
+    }
+
     /// The largest READ or WRITE payload to send.
     pub const fn max_io_cap() -> u32 {
         MAX_IO

@@ -8,7 +8,8 @@
 //! with offsets and status flags shared by duplicated descriptors
 //! ([`FdTable`]). Requests travel as FUSE messages through a [`Backend`];
 //! [`InProcess`] hands them to a `shortfuse::Dispatcher` in the same
-//! process.
+//! process; [`Ring`] sends them over shared-memory rings to a
+//! `shortfuse serve` daemon shared by every process.
 //!
 //! Not here yet: a page cache and read-ahead (every read and write is a
 //! request), DataMap I/O on backing files, byte-range locks.
@@ -19,12 +20,14 @@ mod backend;
 mod cache;
 mod client;
 mod file;
+mod ring;
 pub mod spec;
 mod vfs;
 
-pub use backend::{Backend, InProcess};
+pub use backend::{Backend, InProcess, Invalidation};
 pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn};
 pub use file::{FdTable, OpenFile};
+pub use ring::Ring;
 pub use spec::{MountSpec, RunOptions};
 pub use vfs::{Last, Location, Target, Vfs, Walk, WalkFlags, MAXSYMLINKS, PATH_MAX};
 

@@ -317,7 +317,10 @@ impl Vfs {
     }
 
     fn lock(&self) -> MutexGuard<'_, Cache> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        // What other clients of a shared daemon changed, before we trust the cache.
+        self.client.invalidations(&mut |inv| c.invalidate(inv, Instant::now()));
+        c
     }
 
     /// Sends the FORGETs collected under the cache lock.

@@ -1,0 +1,371 @@
+//! The program's side: one connection to a daemon, shared by every thread
+//! of the process. A call claims a free slot of the queue of the CPU it
+//! runs on (any other queue's when those are busy), writes the request
+//! there, publishes the slot's index in the queue, rings the doorbell if
+//! the daemon's worker sleeps, then polls the slot's state for the reply
+//! and sleeps on it once the spin budget is spent.
+//!
+//! The slot's state word is its completion flag (RFUSE's header-buffer
+//! completion): a synchronous caller waits for its own reply, so a shared
+//! completion queue would only add a hand-off between the thread that
+//! reaps it and the thread that waits.
+//!
+//! A daemon that dies never answers: a sleeping caller wakes every
+//! [`LIVENESS_PERIOD`] and asks the socket whether the daemon is still
+//! there; when it is not, that call and every later one fail with
+//! ENOTCONN.
+//!
+//! Nothing here takes a lock or allocates on the call path (beyond the
+//! reply vector the caller passes): the preload shim calls it from inside
+//! the system call it serves.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::time::Duration;
+
+use shortfuse::Errno;
+use shortfuse_abi as abi;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::proto::{Hello, Welcome};
+use crate::region::{header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
+use crate::{sys, wait};
+
+/// How often a caller sleeping for its reply checks that the daemon lives:
+/// the bound on how long a call hangs after the daemon died.
+pub const LIVENESS_PERIOD: Duration = Duration::from_millis(50);
+
+/// What the daemon asks a client to forget (FUSE notifications).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice<'a> {
+    /// FUSE_NOTIFY_INVAL_INODE: the node's attributes (and data) changed.
+    Inode(u64),
+    /// FUSE_NOTIFY_INVAL_ENTRY: the name in the directory changed.
+    Entry { parent: u64, name: &'a [u8] },
+    /// Notifications were lost (the ring overflowed): forget everything.
+    All,
+}
+
+/// A connection to a daemon's rings.
+pub struct RingClient {
+    region: Region,
+    geo: Geometry,
+    sock: OwnedFd,
+    spin: Duration,
+    dead: AtomicBool,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+impl RingClient {
+    /// Connects to the daemon listening at `path` (see
+    /// [`crate::socket_path`]) and maps the region it made for us.
+    /// `SHORTFUSE_RING_SPIN_US`, when set, overrides the daemon's spin
+    /// budget for this client.
+    pub fn connect(path: &Path) -> io::Result<RingClient> {
+        let sock = sys::connect(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("no shortfuse daemon serves rings at {} ({e})", path.display()),
+            )
+        })?;
+        let pid = std::process::id();
+        sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
+        let mut buf = [0u8; 512];
+        let (n, fd) = sys::recv(sock.as_fd(), &mut buf)?;
+        let msg = &buf[..n];
+        let w = match Welcome::read_from_prefix(msg) {
+            Ok((w, _)) if w.magic == MAGIC => w,
+            _ => {
+                return Err(invalid(format!(
+                    "the daemon refused the connection: {}",
+                    String::from_utf8_lossy(msg).trim()
+                )))
+            }
+        };
+        if w.version != VERSION {
+            return Err(invalid(format!("ring protocol {} (we speak {VERSION})", w.version)));
+        }
+        let geo = w.geometry();
+        geo.check().map_err(invalid)?;
+        if w.len != geo.len() as u64 {
+            return Err(invalid(format!("ring memory of {} bytes for geometry {geo:?}", w.len)));
+        }
+        let fd = fd.ok_or_else(|| invalid("the daemon passed no ring memory".into()))?;
+        let region = Region::map(fd.as_fd(), geo.len())?;
+        drop(fd);
+        if region.u64_at(header::MAGIC).load(Ordering::Relaxed) != MAGIC {
+            return Err(invalid("ring memory without the ring header".into()));
+        }
+        let spin = std::env::var("SHORTFUSE_RING_SPIN_US")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map_or(Duration::from_nanos(w.spin_ns), Duration::from_micros);
+        Ok(RingClient {
+            region,
+            geo,
+            sock,
+            spin,
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// The largest request (or reply) one slot holds.
+    pub fn max_message(&self) -> usize {
+        self.geo.slot_data as usize
+    }
+
+    /// True once the daemon is known to be gone.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// Asks the shared header and the socket whether the daemon lives.
+    fn check_dead(&self) -> bool {
+        if self.is_dead() {
+            return true;
+        }
+        let gone = self.region.u32_at(header::DAEMON).load(Ordering::Acquire) == DAEMON_GONE
+            || sys::peer_gone(self.sock.as_raw_fd());
+        if gone {
+            self.dead.store(true, Ordering::Relaxed);
+        }
+        gone
+    }
+
+    /// Claims a free slot, preferring the queue of this CPU.
+    fn claim(&self) -> Result<(usize, usize), Errno> {
+        let queues = self.geo.queues as usize;
+        let first = sys::current_cpu() % queues;
+        let mut rounds = 0u32;
+        loop {
+            for dq in 0..queues {
+                let q = (first + dq) % queues;
+                for i in 0..self.geo.slots as usize {
+                    let st = self.region.u32_at(self.geo.slot_off(q, i));
+                    if st.load(Ordering::Relaxed) == slot::FREE
+                        && st
+                            .compare_exchange(slot::FREE, slot::BUSY, Ordering::Acquire, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        return Ok((q, i));
+                    }
+                }
+            }
+            rounds += 1;
+            if rounds % 1024 == 0 && self.check_dead() {
+                return Err(Errno::ENOTCONN);
+            }
+            sys::sched_yield();
+        }
+    }
+
+    /// Sends one FUSE request and waits for its reply, which replaces the
+    /// contents of `reply` (left empty for requests without one). `Err`:
+    /// the transport failed (ENOTCONN once the daemon is gone, E2BIG for a
+    /// request larger than a slot, EIO for a reply that does not fit).
+    pub fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
+        reply.clear();
+        if self.is_dead() {
+            return Err(Errno::ENOTCONN);
+        }
+        if request.len() > self.geo.slot_data as usize {
+            return Err(Errno::E2BIG);
+        }
+        let (q, i) = self.claim()?;
+        let off = self.geo.slot_off(q, i);
+        let state = self.region.u32_at(off);
+        let len = self.region.u32_at(off + 4);
+        self.region.write(off + SLOT_HEADER, request);
+        len.store(request.len() as u32, Ordering::Relaxed);
+        state.store(slot::SUBMITTED, Ordering::Relaxed);
+        let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
+        self.region
+            .u32_at(self.geo.entry_off(q, pos))
+            .store(i as u32, Ordering::Release);
+        // Pairs with the worker's SeqCst store of 1 before its last look at
+        // the queue: either it sees our entry or we see it asleep.
+        fence(Ordering::SeqCst);
+        let bell = self.region.u32_at(self.geo.doorbell_off(q));
+        if bell.load(Ordering::Relaxed) == 1 && bell.swap(0, Ordering::SeqCst) == 1 {
+            sys::futex_wake(bell, 1);
+        }
+        self.wait(state)?;
+        let n = len.load(Ordering::Relaxed) as usize;
+        let r = if n > self.geo.slot_data as usize {
+            Err(Errno::EIO)
+        } else {
+            self.region.read_into(off + SLOT_HEADER, n, reply);
+            Ok(())
+        };
+        state.store(slot::FREE, Ordering::Release);
+        r
+    }
+
+    /// Waits for DONE in the slot's state: spin, then sleep with a timeout
+    /// that lets us notice a dead daemon.
+    fn wait(&self, state: &std::sync::atomic::AtomicU32) -> Result<(), Errno> {
+        if wait::spin_until(self.spin, || state.load(Ordering::Acquire) == slot::DONE) {
+            return Ok(());
+        }
+        loop {
+            match state.compare_exchange(slot::SUBMITTED, slot::SLEEPING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) | Err(slot::SLEEPING) => {}
+                Err(slot::DONE) => return Ok(()),
+                // Only the daemon writes the state meanwhile, and only DONE.
+                Err(_) => {
+                    self.dead.store(true, Ordering::Relaxed);
+                    return Err(Errno::EIO);
+                }
+            }
+            sys::futex_wait(state, slot::SLEEPING, Some(LIVENESS_PERIOD));
+            if state.load(Ordering::Acquire) == slot::DONE {
+                return Ok(());
+            }
+            if self.check_dead() {
+                // The slot stays claimed: the region is useless now.
+                return Err(Errno::ENOTCONN);
+            }
+        }
+    }
+
+    /// Hands every pending notification to `f`, oldest first. Costs two
+    /// loads when there is none. Invalidations are idempotent, so two
+    /// threads draining at once at worst apply one twice.
+    pub fn notices(&self, mut f: impl FnMut(Notice<'_>)) {
+        let g = &self.geo;
+        let tail = self.region.u32_at(g.notify_tail_off()).load(Ordering::Acquire);
+        let head_word = self.region.u32_at(g.notify_head_off());
+        let mut head = head_word.load(Ordering::Relaxed);
+        let overflow = self.region.u32_at(g.notify_overflow_off());
+        if head == tail && overflow.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if overflow.swap(0, Ordering::AcqRel) != 0 || tail.wrapping_sub(head) > g.records {
+            f(Notice::All);
+            head_word.store(tail, Ordering::Release);
+            return;
+        }
+        let mut rec = [0u8; RECORD];
+        while head != tail {
+            self.region.read(g.record_off(head), &mut rec);
+            match parse_record(&rec) {
+                Some(n) => f(n),
+                None => f(Notice::All),
+            }
+            head = head.wrapping_add(1);
+        }
+        head_word.store(head, Ordering::Release);
+    }
+}
+
+/// Decodes one notification record: `u32` length, 4 bytes of padding, then
+/// the FUSE message. `None` for anything malformed.
+pub(crate) fn parse_record(rec: &[u8]) -> Option<Notice<'_>> {
+    let len = u32::from_ne_bytes(rec.get(..4)?.try_into().ok()?) as usize;
+    let msg = rec.get(8..8usize.checked_add(len)?)?;
+    let (h, body) = abi::fuse_out_header::read_from_prefix(msg).ok()?;
+    if h.unique != 0 || h.len as usize != msg.len() {
+        return None;
+    }
+    match h.error as u32 {
+        abi::FUSE_NOTIFY_INVAL_INODE => {
+            let (n, _) = abi::fuse_notify_inval_inode_out::read_from_prefix(body).ok()?;
+            Some(Notice::Inode(n.ino))
+        }
+        abi::FUSE_NOTIFY_INVAL_ENTRY => {
+            let (n, rest) = abi::fuse_notify_inval_entry_out::read_from_prefix(body).ok()?;
+            let name = rest.get(..n.namelen as usize)?;
+            Some(Notice::Entry { parent: n.parent, name })
+        }
+        _ => None,
+    }
+}
+
+/// Encodes a notification record into `rec` (cleared first); false when
+/// the message does not fit a record (a name longer than NAME_MAX).
+pub(crate) fn encode_record(rec: &mut Vec<u8>, notice: Notice<'_>) -> bool {
+    rec.clear();
+    rec.extend_from_slice(&[0; 8]);
+    let hdr = std::mem::size_of::<abi::fuse_out_header>();
+    let mut h = abi::fuse_out_header {
+        len: 0,
+        error: 0,
+        unique: 0,
+    };
+    rec.extend_from_slice(h.as_bytes());
+    match notice {
+        Notice::Inode(ino) => {
+            h.error = abi::FUSE_NOTIFY_INVAL_INODE as i32;
+            let body = abi::fuse_notify_inval_inode_out { ino, off: 0, len: 0 };
+            rec.extend_from_slice(body.as_bytes());
+        }
+        Notice::Entry { parent, name } => {
+            h.error = abi::FUSE_NOTIFY_INVAL_ENTRY as i32;
+            let body = abi::fuse_notify_inval_entry_out {
+                parent,
+                namelen: name.len() as u32,
+                flags: 0,
+            };
+            rec.extend_from_slice(body.as_bytes());
+            rec.extend_from_slice(name);
+            rec.push(0);
+        }
+        Notice::All => return false,
+    }
+    if rec.len() > RECORD {
+        return false;
+    }
+    let msg_len = rec.len() - 8;
+    h.len = msg_len as u32;
+    rec[8..8 + hdr].copy_from_slice(h.as_bytes());
+    rec[..4].copy_from_slice(&(msg_len as u32).to_ne_bytes());
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let mut rec = Vec::new();
+        assert!(encode_record(&mut rec, Notice::Inode(7)));
+        rec.resize(RECORD, 0);
+        assert_eq!(parse_record(&rec), Some(Notice::Inode(7)));
+        assert!(encode_record(
+            &mut rec,
+            Notice::Entry {
+                parent: 1,
+                name: b"abc"
+            }
+        ));
+        rec.resize(RECORD, 0);
+        assert_eq!(
+            parse_record(&rec),
+            Some(Notice::Entry {
+                parent: 1,
+                name: b"abc"
+            })
+        );
+        assert!(!encode_record(
+            &mut rec,
+            Notice::Entry {
+                parent: 1,
+                name: &[b'x'; 600]
+            }
+        ));
+        let mut bad = [0xffu8; RECORD];
+        assert_eq!(parse_record(&bad), None);
+        bad[..4].copy_from_slice(&40u32.to_ne_bytes());
+        assert_eq!(parse_record(&bad), None);
+    }
+}

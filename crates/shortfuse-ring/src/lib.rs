@@ -1,0 +1,29 @@
+//! shortfuse-ring: shared-memory request rings between programs running
+//! under the preload shim and one shortfuse daemon (RFUSE, in user space).
+//!
+//! A client connects to the daemon's Unix socket ([`socket_path`], found
+//! from the mount point alone) and receives a memfd: a region made for it
+//! alone, holding one submission queue per CPU, request slots large enough
+//! for `max_write`, and a notification ring. Requests and replies are FUSE
+//! messages, so the daemon serves them with the same `Dispatcher` as the
+//! /dev/fuse and io_uring sessions. Both sides poll a bounded time, then
+//! sleep on a futex in the shared memory ([`wait`]).
+//!
+//! - [`RingClient`]: the program's side (used by `shortfuse-vfs`'s ring
+//!   backend inside the preload shim).
+//! - [`Server`]: the daemon's side (`shortfuse serve`).
+//! - [`region`]: the layout of the shared memory.
+
+#![deny(unsafe_code)]
+
+mod client;
+mod proto;
+pub mod region;
+mod server;
+mod sys;
+pub mod wait;
+
+pub use client::{Notice, RingClient, LIVENESS_PERIOD};
+pub use proto::socket_path;
+pub use region::Geometry;
+pub use server::{changes, Server, ServerConfig, DEFAULT_SPIN_US};

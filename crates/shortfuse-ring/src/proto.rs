@@ -1,0 +1,77 @@
+//! The handshake over the daemon's Unix socket (SOCK_SEQPACKET, so each
+//! message arrives whole): the client says hello, the daemon answers with
+//! the geometry and passes the memfd of a region made for this client
+//! alone. Afterwards the socket carries nothing; it stays open so that
+//! each side sees the other go away (EOF), however it ends.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::region::{Geometry, MAGIC, VERSION};
+
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct Hello {
+    pub magic: u64,
+    pub version: u32,
+    pub pid: u32,
+}
+
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct Welcome {
+    pub magic: u64,
+    pub version: u32,
+    pub queues: u32,
+    pub slots: u32,
+    pub slot_data: u32,
+    pub records: u32,
+    pub padding: u32,
+    pub len: u64,
+    /// How long a client spins for its reply before sleeping.
+    pub spin_ns: u64,
+}
+
+impl Hello {
+    pub fn new(pid: u32) -> Hello {
+        Hello {
+            magic: MAGIC,
+            version: VERSION,
+            pid,
+        }
+    }
+}
+
+impl Welcome {
+    pub fn new(g: &Geometry, spin: Duration) -> Welcome {
+        Welcome {
+            magic: MAGIC,
+            version: VERSION,
+            queues: g.queues,
+            slots: g.slots,
+            slot_data: g.slot_data,
+            records: g.records,
+            padding: 0,
+            len: g.len() as u64,
+            spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            queues: self.queues,
+            slots: self.slots,
+            slot_data: self.slot_data,
+            records: self.records,
+        }
+    }
+}
+
+/// The ring socket of the daemon serving `mountpoint` (absolute,
+/// normalised): beside the mount's control socket, with `.ring` for
+/// `.sock`, so a program finds its daemon from the mount point alone.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    shortfuse::control::socket_path(mountpoint).with_extension("ring")
+}

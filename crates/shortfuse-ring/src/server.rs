@@ -1,0 +1,713 @@
+//! The daemon's side: a listening socket, and per client a region, a
+//! dispatcher and one worker thread per queue.
+//!
+//! Each client gets its own memfd (sealed against shrinking), so a client
+//! only ever sees its own requests. A worker takes slot indices from its
+//! queue in order, copies the request out of the shared memory before
+//! looking at it (the client could change it under our feet), serves it
+//! with the same [`Dispatcher`] code as the kernel sessions, copies the
+//! reply back and flips the slot's state to DONE. Indices, lengths and
+//! states read from the shared memory are checked against the daemon's
+//! private copy of the geometry: garbage gets an error reply or is skipped,
+//! never a fault or an access outside the client's region.
+//!
+//! Coherence: a change made through one client (a write, a setattr, a new
+//! or removed name) is announced to every other client as FUSE
+//! INVAL_INODE / INVAL_ENTRY notifications in its notification ring, which
+//! the client drains before it next looks at its cache.
+//!
+//! A client that goes away (exit, kill -9, even mid-request) closes its
+//! socket; a watcher thread sees the end, stops the client's workers,
+//! releases the handles it left open and forgets the nodes it looked up,
+//! then unmaps its region.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use shortfuse::{Dispatcher, Filesystem, MountOptions, Outcome, Stats, Transport};
+use shortfuse_abi::{self as abi, Operation};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::client::{encode_record, Notice};
+use crate::proto::{Hello, Welcome};
+use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
+use crate::{sys, wait};
+
+/// How the daemon shapes and polls its rings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Submission queues per client (default: one per CPU).
+    pub queues: u32,
+    /// Slots per queue: requests in flight per queue.
+    pub slots: u32,
+    /// Largest READ/WRITE payload; a slot holds it and a page of headers.
+    pub max_io: u32,
+    /// How long an idle worker spins before it sleeps.
+    pub spin: Duration,
+    /// How long a client spins for its reply before it sleeps.
+    pub client_spin: Duration,
+    /// Notification records per client.
+    pub records: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            queues: thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            slots: 4,
+            max_io: 1 << 20,
+            spin: Duration::from_micros(DEFAULT_SPIN_US),
+            client_spin: Duration::from_micros(DEFAULT_SPIN_US),
+            records: 256,
+        }
+    }
+}
+
+/// The default spin budget of both sides, in microseconds (see
+/// `shortfuse serve --help` for what was measured).
+pub const DEFAULT_SPIN_US: u64 = 20;
+
+impl ServerConfig {
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            queues: self.queues,
+            slots: self.slots,
+            slot_data: self.max_io.saturating_add(region::PAGE as u32),
+            records: self.records,
+        }
+    }
+}
+
+/// A running ring server; stops (and tells its clients) when dropped.
+pub struct Server {
+    shared: Arc<Shared>,
+    path: PathBuf,
+    accept: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    fs: Arc<dyn Filesystem>,
+    opts: MountOptions,
+    stats: Arc<Stats>,
+    config: ServerConfig,
+    geo: Geometry,
+    listener: OwnedFd,
+    clients: Mutex<Vec<Arc<Conn>>>,
+    stopping: AtomicBool,
+    next_id: AtomicU64,
+}
+
+/// One client's connection.
+struct Conn {
+    id: u64,
+    region: Region,
+    geo: Geometry,
+    dispatcher: Dispatcher,
+    track: Mutex<Track>,
+    notify: Mutex<NotifyTail>,
+    stop: AtomicBool,
+}
+
+struct NotifyTail {
+    tail: u32,
+    rec: Vec<u8>,
+}
+
+/// What a client holds in the file system, to give back when it goes.
+#[derive(Default)]
+struct Track {
+    /// (fh, directory?) -> node.
+    handles: HashMap<(u64, bool), u64>,
+    /// node -> lookups handed out and not forgotten.
+    lookups: HashMap<u64, u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Server {
+    /// Listens at `path` (a stale socket there is replaced; a live daemon
+    /// there is an error) and serves `fs` to every client that connects.
+    pub fn start(
+        path: &Path,
+        fs: Arc<dyn Filesystem>,
+        opts: MountOptions,
+        stats: Arc<Stats>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
+        let geo = config.geometry();
+        geo.check()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        if path.exists() {
+            if sys::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("a daemon already serves rings at {}", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = sys::listen(path)?;
+        let shared = Arc::new(Shared {
+            fs,
+            opts,
+            stats,
+            config,
+            geo,
+            listener,
+            clients: Mutex::new(Vec::new()),
+            stopping: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        });
+        let s = shared.clone();
+        let accept = thread::Builder::new()
+            .name("sf-ring-accept".into())
+            .spawn(move || accept_loop(s))?;
+        Ok(Server {
+            shared,
+            path: path.to_path_buf(),
+            accept: Some(accept),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Clients connected now.
+    pub fn clients(&self) -> usize {
+        lock(&self.shared.clients).len()
+    }
+
+    /// Handles and looked-up nodes the clients hold now (for tests and
+    /// the stats: both drop to zero once every client has gone).
+    pub fn held(&self) -> (usize, usize) {
+        let clients = lock(&self.shared.clients);
+        clients.iter().fold((0, 0), |(h, l), c| {
+            let t = lock(&c.track);
+            (h + t.handles.len(), l + t.lookups.len())
+        })
+    }
+
+    /// Announces a change made elsewhere (a kernel mount of the same file
+    /// system) to every client.
+    pub fn notify_all(&self, notice: Notice<'_>) {
+        for c in lock(&self.shared.clients).iter() {
+            c.push_notice(notice);
+        }
+    }
+
+    /// Stops accepting, tells every client the daemon is gone (their
+    /// calls fail with ENOTCONN) and removes the socket.
+    pub fn stop(&mut self) {
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        sys::shutdown(self.shared.listener.as_fd());
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        for c in lock(&self.shared.clients).iter() {
+            c.region.u32_at(header::DAEMON).store(DAEMON_GONE, Ordering::Release);
+            for q in 0..c.geo.queues as usize {
+                for i in 0..c.geo.slots as usize {
+                    sys::futex_wake(c.region.u32_at(c.geo.slot_off(q, i)), i32::MAX);
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>) {
+    loop {
+        let sock = match sys::accept(shared.listener.as_fd()) {
+            Ok(s) => s,
+            Err(_) if shared.stopping.load(Ordering::SeqCst) => return,
+            Err(e) => {
+                eprintln!("shortfuse ring: accept: {e}");
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let s = shared.clone();
+        // The handshake runs on the client's own watcher thread, so a client
+        // that connects and says nothing holds up nobody else.
+        let spawned = thread::Builder::new()
+            .name("sf-ring-client".into())
+            .spawn(move || serve_client(s, sock));
+        if let Err(e) = spawned {
+            eprintln!("shortfuse ring: cannot start a client thread: {e}");
+        }
+    }
+}
+
+/// Handshake, workers, then wait for the client to go and clean up.
+fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
+    let mut buf = [0u8; 64];
+    let ok = match sys::recv(sock.as_fd(), &mut buf) {
+        Ok((n, _)) => Hello::read_from_prefix(&buf[..n])
+            .ok()
+            .is_some_and(|(h, _)| h.magic == region::MAGIC && h.version == region::VERSION),
+        Err(_) => false,
+    };
+    if !ok {
+        let _ = sys::send(
+            sock.as_fd(),
+            b"error: not a shortfuse ring hello (version mismatch?)",
+            None,
+        );
+        return;
+    }
+    let conn = match Conn::new(&shared) {
+        Ok((conn, memfd)) => {
+            let welcome = Welcome::new(&shared.geo, shared.config.client_spin);
+            if let Err(e) = sys::send(sock.as_fd(), welcome.as_bytes(), Some(memfd.as_fd())) {
+                eprintln!("shortfuse ring: handshake: {e}");
+                return;
+            }
+            Arc::new(conn)
+        }
+        Err(e) => {
+            let _ = sys::send(sock.as_fd(), format!("error: {e}").as_bytes(), None);
+            return;
+        }
+    };
+    lock(&shared.clients).push(conn.clone());
+    let mut workers = Vec::new();
+    for q in 0..shared.geo.queues as usize {
+        let c = conn.clone();
+        let s = shared.clone();
+        match thread::Builder::new()
+            .name(format!("sf-ring-c{}q{q}", conn.id))
+            .spawn(move || worker(&s, &c, q))
+        {
+            Ok(h) => workers.push(h),
+            Err(e) => {
+                eprintln!("shortfuse ring: cannot start a worker: {e}");
+                break;
+            }
+        }
+    }
+    // The client never sends after its hello: anything read is ignored, the
+    // end of the stream (or an error) means it has gone.
+    loop {
+        match sys::recv(sock.as_fd(), &mut buf) {
+            Ok((0, _)) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    conn.stop.store(true, Ordering::SeqCst);
+    for q in 0..conn.geo.queues as usize {
+        let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
+        bell.store(0, Ordering::SeqCst);
+        sys::futex_wake(bell, i32::MAX);
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    lock(&shared.clients).retain(|c| c.id != conn.id);
+    conn.reclaim();
+}
+
+impl Conn {
+    fn new(shared: &Shared) -> io::Result<(Conn, OwnedFd)> {
+        let geo = shared.geo;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let memfd = sys::sealed_memfd(&format!("shortfuse-ring-{id}"), geo.len())?;
+        let region = Region::map(memfd.as_fd(), geo.len())?;
+        region.u64_at(header::MAGIC).store(region::MAGIC, Ordering::Relaxed);
+        region.u32_at(header::VERSION).store(region::VERSION, Ordering::Relaxed);
+        region.u32_at(header::QUEUES).store(geo.queues, Ordering::Relaxed);
+        region.u32_at(header::SLOTS).store(geo.slots, Ordering::Relaxed);
+        region.u32_at(header::SLOT_DATA).store(geo.slot_data, Ordering::Relaxed);
+        region.u32_at(header::RECORDS).store(geo.records, Ordering::Relaxed);
+        let spin = u64::try_from(shared.config.client_spin.as_nanos()).unwrap_or(u64::MAX);
+        region.u64_at(header::SPIN_NS).store(spin, Ordering::Relaxed);
+        region.u32_at(header::DAEMON).store(DAEMON_ALIVE, Ordering::Release);
+        for q in 0..geo.queues as usize {
+            for i in 0..geo.slots {
+                region.u32_at(geo.entry_off(q, i)).store(EMPTY, Ordering::Relaxed);
+            }
+        }
+        let pages = (geo.slot_data as usize - region::PAGE) / region::PAGE;
+        let dispatcher = Dispatcher::with_max_pages_limit(
+            shared.fs.clone(),
+            shared.opts.clone(),
+            shared.stats.clone(),
+            pages as u32,
+        );
+        let conn = Conn {
+            id,
+            region,
+            geo,
+            dispatcher,
+            track: Mutex::new(Track::default()),
+            notify: Mutex::new(NotifyTail {
+                tail: 0,
+                rec: Vec::with_capacity(region::RECORD),
+            }),
+            stop: AtomicBool::new(false),
+        };
+        Ok((conn, memfd))
+    }
+
+    /// The next slot index published in queue `q` at `head`, if any; an
+    /// index outside the queue is consumed and dropped.
+    fn take(&self, q: usize, head: &mut u32) -> Option<Option<usize>> {
+        let entry = self.region.u32_at(self.geo.entry_off(q, *head));
+        let i = entry.load(Ordering::Acquire);
+        if i == EMPTY {
+            return None;
+        }
+        entry.store(EMPTY, Ordering::Relaxed);
+        *head = head.wrapping_add(1);
+        Some((i < self.geo.slots).then_some(i as usize))
+    }
+
+    fn has_work(&self, q: usize, head: u32) -> bool {
+        self.region.u32_at(self.geo.entry_off(q, head)).load(Ordering::SeqCst) != EMPTY
+    }
+
+    /// Serves the request in slot `i` of queue `q`.
+    fn serve(&self, shared: &Shared, q: usize, i: usize, req: &mut Vec<u8>, reply: &mut Vec<u8>) {
+        let off = self.geo.slot_off(q, i);
+        let state = self.region.u32_at(off);
+        let len_word = self.region.u32_at(off + 4);
+        let len = len_word.load(Ordering::Acquire) as usize;
+        reply.clear();
+        if (std::mem::size_of::<abi::fuse_in_header>()..=self.geo.slot_data as usize).contains(&len) {
+            req.resize(len, 0);
+            self.region.read(off + SLOT_HEADER, req);
+            self.dispatch(shared, req, reply);
+        }
+        if reply.len() > self.geo.slot_data as usize {
+            let unique = abi::parse_header(req).map_or(0, |h| h.unique);
+            error_reply(reply, unique, libc::EIO);
+        }
+        self.region.write(off + SLOT_HEADER, reply);
+        len_word.store(reply.len() as u32, Ordering::Relaxed);
+        if state.swap(slot::DONE, Ordering::AcqRel) == slot::SLEEPING {
+            sys::futex_wake(state, 1);
+        }
+    }
+
+    fn dispatch(&self, shared: &Shared, req: &[u8], reply: &mut Vec<u8>) {
+        let Ok(h) = abi::parse_header(req) else {
+            return;
+        };
+        // DESTROY would end the file system for every client: a client
+        // leaves by closing its socket.
+        if h.opcode == abi::FUSE_DESTROY {
+            error_reply(reply, h.unique, libc::EPERM);
+            return;
+        }
+        if self.dispatcher.handle(req, reply, Transport::Ring) == Outcome::NoReply {
+            reply.clear();
+        }
+        let ok = reply.len() >= 16 && abi::fuse_out_header::read_from_prefix(reply).is_ok_and(|(o, _)| o.error == 0);
+        if !tracked(h.opcode) {
+            return;
+        }
+        let Ok(parsed) = abi::parse(req) else {
+            return;
+        };
+        self.track(&parsed, ok, reply);
+        if ok {
+            changes(&parsed, |n| shared.announce(self.id, n));
+        }
+    }
+
+    /// Records handles and lookups handed out to this client, and their
+    /// return.
+    fn track(&self, r: &abi::Request<'_>, ok: bool, reply: &[u8]) {
+        let body = reply.get(16..).unwrap_or(&[]);
+        let entry = || abi::fuse_entry_out::read_from_prefix(body).ok().map(|(e, _)| e);
+        let mut t = lock(&self.track);
+        match &r.op {
+            Operation::Forget { arg } => t.forget(r.header.nodeid, arg.nlookup),
+            Operation::BatchForget { nodes, .. } => {
+                for f in nodes.iter() {
+                    t.forget(f.nodeid, f.nlookup);
+                }
+            }
+            Operation::Release { arg } => {
+                t.handles.remove(&(arg.fh, false));
+            }
+            Operation::Releasedir { arg } => {
+                t.handles.remove(&(arg.fh, true));
+            }
+            _ if !ok => {}
+            Operation::Open { .. } | Operation::Opendir { .. } => {
+                if let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(body) {
+                    let dir = matches!(r.op, Operation::Opendir { .. });
+                    t.handles.insert((o.fh, dir), r.header.nodeid);
+                }
+            }
+            Operation::Create { .. } => {
+                if let Some(e) = entry().filter(|e| e.nodeid != 0) {
+                    *t.lookups.entry(e.nodeid).or_default() += 1;
+                    let rest = body.get(std::mem::size_of::<abi::fuse_entry_out>()..).unwrap_or(&[]);
+                    if let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(rest) {
+                        t.handles.insert((o.fh, false), e.nodeid);
+                    }
+                }
+            }
+            Operation::Lookup { .. }
+            | Operation::Mknod { .. }
+            | Operation::Mkdir { .. }
+            | Operation::Symlink { .. }
+            | Operation::Link { .. } => {
+                if let Some(e) = entry().filter(|e| e.nodeid != 0) {
+                    *t.lookups.entry(e.nodeid).or_default() += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives back what a departed client held: RELEASE/RELEASEDIR for its
+    /// open handles, one BATCH_FORGET for its lookups.
+    fn reclaim(&self) {
+        let t = std::mem::take(&mut *lock(&self.track));
+        let mut req = Vec::new();
+        let mut reply = Vec::new();
+        let mut unique = u64::MAX;
+        for ((fh, dir), node) in t.handles {
+            let arg = abi::fuse_release_in {
+                fh,
+                flags: 0,
+                release_flags: 0,
+                lock_owner: 0,
+            };
+            let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
+            build(&mut req, op, unique, node, &[arg.as_bytes()]);
+            unique -= 1;
+            self.dispatcher.handle(&req, &mut reply, Transport::Ring);
+        }
+        let forgets: Vec<abi::fuse_forget_one> = t
+            .lookups
+            .into_iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(nodeid, nlookup)| abi::fuse_forget_one { nodeid, nlookup })
+            .collect();
+        for chunk in forgets.chunks(1024) {
+            let arg = abi::fuse_batch_forget_in {
+                count: chunk.len() as u32,
+                dummy: 0,
+            };
+            build(
+                &mut req,
+                abi::FUSE_BATCH_FORGET,
+                unique,
+                0,
+                &[arg.as_bytes(), chunk.as_bytes()],
+            );
+            unique -= 1;
+            self.dispatcher.handle(&req, &mut reply, Transport::Ring);
+        }
+    }
+
+    /// Appends one notification to this client's ring; when the ring is
+    /// full (or the message too long) sets the overflow flag instead, which
+    /// makes the client forget its whole cache.
+    fn push_notice(&self, notice: Notice<'_>) {
+        let g = &self.geo;
+        let mut n = lock(&self.notify);
+        let NotifyTail { tail, rec } = &mut *n;
+        // The head is the client's: if it is garbage, so is its cache.
+        let head = self.region.u32_at(g.notify_head_off()).load(Ordering::Acquire);
+        if tail.wrapping_sub(head) >= g.records || !encode_record(rec, notice) {
+            self.region.u32_at(g.notify_overflow_off()).store(1, Ordering::Release);
+            return;
+        }
+        self.region.write(g.record_off(*tail), rec);
+        *tail = tail.wrapping_add(1);
+        self.region.u32_at(g.notify_tail_off()).store(*tail, Ordering::Release);
+    }
+}
+
+impl Track {
+    fn forget(&mut self, node: u64, n: u64) {
+        if let Some(c) = self.lookups.get_mut(&node) {
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                self.lookups.remove(&node);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Tells every client but `from` about a change.
+    fn announce(&self, from: u64, notice: Notice<'_>) {
+        for c in lock(&self.clients).iter() {
+            if c.id != from {
+                c.push_notice(notice);
+            }
+        }
+    }
+}
+
+/// Opcodes whose requests change what clients hold or cache.
+fn tracked(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        abi::FUSE_LOOKUP
+            | abi::FUSE_FORGET
+            | abi::FUSE_BATCH_FORGET
+            | abi::FUSE_OPEN
+            | abi::FUSE_OPENDIR
+            | abi::FUSE_RELEASE
+            | abi::FUSE_RELEASEDIR
+            | abi::FUSE_CREATE
+            | abi::FUSE_MKNOD
+            | abi::FUSE_MKDIR
+            | abi::FUSE_SYMLINK
+            | abi::FUSE_LINK
+            | abi::FUSE_UNLINK
+            | abi::FUSE_RMDIR
+            | abi::FUSE_RENAME
+            | abi::FUSE_RENAME2
+            | abi::FUSE_SETATTR
+            | abi::FUSE_WRITE
+            | abi::FUSE_FALLOCATE
+            | abi::FUSE_SETXATTR
+            | abi::FUSE_REMOVEXATTR
+            | abi::FUSE_COPY_FILE_RANGE
+    )
+}
+
+/// The invalidations a successful request calls for in other clients.
+pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
+    use std::os::unix::ffi::OsStrExt;
+    let node = r.header.nodeid;
+    match &r.op {
+        Operation::Setattr { .. }
+        | Operation::Write { .. }
+        | Operation::Fallocate { .. }
+        | Operation::Setxattr { .. }
+        | Operation::Removexattr { .. } => f(Notice::Inode(node)),
+        Operation::CopyFileRange { arg } => f(Notice::Inode(arg.nodeid_out)),
+        Operation::Create { name, .. }
+        | Operation::Mknod { name, .. }
+        | Operation::Mkdir { name, .. }
+        | Operation::Symlink { name, .. }
+        | Operation::Unlink { name }
+        | Operation::Rmdir { name } => f(Notice::Entry {
+            parent: node,
+            name: name.as_bytes(),
+        }),
+        Operation::Link { arg, name } => {
+            f(Notice::Inode(arg.oldnodeid));
+            f(Notice::Entry {
+                parent: node,
+                name: name.as_bytes(),
+            });
+        }
+        Operation::Rename { arg, name, new_name } => {
+            f(Notice::Entry {
+                parent: node,
+                name: name.as_bytes(),
+            });
+            f(Notice::Entry {
+                parent: arg.newdir,
+                name: new_name.as_bytes(),
+            });
+        }
+        Operation::Rename2 { arg, name, new_name } => {
+            f(Notice::Entry {
+                parent: node,
+                name: name.as_bytes(),
+            });
+            f(Notice::Entry {
+                parent: arg.newdir,
+                name: new_name.as_bytes(),
+            });
+        }
+        _ => {}
+    }
+}
+
+fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {
+    reply.clear();
+    let h = abi::fuse_out_header {
+        len: 16,
+        error: -errno,
+        unique,
+    };
+    reply.extend_from_slice(h.as_bytes());
+}
+
+/// Encodes a request the daemon makes on a departed client's behalf.
+fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8]]) {
+    req.clear();
+    let len = std::mem::size_of::<abi::fuse_in_header>() + parts.iter().map(|p| p.len()).sum::<usize>();
+    let h = abi::fuse_in_header {
+        len: len as u32,
+        opcode,
+        unique,
+        nodeid,
+        uid: 0,
+        gid: 0,
+        pid: 0,
+        total_extlen: 0,
+        padding: 0,
+    };
+    req.extend_from_slice(h.as_bytes());
+    for p in parts {
+        req.extend_from_slice(p);
+    }
+}
+
+/// One queue's worker: take, serve, and when the queue stays empty for the
+/// spin budget, sleep on the queue's doorbell until a client rings it.
+fn worker(shared: &Shared, conn: &Conn, q: usize) {
+    let mut head = 0u32;
+    let mut req = Vec::with_capacity(conn.geo.slot_data as usize);
+    let mut reply = Vec::with_capacity(conn.geo.slot_data as usize);
+    let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
+    loop {
+        if conn.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(i) = conn.take(q, &mut head) {
+            if let Some(i) = i {
+                conn.serve(shared, q, i, &mut req, &mut reply);
+            }
+            continue;
+        }
+        if wait::spin_until(shared.config.spin, || {
+            conn.stop.load(Ordering::Relaxed) || conn.has_work(q, head)
+        }) {
+            continue;
+        }
+        bell.store(1, Ordering::SeqCst);
+        if conn.has_work(q, head) || conn.stop.load(Ordering::SeqCst) {
+            bell.store(0, Ordering::Relaxed);
+            continue;
+        }
+        // A client that keeps the word away from 1 only makes its own
+        // worker poll.
+        sys::futex_wait(bell, 1, None);
+    }
+}

@@ -1,0 +1,318 @@
+//! The system calls of the rings: futexes, memfds, mappings and the
+//! handshake socket. The futex calls run inside the preload shim's hook,
+//! where libc's own `syscall` instruction would be rewritten: they issue
+//! the instruction themselves (the shim's mapping is never rewritten and is
+//! exempt from Syscall User Dispatch).
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+/// A system call straight to the kernel; returns the raw result
+/// (negative errno on failure).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
+    let ret: i64;
+    // SAFETY: the kernel checks every argument; callers pass pointers to
+    // live memory of the right size. rcx and r11 are clobbered by `syscall`.
+    unsafe {
+        core::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => ret,
+            in("rdi") a1, in("rsi") a2, in("rdx") a3, in("r10") a4, in("r8") a5, in("r9") a6,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
+    // SAFETY: as above; libc's wrapper returns -1 and sets errno.
+    let r = unsafe { libc::syscall(nr, a1, a2, a3, a4, a5, a6) };
+    if r < 0 {
+        -(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) as i64)
+    } else {
+        r
+    }
+}
+
+/// Sleeps while `*word == expected`, at most `timeout` (forever with
+/// `None`). Shared (not FUTEX_PRIVATE): the word lives in memory mapped by
+/// two processes. Spurious returns are the caller's to handle.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(0, |t| t as *const libc::timespec as i64);
+    raw(
+        libc::SYS_futex,
+        word.as_ptr() as i64,
+        i64::from(libc::FUTEX_WAIT),
+        i64::from(expected),
+        tsp,
+        0,
+        0,
+    );
+}
+
+/// Wakes up to `n` sleepers on `word`.
+pub fn futex_wake(word: &AtomicU32, n: i32) {
+    raw(
+        libc::SYS_futex,
+        word.as_ptr() as i64,
+        i64::from(libc::FUTEX_WAKE),
+        i64::from(n),
+        0,
+        0,
+        0,
+    );
+}
+
+pub fn sched_yield() {
+    raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+}
+
+/// True when the peer of a connected SOCK_SEQPACKET socket has closed it
+/// (or the socket is broken). The daemon never sends after the handshake,
+/// so a live peer leaves nothing to read: EAGAIN.
+pub fn peer_gone(fd: RawFd) -> bool {
+    let mut b = 0u8;
+    let r = raw(
+        libc::SYS_recvfrom,
+        i64::from(fd),
+        &mut b as *mut u8 as i64,
+        1,
+        i64::from(libc::MSG_PEEK | libc::MSG_DONTWAIT),
+        0,
+        0,
+    );
+    r == 0 || (r < 0 && r != -i64::from(libc::EAGAIN) && r != -i64::from(libc::EINTR))
+}
+
+/// The CPU this thread runs on (glibc reads it from rseq or the vDSO: no
+/// system call, no lock).
+pub fn current_cpu() -> usize {
+    // SAFETY: no arguments; returns -1 on failure.
+    let c = unsafe { libc::sched_getcpu() };
+    usize::try_from(c).unwrap_or(0)
+}
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// A sealed memfd of `len` bytes: neither side can shrink or grow it, so
+/// a client cannot make the daemon's accesses fault (SIGBUS) by truncating
+/// the file under its mapping.
+pub fn sealed_memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated name; the result is a new descriptor we own.
+    let fd = check(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
+    // SAFETY: fd was just returned to us and nobody else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let size = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: plain calls on our descriptor.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) })?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(fd)
+}
+
+/// The size of the file behind `fd`.
+pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: fstat fills the zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a pointer to a stat buffer.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_size as u64)
+}
+
+/// A shared read-write mapping of the whole of `fd`.
+pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a fresh mapping chosen by the kernel; nothing else is touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+/// Unmaps what [`map_shared`] returned.
+///
+/// # Safety
+/// Nothing may use the mapping afterwards.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: the caller guarantees the mapping is no longer used.
+    unsafe { libc::munmap(p.cast(), len) };
+}
+
+fn sockaddr(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: all-zero is a valid sockaddr_un.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: creates a new descriptor.
+    let fd = check(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fd is new and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A listening SOCK_SEQPACKET socket at `path`.
+pub fn listen(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (addr, len) = sockaddr(path)?;
+    // SAFETY: addr is a valid sockaddr_un of length len.
+    check(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    // SAFETY: a bound socket.
+    check(unsafe { libc::listen(fd.as_raw_fd(), 64) })?;
+    Ok(fd)
+}
+
+/// Connects a SOCK_SEQPACKET socket to `path`.
+pub fn connect(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (addr, len) = sockaddr(path)?;
+    // SAFETY: addr is a valid sockaddr_un of length len.
+    check(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(fd)
+}
+
+/// Accepts one connection (blocking; EINTR retried).
+pub fn accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    loop {
+        // SAFETY: no address is asked for.
+        let r = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        match check(r) {
+            // SAFETY: a new descriptor we own.
+            Ok(fd) => return Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Wakes a thread blocked in [`accept`] on `fd` (accept then fails).
+pub fn shutdown(fd: BorrowedFd<'_>) {
+    // SAFETY: plain call on a descriptor we hold.
+    unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+}
+
+/// Sends one message, with `pass` as SCM_RIGHTS when given.
+pub fn send(sock: BorrowedFd<'_>, data: &[u8], pass: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut cbuf = [0u64; 4];
+    // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = pass {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer holds one cmsg with room for one fd.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: msg describes live buffers.
+    let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf` and the descriptor passed with it;
+/// returns the length (0: the peer closed).
+pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: msg describes live buffers.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut passed = None;
+    // SAFETY: walking the control messages the kernel filled in.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                // Only the first descriptor is kept; any other is closed by
+                // being wrapped and dropped.
+                let owned = OwnedFd::from_raw_fd(fd);
+                if passed.is_none() {
+                    passed = Some(owned);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n, passed))
+}

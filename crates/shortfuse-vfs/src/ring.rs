@@ -1,0 +1,57 @@
+//! The ring backend: requests travel to a shared `shortfuse serve` daemon
+//! over shared-memory rings (`shortfuse-ring`), instead of to a file
+//! system built in this process. Every process then sees one file system
+//! (one cache in the daemon, changes visible at once); the daemon's
+//! notifications keep this client's dentry and attribute cache coherent.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use shortfuse::{Errno, NodeId};
+use shortfuse_ring::{Notice, RingClient};
+
+use crate::backend::{Backend, Invalidation};
+
+/// A connection to the daemon serving one mount point.
+pub struct Ring {
+    client: RingClient,
+}
+
+impl Ring {
+    /// Connects to the daemon that serves `mountpoint` (normalised here).
+    pub fn connect(mountpoint: &[u8]) -> Result<Ring, String> {
+        let mp = crate::normalize(mountpoint);
+        let path = shortfuse_ring::socket_path(Path::new(OsStr::from_bytes(&mp)));
+        let client = RingClient::connect(&path).map_err(|e| {
+            format!(
+                "{e} (is `shortfuse serve FS {}` running?)",
+                String::from_utf8_lossy(&mp)
+            )
+        })?;
+        Ok(Ring { client })
+    }
+
+    pub fn client(&self) -> &RingClient {
+        &self.client
+    }
+}
+
+impl Backend for Ring {
+    fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
+        self.client.call(request, reply)
+    }
+
+    fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
+        self.client.notices(|n| {
+            apply(match n {
+                Notice::Inode(node) => Invalidation::Inode(NodeId(node)),
+                Notice::Entry { parent, name } => Invalidation::Entry {
+                    parent: NodeId(parent),
+                    name,
+                },
+                Notice::All => Invalidation::All,
+            })
+        });
+    }
+}
