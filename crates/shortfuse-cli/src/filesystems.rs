@@ -106,12 +106,11 @@ pub const ALL: &[FsKind] = &[
     FsKind {
         name: "dist",
         source: Some("ADDR (host:port) of a `shortfuse dist up` server"),
-        about: "distfs client: write-back cache kept strongly consistent by per-file leases",
+        about: "distfs client: write-back cache kept strongly consistent by per-file leases (-o consistency=lease|writethrough|weak)",
         kernel_permissions: true,
         build: |src, rest| {
-            no_options("dist", rest)?;
             let addr = src.ok_or_else(|| invalid("dist needs SOURCE: ADDR".into()))?;
-            let cfg = shortfuse_dist::client::ClientConfig::new(addr.to_string_lossy());
+            let cfg = shortfuse_dist::client::ClientConfig::from_options(addr.to_string_lossy(), rest)?;
             let fs = shortfuse_dist::client::DistFs::new(cfg)
                 .map_err(|e| io::Error::new(e.kind(), format!("dist {}: {e}", addr.display())))?;
             Ok(Arc::new(fs))

@@ -2,6 +2,7 @@
 
 mod filesystems;
 mod run;
+mod serve;
 mod sys;
 
 use std::fs::File;
@@ -77,6 +78,9 @@ enum Command {
     /// preload shim (no FUSE, no kernel mount; children inherit them).
     #[command(after_long_help = run::after_help())]
     Run(run::RunArgs),
+    /// Serve a file system to programs under `shortfuse run -m MOUNTPOINT`
+    /// over shared-memory rings (and, with --transport, in the kernel too).
+    Serve(serve::ServeArgs),
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -99,6 +103,22 @@ enum DistCommand {
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7420")]
         listen: std::net::SocketAddr,
     },
+    /// Consistency checker: one client per MOUNT (mounts of one server)
+    /// reads and writes shared files at once; fails when a read saw
+    /// neither the latest completed write nor a concurrent one.
+    Check {
+        #[arg(required = true, num_args = 2..)]
+        mounts: Vec<PathBuf>,
+        #[arg(long, default_value_t = 2)]
+        files: usize,
+        /// Operations per client.
+        #[arg(long, default_value_t = 200)]
+        ops: usize,
+        #[arg(long, default_value_t = 50)]
+        read_percent: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 fn mount_options_help() -> String {
@@ -120,6 +140,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => return run::main(args),
+        Command::Serve(args) => serve::main(args),
         Command::Mount {
             fs,
             paths,
@@ -139,6 +160,16 @@ fn main() -> ExitCode {
         Command::Dist {
             command: DistCommand::Up { data, listen },
         } => shortfuse_dist::server::run_up(data, listen),
+        Command::Dist {
+            command:
+                DistCommand::Check {
+                    mounts,
+                    files,
+                    ops,
+                    read_percent,
+                    seed,
+                },
+        } => shortfuse_dist::check::cli(&mounts, files, ops, read_percent, seed),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);

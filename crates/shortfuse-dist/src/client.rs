@@ -20,6 +20,28 @@
 //! `close(2)` does not write back: that is the point of leases; a client
 //! that dies loses what it did not fsync, and nothing else.
 //!
+//! # Consistency modes
+//!
+//! One binary, three modes per mount ([`Consistency`]), so that the
+//! trade-off is measured rather than claimed:
+//! - `lease` (default): the above;
+//! - `writethrough`: the same leases, but every write goes to storage
+//!   before it is answered (seed 003's baseline, and what ceph-fuse does):
+//!   strong, and each write pays a round trip;
+//! - `weak`: write-back without leases, like GlusterFS's write-behind or
+//!   JuiceFS: dirty blocks go to storage on close, fsync, cache pressure or
+//!   when the file's cache expires ([`WEAK_CACHE_TTL`] after it was filled),
+//!   and cached blocks are trusted until then. Other clients may read stale
+//!   data; the consistency checker ([`crate::check`]) shows it.
+//!
+//! # Reconnection
+//!
+//! A lost connection is reopened, from a background thread while this
+//! client holds leases, and the new connection resumes the lease session
+//! (see [`crate::lease`]): a server restart or a short network cut costs no
+//! lease and no cached data as long as the session is resumed within the
+//! TTL.
+//!
 //! # Kernel page cache
 //!
 //! The kernel knows nothing about leases, so its page cache could serve a
@@ -38,15 +60,16 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
+use std::time::{Duration, Instant};
 
 use shortfuse::{
     Attr, Created, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId, OpenFlags,
     Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
 };
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Event};
 use crate::proto::{
-    AttrChange, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime,
+    AttrChange, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime, NO_LEASE,
 };
 
 /// Blocks fetched past a read miss, when the file has them.
@@ -58,6 +81,41 @@ const CACHED_MAX: usize = 1024;
 /// Bytes of block data per write-back request.
 const BATCH_BYTES: usize = 8 << 20;
 
+/// How long a `weak` client trusts a file's cache (JuiceFS's default).
+pub const WEAK_CACHE_TTL: Duration = Duration::from_secs(1);
+
+/// What a client promises about what others read (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Consistency {
+    #[default]
+    Lease,
+    WriteThrough,
+    Weak,
+}
+
+impl Consistency {
+    pub const ALL: [Consistency; 3] = [Consistency::Lease, Consistency::WriteThrough, Consistency::Weak];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Consistency::Lease => "lease",
+            Consistency::WriteThrough => "writethrough",
+            Consistency::Weak => "weak",
+        }
+    }
+}
+
+impl std::str::FromStr for Consistency {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Consistency, String> {
+        Consistency::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("consistency {s:?}: choose lease, writethrough or weak"))
+    }
+}
+
 /// How a client is set up.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -67,6 +125,7 @@ pub struct ClientConfig {
     pub name: String,
     /// Open files with `FOPEN_DIRECT_IO` (see the module docs).
     pub direct_io: bool,
+    pub consistency: Consistency,
 }
 
 impl ClientConfig {
@@ -75,7 +134,27 @@ impl ClientConfig {
             addr: addr.into(),
             name: format!("pid {}", std::process::id()),
             direct_io: true,
+            consistency: Consistency::Lease,
         }
+    }
+
+    /// A client of `addr` set up by `shortfuse mount dist`'s own `-o`
+    /// options: `consistency=lease|writethrough|weak`.
+    pub fn from_options(addr: impl Into<String>, opts: &[(String, Option<String>)]) -> std::io::Result<ClientConfig> {
+        let mut cfg = ClientConfig::new(addr);
+        for (k, v) in opts {
+            let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, msg);
+            match (k.as_str(), v) {
+                ("consistency", Some(v)) => cfg.consistency = v.parse().map_err(|e| bad(format!("-o {e}")))?,
+                _ => {
+                    return Err(bad(format!(
+                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak)",
+                    v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
+                )))
+                }
+            }
+        }
+        Ok(cfg)
     }
 }
 
@@ -83,8 +162,10 @@ impl ClientConfig {
 struct Slot {
     mode: Option<LeaseMode>,
     id: u64,
-    /// The connection the lease belongs to.
-    generation: u64,
+    /// The lease session the lease belongs to (`ClientId.0`).
+    session: u64,
+    /// `weak` only: when the cache was filled.
+    since: Option<Instant>,
 }
 
 struct Block {
@@ -155,6 +236,10 @@ struct Inner {
     cfg: ClientConfig,
     conn: Mutex<Option<Arc<Conn>>>,
     generation: AtomicU64,
+    /// The last lease session, resumed by the next connection.
+    session: AtomicU64,
+    /// A reconnecting thread is running.
+    reconnecting: std::sync::atomic::AtomicBool,
     /// Block size of the server, fixed by the first connection.
     block_size: AtomicU32,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
@@ -216,7 +301,7 @@ impl DistFs {
     /// building it). Checks now that the server answers.
     pub fn new(cfg: ClientConfig) -> std::io::Result<DistFs> {
         let fs = DistFs::unconnected(cfg);
-        let probe = Conn::open(&fs.inner.cfg.addr, "probe", 0, Box::new(|_, _| {}))?;
+        let probe = Conn::open(&fs.inner.cfg.addr, "probe", 0, None, Box::new(|_| {}))?;
         drop(probe);
         Ok(fs)
     }
@@ -234,6 +319,8 @@ impl DistFs {
                 cfg,
                 conn: Mutex::new(None),
                 generation: AtomicU64::new(0),
+                session: AtomicU64::new(0),
+                reconnecting: std::sync::atomic::AtomicBool::new(false),
                 block_size: AtomicU32::new(0),
                 files: Mutex::new(HashMap::new()),
                 me: me.clone(),
@@ -276,21 +363,31 @@ impl Inner {
         }
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let me = self.me.clone();
+        let resume = match self.session.load(Ordering::Acquire) {
+            0 => None,
+            c => Some(ClientId(c)),
+        };
         let conn = Conn::open(
             &self.cfg.addr,
             &self.cfg.name,
             generation,
-            Box::new(move |gfi, lease| {
-                if let Some(inner) = me.upgrade() {
-                    // Revocation writes back and may wait for running I/O:
-                    // never on the reader thread, which must keep reading.
-                    let _ = std::thread::Builder::new()
+            resume,
+            Box::new(move |ev| {
+                let Some(inner) = me.upgrade() else { return };
+                // Both may wait (for running I/O, for the server): never on
+                // the reader thread, which must keep reading.
+                let _ = match ev {
+                    Event::Revoke { gfi, lease } => std::thread::Builder::new()
                         .name("distfs-revoke".into())
-                        .spawn(move || inner.revoke(gfi, lease, generation));
-                }
+                        .spawn(move || inner.revoke(gfi, lease, generation)),
+                    Event::Closed => std::thread::Builder::new()
+                        .name("distfs-reconnect".into())
+                        .spawn(move || inner.reconnect()),
+                };
             }),
         )
         .map_err(|_| Errno::ENOTCONN)?;
+        self.session.store(conn.client.0, Ordering::Release);
         let bs = self.block_size.load(Ordering::Acquire);
         if bs == 0 {
             self.block_size.store(conn.block_size, Ordering::Release);
@@ -303,6 +400,32 @@ impl Inner {
 
     fn call(&self, req: Req) -> Result<Reply> {
         self.conn()?.call(req)
+    }
+
+    /// After a lost connection: while this client holds leases, reopens it
+    /// (resuming the session) until it works or the leases are past saving.
+    fn reconnect(&self) {
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(ttl) = lock(&self.conn).as_ref().map(|c| c.ttl) else {
+            self.reconnecting.store(false, Ordering::Release);
+            return;
+        };
+        let until = Instant::now() + ttl;
+        while Instant::now() < until {
+            let holding = lock(&self.files).values().any(|f| {
+                f.lease
+                    .try_read()
+                    .map(|g| g.mode.is_some() && g.id != NO_LEASE)
+                    .unwrap_or(true)
+            });
+            if !holding || self.conn().is_ok() {
+                break;
+            }
+            std::thread::sleep(ttl / 20);
+        }
+        self.reconnecting.store(false, Ordering::Release);
     }
 
     fn bs(&self) -> u64 {
@@ -359,6 +482,9 @@ impl Inner {
         mode: LeaseMode,
         mut io: impl FnMut(&Conn, &RwLockReadGuard<'_, Slot>) -> Result<T>,
     ) -> Result<T> {
+        if self.cfg.consistency == Consistency::Weak {
+            return self.with_weak_cache(f, io);
+        }
         // Two rounds: a revocation may slip in between acquiring and using.
         for _ in 0..8 {
             let conn = self.conn()?;
@@ -378,8 +504,50 @@ impl Inner {
         Err(Errno::EAGAIN)
     }
 
+    /// `weak`: runs `io` on the file's cache, refilled (after writing back
+    /// what is dirty) once it is older than [`WEAK_CACHE_TTL`] or belongs
+    /// to an earlier connection.
+    fn with_weak_cache<T>(
+        &self,
+        f: &FileState,
+        mut io: impl FnMut(&Conn, &RwLockReadGuard<'_, Slot>) -> Result<T>,
+    ) -> Result<T> {
+        let fresh = |s: &Slot| s.since.is_some_and(|t| t.elapsed() < WEAK_CACHE_TTL);
+        let conn = self.conn()?;
+        {
+            let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+            if fresh(&g) {
+                return io(&conn, &g);
+            }
+        }
+        {
+            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            if !fresh(&g) {
+                if g.mode.is_some() {
+                    // A failure leaves the blocks dirty: `clear` below
+                    // reports them lost at the next flush or fsync.
+                    let _ = self.write_back(f, &conn, NO_LEASE, false);
+                }
+                let attr = node_reply(conn.call(Req::GetAttr { ino: f.gfi.ino })?)?.attr;
+                let mut c = lock(&f.cache);
+                c.clear();
+                c.size = attr.size;
+                c.mtime = attr.mtime;
+                drop(c);
+                *g = Slot {
+                    mode: Some(LeaseMode::Write),
+                    id: NO_LEASE,
+                    session: conn.client.0,
+                    since: Some(Instant::now()),
+                };
+            }
+        }
+        let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+        io(&conn, &g)
+    }
+
     fn suffices(slot: &Slot, mode: LeaseMode, conn: &Conn) -> bool {
-        slot.generation == conn.generation
+        slot.session == conn.client.0
             && conn.leases_valid()
             && matches!(
                 (slot.mode, mode),
@@ -394,7 +562,7 @@ impl Inner {
             return Ok(());
         }
         if g.mode.is_some() {
-            if g.generation == conn.generation && conn.leases_valid() {
+            if g.session == conn.client.0 && conn.leases_valid() {
                 // Upgrade: give the read lease back first (nothing is dirty
                 // under a read lease).
                 lock(&f.cache).clear();
@@ -429,7 +597,8 @@ impl Inner {
         *g = Slot {
             mode: Some(mode),
             id: lease,
-            generation: conn.generation,
+            session: conn.client.0,
+            since: None,
         };
         Ok(())
     }
@@ -445,7 +614,7 @@ impl Inner {
         };
         if let Some(f) = f {
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
-            if g.id == lease && g.generation == generation && g.mode.is_some() {
+            if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
                 if g.mode == Some(LeaseMode::Write) {
                     // A failure marks the data lost (reported at the next
                     // fsync/close); the lease goes back either way.
@@ -663,7 +832,10 @@ impl Inner {
                 }
                 let too_dirty = c.dirty_count() > DIRTY_MAX;
                 drop(c);
-                if too_dirty {
+                // Write-through by mode, or past the soft timeout: the
+                // manager may be unreachable and the lease about to go.
+                let through = self.cfg.consistency == Consistency::WriteThrough || conn.soft_expired();
+                if too_dirty || through {
                     self.write_back(&f, conn, slot.id, false)?;
                 }
                 Ok(data.len())
@@ -704,7 +876,7 @@ impl Inner {
         let conn = self.conn()?;
         let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
         let lost = std::mem::take(&mut lock(&f.cache).lost);
-        if g.mode == Some(LeaseMode::Write) && g.generation == conn.generation {
+        if g.mode == Some(LeaseMode::Write) && (g.session == conn.client.0 || g.id == NO_LEASE) {
             self.write_back(&f, &conn, g.id, true)?;
         }
         if lost {
@@ -721,7 +893,7 @@ impl Inner {
         let mut result = Ok(());
         for f in files {
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
-            if g.mode.is_none() || g.generation != conn.generation {
+            if g.mode.is_none() || (g.session != conn.client.0 && g.id != NO_LEASE) {
                 continue;
             }
             if g.mode == Some(LeaseMode::Write) {
@@ -730,10 +902,12 @@ impl Inner {
                 }
             }
             lock(&f.cache).clear();
-            let _ = conn.call(Req::Release {
-                gfi: f.gfi,
-                lease: g.id,
-            });
+            if g.id != NO_LEASE {
+                let _ = conn.call(Req::Release {
+                    gfi: f.gfi,
+                    lease: g.id,
+                });
+            }
             *g = Slot::default();
         }
         result
@@ -953,7 +1127,16 @@ impl Filesystem for DistFs {
 
     fn flush(&self, _req: &Request, node: NodeId, _fh: FileHandle, _lock_owner: u64) -> Result<()> {
         // Data stays cached under the lease; only a loss is reported.
+        // Without leases, close is when others may see the data (as in
+        // NFS's and JuiceFS's close-to-open).
         let f = self.inner.file(node.0)?;
+        if self.inner.cfg.consistency == Consistency::Weak {
+            let conn = self.inner.conn()?;
+            let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+            if g.mode.is_some() {
+                self.inner.write_back(&f, &conn, NO_LEASE, false)?;
+            }
+        }
         if std::mem::take(&mut lock(&f.cache).lost) {
             return Err(Errno::EIO);
         }

@@ -8,6 +8,12 @@
 //! expiry is counted from when it received it, which is later), so the
 //! client stops trusting its cache before the manager may give the lease to
 //! someone else.
+//!
+//! Soft timeout (seed 003, 4.2): once no renewal has been acknowledged for
+//! half a TTL ([`Conn::soft_expired`]), the manager may be unreachable; the
+//! client keeps its leases until its own clock says they are gone, but
+//! writes through meanwhile, so that little dirty data is left to lose if
+//! it cannot renew in time.
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
@@ -21,8 +27,17 @@ use shortfuse::{Errno, Result};
 
 use crate::proto::{self, ClientId, ClientMsg, Gfi, Reply, Request, ServerMsg, PROTOCOL_VERSION};
 
-/// Called on the reader thread for each revocation; must not block.
-pub type RevokeHandler = Box<dyn Fn(Gfi, u64) + Send + Sync>;
+/// What the server (or its absence) tells the client unasked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The manager wants this lease back.
+    Revoke { gfi: Gfi, lease: u64 },
+    /// The connection is gone (server stopped, network cut, bad frame).
+    Closed,
+}
+
+/// Called on the reader thread for each [`Event`]; must not block.
+pub type EventHandler = Box<dyn Fn(Event) + Send + Sync>;
 
 /// Slack subtracted from the lease TTL on the client's clock.
 const CLOCK_MARGIN_DIV: u32 = 10;
@@ -39,6 +54,8 @@ pub struct Conn {
     next_id: AtomicU64,
     dead: AtomicBool,
     valid_until: Mutex<Instant>,
+    /// When the last acknowledged renewal (or the hello) was sent.
+    renewed: Mutex<Instant>,
     /// Test hook: stop renewing (a client cut off from the manager).
     frozen: AtomicBool,
 }
@@ -48,9 +65,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Conn {
-    /// Connects, opens a lease session and starts the reader and heartbeat
-    /// threads.
-    pub fn open(addr: &str, name: &str, generation: u64, on_revoke: RevokeHandler) -> io::Result<Arc<Conn>> {
+    /// Connects, opens a lease session (or resumes session `resume`, see
+    /// [`Request::Hello`]) and starts the reader and heartbeat threads.
+    pub fn open(
+        addr: &str,
+        name: &str,
+        generation: u64,
+        resume: Option<ClientId>,
+        on_event: EventHandler,
+    ) -> io::Result<Arc<Conn>> {
         let sockaddr = addr
             .to_socket_addrs()?
             .next()
@@ -67,6 +90,7 @@ impl Conn {
                 req: Request::Hello {
                     version: PROTOCOL_VERSION,
                     name: name.to_string(),
+                    resume,
                 },
             },
         )?;
@@ -103,12 +127,13 @@ impl Conn {
             next_id: AtomicU64::new(1),
             dead: AtomicBool::new(false),
             valid_until: Mutex::new(sent + ttl - ttl / CLOCK_MARGIN_DIV),
+            renewed: Mutex::new(sent),
             frozen: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&conn);
         std::thread::Builder::new()
             .name("distfs-reader".into())
-            .spawn(move || read_loop(weak, reader, on_revoke))?;
+            .spawn(move || read_loop(weak, reader, on_event))?;
         let weak = Arc::downgrade(&conn);
         std::thread::Builder::new()
             .name("distfs-heartbeat".into())
@@ -123,6 +148,12 @@ impl Conn {
     /// Whether leases of this connection may still be trusted.
     pub fn leases_valid(&self) -> bool {
         !self.is_dead() && Instant::now() < *lock(&self.valid_until)
+    }
+
+    /// Whether no renewal was acknowledged for half a TTL: writes go
+    /// through (see the module docs).
+    pub fn soft_expired(&self) -> bool {
+        lock(&self.renewed).elapsed() >= self.ttl / 2
     }
 
     /// Test hook: stop heartbeats and ignore revocations, as if the
@@ -180,7 +211,7 @@ impl Drop for Conn {
     }
 }
 
-fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_revoke: RevokeHandler) {
+fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_event: EventHandler) {
     loop {
         let msg: io::Result<ServerMsg> = proto::read_frame(&mut reader);
         let Some(c) = conn.upgrade() else { return };
@@ -192,11 +223,17 @@ fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_revoke: Revo
             }
             Ok(ServerMsg::Revoke { gfi, lease }) => {
                 if !c.frozen.load(Ordering::Acquire) {
-                    on_revoke(gfi, lease)
+                    on_event(Event::Revoke { gfi, lease })
                 }
             }
             Err(_) => {
+                let killed_here = !c.is_dead();
                 c.kill();
+                drop(c);
+                // A connection this client ended itself needs no reconnect.
+                if killed_here {
+                    on_event(Event::Closed);
+                }
                 return;
             }
         }
@@ -213,7 +250,10 @@ fn heartbeat_loop(conn: Weak<Conn>) {
         if !c.frozen.load(Ordering::Acquire) {
             let sent = Instant::now();
             match c.call_timeout(Request::Heartbeat, period) {
-                Ok(_) => *lock(&c.valid_until) = sent + c.ttl - c.ttl / CLOCK_MARGIN_DIV,
+                Ok(_) => {
+                    *lock(&c.valid_until) = sent + c.ttl - c.ttl / CLOCK_MARGIN_DIV;
+                    *lock(&c.renewed) = sent;
+                }
                 // The session is gone on the server: nothing of it is valid.
                 Err(Errno::ESTALE) => {
                     c.kill();

@@ -16,6 +16,19 @@
 //! ([`IoGuard`]): a conflicting grant waits for them, so a write that passed
 //! the check lands before the next holder reads.
 //!
+//! # Restarts
+//!
+//! A manager opened on a file ([`LeaseManager::open`]) writes its sessions,
+//! holders and id counters there after every change (write to a temporary
+//! file, rename: a killed process loses nothing; renewals are not written,
+//! expiry times are not kept). A restarted manager gives every session it
+//! loads one TTL from the restart to come back ([`LeaseManager::resume`]):
+//! until then no conflicting lease is granted, so a client that reconnects
+//! in time keeps its leases and its dirty cache, and one that does not
+//! loses them as if it had died. Revocations sent while a holder was away
+//! are sent again when it resumes. Lease and client ids never repeat across
+//! restarts, so fencing stays exact.
+//!
 //! Seam for the scale-out step: the public methods (`open_session`,
 //! `renew`, `end_session`, `acquire`, `release`, `begin_io`) are the whole
 //! interface the server uses; an etcd-backed manager keeps the same shape
@@ -23,9 +36,12 @@
 //! transactions, revocations through a watch).
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use shortfuse::{Errno, Result};
 use tokio::sync::{mpsc, Notify};
 
@@ -65,12 +81,29 @@ struct State {
     next_lease: u64,
 }
 
+/// One file's saved lease: mode and holders with their lease ids.
+type SavedFile = (Gfi, LeaseMode, Vec<(ClientId, u64)>);
+
+/// What survives a restart (see the module docs).
+#[derive(Default, Serialize, Deserialize)]
+struct Saved {
+    next_client: u64,
+    next_lease: u64,
+    sessions: Vec<ClientId>,
+    files: Vec<SavedFile>,
+}
+
 /// The lease manager. Cheap to share (`Arc`).
 pub struct LeaseManager {
     state: Mutex<State>,
     /// Woken on every release, session end and finished I/O.
     changed: Notify,
     ttl: Duration,
+    /// Where the state is kept across restarts, if anywhere.
+    file: Option<PathBuf>,
+    /// Set when the server stops: what its dying connections do must not
+    /// reach the file (a crash would not write it either).
+    frozen: AtomicBool,
 }
 
 /// Running I/O under a lease; conflicting grants wait until it is dropped.
@@ -100,12 +133,84 @@ impl Drop for IoGuard {
 }
 
 impl LeaseManager {
+    /// A manager that keeps its state in memory only.
     pub fn new(ttl: Duration) -> Arc<LeaseManager> {
         Arc::new(LeaseManager {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
             ttl,
+            file: None,
+            frozen: AtomicBool::new(false),
         })
+    }
+
+    /// A manager whose state is kept in `file`, loaded from it if present.
+    pub fn open(ttl: Duration, file: &Path) -> std::io::Result<Arc<LeaseManager>> {
+        let mut st = State::default();
+        match std::fs::read(file) {
+            Ok(bytes) => {
+                let saved: Saved = bincode::deserialize(&bytes).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", file.display()))
+                })?;
+                st.next_client = saved.next_client;
+                st.next_lease = saved.next_lease;
+                let expires = Instant::now() + ttl;
+                for c in saved.sessions {
+                    // Revocations go nowhere until the client resumes.
+                    let (revokes, _) = mpsc::unbounded_channel();
+                    st.sessions.insert(c, Session { expires, revokes });
+                }
+                for (gfi, mode, holders) in saved.files {
+                    let f = st.files.entry(gfi).or_default();
+                    f.mode = Some(mode);
+                    f.holders = holders
+                        .into_iter()
+                        .filter(|(c, _)| st.sessions.contains_key(c))
+                        .collect();
+                }
+                st.files.retain(|_, f| !f.idle());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", file.display()))),
+        }
+        Ok(Arc::new(LeaseManager {
+            state: Mutex::new(st),
+            changed: Notify::new(),
+            ttl,
+            file: Some(file.to_path_buf()),
+            frozen: AtomicBool::new(false),
+        }))
+    }
+
+    /// Stops writing the state file (the server is going away).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// Writes the state file; called with the state locked, after every
+    /// change of sessions or holders, so the file never runs behind a
+    /// grant a client was told about. A failure to write is reported to
+    /// the caller: a grant that would not survive a restart is refused.
+    fn save(&self, st: &State) -> Result<()> {
+        let Some(file) = &self.file else { return Ok(()) };
+        if self.frozen.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let saved = Saved {
+            next_client: st.next_client,
+            next_lease: st.next_lease,
+            sessions: st.sessions.keys().copied().collect(),
+            files: st
+                .files
+                .iter()
+                .filter_map(|(g, f)| Some((*g, f.mode?, f.holders.iter().map(|(c, l)| (*c, *l)).collect())))
+                .collect(),
+        };
+        let bytes = bincode::serialize(&saved).map_err(|_| Errno::EIO)?;
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, file)?;
+        Ok(())
     }
 
     pub fn ttl(&self) -> Duration {
@@ -119,13 +224,37 @@ impl LeaseManager {
     }
 
     /// Starts a session; revocations for it are sent to `revokes`.
-    pub fn open_session(&self, revokes: RevokeSender) -> ClientId {
+    pub fn open_session(&self, revokes: RevokeSender) -> Result<ClientId> {
         let mut st = self.lock();
         st.next_client += 1;
         let id = ClientId(st.next_client);
         let expires = Instant::now() + self.ttl;
         st.sessions.insert(id, Session { expires, revokes });
-        id
+        if let Err(e) = self.save(&st) {
+            st.sessions.remove(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Takes back session `client` on a new connection if it still lives
+    /// (renewed, revocations now to `revokes`, the ones pending sent
+    /// again), else starts a new one.
+    pub fn resume(&self, client: ClientId, revokes: RevokeSender) -> Result<ClientId> {
+        let mut st = self.lock();
+        self.expire(&mut st, Instant::now());
+        let Some(s) = st.sessions.get_mut(&client) else {
+            drop(st);
+            return self.open_session(revokes);
+        };
+        s.expires = Instant::now() + self.ttl;
+        s.revokes = revokes.clone();
+        for (gfi, f) in &st.files {
+            if let (true, Some(&lease)) = (f.revoking.contains_key(&client), f.holders.get(&client)) {
+                let _ = revokes.send(ServerMsg::Revoke { gfi: *gfi, lease });
+            }
+        }
+        Ok(client)
     }
 
     /// Extends the session by one TTL from now. `ESTALE` once it expired:
@@ -147,6 +276,9 @@ impl LeaseManager {
         let mut st = self.lock();
         st.sessions.remove(&client);
         Self::drop_holder_everywhere(&mut st, client);
+        // A failed write is harmless: a restart that still finds the
+        // session expires it after one TTL.
+        let _ = self.save(&st);
         drop(st);
         self.changed.notify_waiters();
     }
@@ -195,6 +327,9 @@ impl LeaseManager {
             }
             !f.idle()
         });
+        if changed {
+            let _ = self.save(st);
+        }
         changed
     }
 
@@ -242,9 +377,18 @@ impl LeaseManager {
                     }
                     st.next_lease += 1;
                     let id = st.next_lease;
-                    f.holders.insert(client, id);
+                    let before = (f.mode, f.holders.insert(client, id));
                     f.revoking.remove(&client);
                     f.mode = Some(if others.is_empty() { mode } else { LeaseMode::Read });
+                    if let Err(e) = self.save(st) {
+                        let f = st.files.entry(gfi).or_default();
+                        f.mode = before.0;
+                        match before.1 {
+                            Some(old) => f.holders.insert(client, old),
+                            None => f.holders.remove(&client),
+                        };
+                        return Err(e);
+                    }
                     return Ok(id);
                 }
                 let mut deadline = now + self.ttl;
@@ -285,6 +429,8 @@ impl LeaseManager {
                 st.files.remove(&gfi);
             }
         }
+        // A failed write only delays the next grant after a restart.
+        let _ = self.save(&st);
         drop(st);
         self.changed.notify_waiters();
     }
@@ -310,6 +456,21 @@ impl LeaseManager {
         })
     }
 
+    /// [`LeaseManager::begin_io`], or nothing for unleased I/O
+    /// ([`crate::proto::NO_LEASE`]).
+    pub fn begin_io_unless_unleased(
+        self: &Arc<Self>,
+        client: ClientId,
+        gfi: Gfi,
+        lease: u64,
+        write: bool,
+    ) -> Result<Option<IoGuard>> {
+        if lease == crate::proto::NO_LEASE {
+            return Ok(None);
+        }
+        self.begin_io(client, gfi, lease, write).map(Some)
+    }
+
     /// The holders of `gfi` and the mode, for tests and diagnostics.
     pub fn holders(&self, gfi: Gfi) -> (Option<LeaseMode>, HashSet<ClientId>) {
         let st = self.lock();
@@ -328,7 +489,7 @@ mod tests {
 
     fn session(m: &LeaseManager) -> (ClientId, mpsc::UnboundedReceiver<ServerMsg>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (m.open_session(tx), rx)
+        (m.open_session(tx).unwrap(), rx)
     }
 
     #[tokio::test]

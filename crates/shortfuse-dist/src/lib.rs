@@ -8,13 +8,16 @@
 //! - [`blocks`]: file data in fixed-size blocks behind `object_store`;
 //! - [`server`]: the three above in one process on TCP (the embedded mode);
 //! - [`client`]: a [`shortfuse::Filesystem`] with a write-back block cache
-//!   kept coherent by leases.
+//!   kept coherent by leases, or written through, or not kept coherent
+//!   (the three consistency modes);
+//! - [`check`]: the consistency checker that tells them apart.
 //!
 //! Files are named everywhere by their global identifier [`proto::Gfi`].
 
 #![deny(unsafe_code)]
 
 pub mod blocks;
+pub mod check;
 pub mod client;
 mod conn;
 pub mod lease;

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use serde::{Deserialize, Serialize};
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
@@ -37,6 +37,10 @@ pub struct Gfi {
 /// A client's session with the lease manager.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ClientId(pub u64);
+
+/// The lease id of unleased I/O (`weak` clients): the block service then
+/// neither checks nor registers a lease. Granted leases start at 1.
+pub const NO_LEASE: u64 = 0;
 
 /// Which lease a client asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,10 +116,13 @@ pub struct DirEntryInfo {
 /// Requests a client makes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// First message on a connection: opens a lease session.
+    /// First message on a connection: opens a lease session, or takes
+    /// back session `resume` (a reconnect after the connection or the
+    /// server went away) with every lease it still holds.
     Hello {
         version: u32,
         name: String,
+        resume: Option<ClientId>,
     },
     /// Renews the session (and so every lease it holds).
     Heartbeat,

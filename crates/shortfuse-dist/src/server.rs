@@ -5,7 +5,13 @@
 //! lease request that waits for other clients holds up nothing else) and a
 //! writer (replies and revocations out, in the order they were queued).
 //! The connection is the client's lease session: when it closes, the
-//! client's leases are free.
+//! client's leases are free. A restarted server finds the sessions of its
+//! last run in `DATA/leases` and lets their clients resume them.
+//!
+//! I/O under [`NO_LEASE`] (clients mounted with `consistency=weak`) is
+//! served without any lease check: such clients trade coherence for speed
+//! knowingly, and mixing them with leased clients on one file gives the
+//! leased ones no guarantee about the unleased writes.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,7 +28,7 @@ use tokio::sync::mpsc;
 use crate::blocks::BlockStore;
 use crate::lease::LeaseManager;
 use crate::meta::Meta;
-use crate::proto::{self, ClientId, ClientMsg, Reply, Request, ServerMsg, PROTOCOL_VERSION};
+use crate::proto::{self, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
 
 /// Block size of a new server (128 KiB: the kernel's largest write is 1 MiB,
 /// so a write spans few blocks, and a small random write costs one block).
@@ -84,7 +90,7 @@ impl DistServer {
         }
         let meta = Arc::new(Meta::open(&cfg.data.join("meta"), new_node_id())?);
         let blocks = BlockStore::local(&cfg.data.join("blocks"), cfg.block_size)?;
-        let leases = LeaseManager::new(cfg.lease_ttl);
+        let leases = LeaseManager::open(cfg.lease_ttl, &cfg.data.join("leases"))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("distfs-server")
@@ -141,6 +147,7 @@ impl DistServer {
 impl Drop for DistServer {
     fn drop(&mut self) {
         if let Some(rt) = self.rt.take() {
+            self.leases.freeze();
             rt.shutdown_timeout(Duration::from_secs(5));
         }
     }
@@ -174,9 +181,24 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
     let client = match read_msg(&mut rd).await {
         Ok(ClientMsg {
             id,
-            req: Request::Hello { version, .. },
+            req: Request::Hello { version, resume, .. },
         }) if version == PROTOCOL_VERSION => {
-            let client = shared.leases.open_session(tx.clone());
+            let session = match resume {
+                Some(c) => shared.leases.resume(c, tx.clone()),
+                None => shared.leases.open_session(tx.clone()),
+            };
+            let client = match session {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(ServerMsg::Reply {
+                        id,
+                        reply: Reply::Err(e.raw()),
+                    });
+                    drop(tx);
+                    let _ = writer.await;
+                    return;
+                }
+            };
             let _ = tx.send(ServerMsg::Reply {
                 id,
                 reply: Reply::Welcome {
@@ -227,7 +249,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             let gfi = meta.getattr(ino)?.gfi;
             // Changing the size changes data: only the writer may.
             let _io = match (change.size, lease) {
-                (None, _) => None,
+                (None, _) | (Some(_), Some(NO_LEASE)) => None,
                 (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true)?),
                 (Some(_), None) => return Err(Errno::EINVAL),
             };
@@ -295,7 +317,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             first,
             count,
         } => {
-            let _io = s.leases.begin_io(client, gfi, lease, false)?;
+            let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, false)?;
             Reply::Blocks(s.blocks.get(gfi, first, count).await?)
         }
         Request::WriteBlocks {
@@ -306,7 +328,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             mtime,
             sync,
         } => {
-            let _io = s.leases.begin_io(client, gfi, lease, true)?;
+            let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
             // Data first, then the size that makes it visible.
             let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
             s.blocks.put(gfi, blocks, false).await?;

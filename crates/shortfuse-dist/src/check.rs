@@ -1,0 +1,429 @@
+//! The consistency checker: several clients read and write shared files at
+//! once, every operation is recorded with its start and end time, and the
+//! history is checked against the rule strong consistency promises here:
+//! a read returns the value of the latest write that completed before the
+//! read began, or of a write concurrent with the read.
+//!
+//! Each write stores a value never written before (client and sequence
+//! number) over the whole file, `size` bytes of it repeated; a read must
+//! see one such value whole. So a read is wrong when it sees
+//! - bytes of two writes (torn), a short file, or a value nobody wrote;
+//! - a value whose write began after the read ended (from the future);
+//! - a value overwritten before the read began: some write started after
+//!   its write ended and itself ended before the read began (stale);
+//! - the initial empty file after some write had ended before it began.
+//!
+//! Times are taken from one monotonic clock in one process, around each
+//! call: clients are separate [`Register`]s (separate connections, or
+//! separate mounts served by separate daemon processes) driven by threads
+//! here. The check is exact for what it sees: a pass says no violation
+//! happened in this run, a violation is a proof.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One client's access to the shared files `0..files`.
+pub trait Register: Send + Sync {
+    /// Replaces file `file`'s contents with `data` (from offset 0).
+    fn write(&self, file: usize, data: &[u8]) -> io::Result<()>;
+    /// Reads file `file` from offset 0 into `buf`; returns the bytes read.
+    fn read(&self, file: usize, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// What each client does.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    /// Shared files.
+    pub files: usize,
+    /// Operations per client.
+    pub ops: usize,
+    /// Share of reads, 0..=100.
+    pub read_percent: u32,
+    /// Bytes per value (a multiple of 8).
+    pub size: usize,
+    pub seed: u64,
+}
+
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            files: 2,
+            ops: 200,
+            read_percent: 50,
+            size: 4096,
+            seed: 1,
+        }
+    }
+}
+
+/// What a read saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// A whole value (0: the initial empty or zero file).
+    Value(u64),
+    /// Bytes of more than one value.
+    Torn,
+    /// Fewer bytes than a value holds, but some.
+    Short(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Write(u64),
+    Read(Seen),
+}
+
+/// One recorded operation; times are from the start of the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op {
+    pub client: usize,
+    pub file: usize,
+    pub start: Duration,
+    pub end: Duration,
+    pub kind: Kind,
+}
+
+/// A read that broke the rule, and why.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub read: Op,
+    pub why: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.read;
+        write!(
+            f,
+            "client {} read of file {} [{:?}, {:?}] saw {:?}: {}",
+            r.client, r.file, r.start, r.end, r.kind, self.why
+        )
+    }
+}
+
+/// The outcome of [`run`]: the history and what is wrong with it.
+#[derive(Debug)]
+pub struct Outcome {
+    pub ops: Vec<Op>,
+    pub violations: Vec<Violation>,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    pub fn reads(&self) -> usize {
+        self.ops.iter().filter(|o| matches!(o.kind, Kind::Read(_))).count()
+    }
+
+    /// One line for people: counts, and the first violations.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} operations ({} reads) in {:.2}s: {} violation(s)",
+            self.ops.len(),
+            self.reads(),
+            self.elapsed.as_secs_f64(),
+            self.violations.len()
+        );
+        for v in self.violations.iter().take(5) {
+            s.push_str(&format!("\n  {v}"));
+        }
+        s
+    }
+}
+
+/// The value written by `client` as its `seq`-th write; never 0.
+fn value(client: usize, seq: usize) -> u64 {
+    ((client as u64 + 1) << 32) | (seq as u64 + 1)
+}
+
+fn fill(v: u64, size: usize) -> Vec<u8> {
+    v.to_le_bytes().iter().copied().cycle().take(size).collect()
+}
+
+fn decode(buf: &[u8], n: usize, size: usize) -> Seen {
+    if n == 0 {
+        return Seen::Value(0);
+    }
+    if n < size {
+        return Seen::Short(n);
+    }
+    let first = &buf[..8];
+    if buf[..size].chunks(8).all(|c| c == first) {
+        Seen::Value(u64::from_le_bytes(first.try_into().unwrap_or([0; 8])))
+    } else {
+        Seen::Torn
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Runs `w` with one thread per client and checks the history.
+pub fn run(clients: &[&dyn Register], w: &Workload) -> io::Result<Outcome> {
+    if w.size < 8 || !w.size.is_multiple_of(8) || w.files == 0 || w.read_percent > 100 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad workload {w:?}: size a non-zero multiple of 8, at least one file, reads 0..=100%"),
+        ));
+    }
+    let t0 = Instant::now();
+    let per_client: Vec<io::Result<Vec<Op>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(client, reg)| {
+                s.spawn(move || {
+                    let mut rng = Rng((w.seed.wrapping_add(client as u64 + 1)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+                    let mut ops = Vec::with_capacity(w.ops);
+                    let mut buf = vec![0u8; w.size];
+                    let mut seq = 0;
+                    for _ in 0..w.ops {
+                        let file = (rng.next() % w.files as u64) as usize;
+                        let is_read = rng.next() % 100 < u64::from(w.read_percent);
+                        let (start, kind);
+                        if is_read {
+                            start = t0.elapsed();
+                            let n = reg.read(file, &mut buf)?;
+                            kind = Kind::Read(decode(&buf, n, w.size));
+                        } else {
+                            let v = value(client, seq);
+                            seq += 1;
+                            let data = fill(v, w.size);
+                            start = t0.elapsed();
+                            reg.write(file, &data)?;
+                            kind = Kind::Write(v);
+                        }
+                        let end = t0.elapsed();
+                        ops.push(Op {
+                            client,
+                            file,
+                            start,
+                            end,
+                            kind,
+                        });
+                    }
+                    Ok(ops)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a client thread panicked")))
+            })
+            .collect()
+    });
+    let elapsed = t0.elapsed();
+    let mut ops = Vec::new();
+    for r in per_client {
+        ops.extend(r?);
+    }
+    ops.sort_by_key(|o| o.start);
+    let violations = check(&ops);
+    Ok(Outcome {
+        ops,
+        violations,
+        elapsed,
+    })
+}
+
+/// The reads of `ops` that break the rule (see the module docs).
+pub fn check(ops: &[Op]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for r in ops {
+        let Kind::Read(seen) = r.kind else { continue };
+        let writes = || {
+            ops.iter().filter_map(move |o| match o.kind {
+                Kind::Write(v) if o.file == r.file => Some((o, v)),
+                _ => None,
+            })
+        };
+        let superseded_before_read =
+            |after: Option<Duration>| writes().find(|(w, _)| after.is_none_or(|a| w.start > a) && w.end < r.start);
+        let why = match seen {
+            Seen::Torn => Some("bytes of more than one write".to_string()),
+            Seen::Short(n) => Some(format!("{n} bytes: a partial write")),
+            Seen::Value(0) => superseded_before_read(None)
+                .map(|(w, v)| format!("initial contents, but write {v:#x} ended at {:?}", w.end)),
+            Seen::Value(v) => match writes().find(|(_, wv)| *wv == v) {
+                None => Some("a value nobody wrote".to_string()),
+                Some((w, _)) if w.start > r.end => Some(format!("written later, from {:?}", w.start)),
+                Some((w, _)) => superseded_before_read(Some(w.end)).map(|(w2, v2)| {
+                    format!(
+                        "stale: overwritten by {v2:#x} [{:?}, {:?}] before the read began",
+                        w2.start, w2.end
+                    )
+                }),
+            },
+        };
+        if let Some(why) = why {
+            out.push(Violation { read: *r, why });
+        }
+    }
+    out
+}
+
+/// A client that is a mount point: files `MOUNT/check-N`, kept open.
+pub struct MountClient {
+    files: Vec<File>,
+}
+
+impl MountClient {
+    pub fn open(mount: &Path, files: usize) -> io::Result<MountClient> {
+        let files = (0..files)
+            .map(|i| {
+                let p = check_file(mount, i);
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&p)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+            })
+            .collect::<io::Result<Vec<File>>>()?;
+        Ok(MountClient { files })
+    }
+}
+
+fn check_file(mount: &Path, i: usize) -> PathBuf {
+    mount.join(format!("check-{i}"))
+}
+
+impl Register for MountClient {
+    fn write(&self, file: usize, data: &[u8]) -> io::Result<()> {
+        self.files[file].write_all_at(data, 0)
+    }
+
+    fn read(&self, file: usize, buf: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.files[file].read_at(&mut buf[done..], done as u64)? {
+                0 => break,
+                n => done += n,
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// One client per mount point (mounts of one server), starting from empty
+/// files.
+pub fn check_mounts(mounts: &[PathBuf], w: &Workload) -> io::Result<Outcome> {
+    if mounts.len() < 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the checker needs at least two mounts of one server",
+        ));
+    }
+    for i in 0..w.files {
+        // Truncated through the first mount; the others see it under leases
+        // (and a weak mount after its cache expires, which the checker then
+        // catches as it should).
+        let p = check_file(&mounts[0], i);
+        File::create(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+    }
+    let clients = mounts
+        .iter()
+        .map(|m| MountClient::open(m, w.files))
+        .collect::<io::Result<Vec<_>>>()?;
+    let regs: Vec<&dyn Register> = clients.iter().map(|c| c as &dyn Register).collect();
+    run(&regs, w)
+}
+
+/// `shortfuse dist check`: runs [`check_mounts`], prints the summary;
+/// an error when a read broke the rule.
+pub fn cli(mounts: &[PathBuf], files: usize, ops: usize, read_percent: u32, seed: u64) -> io::Result<()> {
+    let w = Workload {
+        files,
+        ops,
+        read_percent,
+        seed,
+        ..Workload::default()
+    };
+    let o = check_mounts(mounts, &w)?;
+    println!("{}", o.summary());
+    if o.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "consistency violated: {} read(s) broke the rule",
+            o.violations.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(client: usize, start: u64, end: u64, kind: Kind) -> Op {
+        Op {
+            client,
+            file: 0,
+            start: Duration::from_millis(start),
+            end: Duration::from_millis(end),
+            kind,
+        }
+    }
+
+    fn read(start: u64, end: u64, v: u64) -> Op {
+        op(1, start, end, Kind::Read(Seen::Value(v)))
+    }
+
+    #[test]
+    fn the_rule() {
+        let w1 = op(0, 0, 10, Kind::Write(1));
+        let w2 = op(0, 20, 30, Kind::Write(2));
+        let ok = [
+            read(11, 12, 1), // latest completed
+            read(25, 40, 1), // w2 concurrent: either
+            read(25, 40, 2), // the concurrent one
+            read(5, 8, 0),   // w1 still running
+            read(5, 8, 1),   // or its value
+            read(31, 32, 2), // latest completed
+            read(15, 21, 2), // w2 began before the read ended
+        ];
+        for r in ok {
+            assert!(check(&[w1, w2, r]).is_empty(), "{r:?}");
+        }
+        let bad = [
+            read(31, 32, 1),                       // stale
+            read(11, 12, 0),                       // initial after a write
+            read(11, 12, 2),                       // from the future
+            read(11, 12, 7),                       // nobody wrote it
+            op(1, 11, 12, Kind::Read(Seen::Torn)), // torn
+            op(1, 11, 12, Kind::Read(Seen::Short(3))),
+        ];
+        for r in bad {
+            assert_eq!(check(&[w1, w2, r]).len(), 1, "{r:?}");
+        }
+        // Overlapping writes: once both ended, either may be the latest.
+        let a = op(0, 0, 10, Kind::Write(1));
+        let b = op(2, 5, 15, Kind::Write(2));
+        assert!(check(&[a, b, read(20, 21, 1)]).is_empty());
+        assert!(check(&[a, b, read(20, 21, 2)]).is_empty());
+    }
+
+    #[test]
+    fn values_decode() {
+        assert_eq!(decode(&fill(7, 64), 64, 64), Seen::Value(7));
+        assert_eq!(decode(&[0; 64], 0, 64), Seen::Value(0));
+        assert_eq!(decode(&fill(7, 64), 16, 64), Seen::Short(16));
+        let mut torn = fill(7, 64);
+        torn[40..].copy_from_slice(&fill(9, 24));
+        assert_eq!(decode(&torn, 64, 64), Seen::Torn);
+    }
+}
