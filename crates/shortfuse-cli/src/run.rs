@@ -28,8 +28,15 @@ const USAGE: u8 = 2;
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// A mount for the program and its children: MOUNTPOINT=mem or
-    /// MOUNTPOINT=passthrough:SOURCE. The mount point need not exist.
-    #[arg(short = 'm', long = "mount", value_name = "MOUNTPOINT=FS[:SOURCE]", required = true)]
+    /// MOUNTPOINT=passthrough:SOURCE (served in process), or MOUNTPOINT
+    /// alone (the `shortfuse serve` daemon of that mount point, shared by
+    /// every program). The mount point need not exist.
+    #[arg(
+        short = 'm',
+        long = "mount",
+        value_name = "MOUNTPOINT[=FS[:SOURCE]]",
+        required = true
+    )]
     mounts: Vec<String>,
     /// Options for every mount, comma-separated: ro, attr_timeout=S,
     /// entry_timeout=S, negative_timeout=S, and the file system's own
@@ -119,9 +126,14 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut specs = Vec::new();
     for m in &args.mounts {
-        let (mp, rest) = m
-            .split_once('=')
-            .ok_or_else(|| format!("-m {m}: expected MOUNTPOINT=FS[:SOURCE]"))?;
+        let Some((mp, rest)) = m.split_once('=') else {
+            // No file system: the `shortfuse serve` daemon of that mount point.
+            let spec = MountSpec::daemon(absolute(&cwd, Path::new(m)), options.clone());
+            spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
+            shortfuse_vfs::Ring::connect(spec.mountpoint.as_bytes()).map_err(|e| format!("-m {m}: {e}"))?;
+            specs.push(spec);
+            continue;
+        };
         let (fs, source) = match rest.split_once(':') {
             Some((f, s)) => (f, Some(s.to_string())),
             None => (rest, None),
@@ -147,7 +159,7 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
 }
 
 /// `p` made absolute against `cwd`, lexically normalised.
-fn absolute(cwd: &Path, p: &Path) -> String {
+pub fn absolute(cwd: &Path, p: &Path) -> String {
     let joined = cwd.join(p);
     let norm = shortfuse_vfs::normalize(joined.as_os_str().as_encoded_bytes());
     String::from_utf8_lossy(&norm).into_owned()

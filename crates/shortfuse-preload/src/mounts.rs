@@ -40,6 +40,16 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
 /// Builds one mount; `i` numbers it for its device number.
 fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs, String> {
     let mut run = spec.run_options()?;
+    // A device number no disk uses: major 0 is for anonymous devices.
+    let dev = 0xf5_0000 + i as u64;
+    if spec.is_daemon() {
+        let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
+        let ring = shortfuse_vfs::Ring::connect(&mp).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        vfs.set_umask(umask);
+        vfs.set_read_only(run.ro);
+        return Ok(vfs);
+    }
     // The passthrough raises RLIMIT_NOFILE as a daemon would and holds
     // inode descriptors up to half of it. In process the limit is the
     // program's: keep it as it was, and the inode descriptors to a quarter.
@@ -62,8 +72,6 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     }
     let fs = fs?;
     let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
-    // A device number no disk uses: major 0 is for anonymous devices.
-    let dev = 0xf5_0000 + i as u64;
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
     vfs.set_umask(umask);

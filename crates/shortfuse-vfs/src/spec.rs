@@ -2,7 +2,9 @@
 //! the preload shim in the `SHORTFUSE_MOUNTS` environment variable (and as
 //! every child inherits them).
 //!
-//! Format: mounts separated by `;`, each `MOUNTPOINT=FS[:SOURCE][#OPTIONS]`,
+//! Format: mounts separated by `;`, each `MOUNTPOINT=FS[:SOURCE][#OPTIONS]`
+//! (a file system built in process) or `MOUNTPOINT[#OPTIONS]` (the
+//! `shortfuse serve` daemon of that mount point, over shared-memory rings),
 //! OPTIONS comma-separated as for `-o`. The separators `;` and `#` may not
 //! appear in a mount point or a source; the mount point is absolute.
 //!
@@ -45,6 +47,7 @@ const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "ne
 pub struct MountSpec {
     /// Absolute, as given (normalised by the VFS).
     pub mountpoint: String,
+    /// Empty: the daemon serving the mount point ([`MountSpec::is_daemon`]).
     pub fs: String,
     pub source: Option<String>,
     /// Comma-separated, as for `-o` (may be empty).
@@ -87,15 +90,32 @@ fn forbidden(s: &str) -> Option<char> {
 }
 
 impl MountSpec {
-    /// Parses `MOUNTPOINT=FS[:SOURCE][#OPTIONS]`.
+    /// A mount served by the `shortfuse serve` daemon of `mountpoint`.
+    pub fn daemon(mountpoint: String, options: String) -> MountSpec {
+        MountSpec {
+            mountpoint,
+            fs: String::new(),
+            source: None,
+            options,
+        }
+    }
+
+    /// True for a mount whose requests go to a daemon over rings.
+    pub fn is_daemon(&self) -> bool {
+        self.fs.is_empty()
+    }
+
+    /// Parses `MOUNTPOINT=FS[:SOURCE][#OPTIONS]` or `MOUNTPOINT[#OPTIONS]`.
     pub fn parse(s: &str) -> Result<MountSpec, String> {
         let (rest, options) = match s.split_once('#') {
             Some((r, o)) => (r, o.to_string()),
             None => (s, String::new()),
         };
-        let (mp, fs) = rest
-            .split_once('=')
-            .ok_or_else(|| format!("mount {s:?}: expected MOUNTPOINT=FS[:SOURCE]"))?;
+        let Some((mp, fs)) = rest.split_once('=') else {
+            let spec = MountSpec::daemon(rest.to_string(), options);
+            spec.check_syntax()?;
+            return Ok(spec);
+        };
         let (fs, source) = match fs.split_once(':') {
             Some((f, src)) => (f, Some(src.to_string())),
             None => (fs, None),
@@ -120,8 +140,8 @@ impl MountSpec {
         if crate::normalize(self.mountpoint.as_bytes()) == b"/" {
             return Err("mount point / would hide every file of the system".into());
         }
-        if self.fs.is_empty() {
-            return Err(format!("mount {}: no file system named", self.mountpoint));
+        if self.fs.is_empty() && self.source.is_some() {
+            return Err(format!("mount {}: a SOURCE but no file system named", self.mountpoint));
         }
         for (what, v) in [
             ("mount point", Some(&self.mountpoint)),
@@ -139,7 +159,27 @@ impl MountSpec {
                 return Err(format!("mount {}: empty SOURCE after '{}:'", self.mountpoint, self.fs));
             }
         }
-        self.run_options().map(|_| ())
+        let run = self.run_options()?;
+        if self.is_daemon() {
+            let timeouts = [
+                ("attr_timeout", run.attr_timeout),
+                ("entry_timeout", run.entry_timeout),
+                ("negative_timeout", run.negative_timeout),
+            ];
+            if let Some((k, _)) = timeouts.iter().find(|(_, t)| t.is_some()) {
+                return Err(format!(
+                    "mount {}: -o {k} is the daemon's: give it to `shortfuse serve`",
+                    self.mountpoint
+                ));
+            }
+            if let Some((k, _)) = run.fs.first() {
+                return Err(format!(
+                    "mount {}: -o {k} is the file system's: give it to `shortfuse serve`",
+                    self.mountpoint
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Splits the options into the ones a preloaded mount honours and the
@@ -178,7 +218,11 @@ impl MountSpec {
 
     /// The spec in `SHORTFUSE_MOUNTS` form.
     pub fn to_env(&self) -> String {
-        let mut s = format!("{}={}", self.mountpoint, self.fs);
+        let mut s = if self.is_daemon() {
+            self.mountpoint.clone()
+        } else {
+            format!("{}={}", self.mountpoint, self.fs)
+        };
         if let Some(src) = &self.source {
             s.push(':');
             s.push_str(src);
@@ -242,10 +286,21 @@ mod tests {
     }
 
     #[test]
+    fn a_mount_point_alone_names_its_daemon() {
+        let specs = parse_mounts("/mnt/d#ro;/mnt/m=mem").unwrap();
+        assert!(specs[0].is_daemon() && !specs[1].is_daemon());
+        assert_eq!(specs[0].mountpoint, "/mnt/d");
+        assert!(specs[0].run_options().unwrap().ro);
+        assert_eq!(format_mounts(&specs), "/mnt/d#ro;/mnt/m=mem");
+        let err = parse_mounts("/mnt/d#symlinks=raw").unwrap_err();
+        assert!(err.contains("shortfuse serve"), "{err}");
+    }
+
+    #[test]
     fn refuses_what_it_cannot_serve() {
         for bad in [
             "mnt=mem",
-            "/mnt",
+            "mnt",
             "/=mem",
             "/mnt/a=",
             "/mnt/a=passthrough:",

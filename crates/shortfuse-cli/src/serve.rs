@@ -1,0 +1,168 @@
+//! `shortfuse serve FS [SOURCE] MOUNTPOINT`: one daemon that programs
+//! under `shortfuse run -m MOUNTPOINT` reach over shared-memory rings
+//! (`shortfuse-ring`), and, with `--transport dev|uring`, a kernel mount of
+//! the same file system at the same place, so programs with and without
+//! the shim see one file system.
+//!
+//! The daemon stays in the foreground (start it with `&` or under a
+//! supervisor); SIGINT or SIGTERM stop it: the kernel mount goes, and every
+//! ring client's calls fail with ENOTCONN.
+//!
+//! Coherence: ring clients tell each other about their changes through the
+//! daemon (FUSE notifications). The kernel is not told: its mount is made
+//! with attr_timeout=0 and entry_timeout=0 unless given, so it asks again
+//! each time; ring clients see changes made through the kernel mount once
+//! their cached entries and attributes expire (attr_timeout, 1 s by default).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shortfuse::control::ControlServer;
+use shortfuse::options::FsOptions;
+use shortfuse::{DevSession, MountOptions, SessionOptions, Stats};
+use shortfuse_ring::{Server, ServerConfig, DEFAULT_SPIN_US};
+
+use crate::filesystems;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// File system: null, mem, passthrough, stripe, pack (as for mount).
+    fs: String,
+    /// [SOURCE] MOUNTPOINT: SOURCE is what the file system serves; programs
+    /// reach the daemon by MOUNTPOINT (`shortfuse run -m MOUNTPOINT`).
+    #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required = true)]
+    paths: Vec<PathBuf>,
+    /// Mount options, comma-separated, as for `shortfuse mount`. May be repeated.
+    #[arg(short = 'o', value_name = "OPT[,OPT...]")]
+    options: Vec<String>,
+    /// Also mount in the kernel at MOUNTPOINT: `dev` (/dev/fuse) or `uring`
+    /// (FUSE over io_uring); `none` serves the rings alone.
+    #[arg(long, default_value = "none", value_parser = ["none", "dev", "uring"])]
+    transport: String,
+    /// Worker threads of the kernel mount (as for mount).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
+    /// How long (µs) an idle ring worker spins before it sleeps on a futex.
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_SPIN_US)]
+    spin_us: u64,
+    /// How long (µs) a client spins for its reply before it sleeps [default:
+    /// --spin-us]. SHORTFUSE_RING_SPIN_US in a client's environment overrides it.
+    #[arg(long, value_name = "US")]
+    client_spin_us: Option<u64>,
+    /// Request slots per CPU queue (requests in flight per CPU).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=992))]
+    slots: u32,
+}
+
+/// The mount point as clients name it: absolute, lexically normalised.
+pub fn client_mountpoint(mp: &Path) -> io::Result<PathBuf> {
+    let cwd = std::env::current_dir()?;
+    Ok(PathBuf::from(crate::run::absolute(&cwd, mp)))
+}
+
+pub fn main(args: ServeArgs) -> io::Result<()> {
+    let (source, mountpoint) = match args.paths.as_slice() {
+        [mp] => (None, mp),
+        [src, mp] => (Some(src.as_path()), mp),
+        _ => return Err(filesystems::invalid("expected [SOURCE] MOUNTPOINT".to_string())),
+    };
+    let kernel = args.transport != "none";
+    let mut opts = MountOptions {
+        uring: args.transport == "uring",
+        ..MountOptions::default()
+    };
+    let mut rest = FsOptions::new();
+    for o in &args.options {
+        opts.apply(o, Some(&mut rest))?;
+    }
+    if opts.fsname.is_none() {
+        opts.fsname = Some(source.map_or(args.fs.clone(), |s| s.display().to_string()));
+    }
+    if opts.subtype.is_none() {
+        opts.subtype = Some(format!("shortfuse-{}", args.fs));
+    }
+    let fs = filesystems::build(&args.fs, source, &rest, &mut opts)?;
+    let client_mp = client_mountpoint(mountpoint)?;
+    let config = ServerConfig {
+        slots: args.slots,
+        spin: Duration::from_micros(args.spin_us),
+        client_spin: Duration::from_micros(args.client_spin_us.unwrap_or(args.spin_us)),
+        ..ServerConfig::default()
+    };
+    let ring_path = shortfuse_ring::socket_path(&client_mp);
+    if !kernel {
+        let stats = Arc::new(Stats::new());
+        let _control = ControlServer::start(&client_mp, stats.clone())?;
+        let signals = SignalSet::block()?;
+        let mut server = Server::start(&ring_path, fs, opts, stats, config)?;
+        eprintln!(
+            "shortfuse serve: {} at {} (rings: {})",
+            args.fs,
+            client_mp.display(),
+            ring_path.display()
+        );
+        signals.wait();
+        server.stop();
+        return Ok(());
+    }
+    let mut kopts = opts.clone();
+    let given = |key: &str| {
+        args.options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o.starts_with(key))
+    };
+    if !given("attr_timeout") {
+        kopts.attr_timeout = Duration::ZERO;
+    }
+    if !given("entry_timeout") {
+        kopts.entry_timeout = Duration::ZERO;
+    }
+    let session = SessionOptions {
+        threads: args.threads.map(usize::from),
+        ..SessionOptions::default()
+    };
+    let dev = DevSession::mount(fs.clone(), mountpoint, kopts, session)?;
+    let mut server = Server::start(&ring_path, fs, opts, dev.stats().clone(), config)?;
+    let name = args.fs.clone();
+    let result = dev.run(|| {
+        eprintln!(
+            "shortfuse serve: {name} at {} (kernel mount over {}; rings: {})",
+            client_mp.display(),
+            args.transport,
+            ring_path.display()
+        );
+    });
+    server.stop();
+    result
+}
+
+/// SIGINT and SIGTERM, blocked in every thread (they inherit the mask) and
+/// taken by `wait`.
+struct SignalSet(libc::sigset_t);
+
+impl SignalSet {
+    fn block() -> io::Result<SignalSet> {
+        // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t; pthread_sigmask only reads it.
+        let r = unsafe {
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+        };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        Ok(SignalSet(set))
+    }
+
+    fn wait(&self) {
+        let mut sig = 0;
+        // SAFETY: a valid set and out-pointer; retried on spurious errors.
+        while unsafe { libc::sigwait(&self.0, &mut sig) } != 0 {}
+    }
+}
