@@ -344,6 +344,23 @@ impl DistFs {
         lock(&self.inner.conn).as_ref().map(|c| c.client)
     }
 
+    /// When this client stops trusting its leases on its own clock (one
+    /// TTL less a margin after the last acknowledged renewal was sent), or
+    /// `None` when not connected.
+    pub fn leases_valid_until(&self) -> Option<Instant> {
+        lock(&self.inner.conn)
+            .as_ref()
+            .filter(|c| !c.is_dead())
+            .map(|c| c.valid_until())
+    }
+
+    /// Whether writes go to storage before they are answered: the
+    /// `writethrough` mode, or a lease client past its soft timeout.
+    pub fn writes_through(&self) -> bool {
+        self.inner.cfg.consistency == Consistency::WriteThrough
+            || lock(&self.inner.conn).as_ref().is_some_and(|c| c.soft_expired())
+    }
+
     /// Test hook: stop renewing the lease session and ignore revocations,
     /// as a client cut off from the manager would.
     pub fn cut_off(&self) {

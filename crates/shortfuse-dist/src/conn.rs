@@ -150,6 +150,11 @@ impl Conn {
         !self.is_dead() && Instant::now() < *lock(&self.valid_until)
     }
 
+    /// When this connection's leases stop counting on the client's clock.
+    pub fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
     /// Whether no renewal was acknowledged for half a TTL: writes go
     /// through (see the module docs).
     pub fn soft_expired(&self) -> bool {
@@ -227,13 +232,11 @@ fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_event: Event
                 }
             }
             Err(_) => {
-                let killed_here = !c.is_dead();
                 c.kill();
                 drop(c);
-                // A connection this client ended itself needs no reconnect.
-                if killed_here {
-                    on_event(Event::Closed);
-                }
+                // Also when a failed write killed it first: the handler
+                // decides whether a new connection is needed.
+                on_event(Event::Closed);
                 return;
             }
         }

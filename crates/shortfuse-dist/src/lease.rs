@@ -238,8 +238,10 @@ impl LeaseManager {
     }
 
     /// Takes back session `client` on a new connection if it still lives
-    /// (renewed, revocations now to `revokes`, the ones pending sent
-    /// again), else starts a new one.
+    /// (renewed, revocations now to `revokes`), else starts a new one.
+    /// Revocations sent while the client was away are not sent again
+    /// here: the connection's first message must be its welcome; see
+    /// [`LeaseManager::resend_revocations`].
     pub fn resume(&self, client: ClientId, revokes: RevokeSender) -> Result<ClientId> {
         let mut st = self.lock();
         self.expire(&mut st, Instant::now());
@@ -248,13 +250,20 @@ impl LeaseManager {
             return self.open_session(revokes);
         };
         s.expires = Instant::now() + self.ttl;
-        s.revokes = revokes.clone();
+        s.revokes = revokes;
+        Ok(client)
+    }
+
+    /// Sends `client` again the revocations it has not answered (they may
+    /// have gone to a connection that died).
+    pub fn resend_revocations(&self, client: ClientId) {
+        let st = self.lock();
+        let Some(s) = st.sessions.get(&client) else { return };
         for (gfi, f) in &st.files {
             if let (true, Some(&lease)) = (f.revoking.contains_key(&client), f.holders.get(&client)) {
-                let _ = revokes.send(ServerMsg::Revoke { gfi: *gfi, lease });
+                let _ = s.revokes.send(ServerMsg::Revoke { gfi: *gfi, lease });
             }
         }
-        Ok(client)
     }
 
     /// Extends the session by one TTL from now. `ESTALE` once it expired:

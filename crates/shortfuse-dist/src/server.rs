@@ -208,6 +208,9 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
                     lease_ttl_ms: shared.leases.ttl().as_millis() as u64,
                 },
             });
+            if resume == Some(client) {
+                shared.leases.resend_revocations(client);
+            }
             client
         }
         Ok(ClientMsg { id, .. }) => {

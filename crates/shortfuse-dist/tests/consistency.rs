@@ -2,21 +2,16 @@
 //! connection and lease session) of one embedded server, for each mode:
 //! `lease` and `writethrough` pass, `weak` is caught serving stale data.
 
-use std::ffi::OsStr;
+mod support;
+
 use std::io;
 use std::time::Duration;
 
-use shortfuse::{FileHandle, Filesystem, NewNode, NodeId, Request, WriteArgs};
+use shortfuse::{Filesystem, NodeId, WriteArgs};
 use shortfuse_dist::check::{self, Kind, Register, Seen, Workload};
-use shortfuse_dist::client::{ClientConfig, Consistency, DistFs};
-use shortfuse_dist::server::{DistServer, ServerConfig};
-
-const REQ: Request = Request {
-    unique: 0,
-    uid: 0,
-    gid: 0,
-    pid: 0,
-};
+use shortfuse_dist::client::{Consistency, DistFs};
+use shortfuse_dist::server::DistServer;
+use support::{client_at, create, lookup, server, FH, REQ};
 
 struct Client {
     fs: DistFs,
@@ -26,7 +21,7 @@ struct Client {
 impl Register for Client {
     fn write(&self, file: usize, data: &[u8]) -> io::Result<()> {
         let args = WriteArgs::default();
-        let n = self.fs.write(&REQ, self.nodes[file], FileHandle(0), data, &args)?;
+        let n = self.fs.write(&REQ, self.nodes[file], FH, data, &args)?;
         if n != data.len() {
             return Err(io::Error::other(format!("short write: {n} of {}", data.len())));
         }
@@ -34,31 +29,21 @@ impl Register for Client {
     }
 
     fn read(&self, file: usize, buf: &mut [u8]) -> io::Result<usize> {
-        Ok(self.fs.read(&REQ, self.nodes[file], FileHandle(0), 0, buf)?)
+        Ok(self.fs.read(&REQ, self.nodes[file], FH, 0, buf)?)
     }
 }
 
 fn clients(s: &DistServer, mode: Consistency, n: usize, files: usize) -> Vec<Client> {
-    let new = NewNode {
-        mode: libc::S_IFREG | 0o644,
-        umask: 0,
-        rdev: 0,
-    };
     (0..n)
         .map(|k| {
-            let mut cfg = ClientConfig::new(s.addr().to_string());
-            cfg.consistency = mode;
-            let fs = DistFs::connect(cfg).unwrap();
+            let fs = client_at(&s.addr().to_string(), mode);
             let nodes = (0..files)
                 .map(|i| {
                     let name = format!("f{i}");
                     if k == 0 {
-                        fs.create(&REQ, NodeId::ROOT, OsStr::new(&name), &new, libc::O_RDWR)
-                            .unwrap()
-                            .entry
-                            .node
+                        create(&fs, &name)
                     } else {
-                        fs.lookup(&REQ, NodeId::ROOT, OsStr::new(&name)).unwrap().node
+                        lookup(&fs, &name)
                     }
                 })
                 .collect();
@@ -69,17 +54,14 @@ fn clients(s: &DistServer, mode: Consistency, n: usize, files: usize) -> Vec<Cli
 
 fn run(mode: Consistency, seed: u64) -> check::Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ServerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse().unwrap());
-    cfg.block_size = 8192;
-    cfg.lease_ttl = Duration::from_secs(10);
-    let s = DistServer::start(cfg).unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
     let w = Workload {
         files: 2,
         ops: 150,
         read_percent: 50,
         // Two blocks and a bit: a value spans blocks, so a torn write
         // would show.
-        size: 2 * 8192 + 64,
+        size: 2 * 4096 + 64,
         seed,
     };
     let cs = clients(&s, mode, 3, w.files);

@@ -2,68 +2,16 @@
 //! kernel: lease revocation, strong consistency, serialized writers,
 //! durability across a server restart, dead and cut-off clients.
 
+mod support;
+
 use std::ffi::OsStr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shortfuse::{Errno, FileHandle, Filesystem, NewNode, NodeId, Request, SetAttr, WriteArgs};
-use shortfuse_dist::client::{ClientConfig, DistFs};
+use shortfuse::{Errno, Filesystem, NewNode, NodeId, SetAttr};
+use shortfuse_dist::client::DistFs;
 use shortfuse_dist::proto::LeaseMode;
 use shortfuse_dist::server::{DistServer, ServerConfig};
-
-const REQ: Request = Request {
-    unique: 0,
-    uid: 0,
-    gid: 0,
-    pid: 0,
-};
-const FH: FileHandle = FileHandle(0);
-
-fn server(data: &Path, ttl: Duration) -> DistServer {
-    let mut cfg = ServerConfig::new(data.to_path_buf(), "127.0.0.1:0".parse().unwrap());
-    cfg.block_size = 4096;
-    cfg.lease_ttl = ttl;
-    DistServer::start(cfg).unwrap()
-}
-
-fn client(s: &DistServer) -> DistFs {
-    DistFs::connect(ClientConfig::new(s.addr().to_string())).unwrap()
-}
-
-fn create(fs: &DistFs, name: &str) -> NodeId {
-    let new = NewNode {
-        mode: libc::S_IFREG | 0o644,
-        umask: 0,
-        rdev: 0,
-    };
-    fs.create(&REQ, NodeId::ROOT, OsStr::new(name), &new, libc::O_RDWR)
-        .unwrap()
-        .entry
-        .node
-}
-
-fn lookup(fs: &DistFs, name: &str) -> NodeId {
-    fs.lookup(&REQ, NodeId::ROOT, OsStr::new(name)).unwrap().node
-}
-
-fn write(fs: &DistFs, node: NodeId, offset: u64, data: &[u8]) {
-    let args = WriteArgs {
-        offset,
-        ..WriteArgs::default()
-    };
-    assert_eq!(fs.write(&REQ, node, FH, data, &args).unwrap(), data.len());
-}
-
-fn read(fs: &DistFs, node: NodeId, offset: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; len];
-    let n = fs.read(&REQ, node, FH, offset, &mut buf).unwrap();
-    buf.truncate(n);
-    buf
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| seed.wrapping_add((i * 7 % 251) as u8)).collect()
-}
+use support::{client, create, lookup, pattern, read, server, write, FH, REQ};
 
 #[test]
 fn reader_revokes_writer_and_sees_its_cached_data() {

@@ -1,0 +1,189 @@
+//! Faults, without a kernel: a client that cannot reach the manager writes
+//! through after the soft timeout; a manager restart keeps every lease; a
+//! client behind a real network partition (a TCP proxy that stops
+//! forwarding) stops trusting its lease on its own clock before the lease
+//! goes to another client, and its cached writes never land over the new
+//! holder's data.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shortfuse::{Filesystem, NodeId};
+use shortfuse_dist::client::{Consistency, DistFs};
+use shortfuse_dist::proto::LeaseMode;
+use shortfuse_dist::server::{DistServer, ServerConfig};
+use support::{client, client_at, create, lookup, read, server, write, FH, REQ};
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What storage holds now, seen by a fresh client without leases (it
+/// neither waits for nor revokes anybody's lease).
+fn stored(addr: &str, name: &str) -> Vec<u8> {
+    let o = client_at(addr, Consistency::Weak);
+    let n = lookup(&o, name);
+    read(&o, n, 0, 1 << 16)
+}
+
+#[test]
+fn cut_off_client_writes_through_after_the_soft_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(3));
+    let addr = s.addr().to_string();
+    let a = client(&s);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"cached");
+    assert!(!a.writes_through());
+    assert_eq!(
+        stored(&addr, "f"),
+        b"",
+        "a lease holder in touch with the manager writes back later"
+    );
+
+    // The manager stops hearing from A; A still holds its lease.
+    a.cut_off();
+    wait_for("soft timeout", Duration::from_secs(5), || a.writes_through());
+    let valid_until = a.leases_valid_until().unwrap();
+    write(&a, node, 6, b"+through");
+    assert!(
+        Instant::now() < valid_until,
+        "too slow to tell: the lease ran out before the write"
+    );
+    // Everything dirty went with that write, under the lease still held.
+    assert_eq!(stored(&addr, "f"), b"cached+through");
+
+    // Past its clock A starts over with a new session and has lost nothing.
+    wait_for("lease expiry", Duration::from_secs(5), || Instant::now() > valid_until);
+    let n = lookup(&a, "f");
+    assert_eq!(read(&a, n, 0, 100), b"cached+through");
+    a.flush(&REQ, node, FH, 0).unwrap();
+}
+
+#[test]
+fn manager_restart_keeps_leases_and_dirty_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(3));
+    let addr = s.addr();
+    let a = client(&s);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"only in A's cache");
+    let gfi = a.gfi(node).unwrap();
+    let holder = a.client_id().unwrap();
+    drop(s);
+
+    let mut cfg = ServerConfig::new(dir.path().to_path_buf(), addr);
+    cfg.block_size = 4096;
+    cfg.lease_ttl = Duration::from_secs(3);
+    let s = DistServer::start(cfg).unwrap();
+    assert_eq!(
+        s.leases().holders(gfi),
+        (Some(LeaseMode::Write), [holder].into()),
+        "the restarted manager forgot the write lease"
+    );
+    // B's read revokes A's lease; A reconnects by itself, resumes its
+    // session, writes back and releases: B sees what A had cached.
+    let b = client(&s);
+    let nb = lookup(&b, "f");
+    assert_eq!(read(&b, nb, 0, 100), b"only in A's cache");
+    assert_eq!(a.client_id(), Some(holder), "A's session was not resumed");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    // And new ids do not repeat old ones (fencing stays exact).
+    assert!(b.client_id().unwrap().0 > holder.0);
+}
+
+/// A TCP proxy whose traffic can be held up both ways, as a network
+/// partition does (the connections stay open; bytes wait in the queues).
+struct Partition {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+}
+
+impl Partition {
+    fn new(upstream: SocketAddr) -> Partition {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let c = cut.clone();
+        std::thread::spawn(move || {
+            for down in listener.incoming() {
+                let Ok(down) = down else { return };
+                let Ok(up) = TcpStream::connect(upstream) else { return };
+                for (from, to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
+                    let c = c.clone();
+                    std::thread::spawn(move || pump(from, to, &c));
+                }
+            }
+        });
+        Partition { addr, cut }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        while cut.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                while cut.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+#[test]
+fn partitioned_writer_cannot_write_over_the_next_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(1500);
+    let s = server(dir.path(), ttl);
+    let p = Partition::new(s.addr());
+    let a: DistFs = client_at(&p.addr.to_string(), Consistency::Lease);
+    let b = client(&s);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"A synced");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    write(&a, node, 0, b"A cached");
+
+    p.cut.store(true, Ordering::Release);
+    let cut_at = Instant::now();
+    // B's write revokes A's lease; A hears nothing, so the manager waits
+    // for A's session to run out.
+    let nb = lookup(&b, "f");
+    write(&b, nb, 0, b"B");
+    let granted_by = Instant::now();
+    assert!(
+        granted_by - cut_at >= ttl / 2,
+        "granted too early: {:?}",
+        granted_by - cut_at
+    );
+    // A's own clock gave up the lease no later than the manager did.
+    let a_until = a.leases_valid_until().unwrap();
+    assert!(a_until <= granted_by, "A still trusted its lease when B got it");
+    b.fsync(&REQ, nb, FH, false).unwrap();
+
+    // The partition heals: A's write-back is fenced off and reported.
+    p.cut.store(false, Ordering::Release);
+    assert!(a.fsync(&REQ, node, FH, false).is_err(), "A's stale data was accepted");
+    assert_eq!(read(&b, nb, 0, 100), b"B synced");
+    let na = lookup(&a, "f");
+    assert_eq!(na, NodeId(node.0));
+    assert_eq!(read(&a, na, 0, 100), b"B synced");
+}
