@@ -92,11 +92,11 @@ impl RingClient {
         }
         let geo = w.geometry();
         geo.check().map_err(invalid)?;
-        if w.len != geo.len() as u64 {
+        if w.len != geo.bytes() as u64 {
             return Err(invalid(format!("ring memory of {} bytes for geometry {geo:?}", w.len)));
         }
         let fd = fd.ok_or_else(|| invalid("the daemon passed no ring memory".into()))?;
-        let region = Region::map(fd.as_fd(), geo.len())?;
+        let region = Region::map(fd.as_fd(), geo.bytes())?;
         drop(fd);
         if region.u64_at(header::MAGIC).load(Ordering::Relaxed) != MAGIC {
             return Err(invalid("ring memory without the ring header".into()));
@@ -161,7 +161,7 @@ impl RingClient {
                 }
             }
             rounds += 1;
-            if rounds % 1024 == 0 && self.check_dead() {
+            if rounds.is_multiple_of(1024) && self.check_dead() {
                 return Err(Errno::ENOTCONN);
             }
             sys::sched_yield();
@@ -174,7 +174,8 @@ impl RingClient {
     /// request larger than a slot, EIO for a reply that does not fit).
     pub fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
         reply.clear();
-        if self.is_dead() {
+        if self.is_dead() || self.region.u32_at(header::DAEMON).load(Ordering::Relaxed) == DAEMON_GONE {
+            self.dead.store(true, Ordering::Relaxed);
             return Err(Errno::ENOTCONN);
         }
         if request.len() > self.geo.slot_data as usize {

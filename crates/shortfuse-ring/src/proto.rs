@@ -54,7 +54,7 @@ impl Welcome {
             slot_data: g.slot_data,
             records: g.records,
             padding: 0,
-            len: g.len() as u64,
+            len: g.bytes() as u64,
             spin_ns: u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX),
         }
     }

@@ -161,7 +161,7 @@ impl Geometry {
     }
 
     /// Bytes of the whole region.
-    pub fn len(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.notify_off() + PAGE + RECORD * self.records as usize
     }
 }
@@ -205,7 +205,7 @@ impl Region {
     /// one outside the region is a bug of ours, caught here.
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
         assert!(
-            off % 4 == 0 && off + 4 <= self.len,
+            off.is_multiple_of(4) && off + 4 <= self.len,
             "ring offset {off} outside the region"
         );
         // SAFETY: in bounds and aligned (the mapping is page-aligned); the
@@ -216,7 +216,7 @@ impl Region {
 
     pub fn u64_at(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.len,
+            off.is_multiple_of(8) && off + 8 <= self.len,
             "ring offset {off} outside the region"
         );
         // SAFETY: as in `u32_at`.
@@ -288,7 +288,7 @@ mod tests {
         assert!(g.slot_off(0, 0) + SLOT_HEADER + g.slot_data as usize <= g.slot_off(0, 1));
         assert!(g.slot_off(1, 3) + SLOT_HEADER + g.slot_data as usize <= g.notify_off());
         assert_eq!(g.record_off(128), g.record_off(0));
-        assert_eq!(g.record_off(127) + RECORD, g.len());
+        assert_eq!(g.record_off(127) + RECORD, g.bytes());
         for bad in [
             Geometry { queues: 0, ..g },
             Geometry {

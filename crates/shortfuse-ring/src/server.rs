@@ -218,6 +218,7 @@ impl Server {
             let _ = a.join();
         }
         for c in lock(&self.shared.clients).iter() {
+            c.halt();
             c.region.u32_at(header::DAEMON).store(DAEMON_GONE, Ordering::Release);
             for q in 0..c.geo.queues as usize {
                 for i in 0..c.geo.slots as usize {
@@ -316,12 +317,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
             Ok(_) => {}
         }
     }
-    conn.stop.store(true, Ordering::SeqCst);
-    for q in 0..conn.geo.queues as usize {
-        let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
-        bell.store(0, Ordering::SeqCst);
-        sys::futex_wake(bell, i32::MAX);
-    }
+    conn.halt();
     for w in workers {
         let _ = w.join();
     }
@@ -333,8 +329,8 @@ impl Conn {
     fn new(shared: &Shared) -> io::Result<(Conn, OwnedFd)> {
         let geo = shared.geo;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let memfd = sys::sealed_memfd(&format!("shortfuse-ring-{id}"), geo.len())?;
-        let region = Region::map(memfd.as_fd(), geo.len())?;
+        let memfd = sys::sealed_memfd(&format!("shortfuse-ring-{id}"), geo.bytes())?;
+        let region = Region::map(memfd.as_fd(), geo.bytes())?;
         region.u64_at(header::MAGIC).store(region::MAGIC, Ordering::Relaxed);
         region.u32_at(header::VERSION).store(region::VERSION, Ordering::Relaxed);
         region.u32_at(header::QUEUES).store(geo.queues, Ordering::Relaxed);
@@ -369,6 +365,16 @@ impl Conn {
             stop: AtomicBool::new(false),
         };
         Ok((conn, memfd))
+    }
+
+    /// Tells the workers to end, waking those asleep.
+    fn halt(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for q in 0..self.geo.queues as usize {
+            let bell = self.region.u32_at(self.geo.doorbell_off(q));
+            bell.store(0, Ordering::SeqCst);
+            sys::futex_wake(bell, i32::MAX);
+        }
     }
 
     /// The next slot index published in queue `q` at `head`, if any; an

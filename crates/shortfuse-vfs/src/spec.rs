@@ -116,6 +116,9 @@ impl MountSpec {
             spec.check_syntax()?;
             return Ok(spec);
         };
+        if fs.is_empty() || fs.starts_with(':') {
+            return Err(format!("mount {s:?}: no file system named after '='"));
+        }
         let (fs, source) = match fs.split_once(':') {
             Some((f, src)) => (f, Some(src.to_string())),
             None => (fs, None),

@@ -1,0 +1,415 @@
+//! The rings without the shim: a `Server` over `MemFs` in this process,
+//! clients speaking raw FUSE through `RingClient`, a client in a child
+//! process that is killed mid-request, and a client that scribbles over
+//! its own shared memory.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shortfuse::{Errno, MountOptions, Stats};
+use shortfuse_abi as abi;
+use shortfuse_fs::mem::MemFs;
+use shortfuse_ring::region::{self, slot, Geometry};
+use shortfuse_ring::{Notice, RingClient, Server, ServerConfig};
+use zerocopy::{FromBytes, IntoBytes};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sf-ring-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join("ring.sock")
+}
+
+fn server(path: &Path) -> (Server, Arc<Stats>) {
+    let stats = Arc::new(Stats::new());
+    let config = ServerConfig {
+        queues: 2,
+        slots: 2,
+        max_io: 64 << 10,
+        records: 8,
+        ..ServerConfig::default()
+    };
+    let s = Server::start(
+        path,
+        Arc::new(MemFs::new()),
+        MountOptions::default(),
+        stats.clone(),
+        config,
+    )
+    .unwrap();
+    (s, stats)
+}
+
+static UNIQUE: AtomicU32 = AtomicU32::new(1);
+
+/// A FUSE request: header, fixed argument, NUL-terminated names.
+fn request(opcode: u32, nodeid: u64, arg: &[u8], names: &[&[u8]]) -> Vec<u8> {
+    let mut r = Vec::new();
+    let h = abi::fuse_in_header {
+        len: 0,
+        opcode,
+        unique: u64::from(UNIQUE.fetch_add(1, Ordering::Relaxed)),
+        nodeid,
+        uid: 0,
+        gid: 0,
+        pid: 1,
+        total_extlen: 0,
+        padding: 0,
+    };
+    r.extend_from_slice(h.as_bytes());
+    r.extend_from_slice(arg);
+    for n in names {
+        r.extend_from_slice(n);
+        r.push(0);
+    }
+    let len = r.len() as u32;
+    r[..4].copy_from_slice(&len.to_ne_bytes());
+    r
+}
+
+/// Sends a request; the reply's error and payload.
+fn call(c: &RingClient, req: &[u8]) -> Result<(i32, Vec<u8>), Errno> {
+    let mut reply = Vec::new();
+    c.call(req, &mut reply)?;
+    if reply.is_empty() {
+        return Ok((0, reply));
+    }
+    let (h, _) = abi::fuse_out_header::read_from_prefix(&reply).unwrap();
+    assert_eq!(h.len as usize, reply.len());
+    assert_eq!(&h.unique.to_ne_bytes()[..], &req[8..16]);
+    Ok((h.error, reply[16..].to_vec()))
+}
+
+fn init(c: &RingClient) {
+    let arg = abi::fuse_init_in {
+        major: abi::FUSE_KERNEL_VERSION,
+        minor: abi::FUSE_KERNEL_MINOR_VERSION,
+        max_readahead: 0,
+        flags: 0,
+        flags2: 0,
+        unused: [0; 11],
+    };
+    let (err, _) = call(c, &request(abi::FUSE_INIT, 0, arg.as_bytes(), &[])).unwrap();
+    assert_eq!(err, 0);
+}
+
+fn create(c: &RingClient, name: &[u8]) -> (u64, u64) {
+    let arg = abi::fuse_create_in {
+        flags: libc::O_RDWR as u32,
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        open_flags: 0,
+    };
+    let (err, p) = call(c, &request(abi::FUSE_CREATE, 1, arg.as_bytes(), &[name])).unwrap();
+    assert_eq!(err, 0, "create {name:?}");
+    let (e, rest) = abi::fuse_entry_out::read_from_prefix(&p).unwrap();
+    let (o, _) = abi::fuse_open_out::read_from_prefix(rest).unwrap();
+    (e.nodeid, o.fh)
+}
+
+fn write(c: &RingClient, node: u64, fh: u64, data: &[u8]) -> i32 {
+    let arg = abi::fuse_write_in {
+        fh,
+        offset: 0,
+        size: data.len() as u32,
+        ..Default::default()
+    };
+    let mut a = arg.as_bytes().to_vec();
+    a.extend_from_slice(data);
+    call(c, &request(abi::FUSE_WRITE, node, &a, &[])).unwrap().0
+}
+
+fn read(c: &RingClient, node: u64, fh: u64, size: u32) -> Vec<u8> {
+    let arg = abi::fuse_read_in {
+        fh,
+        offset: 0,
+        size,
+        ..Default::default()
+    };
+    let (err, p) = call(c, &request(abi::FUSE_READ, node, arg.as_bytes(), &[])).unwrap();
+    assert_eq!(err, 0);
+    p
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn requests_round_trip_and_largest_writes_fit() {
+    let path = scratch("rt");
+    let (_s, stats) = server(&path);
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let (node, fh) = create(&c, b"f");
+    let big = vec![0x5a; 64 << 10];
+    assert_eq!(write(&c, node, fh, &big), 0);
+    assert_eq!(read(&c, node, fh, 64 << 10), big);
+    // Larger than a slot: refused before it reaches the daemon.
+    let mut reply = Vec::new();
+    assert_eq!(c.call(&vec![0; (64 << 10) + 8192], &mut reply), Err(Errno::E2BIG));
+    // Threads on both queues at once.
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let c = &c;
+            s.spawn(move || {
+                for _ in 0..200 {
+                    let (err, _) = call(c, &request(abi::FUSE_GETATTR, 1, &[0; 16], &[])).unwrap();
+                    assert_eq!(err, 0, "thread {t}");
+                }
+            });
+        }
+    });
+    let snap = stats.snapshot();
+    let ring = snap.transports.iter().find(|(t, _)| t.name() == "ring").unwrap().1;
+    assert!(ring >= 803, "{ring} requests over the ring");
+    // DESTROY would end the file system for everyone.
+    let (err, _) = call(&c, &request(abi::FUSE_DESTROY, 0, &[], &[])).unwrap();
+    assert_eq!(err, -libc::EPERM);
+}
+
+#[test]
+fn other_clients_are_told_what_changed() {
+    let path = scratch("notify");
+    let (_s, _) = server(&path);
+    let a = RingClient::connect(&path).unwrap();
+    let b = RingClient::connect(&path).unwrap();
+    init(&a);
+    init(&b);
+    let (node, fh) = create(&a, b"shared");
+    assert_eq!(write(&a, node, fh, b"x"), 0);
+    let mut seen = Vec::new();
+    b.notices(|n| {
+        seen.push(match n {
+            Notice::Inode(i) => format!("inode {i}"),
+            Notice::Entry { parent, name } => format!("entry {parent} {}", String::from_utf8_lossy(name)),
+            Notice::All => "all".into(),
+        })
+    });
+    assert_eq!(seen, ["entry 1 shared".to_string(), format!("inode {node}")]);
+    // The writer is not told about its own changes.
+    a.notices(|n| panic!("a was told {n:?}"));
+    // More changes than records: b is told to drop everything, once.
+    for _ in 0..20 {
+        assert_eq!(write(&a, node, fh, b"y"), 0);
+    }
+    let mut all = 0;
+    b.notices(|n| {
+        assert_eq!(n, Notice::All);
+        all += 1;
+    });
+    assert_eq!(all, 1);
+    b.notices(|n| panic!("b was told {n:?} twice"));
+}
+
+#[test]
+fn a_stopped_daemon_fails_calls_with_enotconn() {
+    let path = scratch("stop");
+    let (mut s, _) = server(&path);
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    s.stop();
+    let t = Instant::now();
+    let mut reply = Vec::new();
+    assert_eq!(
+        c.call(&request(abi::FUSE_GETATTR, 1, &[0; 16], &[]), &mut reply),
+        Err(Errno::ENOTCONN)
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(c.is_dead());
+    assert!(RingClient::connect(&path).is_err());
+}
+
+/// Creates and writes files, each left open: 100 of them against a server
+/// of its own, or, as the child of `a_killed_client_gives_back_its_handles`
+/// (`SF_RING_CHILD` names the socket), until killed.
+#[test]
+fn child_client() {
+    let (path, own) = match std::env::var_os("SF_RING_CHILD") {
+        Some(p) => (PathBuf::from(p), None),
+        None => {
+            let p = scratch("child");
+            let s = server(&p);
+            (p, Some(s))
+        }
+    };
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let forever = own.is_none();
+    let mut i = 0u64;
+    while forever || i < 100 {
+        let (node, fh) = create(&c, format!("c{i}").as_bytes());
+        assert_eq!(write(&c, node, fh, &[1; 4096]), 0);
+        i += 1;
+    }
+    assert_eq!(own.map(|(s, _)| s.held()), Some((100, 100)));
+}
+
+#[test]
+fn a_killed_client_gives_back_its_handles() {
+    let path = scratch("kill");
+    let (s, _) = server(&path);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_client", "--nocapture"])
+        .env("SF_RING_CHILD", &path)
+        .spawn()
+        .unwrap();
+    wait_for("the child's handles", || s.held().0 >= 20);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for("the child's departure", || s.clients() == 0);
+    assert_eq!(s.held(), (0, 0));
+    // The daemon serves the next client as before.
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let (node, fh) = create(&c, b"after");
+    assert_eq!(write(&c, node, fh, b"ok"), 0);
+    assert_eq!(read(&c, node, fh, 10), b"ok");
+}
+
+/// A client that does the handshake itself and keeps its region's memfd.
+fn raw_client(path: &Path) -> (OwnedFd, OwnedFd, Geometry) {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: plain socket calls on descriptors this test owns; the
+    // buffers outlive the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let sock = OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as u16;
+        for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        let r = libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of_val(&addr) as u32,
+        );
+        assert_eq!(r, 0);
+        let hello: [u64; 2] = [region::MAGIC, u64::from(region::VERSION)];
+        assert!(libc::send(fd, hello.as_ptr().cast(), 16, 0) == 16);
+        let mut buf = [0u8; 256];
+        let mut cbuf = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        assert!(libc::recvmsg(fd, &mut msg, 0) > 0);
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        assert!(!c.is_null());
+        let memfd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()));
+        let w: [u32; 6] = std::ptr::read_unaligned(buf[12..].as_ptr().cast());
+        let g = Geometry {
+            queues: w[0],
+            slots: w[1],
+            slot_data: w[2],
+            records: w[3],
+        };
+        (sock, memfd, g)
+    }
+}
+
+/// xorshift: reproducible garbage.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn garbage_in_a_clients_ring_harms_nobody_else() {
+    let path = scratch("fuzz");
+    let (s, _) = server(&path);
+    let good = RingClient::connect(&path).unwrap();
+    init(&good);
+    let (node, fh) = create(&good, b"mine");
+    assert_eq!(write(&good, node, fh, b"private"), 0);
+    let (sock, memfd, g) = raw_client(&path);
+    let len = g.bytes();
+    // The memfd is sealed: the client cannot shrink it under the daemon.
+    // SAFETY: ftruncate on our own descriptor.
+    assert!(unsafe { libc::ftruncate(memfd.as_raw_fd(), 4096) } < 0);
+    // SAFETY: a fresh shared mapping of the client's region; this test is
+    // the only user of the pointer and unmaps it at the end.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        )
+    } as *mut u8;
+    assert!(base as isize != -1);
+    let word = |off: usize| {
+        // SAFETY: `off` is inside the mapping and 4-aligned.
+        unsafe { &*(base.add(off) as *const AtomicU32) }
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let started = Instant::now();
+    let mut rounds = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        rounds += 1;
+        for _ in 0..64 {
+            let q = (rng.next() % u64::from(g.queues)) as usize;
+            let i = (rng.next() % u64::from(g.slots)) as usize;
+            let off = g.slot_off(q, i);
+            match rng.next() % 6 {
+                // Random words anywhere in the region.
+                0 => word((rng.next() as usize % (len / 4)) * 4).store(rng.next() as u32, Ordering::Relaxed),
+                // A slot with an absurd length, or a plausible header with a
+                // random opcode and random body.
+                1 => word(off + 4).store(rng.next() as u32, Ordering::Relaxed),
+                2 | 3 => {
+                    let n = 40 + (rng.next() % 200) as usize;
+                    for k in (0..n).step_by(4) {
+                        word(off + region::SLOT_HEADER + k).store(rng.next() as u32, Ordering::Relaxed);
+                    }
+                    word(off + region::SLOT_HEADER).store(n as u32, Ordering::Relaxed);
+                    word(off + region::SLOT_HEADER + 4).store((rng.next() % 60) as u32, Ordering::Relaxed);
+                    word(off + 4).store(n as u32, Ordering::Relaxed);
+                }
+                // Publish random (often out-of-range) indices, ring the bell.
+                _ => {
+                    let pos = word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed);
+                    let idx = if rng.next().is_multiple_of(2) {
+                        i as u32
+                    } else {
+                        rng.next() as u32
+                    };
+                    word(g.entry_off(q, pos)).store(idx, Ordering::Release);
+                    word(g.slot_off(q, i)).store(slot::SUBMITTED, Ordering::Release);
+                    word(g.doorbell_off(q)).store(0, Ordering::SeqCst);
+                    // SAFETY: a futex wake on a word of the mapping.
+                    unsafe { libc::syscall(libc::SYS_futex, word(g.doorbell_off(q)).as_ptr(), libc::FUTEX_WAKE, 1) };
+                }
+            }
+        }
+        // The well-behaved client is served, and sees only its own data.
+        assert_eq!(read(&good, node, fh, 100), b"private", "round {rounds}");
+    }
+    // SAFETY: the mapping is not used after this.
+    unsafe { libc::munmap(base.cast(), len) };
+    drop(memfd);
+    drop(sock);
+    wait_for("the garbage client's departure", || s.clients() == 1);
+    assert_eq!(read(&good, node, fh, 100), b"private");
+}
