@@ -14,6 +14,7 @@ use crate::sys::raw;
 use crate::user;
 
 mod exec;
+mod kernel;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
@@ -108,6 +109,7 @@ pub fn is_file_call(nr: i64) -> bool {
             | libc::SYS_mmap
             | libc::SYS_execve
             | libc::SYS_execveat
+            | libc::SYS_flock
     )
 }
 
@@ -326,6 +328,9 @@ fn file(fd: i64) -> Option<Arc<OpenFile>> {
 
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
     let st = state();
+    if let Some(r) = kernel::call(nr, a) {
+        return r;
+    }
     match nr {
         libc::SYS_read => {
             let f = file(a[0])?;
@@ -488,10 +493,26 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                     Some(r)
                 }
                 libc::F_GETFD => None,
-                // Locks are not served: say so rather than let the
-                // placeholder answer for a file it does not stand for.
+                libc::F_GETLK
+                | libc::F_SETLK
+                | libc::F_SETLKW
+                | libc::F_OFD_GETLK
+                | libc::F_OFD_SETLK
+                | libc::F_OFD_SETLKW => Some(match f.lock_fd() {
+                    Ok(l) => raw(libc::SYS_fcntl, i64::from(l), a[1], a[2], 0, 0, 0),
+                    Err(e) => err(e),
+                }),
+                // Leases, notifications, pipe sizes, seals: not for a
+                // placeholder to answer for a file it does not stand for.
                 _ => Some(err(Errno::EINVAL)),
             }
+        }
+        libc::SYS_flock => {
+            let f = file(a[0])?;
+            Some(match f.lock_fd() {
+                Ok(l) => raw(libc::SYS_flock, i64::from(l), a[1], 0, 0, 0, 0),
+                Err(e) => err(e),
+            })
         }
         libc::SYS_fchdir => {
             let Some(f) = file(a[0]) else {
@@ -558,6 +579,12 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let flags = a[3] as i32;
             if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
                 let f = file(a[0])?;
+                if f.kernel_backed() {
+                    return Some(res(kernel::fresh_stat(&f, a[0]).map(|s| {
+                        user::put(a[2], &s);
+                        0i64
+                    })));
+                }
                 return Some(res(f.stat().map(|at| {
                     user::put(a[2], &to_stat(&at, f.vfs().dev()));
                     0i64
@@ -569,6 +596,12 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let flags = a[2] as i32;
             let attr = if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
                 let f = file(a[0])?;
+                if f.kernel_backed() {
+                    return Some(res(kernel::fresh_statx(&f, a[0]).map(|s| {
+                        user::put(a[4], &s);
+                        0i64
+                    })));
+                }
                 f.stat().map(|at| (at, f.vfs().dev()))
             } else {
                 let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
@@ -759,15 +792,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             };
             Some(vectored(&f, a[1], a[2], read, at))
         }
-        libc::SYS_copy_file_range => {
-            if file(a[0]).is_none() && file(a[2]).is_none() {
-                return None;
-            }
-            // What the kernel answers across file systems without a copy
-            // method: callers (cp, shutil) fall back to read and write.
-            Some(err(Errno::EXDEV))
-        }
-        libc::SYS_sendfile | libc::SYS_splice => {
+        libc::SYS_copy_file_range | libc::SYS_sendfile | libc::SYS_splice => {
             let (out, inp) = if nr == libc::SYS_sendfile {
                 (a[0], a[1])
             } else {
@@ -776,26 +801,24 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             if file(out).is_none() && file(inp).is_none() {
                 return None;
             }
-            Some(err(Errno::EINVAL))
+            kernel::copy(nr, a)
         }
         libc::SYS_fadvise64 | libc::SYS_sync_file_range => {
             file(a[0])?;
             Some(0)
         }
         libc::SYS_ioctl => {
-            file(a[0])?;
-            // No ioctl is served on a mount file (FICLONE, FS_IOC_*, TCGETS):
-            // the answer of a file without them.
-            Some(err(Errno::from_raw(libc::ENOTTY)))
+            let f = file(a[0])?;
+            // FIONREAD; no other ioctl is served on a mount file (FICLONE,
+            // FS_IOC_*, TCGETS): the answer of a file without them.
+            Some(kernel::ioctl(&f, a))
         }
         libc::SYS_mmap => {
-            file(a[4])?;
+            let f = file(a[4])?;
             if a[3] as i32 & libc::MAP_ANONYMOUS != 0 {
                 return None;
             }
-            // No page cache to map yet (issue 6): what a file system without
-            // mmap answers.
-            Some(err(Errno::ENODEV))
+            Some(kernel::mmap(&f, a))
         }
         libc::SYS_execve => exec::execve(a),
         libc::SYS_execveat => exec::execveat(a),
@@ -1019,6 +1042,15 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         Err(e) => return Some(err(e)),
     };
     let cloexec = flags & libc::O_CLOEXEC != 0;
+    if flags & libc::O_PATH == 0 && f.data_map().is_some_and(|m| m.whole().is_some()) {
+        // See `kernel`: the kernel keeps this open file description.
+        let fd = kernel::backing_descriptor(&f, flags, cloexec);
+        if fd >= 0 {
+            f.set_kernel_backed();
+            state().fds.insert(fd as i32, f, cloexec);
+            return Some(fd);
+        }
+    }
     let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
     let fd = raw(libc::SYS_fcntl, placeholder_source(), i64::from(cmd), 0, 0, 0, 0);
     if fd < 0 {

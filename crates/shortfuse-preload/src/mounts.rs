@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use shortfuse::{Filesystem, Stats};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
-use shortfuse_vfs::{Creds, FdTable, InProcess, Location, Vfs, Walk, WalkFlags};
+use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, Vfs, Walk, WalkFlags, MCACHE_NODES};
 
 use crate::{sys, State};
 
@@ -70,10 +70,12 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
             0,
         );
     }
-    let fs = fs?;
+    // The maps the file system returns reach the VFS (DataMap fast path, M-Cache).
+    let (fs, maps) = MapTap::wrap(fs?, MCACHE_NODES);
     let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+    vfs.set_maps(maps);
     vfs.set_umask(umask);
     vfs.set_read_only(run.ro);
     if spec.fs == "passthrough" {

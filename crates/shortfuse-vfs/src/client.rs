@@ -170,13 +170,22 @@ impl Client {
         names: &[&[u8]],
         f: impl FnOnce(&[u8]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        BUFS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut bufs) => {
-                let (req, reply) = &mut *bufs;
-                self.call_with(req, reply, opcode, node, parts, names, f)
-            }
-            Err(_) => self.call_with(&mut Vec::new(), &mut Vec::new(), opcode, node, parts, names, f),
-        })
+        // A thread past its thread-local destructors (a pthread key
+        // destructor closing a file, say) gets fresh buffers too.
+        let mut f = Some(f);
+        let reused = BUFS.try_with(|cell| {
+            let mut bufs = cell.try_borrow_mut().ok()?;
+            let (req, reply) = &mut *bufs;
+            let f = f.take()?;
+            Some(self.call_with(req, reply, opcode, node, parts, names, f))
+        });
+        match reused {
+            Ok(Some(r)) => r,
+            _ => match f.take() {
+                Some(f) => self.call_with(&mut Vec::new(), &mut Vec::new(), opcode, node, parts, names, f),
+                None => Err(Errno::EIO),
+            },
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

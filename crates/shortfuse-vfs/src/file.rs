@@ -9,14 +9,18 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use shortfuse::{Attr, Errno, FileType, NodeId};
 use shortfuse_abi as abi;
 
 use crate::client::SetAttrIn;
+use crate::maps::{io_errno, HeldMap};
 use crate::vfs::{Location, Target, Vfs};
 
 /// Status flags `fcntl(F_SETFL)` may change (the kernel's `SETFL_MASK`).
@@ -46,6 +50,16 @@ pub struct OpenFile {
     path: Vec<u8>,
     /// The file system answered the open with FOPEN_NOFLUSH: no FLUSH at close.
     noflush: bool,
+    /// An O_PATH descriptor (no FUSE open, no I/O).
+    path_only: bool,
+    /// Where the data lives (the file system's data map), when it said.
+    map: Option<HeldMap>,
+    /// The descriptor is a kernel descriptor of the 1-to-1 backing file
+    /// (set by the preload shim): the kernel keeps its offset and flags.
+    kernel: AtomicBool,
+    /// A kernel descriptor whose locks are this description's (see
+    /// [`OpenFile::lock_fd`]), and the node's lock file it was opened on.
+    lock: OnceLock<(Arc<File>, File)>,
 }
 
 fn accmode(flags: i32) -> i32 {
@@ -93,6 +107,88 @@ impl OpenFile {
         self.pos().cookie
     }
 
+    /// The data map this open holds, if any.
+    pub fn data_map(&self) -> Option<&HeldMap> {
+        self.map.as_ref()
+    }
+
+    /// Whether the descriptor is a kernel descriptor of the backing file.
+    pub fn kernel_backed(&self) -> bool {
+        self.kernel.load(Ordering::Relaxed)
+    }
+
+    /// Marks the descriptor as a kernel descriptor of the backing file.
+    pub fn set_kernel_backed(&self) {
+        self.kernel.store(true, Ordering::Relaxed);
+    }
+
+    /// A kernel descriptor standing for this open file description in
+    /// lock calls (flock, fcntl POSIX and OFD locks), made on first use.
+    ///
+    /// Each node with locked descriptors gets one anonymous kernel file (an
+    /// O_TMPFILE in /dev/shm); each open file description a descriptor of
+    /// its own on it, opened with its access mode. The kernel's lock rules
+    /// then hold between our descriptors exactly as between real ones
+    /// (OFD and flock locks per description, POSIX locks per process,
+    /// F_SETLKW waits, deadlock detection), and a forked child inherits
+    /// them. Files with a backing file use the backing file's own locks
+    /// instead (kernel-backed descriptors).
+    pub fn lock_fd(&self) -> Result<i32, Errno> {
+        if self.path_only {
+            return Err(Errno::EBADF);
+        }
+        if let Some((_, f)) = self.lock.get() {
+            return Ok(f.as_raw_fd());
+        }
+        let inode = {
+            let mut table = self.vfs.lock_inodes.lock().unwrap_or_else(|e| e.into_inner());
+            table.retain(|_, w| w.strong_count() > 0);
+            match table.get(&self.node).and_then(Weak::upgrade) {
+                Some(f) => f,
+                None => {
+                    let f = Arc::new(
+                        std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+                            .mode(0o600)
+                            .open("/dev/shm")
+                            .map_err(io_errno)?,
+                    );
+                    table.insert(self.node, Arc::downgrade(&f));
+                    f
+                }
+            }
+        };
+        let (read, write) = match accmode(self.flags()) {
+            libc::O_RDONLY => (true, false),
+            libc::O_WRONLY => (false, true),
+            _ => (true, true),
+        };
+        let own = std::fs::OpenOptions::new()
+            .read(read)
+            .write(write)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", inode.as_raw_fd()))
+            .map_err(io_errno)?;
+        let _ = self.lock.set((inode, own));
+        Ok(self.lock.get().map_or(-1, |(_, f)| f.as_raw_fd()))
+    }
+
+    /// Whether this open skipped the file system's `open` (an M-Cache hit).
+    pub fn from_map_cache(&self) -> bool {
+        self.fh.is_none() && !self.path_only
+    }
+
+    /// The map to do I/O through: held, and not replaced since.
+    fn mapped(&self) -> Option<&HeldMap> {
+        let m = self.map.as_ref()?;
+        self.vfs
+            .maps()
+            .is_some_and(|t| t.current(self.node, m.generation))
+            .then_some(m)
+    }
+
     /// Whether closing a descriptor sends FLUSH (and so needs a lock owner).
     pub fn needs_flush(&self) -> bool {
         self.fh.is_some() && !self.noflush && self.kind != FileType::Directory
@@ -104,30 +200,35 @@ impl OpenFile {
     }
 
     fn is_path(&self) -> bool {
-        self.fh.is_none()
+        self.path_only
     }
 
     fn pos(&self) -> MutexGuard<'_, DirPos> {
         self.pos.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn readable(&self) -> Result<u64, Errno> {
-        let fh = self.fh.ok_or(Errno::EBADF)?;
+    /// The handle for a read (`None`: an M-Cache open, served by its map).
+    fn readable(&self) -> Result<Option<u64>, Errno> {
+        if self.path_only {
+            return Err(Errno::EBADF);
+        }
         if self.kind == FileType::Directory {
             return Err(Errno::EISDIR);
         }
         if accmode(self.flags()) == libc::O_WRONLY {
             return Err(Errno::EBADF);
         }
-        Ok(fh)
+        Ok(self.fh)
     }
 
-    fn writable(&self) -> Result<u64, Errno> {
-        let fh = self.fh.ok_or(Errno::EBADF)?;
+    fn writable(&self) -> Result<Option<u64>, Errno> {
+        if self.path_only {
+            return Err(Errno::EBADF);
+        }
         if accmode(self.flags()) == libc::O_RDONLY {
             return Err(Errno::EBADF);
         }
-        Ok(fh)
+        Ok(self.fh)
     }
 
     /// `fstat(2)`.
@@ -141,7 +242,12 @@ impl OpenFile {
         self.read_at(fh, buf, offset)
     }
 
-    fn read_at(&self, fh: u64, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
+    fn read_at(&self, fh: Option<u64>, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
+        if let Some(m) = self.mapped() {
+            // DataMap fast path: the backing files, not the file system.
+            return m.map.read_at(offset, buf).map_err(io_errno);
+        }
+        let fh = fh.ok_or(Errno::EBADF)?;
         let max = self.vfs.max_io();
         let mut done = 0;
         while done < buf.len() {
@@ -182,7 +288,20 @@ impl OpenFile {
         Ok(self.vfs.getattr_fresh(self.node, self.fh)?.size)
     }
 
-    fn write_at(&self, fh: u64, data: &[u8], offset: u64) -> Result<usize, Errno> {
+    fn write_at(&self, fh: Option<u64>, data: &[u8], offset: u64) -> Result<usize, Errno> {
+        if let Some(m) = self.mapped() {
+            match m.map.write_at(offset, data) {
+                Ok(n) => {
+                    self.vfs.invalidate_attr(self.node);
+                    return Ok(n);
+                }
+                // Past what the map covers (EFBIG) or a backing file not
+                // open for writing: the file system grows or writes it.
+                Err(_) if fh.is_some() => {}
+                Err(e) => return Err(io_errno(e)),
+            }
+        }
+        let fh = fh.ok_or(Errno::EBADF)?;
         let max = self.vfs.max_io();
         let mut done = 0;
         let result = loop {
@@ -235,11 +354,14 @@ impl OpenFile {
                 (self.size()? as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?
             }
             libc::SEEK_DATA | libc::SEEK_HOLE if self.kind == FileType::Regular => {
-                let fh = self.fh.ok_or(Errno::EBADF)?;
                 if offset < 0 {
                     return Err(Errno::ENXIO);
                 }
-                match self.vfs.client().lseek(self.node, fh, offset as u64, whence) {
+                let asked = match self.fh {
+                    Some(fh) => self.vfs.client().lseek(self.node, fh, offset as u64, whence),
+                    None => Err(Errno::ENOSYS),
+                };
+                match asked {
                     Ok(o) => o as i64,
                     Err(e) if e == Errno::ENOSYS => {
                         // The kernel's generic answer: all data, a hole at the end.
@@ -307,7 +429,10 @@ impl OpenFile {
 
     /// `ftruncate(2)`.
     pub fn truncate(&self, size: u64) -> Result<(), Errno> {
-        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if self.path_only {
+            return Err(Errno::EBADF);
+        }
+        let fh = self.fh;
         if self.kind != FileType::Regular || accmode(self.flags()) == libc::O_RDONLY {
             return Err(Errno::EINVAL);
         }
@@ -315,7 +440,7 @@ impl OpenFile {
             self.node,
             &SetAttrIn {
                 size: Some(size),
-                fh: Some(fh),
+                fh,
                 ..Default::default()
             },
         )?;
@@ -324,7 +449,13 @@ impl OpenFile {
 
     /// `fsync(2)`/`fdatasync(2)`. ENOSYS from the file system counts as done.
     pub fn fsync(&self, datasync: bool) -> Result<(), Errno> {
-        let fh = self.fh.ok_or(Errno::EBADF)?;
+        if self.path_only {
+            return Err(Errno::EBADF);
+        }
+        let Some(fh) = self.fh else {
+            // An M-Cache open: the data is in the backing files.
+            return self.map.as_ref().map_or(Ok(()), |m| sync_backing(&m.map, datasync));
+        };
         match self
             .vfs
             .client()
@@ -337,7 +468,7 @@ impl OpenFile {
 
     /// `fallocate(2)`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<(), Errno> {
-        let fh = self.writable()?;
+        let fh = self.writable()?.ok_or(Errno::EOPNOTSUPP)?;
         if self.kind != FileType::Regular {
             return Err(Errno::ENODEV);
         }
@@ -367,6 +498,20 @@ impl OpenFile {
             r => r,
         }
     }
+}
+
+/// fsync/fdatasync of every backing file of a map.
+fn sync_backing(map: &shortfuse::DataMap, datasync: bool) -> Result<(), Errno> {
+    let mut seen: Vec<&shortfuse::BackingFile> = Vec::new();
+    for e in &map.extents {
+        if seen.iter().any(|b| Arc::ptr_eq(b, &e.backing)) {
+            continue;
+        }
+        seen.push(&e.backing);
+        let f = std::fs::File::from(e.backing.try_clone().map_err(io_errno)?);
+        if datasync { f.sync_data() } else { f.sync_all() }.map_err(io_errno)?;
+    }
+    Ok(())
 }
 
 impl Drop for OpenFile {
@@ -402,6 +547,9 @@ impl Vfs {
             return Err(Errno::EOPNOTSUPP);
         }
         let mut noflush = false;
+        if let Some(f) = self.open_cached(t, flags) {
+            return Ok(f);
+        }
         let (node, attr, created_fh) = match t.node {
             Some((node, attr)) => {
                 if creat && excl && !path_only {
@@ -489,6 +637,10 @@ impl Vfs {
             noflush = o.open_flags & abi::FOPEN_NOFLUSH != 0;
             Some(o.fh)
         };
+        let map = match (fh, self.maps()) {
+            (Some(fh), Some(t)) if kind == FileType::Regular => t.take(node, fh),
+            _ => None,
+        };
         self.pin(node);
         if let Some(l) = &loc {
             self.pin_location(l);
@@ -503,12 +655,78 @@ impl Vfs {
             loc,
             path: t.path(),
             noflush,
+            path_only,
+            map,
+            kernel: AtomicBool::new(false),
+            lock: OnceLock::new(),
+        }))
+    }
+
+    /// The M-Cache (seed 004): a re-open of a regular file whose map is
+    /// cached and whose attributes are still valid skips the file system's
+    /// `open`; the open file then does all its I/O through the map. Not for
+    /// creating or truncating opens, O_PATH, or a caller the cached mode
+    /// bits refuse (the check the skipped `open` would have made).
+    fn open_cached(self: &Arc<Vfs>, t: &Target, flags: i32) -> Option<Arc<OpenFile>> {
+        let (node, _) = t.node?;
+        if flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_PATH | libc::O_DIRECTORY) != 0 || t.trailing_slash {
+            return None;
+        }
+        let attr = self.cached_attr(node)?;
+        if attr.file_type() != FileType::Regular {
+            return None;
+        }
+        let acc = accmode(flags);
+        if acc != libc::O_RDONLY && self.is_read_only() {
+            return None;
+        }
+        if !permits(&attr, self.client().creds(), acc) {
+            return None;
+        }
+        let map = self.maps()?.cached(node)?;
+        self.pin(node);
+        Some(Arc::new(OpenFile {
+            vfs: self.clone(),
+            node,
+            fh: None,
+            kind: FileType::Regular,
+            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
+            pos: Mutex::new(DirPos::default()),
+            loc: None,
+            path: t.path(),
+            noflush: true,
+            path_only: false,
+            map: Some(map),
+            kernel: AtomicBool::new(false),
+            lock: OnceLock::new(),
         }))
     }
 
     fn remember_created(&self, parent: NodeId, name: &[u8], e: &crate::client::EntryOut) {
         self.remember(parent, name, e);
     }
+}
+
+/// Whether `attr`'s owner, group and mode bits let `creds` open with
+/// access mode `acc` (root may always).
+fn permits(attr: &Attr, creds: crate::client::Creds, acc: i32) -> bool {
+    if creds.uid == 0 {
+        return true;
+    }
+    let shift = if attr.uid == creds.uid {
+        6
+    } else if attr.gid == creds.gid {
+        3
+    } else {
+        0
+    };
+    let bits = (attr.mode >> shift) & 0o7;
+    let need = match acc {
+        libc::O_RDONLY => 0o4,
+        libc::O_WRONLY => 0o2,
+        _ => 0o6,
+    };
+    bits & need == need
 }
 
 /// One descriptor: its open file description and its own flag.

@@ -9,10 +9,11 @@
 //! absolute path outside the mount point. Symbolic links count towards
 //! `MAXSYMLINKS` (40) across such hand-overs.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
 use shortfuse::{Attr, Errno, FileType, NodeId, Statfs};
@@ -21,6 +22,7 @@ use shortfuse_abi as abi;
 use crate::backend::Backend;
 use crate::cache::{Cache, Cached, Forgets};
 use crate::client::{Client, Creds, EntryOut, InitOut, Lookup, SetAttrIn};
+use crate::maps::MapTable;
 
 /// Symbolic links followed in one resolution before `ELOOP` (the kernel's
 /// `MAXSYMLINKS`).
@@ -200,6 +202,11 @@ pub struct Vfs {
     /// The host directory the file system mirrors, when it mirrors one
     /// (passthrough): what a descriptor can be handed over to at exec.
     source: OnceLock<Vec<u8>>,
+    /// The data maps of an in-process file system (see [`crate::maps`]).
+    maps: OnceLock<Arc<MapTable>>,
+    /// Per node, the anonymous kernel file whose locks stand for the
+    /// node's (see `OpenFile::lock_fd`).
+    pub(crate) lock_inodes: Mutex<HashMap<NodeId, Weak<std::fs::File>>>,
 }
 
 impl Vfs {
@@ -230,6 +237,8 @@ impl Vfs {
             umask: AtomicU32::new(0o022),
             read_only: AtomicBool::new(false),
             source: OnceLock::new(),
+            maps: OnceLock::new(),
+            lock_inodes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -278,6 +287,22 @@ impl Vfs {
     /// Records the host directory this mount mirrors (once).
     pub fn set_source(&self, dir: &[u8]) {
         let _ = self.source.set(crate::normalize(dir));
+    }
+
+    /// Connects the data maps the file system returns (its
+    /// [`crate::MapTap`]):
+    /// opens then use them and the M-Cache. Only the first call counts.
+    pub fn set_maps(&self, table: Arc<MapTable>) {
+        let _ = self.maps.set(table);
+    }
+
+    pub fn maps(&self) -> Option<&Arc<MapTable>> {
+        self.maps.get()
+    }
+
+    /// The cached attributes of `node`, when still valid (no request).
+    pub fn cached_attr(&self, node: NodeId) -> Option<Attr> {
+        self.lock().attr(node, Instant::now())
     }
 
     /// The host directory this mount mirrors, if any.

@@ -101,6 +101,10 @@ fn hand_over_descriptors() {
             continue;
         }
         let Some(f) = st.fds.get(fd) else { continue };
+        if f.kernel_backed() {
+            // Already the backing file's own descriptor.
+            continue;
+        }
         if let Some((_, kfd)) = done.iter().find(|(g, _)| Arc::ptr_eq(g, &f)) {
             raw(libc::SYS_dup3, *kfd, i64::from(fd), 0, 0, 0, 0);
             continue;

@@ -1,0 +1,387 @@
+//! Descriptors whose data has a home in the kernel, and the calls on mount
+//! descriptors that the kernel cannot serve on a placeholder (mmap, FIONREAD,
+//! copy_file_range, sendfile, splice).
+//!
+//! # Kernel-backed descriptors (the design for fork, exec, locks and maps)
+//!
+//! When a file system answers an open with a 1-to-1 data map (passthrough
+//! does for every regular file; `stripe` with one directory), the program's
+//! descriptor is not a placeholder but a kernel descriptor of the backing
+//! file: a duplicate of the file system's own descriptor when its status
+//! flags are the program's, else a reopen through `/proc/self/fd` with the
+//! program's flags (M-Cache hits always reopen: each open is its own open
+//! file description). The kernel then holds the open file description, so
+//! everything POSIX ties to it holds across processes with no state of ours:
+//!
+//! - fork shares offsets and status flags between parent and child, exec
+//!   keeps descriptors without FD_CLOEXEC and closes the others, whatever
+//!   image runs next (with or without the shim, vfork/posix_spawn included);
+//! - flock, POSIX and OFD locks are the kernel's locks on the backing file,
+//!   consistent among every process of the tree (and with programs outside
+//!   it);
+//! - mmap (MAP_SHARED and MAP_PRIVATE), msync, mprotect, madvise, sendfile,
+//!   splice, copy_file_range, FIONREAD, fexecve and the dynamic loader's
+//!   maps of a library work as on the backing file.
+//!
+//! The shim still records the descriptor (the open's node, handle and path)
+//! so that fstat reports the mount's device and inode, close sends FLUSH
+//! and RELEASE, and attribute calls go to the file system. Reads, seeks and
+//! the rest go to the kernel untouched; writes go to the kernel too and then
+//! drop the node's cached attributes, and fstat takes size and times from
+//! the backing file, so the program sees its own writes at once.
+//!
+//! The alternative the issue suggests, an open-file-description table in
+//! shared memory handed over in the environment, would have to re-implement
+//! all of the above (offset sharing, lock tables, the dynamic loader's maps)
+//! and still could not follow a vfork child that the kernel execs. It
+//! remains the way for descriptors without a backing file (a `mem` mount):
+//! those are placeholders of one process image, whose data does not survive
+//! the image either (each image builds its own `mem`; sharing them needs the
+//! daemon of issue 7).
+
+use std::sync::Arc;
+
+use shortfuse::Errno;
+use shortfuse_vfs::OpenFile;
+
+use super::{err, file, res, to_stat, to_statx};
+use crate::sys::raw;
+use crate::user;
+
+/// The kernel's FIONREAD (`TIOCINQ`).
+const FIONREAD: i64 = 0x541b;
+
+/// The descriptor argument of the calls that take one, by position.
+fn fd_arg(nr: i64) -> Option<usize> {
+    Some(match nr {
+        libc::SYS_read
+        | libc::SYS_write
+        | libc::SYS_pread64
+        | libc::SYS_pwrite64
+        | libc::SYS_readv
+        | libc::SYS_writev
+        | libc::SYS_preadv
+        | libc::SYS_pwritev
+        | libc::SYS_preadv2
+        | libc::SYS_pwritev2
+        | libc::SYS_lseek
+        | libc::SYS_fsync
+        | libc::SYS_fdatasync
+        | libc::SYS_ftruncate
+        | libc::SYS_fallocate
+        | libc::SYS_fadvise64
+        | libc::SYS_sync_file_range
+        | libc::SYS_ioctl
+        | libc::SYS_fstat
+        | libc::SYS_getdents64
+        | libc::SYS_fcntl
+        | libc::SYS_flock => 0,
+        libc::SYS_mmap => 4,
+        _ => return None,
+    })
+}
+
+/// Serves a call on a kernel-backed descriptor: `None` when the call is not
+/// about one, `Some(None)` to let the kernel run it unchanged.
+pub fn call(nr: i64, a: [i64; 6]) -> Option<Option<i64>> {
+    let i = fd_arg(nr)?;
+    let f = file(a[i])?;
+    if !f.kernel_backed() {
+        return None;
+    }
+    Some(match nr {
+        libc::SYS_write
+        | libc::SYS_pwrite64
+        | libc::SYS_writev
+        | libc::SYS_pwritev
+        | libc::SYS_pwritev2
+        | libc::SYS_ftruncate
+        | libc::SYS_fallocate => {
+            let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+            // The size and times changed under the cached attributes.
+            f.vfs().invalidate_attr(f.node());
+            Some(r)
+        }
+        libc::SYS_fstat => Some(res(fresh_stat(&f, a[0]).map(|st| {
+            user::put(a[1], &st);
+            0i64
+        }))),
+        // Table bookkeeping (F_DUPFD*, F_SETFD) stays with the caller.
+        libc::SYS_fcntl => match a[1] as i32 {
+            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFD => return None,
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// The attributes of a kernel-backed descriptor: the file system's, with
+/// size, blocks and times from the backing file (written through the kernel).
+pub fn fresh_stat(f: &Arc<OpenFile>, fd: i64) -> Result<libc::stat, Errno> {
+    let mut st = to_stat(&f.stat()?, f.vfs().dev());
+    let mut k: libc::stat = user::zeroed();
+    if raw(libc::SYS_fstat, fd, &mut k as *mut libc::stat as i64, 0, 0, 0, 0) == 0 {
+        st.st_size = k.st_size;
+        st.st_blocks = k.st_blocks;
+        st.st_atime = k.st_atime;
+        st.st_atime_nsec = k.st_atime_nsec;
+        st.st_mtime = k.st_mtime;
+        st.st_mtime_nsec = k.st_mtime_nsec;
+        st.st_ctime = k.st_ctime;
+        st.st_ctime_nsec = k.st_ctime_nsec;
+    }
+    Ok(st)
+}
+
+/// statx of a kernel-backed descriptor (see [`fresh_stat`]).
+pub fn fresh_statx(f: &Arc<OpenFile>, fd: i64) -> Result<libc::statx, Errno> {
+    let st = fresh_stat(f, fd)?;
+    let mut attr = f.stat()?;
+    attr.size = st.st_size as u64;
+    attr.blocks = st.st_blocks as u64;
+    attr.atime = shortfuse::Timestamp {
+        sec: st.st_atime,
+        nsec: st.st_atime_nsec as u32,
+    };
+    attr.mtime = shortfuse::Timestamp {
+        sec: st.st_mtime,
+        nsec: st.st_mtime_nsec as u32,
+    };
+    attr.ctime = shortfuse::Timestamp {
+        sec: st.st_ctime,
+        nsec: st.st_ctime_nsec as u32,
+    };
+    Ok(to_statx(&attr, f.vfs().dev()))
+}
+
+/// Status flags that make two open file descriptions behave alike.
+const SAME_FLAGS: i32 = libc::O_ACCMODE | libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_NOATIME;
+
+/// A kernel descriptor of the 1-to-1 backing file of `f` for a program's
+/// open with `flags`, or a negated errno (the caller then keeps a
+/// placeholder). `cloexec` as the open asked.
+pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
+    let Some(backing) = f.data_map().and_then(|m| m.whole()) else {
+        return err(Errno::ENODEV);
+    };
+    let b = std::os::fd::AsRawFd::as_raw_fd(&**backing) as i64;
+    if !f.from_map_cache() {
+        // The file system's own descriptor, opened for this open alone:
+        // share its description when it has the program's flags.
+        let have = raw(libc::SYS_fcntl, b, i64::from(libc::F_GETFL), 0, 0, 0, 0);
+        if have >= 0 && have as i32 & SAME_FLAGS == flags & SAME_FLAGS {
+            let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+            return raw(libc::SYS_fcntl, b, i64::from(cmd), 0, 0, 0, 0);
+        }
+    }
+    let link = super::with_nul(format!("/proc/self/fd/{b}").into_bytes());
+    // Creation and truncation were done by the open; O_NOFOLLOW would
+    // refuse the magic link itself.
+    let keep = flags
+        & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        | if cloexec { libc::O_CLOEXEC } else { 0 };
+    raw(
+        libc::SYS_openat,
+        libc::AT_FDCWD as i64,
+        link.as_ptr() as i64,
+        i64::from(keep),
+        0,
+        0,
+        0,
+    )
+}
+
+/// mmap of a placeholder descriptor (no kernel-backed one). A 1-to-1 map
+/// maps its backing file; otherwise MAP_PRIVATE gets a private copy of the
+/// bytes (anonymous memory filled by reads, then given the asked
+/// protection), and MAP_SHARED fails with ENODEV: there is no single file
+/// the kernel could write the pages back to.
+pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
+    let (addr, len, prot, flags, off) = (a[0], a[1], a[2], a[3] as i32, a[5]);
+    if let Some(backing) = f.data_map().and_then(|m| m.whole()) {
+        let b = std::os::fd::AsRawFd::as_raw_fd(&**backing) as i64;
+        return raw(libc::SYS_mmap, addr, len, prot, a[3], b, off);
+    }
+    let kind = flags & (libc::MAP_SHARED | libc::MAP_PRIVATE | libc::MAP_SHARED_VALIDATE);
+    if kind != libc::MAP_PRIVATE {
+        return err(Errno::ENODEV);
+    }
+    if len <= 0 || off < 0 || off & 4095 != 0 {
+        return err(Errno::EINVAL);
+    }
+    if libc::O_ACCMODE & f.flags() == libc::O_WRONLY {
+        return err(Errno::EACCES);
+    }
+    let anon_flags = (flags & !(libc::MAP_DENYWRITE | libc::MAP_EXECUTABLE)) | libc::MAP_ANONYMOUS;
+    let rw = i64::from(libc::PROT_READ | libc::PROT_WRITE);
+    let p = raw(libc::SYS_mmap, addr, len, rw, i64::from(anon_flags), -1, 0);
+    if p < 0 {
+        return p;
+    }
+    let size = f.stat().map(|at| at.size).unwrap_or(0);
+    let want = (size.saturating_sub(off as u64)).min(len as u64) as usize;
+    if want > 0 {
+        if let Err(e) = f.pread(user::slice_mut(p, want), off as u64) {
+            raw(libc::SYS_munmap, p, len, 0, 0, 0, 0);
+            return err(e);
+        }
+    }
+    if prot != rw {
+        raw(libc::SYS_mprotect, p, len, prot, 0, 0, 0);
+    }
+    p
+}
+
+/// ioctl on a placeholder: FIONREAD says how many bytes lie past the
+/// offset; the rest is what a file without ioctls answers.
+pub fn ioctl(f: &OpenFile, a: [i64; 6]) -> i64 {
+    if a[1] != FIONREAD {
+        return err(Errno::from_raw(libc::ENOTTY));
+    }
+    if f.file_type() != shortfuse::FileType::Regular {
+        return err(Errno::EINVAL);
+    }
+    match f.stat() {
+        Ok(at) => {
+            let n = at.size.saturating_sub(f.offset()).min(i32::MAX as u64) as i32;
+            user::put(a[2], &n);
+            0
+        }
+        Err(e) => err(e),
+    }
+}
+
+/// One side of an emulated copy: a placeholder of ours or a kernel
+/// descriptor, at an explicit offset (advanced in the caller's variable)
+/// or at the descriptor's own.
+struct Side {
+    fd: i64,
+    file: Option<Arc<OpenFile>>,
+    off_ptr: i64,
+}
+
+impl Side {
+    fn new(fd: i64, off_ptr: i64) -> Side {
+        let file = file(fd).filter(|f| !f.kernel_backed());
+        Side { fd, file, off_ptr }
+    }
+
+    fn offset(&self) -> Option<u64> {
+        (self.off_ptr != 0).then(|| {
+            let b = user::slice(self.off_ptr, 8);
+            u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))
+        })
+    }
+
+    fn advance(&self, n: usize) {
+        if let Some(o) = self.offset() {
+            user::put(self.off_ptr, &(o + n as u64));
+        }
+    }
+
+    fn read(&self, buf: &mut [u8]) -> i64 {
+        match (&self.file, self.offset()) {
+            (Some(f), Some(o)) => res(f.pread(buf, o).map(|n| n as i64)),
+            (Some(f), None) => res(f.read(buf).map(|n| n as i64)),
+            (None, Some(o)) => raw(
+                libc::SYS_pread64,
+                self.fd,
+                buf.as_mut_ptr() as i64,
+                buf.len() as i64,
+                o as i64,
+                0,
+                0,
+            ),
+            (None, None) => raw(
+                libc::SYS_read,
+                self.fd,
+                buf.as_mut_ptr() as i64,
+                buf.len() as i64,
+                0,
+                0,
+                0,
+            ),
+        }
+    }
+
+    fn write(&self, data: &[u8]) -> i64 {
+        let r = match (&self.file, self.offset()) {
+            (Some(f), Some(o)) => res(f.pwrite(data, o).map(|n| n as i64)),
+            (Some(f), None) => res(f.write(data).map(|n| n as i64)),
+            (None, Some(o)) => raw(
+                libc::SYS_pwrite64,
+                self.fd,
+                data.as_ptr() as i64,
+                data.len() as i64,
+                o as i64,
+                0,
+                0,
+            ),
+            (None, None) => raw(
+                libc::SYS_write,
+                self.fd,
+                data.as_ptr() as i64,
+                data.len() as i64,
+                0,
+                0,
+                0,
+            ),
+        };
+        if let Some(f) = file(self.fd).filter(|f| f.kernel_backed()) {
+            f.vfs().invalidate_attr(f.node());
+        }
+        r
+    }
+}
+
+/// Largest piece one emulated copy call moves (callers loop, as they must
+/// for the real calls, which may move less than asked too).
+const COPY_CHUNK: usize = 256 << 10;
+
+/// copy_file_range, sendfile and splice with a placeholder on one side or
+/// both: read into a buffer, write it out. Returns the bytes moved.
+pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let (src, dst, len) = match nr {
+        libc::SYS_copy_file_range => (Side::new(a[0], a[1]), Side::new(a[2], a[3]), a[4]),
+        libc::SYS_sendfile => (Side::new(a[1], a[2]), Side::new(a[0], 0), a[3]),
+        _ => (Side::new(a[0], a[1]), Side::new(a[2], a[3]), a[4]),
+    };
+    if src.file.is_none() && dst.file.is_none() {
+        // Kernel descriptors only (kernel-backed ones included): the
+        // kernel's call, then the attributes of a written mount file drop.
+        let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+        if let Some(f) = file(dst.fd).filter(|f| f.kernel_backed()) {
+            f.vfs().invalidate_attr(f.node());
+        }
+        return Some(r);
+    }
+    if nr == libc::SYS_copy_file_range && a[5] != 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    if len < 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    let mut buf = vec![0u8; (len as usize).min(COPY_CHUNK)];
+    let got = src.read(&mut buf);
+    if got <= 0 {
+        return Some(got);
+    }
+    let put = dst.write(&buf[..got as usize]);
+    if put < 0 {
+        return Some(put);
+    }
+    src.advance(put as usize);
+    dst.advance(put as usize);
+    if put < got && src.offset().is_none() {
+        // The source's own offset moved past bytes not written: put it back.
+        match &src.file {
+            Some(f) => {
+                let _ = f.lseek(put - got, libc::SEEK_CUR);
+            }
+            None => {
+                raw(libc::SYS_lseek, src.fd, put - got, i64::from(libc::SEEK_CUR), 0, 0, 0);
+            }
+        }
+    }
+    Some(put)
+}

@@ -1,0 +1,419 @@
+//! Data maps in the client (seed 004, DeFUSE): where an open file's bytes
+//! live, so that its reads and writes skip the file system.
+//!
+//! The FUSE wire protocol carries no [`DataMap`] (the kernel gets only a
+//! backing id for the 1-to-1 case), so an in-process mount wraps its file
+//! system in a [`MapTap`]: every `open`/`create` that returns a map leaves
+//! it in the shared [`MapTable`] under (node, file handle), where the VFS
+//! picks it up as the OPEN reply comes back.
+//!
+//! The table also is the M-Cache of seed 004: the last map of each node,
+//! bounded (least recently used out first). A re-open of a node whose map
+//! is cached and whose attributes are still valid skips the file system's
+//! `open` altogether (see `Vfs::open`). A map is dropped when the node is
+//! forgotten, and a non-1-to-1 map as soon as the file system changes the
+//! file's size or data through another path (write, truncate, fallocate,
+//! copy_file_range: an M-to-1 file system may move the file meanwhile);
+//! every map carries a generation so that descriptors still holding an old
+//! one notice. A 1-to-1 map stays valid for the node's life: the backing
+//! file is the file.
+//!
+//! Maps of other processes' changes are not seen before the attributes
+//! expire (as the kernel's own attribute cache, nothing more is promised
+//! without a daemon that notifies).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use shortfuse::{
+    Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, Filesystem, Forget, InitConfig,
+    Lock, NewNode, NodeId, Opened, ReleaseArgs, RenameFlags, Request, SetAttr, Statfs, WriteArgs,
+};
+
+/// Default number of nodes whose maps the M-Cache keeps (each holds its
+/// backing descriptors open).
+pub const MCACHE_NODES: usize = 128;
+
+/// A map as the client holds it: the map and the generation it was valid in.
+#[derive(Clone, Debug)]
+pub struct HeldMap {
+    pub map: Arc<DataMap>,
+    pub generation: u64,
+}
+
+impl HeldMap {
+    /// The backing file when the map is 1-to-1.
+    pub fn whole(&self) -> Option<&shortfuse::BackingFile> {
+        self.map.as_whole()
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Maps of opens the VFS has not collected yet.
+    pending: HashMap<(NodeId, u64), Arc<DataMap>>,
+    /// The M-Cache: node -> (map, last use).
+    cached: HashMap<NodeId, (Arc<DataMap>, u64)>,
+    /// Generation per node with a map: bumped when a map is dropped.
+    generations: HashMap<NodeId, u64>,
+    tick: u64,
+}
+
+/// Maps handed out by a file system, shared by its [`MapTap`] and the VFS.
+pub struct MapTable {
+    inner: Mutex<Inner>,
+    capacity: usize,
+    hits: AtomicU64,
+}
+
+impl MapTable {
+    pub fn new(capacity: usize) -> MapTable {
+        MapTable {
+            inner: Mutex::new(Inner::default()),
+            capacity: capacity.max(1),
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn leave(&self, node: NodeId, fh: u64, map: DataMap) {
+        self.lock().pending.insert((node, fh), Arc::new(map));
+    }
+
+    /// Collects the map the file system returned for the open `(node, fh)`
+    /// and keeps it in the M-Cache.
+    pub fn take(&self, node: NodeId, fh: u64) -> Option<HeldMap> {
+        let mut g = self.lock();
+        let map = g.pending.remove(&(node, fh))?;
+        g.tick += 1;
+        let tick = g.tick;
+        if !g.cached.contains_key(&node) && g.cached.len() >= self.capacity {
+            if let Some(old) = g.cached.iter().min_by_key(|(_, (_, t))| *t).map(|(n, _)| *n) {
+                g.cached.remove(&old);
+            }
+        }
+        g.cached.insert(node, (map.clone(), tick));
+        let generation = *g.generations.entry(node).or_insert(0);
+        Some(HeldMap { map, generation })
+    }
+
+    /// The cached map of `node` (an M-Cache hit), marked as just used.
+    pub fn cached(&self, node: NodeId) -> Option<HeldMap> {
+        let mut g = self.lock();
+        g.tick += 1;
+        let tick = g.tick;
+        let generation = g.generations.get(&node).copied().unwrap_or(0);
+        let (map, used) = g.cached.get_mut(&node)?;
+        *used = tick;
+        let map = map.clone();
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(HeldMap { map, generation })
+    }
+
+    /// Whether a map held since `generation` still describes `node`.
+    pub fn current(&self, node: NodeId, generation: u64) -> bool {
+        self.lock().generations.get(&node).copied().unwrap_or(0) == generation
+    }
+
+    /// The file system changed `node` another way: its non-1-to-1 map may
+    /// be wrong now.
+    fn changed(&self, node: NodeId) {
+        let mut g = self.lock();
+        let whole = g.cached.get(&node).is_some_and(|(m, _)| m.as_whole().is_some());
+        if whole {
+            return;
+        }
+        g.cached.remove(&node);
+        *g.generations.entry(node).or_insert(0) += 1;
+    }
+
+    /// The node is gone (forgotten): its number may name another file later.
+    fn forgotten(&self, node: NodeId) {
+        let mut g = self.lock();
+        g.cached.remove(&node);
+        if let Some(gen) = g.generations.get_mut(&node) {
+            *gen += 1;
+        }
+    }
+
+    fn released(&self, node: NodeId, fh: FileHandle) {
+        self.lock().pending.remove(&(node, fh.0));
+    }
+
+    /// (nodes in the M-Cache, opens served from it so far).
+    pub fn counts(&self) -> (usize, u64) {
+        (self.lock().cached.len(), self.hits.load(Ordering::Relaxed))
+    }
+}
+
+/// A file system wrapped so that the maps it returns reach a [`MapTable`].
+/// Every call is passed on unchanged.
+pub struct MapTap {
+    fs: Arc<dyn Filesystem>,
+    table: Arc<MapTable>,
+}
+
+impl MapTap {
+    /// Wraps `fs`; the table is for [`crate::Vfs::set_maps`].
+    pub fn wrap(fs: Arc<dyn Filesystem>, capacity: usize) -> (Arc<dyn Filesystem>, Arc<MapTable>) {
+        let table = Arc::new(MapTable::new(capacity));
+        let tap = MapTap {
+            fs,
+            table: table.clone(),
+        };
+        (Arc::new(tap), table)
+    }
+}
+
+impl Filesystem for MapTap {
+    fn init(&self, config: &mut InitConfig) -> shortfuse::Result<()> {
+        self.fs.init(config)
+    }
+
+    fn destroy(&self) {
+        self.fs.destroy()
+    }
+
+    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<Entry> {
+        self.fs.lookup(req, parent, name)
+    }
+
+    fn forget(&self, node: NodeId, nlookup: u64) {
+        self.table.forgotten(node);
+        self.fs.forget(node, nlookup)
+    }
+
+    fn batch_forget(&self, forgets: &[Forget]) {
+        for f in forgets {
+            self.table.forgotten(f.node);
+        }
+        self.fs.batch_forget(forgets)
+    }
+
+    fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> shortfuse::Result<Attr> {
+        self.fs.getattr(req, node, fh)
+    }
+
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> shortfuse::Result<Attr> {
+        if set.size.is_some() {
+            self.table.changed(node);
+        }
+        self.fs.setattr(req, node, set)
+    }
+
+    fn readlink(&self, req: &Request, node: NodeId) -> shortfuse::Result<Vec<u8>> {
+        self.fs.readlink(req, node)
+    }
+
+    fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> shortfuse::Result<Entry> {
+        self.fs.symlink(req, parent, name, target)
+    }
+
+    fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> shortfuse::Result<Entry> {
+        self.fs.mknod(req, parent, name, new)
+    }
+
+    fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> shortfuse::Result<Entry> {
+        self.fs.mkdir(req, parent, name, new)
+    }
+
+    fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<()> {
+        self.fs.unlink(req, parent, name)
+    }
+
+    fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<()> {
+        self.fs.rmdir(req, parent, name)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        new_parent: NodeId,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> shortfuse::Result<()> {
+        self.fs.rename(req, parent, name, new_parent, new_name, flags)
+    }
+
+    fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> shortfuse::Result<Entry> {
+        self.fs.link(req, node, new_parent, new_name)
+    }
+
+    fn open(&self, req: &Request, node: NodeId, flags: i32) -> shortfuse::Result<Opened> {
+        let opened = self.fs.open(req, node, flags)?;
+        if let Some(map) = &opened.data_map {
+            self.table.leave(node, opened.fh.0, map.clone());
+        }
+        Ok(opened)
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        new: &NewNode,
+        flags: i32,
+    ) -> shortfuse::Result<Created> {
+        let created = self.fs.create(req, parent, name, new, flags)?;
+        if let Some(map) = &created.opened.data_map {
+            self.table.leave(created.entry.node, created.opened.fh.0, map.clone());
+        }
+        Ok(created)
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> shortfuse::Result<usize> {
+        self.fs.read(req, node, fh, offset, buf)
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        data: &[u8],
+        args: &WriteArgs,
+    ) -> shortfuse::Result<usize> {
+        self.table.changed(node);
+        self.fs.write(req, node, fh, data, args)
+    }
+
+    fn flush(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64) -> shortfuse::Result<()> {
+        self.fs.flush(req, node, fh, lock_owner)
+    }
+
+    fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> shortfuse::Result<()> {
+        self.table.released(node, fh);
+        self.fs.release(req, node, fh, args)
+    }
+
+    fn fsync(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> shortfuse::Result<()> {
+        self.fs.fsync(req, node, fh, datasync)
+    }
+
+    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> shortfuse::Result<Opened> {
+        self.fs.opendir(req, node, flags)
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        sink: &mut dyn DirSink,
+    ) -> shortfuse::Result<()> {
+        self.fs.readdir(req, node, fh, offset, sink)
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> shortfuse::Result<()> {
+        self.fs.readdirplus(req, node, fh, offset, sink)
+    }
+
+    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> shortfuse::Result<()> {
+        self.fs.releasedir(req, node, fh, flags)
+    }
+
+    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> shortfuse::Result<()> {
+        self.fs.fsyncdir(req, node, fh, datasync)
+    }
+
+    fn statfs(&self, req: &Request, node: NodeId) -> shortfuse::Result<Statfs> {
+        self.fs.statfs(req, node)
+    }
+
+    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> shortfuse::Result<()> {
+        self.fs.setxattr(req, node, name, value, flags)
+    }
+
+    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> shortfuse::Result<Vec<u8>> {
+        self.fs.getxattr(req, node, name)
+    }
+
+    fn listxattr(&self, req: &Request, node: NodeId) -> shortfuse::Result<Vec<u8>> {
+        self.fs.listxattr(req, node)
+    }
+
+    fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> shortfuse::Result<()> {
+        self.fs.removexattr(req, node, name)
+    }
+
+    fn access(&self, req: &Request, node: NodeId, mask: i32) -> shortfuse::Result<()> {
+        self.fs.access(req, node, mask)
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        lock_owner: u64,
+        lock: &Lock,
+    ) -> shortfuse::Result<Lock> {
+        self.fs.getlk(req, node, fh, lock_owner, lock)
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        lock_owner: u64,
+        lock: &Lock,
+        sleep: bool,
+    ) -> shortfuse::Result<()> {
+        self.fs.setlk(req, node, fh, lock_owner, lock, sleep)
+    }
+
+    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> shortfuse::Result<()> {
+        self.fs.flock(req, node, fh, lock_owner, op)
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> shortfuse::Result<()> {
+        self.table.changed(node);
+        self.fs.fallocate(req, node, fh, offset, length, mode)
+    }
+
+    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> shortfuse::Result<u64> {
+        self.fs.lseek(req, node, fh, offset, whence)
+    }
+
+    fn copy_file_range(&self, req: &Request, range: &CopyRange) -> shortfuse::Result<usize> {
+        self.table.changed(range.node_out);
+        self.fs.copy_file_range(req, range)
+    }
+}
+
+/// What `Errno` a map I/O error becomes.
+pub(crate) fn io_errno(e: std::io::Error) -> Errno {
+    e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+}
