@@ -15,6 +15,7 @@ use crate::user;
 
 mod exec;
 mod kernel;
+mod xattr;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
@@ -673,35 +674,21 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             Some(res(vfs.setattr(node, &set).map(|_| 0i64)))
         }
         libc::SYS_utimensat => utimensat(nr, a),
-        // Extended attributes are not served yet: answer as a file system
-        // without them, rather than let the kernel say the path is missing.
-        libc::SYS_getxattr | libc::SYS_listxattr => {
-            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
-            Some(err(Errno::EOPNOTSUPP))
-        }
-        libc::SYS_lgetxattr | libc::SYS_llistxattr => {
-            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
-            Some(err(Errno::EOPNOTSUPP))
-        }
-        libc::SYS_fgetxattr | libc::SYS_flistxattr => {
-            file(a[0])?;
-            Some(err(Errno::EOPNOTSUPP))
-        }
+        libc::SYS_getxattr
+        | libc::SYS_lgetxattr
+        | libc::SYS_fgetxattr
+        | libc::SYS_listxattr
+        | libc::SYS_llistxattr
+        | libc::SYS_flistxattr
+        | libc::SYS_setxattr
+        | libc::SYS_lsetxattr
+        | libc::SYS_fsetxattr
+        | libc::SYS_removexattr
+        | libc::SYS_lremovexattr
+        | libc::SYS_fremovexattr => xattr::call(nr, a),
         libc::SYS_rename => rename(nr, a, AT_FDCWD, 0, AT_FDCWD, 1, 0),
         libc::SYS_renameat => rename(nr, a, a[0], 1, a[2], 3, 0),
         libc::SYS_renameat2 => rename(nr, a, a[0], 1, a[2], 3, a[4] as u32),
-        libc::SYS_setxattr | libc::SYS_removexattr => {
-            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, true);
-            Some(err(xattr_refusal(a[1])))
-        }
-        libc::SYS_lsetxattr | libc::SYS_lremovexattr => {
-            let _ = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
-            Some(err(xattr_refusal(a[1])))
-        }
-        libc::SYS_fsetxattr | libc::SYS_fremovexattr => {
-            file(a[0])?;
-            Some(err(xattr_refusal(a[1])))
-        }
         libc::SYS_symlink => symlink(nr, a, a[0], AT_FDCWD, 1),
         libc::SYS_symlinkat => symlink(nr, a, a[0], a[1], 2),
         libc::SYS_link => link(nr, a, AT_FDCWD, 0, AT_FDCWD, 1, 0),
@@ -833,15 +820,6 @@ fn creating<T>(vfs: &Vfs, f: impl FnOnce() -> Result<T, Errno>) -> i64 {
     let r = f();
     raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
     res(r.map(|_| 0i64))
-}
-
-/// Extended attributes are not served yet (issue 6): EOPNOTSUPP, after the
-/// name check the kernel makes before any file system sees the call.
-fn xattr_refusal(name: i64) -> Errno {
-    match user::cstr(name) {
-        Some(n) if n.is_empty() || n.len() > 255 => Errno::ERANGE,
-        _ => Errno::EOPNOTSUPP,
-    }
 }
 
 fn mode_set(mode: i64) -> SetAttrIn {

@@ -42,6 +42,14 @@ pub struct OpenOut {
     pub open_flags: u32,
 }
 
+/// The answer to GETXATTR/LISTXATTR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrOut {
+    /// The size the value (or list) needs: the answer to a size of 0.
+    Size(u32),
+    Data(Vec<u8>),
+}
+
 /// What INIT agreed on, as the client uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InitOut {
@@ -621,6 +629,50 @@ impl Client {
     /// Drains the backend's invalidations (see [`Backend::invalidations`]).
     pub fn invalidations(&self, apply: &mut dyn FnMut(crate::backend::Invalidation<'_>)) {
         self.backend.invalidations(apply);
+    }
+
+    /// GETXATTR (`list` false) or LISTXATTR (`list` true; `name` unused)
+    /// with the caller's buffer size: 0 asks for the size only.
+    pub fn xattr_get(&self, node: NodeId, name: &[u8], list: bool, size: u32) -> Result<XattrOut, Errno> {
+        let arg = abi::fuse_getxattr_in { size, padding: 0 };
+        let names: &[&[u8]] = if list { &[] } else { &[name] };
+        let op = if list { abi::FUSE_LISTXATTR } else { abi::FUSE_GETXATTR };
+        if name.contains(&0) {
+            return Err(Errno::EINVAL);
+        }
+        self.call(op, node, &[arg.as_bytes()], names, |p| {
+            if size == 0 {
+                Ok(XattrOut::Size(decode::<abi::fuse_getxattr_out>(p)?.size))
+            } else {
+                Ok(XattrOut::Data(p.to_vec()))
+            }
+        })
+    }
+
+    pub fn setxattr(&self, node: NodeId, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
+        let arg = abi::fuse_setxattr_in {
+            size: u32::try_from(value.len()).map_err(|_| Errno::E2BIG)?,
+            flags: flags as u32,
+            setxattr_flags: 0,
+            padding: 0,
+        };
+        if name.contains(&0) {
+            return Err(Errno::EINVAL);
+        }
+        // Without FUSE_SETXATTR_EXT (not offered) the 8-byte form; the
+        // value follows the NUL-terminated name.
+        let mut body = name.to_vec();
+        body.push(0);
+        body.extend_from_slice(value);
+        let head = &arg.as_bytes()[..abi::FUSE_COMPAT_SETXATTR_IN_SIZE];
+        self.call(abi::FUSE_SETXATTR, node, &[head, &body], &[], |_| Ok(()))
+    }
+
+    pub fn removexattr(&self, node: NodeId, name: &[u8]) -> Result<(), Errno> {
+        if name.contains(&0) {
+            return Err(Errno::EINVAL);
+        }
+        self.call(abi::FUSE_REMOVEXATTR, node, &[], &[name], |_| Ok(()))
     }
 
     /// The largest READ or WRITE payload to send.

@@ -26,7 +26,7 @@ pub mod spec;
 mod vfs;
 
 pub use backend::{Backend, InProcess, Invalidation};
-pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn};
+pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn, XattrOut};
 pub use file::{FdTable, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};
 pub use ring::Ring;
