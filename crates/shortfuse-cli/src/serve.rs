@@ -125,6 +125,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         ..SessionOptions::default()
     };
     let dev = DevSession::mount(fs.clone(), mountpoint, kopts, session)?;
+    // Before the ring threads start, so that they inherit the mask and the
+    // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.
+    let _signals = SignalSet::block()?;
     let mut server = Server::start(&ring_path, fs, opts, dev.stats().clone(), config)?;
     let name = args.fs.clone();
     let result = dev.run(|| {
@@ -139,8 +142,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     result
 }
 
-/// SIGINT and SIGTERM, blocked in every thread (they inherit the mask) and
-/// taken by `wait`.
+/// SIGINT, SIGTERM and SIGUSR1, blocked in every thread (they inherit the
+/// mask) and taken by `wait` (SIGUSR1 by the kernel session's thread, which
+/// logs the statistics; with rings alone it stops the daemon too).
 struct SignalSet(libc::sigset_t);
 
 impl SignalSet {
@@ -152,6 +156,7 @@ impl SignalSet {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGINT);
             libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGUSR1);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
         };
         if r != 0 {

@@ -238,10 +238,17 @@ impl RingClient {
         }
     }
 
-    /// Hands every pending notification to `f`, oldest first. Costs two
-    /// loads when there is none. Invalidations are idempotent, so two
+    /// Hands every pending notification to `f`, oldest first (or
+    /// [`Notice::All`] once the daemon is gone). Costs three loads when
+    /// there is none. Invalidations are idempotent, so two
     /// threads draining at once at worst apply one twice.
     pub fn notices(&self, mut f: impl FnMut(Notice<'_>)) {
+        // Nothing cached may be believed once the daemon is gone: the next
+        // look at the cache asks it, and fails with ENOTCONN as it should.
+        if self.is_dead() {
+            f(Notice::All);
+            return;
+        }
         let g = &self.geo;
         let tail = self.region.u32_at(g.notify_tail_off()).load(Ordering::Acquire);
         let head_word = self.region.u32_at(g.notify_head_off());

@@ -130,17 +130,20 @@ impl Cache {
     /// for again. Entries are expired rather than removed, so no lookup
     /// count changes hands here: the next lookup replaces them.
     pub fn invalidate(&mut self, inv: Invalidation<'_>, now: Instant) {
+        // A walker may have read the clock just before it took the lock that
+        // drained this: expire the entry before any such reading.
+        let past = now.checked_sub(Duration::from_secs(1)).unwrap_or(now);
         match inv {
             Invalidation::Inode(node) => self.invalidate_attr(node),
             Invalidation::Entry { parent, name } => {
                 if let Some(d) = self.dentries.get_mut(&(parent.0, Box::from(name))) {
-                    d.expires = now;
+                    d.expires = past;
                 }
                 self.invalidate_attr(parent);
             }
             Invalidation::All => {
                 for d in self.dentries.values_mut() {
-                    d.expires = now;
+                    d.expires = past;
                 }
                 for s in self.nodes.values_mut() {
                     s.attr_expires = None;
