@@ -69,10 +69,13 @@ use shortfuse::{
 
 use crate::conn::{Conn, Event};
 use crate::proto::{
-    AttrChange, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime, NO_LEASE,
+    AttrChange, ByteBuf, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime,
+    NO_LEASE,
 };
 
-/// Blocks fetched past a read miss, when the file has them.
+/// Blocks fetched past a read miss that continues the previous read, when
+/// the file has them (random reads fetch what they need only: after a
+/// lease moves, a large read-ahead would cost every contended access).
 const READAHEAD: u64 = 8;
 /// Dirty blocks per file before a write writes back.
 const DIRTY_MAX: usize = 256;
@@ -187,6 +190,9 @@ struct Cache {
     /// Dirty data was lost (lease lost or write-back failed); the next
     /// flush/fsync reports EIO once.
     lost: bool,
+    /// The block after the last one read: a read starting there is
+    /// sequential.
+    next_read: u64,
 }
 
 impl Cache {
@@ -593,16 +599,9 @@ impl Inner {
             }
             *g = Slot::default();
         }
-        let lease = match conn.call(Req::Acquire { gfi: f.gfi, mode })? {
-            Reply::Granted { lease } => lease,
+        let (lease, attr) = match conn.call(Req::Acquire { gfi: f.gfi, mode })? {
+            Reply::Granted { lease, attr } => (lease, attr),
             _ => return Err(Errno::EPROTO),
-        };
-        let attr = match conn.call(Req::GetAttr { ino: f.gfi.ino }).and_then(node_reply) {
-            Ok(info) => info.attr,
-            Err(e) => {
-                let _ = conn.call(Req::Release { gfi: f.gfi, lease });
-                return Err(e);
-            }
         };
         let mut c = lock(&f.cache);
         c.blocks.clear();
@@ -654,11 +653,11 @@ impl Inner {
     fn write_back(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool) -> Result<()> {
         let (dirty, size, mtime, unsynced) = {
             let mut c = lock(&f.cache);
-            let mut dirty: Vec<(u64, Vec<u8>)> = Vec::new();
+            let mut dirty: Vec<(u64, ByteBuf)> = Vec::new();
             for (i, b) in c.blocks.iter_mut() {
                 if b.dirty {
                     b.dirty = false;
-                    dirty.push((*i, b.data.clone()));
+                    dirty.push((*i, ByteBuf::from(b.data.clone())));
                 }
             }
             if dirty.is_empty() && !c.meta_dirty && !sync {
@@ -670,7 +669,7 @@ impl Inner {
             (dirty, c.size, c.mtime, unsynced)
         };
         let written: Vec<u64> = dirty.iter().map(|(i, _)| *i).collect();
-        let mut batches: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new()];
+        let mut batches: Vec<Vec<(u64, ByteBuf)>> = vec![Vec::new()];
         let mut bytes = 0;
         for b in dirty {
             if bytes + b.1.len() > BATCH_BYTES && !batches[batches.len() - 1].is_empty() {
@@ -738,10 +737,13 @@ impl Inner {
             };
             if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
                 let file_blocks = size.div_ceil(bs);
-                let hi = (hi + READAHEAD).min(file_blocks.saturating_sub(1)).max(hi);
+                let sequential = lock(&f.cache).next_read == first;
+                let ahead = if sequential { READAHEAD } else { 0 };
+                let hi = (hi + ahead).min(file_blocks.saturating_sub(1)).max(hi);
                 self.fetch(&f, conn, slot.id, lo, hi)?;
             }
-            let c = lock(&f.cache);
+            let mut c = lock(&f.cache);
+            c.next_read = last + 1;
             let mut pos = offset;
             while pos < end {
                 let i = pos / bs;
@@ -780,7 +782,7 @@ impl Inner {
         let mut c = lock(&f.cache);
         for (k, data) in blocks.into_iter().enumerate() {
             c.blocks.entry(lo + k as u64).or_insert(Block {
-                data: data.unwrap_or_default(),
+                data: data.map(ByteBuf::into_vec).unwrap_or_default(),
                 dirty: false,
             });
         }

@@ -18,9 +18,12 @@
 use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
+/// Block data: serialized as one byte string (a copy), not as a sequence
+/// of `u8` walked one element at a time.
+pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
@@ -198,7 +201,7 @@ pub enum Request {
     WriteBlocks {
         gfi: Gfi,
         lease: u64,
-        blocks: Vec<(u64, Vec<u8>)>,
+        blocks: Vec<(u64, ByteBuf)>,
         size: u64,
         mtime: (i64, u32),
         sync: Option<Vec<u64>>,
@@ -226,11 +229,14 @@ pub enum Reply {
         ffree: u64,
         bsize: u32,
     },
+    /// With the attributes as of the grant (the previous holders have
+    /// written back by then): one round trip less per lease.
     Granted {
         lease: u64,
+        attr: NodeAttr,
     },
     /// One entry per block asked; `None` is a block never written (a hole).
-    Blocks(Vec<Option<Vec<u8>>>),
+    Blocks(Vec<Option<ByteBuf>>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,7 +322,7 @@ mod tests {
             req: Request::WriteBlocks {
                 gfi: Gfi { node: 3, ino: 9 },
                 lease: 4,
-                blocks: vec![(2, vec![1, 2, 3])],
+                blocks: vec![(2, ByteBuf::from(vec![1, 2, 3]))],
                 size: 10,
                 mtime: (5, 6),
                 sync: Some(vec![1]),

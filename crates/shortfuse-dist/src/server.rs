@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use crate::blocks::BlockStore;
 use crate::lease::LeaseManager;
 use crate::meta::Meta;
-use crate::proto::{self, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
+use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
 
 /// Block size of a new server (128 KiB: the kernel's largest write is 1 MiB,
 /// so a write spans few blocks, and a small random write costs one block).
@@ -307,9 +307,16 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 bsize: s.blocks.block_size(),
             }
         }
-        Request::Acquire { gfi, mode } => Reply::Granted {
-            lease: s.leases.acquire(client, gfi, mode).await?,
-        },
+        Request::Acquire { gfi, mode } => {
+            let lease = s.leases.acquire(client, gfi, mode).await?;
+            match meta.getattr(gfi.ino) {
+                Ok(info) => Reply::Granted { lease, attr: info.attr },
+                Err(e) => {
+                    s.leases.release(client, gfi, lease);
+                    return Err(e);
+                }
+            }
+        }
         Request::Release { gfi, lease } => {
             s.leases.release(client, gfi, lease);
             Reply::Ok
@@ -321,7 +328,8 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             count,
         } => {
             let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, false)?;
-            Reply::Blocks(s.blocks.get(gfi, first, count).await?)
+            let blocks = s.blocks.get(gfi, first, count).await?;
+            Reply::Blocks(blocks.into_iter().map(|b| b.map(ByteBuf::from)).collect())
         }
         Request::WriteBlocks {
             gfi,
@@ -334,6 +342,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
             // Data first, then the size that makes it visible.
             let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
+            let blocks = blocks.into_iter().map(|(i, b)| (i, b.into_vec())).collect();
             s.blocks.put(gfi, blocks, false).await?;
             if let Some(earlier) = &sync {
                 s.blocks.sync(gfi, &written).await?;
