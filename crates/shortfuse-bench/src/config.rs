@@ -30,6 +30,11 @@ pub enum Kind {
     /// inside that process). Only suites that know how to start such a
     /// worker run here (`latency`); see [`preload_worker`].
     Preload,
+    /// No kernel mount: the workload runs in a worker under `shortfuse run`
+    /// (as for [`Kind::Preload`]); with `ring`, the worker's mount is
+    /// `shortfuse serve FS SRC MNT`, a daemon reached over shared-memory
+    /// rings (`-m MNT`); otherwise FS is served in the worker's process.
+    Shim { fs: String, ring: bool },
     /// `shortfuse mount sftp` of a loopback sshd serving the source
     /// directory (see [`crate::sshd`]).
     Sftp,
@@ -91,6 +96,27 @@ impl Config {
                 kind: Kind::Preload,
             },
             Config {
+                name: "ring".into(),
+                kind: Kind::Shim {
+                    fs: "passthrough".into(),
+                    ring: true,
+                },
+            },
+            Config {
+                name: "null-ring".into(),
+                kind: Kind::Shim {
+                    fs: "null".into(),
+                    ring: true,
+                },
+            },
+            Config {
+                name: "null-preload".into(),
+                kind: Kind::Shim {
+                    fs: "null".into(),
+                    ring: false,
+                },
+            },
+            Config {
                 name: "sftp".into(),
                 kind: Kind::Sftp,
             },
@@ -145,7 +171,7 @@ impl Config {
     /// Whether files written here can be read back: `null` forgets every
     /// name, so only the `transport` suite's empty operations run on it.
     pub fn holds_files(&self) -> bool {
-        !matches!(&self.kind, Kind::Shortfuse { fs, .. } if fs == "null")
+        !matches!(&self.kind, Kind::Shortfuse { fs, .. } | Kind::Shim { fs, .. } if fs == "null")
     }
 
     /// Whether this configuration asked for FUSE over io_uring.
@@ -185,6 +211,8 @@ pub struct Prepared {
     preload: bool,
     /// The loopback sshd of a network row, stopped after the unmount.
     server: Option<Sshd>,
+    /// The `shortfuse serve` daemon of a ring row, stopped on drop.
+    daemon: Option<std::process::Child>,
 }
 
 /// How to run a workload on a `preload` configuration's directory.
@@ -192,8 +220,10 @@ pub struct Prepared {
 pub struct PreloadWorker {
     /// The `shortfuse` binary (its `run` subcommand starts the worker).
     pub shortfuse_bin: PathBuf,
-    /// What the in-process passthrough mirrors.
-    pub source: PathBuf,
+    /// The worker's mount (`shortfuse run -m` argument): the prepared
+    /// directory, with the file system served in process or alone (the
+    /// daemon serving it).
+    pub mount: String,
 }
 
 /// The prepared `preload` directories: mount point -> worker. The suites
@@ -239,8 +269,50 @@ impl Drop for Prepared {
             cleanup::forget(&mnt);
         }
         drop(self.server.take());
+        if let Some(mut d) = self.daemon.take() {
+            // SIGTERM: the daemon removes its socket; SIGKILL if it hangs.
+            let _ = Command::new("kill").arg(d.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(d.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.root);
         cleanup::forget_scratch(&self.root);
+    }
+}
+
+/// Starts `shortfuse serve FS [SRC] MNT` (rings only) and waits until it
+/// says it serves; its output goes to `root/serve.log`.
+fn start_daemon(env: &Env, fs: &str, src: &Path, mnt: &Path, root: &Path) -> Result<std::process::Child, String> {
+    let log_path = root.join("serve.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let mut c = Command::new(&env.shortfuse_bin);
+    c.args(["serve", fs]);
+    if takes_source(fs) {
+        c.arg(src);
+    }
+    let mut child = c
+        .arg(mnt)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("shortfuse serve: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if text.contains("shortfuse serve:") {
+            return Ok(child);
+        }
+        if !matches!(child.try_wait(), Ok(None)) || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("shortfuse serve did not start: {}", text.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -381,6 +453,7 @@ impl Config {
             uring: self.wants_uring(),
             preload: false,
             server: None,
+            daemon: None,
         };
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
@@ -397,7 +470,36 @@ impl Config {
                 }
                 let worker = PreloadWorker {
                     shortfuse_bin: env.shortfuse_bin.clone(),
-                    source: src,
+                    mount: format!("{}=passthrough:{}", mnt.display(), src.display()),
+                };
+                PRELOAD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((mnt.clone(), worker));
+                prepared.dir = mnt;
+                prepared.preload = true;
+                return Ok(prepared);
+            }
+            Kind::Shim { fs, ring } => {
+                std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+                let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
+                if !so.is_file() {
+                    return Err(format!(
+                        "{} is missing (built by cargo build -p shortfuse-preload)",
+                        so.display()
+                    ));
+                }
+                let mount = if *ring {
+                    prepared.daemon = Some(start_daemon(env, fs, &src, &mnt, &prepared.root)?);
+                    mnt.display().to_string()
+                } else if takes_source(fs) {
+                    format!("{}={fs}:{}", mnt.display(), src.display())
+                } else {
+                    format!("{}={fs}", mnt.display())
+                };
+                let worker = PreloadWorker {
+                    shortfuse_bin: env.shortfuse_bin.clone(),
+                    mount,
                 };
                 PRELOAD
                     .lock()

@@ -96,22 +96,88 @@ pub fn worker_main(args: &[String]) -> Option<i32> {
         eprintln!("usage: {WORKER_FLAG} DIR META_OPS DATA_OPS SEQ_MIB");
         return Some(2);
     };
-    match workload(Path::new(dir), sizes, &mut |_| {}) {
+    Some(print_figures(workload(Path::new(dir), sizes, &mut |_| {})))
+}
+
+/// Prints a worker's figures as JSON; its exit status.
+pub(crate) fn print_figures(figures: io::Result<Vec<Figure>>) -> i32 {
+    match figures {
         Ok(figures) => match serde_json::to_string(&figures) {
             Ok(json) => {
                 println!("{json}");
-                Some(0)
+                0
             }
             Err(e) => {
-                eprintln!("latency worker: {e}");
-                Some(1)
+                eprintln!("bench worker: {e}");
+                1
             }
         },
         Err(e) => {
-            eprintln!("latency worker: {e}");
-            Some(1)
+            eprintln!("bench worker: {e}");
+            1
         }
     }
+}
+
+const SUITE_FLAG: &str = "--suite-worker";
+
+/// The worker's side for the other suites that run under the shim:
+/// `--suite-worker SUITE DIR SCALE WORKERS HOLDS_FILES` runs `transport` or
+/// `meta` in DIR and prints the figures as JSON. `None` when `args` are not
+/// a worker's.
+pub fn suite_worker_main(args: &[String]) -> Option<i32> {
+    if args.first().map(String::as_str) != Some(SUITE_FLAG) {
+        return None;
+    }
+    let args = match args {
+        [head @ .., flag, _] if flag == "--shortfuse" => head,
+        all => all,
+    };
+    let scale = |s: &str| match s {
+        "tiny" => Some(crate::Scale::Tiny),
+        "quick" => Some(crate::Scale::Quick),
+        "full" => Some(crate::Scale::Full),
+        _ => None,
+    };
+    let parsed = match args {
+        [_, suite, dir, s, w, h] => match (scale(s), w.parse(), h.parse()) {
+            (Some(s), Ok(w), Ok(h)) => Some((suite.as_str(), Path::new(dir), s, w, h)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let figures = match parsed {
+        Some(("transport", dir, scale, _, holds)) => crate::transport::run(dir, scale, holds, &mut |_| {}),
+        Some(("meta", dir, scale, workers, _)) => crate::meta::run(dir, scale, workers, &mut |_| {}),
+        _ => {
+            eprintln!("usage: {SUITE_FLAG} transport|meta DIR tiny|quick|full WORKERS true|false");
+            return Some(2);
+        }
+    };
+    Some(print_figures(figures))
+}
+
+/// Runs `suite` in a worker under the shim (a `preload` or ring
+/// configuration's directory).
+pub(crate) fn suite_in_worker(
+    w: &crate::config::PreloadWorker,
+    suite: &str,
+    dir: &Path,
+    scale: crate::Scale,
+    workers: usize,
+    holds_files: bool,
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<Vec<Figure>> {
+    progress(&format!("{suite}, in a worker under shortfuse run"));
+    let args = [
+        SUITE_FLAG.to_string(),
+        suite.to_string(),
+        dir.display().to_string(),
+        scale.name().to_string(),
+        workers.to_string(),
+        holds_files.to_string(),
+    ];
+    run_worker(w, &args)
 }
 
 /// Runs the workload in a process under the preload shim and reads its
@@ -123,13 +189,19 @@ fn in_worker(
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Figure>> {
     progress("all operations, in a worker under shortfuse run");
-    let mount = format!("{}=passthrough:{}", dir.display(), w.source.display());
+    let mut args = vec![WORKER_FLAG.to_string(), dir.display().to_string()];
+    args.extend([sizes.meta_ops, sizes.data_ops, sizes.seq_mib].map(|n| n.to_string()));
+    run_worker(w, &args)
+}
+
+/// Runs `shortfuse bench ARGS` (a worker's arguments) under the preload
+/// shim with `w`'s mount and reads back the figures it prints as JSON.
+pub(crate) fn run_worker(w: &crate::config::PreloadWorker, args: &[String]) -> io::Result<Vec<Figure>> {
     let out = Command::new(&w.shortfuse_bin)
-        .args(["run", "-m", &mount, "--"])
+        .args(["run", "-m", &w.mount, "--"])
         .arg(&w.shortfuse_bin)
-        .args(["bench", WORKER_FLAG])
-        .arg(dir)
-        .args([sizes.meta_ops, sizes.data_ops, sizes.seq_mib].map(|n| n.to_string()))
+        .arg("bench")
+        .args(args)
         .stdin(Stdio::null())
         .output()?;
     let stderr = String::from_utf8_lossy(&out.stderr);

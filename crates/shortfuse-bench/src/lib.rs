@@ -146,6 +146,10 @@ impl Plan {
         progress: &mut dyn FnMut(&str),
     ) -> std::io::Result<Vec<Figure>> {
         let s = self.scale;
+        if let (Some(w), "meta" | "transport") = (config::preload_worker(dir), suite) {
+            let holds = config.holds_files();
+            return latency::suite_in_worker(&w, suite, dir, s, self.meta_workers, holds, progress);
+        }
         match suite {
             "latency" => latency::run(dir, latency::Sizes::of(s), progress),
             "fio" => fio::run(dir, raw, s, progress),
@@ -268,6 +272,9 @@ systems, and writes report.md, report.json and plots/*.png to DIR
 /// prints the report and where the plots are. Returns the exit status.
 pub fn cli_main(args: &[String]) -> i32 {
     if let Some(code) = latency::worker_main(args) {
+        return code;
+    }
+    if let Some(code) = latency::suite_worker_main(args) {
         return code;
     }
     let opts = match parse_args(args) {

@@ -23,6 +23,11 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
             Some((k, _)) => Err(format!("-o {k}: not an option of mem")),
         },
         ("mem", Some(s)) => Err(format!("mem takes no SOURCE (got {s})")),
+        // Keeps nothing: the in-process row of the bench's empty operations.
+        ("null", None) => match fs_opts.first() {
+            None => Ok(Arc::new(shortfuse_fs::null::NullFs::new())),
+            Some((k, _)) => Err(format!("-o {k}: not an option of null")),
+        },
         ("passthrough", Some(src)) => shortfuse_fs::passthrough::PassthroughFs::with_options(Path::new(src), fs_opts)
             .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
             .map_err(|e| e.to_string()),
@@ -53,6 +58,17 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     // The passthrough raises RLIMIT_NOFILE as a daemon would and holds
     // inode descriptors up to half of it. In process the limit is the
     // program's: keep it as it was, and the inode descriptors to a quarter.
+    if spec.fs == "passthrough" {
+        // Every process image caches names and attributes of its own, and
+        // other processes of the program change the source behind it (make
+        // checks the object a compiler process just wrote): without
+        // notifications, only no caching keeps them coherent. The file
+        // system then answers from the source each time (one fstat for
+        // attributes); `-o attr_timeout=...` etc. still choose otherwise.
+        for t in [&mut run.attr_timeout, &mut run.entry_timeout, &mut run.negative_timeout] {
+            t.get_or_insert(std::time::Duration::ZERO);
+        }
+    }
     let saved = nofile();
     if spec.fs == "passthrough" && !run.fs.iter().any(|(k, _)| k == "path_fds") {
         let quarter = saved.map_or(256, |l| (l[0] / 4).max(16));

@@ -38,7 +38,11 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
 
 /// The file systems the preload shim builds in process, with what their
 /// SOURCE is (`None`: they take none).
-pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[("mem", None), ("passthrough", Some("the directory to mirror"))];
+pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[
+    ("mem", None),
+    ("passthrough", Some("the directory to mirror")),
+    ("null", None),
+];
 
 const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];
 
