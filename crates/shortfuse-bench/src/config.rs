@@ -137,6 +137,8 @@ impl Config {
     pub fn defaults(suite: &str) -> Vec<Config> {
         let names: &[&str] = match suite {
             "transport" => &["native", "dev", "uring", "null-dev", "null-uring"],
+            // Starts its own server and client mounts in native's directory.
+            "dist" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
             "thesis" => &["native", "dev", "sftp", "sshfs"],
             "latency" => &[

@@ -11,6 +11,7 @@
 pub mod cleanup;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod fio;
 pub mod io;
 pub mod latency;
@@ -43,6 +44,7 @@ pub const SUITES: &[&str] = &[
     "thesis",
     "data",
     "transport",
+    "dist",
 ];
 
 /// What `shortfuse bench` was asked.
@@ -104,6 +106,8 @@ fn cores() -> usize {
 
 struct Plan {
     scale: Scale,
+    /// For suites that start servers and mounts of their own (`dist`).
+    bin: PathBuf,
     meta_workers: usize,
     n: usize,
 }
@@ -133,6 +137,7 @@ impl Plan {
             "thesis" => thesis::describe(s),
             "data" => data::describe(s),
             "transport" => transport::describe(s),
+            "dist" => dist::describe(s),
             _ => String::new(),
         }
     }
@@ -159,6 +164,7 @@ impl Plan {
             "thesis" => thesis::run(dir, s, progress),
             "data" => data::run(dir, s, progress),
             "transport" => transport::run(dir, s, config.holds_files(), progress),
+            "dist" => dist::run(dir, s, &self.bin, progress),
             other => Err(std::io::Error::other(format!("unknown suite {other}"))),
         }
     }
@@ -186,6 +192,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
     };
     let plan = Plan {
         scale: opts.scale(),
+        bin: opts.shortfuse_bin.clone(),
         meta_workers: opts.threads.unwrap_or_else(cores),
         n: opts.threads.unwrap_or(2 * cores()).max(2),
     };

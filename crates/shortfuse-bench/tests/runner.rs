@@ -244,6 +244,7 @@ fn every_suite_is_covered() {
         "personalities",
         "data",
         "transport",
+        "dist", // tests/dist.rs
     ];
     for s in SUITES {
         assert!(tested.contains(s), "suite {s} has no tiny-scale test");

@@ -1,0 +1,439 @@
+//! The `dist` suite: seed 003's evaluation (DistFUSE, Figures 6 to 8)
+//! scaled to this machine, on distfs in its three consistency modes.
+//!
+//! One embedded server (`shortfuse dist up`) and, per mode, up to
+//! [`MAX_CLIENTS`] client mounts (`shortfuse mount dist -o consistency=`),
+//! each its own daemon process with its own lease session. Each client
+//! runs one thread of fio-like I/O (psync, iodepth 1: `pread`/`pwrite` on
+//! files it keeps open) over its working set for a fixed time, then closes
+//! them (counted in the time: a `weak` client writes back on close). No
+//! fsync, as in fio's default and the seed's runs: what write-back leaves
+//! dirty is written back when another client wants the file (its cost
+//! shows in the contention rows) or at unmount. A working set
+//! is [`FILES`] files; at contention c% that many of them are shared by
+//! every client and the rest are the client's own (seed 003, 6.3).
+//!
+//! Rows, as in the seed: random (4 KiB) and sequential (128 KiB) I/O at
+//! read:write 100:0, 75:25, 50:50, 25:75, 0:100, four clients, no
+//! contention (Figure 6); contention 0 to 100% at 50:50 random (Figure 7);
+//! 2, 4 and 8 clients at 50:50 random and 50% contention (Figure 8). Each
+//! row runs for `lease`, `writethrough` (the seed's baseline) and `weak`,
+//! and `lease / writethrough` follows as a ratio. Values are MB/s summed
+//! over the clients. After the rows, the consistency checker runs on the
+//! `lease` and `writethrough` mounts and the suite fails if it finds a
+//! violation.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use crate::cleanup;
+use crate::config;
+use crate::report::Figure;
+use crate::scale::Scale;
+
+pub const MODES: &[&str] = &["lease", "writethrough", "weak"];
+/// Files in each client's working set (seed: 100).
+pub const FILES: usize = 8;
+/// Most clients in one row (seed: 16 nodes, 4 threads each).
+pub const MAX_CLIENTS: usize = 8;
+pub const READ_PERCENTS: &[u32] = &[100, 75, 50, 25, 0];
+pub const CONTENTIONS: &[u32] = &[0, 25, 50, 75, 100];
+pub const CLIENTS: &[usize] = &[2, 4, 8];
+/// Clients of the read:write and contention rows (seed: 4 nodes).
+const BASE_CLIENTS: usize = 4;
+const RANDOM_BS: usize = 4 << 10;
+const SEQ_BS: usize = 128 << 10;
+
+struct Sizes {
+    /// Bytes per file (seed: 16 MiB).
+    file: u64,
+    /// Timed run per row.
+    row: Duration,
+}
+
+fn sizes(scale: Scale) -> Sizes {
+    Sizes {
+        file: scale.pick(256 << 10, 1 << 20, 4 << 20),
+        row: scale.pick(
+            Duration::from_millis(60),
+            Duration::from_millis(400),
+            Duration::from_secs(3),
+        ),
+    }
+}
+
+pub fn describe(scale: Scale) -> String {
+    let s = sizes(scale);
+    format!(
+        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row plus closing the files (no fsync); random 4 KiB and sequential 128 KiB; read:write {READ_PERCENTS:?} (% reads) with {BASE_CLIENTS} clients and no contention; contention {CONTENTIONS:?}% at 50:50 random; {CLIENTS:?} clients at 50:50 random, 50% contention. MB/s over all clients; `lease/writethrough` rows are ratios. The consistency checker passes on lease and writethrough after the rows.",
+        scale.name(),
+        s.file >> 10,
+        s.row.as_secs_f64()
+    )
+}
+
+/// One row of the matrix.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    random: bool,
+    read_percent: u32,
+    contention: u32,
+    clients: usize,
+}
+
+impl Row {
+    fn name(&self, series: Option<&str>) -> String {
+        format!(
+            "{}{} r{}w{} c{} n{}",
+            series.map(|s| format!("{s}: ")).unwrap_or_default(),
+            if self.random { "rnd" } else { "seq" },
+            self.read_percent,
+            100 - self.read_percent,
+            self.contention,
+            self.clients
+        )
+    }
+
+    fn shared(&self) -> usize {
+        (FILES * self.contention as usize + 50) / 100
+    }
+}
+
+fn rows() -> Vec<(Row, Option<&'static str>)> {
+    let mut out = Vec::new();
+    for random in [true, false] {
+        for &read_percent in READ_PERCENTS {
+            let r = Row {
+                random,
+                read_percent,
+                contention: 0,
+                clients: BASE_CLIENTS,
+            };
+            out.push((r, None));
+        }
+    }
+    for &contention in CONTENTIONS.iter().filter(|&&c| c != 0) {
+        let r = Row {
+            random: true,
+            read_percent: 50,
+            contention,
+            clients: BASE_CLIENTS,
+        };
+        out.push((r, None));
+    }
+    for &clients in CLIENTS {
+        let r = Row {
+            random: true,
+            read_percent: 50,
+            contention: 50,
+            clients,
+        };
+        out.push((r, Some("clients")));
+    }
+    out
+}
+
+/// `shortfuse dist up` on a free loopback port, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(bin: &Path, data: &Path) -> io::Result<Server> {
+        let mut cmd = Command::new(bin);
+        cmd.args(["dist", "up", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cleanup::spawn(&mut cmd)?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        match line.rsplit_once(" on ") {
+            Some((_, addr)) => Ok(Server {
+                child,
+                addr: addr.trim().to_string(),
+            }),
+            None => {
+                cleanup::reap(&mut child);
+                Err(io::Error::other(format!("`shortfuse dist up` did not start: {line:?}")))
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        cleanup::reap(&mut self.child);
+    }
+}
+
+/// Client mounts, unmounted when dropped (before the server goes).
+struct Mounts(Vec<PathBuf>);
+
+impl Mounts {
+    fn mount(&mut self, bin: &Path, addr: &str, mp: &Path, mode: &str) -> io::Result<()> {
+        std::fs::create_dir_all(mp)?;
+        cleanup::remember(mp);
+        self.0.push(mp.to_path_buf());
+        config::run(
+            Command::new(bin)
+                .args(["mount", "dist", addr])
+                .arg(mp)
+                .arg("-o")
+                .arg(format!("consistency={mode}")),
+        )
+        .map_err(io::Error::other)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !config::is_mounted(mp) {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!("{} never mounted", mp.display())));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for mp in &self.0 {
+            config::unmount(mp);
+            cleanup::forget(mp);
+        }
+    }
+}
+
+fn shared_file(mp: &Path, i: usize) -> PathBuf {
+    mp.join(format!("s{i}"))
+}
+
+fn private_file(mp: &Path, client: usize, i: usize) -> PathBuf {
+    mp.join(format!("p{client}-{i}"))
+}
+
+fn open(p: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(p)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+}
+
+/// Lays out every file a row may use, through the first client (not
+/// fsync'd: the data reaches storage when other clients first open it).
+fn lay_out(mp: &Path, file: u64) -> io::Result<()> {
+    let data = vec![0x5au8; 1 << 20];
+    let paths = (0..FILES)
+        .map(|i| shared_file(mp, i))
+        .chain((0..MAX_CLIENTS).flat_map(|c| (0..FILES).map(move |i| private_file(mp, c, i))));
+    for p in paths {
+        let f = File::create(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+        let mut off = 0;
+        while off < file {
+            let n = (file - off).min(data.len() as u64) as usize;
+            f.write_all_at(&data[..n], off)?;
+            off += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Each client reads its own files once, so that the first row does not
+/// pay for moving them away from the client that laid them out.
+fn warm_up(mounts: &[PathBuf]) -> io::Result<()> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = mounts
+            .iter()
+            .enumerate()
+            .map(|(c, mp)| {
+                scope.spawn(move || {
+                    let mut b = [0u8; 1];
+                    (0..FILES).try_for_each(|i| open(&private_file(mp, c, i))?.read_exact_at(&mut b, 0))
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(io::Error::other("warm-up thread panicked")))
+        })
+    })
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// One client's thread: opens its working set, waits for the others at
+/// `start`, then does I/O for `time` (one operation at least) and closes.
+/// Returns the bytes moved and the time taken.
+fn client_io(
+    mp: &Path,
+    client: usize,
+    row: Row,
+    file: u64,
+    start: &Barrier,
+    time: Duration,
+) -> io::Result<(u64, Duration)> {
+    let shared = row.shared();
+    let files = (0..shared)
+        .map(|i| open(&shared_file(mp, i)))
+        .chain((shared..FILES).map(|i| open(&private_file(mp, client, i))))
+        .collect::<io::Result<Vec<File>>>();
+    // Every thread reaches the barrier, also one that failed to open.
+    start.wait();
+    let files = files?;
+    let t0 = Instant::now();
+    let bs = if row.random { RANDOM_BS } else { SEQ_BS };
+    let mut buf = vec![0xa5u8; bs];
+    let mut cursor = [0u64; FILES];
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (client as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let blocks = (file / bs as u64).max(1);
+    let mut bytes = 0u64;
+    while bytes == 0 || t0.elapsed() < time {
+        let k = (xorshift(&mut rng) % FILES as u64) as usize;
+        let off = if row.random {
+            (xorshift(&mut rng) % blocks) * bs as u64
+        } else {
+            let o = cursor[k];
+            cursor[k] = (o + bs as u64) % (blocks * bs as u64);
+            o
+        };
+        if xorshift(&mut rng) % 100 < u64::from(row.read_percent) {
+            files[k].read_exact_at(&mut buf, off)?;
+        } else {
+            files[k].write_all_at(&buf, off)?;
+        }
+        bytes += bs as u64;
+    }
+    drop(files);
+    Ok((bytes, t0.elapsed()))
+}
+
+/// MB/s of `row` on the first `row.clients` mounts: each client's rate,
+/// summed.
+fn run_row(mounts: &[PathBuf], row: Row, s: &Sizes) -> io::Result<f64> {
+    let start = Barrier::new(row.clients);
+    let start = &start;
+    let results: Vec<io::Result<(u64, Duration)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = mounts[..row.clients]
+            .iter()
+            .enumerate()
+            .map(|(c, mp)| scope.spawn(move || client_io(mp, c, row, s.file, start, s.row)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("I/O thread panicked")))
+            })
+            .collect()
+    });
+    let mut total = 0.0;
+    for r in results {
+        let (bytes, took) = r?;
+        total += bytes as f64 / took.as_secs_f64() / 1e6;
+    }
+    Ok(total)
+}
+
+pub fn run(dir: &Path, scale: Scale, bin: &Path, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+    let s = sizes(scale);
+    progress("starting the server");
+    let server = Server::start(bin, &dir.join("data"))?;
+    let mut mounts = Mounts(Vec::new());
+    let mut per_mode: Vec<Vec<PathBuf>> = Vec::new();
+    for mode in MODES {
+        progress(&format!("mounting {MAX_CLIENTS} {mode} clients"));
+        let mps: Vec<PathBuf> = (0..MAX_CLIENTS).map(|c| dir.join(format!("{mode}-{c}"))).collect();
+        for mp in &mps {
+            mounts.mount(bin, &server.addr, mp, mode)?;
+        }
+        // Each mode on its own files: one mode's unleased writes must not
+        // meet another's leases.
+        let sub: Vec<PathBuf> = mps.iter().map(|m| m.join(mode)).collect();
+        std::fs::create_dir(&sub[0])?;
+        progress(&format!("laying out {mode} files"));
+        lay_out(&sub[0], s.file)?;
+        warm_up(&sub)?;
+        per_mode.push(sub);
+    }
+    let mut out = Vec::new();
+    for (row, series) in rows() {
+        let mut by_mode = Vec::new();
+        for (mode, mps) in MODES.iter().zip(&per_mode) {
+            let name = row.name(series);
+            progress(&format!("{name} {mode}"));
+            let v = run_row(mps, row, &s)?;
+            let mut f = Figure::rate(format!("{name} {mode}"), "MB/s", v, 1);
+            if let Some(series) = series {
+                f = f.at(&format!("{series}-{mode}"), row.clients);
+            }
+            out.push(f);
+            by_mode.push(v);
+        }
+        out.push(Figure::rate(
+            format!("{} lease/writethrough", row.name(series)),
+            "x",
+            by_mode[0] / by_mode[1],
+            1,
+        ));
+    }
+    for (mode, mps) in MODES.iter().zip(&per_mode).take(2) {
+        progress(&format!("consistency check on {mode}"));
+        let checker = Command::new(bin)
+            .args(["dist", "check", "--ops", "100"])
+            .args(&mps[..3])
+            .stdin(Stdio::null())
+            .output()?;
+        if !checker.status.success() {
+            return Err(io::Error::other(format!(
+                "the consistency checker failed on {mode}: {}{}",
+                String::from_utf8_lossy(&checker.stdout),
+                String::from_utf8_lossy(&checker.stderr)
+            )));
+        }
+    }
+    drop(mounts);
+    drop(server);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_matrix() {
+        let r = rows();
+        assert_eq!(r.len(), 2 * READ_PERCENTS.len() + CONTENTIONS.len() - 1 + CLIENTS.len());
+        let names: std::collections::HashSet<String> = r.iter().map(|(r, s)| r.name(*s)).collect();
+        // The contention-0 row of Figure 7 is Figure 6's 50:50 row, run
+        // once; the client curve runs its own rows.
+        assert_eq!(names.len(), r.len());
+        let shared: Vec<usize> = CONTENTIONS
+            .iter()
+            .map(|&c| {
+                Row {
+                    random: true,
+                    read_percent: 50,
+                    contention: c,
+                    clients: 4,
+                }
+                .shared()
+            })
+            .collect();
+        assert_eq!(shared, [0, 2, 4, 6, 8]);
+    }
+}

@@ -1,0 +1,49 @@
+//! The `dist` suite at tiny scale: a server and 24 client mounts of its
+//! own, every row of the matrix for every consistency mode with its
+//! lease/writethrough ratio, the client curves plotted, the consistency
+//! checker run, and nothing left mounted or running afterwards.
+
+mod support;
+
+use support::{mounts_under, shortfuse_bin};
+
+use shortfuse_bench::{dist, BenchOptions};
+
+#[test]
+fn tiny_dist() {
+    let out = std::env::temp_dir().join(format!("sfbench-dist-{}", std::process::id()));
+    let mut o = BenchOptions::new(out.clone());
+    o.suites = vec!["dist".into()];
+    o.tiny = true;
+    o.shortfuse_bin = shortfuse_bin();
+    let report = shortfuse_bench::run(&o).expect("run");
+    let suite = &report.suites[0];
+    assert_eq!(suite.results.len(), 1);
+    let r = &suite.results[0];
+    assert_eq!(r.config, "native");
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let rows = 2 * dist::READ_PERCENTS.len() + dist::CONTENTIONS.len() - 1 + dist::CLIENTS.len();
+    assert_eq!(r.figures.len(), rows * (dist::MODES.len() + 1));
+    for f in &r.figures {
+        assert!(f.value.is_finite() && f.value > 0.0, "{f:?}");
+    }
+    let ratios = r
+        .figures
+        .iter()
+        .filter(|f| f.op.ends_with("lease/writethrough"))
+        .count();
+    assert_eq!(ratios, rows);
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| rnd r0w100 c0 n4 lease | MB/s |"), "{md}");
+    for mode in dist::MODES {
+        let plot = format!("plots/dist-clients-{mode}.png");
+        assert!(report.plots.contains(&plot), "{plot} not in {:?}", report.plots);
+    }
+    assert!(mounts_under(&out).is_empty());
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &format!("dist up --listen 127.0.0.1:0 --data {}", out.display())])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "the server was left running");
+    std::fs::remove_dir_all(&out).unwrap();
+}
