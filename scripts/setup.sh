@@ -20,6 +20,9 @@ declare -A CMD_PKG=(
     [pkg-config]=pkg-config
     [cc]=build-essential
     [python3]=python3
+    [git]=git
+    [sqlite3]=sqlite3
+    [make]=make
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do
