@@ -631,16 +631,17 @@ impl Inner {
         if let Some(f) = f {
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
-                if g.mode == Some(LeaseMode::Write) {
-                    // A failure marks the data lost (reported at the next
-                    // fsync/close); the lease goes back either way.
-                    let _ = self.write_back(&f, &conn, lease, false);
-                }
+                // A failure marks the data lost (reported at the next
+                // fsync/close); the lease goes back either way.
+                let released = g.mode == Some(LeaseMode::Write)
+                    && self.write_back_then(&f, &conn, lease, false, true).unwrap_or(false);
                 lock(&f.cache).clear();
                 *g = Slot::default();
                 // Released before new I/O may ask again: an acquire that
                 // reached the manager first would get this dying lease back.
-                let _ = conn.call(Req::Release { gfi, lease });
+                if !released {
+                    let _ = conn.call(Req::Release { gfi, lease });
+                }
                 return;
             }
         }
@@ -651,6 +652,13 @@ impl Inner {
     /// Sends every dirty block and the size; with `sync`, makes them and
     /// every block written since the last fsync durable.
     fn write_back(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool) -> Result<()> {
+        self.write_back_then(f, conn, lease, sync, false).map(|_| ())
+    }
+
+    /// [`Inner::write_back`], and with `release` the last request gives
+    /// the lease back too; returns whether it did (not when there was
+    /// nothing to write or the write failed).
+    fn write_back_then(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool, release: bool) -> Result<bool> {
         let (dirty, size, mtime, unsynced) = {
             let mut c = lock(&f.cache);
             let mut dirty: Vec<(u64, ByteBuf)> = Vec::new();
@@ -661,7 +669,7 @@ impl Inner {
                 }
             }
             if dirty.is_empty() && !c.meta_dirty && !sync {
-                return Ok(());
+                return Ok(false);
             }
             c.meta_dirty = false;
             dirty.sort_by_key(|(i, _)| *i);
@@ -697,6 +705,7 @@ impl Inner {
                 size,
                 mtime,
                 sync: last_sync.then_some(to_sync),
+                release: release && k + 1 == n,
             });
             if let Err(e) = r {
                 result = Err(e);
@@ -718,7 +727,7 @@ impl Inner {
                 c.meta_dirty = true;
             }
         }
-        result
+        result.map(|()| release)
     }
 
     fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
@@ -205,6 +205,9 @@ pub enum Request {
         size: u64,
         mtime: (i64, u32),
         sync: Option<Vec<u64>>,
+        /// Then gives the lease back (a revocation's write-back and
+        /// release in one round trip).
+        release: bool,
     },
 }
 
@@ -326,6 +329,7 @@ mod tests {
                 size: 10,
                 mtime: (5, 6),
                 sync: Some(vec![1]),
+                release: false,
             },
         };
         let frame = encode(&msg).unwrap();

@@ -338,8 +338,12 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             size,
             mtime,
             sync,
+            release,
         } => {
             let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
+            // A client's cache may outlive the file (unlinked elsewhere):
+            // its blocks must not come back as garbage nobody removes.
+            meta.getattr(gfi.ino)?;
             // Data first, then the size that makes it visible.
             let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
             let blocks = blocks.into_iter().map(|(i, b)| (i, b.into_vec())).collect();
@@ -354,6 +358,9 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 tokio::task::spawn_blocking(move || m.sync())
                     .await
                     .map_err(|_| Errno::EIO)??;
+            }
+            if release {
+                s.leases.release(client, gfi, lease);
             }
             Reply::Node(info)
         }
