@@ -5,8 +5,9 @@
 //! [`MAX_CLIENTS`] client mounts (`shortfuse mount dist -o consistency=`),
 //! each its own daemon process with its own lease session. Each client
 //! runs one thread of fio-like I/O (psync, iodepth 1: `pread`/`pwrite` on
-//! files it keeps open) over its working set for a fixed time, then closes
-//! them (counted in the time: a `weak` client writes back on close). No
+//! files it keeps open) over its working set for a fixed time: opening
+//! (lease moves under contention) and closing (a `weak` client writes back
+//! on close) are counted in the time. No
 //! fsync, as in fio's default and the seed's runs: what write-back leaves
 //! dirty is written back when another client wants the file (its cost
 //! shows in the contention rows) or at unmount. A working set
@@ -28,12 +29,12 @@ use std::io::{self, BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::cleanup;
 use crate::config;
 use crate::report::Figure;
+use crate::samples::Rng;
 use crate::scale::Scale;
 
 pub const MODES: &[&str] = &["lease", "writethrough", "weak"];
@@ -268,49 +269,31 @@ fn warm_up(mounts: &[PathBuf]) -> io::Result<()> {
     })
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
-/// One client's thread: opens its working set, waits for the others at
-/// `start`, then does I/O for `time` (one operation at least) and closes.
-/// Returns the bytes moved and the time taken.
-fn client_io(
-    mp: &Path,
-    client: usize,
-    row: Row,
-    file: u64,
-    start: &Barrier,
-    time: Duration,
-) -> io::Result<(u64, Duration)> {
+/// One client's thread: opens its working set, does I/O for `time` (one
+/// operation at least) and closes. Returns the bytes moved.
+fn client_io(mp: &Path, client: usize, row: Row, file: u64, time: Duration) -> io::Result<u64> {
+    let t0 = Instant::now();
     let shared = row.shared();
     let files = (0..shared)
         .map(|i| open(&shared_file(mp, i)))
         .chain((shared..FILES).map(|i| open(&private_file(mp, client, i))))
-        .collect::<io::Result<Vec<File>>>();
-    // Every thread reaches the barrier, also one that failed to open.
-    start.wait();
-    let files = files?;
-    let t0 = Instant::now();
+        .collect::<io::Result<Vec<File>>>()?;
     let bs = if row.random { RANDOM_BS } else { SEQ_BS };
     let mut buf = vec![0xa5u8; bs];
     let mut cursor = [0u64; FILES];
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (client as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let mut rng = Rng::new(client as u64 + 1);
     let blocks = (file / bs as u64).max(1);
     let mut bytes = 0u64;
     while bytes == 0 || t0.elapsed() < time {
-        let k = (xorshift(&mut rng) % FILES as u64) as usize;
+        let k = rng.below(FILES as u64) as usize;
         let off = if row.random {
-            (xorshift(&mut rng) % blocks) * bs as u64
+            rng.below(blocks) * bs as u64
         } else {
             let o = cursor[k];
             cursor[k] = (o + bs as u64) % (blocks * bs as u64);
             o
         };
-        if xorshift(&mut rng) % 100 < u64::from(row.read_percent) {
+        if rng.below(100) < u64::from(row.read_percent) {
             files[k].read_exact_at(&mut buf, off)?;
         } else {
             files[k].write_all_at(&buf, off)?;
@@ -318,34 +301,14 @@ fn client_io(
         bytes += bs as u64;
     }
     drop(files);
-    Ok((bytes, t0.elapsed()))
+    Ok(bytes)
 }
 
-/// MB/s of `row` on the first `row.clients` mounts: each client's rate,
-/// summed.
+/// MB/s of `row` on the first `row.clients` mounts, the clients released
+/// together.
 fn run_row(mounts: &[PathBuf], row: Row, s: &Sizes) -> io::Result<f64> {
-    let start = Barrier::new(row.clients);
-    let start = &start;
-    let results: Vec<io::Result<(u64, Duration)>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = mounts[..row.clients]
-            .iter()
-            .enumerate()
-            .map(|(c, mp)| scope.spawn(move || client_io(mp, c, row, s.file, start, s.row)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(io::Error::other("I/O thread panicked")))
-            })
-            .collect()
-    });
-    let mut total = 0.0;
-    for r in results {
-        let (bytes, took) = r?;
-        total += bytes as f64 / took.as_secs_f64() / 1e6;
-    }
-    Ok(total)
+    let (bytes, elapsed) = crate::io::together(row.clients, |c| client_io(&mounts[c], c, row, s.file, s.row))?;
+    Ok(bytes as f64 / elapsed.as_secs_f64() / 1e6)
 }
 
 pub fn run(dir: &Path, scale: Scale, bin: &Path, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
