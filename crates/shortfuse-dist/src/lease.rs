@@ -282,7 +282,26 @@ impl LeaseManager {
 
     /// Ends a session (its connection closed): every lease it held is free.
     pub fn end_session(&self, client: ClientId) {
+        self.end_session_if(client, None)
+    }
+
+    /// Ends session `client` if its connection is still the one whose
+    /// revocations go to `revokes`: a connection that closes after its
+    /// session was resumed on a newer one (a half-open socket noticed
+    /// late) must not end the session.
+    pub fn end_connection(&self, client: ClientId, revokes: &RevokeSender) {
+        self.end_session_if(client, Some(revokes))
+    }
+
+    fn end_session_if(&self, client: ClientId, revokes: Option<&RevokeSender>) {
         let mut st = self.lock();
+        let current = st
+            .sessions
+            .get(&client)
+            .is_some_and(|s| revokes.is_none_or(|r| s.revokes.same_channel(r)));
+        if !current {
+            return;
+        }
         st.sessions.remove(&client);
         Self::drop_holder_everywhere(&mut st, client);
         // A failed write is harmless: a restart that still finds the
@@ -567,5 +586,23 @@ mod tests {
         m.end_session(b);
         assert_eq!(m.holders(F).0, None);
         keep.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_resumed_session_outlives_its_old_connection() {
+        let m = LeaseManager::new(Duration::from_secs(30));
+        let (old_tx, _old_rx) = mpsc::unbounded_channel();
+        let a = m.open_session(old_tx.clone()).unwrap();
+        let la = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        let (new_tx, _new_rx) = mpsc::unbounded_channel();
+        assert_eq!(m.resume(a, new_tx.clone()).unwrap(), a);
+        // The old connection is noticed closed only now.
+        m.end_connection(a, &old_tx);
+        assert!(m.begin_io(a, F, la, true).is_ok(), "the resumed session lost its lease");
+        m.end_connection(a, &new_tx);
+        assert_eq!(m.holders(F).0, None);
+        // A session that is gone is not resumed: a new one starts.
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert_ne!(m.resume(a, tx).unwrap(), a);
     }
 }

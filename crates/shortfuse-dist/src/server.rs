@@ -234,7 +234,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
             let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
         });
     }
-    shared.leases.end_session(client);
+    shared.leases.end_connection(client, &tx);
     drop(tx);
 }
 
