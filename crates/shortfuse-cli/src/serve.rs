@@ -8,11 +8,14 @@
 //! supervisor); SIGINT or SIGTERM stop it: the kernel mount goes, and every
 //! ring client's calls fail with ENOTCONN.
 //!
-//! Coherence: ring clients tell each other about their changes through the
-//! daemon (FUSE notifications). The kernel is not told: its mount is made
-//! with attr_timeout=0 and entry_timeout=0 unless given, so it asks again
-//! each time; ring clients see changes made through the kernel mount once
-//! their cached entries and attributes expire (attr_timeout, 1 s by default).
+//! Coherence: ring clients hear of every change made through another
+//! client or through the kernel mount (FUSE notifications in their rings).
+//! The kernel is not told: its mount is made with zero entry, attribute and
+//! negative timeouts whatever `-o` says (those are the ring clients'), so it
+//! asks again each time.
+//!
+//! Statistics: one table for the kernel's requests and the rings'
+//! (`shortfuse stats MOUNTPOINT`, with the count per transport).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -22,7 +25,7 @@ use std::time::Duration;
 use shortfuse::control::ControlServer;
 use shortfuse::options::FsOptions;
 use shortfuse::{DevSession, MountOptions, SessionOptions, Stats};
-use shortfuse_ring::{Server, ServerConfig, DEFAULT_SPIN_US};
+use shortfuse_ring::{Announcing, Server, ServerConfig, DEFAULT_SPIN_US};
 
 use crate::filesystems;
 
@@ -107,28 +110,24 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         server.stop();
         return Ok(());
     }
-    let mut kopts = opts.clone();
-    let given = |key: &str| {
-        args.options
-            .iter()
-            .flat_map(|o| o.split(','))
-            .any(|o| o.starts_with(key))
+    // The kernel is never told of the rings' changes: it must ask each time.
+    let kopts = MountOptions {
+        attr_timeout: Duration::ZERO,
+        entry_timeout: Duration::ZERO,
+        negative_timeout: Duration::ZERO,
+        ..opts.clone()
     };
-    if !given("attr_timeout") {
-        kopts.attr_timeout = Duration::ZERO;
-    }
-    if !given("entry_timeout") {
-        kopts.entry_timeout = Duration::ZERO;
-    }
     let session = SessionOptions {
         threads: args.threads.map(usize::from),
         ..SessionOptions::default()
     };
-    let dev = DevSession::mount(fs.clone(), mountpoint, kopts, session)?;
+    let kernel_fs = Arc::new(Announcing::new(fs.clone()));
+    let dev = DevSession::mount(kernel_fs.clone(), mountpoint, kopts, session)?;
     // Before the ring threads start, so that they inherit the mask and the
     // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.
     let _signals = SignalSet::block()?;
     let mut server = Server::start(&ring_path, fs, opts, dev.stats().clone(), config)?;
+    kernel_fs.attach(server.announcer());
     let name = args.fs.clone();
     let result = dev.run(|| {
         eprintln!(

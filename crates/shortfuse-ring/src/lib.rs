@@ -11,11 +11,14 @@
 //!
 //! - [`RingClient`]: the program's side (used by `shortfuse-vfs`'s ring
 //!   backend inside the preload shim).
-//! - [`Server`]: the daemon's side (`shortfuse serve`).
+//! - [`Server`]: the daemon's side (`shortfuse serve`); [`Announcing`]
+//!   wraps the file system of a kernel mount of the same daemon so that
+//!   ring clients hear of the kernel's changes too.
 //! - [`region`]: the layout of the shared memory.
 
 #![deny(unsafe_code)]
 
+mod announce;
 mod client;
 mod proto;
 pub mod region;
@@ -23,7 +26,8 @@ mod server;
 mod sys;
 pub mod wait;
 
+pub use announce::Announcing;
 pub use client::{Notice, RingClient, LIVENESS_PERIOD};
 pub use proto::socket_path;
 pub use region::Geometry;
-pub use server::{changes, Server, ServerConfig, DEFAULT_SPIN_US};
+pub use server::{changes, Announcer, Server, ServerConfig, DEFAULT_SPIN_US};

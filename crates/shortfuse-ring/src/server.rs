@@ -199,12 +199,10 @@ impl Server {
         })
     }
 
-    /// Announces a change made elsewhere (a kernel mount of the same file
-    /// system) to every client.
-    pub fn notify_all(&self, notice: Notice<'_>) {
-        for c in lock(&self.shared.clients).iter() {
-            c.push_notice(notice);
-        }
+    /// A handle that announces changes made elsewhere (a kernel mount of
+    /// the same file system) to every client; see [`crate::Announcing`].
+    pub fn announcer(&self) -> Announcer {
+        Announcer(self.shared.clone())
     }
 
     /// Stops accepting, tells every client the daemon is gone (their
@@ -233,6 +231,18 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Tells every client of a [`Server`] about a change made elsewhere.
+#[derive(Clone)]
+pub struct Announcer(Arc<Shared>);
+
+impl Announcer {
+    pub fn notify_all(&self, notice: Notice<'_>) {
+        for c in lock(&self.0.clients).iter() {
+            c.push_notice(notice);
+        }
     }
 }
 

@@ -1,0 +1,252 @@
+//! A [`Filesystem`] wrapper for the kernel mount of a daemon that also
+//! serves rings: every change the kernel's requests make is announced to
+//! the ring clients (the same INVAL_ENTRY / INVAL_INODE notifications that
+//! ring clients send each other), so programs under the shim see at once
+//! what programs without it did. Everything else is passed through.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, OnceLock};
+
+use shortfuse::{
+    Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, FileHandle, Filesystem, Forget, InitConfig, Lock, NewNode,
+    NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, Statfs, WriteArgs,
+};
+
+use crate::client::Notice;
+use crate::server::Announcer;
+
+/// `inner`, announcing its changes to the clients of a ring server.
+pub struct Announcing {
+    inner: Arc<dyn Filesystem>,
+    to: OnceLock<Announcer>,
+}
+
+impl Announcing {
+    /// Announces nothing until [`Announcing::attach`] names the server (the
+    /// kernel session is made first, the server shares its statistics).
+    pub fn new(inner: Arc<dyn Filesystem>) -> Announcing {
+        Announcing {
+            inner,
+            to: OnceLock::new(),
+        }
+    }
+
+    pub fn attach(&self, to: Announcer) {
+        let _ = self.to.set(to);
+    }
+
+    fn inode<T>(&self, node: NodeId, r: Result<T>) -> Result<T> {
+        if let (Ok(_), Some(to)) = (&r, self.to.get()) {
+            to.notify_all(Notice::Inode(node.0));
+        }
+        r
+    }
+
+    fn entry<T>(&self, parent: NodeId, name: &OsStr, r: Result<T>) -> Result<T> {
+        if let (Ok(_), Some(to)) = (&r, self.to.get()) {
+            to.notify_all(Notice::Entry {
+                parent: parent.0,
+                name: name.as_bytes(),
+            });
+        }
+        r
+    }
+}
+
+impl Filesystem for Announcing {
+    fn init(&self, config: &mut InitConfig) -> Result<()> {
+        self.inner.init(config)
+    }
+
+    fn destroy(&self) {
+        self.inner.destroy()
+    }
+
+    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
+        self.inner.lookup(req, parent, name)
+    }
+
+    fn forget(&self, node: NodeId, nlookup: u64) {
+        self.inner.forget(node, nlookup)
+    }
+
+    fn batch_forget(&self, forgets: &[Forget]) {
+        self.inner.batch_forget(forgets)
+    }
+
+    fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
+        self.inner.getattr(req, node, fh)
+    }
+
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        self.inode(node, self.inner.setattr(req, node, set))
+    }
+
+    fn readlink(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        self.inner.readlink(req, node)
+    }
+
+    fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
+        self.entry(parent, name, self.inner.symlink(req, parent, name, target))
+    }
+
+    fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        self.entry(parent, name, self.inner.mknod(req, parent, name, new))
+    }
+
+    fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        self.entry(parent, name, self.inner.mkdir(req, parent, name, new))
+    }
+
+    fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.entry(parent, name, self.inner.unlink(req, parent, name))
+    }
+
+    fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.entry(parent, name, self.inner.rmdir(req, parent, name))
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        new_parent: NodeId,
+        new_name: &OsStr,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let r = self.inner.rename(req, parent, name, new_parent, new_name, flags);
+        let r = self.entry(parent, name, r);
+        self.entry(new_parent, new_name, r)
+    }
+
+    fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
+        let r = self.inner.link(req, node, new_parent, new_name);
+        let r = self.inode(node, r);
+        self.entry(new_parent, new_name, r)
+    }
+
+    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+        let r = self.inner.open(req, node, flags);
+        if flags & libc::O_TRUNC != 0 {
+            return self.inode(node, r);
+        }
+        r
+    }
+
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+        self.entry(parent, name, self.inner.create(req, parent, name, new, flags))
+    }
+
+    fn read(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.read(req, node, fh, offset, buf)
+    }
+
+    fn write(&self, req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+        self.inode(node, self.inner.write(req, node, fh, data, args))
+    }
+
+    fn flush(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64) -> Result<()> {
+        self.inner.flush(req, node, fh, lock_owner)
+    }
+
+    fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
+        self.inner.release(req, node, fh, args)
+    }
+
+    fn fsync(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
+        self.inner.fsync(req, node, fh, datasync)
+    }
+
+    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+        self.inner.opendir(req, node, flags)
+    }
+
+    fn readdir(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
+        self.inner.readdir(req, node, fh, offset, sink)
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        sink: &mut dyn DirPlusSink,
+    ) -> Result<()> {
+        self.inner.readdirplus(req, node, fh, offset, sink)
+    }
+
+    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
+        self.inner.releasedir(req, node, fh, flags)
+    }
+
+    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
+        self.inner.fsyncdir(req, node, fh, datasync)
+    }
+
+    fn statfs(&self, req: &Request, node: NodeId) -> Result<Statfs> {
+        self.inner.statfs(req, node)
+    }
+
+    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        self.inode(node, self.inner.setxattr(req, node, name, value, flags))
+    }
+
+    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
+        self.inner.getxattr(req, node, name)
+    }
+
+    fn listxattr(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        self.inner.listxattr(req, node)
+    }
+
+    fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
+        self.inode(node, self.inner.removexattr(req, node, name))
+    }
+
+    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+        self.inner.access(req, node, mask)
+    }
+
+    fn getlk(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, lock: &Lock) -> Result<Lock> {
+        self.inner.getlk(req, node, fh, lock_owner, lock)
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        lock_owner: u64,
+        lock: &Lock,
+        sleep: bool,
+    ) -> Result<()> {
+        self.inner.setlk(req, node, fh, lock_owner, lock, sleep)
+    }
+
+    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
+        self.inner.flock(req, node, fh, lock_owner, op)
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
+        self.inode(node, self.inner.fallocate(req, node, fh, offset, length, mode))
+    }
+
+    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+        self.inner.lseek(req, node, fh, offset, whence)
+    }
+
+    fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {
+        self.inode(range.node_out, self.inner.copy_file_range(req, range))
+    }
+}
