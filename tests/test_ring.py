@@ -36,14 +36,8 @@ import test_run
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def shortfuse() -> Path:
-    try:
-        bin_ = sfmount.shortfuse_bin()
-    except sfmount.HarnessError as e:
-        pytest.fail(str(e), pytrace=False)
-    assert (bin_.parent / "libshortfuse_preload.so").is_file(), "the preload shim is not built: run make build"
-    return bin_
+# The binary under test, with the shim beside it.
+shortfuse = test_run.shortfuse
 
 
 class Daemon:

@@ -460,7 +460,7 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
-            Kind::Preload => {
+            Kind::Preload | Kind::Shim { .. } => {
                 // The mount point exists only for the worker's shim.
                 std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
                 let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
@@ -470,34 +470,14 @@ impl Config {
                         so.display()
                     ));
                 }
-                let worker = PreloadWorker {
-                    shortfuse_bin: env.shortfuse_bin.clone(),
-                    mount: format!("{}=passthrough:{}", mnt.display(), src.display()),
-                };
-                PRELOAD
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((mnt.clone(), worker));
-                prepared.dir = mnt;
-                prepared.preload = true;
-                return Ok(prepared);
-            }
-            Kind::Shim { fs, ring } => {
-                std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
-                let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
-                if !so.is_file() {
-                    return Err(format!(
-                        "{} is missing (built by cargo build -p shortfuse-preload)",
-                        so.display()
-                    ));
-                }
-                let mount = if *ring {
-                    prepared.daemon = Some(start_daemon(env, fs, &src, &mnt, &prepared.root)?);
-                    mnt.display().to_string()
-                } else if takes_source(fs) {
-                    format!("{}={fs}:{}", mnt.display(), src.display())
-                } else {
-                    format!("{}={fs}", mnt.display())
+                let mount = match &self.kind {
+                    Kind::Shim { fs, ring: true } => {
+                        prepared.daemon = Some(start_daemon(env, fs, &src, &mnt, &prepared.root)?);
+                        mnt.display().to_string()
+                    }
+                    Kind::Shim { fs, .. } if !takes_source(fs) => format!("{}={fs}", mnt.display()),
+                    Kind::Shim { fs, .. } => format!("{}={fs}:{}", mnt.display(), src.display()),
+                    _ => format!("{}=passthrough:{}", mnt.display(), src.display()),
                 };
                 let worker = PreloadWorker {
                     shortfuse_bin: env.shortfuse_bin.clone(),

@@ -640,23 +640,22 @@ pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
                 name: name.as_bytes(),
             });
         }
-        Operation::Rename { arg, name, new_name } => {
-            f(Notice::Entry {
-                parent: node,
-                name: name.as_bytes(),
-            });
-            f(Notice::Entry {
-                parent: arg.newdir,
-                name: new_name.as_bytes(),
-            });
+        Operation::Rename {
+            arg: abi::fuse_rename_in { newdir },
+            name,
+            new_name,
         }
-        Operation::Rename2 { arg, name, new_name } => {
+        | Operation::Rename2 {
+            arg: abi::fuse_rename2_in { newdir, .. },
+            name,
+            new_name,
+        } => {
             f(Notice::Entry {
                 parent: node,
                 name: name.as_bytes(),
             });
             f(Notice::Entry {
-                parent: arg.newdir,
+                parent: *newdir,
                 name: new_name.as_bytes(),
             });
         }
