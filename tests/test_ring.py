@@ -247,6 +247,11 @@ def test_kill_9_of_the_daemon_fails_a_blocked_read_with_enotconn(shortfuse, scra
         # Later calls fail at once.
         again = b("stat", f"{mp}/f")
         assert again["err"] == "ENOTCONN" and again["secs"] < 0.1, again
+        # A new daemon takes over the sockets the dead one left behind (and
+        # removes them when it stops).
+        d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
+        a = under(shortfuse, mp, ["ls", str(mp)])
+        assert a.returncode == 0 and a.stdout == b"", a.stderr.decode()
     finally:
         b.close()
         d.stop()
@@ -295,6 +300,26 @@ def test_kill_9_of_a_client_mid_request_gives_back_its_handles(shortfuse, scratc
         assert a.stdout == b"50\nxxxxxxxxxx"
     finally:
         d.stop()
+
+
+def test_bench_rows_over_the_ring(shortfuse, scratch):
+    out = scratch / "bench"
+    p = subprocess.run(
+        [str(shortfuse), "bench", "transport", "meta", "--tiny", "--threads", "2"]
+        + ["--configs", "null-ring,null-preload,ring", "--out", str(out)],
+        capture_output=True,
+        timeout=600,
+    )
+    report = json.loads((out / "report.json").read_text())
+    rows = {(s["suite"], r["config"]): r for s in report["suites"] for r in s["results"]}
+    for key in [("transport", "null-ring"), ("transport", "null-preload"), ("transport", "ring"), ("meta", "ring")]:
+        assert rows[key]["error"] is None and rows[key]["figures"], (key, rows[key], p.stderr.decode()[-2000:])
+    ops = {f["op"] for f in rows[("transport", "null-ring")]["figures"]}
+    assert {"empty-create", "empty-stat-missing", "empty-open+close-root"} <= ops, ops
+    # The bench's daemons are gone, and their sockets with them.
+    assert not [l for l in Path("/proc/self/mounts").read_text().splitlines() if str(scratch) in l]
+    left = subprocess.run(["pgrep", "-f", "shortfuse serve .*/run-(null-)?ring-"], capture_output=True)
+    assert left.returncode == 1, left.stdout
 
 
 DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER
