@@ -14,23 +14,12 @@ single-process ones run on mem too.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import sfmount
-from test_run import output, run, shortfuse, tree, under  # noqa: F401 (fixture)
-
-
-@pytest.fixture
-def scratch():
-    d = sfmount.new_scratch("preload2")
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+from test_run import output, run, scratch, shortfuse, tree, under  # noqa: F401 (fixtures)
 
 
 def both(shortfuse: Path, scratch: Path, argv_for, fs: str = "passthrough", env=None):
@@ -323,7 +312,7 @@ def test_fio_verify_crc32c_two_jobs(shortfuse, scratch):
     argv = [
         "fio", "--name=v", f"--directory={mp}", "--size=4m", "--bs=4k", "--rw=randwrite",
         "--verify=crc32c", "--verify_fatal=1", "--numjobs=2", "--ioengine=psync", "--do_verify=1",
-        "--group_reporting", "--minimal",
+        "--group_reporting", "--minimal", "--verify_state_save=0",
     ]
     s = under(shortfuse, [f"{mp}=passthrough:{src}"], argv)
     assert s.returncode == 0, output(s, mp)
@@ -543,3 +532,95 @@ def test_locks_are_consistent_among_the_processes_of_the_tree(shortfuse, scratch
     script = scratch / "lk.py"
     script.write_text(LOCKS)
     same(shortfuse, scratch, lambda root: [sys.executable, str(script), root])
+
+
+EXEC = r"""
+import os, subprocess, sys
+root = sys.argv[1]
+data = open("/bin/echo", "rb").read()
+with open(root + "/e", "wb") as f:
+    f.write(data)
+os.chmod(root + "/e", 0o755)
+with open(root + "/s.sh", "w") as f:
+    f.write("#!/bin/sh\necho script says $1\n")
+os.chmod(root + "/s.sh", 0o755)
+with open(root + "/noexec", "wb") as f:
+    f.write(data)
+def run(argv):
+    if sys.argv[2] == "passthrough":
+        # A vfork child (subprocess): served on passthrough only.
+        r = subprocess.run(argv, capture_output=True, text=True)
+        print(r.stdout, end="")
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        try:
+            os.execv(argv[0], argv)
+        except OSError as e:
+            print("noexec", e.errno, flush=True)
+        os._exit(1)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 4096):
+        out += chunk
+    print(out.decode(), end="")
+    os.close(r)
+    os.waitpid(pid, 0)
+run([root + "/e", "spawned"])
+run([root + "/s.sh", "x"])
+os.chdir(root)
+run(["./e", "relative"])
+try:
+    if sys.argv[2] == "passthrough":
+        subprocess.run([root + "/noexec"])
+    else:
+        run([root + "/noexec"])
+except OSError as e:
+    print("noexec", e.errno)
+pid = os.fork()
+if pid == 0:
+    os.execv(root + "/e", ["e", "from fork"])
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+def test_execve_of_programs_and_scripts_on_the_mount(shortfuse, scratch, fs):
+    script = scratch / "ex.py"
+    script.write_text(EXEC)
+    out = same(shortfuse, scratch, lambda root: [sys.executable, str(script), root, fs], fs=fs)
+    assert out == "spawned\nscript says x\nrelative\nnoexec 13\nfrom fork\n"
+
+
+INOTIFY = r"""
+import ctypes, os, struct, sys
+root = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+os.mkdir(root + "/w")
+wd = libc.inotify_add_watch(fd, (root + "/w").encode(), 0x100 | 0x200 | 0x8)  # CREATE|DELETE|CLOSE_WRITE
+print("watch", wd > 0 or ctypes.get_errno())
+with open(root + "/w/a", "w") as f:
+    f.write("x")
+os.unlink(root + "/w/a")
+buf = os.read(fd, 4096) if wd > 0 else b""
+events = []
+while buf:
+    _, mask, _, n = struct.unpack_from("iIII", buf)
+    events.append((hex(mask), buf[16:16 + n].rstrip(b"\0").decode()))
+    buf = buf[16 + n:]
+print(events)
+"""
+
+
+def test_inotify_on_a_passthrough_path_watches_its_source(shortfuse, scratch):
+    script = scratch / "in.py"
+    script.write_text(INOTIFY)
+    out = same(shortfuse, scratch, lambda root: [sys.executable, str(script), root])
+    assert "('0x100', 'a')" in out and "('0x200', 'a')" in out, out
+    # A mount without a source has no kernel object to watch.
+    mp = str(scratch / "m")
+    s = under(shortfuse, [f"{mp}=mem"], [sys.executable, str(script), mp])
+    assert output(s, mp).startswith(f"watch {38}\n"), output(s, mp)

@@ -111,6 +111,7 @@ pub fn is_file_call(nr: i64) -> bool {
             | libc::SYS_execve
             | libc::SYS_execveat
             | libc::SYS_flock
+            | libc::SYS_inotify_add_watch
     )
 }
 
@@ -327,6 +328,18 @@ fn file(fd: i64) -> Option<Arc<OpenFile>> {
     state().fds.get(fd)
 }
 
+/// execve/execveat in a vfork child (posix_spawn, `system`, python's
+/// subprocess): the child runs on a small stack of its own (posix_spawn's is
+/// about 32 KiB, too little for the file system's code), may have closed the
+/// file system's descriptors already, and shares our memory and thread
+/// state. So only the lexical part is done: a path on a passthrough mount
+/// is exec'd from its source (the kernel follows symbolic links there); the
+/// rest goes to the kernel unchanged (a program on a `mem` mount is then not
+/// found: spawn it after a fork instead).
+pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
+    exec::vfork_exec(nr, a)
+}
+
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
     let st = state();
     if let Some(r) = kernel::call(nr, a) {
@@ -507,6 +520,21 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                 // placeholder to answer for a file it does not stand for.
                 _ => Some(err(Errno::EINVAL)),
             }
+        }
+        libc::SYS_inotify_add_watch => {
+            let follow = a[2] as u32 & libc::IN_DONT_FOLLOW == 0;
+            let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 1, false, follow);
+            if t.node.is_none() {
+                return Some(err(Errno::ENOENT));
+            }
+            // Watching the source directory gives the events of a
+            // passthrough mount (names are relative to the watched
+            // directory); a mount without one has no kernel object to watch.
+            let Some(src) = vfs.source() else {
+                return Some(err(Errno::ENOSYS));
+            };
+            let path = exec::backing_path(src, &t.path());
+            Some(raw(nr, a[0], path.as_ptr() as i64, a[2], 0, 0, 0))
         }
         libc::SYS_flock => {
             let f = file(a[0])?;
@@ -1252,10 +1280,11 @@ pub const OWN_FD_FLOOR: i64 = 100;
 /// numbers itself (`exec 3> f` in a shell is `dup2(fd, 3)`, after probing 3
 /// with `fcntl(F_GETFD)`; `closefrom(3)`), which must never be ours.
 ///
-/// For the hook in lib.rs to call for nested calls in place of `sys::raw`
-/// (until it does, only descriptors opened while the mounts are built are
-/// kept high, by `mounts::Fence`).
-#[allow(dead_code)]
+/// The hook in lib.rs calls it for every call it passes on while a call
+/// is served (with the zpoline entry; under Syscall User Dispatch alone the
+/// selector lets such calls reach the kernel directly, and their
+/// descriptors stay where the kernel put them). `mounts::Fence` keeps the
+/// descriptors opened while the mounts are built high.
 pub fn nested(nr: i64, a: [i64; 6]) -> i64 {
     let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
     let creates = match nr {

@@ -49,22 +49,49 @@
 //! stack of its signal frame; exit and exit_group go to the kernel from the
 //! fast path.
 //!
-//! Descriptors of the mount are real kernel descriptor numbers: an O_PATH
-//! open of /dev/null holds each number, so the kernel never hands it out
-//! twice. Calls we do not serve on such a descriptor (mmap, poll, ...) reach
-//! the kernel and fail on the placeholder.
+//! Descriptors of the mount are real kernel descriptor numbers. A regular
+//! file whose file system answered the open with a 1-to-1 data map
+//! (passthrough) gets a kernel descriptor of its backing file: the kernel
+//! then keeps the open file description, so offsets shared across fork,
+//! descriptors kept or closed (O_CLOEXEC) at exec, flock/POSIX/OFD locks,
+//! mmap, sendfile, splice and the dynamic loader all behave as on any file,
+//! among every process of the program tree (the design and why it beats a
+//! table in shared memory: `calls::kernel`). Every other descriptor is a
+//! placeholder (an O_PATH duplicate of a private memfd) standing for an open
+//! file of this process image: reads and writes go to the file system, or
+//! straight to the backing files of a 1-to-M or M-to-1 map (the DataMap
+//! fast path); MAP_PRIVATE maps get a copy of the bytes, MAP_SHARED fails
+//! with ENODEV; locks are taken on a per-node anonymous file
+//! (`OpenFile::lock_fd`); copy_file_range, sendfile and splice copy through
+//! a buffer; FIONREAD is answered. Extended attributes go to the file
+//! system. inotify_add_watch on a passthrough path watches its backing file
+//! or directory (events name entries relative to it, as on the mount); on a
+//! mount without a source it fails with ENOSYS.
 //!
-//! Not yet: handing descriptors and the current directory over `exec` (a
-//! vfork child's file actions on mount descriptors act on the
-//! placeholders); state shared between processes (a `mem` mount is private
-//! to each process image, fork copies it); programs that use clone3 with no
+//! exec: the new image loads the shim again and builds its mounts afresh;
+//! kernel-backed descriptors survive by themselves, descriptors of
+//! passthrough files that are placeholders (the reopen failed) are replaced
+//! by kernel descriptors of their backing files, the current directory
+//! travels in `SHORTFUSE_CWD`, a program on a passthrough mount is exec'd
+//! from its backing file and one on a mount without a source from a memfd
+//! copy. A `mem` mount is private to each process image (fork copies it,
+//! exec starts an empty one): its descriptors, data and locks are not
+//! shared with other processes; sharing them needs the daemon (`shortfuse
+//! serve`). Libraries a program needs at start-up (DT_NEEDED) are loaded by
+//! the dynamic loader before the shim runs: from a mount they are found only
+//! through an `$ORIGIN` run path of a program exec'd from a passthrough
+//! mount; dlopen() later is served.
+//!
+//! Not yet: programs that use clone3 with no
 //! fallback to clone; threads created with CLONE_VM but without their own
 //! TLS (they would share our per-thread state); system-call numbers of 512
 //! and above (x32) in the zpoline path; the top 8 bytes of a red zone, which
 //! the `call *%rax` of a rewritten site overwrites (zpoline's own limit);
 //! loading the shim later than start-up (dlopen): the assembly finds its
 //! per-thread state at a fixed offset from the thread pointer, which only
-//! holds for objects in the static TLS block.
+//! holds for objects in the static TLS block; POSIX locks of a placeholder
+//! descriptor are dropped when the process closes the last descriptor of
+//! that open file, not at the first close of any descriptor of the file.
 
 #![deny(unsafe_code)]
 
@@ -248,6 +275,11 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
     if let Some(r) = serve(nr, a, None) {
         return r;
     }
+    if sys::thread().in_hook.load(Ordering::Relaxed) {
+        // The file system's own call: its descriptors go above the
+        // program's numbers.
+        return calls::nested(nr, a);
+    }
     sys::raw6(nr, a)
 }
 
@@ -264,8 +296,20 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
         return None;
     }
     let t = sys::thread();
-    // A vfork child shares our memory: it must not change our tables.
-    if t.vforked.load(Ordering::Relaxed) != 0 || t.in_hook.load(Ordering::Relaxed) {
+    if t.in_hook.load(Ordering::Relaxed) {
+        return None;
+    }
+    if t.vforked.load(Ordering::Relaxed) != 0 {
+        // A vfork child shares our memory: it must not change our tables.
+        // Its exec of a program on a passthrough mount is mapped to the
+        // source (posix_spawn of a program on the mount); see
+        // `calls::vfork_exec` for why nothing more.
+        if matches!(nr, libc::SYS_execve | libc::SYS_execveat) {
+            if let Some(m) = frame_mask {
+                sud::program_mask(m);
+            }
+            return calls::vfork_exec(nr, a);
+        }
         return None;
     }
     if matches!(nr, libc::SYS_execve | libc::SYS_execveat) {

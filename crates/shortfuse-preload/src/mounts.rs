@@ -61,11 +61,13 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     if spec.fs == "passthrough" {
         // Every process image caches names and attributes of its own, and
         // other processes of the program change the source behind it (make
-        // checks the object a compiler process just wrote): without
-        // notifications, only no caching keeps them coherent. The file
-        // system then answers from the source each time (one fstat for
-        // attributes); `-o attr_timeout=...` etc. still choose otherwise.
-        for t in [&mut run.attr_timeout, &mut run.entry_timeout, &mut run.negative_timeout] {
+        // checks the object a compiler process just wrote, and a name it
+        // found missing before): without notifications, attributes and
+        // negative entries are not cached (the file system answers from the
+        // source, one fstat or lookup). Positive entries keep the default:
+        // a name replaced by another process is seen after entry_timeout.
+        // `-o attr_timeout=...` etc. still choose otherwise.
+        for t in [&mut run.attr_timeout, &mut run.negative_timeout] {
             t.get_or_insert(std::time::Duration::ZERO);
         }
     }

@@ -666,7 +666,8 @@ impl Vfs {
     /// cached and whose attributes are still valid skips the file system's
     /// `open`; the open file then does all its I/O through the map. Not for
     /// creating or truncating opens, O_PATH, or a caller the cached mode
-    /// bits refuse (the check the skipped `open` would have made).
+    /// bits refuse (the check the skipped `open` would have made); writers
+    /// only for 1-to-1 maps.
     fn open_cached(self: &Arc<Vfs>, t: &Target, flags: i32) -> Option<Arc<OpenFile>> {
         let (node, _) = t.node?;
         if flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_PATH | libc::O_DIRECTORY) != 0 || t.trailing_slash {
@@ -683,7 +684,18 @@ impl Vfs {
         if !permits(&attr, self.client().creds(), acc) {
             return None;
         }
-        let map = self.maps()?.cached(node)?;
+        let mut map = self.maps()?.cached(node)?;
+        if let Some(b) = map.whole() {
+            // The cache keeps an O_PATH descriptor: this open gets its own,
+            // with its flags (the kernel checks permission here).
+            let own = crate::maps::reopen(b, flags).ok()?;
+            map.map = Arc::new(shortfuse::DataMap::whole(Arc::new(own)));
+        } else if acc != libc::O_RDONLY {
+            // A write past the end of a 1-to-M or M-to-1 map needs the file
+            // system (it grows the file and hands out a new map): that
+            // takes an open of its own.
+            return None;
+        }
         self.pin(node);
         Some(Arc::new(OpenFile {
             vfs: self.clone(),

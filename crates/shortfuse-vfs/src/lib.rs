@@ -11,8 +11,15 @@
 //! process; [`Ring`] sends them over shared-memory rings to a
 //! `shortfuse serve` daemon shared by every process.
 //!
-//! Not here yet: a page cache and read-ahead (every read and write is a
-//! request), DataMap I/O on backing files, byte-range locks.
+//! Data maps ([`MapTap`], [`MapTable`]): an in-process file system's maps
+//! reach the open files, whose reads and writes then go straight to the
+//! backing files, and a bounded per-node cache of them (seed 004's M-Cache)
+//! lets a re-open skip the file system's `open` while the attributes are
+//! valid. Byte-range and flock locks of open files without a backing file
+//! live on a per-node anonymous kernel file ([`OpenFile::lock_fd`]).
+//!
+//! Not here yet: a page cache and read-ahead (every read and write of an
+//! unmapped file is a request).
 
 #![deny(unsafe_code)]
 

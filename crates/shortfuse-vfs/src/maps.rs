@@ -24,6 +24,8 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -97,7 +99,21 @@ impl MapTable {
                 g.cached.remove(&old);
             }
         }
-        g.cached.insert(node, (map.clone(), tick));
+        // A 1-to-1 map is kept as an O_PATH descriptor: the file system's
+        // own (perhaps writable) one must close with the open (a writer
+        // left open makes exec of the file fail with ETXTBSY, and keeps
+        // the description's flock alive).
+        let keep = match map.as_whole() {
+            Some(b) => match path_only(b) {
+                Some(p) => Arc::new(DataMap::whole(Arc::new(p))),
+                None => {
+                    let generation = *g.generations.entry(node).or_insert(0);
+                    return Some(HeldMap { map, generation });
+                }
+            },
+            None => map.clone(),
+        };
+        g.cached.insert(node, (keep, tick));
         let generation = *g.generations.entry(node).or_insert(0);
         Some(HeldMap { map, generation })
     }
@@ -413,7 +429,102 @@ impl Filesystem for MapTap {
     }
 }
 
+/// An O_PATH descriptor of the same file.
+fn path_only(fd: &OwnedFd) -> Option<OwnedFd> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .ok()
+        .map(OwnedFd::from)
+}
+
+/// A descriptor of the file behind O_PATH descriptor `fd`, opened with the
+/// access mode and status flags of `flags` (the kernel checks permission).
+pub(crate) fn reopen(fd: &OwnedFd, flags: i32) -> Result<OwnedFd, Errno> {
+    let acc = flags & libc::O_ACCMODE;
+    let keep = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
+    std::fs::OpenOptions::new()
+        .read(acc != libc::O_WRONLY)
+        .write(acc != libc::O_RDONLY)
+        .custom_flags(flags & keep | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(OwnedFd::from)
+        .map_err(io_errno)
+}
+
 /// What `Errno` a map I/O error becomes.
 pub(crate) fn io_errno(e: std::io::Error) -> Errno {
     e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole() -> DataMap {
+        DataMap::whole(Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap())))
+    }
+
+    fn split() -> DataMap {
+        let b = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        DataMap {
+            extents: vec![shortfuse::Extent {
+                backing: b,
+                file_offset: 0,
+                backing_offset: 4096,
+                len: 100,
+            }],
+        }
+    }
+
+    #[test]
+    fn maps_are_collected_once_and_cached() {
+        let t = MapTable::new(4);
+        assert!(t.take(NodeId(2), 7).is_none());
+        t.leave(NodeId(2), 7, whole());
+        let held = t.take(NodeId(2), 7).unwrap();
+        assert!(held.whole().is_some());
+        assert!(t.take(NodeId(2), 7).is_none(), "collected twice");
+        assert!(t.cached(NodeId(2)).is_some());
+        assert_eq!(t.counts(), (1, 1));
+        // A release of an open nobody collected drops its map.
+        t.leave(NodeId(3), 8, whole());
+        t.released(NodeId(3), FileHandle(8));
+        assert!(t.take(NodeId(3), 8).is_none());
+    }
+
+    #[test]
+    fn the_least_recently_used_node_leaves_first() {
+        let t = MapTable::new(2);
+        for n in 1..=2 {
+            t.leave(NodeId(n), 1, whole());
+            t.take(NodeId(n), 1);
+        }
+        // Node 1 used again: node 2 is the oldest now.
+        assert!(t.cached(NodeId(1)).is_some());
+        t.leave(NodeId(3), 1, whole());
+        t.take(NodeId(3), 1);
+        assert!(t.cached(NodeId(2)).is_none());
+        assert!(t.cached(NodeId(1)).is_some() && t.cached(NodeId(3)).is_some());
+        assert_eq!(t.counts().0, 2);
+    }
+
+    #[test]
+    fn changes_retire_split_maps_but_not_whole_ones() {
+        let t = MapTable::new(8);
+        t.leave(NodeId(5), 1, split());
+        let held = t.take(NodeId(5), 1).unwrap();
+        assert!(t.current(NodeId(5), held.generation));
+        t.changed(NodeId(5));
+        assert!(!t.current(NodeId(5), held.generation));
+        assert!(t.cached(NodeId(5)).is_none());
+        t.leave(NodeId(6), 1, whole());
+        let w = t.take(NodeId(6), 1).unwrap();
+        t.changed(NodeId(6));
+        assert!(t.current(NodeId(6), w.generation) && t.cached(NodeId(6)).is_some());
+        // A forgotten node's number may come back as another file.
+        t.forgotten(NodeId(6));
+        assert!(!t.current(NodeId(6), w.generation) && t.cached(NodeId(6)).is_none());
+    }
 }

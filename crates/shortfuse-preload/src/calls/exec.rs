@@ -19,7 +19,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 
 use shortfuse::{Errno, FileType};
-use shortfuse_vfs::OpenFile;
+use shortfuse_vfs::{OpenFile, Target, Vfs};
 
 use super::{err, resolve, Resolved, AT_FDCWD};
 use crate::mounts::CWD_VAR;
@@ -28,10 +28,14 @@ use crate::{state, user};
 
 pub fn execve(a: [i64; 6]) -> Option<i64> {
     let path = user::cstr(a[0])?;
-    let (dirfd, prog) = match program(AT_FDCWD, path, true) {
+    let prog = match program(AT_FDCWD, path, true) {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
+    if let Prog::Copy(fd) = prog {
+        return Some(exec_copy(fd, a[1], a[2]));
+    }
+    let (dirfd, prog) = prog.into_path();
     let prog_ptr = prog.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
     hand_over_descriptors();
     let env = environment(a[2]);
@@ -43,6 +47,24 @@ pub fn execve(a: [i64; 6]) -> Option<i64> {
     })
 }
 
+/// Execs the copy of a program held in memfd `fd`; closes it if the exec fails.
+fn exec_copy(fd: i64, argv: i64, envp: i64) -> i64 {
+    hand_over_descriptors();
+    let env = environment(envp);
+    let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    let r = raw(
+        libc::SYS_execveat,
+        fd,
+        c"".as_ptr() as i64,
+        argv,
+        envp,
+        i64::from(libc::AT_EMPTY_PATH),
+        0,
+    );
+    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    r
+}
+
 pub fn execveat(a: [i64; 6]) -> Option<i64> {
     let path = user::cstr(a[1])?;
     let flags = a[4] as i32;
@@ -50,7 +72,8 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
         (a[0], None)
     } else {
         match program(a[0], path, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
-            Ok(p) => p,
+            Ok(Prog::Copy(fd)) => return Some(exec_copy(fd, a[2], a[3])),
+            Ok(p) => p.into_path(),
             Err(e) => return Some(err(e)),
         }
     };
@@ -61,25 +84,153 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
     Some(raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0))
 }
 
-/// The program to exec: `(dirfd, None)` keeps the caller's path,
-/// `(AT_FDCWD, Some(abs))` replaces it (NUL-terminated).
-fn program(dirfd: i64, path: &[u8], follow: bool) -> Result<(i64, Option<Vec<u8>>), Errno> {
-    match resolve(dirfd, path, follow)? {
-        Resolved::Kernel(None) => Ok((dirfd, None)),
-        Resolved::Kernel(Some(p)) => Ok((AT_FDCWD, Some(p))),
-        Resolved::Ours(vfs, t) => {
-            let (_, attr) = t.node.ok_or(Errno::ENOENT)?;
-            if attr.file_type() == FileType::Directory {
-                return Err(Errno::EACCES);
-            }
-            let src = vfs.source().ok_or(Errno::EACCES)?;
-            Ok((AT_FDCWD, Some(backing_path(src, &t.path()))))
+/// The program to exec.
+enum Prog {
+    /// The caller's path, relative to this directory descriptor.
+    Keep(i64),
+    /// This absolute path (NUL-terminated) instead.
+    Path(Vec<u8>),
+    /// A memfd holding a copy of the program (a mount without a source).
+    Copy(i64),
+}
+
+impl Prog {
+    /// `(dirfd, None)` keeps the caller's path, `(AT_FDCWD, Some(abs))`
+    /// replaces it.
+    fn into_path(self) -> (i64, Option<Vec<u8>>) {
+        match self {
+            Prog::Keep(d) => (d, None),
+            Prog::Path(p) => (AT_FDCWD, Some(p)),
+            Prog::Copy(_) => (AT_FDCWD, None),
         }
     }
 }
 
+fn program(dirfd: i64, path: &[u8], follow: bool) -> Result<Prog, Errno> {
+    match resolve(dirfd, path, follow)? {
+        Resolved::Kernel(None) => Ok(Prog::Keep(dirfd)),
+        Resolved::Kernel(Some(p)) => Ok(Prog::Path(p)),
+        Resolved::Ours(vfs, t) => {
+            let (_, attr) = t.node.ok_or(Errno::ENOENT)?;
+            if attr.file_type() != FileType::Regular {
+                return Err(Errno::EACCES);
+            }
+            match vfs.source() {
+                Some(src) => Ok(Prog::Path(backing_path(src, &t.path()))),
+                None => copy_program(&vfs, &t, attr.mode).map(Prog::Copy),
+            }
+        }
+    }
+}
+
+/// See `calls::vfork_exec`.
+pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let (dirfd, i) = if nr == libc::SYS_execve {
+        (AT_FDCWD, 0)
+    } else {
+        (a[0], 1)
+    };
+    let Prog::Path(p) = lexical(dirfd, user::cstr(a[i])?)? else {
+        return None;
+    };
+    let envp = if nr == libc::SYS_execve { a[2] } else { a[3] };
+    let env = environment(envp);
+    let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
+    let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
+    Some(raw(
+        libc::SYS_execveat,
+        AT_FDCWD,
+        p.as_ptr() as i64,
+        argv,
+        envp,
+        flags,
+        0,
+    ))
+}
+
+/// The path on a passthrough mount mapped to its source lexically.
+fn lexical(dirfd: i64, path: &[u8]) -> Option<Prog> {
+    let st = state();
+    let mut abs = if path.starts_with(b"/") {
+        Vec::new()
+    } else if dirfd as i32 == libc::AT_FDCWD {
+        match st.cwd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some((vfs, loc)) => vfs.host_path(loc),
+            None => st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    } else {
+        return None;
+    };
+    abs.push(b'/');
+    abs.extend_from_slice(path);
+    let abs = shortfuse_vfs::normalize(&abs);
+    let (vfs, rest) = super::mount_of(&abs)?;
+    let src = vfs.source()?;
+    let rest = if rest.is_empty() { b"/".to_vec() } else { rest };
+    Some(Prog::Path(backing_path(src, &rest)))
+}
+
+/// A memfd with the bytes of a program on a mount without a backing file,
+/// for the kernel to exec. Its mode carries the file's permission bits, so
+/// the kernel's own execute check applies. ELF programs get a close-on-exec
+/// memfd; a script must not (the kernel hands its interpreter
+/// `/dev/fd/N`, which the interpreter opens after the exec), and so keeps
+/// that descriptor open in the new image.
+fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
+    let f = vfs.open(t, libc::O_RDONLY, 0)?;
+    let mut head = [0u8; 4];
+    let n = f.pread(&mut head, 0)?;
+    let elf = n == 4 && head == *b"\x7fELF";
+    let flags = if elf { libc::MFD_CLOEXEC } else { 0 };
+    let fd = raw(
+        libc::SYS_memfd_create,
+        c"shortfuse-exec".as_ptr() as i64,
+        i64::from(flags),
+        0,
+        0,
+        0,
+        0,
+    );
+    if fd < 0 {
+        return Err(Errno::from_raw(-fd as i32));
+    }
+    let fail = |e: Errno| {
+        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        Err(e)
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    loop {
+        let got = match f.pread(&mut buf, off) {
+            Ok(0) => break,
+            Ok(g) => g,
+            Err(e) => return fail(e),
+        };
+        let mut done = 0;
+        while done < got {
+            let w = raw(
+                libc::SYS_pwrite64,
+                fd,
+                buf[done..].as_ptr() as i64,
+                (got - done) as i64,
+                (off + done as u64) as i64,
+                0,
+                0,
+            );
+            if w <= 0 {
+                return fail(Errno::EIO);
+            }
+            done += w as usize;
+        }
+        off += got as u64;
+    }
+    raw(libc::SYS_fchmod, fd, i64::from(mode & 0o7777), 0, 0, 0, 0);
+    Ok(fd)
+}
+
 /// `src` + `rel` (which starts with '/'), NUL-terminated.
-fn backing_path(src: &[u8], rel: &[u8]) -> Vec<u8> {
+pub(super) fn backing_path(src: &[u8], rel: &[u8]) -> Vec<u8> {
     let mut p = src.to_vec();
     if rel != b"/" {
         if p.ends_with(b"/") {

@@ -7,8 +7,10 @@
 //! When a file system answers an open with a 1-to-1 data map (passthrough
 //! does for every regular file; `stripe` with one directory), the program's
 //! descriptor is not a placeholder but a kernel descriptor of the backing
-//! file, reopened through `/proc/self/fd` with the program's flags (each
-//! open its own open file description, as natively). The kernel then holds the open file description, so
+//! file: the map's descriptor duplicated when it has the program's status
+//! flags (it belongs to this open alone), else reopened through
+//! `/proc/self/fd` with the program's flags; each open has its own open
+//! file description, as natively. The kernel then holds the open file description, so
 //! everything POSIX ties to it holds across processes with no state of ours:
 //!
 //! - fork shares offsets and status flags between parent and child, exec
@@ -152,6 +154,9 @@ pub fn fresh_statx(f: &Arc<OpenFile>, fd: i64) -> Result<libc::statx, Errno> {
     Ok(to_statx(&attr, f.vfs().dev()))
 }
 
+/// Status flags that make two open file descriptions behave alike.
+const SAME_FLAGS: i32 = libc::O_ACCMODE | libc::O_APPEND | libc::O_DIRECT | libc::O_SYNC | libc::O_NOATIME;
+
 /// A kernel descriptor of the 1-to-1 backing file of `f` for a program's
 /// open with `flags`, or a negated errno (the caller then keeps a
 /// placeholder). `cloexec` as the open asked.
@@ -160,9 +165,14 @@ pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
         return err(Errno::ENODEV);
     };
     let b = std::os::fd::AsRawFd::as_raw_fd(&**backing) as i64;
-    // Never a duplicate of the file system's descriptor, even with the
-    // same flags: the M-Cache keeps that one open after the release, and
-    // with it any flock the program took (and its offset would be shared).
+    // The map's descriptor belongs to this open alone (the M-Cache keeps
+    // an O_PATH one of its own) and closes with it: when its flags are
+    // the program's, its description can be the program's.
+    let have = raw(libc::SYS_fcntl, b, i64::from(libc::F_GETFL), 0, 0, 0, 0);
+    if have >= 0 && have as i32 & SAME_FLAGS == flags & SAME_FLAGS {
+        let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+        return raw(libc::SYS_fcntl, b, i64::from(cmd), 0, 0, 0, 0);
+    }
     let link = super::with_nul(format!("/proc/self/fd/{b}").into_bytes());
     // Creation and truncation were done by the open; O_NOFOLLOW would
     // refuse the magic link itself.
