@@ -184,6 +184,21 @@ def test_two_programs_see_each_others_changes_at_once(shortfuse, scratch):
         assert b("write", f"{mp}/g", "a", "three")["ok"]
         a = under(shortfuse, mp, ["cat", f"{mp}/g"])
         assert a.stdout == b"onetwothree", a.stderr.decode()
+        # A forked child shares its parent's connection: each still sees the
+        # other's changes.
+        fork = (
+            "import os, sys\n"
+            f"p = '{mp}/g'\n"
+            "before = os.stat(p).st_size\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    open(p, 'a').write('four')\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print(before, os.stat(p).st_size)\n"
+        )
+        a = under(shortfuse, mp, [sys.executable, "-c", fork])
+        assert a.stdout == b"11 15\n", a.stderr.decode()
         assert d.count("INIT") >= 4
     finally:
         b.close()
@@ -223,6 +238,16 @@ def test_a_kernel_mount_of_the_daemon_sees_the_same_files(shortfuse, scratch):
     assert not mp.is_mount()
 
 
+def stopped(pid: int):
+    """Waits until every thread of `pid` has stopped (SIGSTOP reaches each
+    thread on its own; a spinning worker could still serve meanwhile)."""
+    deadline = time.monotonic() + 10
+    tasks = Path(f"/proc/{pid}/task")
+    while not all((t / "stat").read_text().split(") ")[1][0] == "T" for t in tasks.iterdir()):
+        assert time.monotonic() < deadline, "the daemon did not stop"
+        time.sleep(0.01)
+
+
 def test_kill_9_of_the_daemon_fails_a_blocked_read_with_enotconn(shortfuse, scratch):
     mp = scratch / "mnt"
     d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
@@ -234,6 +259,7 @@ def test_kill_9_of_the_daemon_fails_a_blocked_read_with_enotconn(shortfuse, scra
         assert b("open", f"{mp}/f")["ok"]
         # The daemon stops answering: the read waits (spins, then sleeps).
         d.proc.send_signal(signal.SIGSTOP)
+        stopped(d.proc.pid)
         b.send("pread", f"{mp}/f")
         time.sleep(0.5)
         assert b.proc.poll() is None

@@ -22,7 +22,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use shortfuse::Errno;
@@ -48,6 +48,16 @@ pub enum Notice<'a> {
     All,
 }
 
+/// This process's id, stamped on every request so that a process forked
+/// from a client (sharing its connection) hears of the other's changes:
+/// refreshed in the child by a `pthread_atfork` handler, read without a
+/// system call on the request path.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn refresh_pid() {
+    PID.store(sys::getpid(), Ordering::Relaxed);
+}
+
 /// A connection to a daemon's rings.
 pub struct RingClient {
     region: Region,
@@ -55,6 +65,9 @@ pub struct RingClient {
     sock: OwnedFd,
     spin: Duration,
     dead: AtomicBool,
+    /// Next notification record to read, and overflows seen (see `notices`).
+    notify_head: AtomicU32,
+    overflows: AtomicU32,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -73,6 +86,9 @@ impl RingClient {
                 format!("no shortfuse daemon serves rings at {} ({e})", path.display()),
             )
         })?;
+        static ATFORK: std::sync::Once = std::sync::Once::new();
+        ATFORK.call_once(|| sys::at_fork_child(refresh_pid));
+        refresh_pid();
         let pid = std::process::id();
         sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
         let mut buf = [0u8; 512];
@@ -111,6 +127,8 @@ impl RingClient {
             sock,
             spin,
             dead: AtomicBool::new(false),
+            notify_head: AtomicU32::new(0),
+            overflows: AtomicU32::new(0),
         })
     }
 
@@ -187,6 +205,9 @@ impl RingClient {
         let len = self.region.u32_at(off + 4);
         self.region.write(off + SLOT_HEADER, request);
         len.store(request.len() as u32, Ordering::Relaxed);
+        self.region
+            .u32_at(off + 8)
+            .store(PID.load(Ordering::Relaxed), Ordering::Relaxed);
         state.store(slot::SUBMITTED, Ordering::Relaxed);
         let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
         self.region
@@ -250,35 +271,51 @@ impl RingClient {
             return;
         }
         let g = &self.geo;
-        let tail = self.region.u32_at(g.notify_tail_off()).load(Ordering::Acquire);
-        let head_word = self.region.u32_at(g.notify_head_off());
-        let mut head = head_word.load(Ordering::Relaxed);
-        let overflow = self.region.u32_at(g.notify_overflow_off());
-        if head == tail && overflow.load(Ordering::Relaxed) == 0 {
+        let tail_word = self.region.u32_at(g.notify_tail_off());
+        let tail = tail_word.load(Ordering::Acquire);
+        let overflows = self.region.u32_at(g.notify_overflow_off()).load(Ordering::Acquire);
+        // Our position is this process's (a forked child starts from its
+        // parent's): processes sharing the connection each read every record.
+        let head = self.notify_head.swap(tail, Ordering::Relaxed);
+        let seen = self.overflows.swap(overflows, Ordering::Relaxed);
+        if head == tail && overflows == seen {
             return;
         }
-        if overflow.swap(0, Ordering::AcqRel) != 0 || tail.wrapping_sub(head) > g.records {
+        let head_word = self.region.u32_at(g.notify_head_off());
+        if overflows != seen || tail.wrapping_sub(head) > g.records {
             f(Notice::All);
             head_word.store(tail, Ordering::Release);
             return;
         }
         let mut rec = [0u8; RECORD];
-        while head != tail {
-            self.region.read(g.record_off(head), &mut rec);
+        let me = PID.load(Ordering::Relaxed);
+        let mut pos = head;
+        while pos != tail {
+            self.region.read(g.record_off(pos), &mut rec);
             match parse_record(&rec) {
-                Some(n) => f(n),
+                // Our own change: the VFS made its cache right already.
+                Some((origin, _)) if origin == me => {}
+                Some((_, n)) => f(n),
                 None => f(Notice::All),
             }
-            head = head.wrapping_add(1);
+            pos = pos.wrapping_add(1);
         }
-        head_word.store(head, Ordering::Release);
+        // The daemon paces itself on the head we publish; another process
+        // of this connection may be behind us, and what the daemon wrote over
+        // while it read is lost to it: then it forgets everything.
+        if tail_word.load(Ordering::Acquire).wrapping_sub(head) > g.records {
+            f(Notice::All);
+        }
+        head_word.store(tail, Ordering::Release);
     }
 }
 
-/// Decodes one notification record: `u32` length, 4 bytes of padding, then
-/// the FUSE message. `None` for anything malformed.
-pub(crate) fn parse_record(rec: &[u8]) -> Option<Notice<'_>> {
+/// Decodes one notification record: `u32` length, `u32` pid of the process
+/// whose request made the change (0: another connection's or the kernel's),
+/// then the FUSE message. `None` for anything malformed.
+pub(crate) fn parse_record(rec: &[u8]) -> Option<(u32, Notice<'_>)> {
     let len = u32::from_ne_bytes(rec.get(..4)?.try_into().ok()?) as usize;
+    let origin = u32::from_ne_bytes(rec.get(4..8)?.try_into().ok()?);
     let msg = rec.get(8..8usize.checked_add(len)?)?;
     let (h, body) = abi::fuse_out_header::read_from_prefix(msg).ok()?;
     if h.unique != 0 || h.len as usize != msg.len() {
@@ -287,12 +324,12 @@ pub(crate) fn parse_record(rec: &[u8]) -> Option<Notice<'_>> {
     match h.error as u32 {
         abi::FUSE_NOTIFY_INVAL_INODE => {
             let (n, _) = abi::fuse_notify_inval_inode_out::read_from_prefix(body).ok()?;
-            Some(Notice::Inode(n.ino))
+            Some((origin, Notice::Inode(n.ino)))
         }
         abi::FUSE_NOTIFY_INVAL_ENTRY => {
             let (n, rest) = abi::fuse_notify_inval_entry_out::read_from_prefix(body).ok()?;
             let name = rest.get(..n.namelen as usize)?;
-            Some(Notice::Entry { parent: n.parent, name })
+            Some((origin, Notice::Entry { parent: n.parent, name }))
         }
         _ => None,
     }
@@ -300,7 +337,7 @@ pub(crate) fn parse_record(rec: &[u8]) -> Option<Notice<'_>> {
 
 /// Encodes a notification record into `rec` (cleared first); false when
 /// the message does not fit a record (a name longer than NAME_MAX).
-pub(crate) fn encode_record(rec: &mut Vec<u8>, notice: Notice<'_>) -> bool {
+pub(crate) fn encode_record(rec: &mut Vec<u8>, origin: u32, notice: Notice<'_>) -> bool {
     rec.clear();
     rec.extend_from_slice(&[0; 8]);
     let hdr = std::mem::size_of::<abi::fuse_out_header>();
@@ -336,6 +373,7 @@ pub(crate) fn encode_record(rec: &mut Vec<u8>, notice: Notice<'_>) -> bool {
     h.len = msg_len as u32;
     rec[8..8 + hdr].copy_from_slice(h.as_bytes());
     rec[..4].copy_from_slice(&(msg_len as u32).to_ne_bytes());
+    rec[4..8].copy_from_slice(&origin.to_ne_bytes());
     true
 }
 
@@ -346,11 +384,12 @@ mod tests {
     #[test]
     fn records_round_trip_and_garbage_is_refused() {
         let mut rec = Vec::new();
-        assert!(encode_record(&mut rec, Notice::Inode(7)));
+        assert!(encode_record(&mut rec, 42, Notice::Inode(7)));
         rec.resize(RECORD, 0);
-        assert_eq!(parse_record(&rec), Some(Notice::Inode(7)));
+        assert_eq!(parse_record(&rec), Some((42, Notice::Inode(7))));
         assert!(encode_record(
             &mut rec,
+            0,
             Notice::Entry {
                 parent: 1,
                 name: b"abc"
@@ -359,13 +398,17 @@ mod tests {
         rec.resize(RECORD, 0);
         assert_eq!(
             parse_record(&rec),
-            Some(Notice::Entry {
-                parent: 1,
-                name: b"abc"
-            })
+            Some((
+                0,
+                Notice::Entry {
+                    parent: 1,
+                    name: b"abc"
+                }
+            ))
         );
         assert!(!encode_record(
             &mut rec,
+            0,
             Notice::Entry {
                 parent: 1,
                 name: &[b'x'; 600]

@@ -3,7 +3,7 @@
 //! ```text
 //! page 0                header: magic, version, geometry, spin budget, daemon state
 //! page 1 + q            queue q: doorbell (futex), producer tail, entries[slots]
-//! then, per slot        state (futex), length, data (request, then reply)
+//! then, per slot        state (futex), length, sender's pid, data (request, then reply)
 //! then                  notification ring: head, tail, overflow; then records
 //! ```
 //!

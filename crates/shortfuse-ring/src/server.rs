@@ -241,7 +241,7 @@ pub struct Announcer(Arc<Shared>);
 impl Announcer {
     pub fn notify_all(&self, notice: Notice<'_>) {
         for c in lock(&self.0.clients).iter() {
-            c.push_notice(notice);
+            c.push_notice(0, notice);
         }
     }
 }
@@ -414,7 +414,8 @@ impl Conn {
         if (std::mem::size_of::<abi::fuse_in_header>()..=self.geo.slot_data as usize).contains(&len) {
             req.resize(len, 0);
             self.region.read(off + SLOT_HEADER, req);
-            self.dispatch(shared, req, reply);
+            let pid = self.region.u32_at(off + 8).load(Ordering::Relaxed);
+            self.dispatch(shared, req, reply, pid);
         }
         if reply.len() > self.geo.slot_data as usize {
             let unique = abi::parse_header(req).map_or(0, |h| h.unique);
@@ -427,7 +428,9 @@ impl Conn {
         }
     }
 
-    fn dispatch(&self, shared: &Shared, req: &[u8], reply: &mut Vec<u8>) {
+    /// Serves one request; `pid` is the process the client says sent it
+    /// (only used to spare it the notifications of its own changes).
+    fn dispatch(&self, shared: &Shared, req: &[u8], reply: &mut Vec<u8>, pid: u32) {
         let Ok(h) = abi::parse_header(req) else {
             return;
         };
@@ -449,7 +452,7 @@ impl Conn {
         };
         self.track(&parsed, ok, reply);
         if ok {
-            changes(&parsed, |n| shared.announce(self.id, n));
+            changes(&parsed, |n| shared.announce(self.id, pid, n));
         }
     }
 
@@ -544,16 +547,18 @@ impl Conn {
     }
 
     /// Appends one notification to this client's ring; when the ring is
-    /// full (or the message too long) sets the overflow flag instead, which
+    /// full (or the message too long) counts an overflow instead, which
     /// makes the client forget its whole cache.
-    fn push_notice(&self, notice: Notice<'_>) {
+    fn push_notice(&self, origin: u32, notice: Notice<'_>) {
         let g = &self.geo;
         let mut n = lock(&self.notify);
         let NotifyTail { tail, rec } = &mut *n;
         // The head is the client's: if it is garbage, so is its cache.
         let head = self.region.u32_at(g.notify_head_off()).load(Ordering::Acquire);
-        if tail.wrapping_sub(head) >= g.records || !encode_record(rec, notice) {
-            self.region.u32_at(g.notify_overflow_off()).store(1, Ordering::Release);
+        if tail.wrapping_sub(head) >= g.records || !encode_record(rec, origin, notice) {
+            self.region
+                .u32_at(g.notify_overflow_off())
+                .fetch_add(1, Ordering::AcqRel);
             return;
         }
         self.region.write(g.record_off(*tail), rec);
@@ -574,12 +579,12 @@ impl Track {
 }
 
 impl Shared {
-    /// Tells every client but `from` about a change.
-    fn announce(&self, from: u64, notice: Notice<'_>) {
+    /// Tells every client about a change made through connection `from` by
+    /// process `pid`. The connection itself is told too, for the processes
+    /// forked from its owner that share it: each skips its own changes.
+    fn announce(&self, from: u64, pid: u32, notice: Notice<'_>) {
         for c in lock(&self.clients).iter() {
-            if c.id != from {
-                c.push_notice(notice);
-            }
+            c.push_notice(if c.id == from { pid } else { 0 }, notice);
         }
     }
 }

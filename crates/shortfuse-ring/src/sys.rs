@@ -74,6 +74,17 @@ pub fn futex_wake(word: &AtomicU32, n: i32) {
     );
 }
 
+pub fn getpid() -> u32 {
+    raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32
+}
+
+/// Registers `child` to run in the child of every fork(3).
+pub fn at_fork_child(child: extern "C" fn()) {
+    // SAFETY: a plain registration; `child` is async-signal-safe (one raw
+    // system call and an atomic store).
+    unsafe { libc::pthread_atfork(None, None, Some(child)) };
+}
+
 pub fn sched_yield() {
     raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
 }
