@@ -17,6 +17,9 @@
 //! - `zpoline`: the rewrite alone (code loaded later bypasses the mount).
 //! - `sud`: Syscall User Dispatch alone: every system call pays a signal.
 //!
+//! `SHORTFUSE_MAPS=off` leaves the file systems' data maps unused (every
+//! read and write a request; for measuring what the maps are worth).
+//!
 //! The hook sends every call that is not a file call straight to the kernel
 //! (in the zpoline path without leaving the assembly entry). File calls on
 //! mount paths and mount descriptors are served by the VFS; others go to the

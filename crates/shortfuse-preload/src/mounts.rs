@@ -12,6 +12,9 @@ use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, Vfs, Walk, Walk
 
 use crate::{sys, State};
 
+/// `SHORTFUSE_MAPS=off`: the file systems' data maps are not used.
+pub const MAPS_VAR: &str = "SHORTFUSE_MAPS";
+
 /// The environment variable naming the current directory inside a mount
 /// when the exec'ing image was in one.
 pub const CWD_VAR: &str = "SHORTFUSE_CWD";
@@ -88,12 +91,24 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
             0,
         );
     }
-    // The maps the file system returns reach the VFS (DataMap fast path, M-Cache).
-    let (fs, maps) = MapTap::wrap(fs?, MCACHE_NODES);
+    // The maps the file system returns reach the VFS (DataMap fast path,
+    // M-Cache, kernel-backed descriptors), unless SHORTFUSE_MAPS=off asks
+    // for every read and write to go to the file system (to measure what
+    // the maps are worth; fork, exec, locks and shared maps then fall back
+    // to what placeholders can do).
+    let fs = fs?;
+    let (fs, maps) = if std::env::var_os(MAPS_VAR).is_some_and(|v| v == "off") {
+        (fs, None)
+    } else {
+        let (fs, maps) = MapTap::wrap(fs, MCACHE_NODES);
+        (fs, Some(maps))
+    };
     let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
-    vfs.set_maps(maps);
+    if let Some(maps) = maps {
+        vfs.set_maps(maps);
+    }
     vfs.set_umask(umask);
     vfs.set_read_only(run.ro);
     if spec.fs == "passthrough" {
