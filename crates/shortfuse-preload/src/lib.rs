@@ -71,6 +71,12 @@
 //! or directory (events name entries relative to it, as on the mount); on a
 //! mount without a source it fails with ENOSYS.
 //!
+//! Process exit (Prefuse's open problem, with memory maps): nothing is lost,
+//! since no data waits in user space: writes reach the file system or the
+//! backing files before the call returns, and shared maps are the kernel's
+//! maps of backing files. Files still open at exit get no FLUSH or RELEASE
+//! (the in-process file system ends with the process).
+//!
 //! exec: the new image loads the shim again and builds its mounts afresh;
 //! kernel-backed descriptors survive by themselves, descriptors of
 //! passthrough files that are placeholders (the reopen failed) are replaced
