@@ -37,13 +37,13 @@ pub const ROWS: &[(Pattern, usize, bool, &str)] = &[
 pub const FILESERVER_THREADS: &[usize] = &[1, 2, 4, 8];
 
 fn stream_size(scale: Scale) -> u64 {
-    scale.pick(16 << 20, 512 << 20, 8 << 30)
+    scale.pick(16 << 20, 32 << 20, 8 << 30)
 }
 
 fn fileserver_time(scale: Scale) -> Duration {
     scale.pick(
         Duration::from_millis(100),
-        Duration::from_secs(2),
+        Duration::from_millis(150),
         Duration::from_secs(20),
     )
 }

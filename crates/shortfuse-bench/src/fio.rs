@@ -14,12 +14,12 @@ use crate::cleanup;
 use crate::report::Figure;
 use crate::scale::Scale;
 
-/// numjobs per scale: each fio run costs about 0.3 s of its own start-up
-/// besides the capped time, so the quick scale (`make demo`, two minutes for
-/// latency and fio on eight configurations) keeps under-, fully and
-/// over-subscribed points of this 2-core machine and drops 4.
+/// numjobs per scale: each fio run costs 0.3-0.8 s of start-up and cache
+/// drops besides the capped phases, so the quick scale (every suite in two
+/// minutes) keeps one under- and one over-subscribed point of this 2-core
+/// machine.
 pub fn threads(scale: Scale) -> &'static [usize] {
-    scale.pick(&[1, 2], &[1, 2, 8], &[1, 2, 4, 8])
+    scale.pick(&[1, 2], &[1, 4], &[1, 2, 4, 8])
 }
 
 struct Sizes {
@@ -31,13 +31,12 @@ struct Sizes {
 
 fn sizes(scale: Scale) -> Sizes {
     Sizes {
-        // Quick: `make demo` runs latency and fio on eight configurations
-        // in under two minutes on a shared 2-core machine, where fio's own
-        // start-up and the cache drops take about as long as the capped runs.
+        // Quick: fio's own start-up and the cache drops take about as long
+        // as the capped runs on a 2-core machine.
         total: scale.pick(8 << 20, 32 << 20, 4 << 30),
         runtime: scale.pick(
             Duration::from_millis(100),
-            Duration::from_millis(150),
+            Duration::from_millis(100),
             Duration::from_secs(20),
         ),
     }

@@ -32,11 +32,11 @@ impl Sizes {
         scale.pick(Sizes::tiny(), Sizes::quick(), Sizes::full())
     }
     pub fn quick() -> Sizes {
-        // Sized with fio's quick scale for `make demo`'s two minutes.
+        // Every suite together runs in two minutes at the quick scale.
         Sizes {
-            meta_ops: 2_000,
-            data_ops: 10_000,
-            seq_mib: 64,
+            meta_ops: 1_000,
+            data_ops: 5_000,
+            seq_mib: 32,
         }
     }
     pub fn full() -> Sizes {

@@ -30,12 +30,12 @@ fn sizes(scale: Scale) -> Sizes {
     Sizes {
         duration: scale.pick(
             Duration::from_millis(60),
-            Duration::from_millis(500),
+            Duration::from_millis(60),
             Duration::from_secs(5),
         ),
-        stock: scale.pick(200, 2_000, 50_000),
-        dir_entries: scale.pick(20, 100, 1000),
-        tree_depth: scale.pick(2, 3, 5),
+        stock: scale.pick(200, 200, 50_000),
+        dir_entries: scale.pick(20, 30, 1000),
+        tree_depth: scale.pick(2, 2, 5),
     }
 }
 

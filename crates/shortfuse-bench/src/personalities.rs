@@ -53,7 +53,7 @@ impl Persona {
         [
             Persona {
                 kind: Kind::Fileserver,
-                files: scale.pick(64, 1000, 10_000),
+                files: scale.pick(64, 200, 10_000),
                 width: 20,
                 mean_size: 128.0 * 1024.0,
                 prealloc: 0.8,
@@ -61,7 +61,7 @@ impl Persona {
             },
             Persona {
                 kind: Kind::Webserver,
-                files: scale.pick(64, 500, 1000),
+                files: scale.pick(64, 100, 1000),
                 width: 20,
                 mean_size: 16.0 * 1024.0,
                 prealloc: 1.0,
@@ -69,7 +69,7 @@ impl Persona {
             },
             Persona {
                 kind: Kind::Varmail,
-                files: scale.pick(64, 500, 1000),
+                files: scale.pick(64, 100, 1000),
                 width: 0,
                 mean_size: 16.0 * 1024.0,
                 prealloc: 0.8,
@@ -368,7 +368,7 @@ pub fn suite(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Re
 pub fn duration(scale: Scale) -> Duration {
     scale.pick(
         Duration::from_millis(200),
-        Duration::from_secs(3),
+        Duration::from_millis(300),
         Duration::from_secs(30),
     )
 }

@@ -7,8 +7,9 @@ use serde::Serialize;
 pub enum Scale {
     /// About a second per suite per configuration, for the test suite.
     Tiny,
-    /// `--quick`: `latency` and `fio` together finish in under two minutes
-    /// on every default configuration.
+    /// `--quick`: every suite on its default configurations finishes in
+    /// under two minutes; about a second per workload and configuration,
+    /// more for `latency` and `fio` (`make demo`).
     Quick,
     /// Seeds' workloads scaled to this machine (2 cores, one virtual disk).
     Full,

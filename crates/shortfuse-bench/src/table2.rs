@@ -26,14 +26,14 @@ pub struct Sizes {
 impl Sizes {
     pub fn of(scale: Scale) -> Sizes {
         Sizes {
-            file: scale.pick(8 << 20, 256 << 20, 4 << 30),
+            file: scale.pick(8 << 20, 16 << 20, 4 << 30),
             row: scale.pick(
                 Duration::from_millis(15),
-                Duration::from_millis(500),
+                Duration::from_millis(25),
                 Duration::from_secs(10),
             ),
-            small_files: scale.pick(100, 5_000, 200_000),
-            width: scale.pick(20, 100, 1000),
+            small_files: scale.pick(100, 300, 200_000),
+            width: scale.pick(20, 30, 1000),
         }
     }
 }

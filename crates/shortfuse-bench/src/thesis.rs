@@ -22,11 +22,11 @@ const STEP: u64 = 1024;
 const SIZE: usize = 1 << 20;
 
 fn file_size(scale: Scale) -> u64 {
-    scale.pick(8 << 20, 128 << 20, 1 << 30)
+    scale.pick(8 << 20, 16 << 20, 1 << 30)
 }
 
 fn repeats(scale: Scale) -> usize {
-    scale.pick(3, 20, 100)
+    scale.pick(3, 5, 100)
 }
 
 pub fn describe(scale: Scale) -> String {

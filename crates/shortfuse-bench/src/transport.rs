@@ -40,14 +40,14 @@ struct Sizes {
 
 fn sizes(scale: Scale) -> Sizes {
     Sizes {
-        empty_ops: scale.pick(200, 5_000, 50_000),
-        file: scale.pick(8 << 20, 128 << 20, 1 << 30),
+        empty_ops: scale.pick(200, 2_000, 50_000),
+        file: scale.pick(8 << 20, 32 << 20, 1 << 30),
         row: scale.pick(
             Duration::from_millis(20),
-            Duration::from_millis(400),
+            Duration::from_millis(100),
             Duration::from_secs(5),
         ),
-        max_creates: scale.pick(200, 20_000, 200_000),
+        max_creates: scale.pick(200, 2_000, 200_000),
     }
 }
 
