@@ -699,10 +699,16 @@ fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8
     }
 }
 
+/// How long an idle worker sleeps before it looks for a stalled queue.
+const HOLE_WAIT: Duration = Duration::from_millis(500);
+
 /// One queue's worker: take, serve, and when the queue stays empty for the
 /// spin budget, sleep on the queue's doorbell until a client rings it.
 fn worker(shared: &Shared, conn: &Conn, q: usize) {
     let mut head = 0u32;
+    // Sleeps in a row that ended with nothing at `head` while the client's
+    // tail says something was reserved there.
+    let mut stalls = 0u32;
     let mut req = Vec::with_capacity(conn.geo.slot_data as usize);
     let mut reply = Vec::with_capacity(conn.geo.slot_data as usize);
     let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
@@ -711,6 +717,7 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
             return;
         }
         if let Some(i) = conn.take(q, &mut head) {
+            stalls = 0;
             if let Some(i) = i {
                 conn.serve(shared, q, i, &mut req, &mut reply);
             }
@@ -728,6 +735,19 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
         }
         // A client that keeps the word away from 1 only makes its own
         // worker poll.
-        sys::futex_wait(bell, 1, None);
+        sys::futex_wait(bell, 1, Some(HOLE_WAIT));
+        if conn.has_work(q, head) {
+            continue;
+        }
+        // A process that shares the connection (forked from the client) and
+        // died between reserving a position and publishing its slot there
+        // would stall the queue for everyone else: skip a position that
+        // stays empty for two sleeps while later ones were reserved.
+        let tail = conn.region.u32_at(conn.geo.tail_off(q)).load(Ordering::Relaxed);
+        stalls = if tail != head { stalls + 1 } else { 0 };
+        if stalls >= 2 {
+            head = head.wrapping_add(1);
+            stalls = 0;
+        }
     }
 }

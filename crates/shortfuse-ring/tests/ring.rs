@@ -413,3 +413,71 @@ fn garbage_in_a_clients_ring_harms_nobody_else() {
     wait_for("the garbage client's departure", || s.clients() == 1);
     assert_eq!(read(&good, node, fh, 100), b"private");
 }
+
+#[test]
+fn a_position_reserved_and_never_published_is_skipped() {
+    let path = scratch("hole");
+    let (_s, _) = server(&path);
+    let good = RingClient::connect(&path).unwrap();
+    init(&good);
+    // Another connection, whose region this test writes itself: a process
+    // of it reserved a position and died before it published a slot there.
+    let (sock, memfd, g) = raw_client(&path);
+    // SAFETY: a fresh shared mapping of the raw client's region, unmapped below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            g.bytes(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        )
+    } as *mut u8;
+    assert!(base as isize != -1);
+    let word = |off: usize| {
+        // SAFETY: `off` is inside the mapping and 4-aligned.
+        unsafe { &*(base.add(off) as *const AtomicU32) }
+    };
+    // Reserve position 0 of queue 0 and never publish it; then submit a
+    // real request (INIT) at position 1.
+    let q = 0;
+    assert_eq!(word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed), 0);
+    let off = g.slot_off(q, 1);
+    let req = request(
+        abi::FUSE_INIT,
+        0,
+        abi::fuse_init_in {
+            major: abi::FUSE_KERNEL_VERSION,
+            minor: abi::FUSE_KERNEL_MINOR_VERSION,
+            max_readahead: 0,
+            flags: 0,
+            flags2: 0,
+            unused: [0; 11],
+        }
+        .as_bytes(),
+        &[],
+    );
+    for (k, chunk) in req.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        word(off + region::SLOT_HEADER + 4 * k).store(u32::from_ne_bytes(w), Ordering::Relaxed);
+    }
+    word(off + 4).store(req.len() as u32, Ordering::Relaxed);
+    word(off).store(slot::SUBMITTED, Ordering::Release);
+    let pos = word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed);
+    word(g.entry_off(q, pos)).store(1, Ordering::Release);
+    word(g.doorbell_off(q)).store(0, Ordering::SeqCst);
+    // SAFETY: a futex wake on a word of the mapping.
+    unsafe { libc::syscall(libc::SYS_futex, word(g.doorbell_off(q)).as_ptr(), libc::FUTEX_WAKE, 1) };
+    wait_for("the request behind the hole", || {
+        word(off).load(Ordering::Acquire) == slot::DONE
+    });
+    assert!(word(off + 4).load(Ordering::Relaxed) > 16);
+    // SAFETY: the mapping is not used after this.
+    unsafe { libc::munmap(base.cast(), g.bytes()) };
+    drop(sock);
+    // The well-behaved client was served throughout.
+    let (err, _) = call(&good, &request(abi::FUSE_GETATTR, 1, &[0; 16], &[])).unwrap();
+    assert_eq!(err, 0);
+}
