@@ -383,3 +383,22 @@ def test_posix_scenario_over_the_ring(shortfuse, scratch, posix_daemon, name):
     got = test_run.observe([str(shortfuse), "run", "-m", str(posix_daemon.mp), "--", *argv, root], root)
     diff = test_posix.compare([tuple(o) for o in want], [tuple(o) for o in got])
     assert diff is None, f"{name} over the ring differs from native ext4:\n{diff}"
+
+
+def test_run_without_a_daemon_stops_before_the_program(shortfuse, scratch):
+    marker = scratch / "ran"
+    p = subprocess.run(
+        [str(shortfuse), "run", "-m", str(scratch / "nobody"), "--", "touch", str(marker)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert p.returncode == 2, p
+    assert "no shortfuse daemon" in p.stderr.decode() and "shortfuse serve" in p.stderr.decode(), p.stderr
+    assert not marker.exists()
+    # Options of the file system belong to the daemon.
+    p = subprocess.run(
+        [str(shortfuse), "run", "-m", str(scratch / "nobody"), "-o", "attr_timeout=5", "--", "true"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "give it to `shortfuse serve`" in p.stderr.decode(), p.stderr
