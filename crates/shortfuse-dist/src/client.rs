@@ -813,8 +813,12 @@ impl Inner {
                 let need: Vec<u64> = {
                     let c = lock(&f.cache);
                     let stored = c.size.div_ceil(bs);
-                    [offset / bs, (end - 1) / bs]
-                        .into_iter()
+                    let (first, last) = (offset / bs, (end - 1) / bs);
+                    // The first and last block, once each (a write within
+                    // one block fetched it twice).
+                    [first, last][..if first == last { 1 } else { 2 }]
+                        .iter()
+                        .copied()
                         .filter(|&i| {
                             let covers = offset <= i * bs && end >= (i + 1) * bs;
                             !covers && i < stored && !c.blocks.contains_key(&i)
