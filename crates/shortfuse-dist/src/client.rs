@@ -584,14 +584,13 @@ impl Inner {
         if Self::suffices(&g, mode, conn) {
             return Ok(());
         }
+        let mut release = None;
         if g.mode.is_some() {
             if g.session == conn.client.0 && conn.leases_valid() {
-                // Upgrade: give the read lease back first (nothing is dirty
-                // under a read lease).
+                // Upgrade: the read lease goes back first, with the request
+                // (nothing is dirty under a read lease).
                 lock(&f.cache).clear();
-                let id = g.id;
-                *g = Slot::default();
-                conn.call(Req::Release { gfi: f.gfi, lease: id })?;
+                release = Some(g.id);
             } else {
                 // The lease died with its connection or on our clock: what
                 // was dirty can no longer be written back safely.
@@ -599,7 +598,11 @@ impl Inner {
             }
             *g = Slot::default();
         }
-        let (lease, attr) = match conn.call(Req::Acquire { gfi: f.gfi, mode })? {
+        let (lease, attr) = match conn.call(Req::Acquire {
+            gfi: f.gfi,
+            mode,
+            release,
+        })? {
             Reply::Granted { lease, attr } => (lease, attr),
             _ => return Err(Errno::EPROTO),
         };

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
@@ -179,9 +179,12 @@ pub enum Request {
     Statfs,
     /// Algorithm 2's GrantLease: answered once the lease is granted, after
     /// conflicting holders were revoked (or expired).
+    /// `release`: this client's read lease, given back first (an
+    /// upgrade, Algorithm 1's release-then-acquire in one round trip).
     Acquire {
         gfi: Gfi,
         mode: LeaseMode,
+        release: Option<u64>,
     },
     /// Gives lease `lease` back (after a revocation, or voluntarily).
     Release {

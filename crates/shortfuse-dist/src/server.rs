@@ -307,7 +307,10 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 bsize: s.blocks.block_size(),
             }
         }
-        Request::Acquire { gfi, mode } => {
+        Request::Acquire { gfi, mode, release } => {
+            if let Some(old) = release {
+                s.leases.release(client, gfi, old);
+            }
             let lease = s.leases.acquire(client, gfi, mode).await?;
             match meta.getattr(gfi.ino) {
                 Ok(info) => Reply::Granted { lease, attr: info.attr },
