@@ -709,6 +709,7 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
     // Sleeps in a row that ended with nothing at `head` while the client's
     // tail says something was reserved there.
     let mut stalls = 0u32;
+    let poll = wait::Poll::default();
     let mut req = Vec::with_capacity(conn.geo.slot_data as usize);
     let mut reply = Vec::with_capacity(conn.geo.slot_data as usize);
     let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
@@ -723,7 +724,7 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
             }
             continue;
         }
-        if wait::spin_until(shared.config.spin, || {
+        if poll.until(shared.config.spin, || {
             conn.stop.load(Ordering::Relaxed) || conn.has_work(q, head)
         }) {
             continue;
