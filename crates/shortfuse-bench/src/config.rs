@@ -28,8 +28,10 @@ pub enum Kind {
     /// No mount: the workload runs in a worker process under `shortfuse run
     /// -m MNT=passthrough:SRC` (the preload shim serves the file system
     /// inside that process). Only suites that know how to start such a
-    /// worker run here (`latency`); see [`preload_worker`].
-    Preload,
+    /// worker run here (`latency`, `programs`); see [`preload_worker`].
+    /// Without `maps`, the shim leaves the file system's data maps unused
+    /// (`SHORTFUSE_MAPS=off`), to show what they are worth.
+    Preload { maps: bool },
     /// No kernel mount: the workload runs in a worker under `shortfuse run`
     /// (as for [`Kind::Preload`]); with `ring`, the worker's mount is
     /// `shortfuse serve FS SRC MNT`, a daemon reached over shared-memory
@@ -93,7 +95,11 @@ impl Config {
             null("null-uring", "uring"),
             Config {
                 name: "preload".into(),
-                kind: Kind::Preload,
+                kind: Kind::Preload { maps: true },
+            },
+            Config {
+                name: "preload-nomaps".into(),
+                kind: Kind::Preload { maps: false },
             },
             Config {
                 name: "ring".into(),
@@ -141,6 +147,7 @@ impl Config {
             "dist" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
             "thesis" => &["native", "dev", "sftp", "sshfs"],
+            "programs" => &["native", "preload", "preload-nomaps", "dev", "uring"],
             "latency" => &[
                 "native",
                 "preload",
@@ -226,6 +233,8 @@ pub struct PreloadWorker {
     /// directory, with the file system served in process or alone (the
     /// daemon serving it).
     pub mount: String,
+    /// Environment the worker runs with (the shim's switches).
+    pub env: Vec<(String, String)>,
 }
 
 /// The prepared `preload` directories: mount point -> worker. The suites
@@ -460,7 +469,7 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
-            Kind::Preload | Kind::Shim { .. } => {
+            Kind::Preload { .. } | Kind::Shim { .. } => {
                 // The mount point exists only for the worker's shim.
                 std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
                 let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
@@ -482,6 +491,10 @@ impl Config {
                 let worker = PreloadWorker {
                     shortfuse_bin: env.shortfuse_bin.clone(),
                     mount,
+                    env: match &self.kind {
+                        Kind::Preload { maps: false } => vec![("SHORTFUSE_MAPS".into(), "off".into())],
+                        _ => vec![],
+                    },
                 };
                 PRELOAD
                     .lock()

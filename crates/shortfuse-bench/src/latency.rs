@@ -199,6 +199,7 @@ fn in_worker(
 pub(crate) fn run_worker(w: &crate::config::PreloadWorker, args: &[String]) -> io::Result<Vec<Figure>> {
     let out = Command::new(&w.shortfuse_bin)
         .args(["run", "-m", &w.mount, "--"])
+        .envs(w.env.iter().map(|(k, v)| (k, v)))
         .arg(&w.shortfuse_bin)
         .arg("bench")
         .args(args)

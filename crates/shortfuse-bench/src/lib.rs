@@ -18,6 +18,7 @@ pub mod latency;
 pub mod meta;
 pub mod personalities;
 pub mod plot;
+pub mod programs;
 pub mod report;
 mod samples;
 pub mod scale;
@@ -45,6 +46,7 @@ pub const SUITES: &[&str] = &[
     "data",
     "transport",
     "dist",
+    "programs",
 ];
 
 /// What `shortfuse bench` was asked.
@@ -138,6 +140,7 @@ impl Plan {
             "data" => data::describe(s),
             "transport" => transport::describe(s),
             "dist" => dist::describe(s),
+            "programs" => programs::describe(s),
             _ => String::new(),
         }
     }
@@ -165,6 +168,7 @@ impl Plan {
             "data" => data::run(dir, s, progress),
             "transport" => transport::run(dir, s, config.holds_files(), progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
+            "programs" => programs::run(dir, s, progress),
             other => Err(std::io::Error::other(format!("unknown suite {other}"))),
         }
     }

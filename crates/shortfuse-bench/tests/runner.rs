@@ -153,6 +153,15 @@ fn tiny_table2_personalities_data() {
 }
 
 #[test]
+fn tiny_programs_on_its_defaults() {
+    // git and sqlite3 on native, the shim with and without maps, dev, uring.
+    let (report, _) = well_formed_on("p", &["programs"], None, &[]);
+    for r in &report.suites[0].results {
+        assert_eq!(ops_of(&report.suites[0], &r.config), ["git-status", "sqlite-insert"]);
+    }
+}
+
+#[test]
 fn tiny_transport_on_its_defaults() {
     let (report, md) = well_formed_on(
         "t",
@@ -245,6 +254,7 @@ fn every_suite_is_covered() {
         "data",
         "transport",
         "dist", // tests/dist.rs
+        "programs",
     ];
     for s in SUITES {
         assert!(tested.contains(s), "suite {s} has no tiny-scale test");
