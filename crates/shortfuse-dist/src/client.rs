@@ -764,8 +764,12 @@ impl Inner {
                 let out = &mut buf[(pos - offset) as usize..][..n];
                 match c.blocks.get(&i) {
                     Some(b) => {
+                        // A block is kept only up to its last written byte:
+                        // a read past that (a hole in the block) is zeros.
                         let have = b.data.len().saturating_sub(within).min(n);
-                        out[..have].copy_from_slice(&b.data[within..within + have]);
+                        if have > 0 {
+                            out[..have].copy_from_slice(&b.data[within..within + have]);
+                        }
                         out[have..].fill(0);
                     }
                     // Dropped between fetch and copy by the cache bound:

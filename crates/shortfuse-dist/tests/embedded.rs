@@ -217,3 +217,20 @@ fn namespace_operations() {
 fn lookup_in(fs: &DistFs, dir: NodeId, name: &str) -> NodeId {
     fs.lookup(&REQ, dir, OsStr::new(name)).unwrap().node
 }
+
+#[test]
+fn read_of_a_hole_after_the_written_part_of_a_cached_block_is_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let a = client(&s);
+    let node = create(&a, "holes");
+    // The block holding 200_000 is cached up to its last written byte
+    // only; the file goes on past it.
+    write(&a, node, 0, b"head");
+    write(&a, node, 200_000, b"mid");
+    write(&a, node, 300_001, b"far");
+    let got = read(&a, node, 200_003 + 1000, 32);
+    assert_eq!(got, vec![0u8; 32]);
+    let got = read(&a, node, 299_995, 9);
+    assert_eq!(got, b"\0\0\0\0\0\0far");
+}
