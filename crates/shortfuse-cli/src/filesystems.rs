@@ -2,7 +2,7 @@
 //! SOURCE and the `-o` options the mount itself did not take.
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use shortfuse::options::FsOptions;
@@ -65,18 +65,10 @@ pub const ALL: &[FsKind] = &[
         kernel_permissions: true,
         build: |src, rest| {
             let src = src.ok_or_else(|| invalid("stripe needs SOURCE: DIR1,DIR2,...".into()))?;
-            let dirs: Vec<PathBuf> = src.to_string_lossy().split(',').map(PathBuf::from).collect();
-            let mut stripe_size = 1 << 20;
-            for (k, v) in rest {
-                match (k.as_str(), v) {
-                    ("stripe_size", v) => {
-                        stripe_size = shortfuse::options::size_value(k, v.as_deref(), 4096, 1 << 40)
-                            .map_err(|e| invalid(format!("-o stripe_size: {e}")))?
-                    }
-                    _ => return Err(unknown("stripe", k, v)),
-                }
+            if let Some((k, v)) = rest.iter().find(|(k, _)| k != "stripe_size") {
+                return Err(unknown("stripe", k, v));
             }
-            Ok(Arc::new(shortfuse_fs::stripe::StripeFs::new(dirs, stripe_size)?))
+            Ok(Arc::new(shortfuse_fs::stripe::StripeFs::with_options(&src.to_string_lossy(), rest)?))
         },
     },
     FsKind {

@@ -146,9 +146,15 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
         };
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
         if let Some(src) = &spec.source {
-            let src = std::fs::canonicalize(absolute(&cwd, Path::new(src)))
-                .map_err(|e| format!("-m {m}: source {src}: {e}"))?;
-            spec.source = Some(src.to_string_lossy().into_owned());
+            spec.source = Some(if spec.fs == "stripe" {
+                // Several directories, created by the file system when missing.
+                let dirs: Vec<String> = src.split(',').map(|d| absolute(&cwd, Path::new(d))).collect();
+                dirs.join(",")
+            } else {
+                let src = std::fs::canonicalize(absolute(&cwd, Path::new(src)))
+                    .map_err(|e| format!("-m {m}: source {src}: {e}"))?;
+                src.to_string_lossy().into_owned()
+            });
         }
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
         check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;

@@ -35,6 +35,17 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
             .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
             .map_err(|e| e.to_string()),
         ("passthrough", None) => Err("passthrough needs a SOURCE: MOUNTPOINT=passthrough:/dir".into()),
+        // The 1-to-M and M-to-1 maps of seed 004, served by the shim's fast path.
+        ("stripe", Some(src)) => shortfuse_fs::stripe::StripeFs::with_options(src, fs_opts)
+            .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
+            .map_err(|e| e.to_string()),
+        ("pack", Some(src)) => match fs_opts.first() {
+            None => shortfuse_fs::pack::PackFs::new(src)
+                .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
+                .map_err(|e| format!("pack {src}: {e}")),
+            Some((k, _)) => Err(format!("-o {k}: not an option of pack")),
+        },
+        ("stripe" | "pack", None) => Err(format!("{} needs a SOURCE", spec.fs)),
         (other, _) => {
             let known: Vec<&str> = shortfuse_vfs::spec::IN_PROCESS_FS.iter().map(|f| f.0).collect();
             Err(format!(

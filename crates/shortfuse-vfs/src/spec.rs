@@ -42,6 +42,8 @@ pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[
     ("mem", None),
     ("passthrough", Some("the directory to mirror")),
     ("null", None),
+    ("stripe", Some("DIR1,DIR2,... the directories to stripe over")),
+    ("pack", Some("the directory holding containers and index")),
 ];
 
 const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];

@@ -187,6 +187,25 @@ impl Storage for StripeStore {
 }
 
 impl MetaFs<StripeStore> {
+    /// From a mount's SOURCE (`DIR1,DIR2,...`) and the options meant for
+    /// the file system (`stripe_size=N`, default 1 MiB), as `shortfuse
+    /// mount` and `shortfuse run` spell them.
+    pub fn with_options(source: &str, opts: &[(String, Option<String>)]) -> io::Result<StripeFs> {
+        let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+        let dirs: Vec<PathBuf> = source.split(',').map(PathBuf::from).collect();
+        let mut stripe_size = 1 << 20;
+        for (k, v) in opts {
+            match k.as_str() {
+                "stripe_size" => {
+                    stripe_size = shortfuse::options::size_value(k, v.as_deref(), 4096, 1 << 40)
+                        .map_err(|e| invalid(format!("-o stripe_size: {e}")))?
+                }
+                _ => return Err(invalid(format!("-o {k}: not an option of stripe"))),
+            }
+        }
+        StripeFs::new(dirs, stripe_size)
+    }
+
     /// A stripe file system over `dirs` (1 to 16 directories, created if
     /// missing) with chunks of `stripe_size` bytes; what an earlier instance
     /// stored there is loaded. The directories must be given in the same
