@@ -287,6 +287,17 @@ fn node_reply(r: Reply) -> Result<NodeInfo> {
 }
 
 /// A short count, or `EAGAIN` when nothing was done: the caller goes on.
+/// A name as the server takes it; longer than a directory entry can be is
+/// ENAMETOOLONG, as on a local file system (not ENOENT from the server).
+fn name_bytes(name: &OsStr) -> Result<Vec<u8>> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(name.as_bytes().to_vec())
+}
+
+const NAME_MAX: usize = 255;
+
 fn partial(done: u64) -> Result<usize> {
     if done == 0 {
         Err(Errno::EAGAIN)
@@ -493,6 +504,9 @@ impl Inner {
             if c.meta_dirty {
                 attr.size = c.size;
                 attr.mtime = c.mtime;
+                // A write changes the inode too (the server does the same
+                // when the data arrives).
+                attr.ctime = attr.ctime.max(c.mtime);
             }
         }
     }
@@ -965,7 +979,7 @@ impl Filesystem for DistFs {
     fn lookup(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         let info = node_reply(self.inner.call(Req::Lookup {
             parent: parent.0,
-            name: name.as_bytes().to_vec(),
+            name: name_bytes(name)?,
         })?)?;
         Ok(self.inner.entry(&info))
     }
@@ -982,6 +996,7 @@ impl Filesystem for DistFs {
                 if c.meta_dirty {
                     attr.size = c.size;
                     attr.mtime = c.mtime;
+                    attr.ctime = attr.ctime.max(c.mtime);
                 }
                 Ok(attr)
             })?
@@ -1056,7 +1071,7 @@ impl Filesystem for DistFs {
         self.inner
             .call(Req::Unlink {
                 parent: parent.0,
-                name: name.as_bytes().to_vec(),
+                name: name_bytes(name)?,
             })
             .map(|_| ())
     }
@@ -1065,7 +1080,7 @@ impl Filesystem for DistFs {
         self.inner
             .call(Req::Rmdir {
                 parent: parent.0,
-                name: name.as_bytes().to_vec(),
+                name: name_bytes(name)?,
             })
             .map(|_| ())
     }
@@ -1085,9 +1100,9 @@ impl Filesystem for DistFs {
         self.inner
             .call(Req::Rename {
                 parent: parent.0,
-                name: name.as_bytes().to_vec(),
+                name: name_bytes(name)?,
                 new_parent: new_parent.0,
-                new_name: new_name.as_bytes().to_vec(),
+                new_name: name_bytes(new_name)?,
                 flags: flags.raw(),
             })
             .map(|_| ())
@@ -1097,7 +1112,7 @@ impl Filesystem for DistFs {
         let info = node_reply(self.inner.call(Req::Link {
             ino: node.0,
             new_parent: new_parent.0,
-            new_name: new_name.as_bytes().to_vec(),
+            new_name: name_bytes(new_name)?,
         })?)?;
         Ok(self.inner.entry(&info))
     }
@@ -1231,7 +1246,7 @@ impl Filesystem for DistFs {
                 files,
                 ffree,
                 bsize,
-                namelen: 255,
+                namelen: NAME_MAX as u32,
                 frsize: bsize,
             }),
             _ => Err(Errno::EPROTO),
@@ -1253,7 +1268,7 @@ impl DistFs {
     fn create_node(&self, req: &Request, parent: NodeId, name: &OsStr, kind: NewKind, mode: u32) -> Result<Entry> {
         let info = node_reply(self.inner.call(Req::Create {
             parent: parent.0,
-            name: name.as_bytes().to_vec(),
+            name: name_bytes(name)?,
             kind,
             mode,
             uid: req.uid,

@@ -299,11 +299,14 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
         Request::ReadDir { ino } => Reply::Entries(meta.readdir(ino)?),
         Request::Statfs => {
             let (blocks, bfree) = disk_space(meta.dir(), s.blocks.block_size());
+            // No fixed inode table: as many free as a u32 counts, and the
+            // total is used plus free (statfs(2) readers take it so).
+            let ffree = u64::from(u32::MAX);
             Reply::Statfs {
                 blocks,
                 bfree,
-                files: meta.count(),
-                ffree: u64::from(u32::MAX),
+                files: meta.count() + ffree,
+                ffree,
                 bsize: s.blocks.block_size(),
             }
         }
