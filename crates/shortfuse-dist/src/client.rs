@@ -256,6 +256,11 @@ struct Inner {
 /// The distfs client file system.
 pub struct DistFs {
     inner: Arc<Inner>,
+    /// Each open directory's listing, taken when it is read from the start:
+    /// offsets index it, so that names removed meanwhile (by this or
+    /// another client) do not shift the rest past the reader.
+    listings: Mutex<HashMap<u64, Arc<Vec<crate::proto::DirEntryInfo>>>>,
+    next_dir: AtomicU64,
 }
 
 fn to_ts((sec, nsec): (i64, u32)) -> Timestamp {
@@ -332,6 +337,8 @@ impl DistFs {
 
     fn unconnected(cfg: ClientConfig) -> DistFs {
         DistFs {
+            listings: Mutex::new(HashMap::new()),
+            next_dir: AtomicU64::new(1),
             inner: Arc::new_cyclic(|me| Inner {
                 cfg,
                 conn: Mutex::new(None),
@@ -1205,17 +1212,20 @@ impl Filesystem for DistFs {
         self.inner.fsync(node.0)
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        node: NodeId,
-        _fh: FileHandle,
-        offset: u64,
-        sink: &mut dyn DirSink,
-    ) -> Result<()> {
-        let entries = match self.inner.call(Req::ReadDir { ino: node.0 })? {
-            Reply::Entries(e) => e,
-            _ => return Err(Errno::EPROTO),
+    fn readdir(&self, _req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
+        let taken = lock(&self.listings).get(&fh.0).cloned();
+        let entries = match taken {
+            Some(e) if offset != 0 => e,
+            _ => {
+                let e = match self.inner.call(Req::ReadDir { ino: node.0 })? {
+                    Reply::Entries(e) => Arc::new(e),
+                    _ => return Err(Errno::EPROTO),
+                };
+                if fh.0 != 0 {
+                    lock(&self.listings).insert(fh.0, e.clone());
+                }
+                e
+            }
         };
         for (k, e) in entries.iter().enumerate().skip(offset as usize) {
             let typ = FileType::from_mode(e.kind);
@@ -1223,6 +1233,15 @@ impl Filesystem for DistFs {
                 break;
             }
         }
+        Ok(())
+    }
+
+    fn opendir(&self, _req: &Request, _node: NodeId, _flags: i32) -> Result<Opened> {
+        Ok(Opened::handle(self.next_dir.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: u32) -> Result<()> {
+        lock(&self.listings).remove(&fh.0);
         Ok(())
     }
 
