@@ -975,7 +975,11 @@ impl Inner {
 }
 
 impl Filesystem for DistFs {
-    fn init(&self, _config: &mut InitConfig) -> Result<()> {
+    fn init(&self, config: &mut InitConfig) -> Result<()> {
+        // Direct I/O keeps reads and writes under the leases; mmap still
+        // works through the kernel's pages (coherent across clients only
+        // as far as close-to-open, as on NFS).
+        config.want |= config.kernel_flags & shortfuse::abi::flags::FUSE_DIRECT_IO_ALLOW_MMAP;
         self.inner.conn().map(|_| ())
     }
 
