@@ -23,6 +23,12 @@
 //! over the clients. After the rows, the consistency checker runs on the
 //! `lease` and `writethrough` mounts and the suite fails if it finds a
 //! violation.
+//!
+//! `--quick` (and the test's tiny scale) runs only the rows the issue's
+//! goal is judged on, so that it takes seconds: write-only random I/O
+//! without contention on four clients, and 50:50 random I/O at 50%
+//! contention on two and four clients; every mode and the checker still
+//! run. The full scale runs the whole matrix.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader};
@@ -40,11 +46,13 @@ use crate::scale::Scale;
 pub const MODES: &[&str] = &["lease", "writethrough", "weak"];
 /// Files in each client's working set (seed: 100).
 pub const FILES: usize = 8;
-/// Most clients in one row (seed: 16 nodes, 4 threads each).
+/// Most clients in one row at full scale (seed: 16 nodes, 4 threads each).
 pub const MAX_CLIENTS: usize = 8;
 pub const READ_PERCENTS: &[u32] = &[100, 75, 50, 25, 0];
 pub const CONTENTIONS: &[u32] = &[0, 25, 50, 75, 100];
 pub const CLIENTS: &[usize] = &[2, 4, 8];
+/// The client curve of the quick and tiny scales.
+pub const QUICK_CLIENTS: &[usize] = &[2, 4];
 /// Clients of the read:write and contention rows (seed: 4 nodes).
 const BASE_CLIENTS: usize = 4;
 const RANDOM_BS: usize = 4 << 10;
@@ -59,19 +67,34 @@ struct Sizes {
 
 fn sizes(scale: Scale) -> Sizes {
     Sizes {
-        file: scale.pick(256 << 10, 1 << 20, 4 << 20),
+        file: scale.pick(128 << 10, 256 << 10, 4 << 20),
         row: scale.pick(
             Duration::from_millis(60),
-            Duration::from_millis(400),
+            Duration::from_millis(250),
             Duration::from_secs(3),
         ),
     }
 }
 
+/// Client mounts per mode: as many as the largest row has.
+pub fn max_clients(scale: Scale) -> usize {
+    rows(scale).iter().map(|(r, _)| r.clients).max().unwrap_or(1)
+}
+
+/// How many rows `scale` runs (each gives one figure per mode and a ratio).
+pub fn row_count(scale: Scale) -> usize {
+    rows(scale).len()
+}
+
 pub fn describe(scale: Scale) -> String {
     let s = sizes(scale);
+    let rows = if scale == Scale::Full {
+        format!("random 4 KiB and sequential 128 KiB; read:write {READ_PERCENTS:?} (% reads) with {BASE_CLIENTS} clients and no contention; contention {CONTENTIONS:?}% at 50:50 random; {CLIENTS:?} clients at 50:50 random, 50% contention")
+    } else {
+        format!("random 4 KiB only: write-only with {BASE_CLIENTS} clients and no contention; {QUICK_CLIENTS:?} clients at 50:50, 50% contention (the full scale runs seed 003's whole matrix)")
+    };
     format!(
-        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row plus closing the files (no fsync); random 4 KiB and sequential 128 KiB; read:write {READ_PERCENTS:?} (% reads) with {BASE_CLIENTS} clients and no contention; contention {CONTENTIONS:?}% at 50:50 random; {CLIENTS:?} clients at 50:50 random, 50% contention. MB/s over all clients; `lease/writethrough` rows are ratios. The consistency checker passes on lease and writethrough after the rows.",
+        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row plus closing the files (no fsync); {rows}. MB/s over all clients; `lease/writethrough` rows are ratios. The consistency checker passes on lease and writethrough after the rows.",
         scale.name(),
         s.file >> 10,
         s.row.as_secs_f64()
@@ -105,8 +128,27 @@ impl Row {
     }
 }
 
-fn rows() -> Vec<(Row, Option<&'static str>)> {
+fn rows(scale: Scale) -> Vec<(Row, Option<&'static str>)> {
     let mut out = Vec::new();
+    if scale != Scale::Full {
+        let r = Row {
+            random: true,
+            read_percent: 0,
+            contention: 0,
+            clients: BASE_CLIENTS,
+        };
+        out.push((r, None));
+        for &clients in QUICK_CLIENTS {
+            let r = Row {
+                random: true,
+                read_percent: 50,
+                contention: 50,
+                clients,
+            };
+            out.push((r, Some("clients")));
+        }
+        return out;
+    }
     for random in [true, false] {
         for &read_percent in READ_PERCENTS {
             let r = Row {
@@ -231,11 +273,11 @@ fn open(p: &Path) -> io::Result<File> {
 
 /// Lays out every file a row may use, through the first client (not
 /// fsync'd: the data reaches storage when other clients first open it).
-fn lay_out(mp: &Path, file: u64) -> io::Result<()> {
+fn lay_out(mp: &Path, file: u64, clients: usize) -> io::Result<()> {
     let data = vec![0x5au8; 1 << 20];
     let paths = (0..FILES)
         .map(|i| shared_file(mp, i))
-        .chain((0..MAX_CLIENTS).flat_map(|c| (0..FILES).map(move |i| private_file(mp, c, i))));
+        .chain((0..clients).flat_map(|c| (0..FILES).map(move |i| private_file(mp, c, i))));
     for p in paths {
         let f = File::create(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
         let mut off = 0;
@@ -313,13 +355,14 @@ fn run_row(mounts: &[PathBuf], row: Row, s: &Sizes) -> io::Result<f64> {
 
 pub fn run(dir: &Path, scale: Scale, bin: &Path, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     let s = sizes(scale);
+    let clients = max_clients(scale);
     progress("starting the server");
     let server = Server::start(bin, &dir.join("data"))?;
     let mut mounts = Mounts(Vec::new());
     let mut per_mode: Vec<Vec<PathBuf>> = Vec::new();
     for mode in MODES {
-        progress(&format!("mounting {MAX_CLIENTS} {mode} clients"));
-        let mps: Vec<PathBuf> = (0..MAX_CLIENTS).map(|c| dir.join(format!("{mode}-{c}"))).collect();
+        progress(&format!("mounting {clients} {mode} clients"));
+        let mps: Vec<PathBuf> = (0..clients).map(|c| dir.join(format!("{mode}-{c}"))).collect();
         for mp in &mps {
             mounts.mount(bin, &server.addr, mp, mode)?;
         }
@@ -328,12 +371,12 @@ pub fn run(dir: &Path, scale: Scale, bin: &Path, progress: &mut dyn FnMut(&str))
         let sub: Vec<PathBuf> = mps.iter().map(|m| m.join(mode)).collect();
         std::fs::create_dir(&sub[0])?;
         progress(&format!("laying out {mode} files"));
-        lay_out(&sub[0], s.file)?;
+        lay_out(&sub[0], s.file, clients)?;
         warm_up(&sub)?;
         per_mode.push(sub);
     }
     let mut out = Vec::new();
-    for (row, series) in rows() {
+    for (row, series) in rows(scale) {
         let mut by_mode = Vec::new();
         for (mode, mps) in MODES.iter().zip(&per_mode) {
             let name = row.name(series);
@@ -379,7 +422,7 @@ mod tests {
 
     #[test]
     fn the_matrix() {
-        let r = rows();
+        let r = rows(Scale::Full);
         assert_eq!(r.len(), 2 * READ_PERCENTS.len() + CONTENTIONS.len() - 1 + CLIENTS.len());
         let names: std::collections::HashSet<String> = r.iter().map(|(r, s)| r.name(*s)).collect();
         // The contention-0 row of Figure 7 is Figure 6's 50:50 row, run
@@ -398,5 +441,19 @@ mod tests {
             })
             .collect();
         assert_eq!(shared, [0, 2, 4, 6, 8]);
+        assert_eq!(max_clients(Scale::Full), MAX_CLIENTS);
+    }
+
+    #[test]
+    fn the_quick_rows_keep_what_the_goal_is_judged_on() {
+        for scale in [Scale::Tiny, Scale::Quick] {
+            let r = rows(scale);
+            assert!(r
+                .iter()
+                .any(|(r, _)| r.random && r.read_percent == 0 && r.contention == 0 && r.clients >= 2));
+            assert!(r.iter().any(|(r, _)| r.contention > 0));
+            assert!(r.iter().any(|(r, _)| r.clients == 2));
+            assert!(max_clients(scale) > 2 && max_clients(scale) <= MAX_CLIENTS);
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The `dist` suite at tiny scale: a server and 24 client mounts of its
-//! own, every row of the matrix for every consistency mode with its
+//! The `dist` suite at tiny scale: a server and 12 client mounts of its
+//! own, every row of the tiny matrix for every consistency mode with its
 //! lease/writethrough ratio, the client curves plotted, the consistency
 //! checker run, and nothing left mounted or running afterwards.
 
@@ -7,7 +7,7 @@ mod support;
 
 use support::{mounts_under, shortfuse_bin};
 
-use shortfuse_bench::{dist, BenchOptions};
+use shortfuse_bench::{dist, BenchOptions, Scale};
 
 #[test]
 fn tiny_dist() {
@@ -22,7 +22,7 @@ fn tiny_dist() {
     let r = &suite.results[0];
     assert_eq!(r.config, "native");
     assert!(r.error.is_none(), "{:?}", r.error);
-    let rows = 2 * dist::READ_PERCENTS.len() + dist::CONTENTIONS.len() - 1 + dist::CLIENTS.len();
+    let rows = dist::row_count(Scale::Tiny);
     assert_eq!(r.figures.len(), rows * (dist::MODES.len() + 1));
     for f in &r.figures {
         assert!(f.value.is_finite() && f.value > 0.0, "{f:?}");
