@@ -7,7 +7,7 @@ root: `python3 -m pytest tests/` after `cargo build`.
 Environment:
   SHORTFUSE_BIN         the binary (default target/debug/shortfuse)
   SHORTFUSE_FS          configurations, comma-separated, from sfmount.FILE_SYSTEMS:
-                        mem, passthrough, passthrough+kp, stripe, pack (default
+                        mem, passthrough, passthrough+kp, stripe, pack, dist (default
                         mem,passthrough; `bindfs` adds Debian's bindfs as a peer)
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
   SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
@@ -159,8 +159,12 @@ def native_dir():
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_mounts():
     before = set(sfmount.leaked_mounts())
-    yield
-    leaked = [p for p in sfmount.leaked_mounts() if p not in before]
-    for p in leaked:
-        sfmount.run(["umount", "-l", p], timeout=30)
+    try:
+        yield
+        leaked = [p for p in sfmount.leaked_mounts() if p not in before]
+        for p in leaked:
+            sfmount.run(["umount", "-l", p], timeout=30)
+    finally:
+        # distfs servers the harness started (sfmount.dist_server), after their clients.
+        sfmount.stop_dist_servers()
     assert not leaked, f"mounts left behind after the session (now lazily unmounted): {leaked}"

@@ -11,6 +11,7 @@ clean, falling back to a lazy unmount, and says when it had to.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -51,6 +52,9 @@ class FsSpec:
     options: tuple[str, ...] = ()
     unsupported: dict[str, Unsupported] = field(default_factory=dict)
     fsx_ops: int | None = None
+    # The source is the data directory of a `shortfuse dist up` server that
+    # the harness runs (see dist_server); the mount gets the server's address.
+    dist_server: bool = False
 
 
 # stripe and pack share their namespace code (crates/shortfuse-fs/src/pack/metafs.rs),
@@ -74,6 +78,18 @@ FILE_SYSTEMS: dict[str, FsSpec] = {
     # 64 KiB stripes over 3 directories: the suites' files (up to a few MiB) cross every chunk boundary.
     "stripe": FsSpec("stripe", sources=3, options=("stripe_size=64K",), unsupported=_METAFS_UNSUPPORTED, fsx_ops=30_000),
     "pack": FsSpec("pack", sources=1, unsupported=_METAFS_UNSUPPORTED, fsx_ops=30_000),
+    # distfs in its default (lease) mode, one embedded server per scratch dir.
+    "dist": FsSpec(
+        "dist",
+        sources=1,
+        dist_server=True,
+        unsupported={
+            "xattr": Unsupported("EOPNOTSUPP", "no extended attributes (ENOSYS; the kernel reports EOPNOTSUPP)"),
+            "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP)"),
+            "seek_hole": Unsupported("", "no LSEEK: the kernel's generic llseek reports the whole file as data"),
+        },
+        fsx_ops=30_000,
+    ),
 }
 DEFAULT_FS = ("mem", "passthrough")
 
@@ -98,6 +114,54 @@ def shortfuse_bin() -> Path:
             "or point SHORTFUSE_BIN at it"
         )
     return path
+
+
+# Embedded distfs servers by data directory: started on first mount of a
+# scratch dir, stopped by remove_scratch and at the end of the session.
+_DIST_SERVERS: dict[str, tuple[subprocess.Popen, str]] = {}
+
+
+def _die_with_parent() -> None:
+    # A pytest stopped hard (the deadline's faulthandler exit) runs no
+    # finalizer: the server goes with it rather than outliving the run.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def dist_server(data: Path) -> str:
+    """The address of the `shortfuse dist up` server over `data`, started if needed."""
+    key = os.path.realpath(data)
+    if key in _DIST_SERVERS:
+        proc, addr = _DIST_SERVERS[key]
+        if proc.poll() is None:
+            return addr
+    proc = subprocess.Popen(
+        [str(shortfuse_bin()), "dist", "up", "--listen", "127.0.0.1:0", "--data", key],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_die_with_parent,
+    )
+    # The server says "... on ADDR" once it listens, or exits (EOF).
+    line = proc.stdout.readline() if proc.stdout else ""
+    if " on " not in line:
+        proc.kill()
+        proc.wait()
+        raise HarnessError(f"`shortfuse dist up --data {key}` did not start: {line!r}")
+    addr = line.rsplit(" on ", 1)[1].strip()
+    _DIST_SERVERS[key] = (proc, addr)
+    return addr
+
+
+def stop_dist_servers(under: str | os.PathLike | None = None) -> None:
+    """Stops the servers whose data directory is under `under` (all without it)."""
+    prefix = os.path.realpath(under) + os.sep if under is not None else ""
+    for key in [k for k in _DIST_SERVERS if k.startswith(prefix)]:
+        proc, _ = _DIST_SERVERS.pop(key)
+        proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
 
 
 def require_tool(name: str) -> str:
@@ -255,7 +319,9 @@ class Config:
     def mount_args(self, sources: list[Path], mountpoint: Path, *extra_options: str) -> list[str]:
         """`mount FS [SOURCE] MNT [-o ...] --transport T` for the shortfuse CLI (without the binary)."""
         args = ["mount", self.fs]
-        if sources:
+        if sources and self.spec.dist_server:
+            args.append(dist_server(sources[0]))
+        elif sources:
             args.append(",".join(str(s) for s in sources))
         args.append(str(mountpoint))
         opts = self.options + list(extra_options)
@@ -390,4 +456,5 @@ def make_mount(config: Config, options: list[str] | None = None, layout: str = "
 def remove_scratch(base: Path) -> None:
     if leaked := [p for p in leaked_mounts() if p.startswith(str(base))]:
         raise AssertionError(f"refusing to remove {base}: still mounted at {leaked}")
+    stop_dist_servers(base)
     shutil.rmtree(base, ignore_errors=True)
