@@ -394,6 +394,11 @@ impl Vfs {
             Cached::Negative => return Ok(None),
             Cached::Node(n, Some(a)) => return Ok(Some((n, a))),
             Cached::Node(n, None) => match self.getattr(n) {
+                // No name leads to an inode with no names left: another
+                // process removed or replaced this one (assemblers and
+                // linkers unlink their output and write a new file), and
+                // make would take the old file's times for the new one's.
+                Ok(a) if a.nlink == 0 => {}
                 Ok(a) => return Ok(Some((n, a))),
                 // Gone behind our back: ask for the name again.
                 Err(e) if e == Errno::ENOENT || e == Errno::ESTALE => {}

@@ -465,6 +465,45 @@ fn entries_and_attributes_are_cached_for_their_timeouts() {
 }
 
 #[test]
+fn a_name_replaced_behind_a_cached_entry_is_looked_up_again() {
+    // Entries cached, attributes not: how passthrough runs in process.
+    let fx = fixture(timeouts(60, 0, 0));
+    fx.write_file("o", b"old");
+    let (old, _) = fx.target("o", true).unwrap().node.unwrap();
+    // Another process image on the same file system replaces the file, as
+    // an assembler or a linker does with its output (unlink, then create).
+    let other = Arc::new(
+        Vfs::new(
+            Box::new(InProcess::new(
+                fx.mem.clone(),
+                timeouts(0, 0, 0),
+                Arc::new(Stats::new()),
+            )),
+            MP,
+            0x5f5f,
+            Creds::default(),
+        )
+        .unwrap(),
+    );
+    let t = other
+        .walk(&Location::root(), b"o", WalkFlags { follow: true }, 0)
+        .unwrap();
+    let Walk::Inside(t) = t else { panic!("left the mount") };
+    other.unlink(&t).unwrap();
+    let t = other
+        .walk(&Location::root(), b"o", WalkFlags { follow: true }, 0)
+        .unwrap();
+    let Walk::Inside(t) = t else { panic!("left the mount") };
+    let f = other.open(&t, libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
+    assert_eq!(f.write(b"newer"), Ok(5));
+    // The cached name led to an inode with no names left: not what `o` is.
+    let (node, attr) = fx.target("o", true).unwrap().node.unwrap();
+    assert_ne!(node, old);
+    assert_eq!((attr.size, attr.nlink), (5, 1));
+    assert_eq!(fx.read_file("o"), b"newer");
+}
+
+#[test]
 fn expired_entries_are_looked_up_again() {
     let opts = MountOptions {
         entry_timeout: Duration::from_millis(50),
