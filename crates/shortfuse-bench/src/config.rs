@@ -142,7 +142,15 @@ impl Config {
     /// SFTP clients).
     pub fn defaults(suite: &str) -> Vec<Config> {
         let names: &[&str] = match suite {
-            "transport" => &["native", "dev", "uring", "null-dev", "null-uring"],
+            "transport" => &[
+                "native",
+                "dev",
+                "uring",
+                "null-dev",
+                "null-uring",
+                "null-ring",
+                "null-preload",
+            ],
             // Starts its own server and client mounts in native's directory.
             "dist" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
@@ -151,6 +159,7 @@ impl Config {
             "latency" => &[
                 "native",
                 "preload",
+                "ring",
                 "dev-base",
                 "dev",
                 "dev-opt",
