@@ -12,6 +12,7 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::cleanup;
 use crate::config::{preload_worker, PreloadWorker};
 use crate::report::Figure;
 use crate::scale::Scale;
@@ -150,15 +151,14 @@ fn bash(worker: Option<&PreloadWorker>, script: &str, stdin: &str) -> io::Result
             c
         }
     };
-    let mut child = cmd
-        .env("LC_ALL", "C")
+    cmd.env("LC_ALL", "C")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("HOME", std::env::temp_dir())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("bash: {e}")))?;
+        .stderr(Stdio::piped());
+    // Through cleanup, so that Ctrl-C stops the programs before the unmounts.
+    let mut child = cleanup::spawn(&mut cmd).map_err(|e| io::Error::new(e.kind(), format!("bash: {e}")))?;
     let mut input = child.stdin.take();
     let feed = stdin.to_string();
     // Fed from a thread: sqlite3 answers while it reads, and a full pipe
@@ -168,8 +168,26 @@ fn bash(worker: Option<&PreloadWorker>, script: &str, stdin: &str) -> io::Result
             let _ = i.write_all(feed.as_bytes());
         }
     });
-    let out = child.wait_with_output()?;
+    let mut stderr = child.stderr.take();
+    let errors = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(e) = stderr.as_mut() {
+            let _ = io::Read::read_to_end(e, &mut v);
+        }
+        v
+    });
+    let mut stdout = Vec::new();
+    if let Some(o) = child.stdout.as_mut() {
+        io::Read::read_to_end(o, &mut stdout)?;
+    }
+    let status = child.wait();
+    cleanup::reap(&mut child);
     let _ = feeder.join();
+    let out = std::process::Output {
+        status: status?,
+        stdout,
+        stderr: errors.join().unwrap_or_default(),
+    };
     if !out.status.success() {
         return Err(io::Error::other(format!(
             "{} ({}): {}",
