@@ -5,6 +5,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use shortfuse::cache::{CacheOptions, CachedFs};
 use shortfuse::options::FsOptions;
 use shortfuse::{Filesystem, MountOptions};
 
@@ -20,6 +21,9 @@ pub struct FsKind {
     /// The daemon does not check permissions itself (it relies on the
     /// kernel's `default_permissions`), so the mount always asks for them.
     pub kernel_permissions: bool,
+    /// Reads cost a round trip and nothing below caches them: `-o
+    /// cache=auto` puts the user-space cache in front (seed 000).
+    pub network: bool,
     build: Builder,
 }
 
@@ -30,6 +34,7 @@ pub const ALL: &[FsKind] = &[
         source: None,
         about: "seed 002's NullFS: lookups fail, create succeeds, nothing is kept",
         kernel_permissions: false,
+        network: false,
         build: |_, rest| {
             no_options("null", rest)?;
             Ok(Arc::new(shortfuse_fs::null::NullFs::new()))
@@ -40,6 +45,7 @@ pub const ALL: &[FsKind] = &[
         source: None,
         about: "in-memory POSIX file system",
         kernel_permissions: false,
+        network: false,
         build: |_, rest| {
             no_options("mem", rest)?;
             let (uid, gid) = crate::sys::effective_ids();
@@ -51,6 +57,7 @@ pub const ALL: &[FsKind] = &[
         source: Some("the directory to mirror"),
         about: "mirrors SOURCE (-o symlinks=raw|beneath, one_file_system, path_fds=N)",
         kernel_permissions: true,
+        network: false,
         build: |src, rest| {
             let src = existing_dir(src)?;
             let fs = shortfuse_fs::passthrough::PassthroughFs::with_options(src, rest)
@@ -63,6 +70,7 @@ pub const ALL: &[FsKind] = &[
         source: Some("DIR1,DIR2,... (1 to 16 directories)"),
         about: "each file split over the SOURCE directories, one chunk each (-o stripe_size=N, default 1M)",
         kernel_permissions: true,
+        network: false,
         build: |src, rest| {
             let src = src.ok_or_else(|| invalid("stripe needs SOURCE: DIR1,DIR2,...".into()))?;
             if let Some((k, v)) = rest.iter().find(|(k, _)| k != "stripe_size") {
@@ -76,6 +84,7 @@ pub const ALL: &[FsKind] = &[
         source: Some("the directory holding containers and index"),
         about: "small files packed into container files with an index",
         kernel_permissions: true,
+        network: false,
         build: |src, rest| {
             no_options("pack", rest)?;
             let src = existing_dir(src)?;
@@ -87,6 +96,7 @@ pub const ALL: &[FsKind] = &[
         source: Some("[user@]host:[path] on an SSH server"),
         about: "a remote directory over SFTP, like sshfs (-o port=,identity=,reconnect,StrictHostKeyChecking=,...)",
         kernel_permissions: false,
+        network: true,
         build: |src, rest| {
             let target = src.ok_or_else(|| invalid("sftp needs SOURCE: [user@]host:[path]".into()))?;
             Ok(Arc::new(shortfuse_fs::sftp::SftpFs::connect(
@@ -99,7 +109,10 @@ pub const ALL: &[FsKind] = &[
         name: "dist",
         source: Some("ADDR (host:port) of a `shortfuse dist up` server"),
         about: "distfs client: write-back cache kept strongly consistent by per-file leases (-o consistency=lease|writethrough|weak)",
+        // Not `network` for the cache: distfs caches in its client under
+        // leases; pages kept in front of it would outlive a revoked lease.
         kernel_permissions: true,
+        network: false,
         build: |src, rest| {
             let addr = src.ok_or_else(|| invalid("dist needs SOURCE: ADDR".into()))?;
             let cfg = shortfuse_dist::client::ClientConfig::from_options(addr.to_string_lossy(), rest)?;
@@ -140,6 +153,35 @@ pub fn build(
         opts.default_permissions = true;
     }
     (kind.build)(source, rest)
+}
+
+/// The cache tier of a daemon, over whichever file system it serves.
+pub type DaemonCache = CachedFs<dyn Filesystem>;
+
+/// What [`with_cache`] made: the file system to serve, and its cache when on.
+pub struct Cached {
+    pub fs: Arc<dyn Filesystem>,
+    pub cache: Option<Arc<DaemonCache>>,
+}
+
+/// The daemon's cache tier: `fs` behind a [`CachedFs`] when the cache
+/// options turn it on for this kind of file system (one tier for every
+/// client of the daemon). Says what it chose on stderr unless that is the
+/// default's silent choice.
+pub fn with_cache(name: &str, fs: Arc<dyn Filesystem>, cache: &CacheOptions) -> io::Result<Cached> {
+    let network = ALL.iter().any(|k| k.name == name && k.network);
+    if let Some(line) = cache.describe(name, network) {
+        eprintln!("shortfuse: {line}");
+    }
+    if !cache.enabled(network) {
+        return Ok(Cached { fs, cache: None });
+    }
+    let config = cache.config().map_err(invalid)?;
+    let cached = Arc::new(CachedFs::new(fs, config).map_err(invalid)?);
+    Ok(Cached {
+        fs: cached.clone(),
+        cache: Some(cached),
+    })
 }
 
 /// One line per file system, for `--help`.

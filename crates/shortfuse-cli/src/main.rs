@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use shortfuse::cache::{CacheOptions, CACHE_OPTION_HELP};
 use shortfuse::options::{FsOptions, OPTION_HELP};
 use shortfuse::{DevSession, MountOptions, SessionOptions};
 
@@ -128,6 +129,10 @@ fn mount_options_help() -> String {
     for (k, v) in OPTION_HELP {
         s.push_str(&format!("  {k:<width$}  {v}\n"));
     }
+    s.push_str("\nUser-space cache (-o, also for serve and run; README \"Caching\"):\n");
+    for (k, v) in CACHE_OPTION_HELP {
+        s.push_str(&format!("  {k:<width$}  {v}\n"));
+    }
     s.push_str(
         "\nOther options go to the file system, which refuses those it does not know.\n\
          \nExamples:\n  shortfuse mount mem /mnt/m\n  shortfuse mount passthrough /srv/data /mnt/d -o optimized\n  \
@@ -232,21 +237,36 @@ fn mount(
     if opts.subtype.is_none() {
         opts.subtype = Some(format!("shortfuse-{fs_name}"));
     }
+    let cache = CacheOptions::take_from(&mut rest).map_err(filesystems::invalid)?;
     let fs = filesystems::build(fs_name, source, &rest, &mut opts)?;
+    let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(fs_name, fs, &cache)?;
     let session = SessionOptions {
         threads,
         ..SessionOptions::default()
     };
     let dev = DevSession::mount(fs, mountpoint, opts, session)?;
-    if foreground {
-        return dev.run(|| {});
+    if let Some(c) = &cached {
+        dev.stats().attach_cache(c.stats().clone());
     }
-    background(dev)
+    // Unmounted (umount, SIGINT/SIGTERM): what the cache still holds dirty
+    // goes to the file system before the daemon exits.
+    let finish = move |result: io::Result<()>| match cached.map(|c| c.flush_all()) {
+        Some(Err(e)) => {
+            let e = io::Error::other(format!("writing back the cache's dirty pages at unmount: {e}"));
+            eprintln!("shortfuse: {e}");
+            result.and(Err(e))
+        }
+        _ => result,
+    };
+    if foreground {
+        return finish(dev.run(|| {}));
+    }
+    background(dev, finish)
 }
 
 /// Forks: the child serves, the parent waits until the child reports that
 /// it is serving (or why it failed) and exits with that status.
-fn background(dev: DevSession) -> io::Result<()> {
+fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result<()>) -> io::Result<()> {
     let (mut rx, tx) = pipe()?;
     match sys::fork()? {
         sys::Forked::Parent => {
@@ -275,9 +295,9 @@ fn background(dev: DevSession) -> io::Result<()> {
             let _ = std::env::set_current_dir("/");
             sys::detach_stdio(&shortfuse::control::log_path(dev.mount_point()))?;
             let mut ready_tx = tx.try_clone()?;
-            let result = dev.run(move || {
+            let result = finish(dev.run(move || {
                 let _ = ready_tx.write_all(b"ok\n");
-            });
+            }));
             if let Err(e) = &result {
                 let mut tx = tx;
                 let _ = writeln!(tx, "{e}");

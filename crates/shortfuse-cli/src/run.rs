@@ -14,6 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use shortfuse::cache::{CacheOptions, CACHE_KEYS};
 use shortfuse::MountOptions;
 use shortfuse_vfs::spec::{check_distinct, format_mounts, MountSpec, IN_PROCESS_FS, RUN_MOUNT_OPTIONS};
 
@@ -39,8 +40,10 @@ pub struct RunArgs {
     )]
     mounts: Vec<String>,
     /// Options for every mount, comma-separated: ro, attr_timeout=S,
-    /// entry_timeout=S, negative_timeout=S, and the file system's own
-    /// (passthrough: symlinks=raw|beneath, one_file_system). May be repeated.
+    /// entry_timeout=S, negative_timeout=S, the cache's (cache=on|off|auto,
+    /// page_size=, page_cache_size=, ..., config=FILE) and the file
+    /// system's own (passthrough: symlinks=raw|beneath, one_file_system).
+    /// May be repeated.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     options: Vec<String>,
     /// The program and its arguments (after `--`).
@@ -123,6 +126,7 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
         .cloned()
         .collect::<Vec<_>>()
         .join(",");
+    let options = expand_cache_config(&options)?;
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut specs = Vec::new();
     for m in &args.mounts {
@@ -158,10 +162,40 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
         }
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
         check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;
+        let run = spec.run_options()?;
+        let network = shortfuse_vfs::spec::NETWORK_FS.contains(&spec.fs.as_str());
+        if let Some(line) = run.cache.describe(&spec.fs, network) {
+            eprintln!("shortfuse run: {}: {line}", spec.mountpoint);
+        }
         specs.push(spec);
     }
     check_distinct(&specs)?;
     Ok(specs)
+}
+
+/// A `config=FILE` among the options is read here, once, and replaced by
+/// the cache options it gives (with the other cache options applied over
+/// them): every process of the program then gets the values, whatever its
+/// current directory, without reading the file again.
+fn expand_cache_config(options: &str) -> Result<String, String> {
+    let items: Vec<&str> = options.split(',').filter(|i| !i.is_empty()).collect();
+    let key = |i: &str| i.split_once('=').map_or(i, |(k, _)| k).to_string();
+    if !items.iter().any(|i| key(i) == "config") {
+        return Ok(options.to_string());
+    }
+    let mut cache: shortfuse::options::FsOptions = items
+        .iter()
+        .filter(|i| CACHE_KEYS.contains(&key(i).as_str()))
+        .map(|i| (key(i), i.split_once('=').map(|(_, v)| v.to_string())))
+        .collect();
+    let cache = CacheOptions::take_from(&mut cache)?;
+    let mut out: Vec<String> = items
+        .iter()
+        .filter(|i| !CACHE_KEYS.contains(&key(i).as_str()))
+        .map(|i| i.to_string())
+        .collect();
+    out.push(cache.to_options());
+    Ok(out.join(","))
 }
 
 /// `p` made absolute against `cwd`, lexically normalised.
@@ -289,6 +323,18 @@ mod tests {
             ld_preload(shim, Some("/a.so /t/libshortfuse_preload.so:/b.so".into())),
             OsString::from("/t/libshortfuse_preload.so:/a.so:/b.so")
         );
+    }
+
+    #[test]
+    fn a_cache_config_file_becomes_options() {
+        assert_eq!(expand_cache_config("ro,cache=on").unwrap(), "ro,cache=on");
+        let f = std::env::temp_dir().join(format!("sf-run-cache-{}.toml", std::process::id()));
+        std::fs::write(&f, "cache = true\npage_size = 65536\nreadahead = 2\n").unwrap();
+        let out = expand_cache_config(&format!("ro,readahead=3,config={}", f.display())).unwrap();
+        std::fs::remove_file(&f).unwrap();
+        assert!(out.starts_with("ro,cache=on,page_size=65536,"), "{out}");
+        assert!(out.contains("readahead=3") && !out.contains("config="), "{out}");
+        assert!(expand_cache_config("config=/nonexistent/cache.toml").is_err());
     }
 
     #[test]

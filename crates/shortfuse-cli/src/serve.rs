@@ -15,16 +15,20 @@
 //! asks again each time.
 //!
 //! Statistics: one table for the kernel's requests and the rings'
-//! (`shortfuse stats MOUNTPOINT`, with the count per transport).
+//! (`shortfuse stats MOUNTPOINT`, with the count per transport), and the
+//! cache's counters when `-o cache` puts one in front of the file system:
+//! one cache for the rings and the kernel mount alike, written back when
+//! the daemon stops.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use shortfuse::cache::{CacheOptions, CachedFs};
 use shortfuse::control::ControlServer;
 use shortfuse::options::FsOptions;
-use shortfuse::{DevSession, MountOptions, SessionOptions, Stats};
+use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions, Stats};
 use shortfuse_ring::{Announcing, Server, ServerConfig, DEFAULT_SPIN_US};
 
 use crate::filesystems;
@@ -86,7 +90,10 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     if opts.subtype.is_none() {
         opts.subtype = Some(format!("shortfuse-{}", args.fs));
     }
+    let cache = CacheOptions::take_from(&mut rest).map_err(filesystems::invalid)?;
     let fs = filesystems::build(&args.fs, source, &rest, &mut opts)?;
+    // One cache tier for every client: the rings and the kernel mount.
+    let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(&args.fs, fs, &cache)?;
     let client_mp = client_mountpoint(mountpoint)?;
     let config = ServerConfig {
         slots: args.slots,
@@ -97,6 +104,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     let ring_path = shortfuse_ring::socket_path(&client_mp);
     if !kernel {
         let stats = Arc::new(Stats::new());
+        if let Some(c) = &cached {
+            stats.attach_cache(c.stats().clone());
+        }
         let _control = ControlServer::start(&client_mp, stats.clone())?;
         let signals = SignalSet::block()?;
         let mut server = Server::start(&ring_path, fs, opts, stats, config)?;
@@ -108,7 +118,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         );
         signals.wait();
         server.stop();
-        return Ok(());
+        return flush_cache(cached.as_deref());
     }
     // The kernel is never told of the rings' changes: it must ask each time.
     let kopts = MountOptions {
@@ -123,6 +133,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     };
     let kernel_fs = Arc::new(Announcing::new(fs.clone()));
     let dev = DevSession::mount(kernel_fs.clone(), mountpoint, kopts, session)?;
+    if let Some(c) = &cached {
+        dev.stats().attach_cache(c.stats().clone());
+    }
     // Before the ring threads start, so that they inherit the mask and the
     // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.
     let _signals = SignalSet::block()?;
@@ -138,7 +151,17 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         );
     });
     server.stop();
-    result
+    result.and(flush_cache(cached.as_deref()))
+}
+
+/// The daemon stops: the cache's dirty pages go to the file system first.
+fn flush_cache(cached: Option<&CachedFs<dyn Filesystem>>) -> io::Result<()> {
+    match cached.map(CachedFs::flush_all) {
+        Some(Err(e)) => Err(io::Error::other(format!(
+            "writing back the cache's dirty pages at shutdown: {e}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// SIGINT, SIGTERM and SIGUSR1, blocked in every thread (they inherit the

@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use shortfuse::cache::{CacheOptions, CACHE_KEYS};
 use shortfuse::options::FsOptions;
 use shortfuse::MountOptions;
 
@@ -34,7 +35,20 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
         "negative_timeout=SECONDS",
         "how long the shim caches missing names (default 0)",
     ),
+    (
+        "cache=on|off|auto",
+        "the shim's page cache (write-through, read-ahead, reads clipped at EOF); auto: on for network file \
+         systems; on turns the mount's data maps off (its data must pass through the cache)",
+    ),
+    (
+        "page_size=, page_cache_size=, ...",
+        "the cache's sizes and policy, as for `shortfuse mount` (also config=FILE, a TOML file)",
+    ),
 ];
+
+/// File systems whose reads cost a round trip: `-o cache=auto` turns the
+/// shim's page and metadata cache on for them (seed 000).
+pub const NETWORK_FS: &[&str] = &["sftp"];
 
 /// The file systems the preload shim builds in process, with what their
 /// SOURCE is (`None`: they take none).
@@ -47,6 +61,7 @@ pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[
 ];
 
 const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];
+// Cache options (CACHE_KEYS) are taken apart before these are checked.
 
 /// One mount: where, which file system, over what, with which options.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +84,15 @@ pub struct RunOptions {
     pub negative_timeout: Option<Duration>,
     /// Options for the file system itself.
     pub fs: FsOptions,
+    /// The in-process page and metadata cache (`-o cache=...`).
+    pub cache: CacheOptions,
+}
+
+impl RunOptions {
+    /// Whether the shim caches file data of a mount of `fs` in process.
+    pub fn cache_on(&self, fs: &str) -> bool {
+        self.cache.enabled(NETWORK_FS.contains(&fs))
+    }
 }
 
 impl RunOptions {
@@ -181,6 +205,16 @@ impl MountSpec {
                     self.mountpoint
                 ));
             }
+            if let Some(k) = CACHE_KEYS.iter().find(|k| {
+                self.options
+                    .split(',')
+                    .any(|i| i.split_once('=').map_or(i, |(k, _)| k) == **k)
+            }) {
+                return Err(format!(
+                    "mount {}: -o {k} is the daemon's cache: give it to `shortfuse serve`",
+                    self.mountpoint
+                ));
+            }
             if let Some((k, _)) = run.fs.first() {
                 return Err(format!(
                     "mount {}: -o {k} is the file system's: give it to `shortfuse serve`",
@@ -198,7 +232,13 @@ impl MountSpec {
             return Err(format!("options {:?}: may not contain {c:?}", self.options));
         }
         let mut out = RunOptions::default();
+        let mut cache = FsOptions::new();
         for item in self.options.split(',').filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').map_or((item, None), |(k, v)| (k, Some(v)));
+            if CACHE_KEYS.contains(&key) {
+                cache.push((key.to_string(), value.map(str::to_string)));
+                continue;
+            }
             let mut scratch = MountOptions::default();
             let mut rest = FsOptions::new();
             scratch.apply(item, Some(&mut rest)).map_err(|e| e.to_string())?;
@@ -222,6 +262,8 @@ impl MountSpec {
                 _ => {}
             }
         }
+        out.cache = CacheOptions::take_from(&mut cache)?;
+        out.cache.config()?;
         Ok(out)
     }
 
@@ -289,6 +331,15 @@ mod tests {
         assert_eq!(o.attr_timeout, Some(Duration::from_secs(5)));
         assert_eq!(o.fs, vec![("symlinks".to_string(), Some("beneath".to_string()))]);
         assert_eq!(o.mount_options().attr_timeout, Duration::from_secs(5));
+        assert!(!o.cache_on("passthrough") && o.cache_on("sftp"), "auto");
+        let c = MountSpec::parse("/m=passthrough:/x#cache=on,page_size=64K,symlinks=raw")
+            .unwrap()
+            .run_options()
+            .unwrap();
+        assert!(c.cache_on("passthrough"));
+        assert_eq!(c.cache.page_size, 65536);
+        assert_eq!(c.fs.len(), 1, "the cache's options are not the file system's");
+        assert!(MountSpec::parse("/m=mem#page_size=3").is_err());
         // A source may hold ':' (only the first one splits).
         let c = MountSpec::parse("/m=passthrough:/a:b").unwrap();
         assert_eq!(c.source.as_deref(), Some("/a:b"));
@@ -303,6 +354,8 @@ mod tests {
         assert_eq!(format_mounts(&specs), "/mnt/d#ro;/mnt/m=mem");
         let err = parse_mounts("/mnt/d#symlinks=raw").unwrap_err();
         assert!(err.contains("shortfuse serve"), "{err}");
+        let err = parse_mounts("/mnt/d#cache=on").unwrap_err();
+        assert!(err.contains("daemon's cache"), "{err}");
     }
 
     #[test]

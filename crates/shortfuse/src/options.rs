@@ -494,7 +494,7 @@ fn micros_value(key: &str, value: Option<&str>, max: Duration) -> Result<Duratio
     Ok(d)
 }
 
-fn seconds_value(key: &str, value: Option<&str>) -> Result<Duration, String> {
+pub(crate) fn seconds_value(key: &str, value: Option<&str>) -> Result<Duration, String> {
     let v = value.ok_or_else(|| format!("expected {key}=SECONDS"))?;
     let secs: f64 = v.parse().map_err(|_| format!("{v:?} is not a number of seconds"))?;
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{v} is not a non-negative number of seconds"))

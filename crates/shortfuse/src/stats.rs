@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Which path a request came over.
@@ -71,6 +72,113 @@ pub struct Stats {
     ops: Box<[OpCounters]>,
     transports: [AtomicU64; 4],
     started: Instant,
+    /// The user-space cache in front of the file system, when there is one.
+    cache: OnceLock<Arc<CacheStats>>,
+}
+
+/// Counters of a user-space cache (`shortfuse::cache`), shown by
+/// `shortfuse stats` beside the requests.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Pages found in the cache, and not.
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    /// Pages evicted to make room.
+    pub evictions: AtomicU64,
+    /// Files whose pages were dropped (truncation, a change seen at open,
+    /// a notification).
+    pub invalidations: AtomicU64,
+    /// Bytes read from and written to the file system behind the cache.
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Bytes written into the cache and not yet to the file system (a
+    /// level, not a count; 0 for a write-through cache).
+    pub dirty_bytes: AtomicU64,
+    /// Attributes and names served from the metadata cache, and not.
+    pub meta_hits: AtomicU64,
+    pub meta_misses: AtomicU64,
+}
+
+/// [`CacheStats`] at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub invalidations: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub dirty_bytes: u64,
+    pub meta_hits: u64,
+    pub meta_misses: u64,
+}
+
+impl CacheStats {
+    fn fields(&self) -> [(&'static str, &AtomicU64); 9] {
+        [
+            ("hits", &self.hits),
+            ("misses", &self.misses),
+            ("evictions", &self.evictions),
+            ("invalidations", &self.invalidations),
+            ("bytes_in", &self.bytes_in),
+            ("bytes_out", &self.bytes_out),
+            ("dirty_bytes", &self.dirty_bytes),
+            ("meta_hits", &self.meta_hits),
+            ("meta_misses", &self.meta_misses),
+        ]
+    }
+
+    pub fn snapshot(&self) -> CacheCounters {
+        let v = self.fields().map(|(_, a)| a.load(Relaxed));
+        CacheCounters {
+            hits: v[0],
+            misses: v[1],
+            evictions: v[2],
+            invalidations: v[3],
+            bytes_in: v[4],
+            bytes_out: v[5],
+            dirty_bytes: v[6],
+            meta_hits: v[7],
+            meta_misses: v[8],
+        }
+    }
+
+    /// Zeroes the counts (not `dirty_bytes`, which is a level).
+    pub fn reset(&self) {
+        for (name, a) in self.fields() {
+            if name != "dirty_bytes" {
+                a.store(0, Relaxed);
+            }
+        }
+    }
+}
+
+impl CacheCounters {
+    pub fn pairs(&self) -> [(&'static str, u64); 9] {
+        [
+            ("hits", self.hits),
+            ("misses", self.misses),
+            ("evictions", self.evictions),
+            ("invalidations", self.invalidations),
+            ("bytes_in", self.bytes_in),
+            ("bytes_out", self.bytes_out),
+            ("dirty_bytes", self.dirty_bytes),
+            ("meta_hits", self.meta_hits),
+            ("meta_misses", self.meta_misses),
+        ]
+    }
+
+    /// One line: `cache: hits=.. misses=.. ...`.
+    pub fn line(&self) -> String {
+        let parts: Vec<String> = self.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("cache: {}\n", parts.join(" "))
+    }
+
+    /// One JSON object.
+    pub fn json(&self) -> String {
+        let parts: Vec<String> = self.pairs().iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{{}}}", parts.join(","))
+    }
 }
 
 impl Default for Stats {
@@ -99,7 +207,17 @@ impl Stats {
             ops: (0..=OPCODE_SLOTS).map(|_| OpCounters::default()).collect(),
             transports: Default::default(),
             started: Instant::now(),
+            cache: OnceLock::new(),
         }
+    }
+
+    /// Shows `cache`'s counters with these (the first one attached wins).
+    pub fn attach_cache(&self, cache: Arc<CacheStats>) {
+        let _ = self.cache.set(cache);
+    }
+
+    pub fn cache(&self) -> Option<&Arc<CacheStats>> {
+        self.cache.get()
     }
 
     /// Records one request of `opcode` served in `nanos` over `transport`.
@@ -125,6 +243,9 @@ impl Stats {
         }
         for t in &self.transports {
             t.store(0, Relaxed);
+        }
+        if let Some(c) = self.cache.get() {
+            c.reset();
         }
     }
 
@@ -154,6 +275,7 @@ impl Stats {
             uptime: self.started.elapsed(),
             transports: Transport::ALL.map(|t| (t, self.transports[t.index()].load(Relaxed))),
             ops,
+            cache: self.cache.get().map(|c| c.snapshot()),
         }
     }
 }
@@ -216,6 +338,8 @@ pub struct StatsSnapshot {
     pub transports: [(Transport, u64); 4],
     /// Opcodes seen at least once, in opcode order.
     pub ops: Vec<OpStats>,
+    /// The user-space cache's counters, when the daemon has one.
+    pub cache: Option<CacheCounters>,
 }
 
 /// `1234` ns as `1.23µs`, and so on: three significant digits.
@@ -274,6 +398,9 @@ impl StatsSnapshot {
             if transports.is_empty() { "" } else { "; " },
             transports.join(" ")
         );
+        if let Some(c) = &self.cache {
+            s.push_str(&c.line());
+        }
         s
     }
 
@@ -310,7 +437,11 @@ impl StatsSnapshot {
             }
             s.push_str("]}");
         }
-        s.push_str("]}");
+        s.push(']');
+        if let Some(c) = &self.cache {
+            let _ = write!(s, ",\"cache\":{}", c.json());
+        }
+        s.push('}');
         s
     }
 }

@@ -1,37 +1,61 @@
-//! A user-space page cache in front of any [`Filesystem`]: [`CachedFs`].
+//! A user-space page and metadata cache in front of any [`Filesystem`]:
+//! [`CachedFs`]. One instance serves every client of a daemon (the kernel
+//! mount and the ring clients of `shortfuse serve` alike), so they share
+//! one cache.
 //!
 //! Meant for file systems whose reads are expensive (network, like `sftp`)
 //! and whose data the kernel page cache does not already keep (transports
 //! that bypass it, or `direct_io`); over a local passthrough it only
-//! doubles the caching (seed 000).
+//! doubles the caching (seed 000). [`CacheOptions`] says when it is on.
 //!
+//! Pages:
 //! - Reads are served from pages of `page_size` bytes; a miss that
-//!   continues the previous read of the same node fetches `readahead` pages
-//!   in one call to the inner file system.
+//!   continues the previous read of the same node (or starts at 0) fetches
+//!   `readahead` pages in one call to the inner file system. Reads are
+//!   clipped at the end of file the cache knows (seed 000's metadata-cache
+//!   trick): nothing is asked for past it.
 //! - Writes are write-back: they change cached pages and return; dirty
 //!   pages go to the inner file system on `flush` (every `close(2)`),
-//!   `fsync`, `release`, truncation, eviction and `destroy`.
-//! - Close-to-open: `open` compares the inner size and mtime with what the
-//!   cache last saw and drops the node's pages when they differ, so a change
-//!   made elsewhere shows after reopening.
+//!   `fsync`, `release`, truncation, eviction, `destroy` and
+//!   [`CachedFs::flush_all`] (the daemon calls it when it stops).
+//! - Open files' data maps are withheld (their data must pass here).
 //!
-//! One mutex covers the store and the per-node state, and write-backs run
-//! under it: simple and correct first; the statistics tell whether it needs
-//! splitting.
+//! Metadata: attributes by node and names by (parent, name), each bounded
+//! by `meta_entries` and trusted for `meta_ttl` (or the file system's
+//! shorter TTL). Every change made through the cache drops what it makes
+//! stale (the node's and the parent's attributes, the names involved). A
+//! lookup answered from the cache counts as a lookup the inner file system
+//! never saw: those are kept apart and absorbed by the kernel's FORGETs
+//! before any reaches the inner file system, and a node the inner file
+//! system may have forgotten is never answered from the cache.
+//!
+//! Close-to-open: `open` asks the inner file system for the size and
+//! mtime, and drops the node's pages when they differ from what the cache
+//! last saw, so a change made elsewhere (on the server) shows after
+//! reopening; within an open, the cache's pages and size are what reads
+//! see. Attributes and names changed elsewhere show after `meta_ttl`.
+//!
+//! Lock order: `state` (pages, per-node state), then `meta`; write-backs
+//! run under `state`, nothing runs under `meta`.
 
+pub mod options;
 pub mod page;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::errno::{Errno, Result};
 use crate::filesystem::{Filesystem, InitConfig};
+pub use crate::stats::{CacheCounters, CacheStats};
 use crate::types::*;
 
-pub use page::Policy;
-use page::{Page, PageStore};
+pub use options::{CacheMode, CacheOptions, CACHE_KEYS, CACHE_OPTION_HELP};
+use page::{FxBuild, Page, PageStore, Store};
+pub use page::{FxHasher, Policy};
 
 /// How the cache is sized and behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,29 +67,41 @@ pub struct CacheConfig {
     pub policy: Policy,
     /// Pages fetched at once by a sequential miss (1 turns read-ahead off).
     pub readahead: usize,
+    /// Cached attributes (and, apart, names) at most.
+    pub meta_entries: usize,
+    /// How long a cached attribute or name is trusted.
+    pub meta_ttl: Duration,
 }
 
 impl Default for CacheConfig {
     fn default() -> CacheConfig {
         CacheConfig {
             page_size: 128 * 1024,
-            capacity: 256 << 20,
+            capacity: 64 << 20,
             policy: Policy::Clock,
             readahead: 8,
+            meta_entries: 5000,
+            meta_ttl: Duration::from_secs(1),
         }
     }
 }
 
-/// Counters for `shortfuse stats`.
-#[derive(Debug, Default)]
-pub struct CacheStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub evictions: AtomicU64,
-    pub invalidations: AtomicU64,
-    /// Bytes read from and written to the inner file system.
-    pub bytes_in: AtomicU64,
-    pub bytes_out: AtomicU64,
+impl CacheConfig {
+    /// Refuses sizes the cache cannot work with.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if !self.page_size.is_power_of_two() || self.page_size < 4096 {
+            return Err(format!("page_size {} is not a power of two >= 4096", self.page_size));
+        }
+        if self.capacity < self.page_size || self.readahead == 0 || self.meta_entries == 0 {
+            return Err("capacity must hold one page, readahead and meta_entries be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Pages the capacity holds.
+    pub fn pages(&self) -> usize {
+        self.capacity / self.page_size
+    }
 }
 
 #[derive(Default)]
@@ -76,6 +112,8 @@ struct NodeState {
     next: u64,
     /// Size and mtime the inner file system last reported.
     seen: Option<(u64, Timestamp)>,
+    /// Dirty data went to the inner file system since `seen` was taken.
+    wrote: bool,
 }
 
 struct State {
@@ -83,12 +121,165 @@ struct State {
     nodes: HashMap<u64, NodeState>,
 }
 
+/// A cached name: the node, its generation, the name itself (the key only
+/// holds its hash) and when it expires.
+struct Name {
+    node: NodeId,
+    generation: u64,
+    name: Box<[u8]>,
+    expires: Instant,
+}
+
+/// Lookups of one node: handed out by the inner file system and not yet
+/// forgotten there, and answered from the cache (not yet forgotten).
+#[derive(Default)]
+struct Counts {
+    inner: u64,
+    absorbed: u64,
+    /// Cached names pointing at the node.
+    names: u32,
+}
+
+/// The metadata cache: attributes by node, names by (parent, name hash).
+pub struct MetaCache {
+    attrs: Store<u64, (Attr, Instant)>,
+    names: Store<(u64, u64), Name>,
+    counts: HashMap<u64, Counts, FxBuild>,
+}
+
+fn name_hash(name: &[u8]) -> u64 {
+    FxBuild::default().hash_one(name)
+}
+
+impl MetaCache {
+    pub fn new(policy: Policy, entries: usize) -> MetaCache {
+        MetaCache {
+            attrs: Store::new(policy, entries),
+            names: Store::new(policy, entries),
+            counts: HashMap::default(),
+        }
+    }
+
+    /// The attributes of `node` while they are valid.
+    #[inline]
+    pub fn attr(&mut self, node: u64, now: Instant) -> Option<Attr> {
+        match self.attrs.get(&node) {
+            Some((a, exp)) if *exp > now => Some(*a),
+            _ => None,
+        }
+    }
+
+    pub fn set_attr(&mut self, node: u64, attr: Attr, expires: Instant) {
+        self.attrs.insert(node, (attr, expires));
+    }
+
+    pub fn drop_attr(&mut self, node: u64) {
+        self.attrs.remove(&node);
+    }
+
+    /// The node `name` in `parent` names, while valid.
+    #[inline]
+    pub fn name(&mut self, parent: u64, name: &[u8], now: Instant) -> Option<(NodeId, u64)> {
+        match self.names.get(&(parent, name_hash(name))) {
+            Some(n) if n.expires > now && *n.name == *name => Some((n.node, n.generation)),
+            _ => None,
+        }
+    }
+
+    pub fn set_name(&mut self, parent: u64, name: &[u8], node: NodeId, generation: u64, expires: Instant) {
+        let value = Name {
+            node,
+            generation,
+            name: Box::from(name),
+            expires,
+        };
+        self.counts.entry(node.0).or_default().names += 1;
+        if let Some((_, old)) = self.names.insert((parent, name_hash(name)), value) {
+            self.unref_name(old.node);
+        }
+    }
+
+    fn unref_name(&mut self, node: NodeId) {
+        if let Some(c) = self.counts.get_mut(&node.0) {
+            c.names = c.names.saturating_sub(1);
+            if c.inner == 0 && c.absorbed == 0 && c.names == 0 {
+                self.counts.remove(&node.0);
+            }
+        }
+    }
+
+    /// Forgets `name` in `parent`; returns the node it named, if cached.
+    pub fn drop_name(&mut self, parent: u64, name: &[u8]) -> Option<NodeId> {
+        let key = (parent, name_hash(name));
+        if self.names.peek(&key).is_some_and(|n| *n.name == *name) {
+            let n = self.names.remove(&key)?;
+            self.unref_name(n.node);
+            return Some(n.node);
+        }
+        None
+    }
+
+    fn drop_names_of(&mut self, node: NodeId) {
+        let mut gone = 0;
+        self.names.retain(|_, n| {
+            let keep = n.node != node;
+            gone += !keep as u32;
+            keep
+        });
+        for _ in 0..gone {
+            self.unref_name(node);
+        }
+    }
+
+    /// Whether the inner file system still holds a lookup of `node`.
+    fn alive(&self, node: NodeId) -> bool {
+        self.counts.get(&node.0).is_some_and(|c| c.inner > 0)
+    }
+
+    /// One lookup of `node` handed out by the inner file system.
+    fn counted(&mut self, node: NodeId) {
+        self.counts.entry(node.0).or_default().inner += 1;
+    }
+
+    /// One lookup answered from the cache.
+    fn absorbed(&mut self, node: NodeId) {
+        self.counts.entry(node.0).or_default().absorbed += 1;
+    }
+
+    /// The part of a FORGET of `n` lookups that goes to the inner file
+    /// system: the cache's own lookups are given back first.
+    fn forget(&mut self, node: NodeId, n: u64) -> u64 {
+        let Some(c) = self.counts.get_mut(&node.0) else {
+            return n;
+        };
+        let mine = c.absorbed.min(n);
+        c.absorbed -= mine;
+        let rest = n - mine;
+        c.inner = c.inner.saturating_sub(rest);
+        if c.inner == 0 {
+            // The inner file system may drop the node now: nothing cached
+            // may name it any more.
+            if c.names > 0 {
+                self.drop_names_of(node);
+            }
+            self.attrs.remove(&node.0);
+            if let Some(c) = self.counts.get(&node.0) {
+                if c.absorbed == 0 && c.names == 0 {
+                    self.counts.remove(&node.0);
+                }
+            }
+        }
+        rest
+    }
+}
+
 /// A [`Filesystem`] with a page cache in front of `F`. See the module docs.
-pub struct CachedFs<F: Filesystem> {
-    inner: F,
+pub struct CachedFs<F: Filesystem + ?Sized> {
+    inner: Arc<F>,
     config: CacheConfig,
     state: Mutex<State>,
-    pub stats: CacheStats,
+    meta: Mutex<MetaCache>,
+    stats: Arc<CacheStats>,
 }
 
 fn req0() -> Request {
@@ -100,15 +291,10 @@ fn req0() -> Request {
     }
 }
 
-impl<F: Filesystem> CachedFs<F> {
-    pub fn new(inner: F, config: CacheConfig) -> std::result::Result<CachedFs<F>, String> {
-        if !config.page_size.is_power_of_two() || config.page_size < 4096 {
-            return Err(format!("page_size {} is not a power of two >= 4096", config.page_size));
-        }
-        if config.capacity < config.page_size || config.readahead == 0 {
-            return Err("capacity must hold one page and readahead be at least 1".into());
-        }
-        let pages = PageStore::new(config.policy, config.capacity / config.page_size);
+impl<F: Filesystem + ?Sized> CachedFs<F> {
+    pub fn new(inner: Arc<F>, config: CacheConfig) -> std::result::Result<CachedFs<F>, String> {
+        config.check()?;
+        let pages = PageStore::new(config.policy, config.pages());
         Ok(CachedFs {
             inner,
             config,
@@ -116,7 +302,8 @@ impl<F: Filesystem> CachedFs<F> {
                 pages,
                 nodes: HashMap::new(),
             }),
-            stats: CacheStats::default(),
+            meta: Mutex::new(MetaCache::new(config.policy, config.meta_entries)),
+            stats: Arc::new(CacheStats::default()),
         })
     }
 
@@ -124,15 +311,63 @@ impl<F: Filesystem> CachedFs<F> {
         &self.inner
     }
 
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// The counters, to show in `shortfuse stats` ([`crate::Stats::attach_cache`]).
+    pub fn stats(&self) -> &Arc<CacheStats> {
+        &self.stats
+    }
+
+    /// Writes every dirty page back (the daemon calls it when it stops,
+    /// after its sessions ended).
+    pub fn flush_all(&self) -> Result<()> {
+        let mut st = self.lock();
+        self.flush_pages(&mut st, None)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn meta(&self) -> MutexGuard<'_, MetaCache> {
+        self.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn ps(&self) -> u64 {
         self.config.page_size as u64
     }
 
-    fn write_back(&self, page: &mut Page) -> Result<()> {
+    fn expiry(&self, ttl: Option<Duration>) -> Option<Instant> {
+        let ttl = ttl.map_or(self.config.meta_ttl, |t| t.min(self.config.meta_ttl));
+        (!ttl.is_zero()).then(|| Instant::now() + ttl)
+    }
+
+    /// Remembers an entry the inner file system handed out.
+    fn remember(&self, parent: NodeId, name: &OsStr, e: &Entry) {
+        let mut m = self.meta();
+        m.counted(e.node);
+        m.drop_attr(parent.0);
+        if let Some(exp) = self.expiry(e.ttl) {
+            m.set_name(parent.0, name.as_encoded_bytes(), e.node, e.generation, exp);
+            m.set_attr(e.node.0, e.attr, exp);
+        }
+    }
+
+    fn dirty_delta(&self, before: usize, after: usize) {
+        if after > before {
+            self.stats
+                .dirty_bytes
+                .fetch_add((after - before) as u64, Ordering::Relaxed);
+        } else if before > after {
+            self.stats
+                .dirty_bytes
+                .fetch_sub((before - after) as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn write_back(&self, st: &mut State, page: &mut Page) -> Result<()> {
         let Some((start, end, fh)) = page.dirty else {
             return Ok(());
         };
@@ -150,14 +385,17 @@ impl<F: Filesystem> CachedFs<F> {
             }
             self.stats.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
         }
+        self.dirty_delta(dirty_len(page), 0);
         page.dirty = None;
+        st.nodes.entry(page.key.0).or_default().wrote = true;
+        self.meta().drop_attr(page.key.0);
         Ok(())
     }
 
     fn insert(&self, st: &mut State, page: Page) -> Result<()> {
         if let Some(mut old) = st.pages.insert(page) {
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-            self.write_back(&mut old)?;
+            self.write_back(st, &mut old)?;
         }
         Ok(())
     }
@@ -170,11 +408,12 @@ impl<F: Filesystem> CachedFs<F> {
         };
         let mut result = Ok(());
         for k in keys {
-            if let Some(p) = st.pages.peek(k) {
-                if let Err(e) = self.write_back(p) {
-                    result = Err(e);
-                }
+            // Taken out while written back (write_back needs the state too).
+            let Some(mut p) = st.pages.remove(k) else { continue };
+            if let Err(e) = self.write_back(st, &mut p) {
+                result = Err(e);
             }
+            st.pages.insert(p);
         }
         result
     }
@@ -185,7 +424,9 @@ impl<F: Filesystem> CachedFs<F> {
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
         }
         for k in keys {
-            st.pages.remove(k);
+            if let Some(p) = st.pages.remove(k) {
+                self.dirty_delta(dirty_len(&p), 0);
+            }
         }
     }
 
@@ -225,60 +466,163 @@ impl<F: Filesystem> CachedFs<F> {
         }
         Ok(())
     }
+
+    /// The size to report for `node` when it has dirty data.
+    fn dirty_size(&self, node: u64) -> Option<u64> {
+        let mut st = self.lock();
+        if Self::has_dirty(&mut st, node) {
+            st.nodes.get(&node).and_then(|n| n.size)
+        } else {
+            None
+        }
+    }
 }
 
-impl<F: Filesystem> Filesystem for CachedFs<F> {
+impl<F: Filesystem + ?Sized> CachedFs<F> {
+    /// Drops a cached name and what its removal makes stale.
+    fn forget_name(&self, parent: NodeId, name: &OsStr) {
+        let mut m = self.meta();
+        if let Some(node) = m.drop_name(parent.0, name.as_encoded_bytes()) {
+            m.drop_attr(node.0);
+        }
+        m.drop_attr(parent.0);
+    }
+}
+
+fn dirty_len(p: &Page) -> usize {
+    p.dirty.map_or(0, |(s, e, _)| e.saturating_sub(s))
+}
+
+impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     fn init(&self, config: &mut InitConfig) -> Result<()> {
         self.inner.init(config)
     }
 
     fn destroy(&self) {
-        let mut st = self.lock();
-        let _ = self.flush_pages(&mut st, None);
-        drop(st);
+        let _ = self.flush_all();
         self.inner.destroy();
     }
 
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
-        let mut e = self.inner.lookup(req, parent, name)?;
-        let mut st = self.lock();
-        if Self::has_dirty(&mut st, e.node.0) {
-            if let Some(size) = st.nodes.get(&e.node.0).and_then(|n| n.size) {
-                e.attr.size = size;
+        let now = Instant::now();
+        let cached = {
+            let mut m = self.meta();
+            match m.name(parent.0, name.as_encoded_bytes(), now) {
+                Some((node, generation)) if m.alive(node) => m.attr(node.0, now).map(|attr| {
+                    m.absorbed(node);
+                    Entry {
+                        node,
+                        generation,
+                        attr,
+                        ttl: None,
+                    }
+                }),
+                _ => None,
             }
+        };
+        let mut e = match cached {
+            Some(e) => {
+                self.stats.meta_hits.fetch_add(1, Ordering::Relaxed);
+                e
+            }
+            None => {
+                self.stats.meta_misses.fetch_add(1, Ordering::Relaxed);
+                let e = self.inner.lookup(req, parent, name)?;
+                let mut m = self.meta();
+                m.counted(e.node);
+                if let Some(exp) = self.expiry(e.ttl) {
+                    m.set_name(parent.0, name.as_encoded_bytes(), e.node, e.generation, exp);
+                    m.set_attr(e.node.0, e.attr, exp);
+                }
+                e
+            }
+        };
+        if let Some(size) = self.dirty_size(e.node.0) {
+            e.attr.size = size;
         }
         Ok(e)
     }
 
     fn forget(&self, node: NodeId, nlookup: u64) {
-        self.inner.forget(node, nlookup)
+        let rest = self.meta().forget(node, nlookup);
+        if rest > 0 {
+            self.inner.forget(node, rest)
+        }
     }
 
     fn batch_forget(&self, forgets: &[Forget]) {
-        self.inner.batch_forget(forgets)
+        let rest: Vec<Forget> = {
+            let mut m = self.meta();
+            forgets
+                .iter()
+                .filter_map(|f| {
+                    let n = m.forget(f.node, f.nlookup);
+                    (n > 0).then_some(Forget {
+                        node: f.node,
+                        nlookup: n,
+                    })
+                })
+                .collect()
+        };
+        if !rest.is_empty() {
+            self.inner.batch_forget(&rest)
+        }
     }
 
     fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
-        let mut a = self.inner.getattr(req, node, fh)?;
-        let mut st = self.lock();
-        if Self::has_dirty(&mut st, node.0) {
-            if let Some(size) = st.nodes.get(&node.0).and_then(|n| n.size) {
-                a.size = size;
-                a.blocks = size.div_ceil(512);
+        let now = Instant::now();
+        let cached = self.meta().attr(node.0, now);
+        let mut a = match cached {
+            Some(a) => {
+                self.stats.meta_hits.fetch_add(1, Ordering::Relaxed);
+                a
             }
+            None => {
+                self.stats.meta_misses.fetch_add(1, Ordering::Relaxed);
+                let a = self.inner.getattr(req, node, fh)?;
+                if let Some(exp) = self.expiry(None) {
+                    self.meta().set_attr(node.0, a, exp);
+                }
+                a
+            }
+        };
+        if let Some(size) = self.dirty_size(node.0) {
+            a.size = size;
+            a.blocks = size.div_ceil(512);
         }
         Ok(a)
     }
 
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         let mut st = self.lock();
-        if set.size.is_some() {
+        if let Some(size) = set.size {
             self.flush_pages(&mut st, Some(node.0))?;
-            self.drop_pages(&mut st, node.0);
-            st.nodes.remove(&node.0);
+            let ps = self.ps();
+            // Pages past the new end go; the new last page is cut short.
+            let kept = size.div_ceil(ps);
+            if st.pages.drop_from(node.0, kept) > 0 {
+                self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+            }
+            if size % ps != 0 {
+                if let Some(p) = st.pages.peek((node.0, size / ps)) {
+                    p.data.truncate((size % ps) as usize);
+                }
+            }
+            st.nodes.entry(node.0).or_default().size = Some(size);
         }
         drop(st);
-        self.inner.setattr(req, node, set)
+        self.meta().drop_attr(node.0);
+        let a = self.inner.setattr(req, node, set)?;
+        if set.size.is_some() {
+            if let Some(ns) = self.lock().nodes.get_mut(&node.0) {
+                ns.seen = Some((a.size, a.mtime));
+                ns.wrote = false;
+            }
+        }
+        if let Some(exp) = self.expiry(None) {
+            self.meta().set_attr(node.0, a, exp);
+        }
+        Ok(a)
     }
 
     fn readlink(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
@@ -286,22 +630,30 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
     }
 
     fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
-        self.inner.symlink(req, parent, name, target)
+        let e = self.inner.symlink(req, parent, name, target)?;
+        self.remember(parent, name, &e);
+        Ok(e)
     }
 
     fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
-        self.inner.mknod(req, parent, name, new)
+        let e = self.inner.mknod(req, parent, name, new)?;
+        self.remember(parent, name, &e);
+        Ok(e)
     }
 
     fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
-        self.inner.mkdir(req, parent, name, new)
+        let e = self.inner.mkdir(req, parent, name, new)?;
+        self.remember(parent, name, &e);
+        Ok(e)
     }
 
     fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.forget_name(parent, name);
         self.inner.unlink(req, parent, name)
     }
 
     fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        self.forget_name(parent, name);
         self.inner.rmdir(req, parent, name)
     }
 
@@ -314,38 +666,55 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> Result<()> {
-        self.inner.rename(req, parent, name, new_parent, new_name, flags)
+        self.forget_name(parent, name);
+        self.forget_name(new_parent, new_name);
+        let r = self.inner.rename(req, parent, name, new_parent, new_name, flags);
+        // Whatever the outcome, nothing cached about these names may stand.
+        self.forget_name(parent, name);
+        self.forget_name(new_parent, new_name);
+        r
     }
 
     fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
-        self.inner.link(req, node, new_parent, new_name)
+        self.meta().drop_attr(node.0);
+        let e = self.inner.link(req, node, new_parent, new_name)?;
+        self.remember(new_parent, new_name, &e);
+        Ok(e)
     }
 
     fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
-        let opened = self.inner.open(req, node, flags)?;
+        let mut opened = self.inner.open(req, node, flags)?;
+        // The data must pass through the cache, not around it.
+        opened.data_map = None;
         let mut st = self.lock();
         if flags & libc::O_TRUNC != 0 {
             self.drop_pages(&mut st, node.0);
             st.nodes.remove(&node.0);
+            drop(st);
+            self.meta().drop_attr(node.0);
         } else if !Self::has_dirty(&mut st, node.0) {
             // Close-to-open: the file changed elsewhere since we cached it.
-            let now = self
-                .inner
-                .getattr(req, node, Some(opened.fh))
-                .map(|a| (a.size, a.mtime))
-                .ok();
+            let now = self.inner.getattr(req, node, Some(opened.fh)).ok();
             let ns = st.nodes.entry(node.0).or_default();
-            if now.is_none() || ns.seen != now {
-                ns.seen = now;
-                ns.size = now.map(|n| n.0);
+            let seen = now.map(|a| (a.size, a.mtime));
+            if seen.is_none() || ns.seen != seen {
+                ns.seen = seen;
+                ns.size = seen.map(|n| n.0);
+                ns.wrote = false;
                 self.drop_pages(&mut st, node.0);
+            }
+            drop(st);
+            if let (Some(a), Some(exp)) = (now, self.expiry(None)) {
+                self.meta().set_attr(node.0, a, exp);
             }
         }
         Ok(opened)
     }
 
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
-        let c = self.inner.create(req, parent, name, new, flags)?;
+        let mut c = self.inner.create(req, parent, name, new, flags)?;
+        c.opened.data_map = None;
+        self.remember(parent, name, &c.entry);
         let mut st = self.lock();
         self.drop_pages(&mut st, c.entry.node.0);
         st.nodes.insert(
@@ -354,6 +723,7 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
                 size: Some(c.entry.attr.size),
                 next: 0,
                 seen: Some((c.entry.attr.size, c.entry.attr.mtime)),
+                wrote: false,
             },
         );
         Ok(c)
@@ -363,6 +733,16 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
         let ps = self.ps();
         let mut st = self.lock();
         let sequential = st.nodes.get(&node.0).is_some_and(|n| n.next == offset && offset > 0);
+        // Nothing is asked for past the end of file the cache knows.
+        let size = st.nodes.get(&node.0).and_then(|n| n.size);
+        let buf = match size {
+            Some(size) if offset >= size => return Ok(0),
+            Some(size) => {
+                let n = buf.len().min((size - offset).try_into().unwrap_or(usize::MAX));
+                &mut buf[..n]
+            }
+            None => buf,
+        };
         let mut done = 0usize;
         while done < buf.len() {
             let pos = offset + done as u64;
@@ -379,8 +759,9 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
                 };
                 // Never more than half the cache: the pages must survive
                 // until copied out.
-                let room = (self.config.capacity / self.config.page_size / 2).max(1) as u64;
-                self.fill(&mut st, node, fh, idx, count.min(room))?;
+                let room = (self.config.pages() / 2).max(1) as u64;
+                let before_eof = size.map_or(u64::MAX, |s| s.div_ceil(ps).saturating_sub(idx).max(1));
+                self.fill(&mut st, node, fh, idx, count.min(room).min(before_eof))?;
             }
             let Some(page) = st.pages.get((node.0, idx)) else {
                 break;
@@ -408,6 +789,7 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
             self.drop_pages(&mut st, node.0);
             st.nodes.remove(&node.0);
             drop(st);
+            self.meta().drop_attr(node.0);
             return self.inner.write(&req0(), node, fh, data, args);
         }
         let ps = self.ps();
@@ -457,11 +839,15 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
                 page.data.resize(within + n, 0);
             }
             page.data[within..within + n].copy_from_slice(&data[done..done + n]);
+            let before = dirty_len(page);
             page.mark_dirty(within, within + n, fh);
+            let after = dirty_len(page);
+            self.dirty_delta(before, after);
             done += n;
         }
         let ns = st.nodes.entry(node.0).or_default();
         ns.size = Some(size.max(end));
+        self.meta().drop_attr(node.0);
         Ok(data.len())
     }
 
@@ -478,9 +864,14 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
         let mut st = self.lock();
         let r = self.flush_pages(&mut st, Some(node.0));
-        // What the inner file system now holds is what the cache saw.
-        if let Some(ns) = st.nodes.get_mut(&node.0) {
-            ns.seen = None;
+        // What the inner file system now holds is what the cache wrote:
+        // the next open must not take it for a change made elsewhere.
+        if st.nodes.get(&node.0).is_some_and(|ns| ns.wrote) && r.is_ok() {
+            let now = self.inner.getattr(req, node, Some(fh)).ok();
+            if let Some(ns) = st.nodes.get_mut(&node.0) {
+                ns.seen = now.map(|a| (a.size, a.mtime));
+                ns.wrote = false;
+            }
         }
         drop(st);
         let inner = self.inner.release(req, node, fh, args);
@@ -582,6 +973,7 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
         self.drop_pages(&mut st, node.0);
         st.nodes.remove(&node.0);
         drop(st);
+        self.meta().drop_attr(node.0);
         self.inner.fallocate(req, node, fh, offset, length, mode)
     }
 
@@ -599,6 +991,7 @@ impl<F: Filesystem> Filesystem for CachedFs<F> {
         self.drop_pages(&mut st, range.node_out.0);
         st.nodes.remove(&range.node_out.0);
         drop(st);
+        self.meta().drop_attr(range.node_out.0);
         self.inner.copy_file_range(req, range)
     }
 }

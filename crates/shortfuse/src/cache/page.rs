@@ -1,21 +1,312 @@
-//! A fixed-capacity store of file pages keyed by (node, page index), with a
-//! choice of eviction policy.
+//! Bounded stores with a choice of eviction policy: [`Store`] for any key
+//! and value (the metadata cache's attributes and names), [`PageStore`]
+//! for file pages keyed by (node, page index). The daemon's [`CachedFs`]
+//! and the preload shim's in-process cache (`shortfuse-vfs`) both keep
+//! their pages here.
 //!
 //! `Clock` (second chance) is the default: a hit only sets a bit, so the
 //! hit path (the common one) changes no shared order, and eviction
-//! approximates LRU by sweeping a hand that spares pages used since its last
-//! pass. `Lru` is kept for comparison: exact recency, at the cost of an
-//! ordered-map update on every hit.
+//! approximates LRU by sweeping a hand that spares entries used since its
+//! last pass. `Lru` is exact recency on an intrusive doubly linked list
+//! (O(1), but every hit relinks two neighbours). `shortfuse bench cache`
+//! measures both against each other and against `moka`.
+//!
+//! [`CachedFs`]: super::CachedFs
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use crate::types::FileHandle;
 
-/// Which page leaves when the cache is full.
+/// Which entry leaves when the store is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     Clock,
     Lru,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Clock => "clock",
+            Policy::Lru => "lru",
+        }
+    }
+}
+
+/// FxHash (rustc's): keys here are node numbers and short names, not
+/// attacker-chosen flood material worth SipHash's cost on every lookup.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(SEED);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        let mut tail = [0u8; 8];
+        let rest = chunks.remainder();
+        tail[..rest.len()].copy_from_slice(rest);
+        self.add(u64::from_le_bytes(tail) ^ rest.len() as u64);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type FxBuild = BuildHasherDefault<FxHasher>;
+
+const NIL: usize = usize::MAX;
+
+struct Slot<K, V> {
+    key: K,
+    value: V,
+    /// Clock: used since the hand last passed.
+    referenced: bool,
+    /// Lru: neighbours towards the most and the least recent.
+    newer: usize,
+    older: usize,
+}
+
+/// A map of at most `capacity` entries that evicts by [`Policy`].
+pub struct Store<K, V> {
+    policy: Policy,
+    capacity: usize,
+    map: HashMap<K, usize, FxBuild>,
+    slots: Vec<Option<Slot<K, V>>>,
+    free: Vec<usize>,
+    hand: usize,
+    /// Lru: most and least recently used slots.
+    newest: usize,
+    oldest: usize,
+}
+
+impl<K: Hash + Eq + Clone, V> Store<K, V> {
+    /// A store for at most `capacity` entries (at least one).
+    pub fn new(policy: Policy, capacity: usize) -> Store<K, V> {
+        let capacity = capacity.max(1);
+        Store {
+            policy,
+            capacity,
+            map: HashMap::with_capacity_and_hasher(capacity.min(1 << 16), FxBuild::default()),
+            slots: Vec::new(),
+            free: Vec::new(),
+            hand: 0,
+            newest: NIL,
+            oldest: NIL,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    fn slot(&mut self, i: usize) -> &mut Slot<K, V> {
+        self.slots[i].as_mut().expect("a mapped slot holds an entry")
+    }
+
+    fn unlink(&mut self, i: usize) {
+        let (newer, older) = {
+            let s = self.slot(i);
+            (s.newer, s.older)
+        };
+        match newer {
+            NIL => self.newest = older,
+            n => self.slot(n).older = older,
+        }
+        match older {
+            NIL => self.oldest = newer,
+            o => self.slot(o).newer = newer,
+        }
+    }
+
+    fn push_newest(&mut self, i: usize) {
+        let old_newest = self.newest;
+        {
+            let s = self.slot(i);
+            s.newer = NIL;
+            s.older = old_newest;
+        }
+        match old_newest {
+            NIL => self.oldest = i,
+            n => self.slot(n).newer = i,
+        }
+        self.newest = i;
+    }
+
+    #[inline]
+    fn touch(&mut self, i: usize) {
+        match self.policy {
+            Policy::Clock => self.slot(i).referenced = true,
+            Policy::Lru => {
+                if self.newest != i {
+                    self.unlink(i);
+                    self.push_newest(i);
+                }
+            }
+        }
+    }
+
+    /// The value for `key`, counted as a use.
+    #[inline]
+    pub fn get(&mut self, key: &K) -> Option<&mut V> {
+        let i = *self.map.get(key)?;
+        self.touch(i);
+        Some(&mut self.slot(i).value)
+    }
+
+    /// The value for `key` without counting a use.
+    #[inline]
+    pub fn peek(&mut self, key: &K) -> Option<&mut V> {
+        let i = *self.map.get(key)?;
+        Some(&mut self.slot(i).value)
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Adds `value` at `key`. Returns what it displaced: the old value of
+    /// `key`, or the entry evicted to make room (the caller writes back a
+    /// dirty page).
+    pub fn insert(&mut self, key: K, value: V) -> Option<(K, V)> {
+        if let Some(&i) = self.map.get(&key) {
+            let old = std::mem::replace(&mut self.slot(i).value, value);
+            self.touch(i);
+            return Some((key, old));
+        }
+        let evicted = if self.map.len() >= self.capacity {
+            self.evict()
+        } else {
+            None
+        };
+        let slot = Slot {
+            key: key.clone(),
+            value,
+            // A new entry must be used again to earn its second chance.
+            referenced: false,
+            newer: NIL,
+            older: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        };
+        self.map.insert(key, i);
+        if self.policy == Policy::Lru {
+            self.push_newest(i);
+        }
+        evicted
+    }
+
+    fn victim(&mut self) -> Option<usize> {
+        if self.map.is_empty() {
+            return None;
+        }
+        match self.policy {
+            Policy::Lru => Some(self.oldest),
+            Policy::Clock => loop {
+                self.hand = (self.hand + 1) % self.slots.len();
+                if let Some(s) = self.slots[self.hand].as_mut() {
+                    if !s.referenced {
+                        return Some(self.hand);
+                    }
+                    s.referenced = false;
+                }
+            },
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Option<(K, V)> {
+        if self.policy == Policy::Lru {
+            self.unlink(i);
+        }
+        let s = self.slots[i].take()?;
+        self.map.remove(&s.key);
+        self.free.push(i);
+        Some((s.key, s.value))
+    }
+
+    /// Evicts one entry by the policy.
+    pub fn evict(&mut self) -> Option<(K, V)> {
+        let i = self.victim()?;
+        self.take(i)
+    }
+
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let i = *self.map.get(key)?;
+        self.take(i).map(|(_, v)| v)
+    }
+
+    /// Every key (in no order).
+    pub fn keys(&self) -> Vec<K> {
+        self.map.keys().cloned().collect()
+    }
+
+    /// Removes every entry whose key and value fail `keep`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K, &mut V) -> bool) {
+        let mut gone = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(s) = s {
+                if !keep(&s.key, &mut s.value) {
+                    gone.push(i);
+                }
+            }
+        }
+        for i in gone {
+            self.take(i);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.hand = 0;
+        self.newest = NIL;
+        self.oldest = NIL;
+    }
 }
 
 /// (node id, page index).
@@ -29,19 +320,11 @@ pub struct Page {
     /// Bytes changed since the page was last written back, and the open
     /// file to write them through.
     pub dirty: Option<(usize, usize, FileHandle)>,
-    referenced: bool,
-    tick: u64,
 }
 
 impl Page {
     pub fn new(key: Key, data: Vec<u8>) -> Page {
-        Page {
-            key,
-            data,
-            dirty: None,
-            referenced: false,
-            tick: 0,
-        }
+        Page { key, data, dirty: None }
     }
 
     /// Marks `start..end` changed, to be written through `fh`.
@@ -53,160 +336,77 @@ impl Page {
     }
 }
 
-pub struct PageStore {
-    policy: Policy,
-    capacity: usize,
-    map: HashMap<Key, usize>,
-    slots: Vec<Option<Page>>,
-    free: Vec<usize>,
-    hand: usize,
-    lru: BTreeMap<u64, usize>,
-    tick: u64,
-}
+/// File pages: a [`Store`] keyed by (node, page index).
+pub struct PageStore(Store<Key, Page>);
 
 impl PageStore {
     /// A store for at most `capacity` pages (at least one).
     pub fn new(policy: Policy, capacity: usize) -> PageStore {
-        PageStore {
-            policy,
-            capacity: capacity.max(1),
-            map: HashMap::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-            hand: 0,
-            lru: BTreeMap::new(),
-            tick: 0,
-        }
+        PageStore(Store::new(policy, capacity))
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.0.is_empty()
     }
 
-    fn touch(&mut self, slot: usize) {
-        let Some(page) = self.slots[slot].as_mut() else {
-            return;
-        };
-        match self.policy {
-            Policy::Clock => page.referenced = true,
-            Policy::Lru => {
-                self.lru.remove(&page.tick);
-                self.tick += 1;
-                page.tick = self.tick;
-                self.lru.insert(self.tick, slot);
-            }
-        }
+    pub fn capacity(&self) -> usize {
+        self.0.capacity()
     }
 
     /// The page for `key`, counted as a use.
+    #[inline]
     pub fn get(&mut self, key: Key) -> Option<&mut Page> {
-        let slot = *self.map.get(&key)?;
-        self.touch(slot);
-        self.slots[slot].as_mut()
+        self.0.get(&key)
     }
 
     /// The page for `key` without counting a use.
+    #[inline]
     pub fn peek(&mut self, key: Key) -> Option<&mut Page> {
-        let slot = *self.map.get(&key)?;
-        self.slots[slot].as_mut()
+        self.0.peek(&key)
     }
 
-    /// Adds (or replaces) a page; returns the page evicted to make room,
-    /// which the caller must write back if dirty.
+    /// Adds a page; returns the page it displaced (evicted, or an older
+    /// copy of the same page), which the caller must write back if dirty.
     pub fn insert(&mut self, page: Page) -> Option<Page> {
-        if let Some(&slot) = self.map.get(&page.key) {
-            let old = self.slots[slot]
-                .as_mut()
-                .map(|p| std::mem::replace(&mut p.data, page.data));
-            if let Some(p) = self.slots[slot].as_mut() {
-                if page.dirty.is_some() {
-                    p.dirty = page.dirty;
-                }
-            }
-            drop(old);
-            self.touch(slot);
-            return None;
-        }
-        let evicted = if self.map.len() >= self.capacity {
-            self.evict()
-        } else {
-            None
-        };
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                self.slots.push(None);
-                self.slots.len() - 1
-            }
-        };
-        self.map.insert(page.key, slot);
-        self.slots[slot] = Some(page);
-        self.touch(slot);
-        // A new page starts unreferenced under Clock: it must be used again
-        // to earn its second chance.
-        if let (Policy::Clock, Some(p)) = (self.policy, self.slots[slot].as_mut()) {
-            p.referenced = false;
-        }
-        evicted
-    }
-
-    fn victim(&mut self) -> Option<usize> {
-        match self.policy {
-            Policy::Lru => self.lru.first_key_value().map(|(_, &s)| s),
-            Policy::Clock => {
-                if self.map.is_empty() {
-                    return None;
-                }
-                loop {
-                    self.hand = (self.hand + 1) % self.slots.len();
-                    if let Some(p) = self.slots[self.hand].as_mut() {
-                        if !p.referenced {
-                            return Some(self.hand);
-                        }
-                        p.referenced = false;
-                    }
-                }
-            }
-        }
-    }
-
-    fn take(&mut self, slot: usize) -> Option<Page> {
-        let page = self.slots[slot].take()?;
-        self.map.remove(&page.key);
-        if self.policy == Policy::Lru {
-            self.lru.remove(&page.tick);
-        }
-        self.free.push(slot);
-        Some(page)
-    }
-
-    fn evict(&mut self) -> Option<Page> {
-        let slot = self.victim()?;
-        self.take(slot)
+        self.0.insert(page.key, page).map(|(_, p)| p)
     }
 
     /// Removes one page.
     pub fn remove(&mut self, key: Key) -> Option<Page> {
-        let slot = *self.map.get(&key)?;
-        self.take(slot)
+        self.0.remove(&key)
     }
 
     /// The keys of every page of `node`, in page order.
     pub fn keys_of(&self, node: u64) -> Vec<Key> {
-        let mut keys: Vec<Key> = self.map.keys().filter(|k| k.0 == node).copied().collect();
+        let mut keys: Vec<Key> = self.0.map.keys().filter(|k| k.0 == node).copied().collect();
         keys.sort_unstable();
         keys
     }
 
-    /// Every key, for flushing all.
+    /// Every key, in (node, page) order.
     pub fn keys(&self) -> Vec<Key> {
-        let mut keys: Vec<Key> = self.map.keys().copied().collect();
+        let mut keys = self.0.keys();
         keys.sort_unstable();
         keys
+    }
+
+    /// Drops the pages of `node` from page `first` on; returns how many.
+    pub fn drop_from(&mut self, node: u64, first: u64) -> usize {
+        let mut n = 0;
+        self.0.retain(|k, _| {
+            let gone = k.0 == node && k.1 >= first;
+            n += gone as usize;
+            !gone
+        });
+        n
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear()
     }
 }
 
@@ -230,6 +430,11 @@ mod tests {
         assert_eq!(fill(&mut s, [4]), vec![2]);
         assert_eq!(fill(&mut s, [5]), vec![0]);
         assert_eq!(s.len(), 3);
+        // Removing from the middle keeps the order of the rest.
+        s.get((1, 3));
+        assert!(s.remove((1, 4)).is_some());
+        assert_eq!(fill(&mut s, [6, 7]), vec![5]);
+        assert_eq!(fill(&mut s, [8]), vec![3]);
     }
 
     #[test]
@@ -241,6 +446,23 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_ne!(out[0], 1, "the referenced page was evicted first");
         assert!(s.peek((1, 1)).is_some());
+    }
+
+    #[test]
+    fn stores_stay_bounded_and_drop_ranges() {
+        for policy in [Policy::Clock, Policy::Lru] {
+            let mut s = PageStore::new(policy, 8);
+            let evicted = fill(&mut s, 0..100);
+            assert_eq!((s.len(), evicted.len()), (8, 92), "{policy:?}");
+            assert_eq!(s.drop_from(1, 96), 4);
+            assert_eq!(s.keys(), (92..96).map(|i| (1, i)).collect::<Vec<_>>());
+            let mut m: Store<Box<[u8]>, u32> = Store::new(policy, 2);
+            m.insert(Box::from(&b"a"[..]), 1);
+            m.insert(Box::from(&b"b"[..]), 2);
+            assert_eq!(m.insert(Box::from(&b"a"[..]), 3).map(|(_, v)| v), Some(1), "replaced");
+            assert!(m.insert(Box::from(&b"c"[..]), 4).is_some(), "evicted");
+            assert_eq!(m.len(), 2);
+        }
     }
 
     #[test]

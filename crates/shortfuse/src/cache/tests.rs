@@ -94,8 +94,9 @@ fn cached(b: Backing, pages: usize, policy: Policy, readahead: usize) -> CachedF
         capacity: pages * PS,
         policy,
         readahead,
+        ..CacheConfig::default()
     };
-    CachedFs::new(b, config).unwrap()
+    CachedFs::new(Arc::new(b), config).unwrap()
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -125,7 +126,7 @@ fn reads_hit_after_the_first_and_clip_at_eof() {
     assert_eq!(read(&fs, 10 * PS as u64, PS), data[10 * PS..]);
     assert_eq!(read(&fs, 10 * PS as u64 + 100, PS), b"");
     assert_eq!(read(&fs, 20 * PS as u64, PS), b"");
-    assert!(fs.stats.hits.load(Ordering::Relaxed) > 0);
+    assert!(fs.stats().hits.load(Ordering::Relaxed) > 0);
 }
 
 #[test]
@@ -144,7 +145,7 @@ fn sequential_reads_fetch_ahead() {
     for i in [40u64, 3, 17] {
         read(&fs, i * PS as u64 + 5, 10);
     }
-    assert_eq!(fs.stats.bytes_in.load(Ordering::Relaxed), 3 * PS as u64);
+    assert_eq!(fs.stats().bytes_in.load(Ordering::Relaxed), 3 * PS as u64);
 }
 
 #[test]
@@ -215,7 +216,7 @@ fn truncate_and_remote_changes_invalidate() {
     fs.inner().replace(7, b"new contents");
     fs.open(&R, N, libc::O_RDONLY).unwrap();
     assert_eq!(read(&fs, 0, PS), b"new contents");
-    assert!(fs.stats.invalidations.load(Ordering::Relaxed) > 0);
+    assert!(fs.stats().invalidations.load(Ordering::Relaxed) > 0);
 }
 
 #[test]
@@ -237,7 +238,7 @@ fn eviction_writes_dirty_pages_back() {
             )
             .unwrap();
         }
-        assert!(fs.stats.evictions.load(Ordering::Relaxed) >= 28, "{policy:?}");
+        assert!(fs.stats().evictions.load(Ordering::Relaxed) >= 28, "{policy:?}");
         assert!(read(&fs, 0, 32 * PS) == data, "{policy:?}: read back");
         fs.flush(&R, N, FH, 0).unwrap();
         assert!(fs.inner().data(7) == data, "{policy:?}: inner copy");
@@ -248,12 +249,13 @@ fn eviction_writes_dirty_pages_back() {
 fn bad_configs_are_refused() {
     let bad = |page_size, capacity, readahead| {
         CachedFs::new(
-            Backing::default(),
+            Arc::new(Backing::default()),
             CacheConfig {
                 page_size,
                 capacity,
                 policy: Policy::Lru,
                 readahead,
+                ..CacheConfig::default()
             },
         )
         .is_err()
