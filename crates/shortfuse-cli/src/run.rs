@@ -46,6 +46,11 @@ pub struct RunArgs {
     /// May be repeated.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     options: Vec<String>,
+    /// Append the in-process caches' statistics to FILE as each process
+    /// image exits: one JSON line per mount with a cache (sets
+    /// SHORTFUSE_STATS=FILE for the program and its children).
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
     /// The program and its arguments (after `--`).
     #[arg(
         value_name = "PROGRAM",
@@ -107,6 +112,11 @@ pub fn main(args: RunArgs) -> ExitCode {
     cmd.env("LD_PRELOAD", ld_preload(&shim, std::env::var_os("LD_PRELOAD")));
     // A current directory handed over by an outer `run` means nothing here.
     cmd.env_remove("SHORTFUSE_CWD");
+    if let Some(f) = &args.stats {
+        // Absolute: the program's processes may run anywhere.
+        let f = std::env::current_dir().map(|d| d.join(f)).unwrap_or_else(|_| f.clone());
+        cmd.env("SHORTFUSE_STATS", f);
+    }
     let e = cmd.exec();
     eprintln!("shortfuse run: {}: {e}", Path::new(&args.program[0]).display());
     ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {

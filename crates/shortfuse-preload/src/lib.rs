@@ -267,6 +267,48 @@ extern "C" fn init() {
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
+/// `SHORTFUSE_STATS=FILE`: when a process image exits (exit(3), or the
+/// end of main), it appends one JSON line per mount with a page cache to
+/// FILE: `{"pid":..,"mountpoint":"..","cache":{"hits":..,...}}`. Images
+/// that end in `_exit` or exec (a shell's children), or never used the
+/// cache, write nothing; every other process of the program writes its
+/// own line.
+pub const STATS_VAR: &str = "SHORTFUSE_STATS";
+
+/// The destructor: the cache statistics, as [`STATS_VAR`] asks.
+extern "C" fn fini() {
+    let (Some(state), Some(path)) = (STATE.get(), std::env::var_os(STATS_VAR)) else {
+        return;
+    };
+    let pid = sys::raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
+    let mut out = String::new();
+    for m in &state.mounts {
+        // Images that never used the cache (a shell's helpers) say nothing.
+        if let Some(pc) = m.page_cache().filter(|pc| pc.stats().snapshot() != Default::default()) {
+            let mp: String = String::from_utf8_lossy(m.mountpoint())
+                .chars()
+                .flat_map(|c| match c {
+                    '"' | '\\' => vec!['\\', c],
+                    c if (c as u32) < 0x20 => vec!['?'],
+                    c => vec![c],
+                })
+                .collect();
+            out.push_str(&format!(
+                "{{\"pid\":{pid},\"mountpoint\":\"{mp}\",\"cache\":{}}}\n",
+                pc.stats().snapshot().json()
+            ));
+        }
+    }
+    if !out.is_empty() {
+        sys::append_file(path.as_encoded_bytes(), out.as_bytes());
+    }
+}
+
+#[used]
+#[allow(unsafe_code)]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
 /// Called by the entry for every intercepted call the fast path does not
 /// take: file calls, and signal calls when Syscall User Dispatch is on.
 #[allow(unsafe_code)]

@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use shortfuse::{Filesystem, Stats};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
-use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, Vfs, Walk, WalkFlags, MCACHE_NODES};
+use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, PageCache, Vfs, Walk, WalkFlags, MCACHE_NODES};
 
 use crate::{sys, State};
 
-/// `SHORTFUSE_MAPS=off`: the file systems' data maps are not used.
+/// `SHORTFUSE_MAPS=off`: the file systems' data maps are not used (nor
+/// when a mount's page cache is on).
 pub const MAPS_VAR: &str = "SHORTFUSE_MAPS";
 
 /// The environment variable naming the current directory inside a mount
@@ -108,7 +109,15 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     // the maps are worth; fork, exec, locks and shared maps then fall back
     // to what placeholders can do).
     let fs = fs?;
-    let (fs, maps) = if std::env::var_os(MAPS_VAR).is_some_and(|v| v == "off") {
+    // With the page cache on, the data must pass through it: the mount
+    // gives up its maps (seed 000: over local backing files that only
+    // doubles the kernel's caching, which is why `auto` leaves it off).
+    let cache = if run.cache_on(&spec.fs) {
+        Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)
+    } else {
+        None
+    };
+    let (fs, maps) = if cache.is_some() || std::env::var_os(MAPS_VAR).is_some_and(|v| v == "off") {
         (fs, None)
     } else {
         let (fs, maps) = MapTap::wrap(fs, MCACHE_NODES);
@@ -119,6 +128,9 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
     if let Some(maps) = maps {
         vfs.set_maps(maps);
+    }
+    if let Some(cache) = cache {
+        vfs.set_page_cache(cache);
     }
     vfs.set_umask(umask);
     vfs.set_read_only(run.ro);

@@ -248,6 +248,24 @@ impl OpenFile {
             return m.map.read_at(offset, buf).map_err(io_errno);
         }
         let fh = fh.ok_or(Errno::EBADF)?;
+        match self.page_cache() {
+            // O_DIRECT reads ask the file system (writes keep the pages right).
+            Some(pc) if self.flags() & libc::O_DIRECT == 0 => {
+                pc.read(self.node, offset, buf, |off, b| self.read_direct(fh, b, off))
+            }
+            _ => self.read_direct(fh, buf, offset),
+        }
+    }
+
+    /// The page cache for this file's data: a regular file without a data map.
+    fn page_cache(&self) -> Option<&crate::PageCache> {
+        self.vfs
+            .page_cache()
+            .filter(|_| self.kind == FileType::Regular && self.map.is_none())
+    }
+
+    /// READs (of at most `max_io` each) until `buf` is full or end of file.
+    fn read_direct(&self, fh: u64, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
         let max = self.vfs.max_io();
         let mut done = 0;
         while done < buf.len() {
@@ -324,6 +342,10 @@ impl OpenFile {
             }
         };
         self.vfs.invalidate_attr(self.node);
+        if let (Some(pc), Ok(n)) = (self.page_cache(), &result) {
+            // Write-through: the file system has it, the pages follow.
+            pc.wrote(self.node, offset, &data[..*n]);
+        }
         result
     }
 
@@ -477,6 +499,9 @@ impl OpenFile {
             r => r,
         };
         self.vfs.invalidate_attr(self.node);
+        if let Some(pc) = self.page_cache() {
+            pc.invalidate(self.node);
+        }
         r
     }
 
@@ -516,6 +541,15 @@ fn sync_backing(map: &shortfuse::DataMap, datasync: bool) -> Result<(), Errno> {
 
 impl Drop for OpenFile {
     fn drop(&mut self) {
+        if let (Some(fh), Some(pc)) = (self.fh, self.page_cache()) {
+            // Our own writes changed the mtime: not a change made elsewhere
+            // when the file is opened again.
+            if pc.wrote_since_seen(self.node) {
+                if let Ok(a) = self.vfs.getattr_fresh(self.node, Some(fh)) {
+                    pc.seen(self.node, &a);
+                }
+            }
+        }
         if let Some(fh) = self.fh {
             // RELEASE errors are ignored, as the kernel ignores them.
             let _ = self
@@ -641,6 +675,17 @@ impl Vfs {
             (Some(fh), Some(t)) if kind == FileType::Regular => t.take(node, fh),
             _ => None,
         };
+        if let (Some(pc), Some(fh), None, FileType::Regular) = (self.page_cache(), fh, &map, kind) {
+            // Close-to-open: what the file system holds now decides whether
+            // the cached pages still stand.
+            let now = match created_fh {
+                Some(_) => attr,
+                None => self.getattr_fresh(node, Some(fh)).inspect_err(|_| {
+                    let _ = self.client().release(node, fh, flags, false);
+                })?,
+            };
+            pc.opened(node, &now);
+        }
         self.pin(node);
         if let Some(l) = &loc {
             self.pin_location(l);

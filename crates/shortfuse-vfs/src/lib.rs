@@ -18,8 +18,11 @@
 //! valid. Byte-range and flock locks of open files without a backing file
 //! live on a per-node anonymous kernel file ([`OpenFile::lock_fd`]).
 //!
-//! Not here yet: a page cache and read-ahead (every read and write of an
-//! unmapped file is a request).
+//! Page cache ([`PageCache`], `-o cache=on`, on by default for network
+//! file systems): pages of files without a data map kept in process,
+//! write-through, with read-ahead and reads clipped at the end of file;
+//! its pages live in the store the daemon's cache tier uses
+//! (`shortfuse::cache::page`).
 
 #![deny(unsafe_code)]
 
@@ -28,6 +31,7 @@ mod cache;
 mod client;
 mod file;
 mod maps;
+mod pages;
 mod ring;
 pub mod spec;
 mod vfs;
@@ -36,6 +40,7 @@ pub use backend::{Backend, InProcess, Invalidation};
 pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn, XattrOut};
 pub use file::{FdTable, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};
+pub use pages::PageCache;
 pub use ring::Ring;
 pub use spec::{MountSpec, RunOptions};
 pub use vfs::{Last, Location, Target, Vfs, Walk, WalkFlags, MAXSYMLINKS, PATH_MAX};

@@ -23,6 +23,7 @@ use crate::backend::Backend;
 use crate::cache::{Cache, Cached, Forgets};
 use crate::client::{Client, Creds, EntryOut, InitOut, Lookup, SetAttrIn};
 use crate::maps::MapTable;
+use crate::pages::PageCache;
 
 /// Symbolic links followed in one resolution before `ELOOP` (the kernel's
 /// `MAXSYMLINKS`).
@@ -207,6 +208,8 @@ pub struct Vfs {
     /// Per node, the anonymous kernel file whose locks stand for the
     /// node's (see `OpenFile::lock_fd`).
     pub(crate) lock_inodes: Mutex<HashMap<NodeId, Weak<std::fs::File>>>,
+    /// The in-process page cache, when the mount has one.
+    pages: OnceLock<PageCache>,
 }
 
 impl Vfs {
@@ -239,6 +242,7 @@ impl Vfs {
             source: OnceLock::new(),
             maps: OnceLock::new(),
             lock_inodes: Mutex::new(HashMap::new()),
+            pages: OnceLock::new(),
         })
     }
 
@@ -300,6 +304,16 @@ impl Vfs {
         self.maps.get()
     }
 
+    /// Gives the mount a page cache for the files it opens without a data
+    /// map (only the first call counts).
+    pub fn set_page_cache(&self, cache: PageCache) {
+        let _ = self.pages.set(cache);
+    }
+
+    pub fn page_cache(&self) -> Option<&PageCache> {
+        self.pages.get()
+    }
+
     /// The cached attributes of `node`, when still valid (no request).
     pub fn cached_attr(&self, node: NodeId) -> Option<Attr> {
         self.lock().attr(node, Instant::now())
@@ -351,6 +365,9 @@ impl Vfs {
     /// Sends the FORGETs collected under the cache lock.
     fn forget(&self, forgets: Forgets) {
         for (node, n) in forgets {
+            if let Some(pc) = self.page_cache() {
+                pc.forget(node);
+            }
             self.client.forget(node, n);
         }
     }
@@ -854,10 +871,16 @@ impl Vfs {
         match self.client.setattr(node, set) {
             Ok((a, ttl)) => {
                 self.lock().set_attr(node, a, ttl, Instant::now());
+                if let (Some(pc), Some(size)) = (self.page_cache(), set.size) {
+                    pc.truncated(node, size);
+                }
                 Ok(a)
             }
             Err(e) => {
                 self.invalidate_attr(node);
+                if let (Some(pc), Some(_)) = (self.page_cache(), set.size) {
+                    pc.invalidate(node);
+                }
                 Err(e)
             }
         }
