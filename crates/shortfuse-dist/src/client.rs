@@ -42,6 +42,14 @@
 //! lease and no cached data as long as the session is resumed within the
 //! TTL.
 //!
+//! # Open files
+//!
+//! The server learns which files this client holds open (at the first
+//! open here and the last close, however many the kernel has), so that a
+//! file removed by any client stays readable and writable through the
+//! opens until the last one closes (see [`crate::server`]). A client whose
+//! session could not be resumed tells the new session again.
+//!
 //! # Kernel page cache
 //!
 //! The kernel knows nothing about leases, so its page cache could serve a
@@ -52,7 +60,9 @@
 //!
 //! # Lock order
 //!
-//! `Inner::conn` and `Inner::files` are leaf locks held for a lookup only.
+//! `Inner::conn` and `Inner::files` are leaf locks held for a lookup only,
+//! but for `Inner::conn` while a new session starts: it takes the files'
+//! `opens` then, so nothing asks for a connection while holding `opens`.
 //! Per file: the lease slot, then the block cache; never two files at once.
 
 use std::collections::{BTreeSet, HashMap};
@@ -232,6 +242,8 @@ struct FileState {
     kind: u32,
     lease: RwLock<Slot>,
     cache: Mutex<Cache>,
+    /// Opens of this file here (the kernel's, not yet released).
+    opens: Mutex<u32>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -428,6 +440,18 @@ impl Inner {
             }),
         )
         .map_err(|_| Errno::ENOTCONN)?;
+        if resume.is_some_and(|r| r != conn.client) {
+            // A new session: the old one's open files were closed with it.
+            // One removed meanwhile is gone (ENOENT): nothing to keep.
+            let open: Vec<u64> = lock(&self.files)
+                .iter()
+                .filter(|(_, f)| *lock(&f.opens) > 0)
+                .map(|(i, _)| *i)
+                .collect();
+            for ino in open {
+                let _ = conn.call(Req::Open { ino });
+            }
+        }
         self.session.store(conn.client.0, Ordering::Release);
         let bs = self.block_size.load(Ordering::Acquire);
         if bs == 0 {
@@ -490,6 +514,7 @@ impl Inner {
                     kind: info.attr.mode & libc::S_IFMT,
                     lease: RwLock::new(Slot::default()),
                     cache: Mutex::new(Cache::default()),
+                    opens: Mutex::new(0),
                 })
             })
             .clone()
@@ -1067,15 +1092,23 @@ impl Filesystem for DistFs {
                 target: target.as_bytes().to_vec(),
             },
             libc::S_IFLNK | 0o777,
+            false,
         )
     }
 
     fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
-        self.create_node(req, parent, name, NewKind::Node { rdev: new.rdev }, new.mode)
+        self.create_node(req, parent, name, NewKind::Node { rdev: new.rdev }, new.mode, false)
     }
 
     fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
-        self.create_node(req, parent, name, NewKind::Dir, libc::S_IFDIR | (new.mode & 0o7777))
+        self.create_node(
+            req,
+            parent,
+            name,
+            NewKind::Dir,
+            libc::S_IFDIR | (new.mode & 0o7777),
+            false,
+        )
     }
 
     fn unlink(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
@@ -1130,23 +1163,39 @@ impl Filesystem for DistFs {
 
     fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
         let f = self.inner.file(node.0)?;
+        {
+            // The connection first: `Inner::conn` takes `opens` under its
+            // own lock when it starts a new session.
+            let conn = self.inner.conn()?;
+            let mut opens = lock(&f.opens);
+            if *opens == 0 {
+                conn.call(Req::Open { ino: node.0 })?;
+            }
+            *opens += 1;
+        }
         if flags & libc::O_TRUNC != 0 {
             // The kernel sends O_TRUNC here only with atomic_o_trunc, which
             // is not asked for; a setattr does it otherwise.
-            self.inner.truncate(
+            let r = self.inner.truncate(
                 &f,
                 0,
                 AttrChange {
                     size: Some(0),
                     ..AttrChange::default()
                 },
-            )?;
+            );
+            if let Err(e) = r {
+                // No handle: the kernel sends no release for it.
+                self.close(&f);
+                return Err(e);
+            }
         }
         Ok(self.opened())
     }
 
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
-        let entry = self.create_node(req, parent, name, NewKind::Node { rdev: 0 }, new.mode)?;
+        let entry = self.create_node(req, parent, name, NewKind::Node { rdev: 0 }, new.mode, true)?;
+        *lock(&self.inner.file(entry.node.0)?.opens) += 1;
         Ok(Created {
             entry,
             opened: self.opened(),
@@ -1208,7 +1257,10 @@ impl Filesystem for DistFs {
         Ok(())
     }
 
-    fn release(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _args: &ReleaseArgs) -> Result<()> {
+    fn release(&self, _req: &Request, node: NodeId, _fh: FileHandle, _args: &ReleaseArgs) -> Result<()> {
+        if let Some(f) = lock(&self.inner.files).get(&node.0).cloned() {
+            self.close(&f);
+        }
         Ok(())
     }
 
@@ -1288,7 +1340,26 @@ impl DistFs {
         }
     }
 
-    fn create_node(&self, req: &Request, parent: NodeId, name: &OsStr, kind: NewKind, mode: u32) -> Result<Entry> {
+    /// Drops one open of `f`; the last tells the server. A failure to
+    /// tell it (connection lost) is harmless: the session's end closes.
+    fn close(&self, f: &FileState) {
+        let conn = self.inner.conn();
+        let mut opens = lock(&f.opens);
+        *opens = opens.saturating_sub(1);
+        if let (0, Ok(conn)) = (*opens, conn) {
+            let _ = conn.call(Req::Close { ino: f.gfi.ino });
+        }
+    }
+
+    fn create_node(
+        &self,
+        req: &Request,
+        parent: NodeId,
+        name: &OsStr,
+        kind: NewKind,
+        mode: u32,
+        open: bool,
+    ) -> Result<Entry> {
         let info = node_reply(self.inner.call(Req::Create {
             parent: parent.0,
             name: name_bytes(name)?,
@@ -1296,6 +1367,7 @@ impl DistFs {
             mode,
             uid: req.uid,
             gid: req.gid,
+            open,
         })?)?;
         Ok(self.inner.entry(&info))
     }

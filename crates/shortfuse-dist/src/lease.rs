@@ -29,6 +29,15 @@
 //! are sent again when it resumes. Lease and client ids never repeat across
 //! restarts, so fencing stays exact.
 //!
+//! # Open files
+//!
+//! The manager also keeps which sessions hold each file open, so that a
+//! file whose last name is removed while it is open stays (an orphan in
+//! [`crate::meta`]) until its last opener closes it or its session ends
+//! (POSIX open-after-unlink, across clients). A session that ends leaves
+//! the files it was the last opener of in a queue ([`LeaseManager::take_closed`])
+//! for the server to reap. Open files are saved with the sessions.
+//!
 //! Seam for the scale-out step: the public methods (`open_session`,
 //! `renew`, `end_session`, `acquire`, `release`, `begin_io`) are the whole
 //! interface the server uses; an etcd-backed manager keeps the same shape
@@ -79,6 +88,10 @@ struct State {
     files: HashMap<Gfi, FileLeases>,
     next_client: u64,
     next_lease: u64,
+    /// Which sessions hold each file open.
+    opens: HashMap<Gfi, HashSet<ClientId>>,
+    /// Files whose last opener went away, not yet taken by the server.
+    closed: Vec<Gfi>,
 }
 
 /// One file's saved lease: mode and holders with their lease ids.
@@ -91,6 +104,7 @@ struct Saved {
     next_lease: u64,
     sessions: Vec<ClientId>,
     files: Vec<SavedFile>,
+    opens: Vec<(Gfi, Vec<ClientId>)>,
 }
 
 /// The lease manager. Cheap to share (`Arc`).
@@ -169,6 +183,13 @@ impl LeaseManager {
                         .collect();
                 }
                 st.files.retain(|_, f| !f.idle());
+                for (gfi, openers) in saved.opens {
+                    let openers: HashSet<ClientId> =
+                        openers.into_iter().filter(|c| st.sessions.contains_key(c)).collect();
+                    if !openers.is_empty() {
+                        st.opens.insert(gfi, openers);
+                    }
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", file.display()))),
@@ -204,6 +225,11 @@ impl LeaseManager {
                 .files
                 .iter()
                 .filter_map(|(g, f)| Some((*g, f.mode?, f.holders.iter().map(|(c, l)| (*c, *l)).collect())))
+                .collect(),
+            opens: st
+                .opens
+                .iter()
+                .map(|(g, o)| (*g, o.iter().copied().collect()))
                 .collect(),
         };
         let bytes = bincode::serialize(&saved).map_err(|_| Errno::EIO)?;
@@ -304,6 +330,7 @@ impl LeaseManager {
         }
         st.sessions.remove(&client);
         Self::drop_holder_everywhere(&mut st, client);
+        Self::drop_opens(&mut st, client);
         // A failed write is harmless: a restart that still finds the
         // session expires it after one TTL.
         let _ = self.save(&st);
@@ -323,6 +350,79 @@ impl LeaseManager {
         });
     }
 
+    /// Closes every file `client` holds open.
+    fn drop_opens(st: &mut State, client: ClientId) {
+        let closed = &mut st.closed;
+        st.opens.retain(|gfi, openers| {
+            if openers.remove(&client) && openers.is_empty() {
+                closed.push(*gfi);
+            }
+            !openers.is_empty()
+        });
+    }
+
+    /// Records that `client` holds `gfi` open (once, however many times
+    /// its kernel opened it). `ESTALE` when the session is gone.
+    pub fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
+        let mut st = self.lock();
+        self.expire(&mut st, Instant::now());
+        if !st.sessions.contains_key(&client) {
+            return Err(Errno::ESTALE);
+        }
+        if st.opens.entry(gfi).or_default().insert(client) {
+            if let Err(e) = self.save(&st) {
+                Self::close_locked(&mut st, client, gfi);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// `client` no longer holds `gfi` open. Returns whether nobody does
+    /// now (the file is also queued for [`LeaseManager::take_closed`]).
+    pub fn close_file(&self, client: ClientId, gfi: Gfi) -> bool {
+        let mut st = self.lock();
+        let last = Self::close_locked(&mut st, client, gfi);
+        // A failed write keeps the opener after a restart until its
+        // session expires: the orphan lives a little longer, no more.
+        let _ = self.save(&st);
+        last
+    }
+
+    fn close_locked(st: &mut State, client: ClientId, gfi: Gfi) -> bool {
+        let Some(openers) = st.opens.get_mut(&gfi) else {
+            return false;
+        };
+        if !openers.remove(&client) || !openers.is_empty() {
+            return false;
+        }
+        st.opens.remove(&gfi);
+        st.closed.push(gfi);
+        true
+    }
+
+    /// Whether any session holds `gfi` open.
+    pub fn is_open(&self, gfi: Gfi) -> bool {
+        self.lock().opens.contains_key(&gfi)
+    }
+
+    /// Files whose last opener closed them or went away since the last
+    /// call: the server frees those that have no name left.
+    pub fn take_closed(&self) -> Vec<Gfi> {
+        std::mem::take(&mut self.lock().closed)
+    }
+
+    /// Expires what is due now (sessions not renewed, holders that ignored
+    /// a revocation); the server calls it periodically so that a dead
+    /// client's open files are released even when nobody asks for a lease.
+    pub fn sweep(&self) {
+        let mut st = self.lock();
+        if self.expire(&mut st, Instant::now()) {
+            drop(st);
+            self.changed.notify_waiters();
+        }
+    }
+
     /// Drops expired sessions and holders that ignored a revocation for a
     /// whole TTL. Returns whether anything changed.
     fn expire(&self, st: &mut State, now: Instant) -> bool {
@@ -335,6 +435,7 @@ impl LeaseManager {
         for c in &dead {
             st.sessions.remove(c);
             Self::drop_holder_everywhere(st, *c);
+            Self::drop_opens(st, *c);
         }
         let mut changed = !dead.is_empty();
         let ttl = self.ttl;

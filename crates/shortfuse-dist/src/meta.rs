@@ -10,6 +10,16 @@
 //! durable with `fdatasync` when a client's fsync asks for it ([`Meta::sync`]).
 //! A torn record at the end of the log (a crash mid-append) is dropped.
 //!
+//! # Orphans
+//!
+//! A file whose last name is removed while some client holds it open
+//! (the caller says so: the lease manager knows who holds what open) is
+//! kept with no name and `nlink` 0, an orphan, so that its openers go on
+//! reading and writing it as POSIX wants; [`Meta::reap`] frees it once the
+//! last opener closed it or its session ended. Orphans are ordinary nodes
+//! in the snapshot and the log, so they survive a restart, and the server
+//! reaps at start those nobody holds open any more ([`Meta::orphans`]).
+//!
 //! Seam for the scale-out step: the server only calls the public methods;
 //! an etcd-backed service keeps inodes and directory entries as keys and
 //! applies the same operations in transactions.
@@ -67,6 +77,8 @@ enum Op {
         name: Vec<u8>,
         dir: bool,
         now: (i64, u32),
+        /// The file is open somewhere: an orphan at its last link.
+        keep: bool,
     },
     Rename {
         parent: u64,
@@ -75,6 +87,8 @@ enum Op {
         new_name: Vec<u8>,
         flags: u32,
         now: (i64, u32),
+        /// The replaced file is open somewhere.
+        keep: bool,
     },
     Link {
         ino: u64,
@@ -85,6 +99,10 @@ enum Op {
     SetAttr {
         ino: u64,
         attr: NodeAttr,
+    },
+    /// Frees an orphan.
+    Reap {
+        ino: u64,
     },
 }
 
@@ -165,15 +183,16 @@ impl Tree {
         }
     }
 
-    /// Drops one link of `ino`; frees it at zero.
-    fn unlink_node(&mut self, ino: u64, t: (i64, u32), freed: &mut Freed) {
+    /// Drops one link of `ino`; frees it at zero unless `keep` (an
+    /// orphan: it is open somewhere).
+    fn unlink_node(&mut self, ino: u64, t: (i64, u32), keep: bool, freed: &mut Freed) {
         let Some(n) = self.nodes.get_mut(&ino) else { return };
         let gone = match n.body {
             Body::Dir { .. } => true,
             _ => {
                 n.attr.nlink = n.attr.nlink.saturating_sub(1);
                 n.attr.ctime = t;
-                n.attr.nlink == 0
+                n.attr.nlink == 0 && !keep
             }
         };
         if gone {
@@ -228,7 +247,13 @@ impl Tree {
                 self.touch_dir(*parent, attr.ctime, if dir { 1 } else { 0 });
                 self.next_ino = self.next_ino.max(ino + 1);
             }
-            Op::Remove { parent, name, dir, now } => {
+            Op::Remove {
+                parent,
+                name,
+                dir,
+                now,
+                keep,
+            } => {
                 let ino = *self.entries(*parent)?.get(name).ok_or(Errno::ENOENT)?;
                 match (&self.node(ino)?.body, dir) {
                     (Body::Dir { entries, .. }, true) if !entries.is_empty() => return Err(Errno::ENOTEMPTY),
@@ -239,7 +264,7 @@ impl Tree {
                 }
                 self.entries_mut(*parent)?.remove(name);
                 self.touch_dir(*parent, *now, if *dir { -1 } else { 0 });
-                self.unlink_node(ino, *now, &mut freed);
+                self.unlink_node(ino, *now, *keep, &mut freed);
             }
             Op::Rename {
                 parent,
@@ -248,6 +273,7 @@ impl Tree {
                 new_name,
                 flags,
                 now,
+                keep,
             } => {
                 check_name(new_name)?;
                 let src = *self.entries(*parent)?.get(name).ok_or(Errno::ENOENT)?;
@@ -300,7 +326,7 @@ impl Tree {
                 self.entries_mut(*new_parent)?.insert(new_name.clone(), src);
                 let replaced_dir = dst.is_some_and(|d| self.is_dir(d));
                 if let Some(d) = dst {
-                    self.unlink_node(d, *now, &mut freed);
+                    self.unlink_node(d, *now, *keep, &mut freed);
                 }
                 if let Some(Node {
                     body: Body::Dir { parent: p, .. },
@@ -326,7 +352,11 @@ impl Tree {
                 if self.is_dir(*ino) {
                     return Err(Errno::EPERM);
                 }
-                self.node(*ino)?;
+                // An orphan gets no name back (linkat(2) of an unlinked
+                // file fails so, O_TMPFILE aside).
+                if self.node(*ino)?.attr.nlink == 0 {
+                    return Err(Errno::ENOENT);
+                }
                 if self.entries(*new_parent)?.contains_key(new_name) {
                     return Err(Errno::EEXIST);
                 }
@@ -338,6 +368,14 @@ impl Tree {
             }
             Op::SetAttr { ino, attr } => {
                 self.node_mut(*ino)?.attr = *attr;
+            }
+            Op::Reap { ino } => {
+                let n = self.node(*ino)?;
+                if matches!(n.body, Body::Dir { .. }) || n.attr.nlink != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                self.nodes.remove(ino);
+                freed.0.push(*ino);
             }
         }
         Ok(freed)
@@ -577,19 +615,41 @@ impl Meta {
         Self::info(&inner.tree, ino)
     }
 
-    pub fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<Freed> {
+    /// Whether the file named `name` in `parent` is open somewhere, asked
+    /// under the lock, so that an opener's close cannot slip between the
+    /// question and the removal (see [`Meta::reap`]).
+    fn named_open(inner: &Inner, parent: u64, name: &[u8], is_open: impl Fn(u64) -> bool) -> bool {
+        let named = inner.tree.entries(parent).ok().and_then(|e| e.get(name).copied());
+        named.is_some_and(is_open)
+    }
+
+    /// Removes a name; `is_open(ino)` tells whether a file that loses its
+    /// last name must stay as an orphan.
+    pub fn remove(&self, parent: u64, name: &[u8], dir: bool, is_open: impl Fn(u64) -> bool) -> Result<Freed> {
         let mut inner = self.lock();
+        let keep = !dir && Self::named_open(&inner, parent, name, is_open);
         let op = Op::Remove {
             parent,
             name: name.to_vec(),
             dir,
             now: now(),
+            keep,
         };
         Self::change(&mut inner, op)
     }
 
-    pub fn rename(&self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8], flags: u32) -> Result<Freed> {
+    /// Renames; a replaced file is an orphan when `is_open` says so.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+        is_open: impl Fn(u64) -> bool,
+    ) -> Result<Freed> {
         let mut inner = self.lock();
+        let keep = Self::named_open(&inner, new_parent, new_name, is_open);
         let op = Op::Rename {
             parent,
             name: name.to_vec(),
@@ -597,8 +657,40 @@ impl Meta {
             new_name: new_name.to_vec(),
             flags,
             now: now(),
+            keep,
         };
         Self::change(&mut inner, op)
+    }
+
+    /// Frees `ino` if it is an orphan and `is_open()` (asked under the
+    /// lock, after the caller recorded a close) says nobody holds it open
+    /// any more. Returns whether it did: the caller removes the data.
+    pub fn reap(&self, ino: u64, is_open: impl FnOnce() -> bool) -> Result<bool> {
+        let mut inner = self.lock();
+        let orphan = inner
+            .tree
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.attr.nlink == 0 && !matches!(n.body, Body::Dir { .. }));
+        if !orphan || is_open() {
+            return Ok(false);
+        }
+        Self::change(&mut inner, Op::Reap { ino })?;
+        Ok(true)
+    }
+
+    /// Every orphan (files kept with no name).
+    pub fn orphans(&self) -> Vec<u64> {
+        let inner = self.lock();
+        let mut v: Vec<u64> = inner
+            .tree
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.attr.nlink == 0 && !matches!(n.body, Body::Dir { .. }))
+            .map(|(i, _)| *i)
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<NodeInfo> {
@@ -683,12 +775,15 @@ mod tests {
         assert_eq!(f.gfi.node, 42);
         m.set_size(f.gfi.ino, 1234, (5, 0)).unwrap();
         m.link(f.gfi.ino, ROOT_INO, b"hard").unwrap();
-        m.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0).unwrap();
+        m.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0, |_| false).unwrap();
         m.create(ROOT_INO, b"s", NewKind::Symlink { target: b"g".to_vec() }, 0o777, 0, 0)
             .unwrap();
         assert_eq!(m.create(ROOT_INO, b"g", file(), 0o644, 0, 0).err(), Some(Errno::EEXIST));
-        assert_eq!(m.remove(ROOT_INO, b"d", false).err(), Some(Errno::EISDIR));
-        assert_eq!(m.rename(ROOT_INO, b"d", d.gfi.ino, b"x", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(m.remove(ROOT_INO, b"d", false, |_| false).err(), Some(Errno::EISDIR));
+        assert_eq!(
+            m.rename(ROOT_INO, b"d", d.gfi.ino, b"x", 0, |_| false).err(),
+            Some(Errno::EINVAL)
+        );
         drop(m);
         // A torn record at the end is dropped, not an error.
         let mut log = OpenOptions::new()
@@ -708,15 +803,50 @@ mod tests {
         let names: Vec<_> = m.readdir(ROOT_INO).unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, [&b"."[..], b"..", b"d", b"g", b"hard", b"s"]);
         // The last link frees the inode.
-        assert_eq!(m.remove(ROOT_INO, b"g", false).unwrap(), Freed(vec![]));
-        assert_eq!(m.remove(ROOT_INO, b"hard", false).unwrap(), Freed(vec![g.gfi.ino]));
+        assert_eq!(m.remove(ROOT_INO, b"g", false, |_| false).unwrap(), Freed(vec![]));
+        assert_eq!(
+            m.remove(ROOT_INO, b"hard", false, |_| false).unwrap(),
+            Freed(vec![g.gfi.ino])
+        );
         m.create(d.gfi.ino, b"x", file(), 0o644, 0, 0).unwrap();
-        assert_eq!(m.remove(ROOT_INO, b"d", true).err(), Some(Errno::ENOTEMPTY));
+        assert_eq!(m.remove(ROOT_INO, b"d", true, |_| false).err(), Some(Errno::ENOTEMPTY));
         // Inode numbers are never reused after a restart.
         drop(m);
         let m = Meta::open(dir.path(), 7).unwrap();
         let n = m.create(ROOT_INO, b"new", file(), 0o644, 0, 0).unwrap();
         assert!(n.gfi.ino > g.gfi.ino);
         assert_eq!(m.getattr(ROOT_INO).unwrap().attr.nlink, 3);
+    }
+
+    #[test]
+    fn an_open_file_outlives_its_last_name_until_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Meta::open(dir.path(), 1).unwrap();
+        let f = m.create(ROOT_INO, b"f", file(), 0o644, 0, 0).unwrap().gfi.ino;
+        let g = m.create(ROOT_INO, b"g", file(), 0o644, 0, 0).unwrap().gfi.ino;
+        let open = |ino| ino == f || ino == g;
+        assert_eq!(m.remove(ROOT_INO, b"f", false, open).unwrap(), Freed(vec![]));
+        // Replaced by a rename while open: an orphan too.
+        m.create(ROOT_INO, b"h", file(), 0o644, 0, 0).unwrap();
+        assert_eq!(
+            m.rename(ROOT_INO, b"h", ROOT_INO, b"g", 0, open).unwrap(),
+            Freed(vec![])
+        );
+        assert_eq!(m.getattr(f).unwrap().attr.nlink, 0);
+        assert_eq!(m.lookup(ROOT_INO, b"f").err(), Some(Errno::ENOENT));
+        assert_eq!(m.link(f, ROOT_INO, b"back").err(), Some(Errno::ENOENT));
+        m.set_size(f, 10, (1, 0)).unwrap();
+        // Still open: not reaped; a named file is never reaped.
+        assert!(!m.reap(f, || true).unwrap());
+        let h = m.lookup(ROOT_INO, b"g").unwrap().gfi.ino;
+        assert!(!m.reap(h, || false).unwrap());
+        drop(m);
+        let m = Meta::open(dir.path(), 1).unwrap();
+        assert_eq!(m.orphans(), vec![f, g], "orphans survive a restart");
+        assert!(m.reap(f, || false).unwrap());
+        assert_eq!(m.getattr(f).err(), Some(Errno::ENOENT));
+        drop(m);
+        let m = Meta::open(dir.path(), 1).unwrap();
+        assert_eq!(m.orphans(), vec![g], "a reap is logged");
     }
 }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
@@ -149,6 +149,8 @@ pub enum Request {
         mode: u32,
         uid: u32,
         gid: u32,
+        /// Holds the new file open too (see [`Request::Open`]).
+        open: bool,
     },
     Unlink {
         parent: u64,
@@ -177,6 +179,15 @@ pub enum Request {
         ino: u64,
     },
     Statfs,
+    /// This client holds `ino` open (sent at its first open here): a file
+    /// open somewhere outlives its last name until [`Request::Close`].
+    Open {
+        ino: u64,
+    },
+    /// This client's last open of `ino` was closed.
+    Close {
+        ino: u64,
+    },
     /// Algorithm 2's GrantLease: answered once the lease is granted, after
     /// conflicting holders were revoked (or expired).
     /// `release`: this client's read lease, given back first (an

@@ -8,6 +8,13 @@
 //! client's leases are free. A restarted server finds the sessions of its
 //! last run in `DATA/leases` and lets their clients resume them.
 //!
+//! Open files: clients say which files they hold open ([`Request::Open`],
+//! [`Request::Close`]); the lease manager keeps it with the sessions and
+//! the metadata service keeps a file that loses its last name while open
+//! as an orphan. Orphans are reaped when their last opener closes them,
+//! when its session ends or expires (a sweep every [`SWEEP_EVERY`]), and at
+//! start for those nobody holds open any more.
+//!
 //! I/O under [`NO_LEASE`] (clients mounted with `consistency=weak`) is
 //! served without any lease check: such clients trade coherence for speed
 //! knowingly, and mixing them with leased clients on one file gives the
@@ -35,6 +42,9 @@ use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg
 pub const DEFAULT_BLOCK_SIZE: u32 = 128 << 10;
 /// Lease session lifetime without renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// How often expired sessions are noticed when nobody asks for a lease
+/// (at most this late, a dead client's orphans are reaped).
+pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -109,6 +119,19 @@ impl DistServer {
             let _guard = rt.enter();
             TcpListener::from_std(listener)?
         };
+        rt.block_on(reap_orphans(&shared, shared.meta.orphans()))
+            .map_err(std::io::Error::from)?;
+        let sweeper = shared.clone();
+        rt.spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP_EVERY.min(cfg.lease_ttl / 2));
+            loop {
+                tick.tick().await;
+                sweeper.leases.sweep();
+                // A failure (storage down) leaves the orphan for the next
+                // restart's reaping: nothing is lost but space.
+                let _ = reap_closed(&sweeper).await;
+            }
+        });
         rt.spawn(async move {
             loop {
                 match listener.accept().await {
@@ -235,6 +258,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
         });
     }
     shared.leases.end_connection(client, &tx);
+    let _ = reap_closed(&shared).await;
     drop(tx);
 }
 
@@ -269,14 +293,36 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             mode,
             uid,
             gid,
-        } => Reply::Node(meta.create(parent, &name, kind, mode, uid, gid)?),
+            open,
+        } => {
+            let info = meta.create(parent, &name, kind, mode, uid, gid)?;
+            if open {
+                open_file(s, client, info.gfi.ino)?;
+            }
+            Reply::Node(info)
+        }
+        Request::Open { ino } => {
+            open_file(s, client, ino)?;
+            Reply::Ok
+        }
+        Request::Close { ino } => {
+            let gfi = proto::Gfi {
+                node: meta.node_id(),
+                ino,
+            };
+            if s.leases.close_file(client, gfi) {
+                reap_closed(s).await?;
+            }
+            Reply::Ok
+        }
         Request::Unlink { parent, name } => {
-            let freed = meta.remove(parent, &name, false)?;
+            let node = meta.node_id();
+            let freed = meta.remove(parent, &name, false, |ino| is_open(s, node, ino))?;
             remove_data(s, freed).await?;
             Reply::Ok
         }
         Request::Rmdir { parent, name } => {
-            meta.remove(parent, &name, true)?;
+            meta.remove(parent, &name, true, |_| false)?;
             Reply::Ok
         }
         Request::Rename {
@@ -286,7 +332,8 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             new_name,
             flags,
         } => {
-            let freed = meta.rename(parent, &name, new_parent, &new_name, flags)?;
+            let node = meta.node_id();
+            let freed = meta.rename(parent, &name, new_parent, &new_name, flags, |ino| is_open(s, node, ino))?;
             remove_data(s, freed).await?;
             Reply::Ok
         }
@@ -371,6 +418,42 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             Reply::Node(info)
         }
     })
+}
+
+/// Whether `ino` is open somewhere; called under the metadata lock, so
+/// the node id is the caller's.
+fn is_open(s: &Shared, node: u32, ino: u64) -> bool {
+    s.leases.is_open(proto::Gfi { node, ino })
+}
+
+/// Records that `client` holds `ino` open; `ENOENT` when the file was
+/// freed before the record was made (removed meanwhile by another client).
+fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
+    let gfi = s.meta.getattr(ino)?.gfi;
+    s.leases.open_file(client, gfi)?;
+    // Checked again after the record: a removal from now on sees it open.
+    if let Err(e) = s.meta.getattr(ino) {
+        s.leases.close_file(client, gfi);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Frees the orphans among the files whose last opener went away.
+async fn reap_closed(s: &Shared) -> Result<()> {
+    let closed = s.leases.take_closed();
+    reap_orphans(s, closed.into_iter().map(|g| g.ino).collect()).await
+}
+
+async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
+    let node = s.meta.node_id();
+    for ino in inos {
+        let gfi = proto::Gfi { node, ino };
+        if s.meta.reap(ino, || s.leases.is_open(gfi))? {
+            s.blocks.remove_file(gfi).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn remove_data(s: &Shared, freed: crate::meta::Freed) -> Result<()> {

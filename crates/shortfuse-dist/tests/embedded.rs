@@ -234,3 +234,63 @@ fn read_of_a_hole_after_the_written_part_of_a_cached_block_is_zeros() {
     let got = read(&a, node, 299_995, 9);
     assert_eq!(got, b"\0\0\0\0\0\0far");
 }
+
+fn released(fs: &DistFs, node: NodeId) {
+    let args = shortfuse::ReleaseArgs {
+        flags: 0,
+        flush: false,
+        flock_release: false,
+        lock_owner: None,
+    };
+    fs.release(&REQ, node, FH, &args).unwrap();
+}
+
+#[test]
+fn an_open_file_outlives_its_last_name_across_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(600);
+    let s = server(dir.path(), ttl);
+    let (a, b) = (client(&s), client(&s));
+    let block0 = |node: NodeId, fs: &DistFs| {
+        let gfi = fs.gfi(node).unwrap();
+        let p = dir.path().join("blocks").join(gfi.node.to_string());
+        p.join(gfi.ino.to_string()).join("0")
+    };
+    // Created (and so held open) by A, removed by B.
+    let node = create(&a, "f");
+    write(&a, node, 0, b"kept");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    let stored = block0(node, &a);
+    assert!(stored.exists());
+    b.unlink(&REQ, NodeId::ROOT, OsStr::new("f")).unwrap();
+    assert_eq!(b.lookup(&REQ, NodeId::ROOT, OsStr::new("f")).err(), Some(Errno::ENOENT));
+    assert_eq!(read(&a, node, 0, 10), b"kept");
+    write(&a, node, 4, b" still");
+    assert_eq!(read(&a, node, 0, 20), b"kept still");
+    assert_eq!(a.getattr(&REQ, node, None).unwrap().nlink, 0);
+    assert!(stored.exists(), "the data went while the file was open");
+    // The last close frees it.
+    released(&a, node);
+    assert!(!stored.exists(), "the orphan's data outlived its last close");
+
+    // Opened twice by A (one round trip), once by B; removed by A.
+    let node = create(&a, "g");
+    write(&a, node, 0, b"g data");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    a.open(&REQ, node, libc::O_RDONLY).unwrap();
+    let nb = lookup(&b, "g");
+    b.open(&REQ, nb, libc::O_RDONLY).unwrap();
+    a.unlink(&REQ, NodeId::ROOT, OsStr::new("g")).unwrap();
+    released(&a, node);
+    released(&a, node);
+    let stored = block0(node, &a);
+    assert_eq!(read(&b, nb, 0, 10), b"g data", "B's open did not keep the file");
+    // B dies without closing: its session's expiry frees the orphan.
+    b.cut_off();
+    let t = Instant::now();
+    while stored.exists() {
+        assert!(t.elapsed() < ttl * 20, "a dead opener's orphan was never reaped");
+        std::thread::sleep(ttl / 10);
+    }
+    assert!(t.elapsed() >= ttl / 2, "reaped before B's session could expire");
+}
