@@ -47,8 +47,8 @@
 //! The server learns which files this client holds open (at the first
 //! open here and the last close, however many the kernel has), so that a
 //! file removed by any client stays readable and writable through the
-//! opens until the last one closes (see [`crate::server`]). A client whose
-//! session could not be resumed tells the new session again.
+//! opens until the last one closes (see [`crate::server`]). A client that
+//! reconnects tells its open files again.
 //!
 //! # Kernel page cache
 //!
@@ -440,9 +440,11 @@ impl Inner {
             }),
         )
         .map_err(|_| Errno::ENOTCONN)?;
-        if resume.is_some_and(|r| r != conn.client) {
-            // A new session: the old one's open files were closed with it.
-            // One removed meanwhile is gone (ENOENT): nothing to keep.
+        if resume.is_some() {
+            // A new session's open files were closed with the old one, and
+            // a server that restarted kept only the openers of orphans: tell
+            // them again. One removed meanwhile is gone (ENOENT): nothing
+            // to keep.
             let open: Vec<u64> = lock(&self.files)
                 .iter()
                 .filter(|(_, f)| *lock(&f.opens) > 0)
@@ -1340,14 +1342,15 @@ impl DistFs {
         }
     }
 
-    /// Drops one open of `f`; the last tells the server. A failure to
-    /// tell it (connection lost) is harmless: the session's end closes.
+    /// Drops one open of `f`; the last tells the server, without waiting
+    /// (the server takes opens and closes in order). A failure to tell it
+    /// (connection lost) is harmless: the session's end closes.
     fn close(&self, f: &FileState) {
         let conn = self.inner.conn();
         let mut opens = lock(&f.opens);
         *opens = opens.saturating_sub(1);
         if let (0, Ok(conn)) = (*opens, conn) {
-            let _ = conn.call(Req::Close { ino: f.gfi.ino });
+            let _ = conn.send(Req::Close { ino: f.gfi.ino });
         }
     }
 

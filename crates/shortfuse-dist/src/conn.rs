@@ -203,6 +203,23 @@ impl Conn {
         }
     }
 
+    /// Sends `req` without waiting for its reply (which is dropped when it
+    /// comes): for requests whose outcome changes nothing here.
+    pub fn send(&self, req: Request) -> Result<()> {
+        if self.is_dead() {
+            return Err(Errno::ENOTCONN);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = proto::encode(&ClientMsg { id, req }).map_err(|_| Errno::EINVAL)?;
+        let mut w = lock(&self.writer);
+        if w.write_all(&frame).and_then(|()| w.flush()).is_err() {
+            drop(w);
+            self.kill();
+            return Err(Errno::ENOTCONN);
+        }
+        Ok(())
+    }
+
     /// Sends `req` with the default timeout: long enough for a lease
     /// request that waits for a dead holder to expire.
     pub fn call(&self, req: Request) -> Result<Reply> {

@@ -36,7 +36,10 @@
 //! [`crate::meta`]) until its last opener closes it or its session ends
 //! (POSIX open-after-unlink, across clients). A session that ends leaves
 //! the files it was the last opener of in a queue ([`LeaseManager::take_closed`])
-//! for the server to reap. Open files are saved with the sessions.
+//! for the server to reap. Only the openers of orphans are saved with the
+//! sessions ([`LeaseManager::pin_if_open`]): that keeps opens and closes
+//! of named files free of writes, and a client that resumes its session
+//! after a restart tells its open files again.
 //!
 //! Seam for the scale-out step: the public methods (`open_session`,
 //! `renew`, `end_session`, `acquire`, `release`, `begin_io`) are the whole
@@ -90,6 +93,9 @@ struct State {
     next_lease: u64,
     /// Which sessions hold each file open.
     opens: HashMap<Gfi, HashSet<ClientId>>,
+    /// Open files that lost their last name (orphans): their openers are
+    /// saved.
+    pinned: HashSet<Gfi>,
     /// Files whose last opener went away, not yet taken by the server.
     closed: Vec<Gfi>,
 }
@@ -188,6 +194,7 @@ impl LeaseManager {
                         openers.into_iter().filter(|c| st.sessions.contains_key(c)).collect();
                     if !openers.is_empty() {
                         st.opens.insert(gfi, openers);
+                        st.pinned.insert(gfi);
                     }
                 }
             }
@@ -227,9 +234,9 @@ impl LeaseManager {
                 .filter_map(|(g, f)| Some((*g, f.mode?, f.holders.iter().map(|(c, l)| (*c, *l)).collect())))
                 .collect(),
             opens: st
-                .opens
+                .pinned
                 .iter()
-                .map(|(g, o)| (*g, o.iter().copied().collect()))
+                .filter_map(|g| Some((*g, st.opens.get(g)?.iter().copied().collect())))
                 .collect(),
         };
         let bytes = bincode::serialize(&saved).map_err(|_| Errno::EIO)?;
@@ -359,6 +366,8 @@ impl LeaseManager {
             }
             !openers.is_empty()
         });
+        let opens = &st.opens;
+        st.pinned.retain(|g| opens.contains_key(g));
     }
 
     /// Records that `client` holds `gfi` open (once, however many times
@@ -369,7 +378,7 @@ impl LeaseManager {
         if !st.sessions.contains_key(&client) {
             return Err(Errno::ESTALE);
         }
-        if st.opens.entry(gfi).or_default().insert(client) {
+        if st.opens.entry(gfi).or_default().insert(client) && st.pinned.contains(&gfi) {
             if let Err(e) = self.save(&st) {
                 Self::close_locked(&mut st, client, gfi);
                 return Err(e);
@@ -382,10 +391,13 @@ impl LeaseManager {
     /// now (the file is also queued for [`LeaseManager::take_closed`]).
     pub fn close_file(&self, client: ClientId, gfi: Gfi) -> bool {
         let mut st = self.lock();
+        let pinned = st.pinned.contains(&gfi);
         let last = Self::close_locked(&mut st, client, gfi);
-        // A failed write keeps the opener after a restart until its
-        // session expires: the orphan lives a little longer, no more.
-        let _ = self.save(&st);
+        if pinned {
+            // A failed write keeps the opener after a restart until its
+            // session expires: the orphan lives a little longer, no more.
+            let _ = self.save(&st);
+        }
         last
     }
 
@@ -397,8 +409,26 @@ impl LeaseManager {
             return false;
         }
         st.opens.remove(&gfi);
+        st.pinned.remove(&gfi);
         st.closed.push(gfi);
         true
+    }
+
+    /// Whether any session holds `gfi` open, and if so, saves its openers
+    /// from now on: the metadata service is about to keep it as an orphan,
+    /// which must outlive a restart as long as they do.
+    pub fn pin_if_open(&self, gfi: Gfi) -> Result<bool> {
+        let mut st = self.lock();
+        if !st.opens.contains_key(&gfi) {
+            return Ok(false);
+        }
+        if st.pinned.insert(gfi) {
+            if let Err(e) = self.save(&st) {
+                st.pinned.remove(&gfi);
+                return Err(e);
+            }
+        }
+        Ok(true)
     }
 
     /// Whether any session holds `gfi` open.

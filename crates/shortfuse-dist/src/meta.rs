@@ -618,16 +618,18 @@ impl Meta {
     /// Whether the file named `name` in `parent` is open somewhere, asked
     /// under the lock, so that an opener's close cannot slip between the
     /// question and the removal (see [`Meta::reap`]).
-    fn named_open(inner: &Inner, parent: u64, name: &[u8], is_open: impl Fn(u64) -> bool) -> bool {
-        let named = inner.tree.entries(parent).ok().and_then(|e| e.get(name).copied());
-        named.is_some_and(is_open)
+    fn named_open(inner: &Inner, parent: u64, name: &[u8], is_open: impl Fn(u64) -> Result<bool>) -> Result<bool> {
+        match inner.tree.entries(parent).ok().and_then(|e| e.get(name).copied()) {
+            Some(ino) if !inner.tree.is_dir(ino) => is_open(ino),
+            _ => Ok(false),
+        }
     }
 
     /// Removes a name; `is_open(ino)` tells whether a file that loses its
     /// last name must stay as an orphan.
-    pub fn remove(&self, parent: u64, name: &[u8], dir: bool, is_open: impl Fn(u64) -> bool) -> Result<Freed> {
+    pub fn remove(&self, parent: u64, name: &[u8], dir: bool, is_open: impl Fn(u64) -> Result<bool>) -> Result<Freed> {
         let mut inner = self.lock();
-        let keep = !dir && Self::named_open(&inner, parent, name, is_open);
+        let keep = !dir && Self::named_open(&inner, parent, name, is_open)?;
         let op = Op::Remove {
             parent,
             name: name.to_vec(),
@@ -646,10 +648,10 @@ impl Meta {
         new_parent: u64,
         new_name: &[u8],
         flags: u32,
-        is_open: impl Fn(u64) -> bool,
+        is_open: impl Fn(u64) -> Result<bool>,
     ) -> Result<Freed> {
         let mut inner = self.lock();
-        let keep = Self::named_open(&inner, new_parent, new_name, is_open);
+        let keep = Self::named_open(&inner, new_parent, new_name, is_open)?;
         let op = Op::Rename {
             parent,
             name: name.to_vec(),
@@ -775,13 +777,16 @@ mod tests {
         assert_eq!(f.gfi.node, 42);
         m.set_size(f.gfi.ino, 1234, (5, 0)).unwrap();
         m.link(f.gfi.ino, ROOT_INO, b"hard").unwrap();
-        m.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0, |_| false).unwrap();
+        m.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0, |_| Ok(false)).unwrap();
         m.create(ROOT_INO, b"s", NewKind::Symlink { target: b"g".to_vec() }, 0o777, 0, 0)
             .unwrap();
         assert_eq!(m.create(ROOT_INO, b"g", file(), 0o644, 0, 0).err(), Some(Errno::EEXIST));
-        assert_eq!(m.remove(ROOT_INO, b"d", false, |_| false).err(), Some(Errno::EISDIR));
         assert_eq!(
-            m.rename(ROOT_INO, b"d", d.gfi.ino, b"x", 0, |_| false).err(),
+            m.remove(ROOT_INO, b"d", false, |_| Ok(false)).err(),
+            Some(Errno::EISDIR)
+        );
+        assert_eq!(
+            m.rename(ROOT_INO, b"d", d.gfi.ino, b"x", 0, |_| Ok(false)).err(),
             Some(Errno::EINVAL)
         );
         drop(m);
@@ -803,13 +808,16 @@ mod tests {
         let names: Vec<_> = m.readdir(ROOT_INO).unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, [&b"."[..], b"..", b"d", b"g", b"hard", b"s"]);
         // The last link frees the inode.
-        assert_eq!(m.remove(ROOT_INO, b"g", false, |_| false).unwrap(), Freed(vec![]));
+        assert_eq!(m.remove(ROOT_INO, b"g", false, |_| Ok(false)).unwrap(), Freed(vec![]));
         assert_eq!(
-            m.remove(ROOT_INO, b"hard", false, |_| false).unwrap(),
+            m.remove(ROOT_INO, b"hard", false, |_| Ok(false)).unwrap(),
             Freed(vec![g.gfi.ino])
         );
         m.create(d.gfi.ino, b"x", file(), 0o644, 0, 0).unwrap();
-        assert_eq!(m.remove(ROOT_INO, b"d", true, |_| false).err(), Some(Errno::ENOTEMPTY));
+        assert_eq!(
+            m.remove(ROOT_INO, b"d", true, |_| Ok(false)).err(),
+            Some(Errno::ENOTEMPTY)
+        );
         // Inode numbers are never reused after a restart.
         drop(m);
         let m = Meta::open(dir.path(), 7).unwrap();
@@ -824,7 +832,7 @@ mod tests {
         let m = Meta::open(dir.path(), 1).unwrap();
         let f = m.create(ROOT_INO, b"f", file(), 0o644, 0, 0).unwrap().gfi.ino;
         let g = m.create(ROOT_INO, b"g", file(), 0o644, 0, 0).unwrap().gfi.ino;
-        let open = |ino| ino == f || ino == g;
+        let open = |ino| Ok(ino == f || ino == g);
         assert_eq!(m.remove(ROOT_INO, b"f", false, open).unwrap(), Freed(vec![]));
         // Replaced by a rename while open: an orphan too.
         m.create(ROOT_INO, b"h", file(), 0o644, 0, 0).unwrap();

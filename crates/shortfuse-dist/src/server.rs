@@ -248,6 +248,22 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
         Err(_) => return,
     };
     while let Ok(msg) = read_msg(&mut rd).await {
+        // Opens and closes are quick and answered in the order they came:
+        // a client sends its close without waiting, then may open again.
+        if let Request::Open { .. } | Request::Close { .. } = msg.req {
+            let reply = match open_close(&shared, client, msg.req) {
+                Ok(true) => {
+                    let s = shared.clone();
+                    // Data removal may take long: not on the reader.
+                    tokio::spawn(async move { reap_closed(&s).await });
+                    Reply::Ok
+                }
+                Ok(false) => Reply::Ok,
+                Err(e) => Reply::Err(e.raw()),
+            };
+            let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
+            continue;
+        }
         let shared = shared.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -301,16 +317,8 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             }
             Reply::Node(info)
         }
-        Request::Open { ino } => {
-            open_file(s, client, ino)?;
-            Reply::Ok
-        }
-        Request::Close { ino } => {
-            let gfi = proto::Gfi {
-                node: meta.node_id(),
-                ino,
-            };
-            if s.leases.close_file(client, gfi) {
+        Request::Open { .. } | Request::Close { .. } => {
+            if open_close(s, client, req)? {
                 reap_closed(s).await?;
             }
             Reply::Ok
@@ -322,7 +330,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             Reply::Ok
         }
         Request::Rmdir { parent, name } => {
-            meta.remove(parent, &name, true, |_| false)?;
+            meta.remove(parent, &name, true, |_| Ok(false))?;
             Reply::Ok
         }
         Request::Rename {
@@ -420,10 +428,11 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
     })
 }
 
-/// Whether `ino` is open somewhere; called under the metadata lock, so
-/// the node id is the caller's.
-fn is_open(s: &Shared, node: u32, ino: u64) -> bool {
-    s.leases.is_open(proto::Gfi { node, ino })
+/// Whether `ino` is open somewhere (then its openers are saved: it is
+/// about to be an orphan); called under the metadata lock, so the node id
+/// is the caller's.
+fn is_open(s: &Shared, node: u32, ino: u64) -> Result<bool> {
+    s.leases.pin_if_open(proto::Gfi { node, ino })
 }
 
 /// Records that `client` holds `ino` open; `ENOENT` when the file was
@@ -437,6 +446,19 @@ fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
         return Err(e);
     }
     Ok(())
+}
+
+/// [`Request::Open`] or [`Request::Close`]; returns whether a last opener
+/// closed (orphans may be reaped).
+fn open_close(s: &Shared, client: ClientId, req: Request) -> Result<bool> {
+    match req {
+        Request::Open { ino } => open_file(s, client, ino).map(|()| false),
+        Request::Close { ino } => {
+            let node = s.meta.node_id();
+            Ok(s.leases.close_file(client, proto::Gfi { node, ino }))
+        }
+        _ => Err(Errno::EINVAL),
+    }
 }
 
 /// Frees the orphans among the files whose last opener went away.

@@ -187,3 +187,51 @@ fn partitioned_writer_cannot_write_over_the_next_holder() {
     assert_eq!(na, NodeId(node.0));
     assert_eq!(read(&a, na, 0, 100), b"B synced");
 }
+
+#[test]
+fn open_files_outlive_their_names_across_a_manager_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_secs(3);
+    let s = server(dir.path(), ttl);
+    let addr = s.addr();
+    let (a, b) = (client(&s), client(&s));
+    // Both held open by A (created so); "orphan" loses its name before
+    // the restart, "named" after it.
+    let orphan = create(&a, "orphan");
+    let named = create(&a, "named");
+    write(&a, orphan, 0, b"orphaned");
+    write(&a, named, 0, b"named");
+    a.fsync(&REQ, orphan, FH, false).unwrap();
+    a.fsync(&REQ, named, FH, false).unwrap();
+    b.unlink(&REQ, NodeId::ROOT, std::ffi::OsStr::new("orphan")).unwrap();
+    drop(b);
+    drop(s);
+
+    let mut cfg = ServerConfig::new(dir.path().to_path_buf(), addr);
+    cfg.block_size = 4096;
+    cfg.lease_ttl = ttl;
+    let s = DistServer::start(cfg).unwrap();
+    // A reconnects (resuming its session) on its next request and tells
+    // its open files again.
+    assert_eq!(
+        read(&a, orphan, 0, 100),
+        b"orphaned",
+        "the restart reaped an open orphan"
+    );
+    let b = client(&s);
+    b.unlink(&REQ, NodeId::ROOT, std::ffi::OsStr::new("named")).unwrap();
+    assert_eq!(read(&a, named, 0, 100), b"named", "an open file went with its name");
+    let args = shortfuse::ReleaseArgs::default();
+    a.release(&REQ, orphan, FH, &args).unwrap();
+    a.release(&REQ, named, FH, &args).unwrap();
+    let node_dir = |n: NodeId| {
+        let g = a.gfi(n).unwrap();
+        dir.path()
+            .join("blocks")
+            .join(g.node.to_string())
+            .join(g.ino.to_string())
+    };
+    wait_for("orphans reaped at their last close", Duration::from_secs(10), || {
+        !node_dir(orphan).join("0").exists() && !node_dir(named).join("0").exists()
+    });
+}
