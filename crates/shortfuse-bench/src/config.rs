@@ -153,6 +153,8 @@ impl Config {
             ],
             // Starts its own server and client mounts in native's directory.
             "dist" => &["native"],
+            // Cache structures in memory: no file system at all.
+            "cache" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
             "thesis" => &["native", "dev", "sftp", "sshfs"],
             "programs" => &["native", "preload", "preload-nomaps", "dev", "uring"],

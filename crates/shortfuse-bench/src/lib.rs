@@ -8,6 +8,7 @@
 //! on. Every mount and every workload process is undone on the way out, also
 //! on failure and on Ctrl-C (see [`cleanup`]).
 
+pub mod cache;
 pub mod cleanup;
 pub mod config;
 pub mod data;
@@ -47,6 +48,7 @@ pub const SUITES: &[&str] = &[
     "transport",
     "dist",
     "programs",
+    "cache",
 ];
 
 /// What `shortfuse bench` was asked.
@@ -141,6 +143,7 @@ impl Plan {
             "transport" => transport::describe(s),
             "dist" => dist::describe(s),
             "programs" => programs::describe(s),
+            "cache" => cache::describe(s),
             _ => String::new(),
         }
     }
@@ -169,6 +172,8 @@ impl Plan {
             "transport" => transport::run(dir, s, config.holds_files(), progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
             "programs" => programs::run(dir, s, progress),
+            // In memory: the cache structures alone, no mount.
+            "cache" => cache::run(s, progress),
             other => Err(std::io::Error::other(format!("unknown suite {other}"))),
         }
     }

@@ -597,16 +597,13 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         let mut st = self.lock();
         if let Some(size) = set.size {
             self.flush_pages(&mut st, Some(node.0))?;
-            let ps = self.ps();
-            // Pages past the new end go; the new last page is cut short.
-            let kept = size.div_ceil(ps);
-            if st.pages.drop_from(node.0, kept) > 0 {
+            // Clean now: the pages from the one holding the lower of the old
+            // and new end of file go (a short old last page would read as
+            // the end of a file that grew; pages past a shrunk end are gone).
+            let old = st.nodes.get(&node.0).and_then(|n| n.size);
+            let first = old.map_or(0, |o| o.min(size) / self.ps());
+            if st.pages.drop_from(node.0, first) > 0 {
                 self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
-            }
-            if size % ps != 0 {
-                if let Some(p) = st.pages.peek((node.0, size / ps)) {
-                    p.data.truncate((size % ps) as usize);
-                }
             }
             st.nodes.entry(node.0).or_default().size = Some(size);
         }

@@ -211,6 +211,16 @@ fn truncate_and_remote_changes_invalidate() {
     };
     assert_eq!(fs.setattr(&R, N, &set).unwrap().size, PS as u64 + 1);
     assert_eq!(read(&fs, 0, 4 * PS), data[..PS + 1]);
+    // Growing again: zeros after the old end, not the end of file.
+    let grow = SetAttr {
+        size: Some(2 * PS as u64 + 5),
+        ..SetAttr::default()
+    };
+    fs.setattr(&R, N, &grow).unwrap();
+    let mut want = data[..PS + 1].to_vec();
+    want.resize(2 * PS + 5, 0);
+    assert!(read(&fs, 0, 4 * PS) == want);
+    fs.setattr(&R, N, &set).unwrap();
     fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
     // Changed behind the cache: still cached until reopened.
     fs.inner().replace(7, b"new contents");
