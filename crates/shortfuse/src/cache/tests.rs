@@ -9,6 +9,12 @@ struct Backing {
     files: Mutex<HashMap<u64, (Vec<u8>, i64)>>,
     reads: AtomicUsize,
     writes: AtomicUsize,
+    /// Names in the root: name -> node.
+    names: Mutex<HashMap<Vec<u8>, u64>>,
+    lookups: AtomicUsize,
+    getattrs: AtomicUsize,
+    /// Lookups handed out minus those forgotten, per node.
+    held: Mutex<HashMap<u64, i64>>,
 }
 
 impl Backing {
@@ -32,7 +38,36 @@ impl Backing {
 }
 
 impl Filesystem for Backing {
+    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
+        assert_eq!(parent, NodeId::ROOT);
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        let node = *self
+            .names
+            .lock()
+            .unwrap()
+            .get(name.as_encoded_bytes())
+            .ok_or(Errno::ENOENT)?;
+        *self.held.lock().unwrap().entry(node).or_default() += 1;
+        let attr = self.getattr(req, NodeId(node), None)?;
+        Ok(Entry::new(NodeId(node), attr))
+    }
+
+    fn forget(&self, node: NodeId, nlookup: u64) {
+        *self.held.lock().unwrap().entry(node.0).or_default() -= nlookup as i64;
+    }
+
+    fn unlink(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        assert_eq!(parent, NodeId::ROOT);
+        self.names
+            .lock()
+            .unwrap()
+            .remove(name.as_encoded_bytes())
+            .map(drop)
+            .ok_or(Errno::ENOENT)
+    }
+
     fn getattr(&self, _req: &Request, node: NodeId, _fh: Option<FileHandle>) -> Result<Attr> {
+        self.getattrs.fetch_add(1, Ordering::Relaxed);
         let f = self.files.lock().unwrap();
         let (d, mtime) = f.get(&node.0).ok_or(Errno::ENOENT)?;
         Ok(Attr {
@@ -274,4 +309,57 @@ fn bad_configs_are_refused() {
     assert!(bad(4096, 100, 1));
     assert!(bad(4096, 1 << 20, 0));
     assert!(!bad(4096, 1 << 20, 1));
+}
+
+#[test]
+fn metadata_is_cached_and_lookups_are_given_back_in_order() {
+    let b = Backing::with(7, b"seven");
+    b.names.lock().unwrap().insert(b"f".to_vec(), 7);
+    let fs = cached(b, 16, Policy::Clock, 1);
+    let name = OsStr::new("f");
+    let e = fs.lookup(&R, NodeId::ROOT, name).unwrap();
+    assert_eq!((e.node, e.attr.size), (N, 5));
+    for _ in 0..3 {
+        assert_eq!(fs.lookup(&R, NodeId::ROOT, name).unwrap().node, N);
+        assert_eq!(fs.getattr(&R, N, None).unwrap().size, 5);
+    }
+    assert_eq!(fs.inner().lookups.load(Ordering::Relaxed), 1, "names from the cache");
+    assert_eq!(
+        fs.inner().getattrs.load(Ordering::Relaxed),
+        1,
+        "attributes from the cache"
+    );
+    assert!(fs.stats().meta_hits.load(Ordering::Relaxed) >= 6);
+    // The kernel holds 4 lookups, the inner file system handed out 1: the
+    // cache's 3 are given back first, the inner one last.
+    fs.forget(N, 2);
+    assert_eq!(fs.inner().held.lock().unwrap()[&7], 1);
+    fs.forget(N, 1);
+    assert_eq!(fs.inner().held.lock().unwrap()[&7], 1);
+    fs.forget(N, 1);
+    assert_eq!(fs.inner().held.lock().unwrap()[&7], 0);
+    // Forgotten by the inner file system: not answered from the cache again.
+    fs.lookup(&R, NodeId::ROOT, name).unwrap();
+    assert_eq!(fs.inner().lookups.load(Ordering::Relaxed), 2);
+    // A write drops the attributes; an unlink the name.
+    fs.open(&R, N, libc::O_RDWR).unwrap();
+    let g = fs.inner().getattrs.load(Ordering::Relaxed);
+    fs.write(&R, N, FH, b"longer now", &WriteArgs::default()).unwrap();
+    fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
+    assert_eq!(fs.getattr(&R, N, None).unwrap().size, 10);
+    assert!(fs.inner().getattrs.load(Ordering::Relaxed) > g);
+    fs.unlink(&R, NodeId::ROOT, name).unwrap();
+    assert_eq!(fs.lookup(&R, NodeId::ROOT, name).unwrap_err(), Errno::ENOENT);
+}
+
+#[test]
+fn flush_all_writes_back_what_is_dirty_when_the_daemon_stops() {
+    let fs = cached(Backing::with(7, b""), 16, Policy::Lru, 1);
+    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.write(&R, N, FH, &pattern(3 * PS), &WriteArgs::default()).unwrap();
+    assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 3 * PS as u64);
+    assert!(fs.inner().data(7).is_empty());
+    fs.flush_all().unwrap();
+    assert!(fs.inner().data(7) == pattern(3 * PS));
+    assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
 }
