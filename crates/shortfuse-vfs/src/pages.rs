@@ -43,6 +43,8 @@ struct NodeInfo {
     generation: u64,
     /// This process wrote since `seen` was taken.
     wrote: bool,
+    /// Pages of the node in the store (a node without any costs no scan).
+    pages: usize,
 }
 
 struct Inner {
@@ -87,8 +89,20 @@ impl PageCache {
     }
 
     fn drop_node(&self, inner: &mut Inner, node: u64) {
-        if inner.pages.drop_from(node, 0) > 0 {
+        self.drop_from(inner, node, 0);
+    }
+
+    /// Drops the pages of `node` from page `first` on.
+    fn drop_from(&self, inner: &mut Inner, node: u64, first: u64) {
+        if inner.nodes.get(&node).is_some_and(|i| i.pages == 0) {
+            return;
+        }
+        let n = inner.pages.drop_from(node, first);
+        if n > 0 {
             self.stats.invalidations.fetch_add(1, Relaxed);
+            if let Some(i) = inner.nodes.get_mut(&node) {
+                i.pages = i.pages.saturating_sub(n);
+            }
         }
     }
 
@@ -138,8 +152,10 @@ impl PageCache {
     /// another file later.
     pub fn forget(&self, node: NodeId) {
         let mut inner = self.lock();
-        self.drop_node(&mut inner, node.0);
-        inner.nodes.remove(&node.0);
+        if inner.nodes.contains_key(&node.0) {
+            self.drop_node(&mut inner, node.0);
+            inner.nodes.remove(&node.0);
+        }
     }
 
     /// Reads `buf.len()` bytes at `offset` through the cache; `fetch`
@@ -230,8 +246,12 @@ impl PageCache {
     }
 
     fn insert(&self, inner: &mut Inner, page: Page) {
-        if inner.pages.insert(page).is_some() {
+        inner.nodes.entry(page.key.0).or_default().pages += 1;
+        if let Some(old) = inner.pages.insert(page) {
             self.stats.evictions.fetch_add(1, Relaxed);
+            if let Some(i) = inner.nodes.get_mut(&old.key.0) {
+                i.pages = i.pages.saturating_sub(1);
+            }
         }
     }
 
@@ -279,6 +299,9 @@ impl PageCache {
                 }
                 Some(_) => {
                     inner.pages.remove((node.0, idx));
+                    if let Some(i) = inner.nodes.get_mut(&node.0) {
+                        i.pages = i.pages.saturating_sub(1);
+                    }
                 }
                 None if within == 0 && (n == self.config.page_size || pos + n as u64 >= size.max(end)) => {
                     self.insert(&mut inner, Page::new((node.0, idx), chunk.to_vec()));
@@ -297,9 +320,7 @@ impl PageCache {
         info.generation += 1;
         info.wrote = true;
         let old = info.size.replace(size);
-        if inner.pages.drop_from(node.0, size.div_ceil(ps)) > 0 {
-            self.stats.invalidations.fetch_add(1, Relaxed);
-        }
+        self.drop_from(&mut inner, node.0, size.div_ceil(ps));
         let last = (node.0, size / ps);
         let within = (size % ps) as usize;
         match old {

@@ -114,6 +114,9 @@ struct NodeState {
     seen: Option<(u64, Timestamp)>,
     /// Dirty data went to the inner file system since `seen` was taken.
     wrote: bool,
+    /// Dirty pages of the node in the cache (so that a clean node's
+    /// flush and size check look at no page).
+    dirty: usize,
 }
 
 struct State {
@@ -387,7 +390,9 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         }
         self.dirty_delta(dirty_len(page), 0);
         page.dirty = None;
-        st.nodes.entry(page.key.0).or_default().wrote = true;
+        let ns = st.nodes.entry(page.key.0).or_default();
+        ns.wrote = true;
+        ns.dirty = ns.dirty.saturating_sub(1);
         self.meta().drop_attr(page.key.0);
         Ok(())
     }
@@ -403,6 +408,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
     /// Writes back every dirty page of `node` (of all nodes for `None`).
     fn flush_pages(&self, st: &mut State, node: Option<u64>) -> Result<()> {
         let keys = match node {
+            Some(n) if !Self::has_dirty(st, n) => return Ok(()),
             Some(n) => st.pages.keys_of(n),
             None => st.pages.keys(),
         };
@@ -428,13 +434,13 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
                 self.dirty_delta(dirty_len(&p), 0);
             }
         }
+        if let Some(ns) = st.nodes.get_mut(&node) {
+            ns.dirty = 0;
+        }
     }
 
     fn has_dirty(st: &mut State, node: u64) -> bool {
-        st.pages
-            .keys_of(node)
-            .into_iter()
-            .any(|k| st.pages.peek(k).is_some_and(|p| p.dirty.is_some()))
+        st.nodes.get(&node).is_some_and(|n| n.dirty > 0)
     }
 
     /// Fills pages `first..first+count` of `node` from the inner file system.
@@ -721,6 +727,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
                 next: 0,
                 seen: Some((c.entry.attr.size, c.entry.attr.mtime)),
                 wrote: false,
+                dirty: 0,
             },
         );
         Ok(c)
@@ -837,9 +844,13 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             }
             page.data[within..within + n].copy_from_slice(&data[done..done + n]);
             let before = dirty_len(page);
+            let was_clean = page.dirty.is_none();
             page.mark_dirty(within, within + n, fh);
             let after = dirty_len(page);
             self.dirty_delta(before, after);
+            if was_clean {
+                st.nodes.entry(node.0).or_default().dirty += 1;
+            }
             done += n;
         }
         let ns = st.nodes.entry(node.0).or_default();
