@@ -30,7 +30,7 @@ enum Command {
     /// beside its control socket.
     #[command(after_long_help = mount_options_help())]
     Mount {
-        /// File system: null, mem, passthrough, stripe, pack (see below).
+        /// File system: null, mem, passthrough, stripe, pack, sftp, dist (see below).
         fs: String,
         /// [SOURCE] MOUNTPOINT: SOURCE is what the file system serves (see below).
         #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required = true)]

@@ -159,7 +159,12 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
             options: options.clone(),
         };
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
-        if let Some(src) = &spec.source {
+        if spec.fs == "sftp" {
+            // Connected once now, for a clear error before the program
+            // runs; the shim gets the absolute remote path, so that each
+            // process image connects only when it uses the mount.
+            spec.source = Some(sftp_resolved(&spec).map_err(|e| format!("-m {m}: {e}"))?);
+        } else if let Some(src) = &spec.source {
             spec.source = Some(if spec.fs == "stripe" {
                 // Several directories, created by the file system when missing.
                 let dirs: Vec<String> = src.split(',').map(|d| absolute(&cwd, Path::new(d))).collect();
@@ -171,7 +176,9 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
             });
         }
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
-        check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;
+        if spec.fs != "sftp" {
+            check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;
+        }
         let run = spec.run_options()?;
         let network = shortfuse_vfs::spec::NETWORK_FS.contains(&spec.fs.as_str());
         if let Some(line) = run.cache.describe(&spec.fs, network) {
@@ -206,6 +213,18 @@ fn expand_cache_config(options: &str) -> Result<String, String> {
         .collect();
     out.push(cache.to_options());
     Ok(out.join(","))
+}
+
+/// The sftp SOURCE with its remote path made absolute on the server.
+fn sftp_resolved(spec: &MountSpec) -> Result<String, String> {
+    let target = spec
+        .source
+        .as_deref()
+        .ok_or("sftp needs a SOURCE: [user@]host:[path]")?;
+    let run = spec.run_options()?;
+    let fs = shortfuse_fs::sftp::SftpFs::connect(target, &run.fs).map_err(|e| e.to_string())?;
+    shortfuse_fs::sftp::config::with_remote_path(target, &fs.root())
+        .ok_or_else(|| format!("sftp: {target:?} is not [user@]host:[path]"))
 }
 
 /// `p` made absolute against `cwd`, lexically normalised.

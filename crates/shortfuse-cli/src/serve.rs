@@ -35,7 +35,7 @@ use crate::filesystems;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// File system: null, mem, passthrough, stripe, pack (as for mount).
+    /// File system: as for mount (null, mem, passthrough, stripe, pack, sftp, dist).
     fs: String,
     /// [SOURCE] MOUNTPOINT: SOURCE is what the file system serves; programs
     /// reach the daemon by MOUNTPOINT (`shortfuse run -m MOUNTPOINT`).

@@ -47,6 +47,12 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
             Some((k, _)) => Err(format!("-o {k}: not an option of pack")),
         },
         ("stripe" | "pack", None) => Err(format!("{} needs a SOURCE", spec.fs)),
+        // No threads of its own, connects on first use, reconnects in a
+        // forked child (see SftpFs::in_process).
+        ("sftp", Some(src)) => shortfuse_fs::sftp::SftpFs::in_process(src, fs_opts)
+            .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
+            .map_err(|e| e.to_string()),
+        ("sftp", None) => Err("sftp needs a SOURCE: MOUNTPOINT=sftp:[user@]host:[path]".into()),
         (other, _) => {
             let known: Vec<&str> = shortfuse_vfs::spec::IN_PROCESS_FS.iter().map(|f| f.0).collect();
             Err(format!(

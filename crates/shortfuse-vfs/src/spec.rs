@@ -58,6 +58,7 @@ pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[
     ("null", None),
     ("stripe", Some("DIR1,DIR2,... the directories to stripe over")),
     ("pack", Some("the directory holding containers and index")),
+    ("sftp", Some("[user@]host:[path] on an SSH server")),
 ];
 
 const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];

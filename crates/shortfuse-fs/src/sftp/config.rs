@@ -79,6 +79,22 @@ fn secs(key: &str, v: Option<&str>) -> std::io::Result<Duration> {
     Ok(Duration::from_secs(n))
 }
 
+/// `[user@]host` and `path` of `[user@]host:[path]`. A bracketed IPv6
+/// address holds colons; otherwise the first colon ends the host.
+fn split_target(target: &str) -> Option<(&str, &str)> {
+    let split = match target.find("]:") {
+        Some(i) => Some((&target[..i + 1], &target[i + 2..])),
+        None => target.split_once(':'),
+    };
+    split.filter(|(h, _)| !h.is_empty())
+}
+
+/// `target` with its remote path replaced by `path` (`shortfuse run`
+/// hands the shim the absolute path it resolved).
+pub fn with_remote_path(target: &str, path: &str) -> Option<String> {
+    split_target(target).map(|(userhost, _)| format!("{userhost}:{path}"))
+}
+
 impl Config {
     /// Parses `[user@]host:[path]` and the options. Options (sshfs and
     /// OpenSSH names): `port=N`, `identity=FILE` (also `IdentityFile=`,
@@ -87,14 +103,8 @@ impl Config {
     /// request), `ServerAliveInterval=S`, `max_read=BYTES`/`chunk=BYTES`,
     /// `max_requests=N`, `user=NAME`.
     pub fn parse(target: &str, opts: &[(String, Option<String>)]) -> std::io::Result<Config> {
-        // A bracketed IPv6 address holds colons; otherwise the first colon ends the host.
-        let split = match target.find("]:") {
-            Some(i) => Some((&target[..i + 1], &target[i + 2..])),
-            None => target.split_once(':'),
-        };
-        let (userhost, path) = split
-            .filter(|(h, _)| !h.is_empty())
-            .ok_or_else(|| bad(format!("sftp: {target:?} is not [user@]host:[path]")))?;
+        let (userhost, path) =
+            split_target(target).ok_or_else(|| bad(format!("sftp: {target:?} is not [user@]host:[path]")))?;
         let (user, host) = match userhost.rsplit_once('@') {
             Some((u, h)) if !u.is_empty() => (u.to_owned(), h),
             Some(_) => return Err(bad(format!("sftp: empty user name in {target:?}"))),
@@ -216,6 +226,9 @@ mod tests {
         assert!(Config::parse("nohost", &[]).is_err());
         assert!(Config::parse(":path", &[]).is_err());
         assert!(Config::parse("@h:p", &[]).is_err());
+        assert_eq!(with_remote_path("u@h:rel", "/abs/x").as_deref(), Some("u@h:/abs/x"));
+        assert_eq!(with_remote_path("[::1]:", "/r").as_deref(), Some("[::1]:/r"));
+        assert_eq!(with_remote_path("nohost", "/r"), None);
     }
 
     #[test]

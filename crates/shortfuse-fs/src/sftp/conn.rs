@@ -1,5 +1,6 @@
 //! One SSH connection carrying one SFTP session, and how it is made.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 use russh::client;
@@ -16,6 +17,9 @@ pub struct Conn {
     pub generation: u64,
     pub sftp: RawSftpSession,
     pub ssh: client::Handle<HostKeys>,
+    /// The TCP socket under `ssh` (owned by it), for [`hung_up`] and
+    /// [`abandon`].
+    pub fd: RawFd,
     /// Largest read and write per request, after the server's limits.
     pub read_len: u32,
     pub write_len: u32,
@@ -125,13 +129,18 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
         config: config.clone(),
         refused: refused.clone(),
     };
-    let mut ssh = match client::connect(ssh_config, (config.host.as_str(), config.port), handler).await {
+    let socket = tokio::net::TcpStream::connect((config.host.as_str(), config.port))
+        .await
+        .map_err(|e| err(e.kind(), format!("sftp: cannot connect to {at}: {e}")))?;
+    let _ = socket.set_nodelay(true);
+    let fd = socket.as_raw_fd();
+    let mut ssh = match client::connect_stream(ssh_config, socket, handler).await {
         Ok(h) => h,
         Err(e) => {
             let why = refused.lock().unwrap_or_else(|e| e.into_inner()).take();
             return Err(match why {
                 Some(why) => err(PermissionDenied, format!("sftp: {at}: {why}")),
-                None => err(ConnectionRefused, format!("sftp: cannot connect to {at}: {e}")),
+                None => err(ConnectionAborted, format!("sftp: {at}: SSH handshake: {e}")),
             });
         }
     };
@@ -203,7 +212,32 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
         generation,
         sftp,
         ssh,
+        fd,
         read_len,
         write_len,
     })
+}
+
+/// True when the peer closed the connection or it failed (a killed
+/// server): POLLRDHUP/POLLHUP/POLLERR without waiting.
+pub fn hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait; `fd` is the session's live socket.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// Gives up a session inherited over fork: it belongs to the parent, whose
+/// runtime drives it (see `Io` in the module above). The socket is closed
+/// here, the rest leaked: dropping it would shut the parent's session down
+/// from our side.
+pub fn abandon(conn: Arc<Conn>) {
+    // SAFETY: closes our copy of the parent's socket; the leaked session
+    // that still names this number is never used or dropped.
+    unsafe { libc::close(conn.fd) };
+    std::mem::forget(conn);
 }

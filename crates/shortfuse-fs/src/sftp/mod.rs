@@ -27,6 +27,16 @@
 //! Open files remember their node and open flags and are opened again on the
 //! new session when next used (without `O_CREAT`/`O_TRUNC`/`O_EXCL`).
 //!
+//! # Processes
+//!
+//! The runtime and the session belong to one process: a forked child
+//! (a program under the preload shim, or the daemon going to the
+//! background) leaves the parent's alone and connects on its first call
+//! (see `Io`); its open files are opened again there like after a
+//! reconnect. A server killed while no call runs is noticed by the next
+//! call from the socket itself (`conn::hung_up`), which then reconnects
+//! with `-o reconnect`.
+//!
 //! # Limits
 //!
 //! Names that are not UTF-8 cannot be sent (`EILSEQ`) and are shown with
@@ -43,7 +53,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::stream::{self, StreamExt};
 use russh_sftp::client::error::Error as SftpError;
@@ -78,9 +88,11 @@ enum Handle {
 
 /// The `sftp` file system. See the module docs.
 pub struct SftpFs {
-    /// Made on first use: a daemon forks after building its file system,
-    /// and a fork keeps none of a runtime's threads.
-    rt: OnceLock<std::io::Result<tokio::runtime::Runtime>>,
+    /// The I/O runtime of this process; see [`Io`].
+    io: Mutex<Option<Arc<Io>>>,
+    /// How the runtime is made: worker threads (a daemon) or none (in
+    /// process: the calling threads drive it, see [`SftpFs::in_process`]).
+    io_threads: usize,
     config: Arc<Config>,
     conn: Mutex<Option<Arc<Conn>>>,
     /// Set once a session was lost without `reconnect`.
@@ -89,6 +101,25 @@ pub struct SftpFs {
     nodes: Nodes,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+}
+
+/// The tokio runtime that drives the SSH session, and the process it
+/// belongs to. After fork the child has none of the parent's runtime
+/// threads, and its copy of the session's socket is the parent's
+/// connection: a child that used either would hang or interleave its
+/// packets with the parent's. So the first call in a new process (pid
+/// changed) abandons both, leaked rather than dropped (dropping would run
+/// the parent's shutdown on our side: a disconnect message on the shared
+/// socket), closes its copy of the socket, and connects afresh. exec needs
+/// nothing: the new image builds its file system anew and the socket is
+/// close-on-exec.
+struct Io {
+    pid: u32,
+    rt: tokio::runtime::Runtime,
+}
+
+fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -185,15 +216,47 @@ impl SftpFs {
 
     /// Checks that `config` reaches a directory (a first session, closed
     /// again), so that mistakes show at mount time; serving sessions are
-    /// made on first use.
+    /// made on first use, on a runtime with two I/O threads.
     pub fn with_config(config: Config) -> std::io::Result<SftpFs> {
         // No threads: the caller may fork next.
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let rt = current_thread()?;
         let config = Arc::new(config);
-        let root = rt.block_on(probe(config.clone()))?;
+        let (root, conn) = rt.block_on(probe(config.clone(), 0))?;
+        rt.block_on(disconnect(&conn, "checked"));
         drop(rt);
-        Ok(SftpFs {
-            rt: OnceLock::new(),
+        Ok(SftpFs::new(config, root, 2))
+    }
+
+    /// For a program that serves the mount in its own process (the preload
+    /// shim): no threads of our own (the threads that call drive the
+    /// session, so no thread of ours runs the program's signal handlers or
+    /// shows in its process), and the session is made by the first call
+    /// when the remote path is absolute (`shortfuse run` checks the mount
+    /// and resolves the path before the program starts, so that every
+    /// process image it starts skips that round trip). With a relative
+    /// path the first session is made now, to resolve it, and kept.
+    pub fn in_process(target: &str, opts: &[(String, Option<String>)]) -> std::io::Result<SftpFs> {
+        let config = Arc::new(Config::parse(target, opts)?);
+        if config.path.starts_with('/') {
+            let root = nodes::normalize(&config.path);
+            return Ok(SftpFs::new(config, root, 0));
+        }
+        let rt = current_thread()?;
+        let (root, conn) = rt.block_on(probe(config.clone(), 1))?;
+        let fs = SftpFs::new(config, root, 0);
+        fs.generations.store(1, Ordering::Relaxed);
+        *lock(&fs.conn) = Some(Arc::new(conn));
+        *lock(&fs.io) = Some(Arc::new(Io {
+            pid: std::process::id(),
+            rt,
+        }));
+        Ok(fs)
+    }
+
+    fn new(config: Arc<Config>, root: String, io_threads: usize) -> SftpFs {
+        SftpFs {
+            io: Mutex::new(None),
+            io_threads,
             config,
             conn: Mutex::new(None),
             gave_up: Default::default(),
@@ -201,21 +264,40 @@ impl SftpFs {
             nodes: Nodes::new(root),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-        })
+        }
     }
 
-    fn rt(&self) -> Result<&tokio::runtime::Runtime> {
-        let rt = self.rt.get_or_init(|| {
+    /// The runtime of this process (see [`Io`] for fork).
+    fn io(&self) -> Result<Arc<Io>> {
+        let pid = std::process::id();
+        let mut slot = lock(&self.io);
+        if let Some(io) = slot.as_ref() {
+            if io.pid == pid {
+                return Ok(io.clone());
+            }
+        }
+        if let Some(parent) = slot.take() {
+            std::mem::forget(parent);
+            if let Some(conn) = lock(&self.conn).take() {
+                conn::abandon(conn);
+            }
+        }
+        let rt = if self.io_threads == 0 {
+            current_thread()
+        } else {
             tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(self.io_threads)
                 .thread_name("sftp-io")
                 .enable_all()
                 .build()
-        });
-        rt.as_ref().map_err(|e| {
+        };
+        let rt = rt.map_err(|e| {
             eprintln!("sftp: cannot start the I/O runtime: {e}");
             Errno::EIO
-        })
+        })?;
+        let io = Arc::new(Io { pid, rt });
+        *slot = Some(io.clone());
+        Ok(io)
     }
 
     /// The remote directory served as the root.
@@ -231,9 +313,14 @@ impl SftpFs {
     /// The current session, making a new one when the last was lost and
     /// `reconnect` is on.
     fn session(&self) -> Result<Arc<Conn>> {
+        // Lock order: `io` before `conn` (a fork found by `io` clears `conn`).
+        let io = self.io()?;
         let mut slot = lock(&self.conn);
         if let Some(c) = slot.as_ref() {
-            if !c.ssh.is_closed() {
+            // A runtime without threads notices a closed connection only
+            // while it runs: ask the socket too, so that a call after the
+            // server went away reconnects instead of failing.
+            if !c.ssh.is_closed() && !conn::hung_up(c.fd) {
                 return Ok(c.clone());
             }
             *slot = None;
@@ -245,7 +332,7 @@ impl SftpFs {
             return Err(Errno::ENOTCONN);
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        match self.rt()?.block_on(conn::connect(self.config.clone(), generation)) {
+        match io.rt.block_on(conn::connect(self.config.clone(), generation)) {
             Ok(c) => {
                 let c = Arc::new(c);
                 *slot = Some(c.clone());
@@ -288,7 +375,7 @@ impl SftpFs {
         Fut: Future<Output = std::result::Result<T, SftpError>>,
     {
         let conn = self.session().map_err(Fail::Other)?;
-        let r = self.rt().map_err(Fail::Other)?.block_on(f(conn.clone()));
+        let r = self.io().map_err(Fail::Other)?.rt.block_on(f(conn.clone()));
         r.map_err(|e| self.classify(&conn, e))
     }
 
@@ -364,7 +451,8 @@ impl SftpFs {
         let path = self.nodes.path(file.node)?;
         let flags = file.flags;
         let h = self
-            .rt()?
+            .io()?
+            .rt
             .block_on(conn.sftp.open(path, flags, FileAttributes::empty()))
             .map_err(|e| match self.classify(&conn, e) {
                 Fail::Status(c) => status_errno(c),
@@ -390,7 +478,8 @@ impl SftpFs {
         if let Some(file) = fh.and_then(|fh| self.file(fh).ok()) {
             let (conn, h) = self.server_handle(&file)?;
             let a = self
-                .rt()?
+                .io()?
+                .rt
                 .block_on(conn.sftp.fstat(h))
                 .map_err(|e| match self.classify(&conn, e) {
                     Fail::Status(c) => status_errno(c),
@@ -437,51 +526,64 @@ impl SftpFs {
     }
 }
 
-/// Connects once and resolves the remote path to the absolute directory
-/// to serve.
-async fn probe(config: Arc<Config>) -> std::io::Result<String> {
-    let conn = conn::connect(config.clone(), 0).await?;
+/// What went wrong with a request, for messages.
+fn describe(e: &SftpError) -> String {
+    match e {
+        SftpError::Status(s) => match s.status_code {
+            StatusCode::NoSuchFile => "no such file or directory on the server".into(),
+            StatusCode::PermissionDenied => "permission denied by the server".into(),
+            _ if !s.error_message.is_empty() => s.error_message.clone(),
+            c => format!("{c:?}"),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Connects and resolves the remote path to the absolute directory to
+/// serve; returns it with the session.
+async fn probe(config: Arc<Config>, generation: u64) -> std::io::Result<(String, Conn)> {
+    let conn = conn::connect(config.clone(), generation).await?;
     let path = if config.path.is_empty() {
         "."
     } else {
         config.path.as_str()
     };
+    let at = format!("{}:{}", config.host, config.port);
     let root = conn
         .sftp
         .realpath(path)
         .await
-        .map_err(|e| std::io::Error::other(format!("sftp: remote path {path:?}: {e}")))?
+        .map_err(|e| std::io::Error::other(format!("sftp: remote path {path:?} on {at}: {}", describe(&e))))?
         .files
         .into_iter()
         .next()
         .map(|f| f.filename)
-        .ok_or_else(|| std::io::Error::other(format!("sftp: remote path {path:?}: no answer")))?;
+        .ok_or_else(|| std::io::Error::other(format!("sftp: remote path {path:?} on {at}: no answer")))?;
     let attrs = conn
         .sftp
         .stat(root.clone())
         .await
-        .map_err(|e| std::io::Error::other(format!("sftp: remote path {root:?}: {e}")))?;
+        .map_err(|e| std::io::Error::other(format!("sftp: remote path {root:?} on {at}: {}", describe(&e))))?;
     if to_attr(1, &attrs.attrs).file_type() != FileType::Directory {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotADirectory,
-            format!("sftp: remote path {root:?} is not a directory"),
+            format!("sftp: remote path {root:?} on {at} is not a directory"),
         ));
     }
+    Ok((root, conn))
+}
+
+/// Ends a session politely (the server logs a clean disconnect).
+async fn disconnect(conn: &Conn, why: &str) {
     let _ = conn.sftp.close_session();
-    let _ = conn
-        .ssh
-        .disconnect(russh::Disconnect::ByApplication, "checked", "en")
-        .await;
-    Ok(root)
+    let _ = conn.ssh.disconnect(russh::Disconnect::ByApplication, why, "en").await;
 }
 
 impl Filesystem for SftpFs {
     fn destroy(&self) {
+        let Ok(io) = self.io() else { return };
         if let Some(c) = lock(&self.conn).take() {
-            let _ = c.sftp.close_session();
-            if let Some(Ok(rt)) = self.rt.get() {
-                let _ = rt.block_on(c.ssh.disconnect(russh::Disconnect::ByApplication, "unmount", "en"));
-            }
+            io.rt.block_on(disconnect(&c, "unmount"));
         }
     }
 
@@ -533,7 +635,8 @@ impl Filesystem for SftpFs {
         }
         if let Some(file) = file {
             let (conn, h) = self.server_handle(&file)?;
-            self.rt()?
+            self.io()?
+                .rt
                 .block_on(conn.sftp.fsetstat(h, a))
                 .map_err(|e| self.map(&conn, e))?;
         } else {
@@ -724,7 +827,7 @@ impl Filesystem for SftpFs {
             .map(|at| (offset + at as u64, (buf.len() - at).min(chunk) as u32))
             .collect();
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.rt()?.block_on(
+        let results: Vec<_> = self.io()?.rt.block_on(
             stream::iter(pieces.iter().map(|&(off, len)| {
                 let h = h.clone();
                 async move { sftp.read(h, off, len).await }
@@ -748,7 +851,7 @@ impl Filesystem for SftpFs {
                 // time (the later replies started at the wrong offsets).
                 while done < buf.len() {
                     let want = (buf.len() - done).min(chunk) as u32;
-                    match self.rt()?.block_on(sftp.read(h.clone(), offset + done as u64, want)) {
+                    match self.io()?.rt.block_on(sftp.read(h.clone(), offset + done as u64, want)) {
                         Ok(d) if d.data.is_empty() => return Ok(done),
                         Ok(d) => {
                             let n = d.data.len().min(buf.len() - done);
@@ -770,7 +873,7 @@ impl Filesystem for SftpFs {
         let (conn, h) = self.server_handle(&file)?;
         let chunk = conn.write_len.max(512) as usize;
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.rt()?.block_on(
+        let results: Vec<_> = self.io()?.rt.block_on(
             stream::iter(data.chunks(chunk).enumerate().map(|(i, piece)| {
                 let h = h.clone();
                 let off = args.offset + (i * chunk) as u64;
@@ -798,7 +901,7 @@ impl Filesystem for SftpFs {
         if let Some((generation, h)) = server {
             let current = lock(&self.conn).clone();
             if let Some(conn) = current.filter(|c| c.generation == generation) {
-                if let Err(e) = self.rt()?.block_on(conn.sftp.close(h)) {
+                if let Err(e) = self.io()?.rt.block_on(conn.sftp.close(h)) {
                     return Err(self.map(&conn, e));
                 }
             }
@@ -809,7 +912,7 @@ impl Filesystem for SftpFs {
     fn fsync(&self, _req: &Request, _node: NodeId, fh: FileHandle, _datasync: bool) -> Result<()> {
         let file = self.file(fh)?;
         let (conn, h) = self.server_handle(&file)?;
-        match self.rt()?.block_on(conn.sftp.fsync(h)) {
+        match self.io()?.rt.block_on(conn.sftp.fsync(h)) {
             Ok(_) => Ok(()),
             // Without fsync@openssh.com the acknowledged writes are all we have.
             Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => Ok(()),

@@ -39,6 +39,12 @@ pub fn join(parent: &str, name: &str) -> String {
     }
 }
 
+/// An absolute server path without repeated or trailing slashes.
+pub fn normalize(path: &str) -> String {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    format!("/{}", parts.join("/"))
+}
+
 impl Nodes {
     /// A table whose root node stands for `root`.
     pub fn new(root: String) -> Nodes {
