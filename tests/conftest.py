@@ -7,7 +7,7 @@ root: `python3 -m pytest tests/` after `cargo build`.
 Environment:
   SHORTFUSE_BIN         the binary (default target/debug/shortfuse)
   SHORTFUSE_FS          configurations, comma-separated, from sfmount.FILE_SYSTEMS:
-                        mem, passthrough, passthrough+kp, stripe, pack, dist (default
+                        mem, passthrough, passthrough+kp, stripe, pack, dist, sftp (default
                         mem,passthrough; `bindfs` adds Debian's bindfs as a peer)
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
   SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
@@ -27,6 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sfmount  # noqa: E402
+import sshd  # noqa: E402
 
 DEFAULT_DEADLINE = float(os.environ.get("SHORTFUSE_TEST_DEADLINE", "180"))
 
@@ -167,4 +168,6 @@ def no_leaked_mounts():
     finally:
         # distfs servers the harness started (sfmount.dist_server), after their clients.
         sfmount.stop_dist_servers()
+        # The loopback sshd of the sftp configurations (sfmount.sshd_server).
+        sshd.stop()
     assert not leaked, f"mounts left behind after the session (now lazily unmounted): {leaked}"

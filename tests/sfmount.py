@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sshd
+
 REPO = Path(__file__).resolve().parent.parent
 # The pid keeps concurrent pytest runs (engineers, CI) out of each other's
 # scratch dirs, and the leak check to this run's own mounts.
@@ -55,6 +57,9 @@ class FsSpec:
     # The source is the data directory of a `shortfuse dist up` server that
     # the harness runs (see dist_server); the mount gets the server's address.
     dist_server: bool = False
+    # The source is served by the session's loopback sshd (tests/sshd.py);
+    # the mount gets `root@127.0.0.1:SOURCE` and the server's port and key.
+    sshd_server: bool = False
 
 
 # stripe and pack share their namespace code (crates/shortfuse-fs/src/pack/metafs.rs),
@@ -89,6 +94,27 @@ FILE_SYSTEMS: dict[str, FsSpec] = {
             "seek_hole": Unsupported("", "no LSEEK: the kernel's generic llseek reports the whole file as data"),
         },
         fsx_ops=30_000,
+    ),
+    # The source directory over SFTP v3 from a real OpenSSH server on
+    # loopback, with what the protocol cannot carry.
+    "sftp": FsSpec(
+        "sftp",
+        sources=1,
+        sshd_server=True,
+        unsupported={
+            "hardlink_inode": Unsupported(
+                "",
+                "hard links are made (hardlink@openssh.com), but SFTP v3 carries no inode number or link count: "
+                "each name is an inode of its own (nlink 1), whose cached attributes do not see writes through another",
+            ),
+            "fine_times": Unsupported("", "SFTP v3 carries atime and mtime in whole seconds, and no ctime (shown as mtime)"),
+            "special_files": Unsupported("EPERM", "SFTP v3 makes files, directories and symbolic links only"),
+            "rename_exchange": Unsupported("EINVAL", "SFTP has no atomic exchange of two names"),
+            "xattr": Unsupported("EOPNOTSUPP", "SFTP v3 carries no extended attributes (ENOSYS; the kernel reports EOPNOTSUPP)"),
+            "fallocate": Unsupported("EOPNOTSUPP", "SFTP v3 has no preallocation (ENOSYS; the kernel reports EOPNOTSUPP)"),
+            "seek_hole": Unsupported("", "SFTP v3 cannot ask for holes: the kernel's generic llseek reports the whole file as data"),
+        },
+        fsx_ops=5_000,
     ),
 }
 DEFAULT_FS = ("mem", "passthrough")
@@ -162,6 +188,14 @@ def stop_dist_servers(under: str | os.PathLike | None = None) -> None:
         proc.wait()
         if proc.stdout:
             proc.stdout.close()
+
+
+def sshd_server() -> "sshd.Sshd":
+    """The session's loopback sshd (tests/sshd.py), started on first use."""
+    try:
+        return sshd.server(f"{SCRATCH_PREFIX}sshd-")
+    except sshd.SshdError as e:
+        raise HarnessError(str(e)) from e
 
 
 def require_tool(name: str) -> str:
@@ -319,12 +353,16 @@ class Config:
     def mount_args(self, sources: list[Path], mountpoint: Path, *extra_options: str) -> list[str]:
         """`mount FS [SOURCE] MNT [-o ...] --transport T` for the shortfuse CLI (without the binary)."""
         args = ["mount", self.fs]
-        if sources and self.spec.dist_server:
+        opts = self.options + list(extra_options)
+        if sources and self.spec.sshd_server:
+            server = sshd_server()
+            args.append(server.target(sources[0]))
+            opts = server.options() + opts
+        elif sources and self.spec.dist_server:
             args.append(dist_server(sources[0]))
         elif sources:
             args.append(",".join(str(s) for s in sources))
         args.append(str(mountpoint))
-        opts = self.options + list(extra_options)
         if opts:
             args += ["-o", ",".join(opts)]
         return args + ["--transport", self.transport]

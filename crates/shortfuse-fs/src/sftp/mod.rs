@@ -58,9 +58,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures_util::stream::{self, StreamExt};
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags as SftpOpen, Packet, StatusCode};
+use shortfuse::abi::{FUSE_HANDLE_KILLPRIV_V2, FUSE_WRITE_KILL_SUIDGID};
 use shortfuse::{
-    Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, NewNode, NodeId, Opened,
-    RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId,
+    Opened, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
 };
 
 pub use config::{Config, HostKeyPolicy};
@@ -422,6 +423,10 @@ impl SftpFs {
         if name.contains('/') {
             return Err(Errno::EINVAL);
         }
+        // The server's NAME_MAX; OpenSSH reports the error as a plain failure.
+        if name.len() > 255 {
+            return Err(Errno::ENAMETOOLONG);
+        }
         Ok(join(&self.nodes.path(parent)?, name))
     }
 
@@ -474,8 +479,24 @@ impl SftpFs {
         }))))
     }
 
+    /// An open file of `node`, if any (the only way to a node whose name
+    /// was removed: SFTP names files by path).
+    fn open_file_of(&self, node: NodeId) -> Option<Arc<OpenFile>> {
+        lock(&self.handles).values().find_map(|h| match h {
+            Handle::File(f) if f.node == node => Some(f.clone()),
+            _ => None,
+        })
+    }
+
     fn attr_of(&self, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
-        if let Some(file) = fh.and_then(|fh| self.file(fh).ok()) {
+        let file = match fh.and_then(|fh| self.file(fh).ok()) {
+            Some(f) => Some(f),
+            None => match self.nodes.path(node) {
+                Ok(path) => return Ok(to_attr(node.0, &self.lstat(&path)?)),
+                Err(e) => Some(self.open_file_of(node).ok_or(e)?),
+            },
+        };
+        if let Some(file) = file {
             let (conn, h) = self.server_handle(&file)?;
             let a = self
                 .io()?
@@ -579,7 +600,26 @@ async fn disconnect(conn: &Conn, why: &str) {
     let _ = conn.ssh.disconnect(russh::Disconnect::ByApplication, why, "en").await;
 }
 
+/// `mode` without set-user-id, and without set-group-id when group
+/// execute is on (otherwise it marks mandatory locking, which stays).
+fn kill_suidgid(mode: u32) -> u32 {
+    let mut m = mode & !libc::S_ISUID;
+    if m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    m
+}
+
 impl Filesystem for SftpFs {
+    fn init(&self, config: &mut InitConfig) -> Result<()> {
+        // Set-id bits are cleared here (`kill_suidgid` on setattr and
+        // write) and by the server's own chown. Without this the kernel
+        // clears them for chown by sending a mode that also loses the
+        // sticky bit.
+        config.want |= config.kernel_flags & FUSE_HANDLE_KILLPRIV_V2;
+        Ok(())
+    }
+
     fn destroy(&self) {
         let Ok(io) = self.io() else { return };
         if let Some(c) = lock(&self.conn).take() {
@@ -622,6 +662,15 @@ impl Filesystem for SftpFs {
             a.uid = set.uid;
             a.gid = set.gid;
         }
+        if set.kill_suidgid && set.mode.is_none() {
+            // HANDLE_KILLPRIV_V2 (see `init`): chown and truncate by an
+            // unprivileged caller clear set-id bits, as the kernel would.
+            let cur = self.attr_of(node, set.fh)?;
+            let killed = kill_suidgid(cur.mode);
+            if killed != cur.mode && cur.file_type() != FileType::Directory {
+                a.permissions = Some(killed & 0o7777);
+            }
+        }
         let now = Timestamp::now().sec as u32;
         let secs = |t: &SetTime| match t {
             SetTime::Now => now,
@@ -633,17 +682,70 @@ impl Filesystem for SftpFs {
         if let Some(t) = &set.mtime {
             a.mtime = Some(secs(t));
         }
+        let file = file.or_else(|| path.is_err().then(|| self.open_file_of(node)).flatten());
         if let Some(file) = file {
             let (conn, h) = self.server_handle(&file)?;
             self.io()?
                 .rt
                 .block_on(conn.sftp.fsetstat(h, a))
                 .map_err(|e| self.map(&conn, e))?;
+        } else if a.size.is_none() {
+            // The kernel resolved symbolic links already: a SETATTR of a
+            // link (lchown, lutimes) is for the link itself, which plain
+            // SETSTAT would follow. lsetstat@openssh.com takes no size.
+            let path = path?;
+            let mut data = ssh_strings(&[&path]);
+            data.extend_from_slice(&russh_sftp::ser::to_bytes(&a).map_err(|_| Errno::EINVAL)?);
+            let r = self.call_raw(|c| async move {
+                match c.sftp.extended("lsetstat@openssh.com", data).await? {
+                    Packet::Status(s) if s.status_code == StatusCode::Ok => Ok(()),
+                    Packet::Status(s) => Err(SftpError::Status(s)),
+                    _ => Err(SftpError::UnexpectedPacket),
+                }
+            });
+            match r {
+                Ok(()) => {}
+                Err(Fail::Status(StatusCode::OpUnsupported)) => {
+                    self.call(|c| async move { c.sftp.setstat(path, a).await })?;
+                }
+                Err(Fail::Status(c)) => return Err(status_errno(c)),
+                Err(Fail::Other(e)) => return Err(e),
+            }
         } else {
             let path = path?;
             self.call(|c| async move { c.sftp.setstat(path, a).await })?;
         }
         self.attr_of(node, set.fh)
+    }
+
+    /// Checks `mask` against the mode bits the server reports, as the
+    /// kernel would with `default_permissions` (root passes all but X_OK on
+    /// a file without any execute bit). Supplementary groups are not
+    /// known here; the server still applies its own checks, as the login
+    /// user, to every call.
+    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+        let a = self.attr_of(node, None)?;
+        let want = (mask & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32;
+        if want == 0 {
+            return Ok(());
+        }
+        if req.uid == 0 {
+            let exec_denied =
+                want & libc::X_OK as u32 != 0 && a.file_type() != FileType::Directory && a.mode & 0o111 == 0;
+            return if exec_denied { Err(Errno::EACCES) } else { Ok(()) };
+        }
+        let bits = if req.uid == a.uid {
+            a.mode >> 6
+        } else if req.gid == a.gid {
+            a.mode >> 3
+        } else {
+            a.mode
+        } & 7;
+        if want & !bits != 0 {
+            Err(Errno::EACCES)
+        } else {
+            Ok(())
+        }
     }
 
     fn readlink(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
@@ -884,6 +986,21 @@ impl Filesystem for SftpFs {
         );
         for r in results {
             r.map_err(|e| self.map(&conn, e))?;
+        }
+        if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
+            let io = self.io()?;
+            let cur = io
+                .rt
+                .block_on(conn.sftp.fstat(h.clone()))
+                .map_err(|e| self.map(&conn, e))?;
+            let mode = cur.attrs.permissions.unwrap_or(0);
+            if kill_suidgid(mode) != mode {
+                let mut a = FileAttributes::empty();
+                a.permissions = Some(kill_suidgid(mode) & 0o7777);
+                io.rt
+                    .block_on(conn.sftp.fsetstat(h, a))
+                    .map_err(|e| self.map(&conn, e))?;
+            }
         }
         Ok(data.len())
     }
