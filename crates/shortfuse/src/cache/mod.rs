@@ -36,7 +36,9 @@
 //! see. Attributes and names changed elsewhere show after `meta_ttl`.
 //!
 //! Lock order: `state` (pages, per-node state), then `meta`; write-backs
-//! run under `state`, nothing runs under `meta`.
+//! run under `state`, nothing runs under `meta`. A read miss fetches
+//! without `state` held (other files' requests go on meanwhile) and keeps
+//! the pages only if the node's generation did not move.
 
 pub mod options;
 pub mod page;
@@ -117,12 +119,45 @@ struct NodeState {
     /// Dirty pages of the node in the cache (so that a clean node's
     /// flush and size check look at no page).
     dirty: usize,
+    /// Changed (from [`State::counter`]) by every change to the node's
+    /// data; 0 until a read needs it.
+    generation: u64,
 }
 
 struct State {
     pages: PageStore,
     nodes: HashMap<u64, NodeState>,
+    /// Source of generations: never repeats, so a node dropped and
+    /// recreated does not pass for unchanged.
+    counter: u64,
 }
+
+impl State {
+    /// Marks `node`'s data changed: a read fetching meanwhile keeps
+    /// nothing it fetched.
+    fn bump(&mut self, node: u64) -> u64 {
+        self.counter += 1;
+        let c = self.counter;
+        self.nodes.entry(node).or_default().generation = c;
+        c
+    }
+
+    /// The generation a fetch compares with when it comes back.
+    fn generation(&mut self, node: u64) -> u64 {
+        match self.nodes.get(&node).map(|n| n.generation) {
+            Some(g) if g != 0 => g,
+            _ => self.bump(node),
+        }
+    }
+
+    fn unchanged(&self, node: u64, generation: u64) -> bool {
+        self.nodes.get(&node).is_some_and(|n| n.generation == generation)
+    }
+}
+
+/// Misses that fetch without the lock before one fetches holding it (a
+/// file written all the time would otherwise keep its readers fetching).
+const UNLOCKED_TRIES: u32 = 3;
 
 /// A cached name: the node, its generation, the name itself (the key only
 /// holds its hash) and when it expires.
@@ -304,6 +339,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
             state: Mutex::new(State {
                 pages,
                 nodes: HashMap::new(),
+                counter: 0,
             }),
             meta: Mutex::new(MetaCache::new(config.policy, config.meta_entries)),
             stats: Arc::new(CacheStats::default()),
@@ -425,6 +461,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
     }
 
     fn drop_pages(&self, st: &mut State, node: u64) {
+        st.bump(node);
         let keys = st.pages.keys_of(node);
         if !keys.is_empty() {
             self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
@@ -444,11 +481,27 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
     }
 
     /// Fills pages `first..first+count` of `node` from the inner file system.
-    fn fill(&self, st: &mut State, node: NodeId, fh: FileHandle, first: u64, count: u64) -> Result<()> {
+    /// Returns the bytes fetched and how many of them the file holds.
+    fn fill(&self, st: &mut State, node: NodeId, fh: FileHandle, first: u64, count: u64) -> Result<(Vec<u8>, usize)> {
+        let (buf, got) = self.fetch(node, fh, first, count)?;
+        let end = self.store(st, node, first, count, &buf, got)?;
+        Ok((buf, end))
+    }
+
+    /// Reads pages `first..first+count` of `node` from the inner file
+    /// system (no lock needed): the bytes and how many are valid.
+    fn fetch(&self, node: NodeId, fh: FileHandle, first: u64, count: u64) -> Result<(Vec<u8>, usize)> {
         let ps = self.ps();
         let mut buf = vec![0u8; (count * ps) as usize];
         let got = self.inner.read(&req0(), node, fh, first * ps, &mut buf)?;
         self.stats.bytes_in.fetch_add(got as u64, Ordering::Relaxed);
+        Ok((buf, got))
+    }
+
+    /// Keeps fetched pages the cache does not hold yet; returns how many
+    /// of the fetched bytes the file holds.
+    fn store(&self, st: &mut State, node: NodeId, first: u64, count: u64, buf: &[u8], got: usize) -> Result<usize> {
+        let ps = self.ps();
         let known = st.nodes.get(&node.0).and_then(|n| n.size);
         // Written-back-later data beyond the inner EOF reads as zeros.
         let end = match known {
@@ -470,7 +523,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
             }
             self.insert(st, Page::new(key, buf[from as usize..to as usize].to_vec()))?;
         }
-        Ok(())
+        Ok(end as usize)
     }
 
     /// The size to report for `node` when it has dirty data.
@@ -606,6 +659,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             // Clean now: the pages from the one holding the lower of the old
             // and new end of file go (a short old last page would read as
             // the end of a file that grew; pages past a shrunk end are gone).
+            st.bump(node.0);
             let old = st.nodes.get(&node.0).and_then(|n| n.size);
             let first = old.map_or(0, |o| o.min(size) / self.ps());
             if st.pages.drop_from(node.0, first) > 0 {
@@ -728,6 +782,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
                 seen: Some((c.entry.attr.size, c.entry.attr.mtime)),
                 wrote: false,
                 dirty: 0,
+                generation: 0,
             },
         );
         Ok(c)
@@ -748,24 +803,56 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             None => buf,
         };
         let mut done = 0usize;
+        let mut tries = 0;
         while done < buf.len() {
             let pos = offset + done as u64;
             let (idx, within) = (pos / ps, (pos % ps) as usize);
             if st.pages.get((node.0, idx)).is_some() {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                if tries == 0 {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                }
                 let wanted = (buf.len() - done).div_ceil(self.config.page_size) as u64;
                 let count = if sequential || offset == 0 {
                     wanted.max(self.config.readahead as u64)
                 } else {
                     wanted.max(1)
                 };
-                // Never more than half the cache: the pages must survive
-                // until copied out.
+                // Never more than half the cache in one fetch.
                 let room = (self.config.pages() / 2).max(1) as u64;
                 let before_eof = size.map_or(u64::MAX, |s| s.div_ceil(ps).saturating_sub(idx).max(1));
-                self.fill(&mut st, node, fh, idx, count.min(room).min(before_eof))?;
+                let count = count.min(room).min(before_eof);
+                let (data, end) = if tries < UNLOCKED_TRIES {
+                    // Other files' reads and writes go on while this one is
+                    // out (a network round trip); what it brings is kept
+                    // only if nothing changed the node meanwhile.
+                    let generation = st.generation(node.0);
+                    drop(st);
+                    let fetched = self.fetch(node, fh, idx, count);
+                    st = self.lock();
+                    let (data, got) = fetched?;
+                    if !st.unchanged(node.0, generation) {
+                        tries += 1;
+                        continue;
+                    }
+                    let end = self.store(&mut st, node, idx, count, &data, got)?;
+                    (data, end)
+                } else {
+                    self.fill(&mut st, node, fh, idx, count)?
+                };
+                tries = 0;
+                // The first page from what was fetched (it was not cached,
+                // and storing the others may have evicted it already);
+                // the next pages from the cache, where dirty ones are newer.
+                let page_len = end.min(self.config.page_size);
+                let n = page_len.saturating_sub(within).min(buf.len() - done);
+                buf[done..done + n].copy_from_slice(&data[within..within + n]);
+                done += n;
+                if n == 0 || (page_len < self.config.page_size && within + n >= page_len) {
+                    break;
+                }
+                continue;
             }
             let Some(page) = st.pages.get((node.0, idx)) else {
                 break;
@@ -855,6 +942,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         }
         let ns = st.nodes.entry(node.0).or_default();
         ns.size = Some(size.max(end));
+        st.bump(node.0);
         self.meta().drop_attr(node.0);
         Ok(data.len())
     }

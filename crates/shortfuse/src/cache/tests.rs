@@ -363,3 +363,39 @@ fn flush_all_writes_back_what_is_dirty_when_the_daemon_stops() {
     assert!(fs.inner().data(7) == pattern(3 * PS));
     assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn concurrent_readers_and_writers_leave_the_cache_equal_to_the_file() {
+    let fs = Arc::new(cached(Backing::with(7, &vec![0u8; 16 * PS]), 4, Policy::Clock, 2));
+    fs.open(&R, N, libc::O_RDWR).unwrap();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let mut rng = t * 7919 + 1;
+                for i in 0..300u64 {
+                    rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let page = (rng >> 33) % 16;
+                    if t % 2 == 0 {
+                        let fill = [(t * 64 + i % 64) as u8 + 1; PS];
+                        let args = WriteArgs {
+                            offset: page * PS as u64,
+                            ..WriteArgs::default()
+                        };
+                        fs.write(&R, N, FH, &fill, &args).unwrap();
+                    } else {
+                        let got = read(&fs, page * PS as u64, PS);
+                        assert_eq!(got.len(), PS);
+                        assert!(got.iter().all(|&b| b == got[0]), "page {page} torn");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    fs.flush(&R, N, FH, 0).unwrap();
+    let inner = fs.inner().data(7);
+    assert!(read(&fs, 0, 16 * PS) == inner, "the cache and the file differ");
+}
