@@ -15,6 +15,8 @@ use crate::user;
 
 mod exec;
 mod kernel;
+mod locks;
+pub mod shared;
 mod xattr;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
@@ -432,8 +434,11 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_close => {
             let fd = a[0] as i32;
+            let f = file(a[0])?;
             // The lock owner costs a getpid: only FLUSH needs it.
-            let lock_owner = if file(a[0])?.needs_flush() { owner() } else { 0 };
+            let lock_owner = if f.needs_flush() { owner() } else { 0 };
+            locks::closed(&f);
+            drop(f);
             let r = st.fds.close(fd, lock_owner)?;
             raw(libc::SYS_close, a[0], 0, 0, 0, 0, 0);
             Some(res(r.map(|_| 0i64)))
@@ -442,6 +447,13 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let (lo, hi) = (a[0] as u32, a[1] as u32);
             let r = raw(libc::SYS_close_range, a[0], a[1], a[2], 0, 0, 0);
             if r == 0 && a[2] as u32 & libc::CLOSE_RANGE_CLOEXEC == 0 {
+                for (fd, _) in st.fds.fds() {
+                    if (lo..=hi).contains(&(fd as u32)) {
+                        if let Some(f) = st.fds.get(fd) {
+                            locks::closed(&f);
+                        }
+                    }
+                }
                 st.fds.close_range(lo, hi, owner());
             } else if r == 0 {
                 for (fd, _) in st.fds.fds() {
@@ -470,6 +482,9 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let flags = if nr == libc::SYS_dup3 { a[2] } else { 0 };
             let r = raw(nr, a[0], a[1], flags, 0, 0, 0);
             if r >= 0 && a[0] != a[1] {
+                if let Some(f) = file(a[1]).filter(|_| ours_new) {
+                    locks::closed(&f);
+                }
                 if ours_new && !ours_old {
                     st.fds.close(a[1] as i32, owner());
                 } else if let Ok(Some(old)) = st
@@ -512,6 +527,16 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                 | libc::F_SETLKW
                 | libc::F_OFD_GETLK
                 | libc::F_OFD_SETLK
+                | libc::F_OFD_SETLKW
+                    if locks::remote(&f) =>
+                {
+                    Some(locks::fcntl(&f, a[1] as i32, a[2]))
+                }
+                libc::F_GETLK
+                | libc::F_SETLK
+                | libc::F_SETLKW
+                | libc::F_OFD_GETLK
+                | libc::F_OFD_SETLK
                 | libc::F_OFD_SETLKW => Some(match f.lock_fd() {
                     Ok(l) => raw(libc::SYS_fcntl, i64::from(l), a[1], a[2], 0, 0, 0),
                     Err(e) => err(e),
@@ -538,6 +563,9 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_flock => {
             let f = file(a[0])?;
+            if locks::remote(&f) {
+                return Some(locks::flock(&f, a[1] as i32));
+            }
             Some(match f.lock_fd() {
                 Ok(l) => raw(libc::SYS_flock, i64::from(l), a[1], 0, 0, 0, 0),
                 Err(e) => err(e),
@@ -985,8 +1013,10 @@ fn to_statfs(s: &shortfuse::Statfs, vfs: &Vfs) -> [i64; 15] {
     out
 }
 
+/// This process's lock owner (FLUSH and POSIX locks): what a shared
+/// daemon's lock table knows it by (see `locks`).
 fn owner() -> u64 {
-    raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64
+    shortfuse_ring::POSIX_OWNER | raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64
 }
 
 fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
@@ -1053,6 +1083,13 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         let fd = kernel::backing_descriptor(&f, flags, cloexec);
         if fd >= 0 {
             f.set_kernel_backed();
+            state().fds.insert(fd as i32, f, cloexec);
+            return Some(fd);
+        }
+    }
+    if shared::wanted(&f, flags) {
+        let fd = shared::create(&f, cloexec);
+        if fd >= 0 {
             state().fds.insert(fd as i32, f, cloexec);
             return Some(fd);
         }

@@ -350,6 +350,13 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     if t.in_hook.load(Ordering::Relaxed) {
         return None;
     }
+    let cfg = sys::cfg();
+    if cfg.forked.load(Ordering::Relaxed) != 0 && cfg.forked.swap(0, Ordering::Relaxed) != 0 {
+        // A new process: the rings stamp requests with its pid. libc's fork
+        // also tells them (pthread_atfork); a raw clone system call only
+        // tells us.
+        shortfuse_ring::after_fork();
+    }
     if t.vforked.load(Ordering::Relaxed) != 0 {
         // A vfork child shares our memory: it must not change our tables.
         // Its exec of a program on a passthrough mount is mapped to the

@@ -186,9 +186,11 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
         .map(|p| p.as_os_str().as_encoded_bytes().to_vec())
         .unwrap_or_else(|_| b"/".to_vec());
     let cwd = std::env::var_os(CWD_VAR).and_then(|c| inherited_cwd(&mounts, c.as_encoded_bytes()));
+    let fds = FdTable::new();
+    crate::calls::shared::adopt(&mounts, &fds);
     Ok(State {
         mounts,
-        fds: FdTable::new(),
+        fds,
         cwd: Mutex::new(cwd),
         host_cwd: Mutex::new(host),
     })

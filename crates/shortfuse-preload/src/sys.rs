@@ -38,6 +38,12 @@ pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64
     ret
 }
 
+/// Takes ownership of descriptor `fd`, which the caller made and owns.
+pub fn owned_file(fd: i64) -> std::fs::File {
+    // SAFETY: callers pass a descriptor they just created and hand over.
+    unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) }
+}
+
 pub fn raw3(nr: i64, a1: i64, a2: i64, a3: i64) -> i64 {
     raw(nr, a1, a2, a3, 0, 0, 0)
 }
@@ -89,6 +95,9 @@ pub struct Cfg {
     /// Our own executable mapping, exempt from Syscall User Dispatch.
     pub text_start: AtomicU64,
     pub text_len: AtomicU64,
+    /// Set by the assembly in every new process (a clone without CLONE_VM,
+    /// libc's fork or a raw one): see `crate::serve`.
+    pub forked: AtomicU64,
 }
 
 const _: () = {
@@ -98,6 +107,7 @@ const _: () = {
     assert!(core::mem::offset_of!(Cfg, sud_on) == 88);
     assert!(core::mem::offset_of!(Cfg, text_start) == 96);
     assert!(core::mem::offset_of!(Cfg, text_len) == 104);
+    assert!(core::mem::offset_of!(Cfg, forked) == 112);
     assert!(core::mem::size_of::<Cfg>() <= 128);
 };
 
@@ -437,6 +447,10 @@ global_asm!(
     "pop %rax",
     "ret",
     "1:",
+    "test $0x100, %r11d",
+    "jnz 3f",
+    "movq $1, shortfuse_cfg+112(%rip)",
+    "3:",
     "cmpb $0, shortfuse_cfg+88(%rip)",
     "je 2f",
     "push %rdi",

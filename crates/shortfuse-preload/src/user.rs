@@ -34,6 +34,13 @@ pub fn put<T: Copy>(p: i64, v: &T) {
     unsafe { std::ptr::write_unaligned(p as *mut T, *v) }
 }
 
+/// Copies the program's `T` at `p` (a struct flock, say).
+pub fn get<T: Copy>(p: i64) -> T {
+    // SAFETY: `p` is the program's input struct of type T, as the kernel
+    // would read it; a bad pointer faults in the program.
+    unsafe { std::ptr::read_unaligned(p as *const T) }
+}
+
 /// The `struct iovec` array at `p`.
 pub fn iovecs<'a>(p: i64, n: i64) -> &'a [libc::iovec] {
     if p == 0 || n <= 0 {

@@ -2,7 +2,9 @@
 //! serves rings: every change the kernel's requests make is announced to
 //! the ring clients (the same INVAL_ENTRY / INVAL_INODE notifications that
 //! ring clients send each other), so programs under the shim see at once
-//! what programs without it did. Everything else is passed through.
+//! what programs without it did; the kernel's locks go to the daemon's lock
+//! table (see `crate::locks`), shared with the ring clients. Everything
+//! else is passed through.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -12,6 +14,8 @@ use shortfuse::{
     Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, FileHandle, Filesystem, Forget, InitConfig, Lock, NewNode,
     NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, Statfs, WriteArgs,
 };
+
+use shortfuse_abi as abi;
 
 use crate::client::Notice;
 use crate::server::Announcer;
@@ -56,7 +60,11 @@ impl Announcing {
 
 impl Filesystem for Announcing {
     fn init(&self, config: &mut InitConfig) -> Result<()> {
-        self.inner.init(config)
+        self.inner.init(config)?;
+        // The daemon's lock table serves the kernel's locks too, so that
+        // programs on the mount and on the rings agree (see `crate::locks`).
+        config.want |= (abi::FUSE_POSIX_LOCKS | abi::FUSE_FLOCK_LOCKS) & config.kernel_flags;
+        Ok(())
     }
 
     fn destroy(&self) {
@@ -148,10 +156,16 @@ impl Filesystem for Announcing {
     }
 
     fn flush(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64) -> Result<()> {
+        if let Some(to) = self.to.get() {
+            to.locks().release_on(node.0, lock_owner);
+        }
         self.inner.flush(req, node, fh, lock_owner)
     }
 
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
+        if let (Some(to), true, Some(owner)) = (self.to.get(), args.flock_release, args.lock_owner) {
+            to.locks().release_owner(owner);
+        }
         self.inner.release(req, node, fh, args)
     }
 
@@ -211,7 +225,10 @@ impl Filesystem for Announcing {
     }
 
     fn getlk(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, lock: &Lock) -> Result<Lock> {
-        self.inner.getlk(req, node, fh, lock_owner, lock)
+        match self.to.get() {
+            Some(to) => Ok(to.locks().test(node.0, lock_owner, lock)),
+            None => self.inner.getlk(req, node, fh, lock_owner, lock),
+        }
     }
 
     fn setlk(
@@ -223,11 +240,19 @@ impl Filesystem for Announcing {
         lock: &Lock,
         sleep: bool,
     ) -> Result<()> {
-        self.inner.setlk(req, node, fh, lock_owner, lock, sleep)
+        match self.to.get() {
+            Some(to) if sleep => to.locks().set_wait(node.0, lock_owner, lock),
+            Some(to) => to.locks().set(node.0, lock_owner, lock),
+            None => self.inner.setlk(req, node, fh, lock_owner, lock, sleep),
+        }
     }
 
     fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
-        self.inner.flock(req, node, fh, lock_owner, op)
+        match self.to.get() {
+            Some(to) if op & libc::LOCK_NB != 0 => to.locks().flock(node.0, lock_owner, op),
+            Some(to) => to.locks().flock_wait(node.0, lock_owner, op),
+            None => self.inner.flock(req, node, fh, lock_owner, op),
+        }
     }
 
     fn fallocate(

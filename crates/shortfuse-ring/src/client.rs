@@ -20,7 +20,7 @@
 //! the system call it serves.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
@@ -29,7 +29,7 @@ use shortfuse::Errno;
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::proto::{Hello, Welcome};
+use crate::proto::{AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
 
@@ -56,6 +56,13 @@ static PID: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn refresh_pid() {
     PID.store(sys::getpid(), Ordering::Relaxed);
+}
+
+/// Tells the ring that this process is a new one: for children made
+/// without libc's fork (a raw clone system call), which skip the
+/// `pthread_atfork` handler. Async-signal-safe.
+pub fn after_fork() {
+    refresh_pid();
 }
 
 /// A connection to a daemon's rings.
@@ -257,6 +264,25 @@ impl RingClient {
                 return Err(Errno::ENOTCONN);
             }
         }
+    }
+
+    /// Gives the open handle `fh` of `node` to the open file description
+    /// of `description` (see [`crate::proto::AnchorMsg`]): the daemon then
+    /// releases it when the kernel closes that description, in whichever
+    /// process holds it last; the caller sends no RELEASE for it.
+    pub fn anchor(&self, node: u64, fh: u64, dir: bool, description: BorrowedFd<'_>) -> Result<(), Errno> {
+        if self.is_dead() {
+            return Err(Errno::ENOTCONN);
+        }
+        let msg = AnchorMsg {
+            magic: ANCHOR_MAGIC,
+            node,
+            fh,
+            dir: u32::from(dir),
+            padding: 0,
+        };
+        sys::send(self.sock.as_fd(), msg.as_bytes(), Some(description))
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
     }
 
     /// Hands every pending notification to `f`, oldest first (or

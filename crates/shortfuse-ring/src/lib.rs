@@ -18,16 +18,20 @@
 
 #![deny(unsafe_code)]
 
+mod anchors;
 mod announce;
 mod client;
+pub mod locks;
 mod proto;
 pub mod region;
 mod server;
 mod sys;
 pub mod wait;
 
+pub use anchors::DESCRIPTION_OWNER;
 pub use announce::Announcing;
-pub use client::{Notice, RingClient, LIVENESS_PERIOD};
+pub use client::{after_fork, Notice, RingClient, LIVENESS_PERIOD};
+pub use locks::{Locks, POSIX_OWNER};
 pub use proto::socket_path;
 pub use region::Geometry;
 pub use server::{changes, Announcer, Server, ServerConfig, DEFAULT_SPIN_US};

@@ -34,6 +34,26 @@ pub struct Welcome {
     pub spin_ns: u64,
 }
 
+/// After the handshake, the client's only message: "this open handle
+/// now belongs to the open file description of the descriptor passed with
+/// this message" (SCM_RIGHTS). The daemon watches that kernel file and
+/// releases the handle when its last descriptor closes, in whatever process
+/// (see `anchors`). Handles without one are the connection's, released when
+/// it ends.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct AnchorMsg {
+    pub magic: u64,
+    pub node: u64,
+    pub fh: u64,
+    /// 1 for a directory handle (RELEASEDIR), else 0.
+    pub dir: u32,
+    pub padding: u32,
+}
+
+/// `AnchorMsg::magic`.
+pub const ANCHOR_MAGIC: u64 = 0x5346_414e_4348_4f52;
+
 impl Hello {
     pub fn new(pid: u32) -> Hello {
         Hello {

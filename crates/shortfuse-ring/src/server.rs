@@ -34,10 +34,16 @@ use shortfuse::{Dispatcher, Filesystem, MountOptions, Outcome, Stats, Transport}
 use shortfuse_abi::{self as abi, Operation};
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::anchors::Anchors;
 use crate::client::{encode_record, Notice};
-use crate::proto::{Hello, Welcome};
+use crate::locks::{Locks, Reaper};
+use crate::proto::{AnchorMsg, Hello, Welcome};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
+
+mod ownership;
+
+use ownership::{Locked, Parked};
 
 /// How the daemon shapes and polls its rings.
 #[derive(Clone, Debug)]
@@ -89,6 +95,8 @@ pub struct Server {
     shared: Arc<Shared>,
     path: PathBuf,
     accept: Option<JoinHandle<()>>,
+    anchors: Option<JoinHandle<()>>,
+    reaper: Option<JoinHandle<()>>,
 }
 
 struct Shared {
@@ -101,6 +109,16 @@ struct Shared {
     clients: Mutex<Vec<Arc<Conn>>>,
     stopping: AtomicBool,
     next_id: AtomicU64,
+    /// Handles owned by open file descriptions (see [`crate::anchors`]).
+    anchors: Anchors,
+    /// The lock table, shared with a kernel mount of the same daemon.
+    locks: Arc<Locks>,
+    reaper: Reaper,
+    /// SETLKW requests waiting for their lock.
+    parked: Mutex<Vec<Parked>>,
+    /// A retry of the parked requests runs; `retry_again`: run it once more.
+    retrying: AtomicBool,
+    retry_again: AtomicBool,
 }
 
 /// One client's connection.
@@ -142,6 +160,19 @@ impl Server {
         stats: Arc<Stats>,
         config: ServerConfig,
     ) -> io::Result<Server> {
+        Server::start_with_locks(path, fs, Arc::new(Locks::new()), opts, stats, config)
+    }
+
+    /// [`Server::start`] with a lock table shared with a kernel mount of the
+    /// same file system (see [`crate::Announcing::new`]).
+    pub fn start_with_locks(
+        path: &Path,
+        fs: Arc<dyn Filesystem>,
+        locks: Arc<Locks>,
+        opts: MountOptions,
+        stats: Arc<Stats>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
         let geo = config.geometry();
         geo.check()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -168,15 +199,37 @@ impl Server {
             clients: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            anchors: Anchors::new()?,
+            locks: locks.clone(),
+            reaper: Reaper::new()?,
+            parked: Mutex::new(Vec::new()),
+            retrying: AtomicBool::new(false),
+            retry_again: AtomicBool::new(false),
         });
+        let weak = Arc::downgrade(&shared);
+        locks.on_change(Box::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.retry_parked();
+            }
+        }));
+        let s = shared.clone();
+        let reaper = thread::Builder::new()
+            .name("sf-ring-reaper".into())
+            .spawn(move || s.reaper.run(&s.locks, &s.stopping))?;
         let s = shared.clone();
         let accept = thread::Builder::new()
             .name("sf-ring-accept".into())
             .spawn(move || accept_loop(s))?;
+        let s = shared.clone();
+        let anchors = thread::Builder::new()
+            .name("sf-ring-anchors".into())
+            .spawn(move || s.anchors.run(&s.stopping, |h| s.release_anchor(h)))?;
         Ok(Server {
             shared,
             path: path.to_path_buf(),
             accept: Some(accept),
+            anchors: Some(anchors),
+            reaper: Some(reaper),
         })
     }
 
@@ -190,10 +243,12 @@ impl Server {
     }
 
     /// Handles and looked-up nodes the clients hold now (for tests and
-    /// the stats: both drop to zero once every client has gone).
+    /// the stats: both drop to zero once every client has gone and every
+    /// open file description of theirs has closed).
     pub fn held(&self) -> (usize, usize) {
         let clients = lock(&self.shared.clients);
-        clients.iter().fold((0, 0), |(h, l), c| {
+        let anchored = self.shared.anchors.len();
+        clients.iter().fold((anchored, 0), |(h, l), c| {
             let t = lock(&c.track);
             (h + t.handles.len(), l + t.lookups.len())
         })
@@ -212,8 +267,11 @@ impl Server {
             return;
         }
         sys::shutdown(self.shared.listener.as_fd());
-        if let Some(a) = self.accept.take() {
-            let _ = a.join();
+        for t in [self.accept.take(), self.anchors.take(), self.reaper.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = t.join();
         }
         for c in lock(&self.shared.clients).iter() {
             c.halt();
@@ -239,6 +297,11 @@ impl Drop for Server {
 pub struct Announcer(Arc<Shared>);
 
 impl Announcer {
+    /// The lock table of the server.
+    pub fn locks(&self) -> &Arc<Locks> {
+        &self.0.locks
+    }
+
     pub fn notify_all(&self, notice: Notice<'_>) {
         for c in lock(&self.0.clients).iter() {
             c.push_notice(0, notice);
@@ -319,12 +382,17 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
             }
         }
     }
-    // The client never sends after its hello: anything read is ignored, the
-    // end of the stream (or an error) means it has gone.
+    // After its hello the client only gives handles to descriptions
+    // (anything else is ignored); the end of the stream (or an error) means
+    // it has gone.
     loop {
         match sys::recv(sock.as_fd(), &mut buf) {
             Ok((0, _)) | Err(_) => break,
-            Ok(_) => {}
+            Ok((n, fd)) => {
+                if let (Ok((m, _)), Some(fd)) = (AnchorMsg::read_from_prefix(&buf[..n]), fd) {
+                    conn.anchor(&shared, &m, fd);
+                }
+            }
         }
     }
     conn.halt();
@@ -332,7 +400,8 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         let _ = w.join();
     }
     lock(&shared.clients).retain(|c| c.id != conn.id);
-    conn.reclaim();
+    lock(&shared.parked).retain(|p| p.conn != conn.id);
+    conn.reclaim(&shared);
 }
 
 impl Conn {
@@ -407,16 +476,31 @@ impl Conn {
     /// Serves the request in slot `i` of queue `q`.
     fn serve(&self, shared: &Shared, q: usize, i: usize, req: &mut Vec<u8>, reply: &mut Vec<u8>) {
         let off = self.geo.slot_off(q, i);
-        let state = self.region.u32_at(off);
-        let len_word = self.region.u32_at(off + 4);
-        let len = len_word.load(Ordering::Acquire) as usize;
+        let len = self.region.u32_at(off + 4).load(Ordering::Acquire) as usize;
         reply.clear();
         if (std::mem::size_of::<abi::fuse_in_header>()..=self.geo.slot_data as usize).contains(&len) {
             req.resize(len, 0);
             self.region.read(off + SLOT_HEADER, req);
             let pid = self.region.u32_at(off + 8).load(Ordering::Relaxed);
-            self.dispatch(shared, req, reply, pid);
+            match self.lock_request(shared, req, reply, true) {
+                Some(Locked::Wait) => {
+                    // Answered by `Shared::retry_parked` once it can be.
+                    shared.park(self.id, q, i, req);
+                    return;
+                }
+                Some(Locked::Done) => {}
+                None => self.dispatch(shared, req, reply, pid),
+            }
         }
+        self.complete(q, i, req, reply);
+    }
+
+    /// Writes the reply to `req` in slot `i` of queue `q` and hands the
+    /// slot back to the client.
+    fn complete(&self, q: usize, i: usize, req: &[u8], reply: &mut Vec<u8>) {
+        let off = self.geo.slot_off(q, i);
+        let state = self.region.u32_at(off);
+        let len_word = self.region.u32_at(off + 4);
         if reply.len() > self.geo.slot_data as usize {
             let unique = abi::parse_header(req).map_or(0, |h| h.unique);
             error_reply(reply, unique, libc::EIO);
@@ -506,7 +590,7 @@ impl Conn {
 
     /// Gives back what a departed client held: RELEASE/RELEASEDIR for its
     /// open handles, one BATCH_FORGET for its lookups.
-    fn reclaim(&self) {
+    fn reclaim(&self, shared: &Shared) {
         let t = std::mem::take(&mut *lock(&self.track));
         let mut req = Vec::new();
         let mut reply = Vec::new();
@@ -526,8 +610,11 @@ impl Conn {
         let forgets: Vec<abi::fuse_forget_one> = t
             .lookups
             .into_iter()
-            .filter(|&(_, n)| n > 0)
-            .map(|(nodeid, nlookup)| abi::fuse_forget_one { nodeid, nlookup })
+            .map(|(nodeid, n)| abi::fuse_forget_one {
+                nodeid,
+                nlookup: shared.keep_lookups(nodeid, n),
+            })
+            .filter(|f| f.nlookup > 0)
             .collect();
         for chunk in forgets.chunks(1024) {
             let arg = abi::fuse_batch_forget_in {

@@ -10,6 +10,7 @@
 //! microseconds a kernel round trip costs); the dispatcher's decoding is
 //! zero-copy.
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use shortfuse::{Dispatcher, Errno, Filesystem, MountOptions, NodeId, Stats, Transport};
@@ -30,6 +31,31 @@ pub trait Backend: Send + Sync {
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
         let _ = apply;
     }
+
+    /// Whether other processes reach the same file system (a shared daemon):
+    /// open file descriptions and locks are then kept so that every process
+    /// sees them (see [`Anchor`]).
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Hands the daemon the ownership of an open handle: from now on it
+    /// belongs to the open file description that `description` (a kernel
+    /// file shared by every descriptor of it, in every process) stands
+    /// for, and the daemon releases it when the kernel closes the last of
+    /// them. ENOSYS where there is no daemon.
+    fn anchor(&self, anchor: &Anchor, description: BorrowedFd<'_>) -> Result<(), Errno> {
+        let _ = (anchor, description);
+        Err(Errno::ENOSYS)
+    }
+}
+
+/// An open handle given to an open file description (see [`Backend::anchor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Anchor {
+    pub node: NodeId,
+    pub fh: u64,
+    pub dir: bool,
 }
 
 /// What a client must stop believing.

@@ -626,6 +626,63 @@ impl Client {
         })
     }
 
+    /// Whether the file system is shared with other processes (a daemon).
+    pub fn shared(&self) -> bool {
+        self.backend.shared()
+    }
+
+    /// See [`Backend::anchor`].
+    pub fn anchor(
+        &self,
+        anchor: &crate::backend::Anchor,
+        description: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), Errno> {
+        self.backend.anchor(anchor, description)
+    }
+
+    /// FUSE_GETLK: the first lock that would conflict with `lock` taken by
+    /// `owner` (`typ` F_UNLCK when none).
+    pub fn getlk(
+        &self,
+        node: NodeId,
+        fh: u64,
+        owner: u64,
+        lock: &abi::fuse_file_lock,
+    ) -> Result<abi::fuse_file_lock, Errno> {
+        let arg = abi::fuse_lk_in {
+            fh,
+            owner,
+            lk: *lock,
+            lk_flags: 0,
+            padding: 0,
+        };
+        self.call(abi::FUSE_GETLK, node, &[arg.as_bytes()], &[], |p| {
+            decode::<abi::fuse_lk_out>(p).map(|o| o.lk)
+        })
+    }
+
+    /// FUSE_SETLK/SETLKW: POSIX and OFD locks, or with `flock` a whole-file
+    /// flock(2) lock (`FUSE_LK_FLOCK`).
+    pub fn setlk(
+        &self,
+        node: NodeId,
+        fh: u64,
+        owner: u64,
+        lock: &abi::fuse_file_lock,
+        sleep: bool,
+        flock: bool,
+    ) -> Result<(), Errno> {
+        let arg = abi::fuse_lk_in {
+            fh,
+            owner,
+            lk: *lock,
+            lk_flags: if flock { abi::FUSE_LK_FLOCK } else { 0 },
+            padding: 0,
+        };
+        let op = if sleep { abi::FUSE_SETLKW } else { abi::FUSE_SETLK };
+        self.call(op, node, &[arg.as_bytes()], &[], |_| Ok(()))
+    }
+
     /// Drains the backend's invalidations (see [`Backend::invalidations`]).
     pub fn invalidations(&self, apply: &mut dyn FnMut(crate::backend::Invalidation<'_>)) {
         self.backend.invalidations(apply);

@@ -60,6 +60,15 @@ pub struct OpenFile {
     /// A kernel descriptor whose locks are this description's (see
     /// [`OpenFile::lock_fd`]), and the node's lock file it was opened on.
     lock: OnceLock<(Arc<File>, File)>,
+    /// A kernel file whose open file description stands for this one in
+    /// every process (see [`OpenFile::share`]): its file offset is ours.
+    shared: OnceLock<File>,
+    /// The daemon owns the handle (see [`crate::Backend::anchor`]): no
+    /// RELEASE from here.
+    anchored: AtomicBool,
+    /// The node is pinned in the cache (not for an adopted description,
+    /// whose node this image never looked up).
+    pinned: bool,
 }
 
 fn accmode(flags: i32) -> i32 {
@@ -104,7 +113,61 @@ impl OpenFile {
 
     /// The shared file offset (for directories, the READDIR cookie).
     pub fn offset(&self) -> u64 {
-        self.pos().cookie
+        let mut pos = self.pos();
+        self.load(&mut pos)
+    }
+
+    /// Makes `description` (a kernel file of its own, whose descriptors
+    /// are the program's descriptors of this open file in every process)
+    /// hold this open file's offset from now on: the kernel shares it
+    /// across fork, dup and exec as it shares any file offset. Only the
+    /// first call counts.
+    pub fn share(&self, description: File) {
+        let mut pos = self.pos();
+        let at = pos.cookie;
+        if self.shared.set(description).is_ok() {
+            self.store(&mut pos, at);
+        }
+    }
+
+    /// The kernel file set by [`OpenFile::share`].
+    pub fn shared(&self) -> Option<&File> {
+        self.shared.get()
+    }
+
+    /// Gives the handle to the daemon (see [`crate::Backend::anchor`]).
+    pub fn anchor(&self, description: std::os::fd::BorrowedFd<'_>) -> Result<(), Errno> {
+        let fh = self.fh.ok_or(Errno::EBADF)?;
+        let a = crate::backend::Anchor {
+            node: self.node,
+            fh,
+            dir: self.kind == FileType::Directory,
+        };
+        self.vfs.client().anchor(&a, description)?;
+        self.anchored.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The handle of the file system's open (`None` for O_PATH and M-Cache opens).
+    pub fn handle(&self) -> Option<u64> {
+        self.fh
+    }
+
+    /// The offset, from the shared description when there is one.
+    fn load(&self, pos: &mut DirPos) -> u64 {
+        if let Some(f) = self.shared.get() {
+            if let Ok(at) = std::io::Seek::stream_position(&mut &*f) {
+                pos.cookie = at;
+            }
+        }
+        pos.cookie
+    }
+
+    fn store(&self, pos: &mut DirPos, at: u64) {
+        pos.cookie = at;
+        if let Some(f) = self.shared.get() {
+            let _ = std::io::Seek::seek(&mut &*f, std::io::SeekFrom::Start(at));
+        }
     }
 
     /// The data map this open holds, if any.
@@ -173,6 +236,14 @@ impl OpenFile {
             .map_err(io_errno)?;
         let _ = self.lock.set((inode, own));
         Ok(self.lock.get().map_or(-1, |(_, f)| f.as_raw_fd()))
+    }
+
+    /// The node's anonymous lock file in this process, if a lock call made
+    /// one (see [`OpenFile::lock_fd`]): unlocking through it drops the
+    /// process's POSIX locks on the node.
+    pub fn lock_inode_fd(&self) -> Option<i32> {
+        let table = self.vfs.lock_inodes.lock().unwrap_or_else(|e| e.into_inner());
+        table.get(&self.node).and_then(Weak::upgrade).map(|f| f.as_raw_fd())
     }
 
     /// Whether this open skipped the file system's `open` (an M-Cache hit).
@@ -286,8 +357,9 @@ impl OpenFile {
     pub fn read(&self, buf: &mut [u8]) -> Result<usize, Errno> {
         let fh = self.readable()?;
         let mut pos = self.pos();
-        let n = self.read_at(fh, buf, pos.cookie)?;
-        pos.cookie += n as u64;
+        let at = self.load(&mut pos);
+        let n = self.read_at(fh, buf, at)?;
+        self.store(&mut pos, at + n as u64);
         Ok(n)
     }
 
@@ -356,10 +428,10 @@ impl OpenFile {
         let at = if self.flags() & libc::O_APPEND != 0 {
             self.size()?
         } else {
-            pos.cookie
+            self.load(&mut pos)
         };
         let n = self.write_at(fh, data, at)?;
-        pos.cookie = at + n as u64;
+        self.store(&mut pos, at + n as u64);
         Ok(n)
     }
 
@@ -369,9 +441,10 @@ impl OpenFile {
             return Err(Errno::EBADF);
         }
         let mut pos = self.pos();
+        let cur = self.load(&mut pos);
         let new = match whence {
             libc::SEEK_SET => offset,
-            libc::SEEK_CUR => (pos.cookie as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?,
+            libc::SEEK_CUR => (cur as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?,
             libc::SEEK_END if self.kind != FileType::Directory => {
                 (self.size()? as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?
             }
@@ -405,7 +478,7 @@ impl OpenFile {
         if new < 0 {
             return Err(Errno::EINVAL);
         }
-        pos.cookie = new as u64;
+        self.store(&mut pos, new as u64);
         Ok(new as u64)
     }
 
@@ -550,7 +623,7 @@ impl Drop for OpenFile {
                 }
             }
         }
-        if let Some(fh) = self.fh {
+        if let Some(fh) = self.fh.filter(|_| !self.anchored.load(Ordering::Relaxed)) {
             // RELEASE errors are ignored, as the kernel ignores them.
             let _ = self
                 .vfs
@@ -560,7 +633,9 @@ impl Drop for OpenFile {
         if let Some(loc) = &self.loc {
             self.vfs.unpin_location(loc);
         }
-        self.vfs.unpin(self.node);
+        if self.pinned {
+            self.vfs.unpin(self.node);
+        }
     }
 }
 
@@ -704,6 +779,9 @@ impl Vfs {
             map,
             kernel: AtomicBool::new(false),
             lock: OnceLock::new(),
+            shared: OnceLock::new(),
+            anchored: AtomicBool::new(false),
+            pinned: true,
         }))
     }
 
@@ -756,7 +834,45 @@ impl Vfs {
             map: Some(map),
             kernel: AtomicBool::new(false),
             lock: OnceLock::new(),
+            shared: OnceLock::new(),
+            anchored: AtomicBool::new(false),
+            pinned: true,
         }))
+    }
+
+    /// An open file description this image inherited (exec) from an image
+    /// that opened it on a shared daemon: `node` and `fh` as that image got
+    /// them, the handle anchored in the daemon (see
+    /// [`crate::Backend::anchor`]), `description` the kernel file holding
+    /// the offset (see [`OpenFile::share`]).
+    pub fn adopt(
+        self: &Arc<Vfs>,
+        node: NodeId,
+        fh: u64,
+        flags: i32,
+        path: Vec<u8>,
+        description: File,
+    ) -> Arc<OpenFile> {
+        let f = OpenFile {
+            vfs: self.clone(),
+            node,
+            fh: Some(fh),
+            kind: FileType::Regular,
+            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
+            pos: Mutex::new(DirPos::default()),
+            loc: None,
+            path,
+            noflush: false,
+            path_only: false,
+            map: None,
+            kernel: AtomicBool::new(false),
+            lock: OnceLock::new(),
+            shared: OnceLock::new(),
+            anchored: AtomicBool::new(true),
+            pinned: false,
+        };
+        let _ = f.shared.set(description);
+        Arc::new(f)
     }
 
     fn remember_created(&self, parent: NodeId, name: &[u8], e: &crate::client::EntryOut) {

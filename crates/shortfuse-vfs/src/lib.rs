@@ -36,7 +36,7 @@ mod ring;
 pub mod spec;
 mod vfs;
 
-pub use backend::{Backend, InProcess, Invalidation};
+pub use backend::{Anchor, Backend, InProcess, Invalidation};
 pub use client::{Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn, XattrOut};
 pub use file::{FdTable, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};

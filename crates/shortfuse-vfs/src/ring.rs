@@ -5,13 +5,14 @@
 //! notifications keep this client's dentry and attribute cache coherent.
 
 use std::ffi::OsStr;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use shortfuse::{Errno, NodeId};
 use shortfuse_ring::{Notice, RingClient};
 
-use crate::backend::{Backend, Invalidation};
+use crate::backend::{Anchor, Backend, Invalidation};
 
 /// A connection to the daemon serving one mount point.
 pub struct Ring {
@@ -40,6 +41,14 @@ impl Ring {
 impl Backend for Ring {
     fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
         self.client.call(request, reply)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn anchor(&self, a: &Anchor, description: BorrowedFd<'_>) -> Result<(), Errno> {
+        self.client.anchor(a.node.0, a.fh, a.dir, description)
     }
 
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {

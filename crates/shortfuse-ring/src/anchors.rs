@@ -1,0 +1,199 @@
+//! Open handles owned by open file descriptions rather than by a ring
+//! connection.
+//!
+//! A program's open file description outlives the process image that
+//! opened it: a shell opens `> /mnt/f` in a forked child and execs the
+//! command (a new image, a new connection); a parent and its forked child
+//! share one description and one offset. So the shim gives every open file
+//! of a ring mount a kernel file of its own (a memfd, whose descriptors are
+//! the program's descriptors of that open file, in every process) and hands
+//! the daemon that file with the handle ([`crate::proto::AnchorMsg`]). The
+//! daemon watches it with inotify: IN_CLOSE fires when the kernel drops the
+//! open file description, that is when the last descriptor of it closes, in
+//! whichever process, however it ends (close, exit, kill -9, FD_CLOEXEC at
+//! exec). Then the daemon releases the handle, the lookup the description
+//! held, and the description's flock and OFD locks.
+//!
+//! The kernel does the counting, so the daemon needs nothing from the
+//! processes: a description passed to another program over a Unix socket
+//! stays open too. The one thing that fools it is an open of the memfd's
+//! own inode through `/proc/PID/fd/N` by a program without the shim (the
+//! shim serves those paths itself for its descriptors): its close reads
+//! as the last one.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// What an anchored description holds in the file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub node: u64,
+    pub fh: u64,
+    pub dir: bool,
+    /// Lookups of `node` the description keeps (given to it by a
+    /// connection that ended before it).
+    pub lookups: u64,
+    /// The lock owner of the description's flock and OFD locks.
+    pub owner: u64,
+}
+
+/// The descriptions the daemon watches.
+pub(crate) struct Anchors {
+    inotify: OwnedFd,
+    held: Mutex<HashMap<i32, Held>>,
+}
+
+/// Lock owners of flock and OFD locks taken through a description: this
+/// bit and the inode number of its memfd (the shim computes the same).
+pub const DESCRIPTION_OWNER: u64 = 1 << 63;
+
+impl Anchors {
+    pub fn new() -> io::Result<Anchors> {
+        Ok(Anchors {
+            inotify: sys::inotify()?,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Held>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock owner of the description `fd` stands for, when `fd` is a
+    /// memfd (what the shim passes); `None` for anything else.
+    pub fn owner_of(fd: BorrowedFd<'_>) -> Option<u64> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+        if !link.as_os_str().as_encoded_bytes().starts_with(b"/memfd:") {
+            return None;
+        }
+        sys::inode(fd).map(|ino| DESCRIPTION_OWNER | ino)
+    }
+
+    /// Watches `description` and gives it `held`; `Err` gives `held` back
+    /// when it cannot be watched. The daemon's own descriptor of it is
+    /// dropped here: if it was the last, the close event comes at once.
+    pub fn add(&self, description: OwnedFd, held: Held) -> Result<(), Held> {
+        let mut table = self.lock();
+        match sys::watch_close(self.inotify.as_raw_fd(), description.as_raw_fd()) {
+            Ok(wd) => {
+                table.insert(wd, held);
+                drop(table);
+                drop(description);
+                Ok(())
+            }
+            Err(_) => Err(held),
+        }
+    }
+
+    /// Gives one lookup of `node` to a description open on it that holds
+    /// none; false when there is no such description.
+    pub fn keep_lookup(&self, node: u64) -> bool {
+        let mut t = self.lock();
+        match t.values_mut().find(|h| h.node == node && h.lookups == 0) {
+            Some(h) => {
+                h.lookups = 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Descriptions watched now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Hands `release` every description whose last descriptor closed,
+    /// until `stop` is set (looked at every 200 ms).
+    pub fn run(&self, stop: &AtomicBool, mut release: impl FnMut(Held)) {
+        let mut buf = vec![0u8; 64 << 10];
+        while !stop.load(Ordering::Relaxed) {
+            let n = match sys::read_events(self.inotify.as_raw_fd(), &mut buf, Duration::from_millis(200)) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("shortfuse ring: inotify: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+            };
+            let mut at = 0;
+            while at + 16 <= n {
+                let word = |i: usize| u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap_or([0; 4]));
+                let wd = word(0) as i32;
+                let len = word(12) as usize;
+                at += 16 + len;
+                // IN_ONESHOT: one close event, then IN_IGNORED; either ends it.
+                let gone = self.lock().remove(&wd);
+                if let Some(h) = gone {
+                    release(h);
+                }
+            }
+        }
+    }
+}
+
+mod sys {
+    #![allow(unsafe_code)]
+
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+    use std::time::Duration;
+
+    pub fn inotify() -> io::Result<OwnedFd> {
+        // SAFETY: no pointers; a new descriptor we own.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is new and ours.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// One close event for the inode of open file `fd` (through its magic
+    /// link, which names the file itself, not a path).
+    pub fn watch_close(inotify: RawFd, fd: RawFd) -> io::Result<i32> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let mask = libc::IN_CLOSE_WRITE | libc::IN_CLOSE_NOWRITE | libc::IN_ONESHOT;
+        // SAFETY: a NUL-terminated path.
+        let wd = unsafe { libc::inotify_add_watch(inotify, path.as_ptr(), mask) };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(wd)
+    }
+
+    /// Waits up to `timeout` for events and reads them into `buf`.
+    pub fn read_events(inotify: RawFd, buf: &mut [u8], timeout: Duration) -> io::Result<usize> {
+        let mut p = libc::pollfd {
+            fd: inotify,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+        if r <= 0 {
+            return Ok(0);
+        }
+        // SAFETY: buf is writable for its length.
+        let n = unsafe { libc::read(inotify, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        Ok(n as usize)
+    }
+
+    pub fn inode(fd: BorrowedFd<'_>) -> Option<u64> {
+        // SAFETY: zeroed stat is valid; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: st is writable.
+        (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some(st.st_ino)
+    }
+}

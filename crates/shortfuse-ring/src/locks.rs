@@ -1,0 +1,425 @@
+//! The daemon's lock table: flock(2), POSIX and OFD byte-range locks taken
+//! by every program on the rings and, with `--transport`, through the
+//! kernel mount of the same daemon, so that all of them agree.
+//!
+//! The bundled file systems keep no locks (they leave them to the kernel),
+//! so the daemon keeps them, by lock owner as FUSE names them:
+//!
+//! - POSIX locks: one owner per process. Ring clients send
+//!   [`POSIX_OWNER`]` | pid`; the kernel sends its own opaque owner. A
+//!   process's locks on a file go at any close of a descriptor of that file
+//!   (FLUSH carries the owner) and when the process dies: the daemon
+//!   watches every ring process holding a POSIX lock through a pidfd, so
+//!   `kill -9` of a holder frees its locks at once.
+//! - OFD locks (`F_OFD_SETLK`): the same table, owned by the open file
+//!   description ([`crate::anchors::DESCRIPTION_OWNER`] `|` its memfd's
+//!   inode for ring clients), released with the description.
+//! - flock locks: whole-file, by description too, in a table of their own
+//!   (as on Linux, they do not conflict with byte-range locks).
+//!
+//! F_SETLKW never holds up a ring worker: the ring server tries the lock
+//! and, when it conflicts, parks the request; every change to the table
+//! ([`Locks::on_change`]) retries the parked ones. Through the kernel mount
+//! a waiting SETLKW blocks the kernel session's thread (as in libfuse) until
+//! the table changes. Deadlocks between waiters are not detected.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+
+use shortfuse::{Errno, Lock};
+
+/// Lock owners of ring clients' POSIX locks: this bit and the pid.
+pub const POSIX_OWNER: u64 = 1 << 62;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    owner: u64,
+    start: u64,
+    /// Inclusive; `u64::MAX` to end of file.
+    end: u64,
+    /// F_RDLCK or F_WRLCK.
+    typ: i32,
+    pid: u32,
+}
+
+impl Range {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+}
+
+#[derive(Default)]
+struct NodeLocks {
+    posix: Vec<Range>,
+    /// (owner, F_RDLCK or F_WRLCK)
+    flock: Vec<(u64, i32)>,
+}
+
+/// Every lock of a daemon.
+#[derive(Default)]
+pub struct Locks {
+    nodes: Mutex<HashMap<u64, NodeLocks>>,
+    changed: Condvar,
+    /// Called after every release (the ring server retries parked waiters).
+    on_change: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+fn conflicts(a: i32, b: i32) -> bool {
+    a == libc::F_WRLCK || b == libc::F_WRLCK
+}
+
+impl Locks {
+    pub fn new() -> Locks {
+        Locks::default()
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<u64, NodeLocks>> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers what runs after each release (once).
+    pub fn on_change(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_change.set(f);
+    }
+
+    fn released(&self) {
+        self.changed.notify_all();
+        if let Some(f) = self.on_change.get() {
+            f();
+        }
+    }
+
+    /// F_GETLK: the first lock of another owner that conflicts with `lock`,
+    /// or `lock` with `typ` F_UNLCK.
+    pub fn test(&self, node: u64, owner: u64, lock: &Lock) -> Lock {
+        let t = self.table();
+        let hit = t.get(&node).and_then(|n| {
+            n.posix
+                .iter()
+                .find(|r| r.owner != owner && r.overlaps(lock.start, lock.end) && conflicts(r.typ, lock.typ))
+        });
+        match hit {
+            Some(r) => Lock {
+                start: r.start,
+                end: r.end,
+                typ: r.typ,
+                pid: r.pid,
+            },
+            None => Lock {
+                typ: libc::F_UNLCK,
+                ..*lock
+            },
+        }
+    }
+
+    /// F_SETLK: takes, changes or drops `owner`'s lock on the range;
+    /// EAGAIN when another owner's lock conflicts.
+    pub fn set(&self, node: u64, owner: u64, lock: &Lock) -> Result<(), Errno> {
+        if lock.start > lock.end || !matches!(lock.typ, libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK) {
+            return Err(Errno::EINVAL);
+        }
+        let mut t = self.table();
+        let n = t.entry(node).or_default();
+        if lock.typ != libc::F_UNLCK
+            && n.posix
+                .iter()
+                .any(|r| r.owner != owner && r.overlaps(lock.start, lock.end) && conflicts(r.typ, lock.typ))
+        {
+            return Err(Errno::EAGAIN);
+        }
+        // Cut the owner's ranges around [start, end], then add the new one.
+        let mut kept = Vec::with_capacity(n.posix.len() + 2);
+        let mut dropped = false;
+        for r in n.posix.drain(..) {
+            if r.owner != owner || !r.overlaps(lock.start, lock.end) {
+                kept.push(r);
+                continue;
+            }
+            dropped = true;
+            if r.start < lock.start {
+                kept.push(Range {
+                    end: lock.start - 1,
+                    ..r
+                });
+            }
+            if r.end > lock.end {
+                kept.push(Range {
+                    start: lock.end + 1,
+                    ..r
+                });
+            }
+        }
+        if lock.typ != libc::F_UNLCK {
+            kept.push(Range {
+                owner,
+                start: lock.start,
+                end: lock.end,
+                typ: lock.typ,
+                pid: lock.pid,
+            });
+        }
+        n.posix = kept;
+        if n.posix.is_empty() && n.flock.is_empty() {
+            t.remove(&node);
+        }
+        drop(t);
+        if dropped {
+            self.released();
+        }
+        Ok(())
+    }
+
+    /// F_SETLKW through the kernel mount: waits until [`Locks::set`] succeeds.
+    pub fn set_wait(&self, node: u64, owner: u64, lock: &Lock) -> Result<(), Errno> {
+        loop {
+            match self.set(node, owner, lock) {
+                Err(e) if e == Errno::EAGAIN => {}
+                r => return r,
+            }
+            let t = self.table();
+            // Woken by every release; a timeout bounds a missed one.
+            let _ = self.changed.wait_timeout(t, std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// flock(2): `op` LOCK_SH, LOCK_EX or LOCK_UN (LOCK_NB ignored: the
+    /// caller waits, see [`Locks::flock_wait`]). EWOULDBLOCK on conflict.
+    pub fn flock(&self, node: u64, owner: u64, op: i32) -> Result<(), Errno> {
+        let typ = match op & !libc::LOCK_NB {
+            libc::LOCK_SH => libc::F_RDLCK,
+            libc::LOCK_EX => libc::F_WRLCK,
+            libc::LOCK_UN => libc::F_UNLCK,
+            _ => return Err(Errno::EINVAL),
+        };
+        let mut t = self.table();
+        let n = t.entry(node).or_default();
+        if typ != libc::F_UNLCK && n.flock.iter().any(|&(o, held)| o != owner && conflicts(held, typ)) {
+            return Err(Errno::EAGAIN);
+        }
+        let before = n.flock.len();
+        n.flock.retain(|&(o, _)| o != owner);
+        let dropped = n.flock.len() != before;
+        if typ != libc::F_UNLCK {
+            n.flock.push((owner, typ));
+        }
+        if n.posix.is_empty() && n.flock.is_empty() {
+            t.remove(&node);
+        }
+        drop(t);
+        if dropped {
+            self.released();
+        }
+        Ok(())
+    }
+
+    /// flock(2) without LOCK_NB through the kernel mount.
+    pub fn flock_wait(&self, node: u64, owner: u64, op: i32) -> Result<(), Errno> {
+        loop {
+            match self.flock(node, owner, op) {
+                Err(e) if e == Errno::EAGAIN => {}
+                r => return r,
+            }
+            let t = self.table();
+            let _ = self.changed.wait_timeout(t, std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// Drops `owner`'s byte-range locks on `node` (a close of one of its
+    /// descriptors of the file: FLUSH).
+    pub fn release_on(&self, node: u64, owner: u64) {
+        let mut t = self.table();
+        let Some(n) = t.get_mut(&node) else { return };
+        let before = n.posix.len();
+        n.posix.retain(|r| r.owner != owner);
+        let dropped = n.posix.len() != before;
+        if n.posix.is_empty() && n.flock.is_empty() {
+            t.remove(&node);
+        }
+        drop(t);
+        if dropped {
+            self.released();
+        }
+    }
+
+    /// Drops every lock of `owner` (a process that died, a description
+    /// closed for good).
+    pub fn release_owner(&self, owner: u64) {
+        let mut t = self.table();
+        let mut dropped = false;
+        t.retain(|_, n| {
+            let before = n.posix.len() + n.flock.len();
+            n.posix.retain(|r| r.owner != owner);
+            n.flock.retain(|&(o, _)| o != owner);
+            dropped |= n.posix.len() + n.flock.len() != before;
+            !(n.posix.is_empty() && n.flock.is_empty())
+        });
+        drop(t);
+        if dropped {
+            self.released();
+        }
+    }
+
+    /// Locks held now (byte ranges and flocks), for tests and statistics.
+    pub fn count(&self) -> usize {
+        self.table().values().map(|n| n.posix.len() + n.flock.len()).sum()
+    }
+}
+
+/// Watches the processes of ring clients that hold POSIX locks: a pidfd
+/// each, polled by one thread, which drops a process's locks when it ends.
+pub(crate) struct Reaper {
+    epoll: std::os::fd::OwnedFd,
+    pids: Mutex<HashMap<u32, std::os::fd::OwnedFd>>,
+}
+
+impl Reaper {
+    pub fn new() -> std::io::Result<Reaper> {
+        Ok(Reaper {
+            epoll: sys::epoll()?,
+            pids: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn pids(&self) -> MutexGuard<'_, HashMap<u32, std::os::fd::OwnedFd>> {
+        self.pids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the POSIX locks of process `pid` when it ends (at once when
+    /// it has ended already).
+    pub fn watch(&self, locks: &Locks, pid: u32) {
+        let mut pids = self.pids();
+        if pids.contains_key(&pid) {
+            return;
+        }
+        match sys::pidfd(pid) {
+            Some(fd) => {
+                if sys::epoll_add(&self.epoll, &fd, pid).is_ok() {
+                    pids.insert(pid, fd);
+                }
+            }
+            None => {
+                drop(pids);
+                locks.release_owner(POSIX_OWNER | u64::from(pid));
+            }
+        }
+    }
+
+    /// Releases the locks of processes that end, until `stop` is set.
+    pub fn run(&self, locks: &Locks, stop: &std::sync::atomic::AtomicBool) {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            for pid in sys::epoll_wait(&self.epoll, 200) {
+                self.pids().remove(&pid);
+                locks.release_owner(POSIX_OWNER | u64::from(pid));
+            }
+        }
+    }
+}
+
+mod sys {
+    #![allow(unsafe_code)]
+
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    pub fn epoll() -> std::io::Result<OwnedFd> {
+        // SAFETY: no pointers; a new descriptor we own.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is new and ours.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    pub fn pidfd(pid: u32) -> Option<OwnedFd> {
+        // SAFETY: no pointers; a new descriptor we own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        // SAFETY: fd is new and ours.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+
+    pub fn epoll_add(epoll: &OwnedFd, fd: &OwnedFd, pid: u32) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: u64::from(pid),
+        };
+        // SAFETY: ev is a valid event.
+        let r = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The pids whose pidfds became readable (their process ended) within
+    /// `ms` milliseconds. Their pidfds close when the caller drops them,
+    /// which takes them out of the epoll set.
+    pub fn epoll_wait(epoll: &OwnedFd, ms: i32) -> Vec<u32> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
+        // SAFETY: evs is writable for its length.
+        let n = unsafe { libc::epoll_wait(epoll.as_raw_fd(), evs.as_mut_ptr(), evs.len() as i32, ms) };
+        evs[..usize::try_from(n).unwrap_or(0)]
+            .iter()
+            .map(|e| e.u64 as u32)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lk(start: u64, end: u64, typ: i32) -> Lock {
+        Lock {
+            start,
+            end,
+            typ,
+            pid: 7,
+        }
+    }
+
+    #[test]
+    fn byte_ranges_conflict_split_and_go_with_their_owner() {
+        let l = Locks::new();
+        l.set(1, 10, &lk(0, 99, libc::F_WRLCK)).unwrap();
+        assert_eq!(l.set(1, 20, &lk(50, 60, libc::F_RDLCK)), Err(Errno::EAGAIN));
+        assert_eq!(l.test(1, 20, &lk(50, 60, libc::F_RDLCK)).start, 0);
+        // The owner's own lock never conflicts; a hole in the middle.
+        l.set(1, 10, &lk(40, 59, libc::F_UNLCK)).unwrap();
+        l.set(1, 20, &lk(45, 55, libc::F_WRLCK)).unwrap();
+        assert_eq!(l.test(1, 30, &lk(0, 10, libc::F_RDLCK)).typ, libc::F_WRLCK);
+        assert_eq!(l.test(1, 30, &lk(60, 99, libc::F_RDLCK)).start, 60);
+        // Readers share.
+        l.set(2, 10, &lk(0, u64::MAX, libc::F_RDLCK)).unwrap();
+        l.set(2, 20, &lk(5, 5, libc::F_RDLCK)).unwrap();
+        assert_eq!(l.set(2, 30, &lk(5, 5, libc::F_WRLCK)), Err(Errno::EAGAIN));
+        l.release_on(2, 10);
+        l.release_owner(20);
+        l.set(2, 30, &lk(5, 5, libc::F_WRLCK)).unwrap();
+        assert_eq!(l.test(1, 30, &lk(45, 55, libc::F_RDLCK)).typ, libc::F_UNLCK);
+        assert_eq!(l.set(1, 1, &lk(9, 3, libc::F_RDLCK)), Err(Errno::EINVAL));
+    }
+
+    #[test]
+    fn flocks_are_whole_file_and_apart_from_byte_ranges() {
+        let l = Locks::new();
+        l.flock(1, 10, libc::LOCK_SH).unwrap();
+        l.flock(1, 20, libc::LOCK_SH).unwrap();
+        assert_eq!(l.flock(1, 30, libc::LOCK_EX | libc::LOCK_NB), Err(Errno::EAGAIN));
+        l.set(1, 30, &lk(0, u64::MAX, libc::F_WRLCK)).unwrap();
+        l.flock(1, 10, libc::LOCK_UN).unwrap();
+        l.release_owner(20);
+        l.flock(1, 30, libc::LOCK_EX).unwrap();
+        assert_eq!(l.count(), 2);
+    }
+
+    #[test]
+    fn a_waiter_wakes_when_the_holder_lets_go() {
+        let l = std::sync::Arc::new(Locks::new());
+        l.set(1, 10, &lk(0, 0, libc::F_WRLCK)).unwrap();
+        let l2 = l.clone();
+        let t = std::thread::spawn(move || l2.set_wait(1, 20, &lk(0, 0, libc::F_WRLCK)));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        l.release_owner(10);
+        assert_eq!(t.join().unwrap(), Ok(()));
+    }
+}
