@@ -8,7 +8,9 @@ processes, threads.
 
 Multi-process programs run on passthrough (its regular files are
 kernel-backed descriptors: offsets, locks and maps are the kernel's);
-single-process ones run on mem too.
+single-process ones run on mem too. Both kinds run over the rings as well
+(`ring`: a `shortfuse serve mem` daemon that every process of the program
+reaches, with open file descriptions and locks shared through it).
 """
 
 from __future__ import annotations
@@ -19,13 +21,24 @@ from pathlib import Path
 
 import pytest
 
+from test_ring import Daemon
 from test_run import output, run, scratch, shortfuse, tree, under  # noqa: F401 (fixtures)
+
+# Daemons started by the running test (see `both`), stopped after it.
+DAEMONS: list[Daemon] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_daemons():
+    yield
+    while DAEMONS:
+        DAEMONS.pop().stop()
 
 
 def both(shortfuse: Path, scratch: Path, argv_for, fs: str = "passthrough", env=None):
     """Runs argv_for(root) natively on a real directory and under `shortfuse
-    run` with root a mount of `fs`; returns (native, shim, native dir, mount
-    point, source dir or None)."""
+    run` with root a mount of `fs` (`ring`: a mem daemon's); returns
+    (native, shim, native dir, mount point, source dir or None)."""
     native = scratch / "native"
     native.mkdir()
     mp = str(scratch / "mnt")
@@ -33,6 +46,10 @@ def both(shortfuse: Path, scratch: Path, argv_for, fs: str = "passthrough", env=
         src = scratch / "src"
         src.mkdir()
         spec = f"{mp}={fs}:{src}"
+    elif fs == "ring":
+        src = None
+        DAEMONS.append(Daemon(shortfuse, scratch, ["mem", mp], Path(mp)))
+        spec = mp
     else:
         src = None
         spec = f"{mp}=mem"
@@ -94,10 +111,11 @@ EOF
 """
 
 
-def test_descriptors_across_fork_and_exec(shortfuse, scratch):
+@pytest.mark.parametrize("fs", ["passthrough", "ring"])
+def test_descriptors_across_fork_and_exec(shortfuse, scratch, fs):
     script = scratch / "s.sh"
     script.write_text(FORK_EXEC)
-    out = same(shortfuse, scratch, lambda root: ["bash", str(script), root])
+    out = same(shortfuse, scratch, lambda root: ["bash", str(script), root], fs=fs)
     assert "10 abcdefghij" in out
 
 
@@ -117,10 +135,11 @@ for p in p1 p2 p3 s e; do grep "^$p " log | cut -d' ' -f2 | sort -n -c && echo "
 """
 
 
-def test_pipeline_of_processes_appending_through_inherited_descriptors(shortfuse, scratch):
+@pytest.mark.parametrize("fs", ["passthrough", "ring"])
+def test_pipeline_of_processes_appending_through_inherited_descriptors(shortfuse, scratch, fs):
     script = scratch / "p.sh"
     script.write_text(PIPELINE)
-    n, s, native, mp, _ = both(shortfuse, scratch, lambda root: ["bash", str(script), root])
+    n, s, native, mp, _ = both(shortfuse, scratch, lambda root: ["bash", str(script), root], fs=fs)
     # The interleaving differs from run to run; the lines, their count and
     # each writer's order do not.
     assert output(s, mp) == output(n, str(native))
@@ -159,7 +178,8 @@ git checkout -q main
 """
 
 
-def test_git_in_a_repository_on_the_mount(shortfuse, scratch):
+@pytest.mark.parametrize("fs", ["passthrough", "ring"])
+def test_git_in_a_repository_on_the_mount(shortfuse, scratch, fs):
     script = scratch / "g.sh"
     script.write_text(GIT)
     # Fixed dates: commit hashes then match the native run's.
@@ -169,12 +189,13 @@ def test_git_in_a_repository_on_the_mount(shortfuse, scratch):
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_CONFIG_NOSYSTEM": "1",
     }
-    n, s, native, mp, src = both(shortfuse, scratch, lambda root: ["bash", str(script), root], env=env)
+    n, s, native, mp, src = both(shortfuse, scratch, lambda root: ["bash", str(script), root], fs=fs, env=env)
     assert output(s, mp) == output(n, str(native))
     assert s.returncode == 0
-    # The same objects and refs on disk (the index records inode numbers and times, which differ).
-    strip = lambda t: {k: v for k, v in t.items() if not k.endswith("repo/.git/index")}
-    assert strip(tree(src)) == strip(tree(native))
+    if src is not None:
+        # The same objects and refs on disk (the index records inode numbers and times, which differ).
+        strip = lambda t: {k: v for k, v in t.items() if not k.endswith("repo/.git/index")}
+        assert strip(tree(src)) == strip(tree(native))
 
 
 SQL = "\n".join(
@@ -196,9 +217,11 @@ SQL = "\n".join(
 )
 
 
-# WAL needs its -shm file mapped MAP_SHARED, which mem (no backing file)
-# refuses with ENODEV.
-@pytest.mark.parametrize("fs,journal", [("passthrough", "delete"), ("passthrough", "wal"), ("mem", "delete")])
+# WAL needs its -shm file mapped MAP_SHARED, which mem and the rings (no
+# backing file) refuse with ENODEV.
+@pytest.mark.parametrize(
+    "fs,journal", [("passthrough", "delete"), ("passthrough", "wal"), ("mem", "delete"), ("ring", "delete")]
+)
 def test_sqlite3_ten_thousand_inserts(shortfuse, scratch, fs, journal):
     sql = scratch / "t.sql"
     sql.write_text(f"PRAGMA journal_mode={journal};\n" + SQL)
@@ -296,7 +319,7 @@ print(zmod.V)
 """
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem", "ring"])
 def test_python3_imports_a_package_from_the_mount(shortfuse, scratch, fs):
     script = scratch / "i.py"
     script.write_text(PY_IMPORT)
@@ -383,7 +406,7 @@ long put(const char *path, const char *text) {
 """
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem", "ring"])
 def test_a_dlopened_library_writes_through_the_mount(shortfuse, scratch, fs):
     build = scratch / "build"
     build.mkdir()
@@ -429,7 +452,7 @@ print("size", os.path.getsize(p))
 """
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem", "ring"])
 def test_mmap_private_everywhere_shared_where_there_is_a_backing_file(shortfuse, scratch, fs):
     script = scratch / "mm.py"
     script.write_text(MMAP)
@@ -438,7 +461,8 @@ def test_mmap_private_everywhere_shared_where_there_is_a_backing_file(shortfuse,
     if fs == "passthrough":
         assert output(s, mp) == output(n, str(native))
     else:
-        # mem has no file the kernel could write shared pages back to.
+        # mem (in process or behind the rings) has no file the kernel could
+        # write shared pages back to.
         assert output(s, mp) == output(n, str(native)).split("parent sees")[0] + "shared map 19\n"
 
 
@@ -486,7 +510,7 @@ print(sorted(open(root + "/t/fork").read().splitlines()))
 """
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem", "ring"])
 def test_threads_doing_io_at_once_and_a_threaded_program_that_forks(shortfuse, scratch, fs):
     script = scratch / "th.py"
     script.write_text(THREADS)
@@ -528,10 +552,11 @@ os.waitpid(pid, 0)
 """
 
 
-def test_locks_are_consistent_among_the_processes_of_the_tree(shortfuse, scratch):
+@pytest.mark.parametrize("fs", ["passthrough", "ring"])
+def test_locks_are_consistent_among_the_processes_of_the_tree(shortfuse, scratch, fs):
     script = scratch / "lk.py"
     script.write_text(LOCKS)
-    same(shortfuse, scratch, lambda root: [sys.executable, str(script), root])
+    same(shortfuse, scratch, lambda root: [sys.executable, str(script), root], fs=fs)
 
 
 EXEC = r"""
@@ -586,7 +611,7 @@ os.waitpid(pid, 0)
 """
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem", "ring"])
 def test_execve_of_programs_and_scripts_on_the_mount(shortfuse, scratch, fs):
     script = scratch / "ex.py"
     script.write_text(EXEC)

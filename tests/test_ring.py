@@ -10,6 +10,11 @@ preload shim share one daemon over shared-memory rings (issue 7).
   fails with ENOTCONN within a bounded time; so does every later call.
 - kill -9 of a client in the middle of its requests: the daemon gives back
   its open handles and lookups and serves the others as before.
+- Locks between programs (and the kernel mount): lockf, flock and OFD
+  locks conflict across programs; a blocked locker gets the lock when the
+  holder exits, closes, or is killed with -9.
+- A child made by a raw clone(2) system call (no libc fork handlers) is
+  known to the daemon as itself: the parent hears of its changes.
 - The POSIX scenarios of test_posix, driven as in test_run, over the ring.
 
 The fuzzed client (garbage written into its own ring) is in
@@ -236,6 +241,121 @@ def test_a_kernel_mount_of_the_daemon_sees_the_same_files(shortfuse, scratch):
         b.close()
         d.stop()
     assert not mp.is_mount()
+
+
+# Takes a lock on argv[1] (argv[2]: lockf, flock or ofd), says so, then
+# waits for a line on stdin (or EOF) and exits; with argv[3] = "try" it only
+# tries and prints the errno.
+LOCKER = r"""
+import fcntl, os, struct, sys
+path, kind = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+try_only = len(sys.argv) > 3
+nb = fcntl.LOCK_NB if try_only else 0
+try:
+    if kind == "lockf":
+        fcntl.lockf(fd, fcntl.LOCK_EX | nb, 10, 0)
+    elif kind == "flock":
+        fcntl.flock(fd, fcntl.LOCK_EX | nb)
+    else:
+        cmd = fcntl.F_OFD_SETLK if try_only else fcntl.F_OFD_SETLKW
+        fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 10, 0))
+except OSError as e:
+    print("busy", e.errno, flush=True)
+    sys.exit(0)
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def locker(shortfuse: Path, mp: Path, kind: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(shortfuse), "run", "-m", str(mp), "--", sys.executable, "-c", LOCKER, f"{mp}/lk", kind, *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def first_line(p: subprocess.Popen) -> bytes:
+    line = p.stdout.readline()
+    assert line, p.stderr.read().decode()
+    return line
+
+
+@pytest.mark.parametrize("kind", ["lockf", "flock", "ofd"])
+def test_locks_between_programs_and_a_blocked_locker_gets_the_lock(shortfuse, scratch, kind):
+    mp = scratch / "mnt"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["mem", str(mp), "--transport", "dev"], mp)
+    procs = []
+    try:
+        holder = locker(shortfuse, mp, kind)
+        procs.append(holder)
+        assert first_line(holder) == b"locked\n"
+        # Another program (and a program on the kernel mount) finds it taken.
+        t = under(shortfuse, mp, [sys.executable, "-c", LOCKER, f"{mp}/lk", kind, "try"])
+        assert t.stdout == b"busy 11\n", t.stderr.decode()
+        k = subprocess.run([sys.executable, "-c", LOCKER, f"{mp}/lk", kind, "try"], capture_output=True, timeout=60)
+        assert k.stdout == b"busy 11\n", k.stderr.decode()
+        # A blocked locker waits while the holder lives, and gets the lock
+        # once the holder exits; the next one once that one is killed -9.
+        waiter = locker(shortfuse, mp, kind)
+        procs.append(waiter)
+        time.sleep(0.5)
+        assert waiter.poll() is None
+        holder.stdin.write(b"go\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=60) == 0
+        assert first_line(waiter) == b"locked\n"
+        last = locker(shortfuse, mp, kind)
+        procs.append(last)
+        time.sleep(0.5)
+        assert last.poll() is None
+        waiter.kill()
+        waiter.wait()
+        assert first_line(last) == b"locked\n"
+        last.stdin.close()
+        assert last.wait(timeout=60) == 0
+        # Nothing holds it now.
+        t = under(shortfuse, mp, [sys.executable, "-c", LOCKER, f"{mp}/lk", kind, "try"])
+        assert t.stdout == b"locked\n", t.stderr.decode()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        d.stop()
+
+
+RAW_CLONE = r"""
+import ctypes, os, sys, time
+mp = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+with open(mp + "/f", "w") as f:
+    f.write("12345")
+print(os.stat(mp + "/f").st_size)
+# clone(SIGCHLD) as a raw system call: libc's fork handlers do not run.
+pid = libc.syscall(56, 17, 0, 0, 0, 0)
+if pid == 0:
+    fd = os.open(mp + "/f", os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"678")
+    os.close(fd)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.stat(mp + "/f").st_size)
+"""
+
+
+def test_a_raw_clone_child_is_a_process_of_its_own_to_the_daemon(shortfuse, scratch):
+    mp = scratch / "mnt"
+    # Attributes would be believed for 30 s without the daemon's notices.
+    d = Daemon(shortfuse, scratch, ["mem", str(mp), "-o", "attr_timeout=30,entry_timeout=30"], mp)
+    try:
+        a = under(shortfuse, mp, [sys.executable, "-c", RAW_CLONE, str(mp)])
+        assert a.stdout == b"5\n8\n", a.stderr.decode()
+    finally:
+        d.stop()
 
 
 def stopped(pid: int):

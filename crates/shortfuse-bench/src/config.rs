@@ -157,7 +157,7 @@ impl Config {
             "cache" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
             "thesis" => &["native", "dev", "sftp", "sshfs"],
-            "programs" => &["native", "preload", "preload-nomaps", "dev", "uring"],
+            "programs" => &["native", "preload", "preload-nomaps", "ring", "dev", "uring"],
             "latency" => &[
                 "native",
                 "preload",
