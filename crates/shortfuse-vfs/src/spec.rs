@@ -41,8 +41,9 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
          systems; on turns the mount's data maps off (its data must pass through the cache)",
     ),
     (
-        "page_size=, page_cache_size=, ...",
-        "the cache's sizes and policy, as for `shortfuse mount` (also config=FILE, a TOML file)",
+        "page_size=N, ...",
+        "the cache's sizes and policy (page_cache_size=, meta_cache_size=, cache_policy=, readahead=, \
+         meta_timeout=, config=FILE), as for `shortfuse mount`",
     ),
 ];
 

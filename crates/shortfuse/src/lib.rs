@@ -1,6 +1,7 @@
 //! shortfuse: write a user-space file system once, against one trait, and
 //! serve it over every transport (/dev/fuse, FUSE-over-io_uring, in-process
-//! preload, shared-memory rings).
+//! preload, shared-memory rings). [`cache`] puts a user-space page and
+//! metadata cache in front of any file system (`-o cache=...`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
