@@ -188,7 +188,7 @@ struct Meta {
     cache: Mutex<MetaCache>,
     policy: Policy,
     names: Vec<String>,
-    expires: Instant,
+    expires: u64,
 }
 
 impl Meta {
@@ -197,7 +197,7 @@ impl Meta {
             cache: Mutex::new(MetaCache::new(policy, ENTRIES)),
             policy,
             names: names(),
-            expires: Instant::now() + Duration::from_secs(3600),
+            expires: MetaCache::expires_in(Duration::from_secs(3600)),
         }
     }
 }
@@ -217,7 +217,7 @@ impl Bench for Meta {
 
     #[inline]
     fn read(&mut self, key: usize) -> bool {
-        let now = Instant::now();
+        let now = MetaCache::now();
         let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let Some((node, _)) = c.name(1, self.names[key].as_bytes(), now) else {
             return false;

@@ -48,7 +48,7 @@ use std::ffi::OsStr;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::errno::{Errno, Result};
 use crate::filesystem::{Filesystem, InitConfig};
@@ -165,7 +165,8 @@ struct Name {
     node: NodeId,
     generation: u64,
     name: Box<[u8]>,
-    expires: Instant,
+    /// [`MetaCache::now`] past which the name is stale.
+    expires: u64,
 }
 
 /// Lookups of one node: handed out by the inner file system and not yet
@@ -180,7 +181,7 @@ struct Counts {
 
 /// The metadata cache: attributes by node, names by (parent, name hash).
 pub struct MetaCache {
-    attrs: Store<u64, (Attr, Instant)>,
+    attrs: Store<u64, (Attr, u64)>,
     names: Store<(u64, u64), Name>,
     counts: HashMap<u64, Counts, FxBuild>,
 }
@@ -198,16 +199,27 @@ impl MetaCache {
         }
     }
 
+    /// The clock entries expire by: nanoseconds of CLOCK_MONOTONIC_COARSE
+    /// (a few ms of resolution, a few ns to read).
+    pub fn now() -> u64 {
+        crate::sys::coarse_now_ns()
+    }
+
+    /// When an entry made now with `ttl` expires.
+    pub fn expires_in(ttl: Duration) -> u64 {
+        Self::now().saturating_add(ttl.as_nanos().try_into().unwrap_or(u64::MAX))
+    }
+
     /// The attributes of `node` while they are valid.
     #[inline]
-    pub fn attr(&mut self, node: u64, now: Instant) -> Option<Attr> {
+    pub fn attr(&mut self, node: u64, now: u64) -> Option<Attr> {
         match self.attrs.get(&node) {
             Some((a, exp)) if *exp > now => Some(*a),
             _ => None,
         }
     }
 
-    pub fn set_attr(&mut self, node: u64, attr: Attr, expires: Instant) {
+    pub fn set_attr(&mut self, node: u64, attr: Attr, expires: u64) {
         self.attrs.insert(node, (attr, expires));
     }
 
@@ -217,14 +229,14 @@ impl MetaCache {
 
     /// The node `name` in `parent` names, while valid.
     #[inline]
-    pub fn name(&mut self, parent: u64, name: &[u8], now: Instant) -> Option<(NodeId, u64)> {
+    pub fn name(&mut self, parent: u64, name: &[u8], now: u64) -> Option<(NodeId, u64)> {
         match self.names.get(&(parent, name_hash(name))) {
             Some(n) if n.expires > now && *n.name == *name => Some((n.node, n.generation)),
             _ => None,
         }
     }
 
-    pub fn set_name(&mut self, parent: u64, name: &[u8], node: NodeId, generation: u64, expires: Instant) {
+    pub fn set_name(&mut self, parent: u64, name: &[u8], node: NodeId, generation: u64, expires: u64) {
         let value = Name {
             node,
             generation,
@@ -378,9 +390,9 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         self.config.page_size as u64
     }
 
-    fn expiry(&self, ttl: Option<Duration>) -> Option<Instant> {
+    fn expiry(&self, ttl: Option<Duration>) -> Option<u64> {
         let ttl = ttl.map_or(self.config.meta_ttl, |t| t.min(self.config.meta_ttl));
-        (!ttl.is_zero()).then(|| Instant::now() + ttl)
+        (!ttl.is_zero()).then(|| MetaCache::expires_in(ttl))
     }
 
     /// Remembers an entry the inner file system handed out.
@@ -563,7 +575,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     }
 
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
-        let now = Instant::now();
+        let now = MetaCache::now();
         let cached = {
             let mut m = self.meta();
             match m.name(parent.0, name.as_encoded_bytes(), now) {
@@ -629,7 +641,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     }
 
     fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
-        let now = Instant::now();
+        let now = MetaCache::now();
         let cached = self.meta().attr(node.0, now);
         let mut a = match cached {
             Some(a) => {
