@@ -20,6 +20,20 @@
 //! `close(2)` does not write back: that is the point of leases; a client
 //! that dies loses what it did not fsync, and nothing else.
 //!
+//! # Contention
+//!
+//! When clients take turns on a file, each turn costs a revocation (the
+//! holder writes back and releases), a grant and the blocks the new
+//! holder needs. Three things keep that cost down: the blocks the I/O
+//! that asked for the lease will touch come with the grant (one round trip
+//! less); the manager's state is appended to its file, not rewritten; and
+//! a holder gives a revoked lease back no sooner than
+//! [`ClientConfig::lease_hold`] after it got it (`-o lease_hold=MS`), so
+//! that a lease that moves does some work before it moves again (lease
+//! ping-pong): the holder's I/O goes on meanwhile, the requester waits.
+//! None of this weakens the guarantee: the grant still waits for the
+//! holder's write-back.
+//!
 //! # Consistency modes
 //!
 //! One binary, three modes per mount ([`Consistency`]), so that the
@@ -94,6 +108,9 @@ const CACHED_MAX: usize = 1024;
 /// Bytes of block data per write-back request.
 const BATCH_BYTES: usize = 8 << 20;
 
+/// See [`ClientConfig::lease_hold`].
+pub const DEFAULT_LEASE_HOLD: Duration = Duration::from_millis(2);
+
 /// How long a `weak` client trusts a file's cache (JuiceFS's default).
 pub const WEAK_CACHE_TTL: Duration = Duration::from_secs(1);
 
@@ -139,6 +156,9 @@ pub struct ClientConfig {
     /// Open files with `FOPEN_DIRECT_IO` (see the module docs).
     pub direct_io: bool,
     pub consistency: Consistency,
+    /// A revoked lease is given back no sooner than this after it was
+    /// granted (see the module docs, "Contention").
+    pub lease_hold: Duration,
 }
 
 impl ClientConfig {
@@ -148,20 +168,29 @@ impl ClientConfig {
             name: format!("pid {}", std::process::id()),
             direct_io: true,
             consistency: Consistency::Lease,
+            lease_hold: DEFAULT_LEASE_HOLD,
         }
     }
 
     /// A client of `addr` set up by `shortfuse mount dist`'s own `-o`
-    /// options: `consistency=lease|writethrough|weak`.
+    /// options: `consistency=lease|writethrough|weak`, `lease_hold=MS`.
     pub fn from_options(addr: impl Into<String>, opts: &[(String, Option<String>)]) -> std::io::Result<ClientConfig> {
         let mut cfg = ClientConfig::new(addr);
         for (k, v) in opts {
             let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, msg);
             match (k.as_str(), v) {
                 ("consistency", Some(v)) => cfg.consistency = v.parse().map_err(|e| bad(format!("-o {e}")))?,
+                ("lease_hold", Some(v)) => {
+                    let ms: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|ms: &f64| (0.0..=1000.0).contains(ms))
+                        .ok_or_else(|| bad(format!("-o lease_hold={v}: milliseconds from 0 to 1000")))?;
+                    cfg.lease_hold = Duration::from_secs_f64(ms / 1000.0);
+                }
                 _ => {
                     return Err(bad(format!(
-                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak)",
+                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak or lease_hold=MS)",
                     v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
                 )))
                 }
@@ -177,6 +206,8 @@ struct Slot {
     id: u64,
     /// The lease session the lease belongs to (`ClientId.0`).
     session: u64,
+    /// When it was granted.
+    granted: Option<Instant>,
     /// `weak` only: when the cache was filled.
     since: Option<Instant>,
 }
@@ -551,6 +582,18 @@ impl Inner {
         &self,
         f: &FileState,
         mode: LeaseMode,
+        io: impl FnMut(&Conn, &RwLockReadGuard<'_, Slot>) -> Result<T>,
+    ) -> Result<T> {
+        self.with_lease_fetch(f, mode, None, io)
+    }
+
+    /// [`Inner::with_lease`]; a lease acquired here comes with blocks
+    /// `want` (`(first, last)`, the blocks `io` will read) in the cache.
+    fn with_lease_fetch<T>(
+        &self,
+        f: &FileState,
+        mode: LeaseMode,
+        want: Option<(u64, u64)>,
         mut io: impl FnMut(&Conn, &RwLockReadGuard<'_, Slot>) -> Result<T>,
     ) -> Result<T> {
         if self.cfg.consistency == Consistency::Weak {
@@ -562,13 +605,20 @@ impl Inner {
             {
                 let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
                 if Self::suffices(&g, mode, &conn) {
-                    return io(&conn, &g);
+                    match io(&conn, &g) {
+                        // The connection died under the I/O (its session
+                        // found expired): the lease is gone, and so is
+                        // anything `io` did in the cache; go again.
+                        Err(Errno::ENOTCONN) if conn.is_dead() => continue,
+                        r => return r,
+                    }
                 }
             }
-            match self.acquire(f, mode, &conn) {
+            match self.acquire(f, mode, want, &conn) {
                 // The session expired on the server (this client was cut
                 // off): start a new one.
                 Err(Errno::ESTALE) => conn.kill(),
+                Err(Errno::ENOTCONN) if conn.is_dead() => {}
                 r => r?,
             }
         }
@@ -609,6 +659,7 @@ impl Inner {
                     mode: Some(LeaseMode::Write),
                     id: NO_LEASE,
                     session: conn.client.0,
+                    granted: None,
                     since: Some(Instant::now()),
                 };
             }
@@ -627,7 +678,7 @@ impl Inner {
     }
 
     /// Algorithm 1, AcquireLease.
-    fn acquire(&self, f: &FileState, mode: LeaseMode, conn: &Conn) -> Result<()> {
+    fn acquire(&self, f: &FileState, mode: LeaseMode, want: Option<(u64, u64)>, conn: &Conn) -> Result<()> {
         let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
         if Self::suffices(&g, mode, conn) {
             return Ok(());
@@ -646,16 +697,26 @@ impl Inner {
             }
             *g = Slot::default();
         }
-        let (lease, attr) = match conn.call(Req::Acquire {
+        let fetch = want
+            .and_then(|(lo, hi)| Some((lo, u32::try_from(hi.checked_sub(lo)? + 1).ok()?)))
+            .filter(|(_, n)| *n <= crate::proto::MAX_GRANT_BLOCKS);
+        let (lease, attr, blocks) = match conn.call(Req::Acquire {
             gfi: f.gfi,
             mode,
             release,
+            fetch,
         })? {
-            Reply::Granted { lease, attr } => (lease, attr),
+            Reply::Granted { lease, attr, blocks } => (lease, attr, blocks),
             _ => return Err(Errno::EPROTO),
         };
         let mut c = lock(&f.cache);
         c.blocks.clear();
+        if let Some((first, _)) = fetch {
+            for (k, data) in blocks.into_iter().enumerate() {
+                let data = data.map(ByteBuf::into_vec).unwrap_or_default();
+                c.blocks.insert(first + k as u64, Block { data, dirty: false });
+            }
+        }
         c.unsynced.clear();
         c.meta_dirty = false;
         c.size = attr.size;
@@ -665,6 +726,7 @@ impl Inner {
             mode: Some(mode),
             id: lease,
             session: conn.client.0,
+            granted: Some(Instant::now()),
             since: None,
         };
         Ok(())
@@ -680,6 +742,15 @@ impl Inner {
             return;
         };
         if let Some(f) = f {
+            // Held for at least `lease_hold` (the revocation waits here,
+            // not holding the slot, so this client's I/O goes on).
+            let granted = f.lease.read().unwrap_or_else(|p| p.into_inner()).granted;
+            if let Some(hold_until) = granted.map(|t| t + self.cfg.lease_hold) {
+                let now = Instant::now();
+                if hold_until > now {
+                    std::thread::sleep(hold_until - now);
+                }
+            }
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
                 // A failure marks the data lost (reported at the next
@@ -784,7 +855,8 @@ impl Inner {
     fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let f = self.file(ino)?;
         let bs = self.bs();
-        self.with_lease(&f, LeaseMode::Read, |conn, slot| {
+        let want = (!buf.is_empty()).then(|| (offset / bs, (offset + buf.len() as u64 - 1) / bs));
+        self.with_lease_fetch(&f, LeaseMode::Read, want, |conn, slot| {
             let size = lock(&f.cache).size;
             if offset >= size || buf.is_empty() {
                 return Ok(0);
@@ -858,7 +930,18 @@ impl Inner {
         let f = self.file(ino)?;
         let bs = self.bs();
         let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
-        self.with_lease(&f, LeaseMode::Write, |conn, slot| {
+        // The partly written end blocks are read first (below).
+        let (first, last) = (offset / bs, end.saturating_sub(1) / bs);
+        let head = !offset.is_multiple_of(bs) || end < (first + 1) * bs;
+        let tail = !end.is_multiple_of(bs) && last != first;
+        let want = match (head, tail) {
+            _ if data.is_empty() => None,
+            (true, true) => Some((first, last)),
+            (true, false) => Some((first, first)),
+            (false, true) => Some((last, last)),
+            (false, false) => None,
+        };
+        self.with_lease_fetch(&f, LeaseMode::Write, want, |conn, slot| {
             if data.is_empty() {
                 return Ok(0);
             }

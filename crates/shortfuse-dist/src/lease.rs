@@ -18,10 +18,13 @@
 //!
 //! # Restarts
 //!
-//! A manager opened on a file ([`LeaseManager::open`]) writes its sessions,
-//! holders and id counters there after every change (write to a temporary
-//! file, rename: a killed process loses nothing; renewals are not written,
-//! expiry times are not kept). A restarted manager gives every session it
+//! A manager opened on a file ([`LeaseManager::open`]) appends its
+//! sessions, holders and id counters there after every change, as one
+//! length-prefixed record of the whole state (a few hundred bytes: one
+//! `write`, no rename or fsync on the path of a grant; a killed process
+//! loses nothing; renewals are not written, expiry times are not kept).
+//! The last whole record wins; a torn last one is dropped; the file is
+//! rewritten with one record at start and once it passes [`LOG_MAX`]. A restarted manager gives every session it
 //! loads one TTL from the restart to come back ([`LeaseManager::resume`]):
 //! until then no conflicting lease is granted, so a client that reconnects
 //! in time keeps its leases and its dirty cache, and one that does not
@@ -58,6 +61,9 @@ use shortfuse::{Errno, Result};
 use tokio::sync::{mpsc, Notify};
 
 use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
+
+/// Size of the lease file past which it is rewritten with one record.
+pub const LOG_MAX: u64 = 1 << 20;
 
 /// Where revocations for a session go (its connection's writer).
 pub type RevokeSender = mpsc::UnboundedSender<ServerMsg>;
@@ -121,6 +127,8 @@ pub struct LeaseManager {
     ttl: Duration,
     /// Where the state is kept across restarts, if anywhere.
     file: Option<PathBuf>,
+    /// That file open for appending, and its length.
+    log: Mutex<Option<(std::fs::File, u64)>>,
     /// Set when the server stops: what its dying connections do must not
     /// reach the file (a crash would not write it either).
     frozen: AtomicBool,
@@ -160,52 +168,80 @@ impl LeaseManager {
             changed: Notify::new(),
             ttl,
             file: None,
+            log: Mutex::new(None),
             frozen: AtomicBool::new(false),
         })
+    }
+
+    /// The last whole record of a lease file.
+    fn last_record(file: &Path, bytes: &[u8]) -> std::io::Result<Option<Saved>> {
+        let bad = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", file.display()));
+        let mut rest = bytes;
+        let mut last = None;
+        while rest.len() >= 4 {
+            let len = crate::proto::frame_len([rest[0], rest[1], rest[2], rest[3]]).map_err(bad)?;
+            let Some(body) = rest.get(4..4 + len) else {
+                // A torn last record: its write never finished.
+                break;
+            };
+            last = Some(crate::proto::decode::<Saved>(body).map_err(bad)?);
+            rest = &rest[4 + len..];
+        }
+        Ok(last)
+    }
+
+    /// Replaces the lease file with one record and opens it for appending.
+    fn rewrite(file: &Path, frame: &[u8]) -> std::io::Result<(std::fs::File, u64)> {
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, frame)?;
+        std::fs::rename(&tmp, file)?;
+        let f = std::fs::OpenOptions::new().append(true).open(file)?;
+        Ok((f, frame.len() as u64))
     }
 
     /// A manager whose state is kept in `file`, loaded from it if present.
     pub fn open(ttl: Duration, file: &Path) -> std::io::Result<Arc<LeaseManager>> {
         let mut st = State::default();
-        match std::fs::read(file) {
-            Ok(bytes) => {
-                let saved: Saved = bincode::deserialize(&bytes).map_err(|e| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", file.display()))
-                })?;
-                st.next_client = saved.next_client;
-                st.next_lease = saved.next_lease;
-                let expires = Instant::now() + ttl;
-                for c in saved.sessions {
-                    // Revocations go nowhere until the client resumes.
-                    let (revokes, _) = mpsc::unbounded_channel();
-                    st.sessions.insert(c, Session { expires, revokes });
-                }
-                for (gfi, mode, holders) in saved.files {
-                    let f = st.files.entry(gfi).or_default();
-                    f.mode = Some(mode);
-                    f.holders = holders
-                        .into_iter()
-                        .filter(|(c, _)| st.sessions.contains_key(c))
-                        .collect();
-                }
-                st.files.retain(|_, f| !f.idle());
-                for (gfi, openers) in saved.opens {
-                    let openers: HashSet<ClientId> =
-                        openers.into_iter().filter(|c| st.sessions.contains_key(c)).collect();
-                    if !openers.is_empty() {
-                        st.opens.insert(gfi, openers);
-                        st.pinned.insert(gfi);
-                    }
+        let saved = match std::fs::read(file) {
+            Ok(bytes) => Self::last_record(file, &bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", file.display()))),
+        };
+        if let Some(saved) = saved {
+            st.next_client = saved.next_client;
+            st.next_lease = saved.next_lease;
+            let expires = Instant::now() + ttl;
+            for c in saved.sessions {
+                // Revocations go nowhere until the client resumes.
+                let (revokes, _) = mpsc::unbounded_channel();
+                st.sessions.insert(c, Session { expires, revokes });
+            }
+            for (gfi, mode, holders) in saved.files {
+                let f = st.files.entry(gfi).or_default();
+                f.mode = Some(mode);
+                f.holders = holders
+                    .into_iter()
+                    .filter(|(c, _)| st.sessions.contains_key(c))
+                    .collect();
+            }
+            st.files.retain(|_, f| !f.idle());
+            for (gfi, openers) in saved.opens {
+                let openers: HashSet<ClientId> = openers.into_iter().filter(|c| st.sessions.contains_key(c)).collect();
+                if !openers.is_empty() {
+                    st.opens.insert(gfi, openers);
+                    st.pinned.insert(gfi);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", file.display()))),
         }
+        let frame = crate::proto::encode(&Self::saved(&st))?;
+        let log = Self::rewrite(file, &frame)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
         Ok(Arc::new(LeaseManager {
             state: Mutex::new(st),
             changed: Notify::new(),
             ttl,
             file: Some(file.to_path_buf()),
+            log: Mutex::new(Some(log)),
             frozen: AtomicBool::new(false),
         }))
     }
@@ -224,7 +260,31 @@ impl LeaseManager {
         if self.frozen.load(Ordering::Acquire) {
             return Ok(());
         }
-        let saved = Saved {
+        let frame = crate::proto::encode(&Self::saved(st))?;
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let appended = match log.as_mut() {
+            Some((f, len)) if *len + frame.len() as u64 <= LOG_MAX => {
+                use std::io::Write;
+                *len += frame.len() as u64;
+                Some(f.write_all(&frame))
+            }
+            _ => None,
+        };
+        match appended {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                // Part of the record may be there: the next save rewrites
+                // the file rather than append after it.
+                *log = None;
+                return Err(e.into());
+            }
+            None => *log = Some(Self::rewrite(file, &frame)?),
+        }
+        Ok(())
+    }
+
+    fn saved(st: &State) -> Saved {
+        Saved {
             next_client: st.next_client,
             next_lease: st.next_lease,
             sessions: st.sessions.keys().copied().collect(),
@@ -238,12 +298,7 @@ impl LeaseManager {
                 .iter()
                 .filter_map(|g| Some((*g, st.opens.get(g)?.iter().copied().collect())))
                 .collect(),
-        };
-        let bytes = bincode::serialize(&saved).map_err(|_| Errno::EIO)?;
-        let tmp = file.with_extension("tmp");
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, file)?;
-        Ok(())
+        }
     }
 
     pub fn ttl(&self) -> Duration {
@@ -717,6 +772,36 @@ mod tests {
         m.end_session(b);
         assert_eq!(m.holders(F).0, None);
         keep.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_lease_file_keeps_the_last_whole_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases");
+        let m = LeaseManager::open(Duration::from_secs(30), &path).unwrap();
+        let (a, _ra) = session(&m);
+        // Enough changes to pass LOG_MAX: the file is rewritten, not grown.
+        let mut last = 0;
+        for _ in 0..LOG_MAX / 40 {
+            last = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+            m.release(a, F, last);
+        }
+        let held = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        assert!(held > last);
+        assert!(std::fs::metadata(&path).unwrap().len() <= LOG_MAX);
+        drop(m);
+        // A torn record at the end (a crash mid-append) is dropped.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut f, &[0, 0, 1, 0, 7, 7]).unwrap();
+        drop(f);
+        let m = LeaseManager::open(Duration::from_secs(30), &path).unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Write), [a].into()));
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert_eq!(m.resume(a, tx).unwrap(), a);
+        assert!(m.begin_io(a, F, held, true).is_ok());
+        // Ids go on from where they were.
+        let (b, _rb) = session(&m);
+        assert!(b.0 > a.0);
     }
 
     #[tokio::test]

@@ -365,18 +365,37 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 bsize: s.blocks.block_size(),
             }
         }
-        Request::Acquire { gfi, mode, release } => {
+        Request::Acquire {
+            gfi,
+            mode,
+            release,
+            fetch,
+        } => {
             if let Some(old) = release {
                 s.leases.release(client, gfi, old);
             }
             let lease = s.leases.acquire(client, gfi, mode).await?;
-            match meta.getattr(gfi.ino) {
-                Ok(info) => Reply::Granted { lease, attr: info.attr },
+            let attr = match meta.getattr(gfi.ino) {
+                Ok(info) => info.attr,
                 Err(e) => {
                     s.leases.release(client, gfi, lease);
                     return Err(e);
                 }
+            };
+            let mut blocks = Vec::new();
+            if let Some((first, count)) = fetch.filter(|(_, n)| *n <= proto::MAX_GRANT_BLOCKS) {
+                // Under the new lease, as a ReadBlocks would be: a later
+                // grant to another client waits for this read.
+                let _io = s.leases.begin_io(client, gfi, lease, false)?;
+                blocks = s
+                    .blocks
+                    .get(gfi, first, count)
+                    .await?
+                    .into_iter()
+                    .map(|b| b.map(ByteBuf::from))
+                    .collect();
             }
+            Reply::Granted { lease, attr, blocks }
         }
         Request::Release { gfi, lease } => {
             s.leases.release(client, gfi, lease);
