@@ -333,11 +333,13 @@ fn file(fd: i64) -> Option<Arc<OpenFile>> {
 /// execve/execveat in a vfork child (posix_spawn, `system`, python's
 /// subprocess): the child runs on a small stack of its own (posix_spawn's is
 /// about 32 KiB, too little for the file system's code), may have closed the
-/// file system's descriptors already, and shares our memory and thread
-/// state. So only the lexical part is done: a path on a passthrough mount
-/// is exec'd from its source (the kernel follows symbolic links there); the
-/// rest goes to the kernel unchanged (a program on a `mem` mount is then not
-/// found: spawn it after a fork instead).
+/// file system's descriptors or moved others, and shares our memory and
+/// thread state. So a path on a passthrough mount is exec'd from its source
+/// (found lexically; the kernel follows symbolic links there), a program on
+/// a mount without a source (mem, a daemon's) is copied to a memfd by code
+/// running on a stack of its own (`sys::on_own_stack`), and descriptors are
+/// not handed over (those of a daemon's files travel by themselves; see
+/// `shared`).
 pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     exec::vfork_exec(nr, a)
 }

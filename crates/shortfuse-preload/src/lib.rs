@@ -45,7 +45,9 @@
 //! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
 //! as under seccomp sandboxes); clone with a new stack returns on that stack;
 //! vfork, and clone(CLONE_VM) without a stack, keep their return address off
-//! the shared stack; the child of a vfork-like call (posix_spawn) shares our
+//! the shared stack; every new process (libc's fork or a raw clone) is marked
+//! by the assembly, and its first served call tells the rings its pid; the
+//! child of a vfork-like call (posix_spawn) shares our
 //! memory and sends everything to the kernel until it execs, so it cannot
 //! change the parent's descriptor table; new threads and forked children
 //! turn Syscall User Dispatch on for themselves. rt_sigreturn runs on the
@@ -59,14 +61,21 @@
 //! descriptors kept or closed (O_CLOEXEC) at exec, flock/POSIX/OFD locks,
 //! mmap, sendfile, splice and the dynamic loader all behave as on any file,
 //! among every process of the program tree (the design and why it beats a
-//! table in shared memory: `calls::kernel`). Every other descriptor is a
-//! placeholder (an O_PATH duplicate of a private memfd) standing for an open
-//! file of this process image: reads and writes go to the file system, or
-//! straight to the backing files of a 1-to-M or M-to-1 map (the DataMap
-//! fast path); MAP_PRIVATE maps get a copy of the bytes, MAP_SHARED fails
-//! with ENODEV; locks are taken on a per-node anonymous file
-//! (`OpenFile::lock_fd`); copy_file_range, sendfile and splice copy through
-//! a buffer; FIONREAD is answered. Extended attributes go to the file
+//! table in shared memory: `calls::kernel`). A regular file of a daemon
+//! (`shortfuse serve`, over the rings) gets a memfd of its own standing for
+//! its open file description (`calls::shared`): the kernel shares its offset
+//! across fork, keeps or closes it at exec, and the new image adopts it;
+//! the daemon releases the handle when the kernel drops the description, and
+//! keeps its flock, POSIX and OFD locks (`calls::locks`). Every other
+//! descriptor is a placeholder (an O_PATH duplicate of a private memfd)
+//! standing for an open file of this process image. On both kinds reads and
+//! writes go to the file system, or straight to the backing files of a
+//! 1-to-M or M-to-1 map (the DataMap fast path); MAP_PRIVATE maps get a copy
+//! of the bytes, MAP_SHARED fails with ENODEV; locks of placeholders are
+//! taken on a per-node anonymous file (`OpenFile::lock_fd`), and a process's
+//! POSIX locks go at any close of one of its descriptors of the file;
+//! copy_file_range, sendfile and splice copy through a buffer; FIONREAD is
+//! answered. Extended attributes go to the file
 //! system. inotify_add_watch on a passthrough path watches its backing file
 //! or directory (events name entries relative to it, as on the mount); on a
 //! mount without a source it fails with ENOSYS.
@@ -80,13 +89,14 @@
 //! exec: the new image loads the shim again and builds its mounts afresh;
 //! kernel-backed descriptors survive by themselves, descriptors of
 //! passthrough files that are placeholders (the reopen failed) are replaced
-//! by kernel descriptors of their backing files, the current directory
+//! by kernel descriptors of their backing files, descriptors of a daemon's
+//! files are adopted from the descriptors themselves, the current directory
 //! travels in `SHORTFUSE_CWD`, a program on a passthrough mount is exec'd
 //! from its backing file and one on a mount without a source from a memfd
-//! copy. A `mem` mount is private to each process image (fork copies it,
-//! exec starts an empty one): its descriptors, data and locks are not
-//! shared with other processes; sharing them needs the daemon (`shortfuse
-//! serve`). Libraries a program needs at start-up (DT_NEEDED) are loaded by
+//! copy (also from a vfork/posix_spawn child, on a stack of its own). A
+//! `mem` mount is private to each process image (fork copies it, exec
+//! starts an empty one): its descriptors, data and locks are not shared with
+//! other processes; sharing them needs the daemon (`shortfuse serve`). Libraries a program needs at start-up (DT_NEEDED) are loaded by
 //! the dynamic loader before the shim runs: from a mount they are found only
 //! through an `$ORIGIN` run path of a program exec'd from a passthrough
 //! mount; dlopen() later is served.
@@ -98,9 +108,10 @@
 //! the `call *%rax` of a rewritten site overwrites (zpoline's own limit);
 //! loading the shim later than start-up (dlopen): the assembly finds its
 //! per-thread state at a fixed offset from the thread pointer, which only
-//! holds for objects in the static TLS block; POSIX locks of a placeholder
-//! descriptor are dropped when the process closes the last descriptor of
-//! that open file, not at the first close of any descriptor of the file.
+//! holds for objects in the static TLS block; a F_SETLKW or flock that
+//! waits for a daemon's lock is not interrupted by signals (they are
+//! blocked while a call is served: kill -9 still ends it), and the daemon
+//! detects no deadlock between waiters.
 
 #![deny(unsafe_code)]
 

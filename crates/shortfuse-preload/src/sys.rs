@@ -38,6 +38,50 @@ pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64
     ret
 }
 
+/// Bytes of the stack [`on_own_stack`] runs code on.
+const OWN_STACK: usize = 8 << 20;
+
+/// Runs `f` on a stack of its own (mapped for the call, unmapped after):
+/// for a vfork child, which runs on its parent's small spawn stack
+/// (posix_spawn's is about 32 KiB) and must not grow it. Without memory
+/// for the stack, `f` does not run.
+pub fn on_own_stack(f: &mut dyn FnMut()) {
+    extern "C" fn trampoline(data: *mut u8) {
+        // SAFETY: `data` is the `&mut &mut dyn FnMut()` passed below, alive
+        // for the whole call.
+        let f = unsafe { &mut *(data as *mut &mut dyn FnMut()) };
+        f();
+    }
+    let flags = i64::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE);
+    let prot = i64::from(libc::PROT_READ | libc::PROT_WRITE);
+    let base = raw(libc::SYS_mmap, 0, OWN_STACK as i64, prot, flags, -1, 0);
+    if base < 0 {
+        return;
+    }
+    // 16-byte aligned before the call, as the ABI wants.
+    let top = (base + OWN_STACK as i64) & !15;
+    let mut f = f;
+    let data = &mut f as *mut &mut dyn FnMut() as *mut u8;
+    // SAFETY: switches to the fresh stack for one call of `trampoline` and
+    // back: r12 (callee-saved, so kept by the call) holds the old stack
+    // pointer; every register the C ABI lets the callee change is marked
+    // clobbered.
+    unsafe {
+        core::arch::asm!(
+            "mov r12, rsp",
+            "mov rsp, {top}",
+            "call {tramp}",
+            "mov rsp, r12",
+            top = in(reg) top,
+            tramp = sym trampoline,
+            in("rdi") data,
+            out("r12") _,
+            clobber_abi("C"),
+        );
+    }
+    raw(libc::SYS_munmap, base, OWN_STACK as i64, 0, 0, 0, 0);
+}
+
 /// Takes ownership of descriptor `fd`, which the caller made and owns.
 pub fn owned_file(fd: i64) -> std::fs::File {
     // SAFETY: callers pass a descriptor they just created and hand over.

@@ -697,6 +697,17 @@ impl Vfs {
                         self.remember_created(parent, &name, &e);
                         (e.node, e.attr, None)
                     }
+                    // Another thread or process created it since the walk:
+                    // without O_EXCL the open takes the file that is there,
+                    // as the kernel's open retries its lookup.
+                    Err(e) if e == Errno::EEXIST && !excl => {
+                        // The walk's answer (a cached negative entry, say) is stale.
+                        self.drop_name_only(parent, &name);
+                        match self.lookup(parent, &name)? {
+                            Some((node, attr)) => (node, attr, None),
+                            None => return Err(e),
+                        }
+                    }
                     Err(e) => return Err(e),
                 }
             }

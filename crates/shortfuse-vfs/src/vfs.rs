@@ -454,7 +454,7 @@ impl Vfs {
         self.forget(forgets);
     }
 
-    fn drop_name_only(&self, parent: NodeId, name: &[u8]) {
+    pub(crate) fn drop_name_only(&self, parent: NodeId, name: &[u8]) {
         let mut forgets = Forgets::new();
         self.lock().remove_dentry(parent, name, &mut forgets);
         self.forget(forgets);

@@ -504,6 +504,47 @@ fn a_name_replaced_behind_a_cached_entry_is_looked_up_again() {
 }
 
 #[test]
+fn an_open_that_creates_takes_a_file_created_meanwhile_elsewhere() {
+    // A negative entry cached for a minute; another image creates the name.
+    let fx = fixture(timeouts(60, 60, 60));
+    let t = fx.target("late", true).unwrap();
+    assert_eq!(t.node, None);
+    let other = Arc::new(
+        Vfs::new(
+            Box::new(InProcess::new(
+                fx.mem.clone(),
+                timeouts(0, 0, 0),
+                Arc::new(Stats::new()),
+            )),
+            MP,
+            0x5f5f,
+            Creds::default(),
+        )
+        .unwrap(),
+    );
+    let Walk::Inside(ot) = other
+        .walk(&Location::root(), b"late", WalkFlags { follow: true }, 0)
+        .unwrap()
+    else {
+        panic!("left the mount")
+    };
+    let f = other.open(&ot, libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
+    assert_eq!(f.write(b"first"), Ok(5));
+    // O_CREAT without O_EXCL opens what is there (CREATE said EEXIST).
+    let f = fx.vfs.open(&t, libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(f.read(&mut buf), Ok(5));
+    assert_eq!(&buf[..5], b"first");
+    // With O_EXCL it is an error, as it should be.
+    assert_eq!(
+        fx.vfs
+            .open(&t, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o644)
+            .err(),
+        Some(Errno::EEXIST)
+    );
+}
+
+#[test]
 fn expired_entries_are_looked_up_again() {
     let opts = MountOptions {
         entry_timeout: Duration::from_millis(50),

@@ -11,8 +11,12 @@
 //!   kernel descriptor of the backing file opened with the same status flags
 //!   and moved to the same offset (descriptors sharing one open file share
 //!   the new one too). This is what makes `cmd > /mnt/file` work in a shell.
-//!   The new image then reaches that file through the kernel. Descriptors of
-//!   other mounts stay placeholders (their reads and writes fail with EBADF).
+//!   The new image then reaches that file through the kernel.
+//! - A descriptor of a daemon's file (the rings) is already a kernel open
+//!   file description of its own (see `shared`): it survives as any
+//!   descriptor does and the new image adopts it at start-up. Descriptors
+//!   of other mounts served in process stay placeholders (their reads and
+//!   writes fail with EBADF): the new image has a file system of its own.
 //! - A current directory inside a mount travels in `SHORTFUSE_CWD`.
 
 use std::ffi::CString;
@@ -130,27 +134,58 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     } else {
         (a[0], 1)
     };
-    let Prog::Path(p) = lexical(dirfd, user::cstr(a[i])?)? else {
-        return None;
-    };
+    let path = user::cstr(a[i])?;
     let envp = if nr == libc::SYS_execve { a[2] } else { a[3] };
-    let env = environment(envp);
-    let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
     let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
-    Some(raw(
-        libc::SYS_execveat,
-        AT_FDCWD,
-        p.as_ptr() as i64,
-        argv,
-        envp,
-        flags,
-        0,
-    ))
+    let (vfs, rest) = lexical(dirfd, path)?;
+    let env = environment(envp);
+    let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    if let Some(src) = vfs.source() {
+        let rest = if rest.is_empty() { b"/".to_vec() } else { rest };
+        let p = backing_path(src, &rest);
+        return Some(raw(
+            libc::SYS_execveat,
+            AT_FDCWD,
+            p.as_ptr() as i64,
+            argv,
+            envp,
+            flags,
+            0,
+        ));
+    }
+    // A mount without a source (mem, a daemon's): the program is copied to
+    // a memfd, which takes the file system's code, too much for the child's
+    // small stack; it runs on a stack of its own. Every call it makes goes
+    // to the kernel (or the daemon) as this child's do, and what it
+    // allocates is freed before the exec. Descriptors are not handed over:
+    // the child may have moved them (posix_spawn's file actions).
+    let follow = flags as i32 & libc::AT_SYMLINK_NOFOLLOW == 0;
+    let mut got = None;
+    crate::sys::on_own_stack(&mut || got = Some(program(dirfd, path, follow)));
+    match got? {
+        Ok(Prog::Copy(fd)) => {
+            let r = raw(
+                libc::SYS_execveat,
+                fd,
+                c"".as_ptr() as i64,
+                argv,
+                envp,
+                i64::from(libc::AT_EMPTY_PATH),
+                0,
+            );
+            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            Some(r)
+        }
+        Ok(_) => None,
+        Err(e) => Some(err(e)),
+    }
 }
 
-/// The path on a passthrough mount mapped to its source lexically.
-fn lexical(dirfd: i64, path: &[u8]) -> Option<Prog> {
+/// The mount a path names lexically (`..` taken as written), and the
+/// path below its mount point: what a vfork child can find without
+/// walking the file system.
+fn lexical(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
     let st = state();
     let mut abs = if path.starts_with(b"/") {
         Vec::new()
@@ -165,10 +200,7 @@ fn lexical(dirfd: i64, path: &[u8]) -> Option<Prog> {
     abs.push(b'/');
     abs.extend_from_slice(path);
     let abs = shortfuse_vfs::normalize(&abs);
-    let (vfs, rest) = super::mount_of(&abs)?;
-    let src = vfs.source()?;
-    let rest = if rest.is_empty() { b"/".to_vec() } else { rest };
-    Some(Prog::Path(backing_path(src, &rest)))
+    super::mount_of(&abs)
 }
 
 /// A memfd with the bytes of a program on a mount without a backing file,

@@ -33,11 +33,13 @@
 //! The alternative the issue suggests, an open-file-description table in
 //! shared memory handed over in the environment, would have to re-implement
 //! all of the above (offset sharing, lock tables, the dynamic loader's maps)
-//! and still could not follow a vfork child that the kernel execs. It
-//! remains the way for descriptors without a backing file (a `mem` mount):
-//! those are placeholders of one process image, whose data does not survive
-//! the image either (each image builds its own `mem`; sharing them needs the
-//! daemon of issue 7).
+//! and still could not follow a vfork child that the kernel execs. For files
+//! without a backing file the same idea holds one step removed: a file of a
+//! daemon gets a kernel open file description of its own (a memfd, see
+//! `shared`), which the kernel shares, keeps and closes like any other, and
+//! which carries what the description is open on; the daemon keeps its
+//! locks. A `mem` mount served in process has nothing to share: each image
+//! builds its own, so its descriptors are placeholders of one image.
 
 use std::sync::Arc;
 
