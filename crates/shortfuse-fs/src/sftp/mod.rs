@@ -119,6 +119,31 @@ struct Io {
     rt: tokio::runtime::Runtime,
 }
 
+impl Io {
+    /// Runs `f` to completion on the runtime. A thread whose thread-local
+    /// storage is being torn down cannot enter tokio: `exit()` runs those
+    /// destructors before the atexit handlers, where programs close their
+    /// files (coreutils' close_stdout, `sort -o`), which in process means a
+    /// RELEASE on this file system. Such a call runs on a short-lived
+    /// helper thread instead.
+    fn run<F>(&self, f: F) -> Result<F::Output>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        match tokio::runtime::Handle::try_current() {
+            Err(e) if e.is_thread_local_destroyed() => std::thread::scope(|s| {
+                std::thread::Builder::new()
+                    .spawn_scoped(s, || self.rt.block_on(f))
+                    .map_err(|_| Errno::EIO)?
+                    .join()
+                    .map_err(|_| Errno::EIO)
+            }),
+            _ => Ok(self.rt.block_on(f)),
+        }
+    }
+}
+
 fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()
 }
@@ -333,7 +358,7 @@ impl SftpFs {
             return Err(Errno::ENOTCONN);
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        match io.rt.block_on(conn::connect(self.config.clone(), generation)) {
+        match io.run(conn::connect(self.config.clone(), generation))? {
             Ok(c) => {
                 let c = Arc::new(c);
                 *slot = Some(c.clone());
@@ -373,17 +398,23 @@ impl SftpFs {
     fn call_raw<T, F, Fut>(&self, f: F) -> std::result::Result<T, Fail>
     where
         F: FnOnce(Arc<Conn>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, SftpError>>,
+        Fut: Future<Output = std::result::Result<T, SftpError>> + Send,
+        T: Send,
     {
         let conn = self.session().map_err(Fail::Other)?;
-        let r = self.io().map_err(Fail::Other)?.rt.block_on(f(conn.clone()));
+        let r = self
+            .io()
+            .map_err(Fail::Other)?
+            .run(f(conn.clone()))
+            .map_err(Fail::Other)?;
         r.map_err(|e| self.classify(&conn, e))
     }
 
     fn call<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: FnOnce(Arc<Conn>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, SftpError>>,
+        Fut: Future<Output = std::result::Result<T, SftpError>> + Send,
+        T: Send,
     {
         self.call_raw(f).map_err(|e| match e {
             Fail::Status(c) => status_errno(c),
@@ -396,7 +427,8 @@ impl SftpFs {
     fn call_create<T, F, Fut>(&self, path: &str, f: F) -> Result<T>
     where
         F: FnOnce(Arc<Conn>) -> Fut,
-        Fut: Future<Output = std::result::Result<T, SftpError>>,
+        Fut: Future<Output = std::result::Result<T, SftpError>> + Send,
+        T: Send,
     {
         match self.call_raw(f) {
             Ok(v) => Ok(v),
@@ -457,8 +489,7 @@ impl SftpFs {
         let flags = file.flags;
         let h = self
             .io()?
-            .rt
-            .block_on(conn.sftp.open(path, flags, FileAttributes::empty()))
+            .run(conn.sftp.open(path, flags, FileAttributes::empty()))?
             .map_err(|e| match self.classify(&conn, e) {
                 Fail::Status(c) => status_errno(c),
                 Fail::Other(e) => e,
@@ -500,8 +531,7 @@ impl SftpFs {
             let (conn, h) = self.server_handle(&file)?;
             let a = self
                 .io()?
-                .rt
-                .block_on(conn.sftp.fstat(h))
+                .run(conn.sftp.fstat(h))?
                 .map_err(|e| match self.classify(&conn, e) {
                     Fail::Status(c) => status_errno(c),
                     Fail::Other(e) => e,
@@ -623,7 +653,7 @@ impl Filesystem for SftpFs {
     fn destroy(&self) {
         let Ok(io) = self.io() else { return };
         if let Some(c) = lock(&self.conn).take() {
-            io.rt.block_on(disconnect(&c, "unmount"));
+            let _ = io.run(disconnect(&c, "unmount"));
         }
     }
 
@@ -686,8 +716,7 @@ impl Filesystem for SftpFs {
         if let Some(file) = file {
             let (conn, h) = self.server_handle(&file)?;
             self.io()?
-                .rt
-                .block_on(conn.sftp.fsetstat(h, a))
+                .run(conn.sftp.fsetstat(h, a))?
                 .map_err(|e| self.map(&conn, e))?;
         } else if a.size.is_none() {
             // The kernel resolved symbolic links already: a SETATTR of a
@@ -929,14 +958,14 @@ impl Filesystem for SftpFs {
             .map(|at| (offset + at as u64, (buf.len() - at).min(chunk) as u32))
             .collect();
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.io()?.rt.block_on(
+        let results: Vec<_> = self.io()?.run(
             stream::iter(pieces.iter().map(|&(off, len)| {
                 let h = h.clone();
                 async move { sftp.read(h, off, len).await }
             }))
             .buffered(self.config.max_requests)
             .collect(),
-        );
+        )?;
         let mut done = 0usize;
         for ((off, len), r) in pieces.into_iter().zip(results) {
             let data = match r {
@@ -953,7 +982,7 @@ impl Filesystem for SftpFs {
                 // time (the later replies started at the wrong offsets).
                 while done < buf.len() {
                     let want = (buf.len() - done).min(chunk) as u32;
-                    match self.io()?.rt.block_on(sftp.read(h.clone(), offset + done as u64, want)) {
+                    match self.io()?.run(sftp.read(h.clone(), offset + done as u64, want))? {
                         Ok(d) if d.data.is_empty() => return Ok(done),
                         Ok(d) => {
                             let n = d.data.len().min(buf.len() - done);
@@ -975,7 +1004,7 @@ impl Filesystem for SftpFs {
         let (conn, h) = self.server_handle(&file)?;
         let chunk = conn.write_len.max(512) as usize;
         let sftp = &conn.sftp;
-        let results: Vec<_> = self.io()?.rt.block_on(
+        let results: Vec<_> = self.io()?.run(
             stream::iter(data.chunks(chunk).enumerate().map(|(i, piece)| {
                 let h = h.clone();
                 let off = args.offset + (i * chunk) as u64;
@@ -983,23 +1012,18 @@ impl Filesystem for SftpFs {
             }))
             .buffered(self.config.max_requests)
             .collect(),
-        );
+        )?;
         for r in results {
             r.map_err(|e| self.map(&conn, e))?;
         }
         if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
             let io = self.io()?;
-            let cur = io
-                .rt
-                .block_on(conn.sftp.fstat(h.clone()))
-                .map_err(|e| self.map(&conn, e))?;
+            let cur = io.run(conn.sftp.fstat(h.clone()))?.map_err(|e| self.map(&conn, e))?;
             let mode = cur.attrs.permissions.unwrap_or(0);
             if kill_suidgid(mode) != mode {
                 let mut a = FileAttributes::empty();
                 a.permissions = Some(kill_suidgid(mode) & 0o7777);
-                io.rt
-                    .block_on(conn.sftp.fsetstat(h, a))
-                    .map_err(|e| self.map(&conn, e))?;
+                io.run(conn.sftp.fsetstat(h, a))?.map_err(|e| self.map(&conn, e))?;
             }
         }
         Ok(data.len())
@@ -1018,7 +1042,7 @@ impl Filesystem for SftpFs {
         if let Some((generation, h)) = server {
             let current = lock(&self.conn).clone();
             if let Some(conn) = current.filter(|c| c.generation == generation) {
-                if let Err(e) = self.io()?.rt.block_on(conn.sftp.close(h)) {
+                if let Err(e) = self.io()?.run(conn.sftp.close(h))? {
                     return Err(self.map(&conn, e));
                 }
             }
@@ -1029,7 +1053,7 @@ impl Filesystem for SftpFs {
     fn fsync(&self, _req: &Request, _node: NodeId, fh: FileHandle, _datasync: bool) -> Result<()> {
         let file = self.file(fh)?;
         let (conn, h) = self.server_handle(&file)?;
-        match self.io()?.rt.block_on(conn.sftp.fsync(h)) {
+        match self.io()?.run(conn.sftp.fsync(h))? {
             Ok(_) => Ok(()),
             // Without fsync@openssh.com the acknowledged writes are all we have.
             Err(SftpError::Status(s)) if s.status_code == StatusCode::OpUnsupported => Ok(()),
