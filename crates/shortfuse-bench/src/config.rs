@@ -38,10 +38,18 @@ pub enum Kind {
     /// rings (`-m MNT`); otherwise FS is served in the worker's process.
     Shim { fs: String, ring: bool },
     /// `shortfuse mount sftp` of a loopback sshd serving the source
-    /// directory (see [`crate::sshd`]).
+    /// directory (see [`crate::sshd`]); the daemon's cache as `-o cache=`
+    /// defaults (on for sftp).
     Sftp,
-    /// Debian's sshfs, on the same kind of server.
-    Sshfs,
+    /// `sftp` served in the worker's own process (`shortfuse run -m
+    /// MNT=sftp:...`, as for [`Kind::Preload`]) from the same kind of
+    /// server, with the shim's user-space page and metadata cache on or off
+    /// (seed 000's Prefuse over SSHFS, with and without its cache).
+    SftpShim { cache: bool },
+    /// Debian's sshfs, on the same kind of server; with `direct_io` the
+    /// kernel page cache is bypassed (`-o direct_io`, seed 000's "SSHFS
+    /// with O_DIRECT").
+    Sshfs { direct_io: bool },
 }
 
 /// A named configuration.
@@ -128,7 +136,19 @@ impl Config {
             },
             Config {
                 name: "sshfs".into(),
-                kind: Kind::Sshfs,
+                kind: Kind::Sshfs { direct_io: false },
+            },
+            Config {
+                name: "sshfs-direct".into(),
+                kind: Kind::Sshfs { direct_io: true },
+            },
+            Config {
+                name: "sftp-preload".into(),
+                kind: Kind::SftpShim { cache: false },
+            },
+            Config {
+                name: "sftp-preload-cache".into(),
+                kind: Kind::SftpShim { cache: true },
             },
         ]
     }
@@ -138,8 +158,9 @@ impl Config {
     /// `passthrough`), `data` compares kernel passthrough with the same file
     /// system without maps, the others take every configuration holding
     /// files except the seed-004 uring-passthrough pairing and the network
-    /// rows; `thesis` is seed 000's comparison (native, dev, and the two
-    /// SFTP clients).
+    /// rows; `thesis` is seed 000's comparison (native, dev, Debian's sshfs
+    /// with and without the kernel page cache, our sftp in the daemon and
+    /// in process without and with the user-space cache).
     pub fn defaults(suite: &str) -> Vec<Config> {
         let names: &[&str] = match suite {
             "transport" => &[
@@ -156,7 +177,15 @@ impl Config {
             // Cache structures in memory: no file system at all.
             "cache" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
-            "thesis" => &["native", "dev", "sftp", "sshfs"],
+            "thesis" => &[
+                "native",
+                "dev",
+                "sshfs",
+                "sshfs-direct",
+                "sftp",
+                "sftp-preload",
+                "sftp-preload-cache",
+            ],
             "programs" => &["native", "preload", "preload-nomaps", "ring", "dev", "uring"],
             "latency" => &[
                 "native",
@@ -246,6 +275,22 @@ pub struct PreloadWorker {
     pub mount: String,
     /// Environment the worker runs with (the shim's switches).
     pub env: Vec<(String, String)>,
+    /// `-o` options of the mount (empty: none).
+    pub options: String,
+}
+
+impl PreloadWorker {
+    /// `shortfuse run -m MOUNT [-o OPTIONS] --` with the worker's
+    /// environment: the program and its arguments follow.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.shortfuse_bin);
+        c.args(["run", "-m", &self.mount]);
+        if !self.options.is_empty() {
+            c.args(["-o", &self.options]);
+        }
+        c.arg("--").envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
 }
 
 /// The prepared `preload` directories: mount point -> worker. The suites
@@ -393,6 +438,17 @@ fn wait_mounted(mnt: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The options that reach `server` by key with its own known_hosts (the
+/// same names for sshfs and shortfuse's sftp).
+fn sftp_options(server: &Sshd) -> String {
+    format!(
+        "port={},IdentityFile={},UserKnownHostsFile={},StrictHostKeyChecking=yes",
+        server.port,
+        server.client_key().display(),
+        server.known_hosts().display()
+    )
+}
+
 /// Whether `shortfuse mount FS` takes a SOURCE (`null` and `mem` keep
 /// everything, or nothing, in the daemon).
 fn takes_source(fs: &str) -> bool {
@@ -480,7 +536,7 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
-            Kind::Preload { .. } | Kind::Shim { .. } => {
+            Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. } => {
                 // The mount point exists only for the worker's shim.
                 std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
                 let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
@@ -499,6 +555,17 @@ impl Config {
                     Kind::Shim { fs, .. } => format!("{}={fs}:{}", mnt.display(), src.display()),
                     _ => format!("{}=passthrough:{}", mnt.display(), src.display()),
                 };
+                let mut options = String::new();
+                let mount = match &self.kind {
+                    Kind::SftpShim { cache } => {
+                        let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
+                        options = format!("{},cache={}", sftp_options(&server), if *cache { "on" } else { "off" });
+                        let mount = format!("{}=sftp:{}", mnt.display(), server.target());
+                        prepared.server = Some(server);
+                        mount
+                    }
+                    _ => mount,
+                };
                 let worker = PreloadWorker {
                     shortfuse_bin: env.shortfuse_bin.clone(),
                     mount,
@@ -506,6 +573,7 @@ impl Config {
                         Kind::Preload { maps: false } => vec![("SHORTFUSE_MAPS".into(), "off".into())],
                         _ => vec![],
                     },
+                    options,
                 };
                 PRELOAD
                     .lock()
@@ -540,29 +608,30 @@ impl Config {
                 c.args(args).arg(&src).arg(&mnt);
                 c
             }
-            Kind::Sftp | Kind::Sshfs => {
-                let client = if self.kind == Kind::Sshfs {
-                    find_in_path("sshfs").ok_or("sshfs is not installed (apt-get install sshfs)")?
-                } else {
+            Kind::Sftp | Kind::Sshfs { .. } => {
+                let client = if self.kind == Kind::Sftp {
                     env.shortfuse_bin.clone()
+                } else {
+                    find_in_path("sshfs").ok_or("sshfs is not installed (apt-get install sshfs)")?
                 };
                 let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
-                let opts = format!(
-                    "port={},IdentityFile={},UserKnownHostsFile={},StrictHostKeyChecking=yes",
-                    server.port,
-                    server.client_key().display(),
-                    server.known_hosts().display()
-                );
                 let mut c = Command::new(client);
                 if self.kind == Kind::Sftp {
                     c.args(["mount", "sftp"]);
                 }
-                c.arg(server.target()).arg(&mnt).args(["-o", &opts]);
-                if self.kind == Kind::Sftp {
-                    c.args(["--transport", "dev"]);
-                } else {
-                    // No terminal to ask for a password on.
-                    c.args(["-o", "BatchMode=yes"]);
+                c.arg(server.target()).arg(&mnt).args(["-o", &sftp_options(&server)]);
+                match self.kind {
+                    Kind::Sftp => {
+                        c.args(["--transport", "dev"]);
+                    }
+                    Kind::Sshfs { direct_io } => {
+                        // No terminal to ask for a password on.
+                        c.args(["-o", "BatchMode=yes"]);
+                        if direct_io {
+                            c.args(["-o", "direct_io"]);
+                        }
+                    }
+                    _ => {}
                 }
                 prepared.server = Some(server);
                 c

@@ -11,7 +11,7 @@
 
 use std::io;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use crate::report::Figure;
@@ -149,8 +149,10 @@ pub fn suite_worker_main(args: &[String]) -> Option<i32> {
     let figures = match parsed {
         Some(("transport", dir, scale, _, holds)) => crate::transport::run(dir, scale, holds, &mut |_| {}),
         Some(("meta", dir, scale, workers, _)) => crate::meta::run(dir, scale, workers, &mut |_| {}),
+        Some(("thesis", dir, scale, _, _)) => crate::thesis::run(dir, scale, &mut |_| {}),
+        Some(("personalities", dir, scale, _, _)) => crate::personalities::suite(dir, scale, &mut |_| {}),
         _ => {
-            eprintln!("usage: {SUITE_FLAG} transport|meta DIR tiny|quick|full WORKERS true|false");
+            eprintln!("usage: {SUITE_FLAG} transport|meta|thesis|personalities DIR tiny|quick|full WORKERS true|false");
             return Some(2);
         }
     };
@@ -197,9 +199,8 @@ fn in_worker(
 /// Runs `shortfuse bench ARGS` (a worker's arguments) under the preload
 /// shim with `w`'s mount and reads back the figures it prints as JSON.
 pub(crate) fn run_worker(w: &crate::config::PreloadWorker, args: &[String]) -> io::Result<Vec<Figure>> {
-    let out = Command::new(&w.shortfuse_bin)
-        .args(["run", "-m", &w.mount, "--"])
-        .envs(w.env.iter().map(|(k, v)| (k, v)))
+    let out = w
+        .command()
         .arg(&w.shortfuse_bin)
         .arg("bench")
         .args(args)

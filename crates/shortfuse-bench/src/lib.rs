@@ -157,7 +157,7 @@ impl Plan {
         progress: &mut dyn FnMut(&str),
     ) -> std::io::Result<Vec<Figure>> {
         let s = self.scale;
-        if let (Some(w), "meta" | "transport") = (config::preload_worker(dir), suite) {
+        if let (Some(w), "meta" | "transport" | "thesis" | "personalities") = (config::preload_worker(dir), suite) {
             let holds = config.holds_files();
             return latency::suite_in_worker(&w, suite, dir, s, self.meta_workers, holds, progress);
         }

@@ -140,9 +140,8 @@ fn timed(worker: Option<&PreloadWorker>, prepare: &str, body: &str, stdin: &str)
 fn bash(worker: Option<&PreloadWorker>, script: &str, stdin: &str) -> io::Result<String> {
     let mut cmd = match worker {
         Some(w) => {
-            let mut c = Command::new(&w.shortfuse_bin);
-            c.args(["run", "-m", &w.mount, "--", "bash", "-c", script]);
-            c.envs(w.env.iter().map(|(k, v)| (k, v)));
+            let mut c = w.command();
+            c.args(["bash", "-c", script]);
             c
         }
         None => {

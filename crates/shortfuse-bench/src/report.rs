@@ -78,11 +78,12 @@ pub struct Comparison {
 /// configurations in `results`: the two transports against each other
 /// (issue 3), and kernel passthrough against native (the main table) and
 /// against the same file system without maps, plain `dev` (issue 4), and
-/// shortfuse's SFTP client against the kernel-FUSE sshfs on the same kind
-/// of loopback server (seed 000's comparison, issue 8).
+/// shortfuse's SFTP client (in the daemon, and in process with the
+/// user-space cache) against the kernel-FUSE sshfs on the same kind of
+/// loopback server (seed 000's comparison, issue 8).
 pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
     let has = |c: &str| results.iter().any(|r| r.config == c);
-    let candidates: [(&str, &[(&str, &str)]); 5] = [
+    let candidates: [(&str, &[(&str, &str)]); 6] = [
         ("uring vs dev", &[("null-uring", "null-dev"), ("uring", "dev")]),
         ("dev-passthrough vs dev (no maps)", &[("dev-passthrough", "dev")]),
         ("uring-passthrough vs dev (no maps)", &[("uring-passthrough", "dev")]),
@@ -91,6 +92,8 @@ pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
             &[("uring-passthrough", "dev-passthrough")],
         ),
         ("sftp vs sshfs", &[("sftp", "sshfs")]),
+        // Seed 000's goal: Prefuse with its user-space cache beats kernel-FUSE sshfs.
+        ("sftp-preload-cache vs sshfs", &[("sftp-preload-cache", "sshfs")]),
     ];
     candidates
         .iter()
