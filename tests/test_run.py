@@ -38,6 +38,7 @@ TESTS = Path(__file__).resolve().parent
 # reason; everything else must match ext4 on both.
 EXCLUDED = {
     ("locks", "mem"): "the scenario locks from a second program, which builds its own, empty, mem mount",
+    ("locks", "sftp"): "the scenario locks from a second program: in process, sftp locks hold within one process image and its forked children",
 }
 
 
@@ -294,9 +295,11 @@ def test_bad_mounts_are_refused_before_the_program_runs(shortfuse, scratch):
 DRIVER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import test_posix
+import sfmount, test_posix
 fn = {f.__name__: f for f in test_posix.SCENARIOS}[sys.argv[2]]
-obs = test_posix.run_scenario(fn, sys.argv[3], {}, reference=False)
+# argv[4]: the configuration whose declared limits both runs follow; argv[5]: "native" for the reference run.
+unsupported = sfmount.FILE_SYSTEMS[sys.argv[4]].unsupported if len(sys.argv) > 4 else {}
+obs = test_posix.run_scenario(fn, sys.argv[3], unsupported, reference=len(sys.argv) > 5 and sys.argv[5] == "native")
 
 def enc(v):
     if isinstance(v, (bytes, bytearray)):
@@ -324,24 +327,34 @@ def observe(cmd: list[str], root: str) -> list:
 
 
 @pytest.mark.parametrize(
-    "name,fs", [(n, fs) for fs in ("passthrough", "mem") for n in SCENARIO_NAMES if (n, fs) not in EXCLUDED]
+    "name,fs", [(n, fs) for fs in ("passthrough", "mem", "sftp") for n in SCENARIO_NAMES if (n, fs) not in EXCLUDED]
 )
 def test_posix_scenario_under_run(shortfuse, scratch, name, fs):
     native = scratch / "native"
     native.mkdir()
     native.chmod(0o755)
     argv = [sys.executable, "-c", DRIVER, str(TESTS), name]
-    want = observe(argv + [str(native)], str(native))
+    # sftp: what SFTP v3 cannot carry (sfmount.FILE_SYSTEMS) is declared to both runs.
+    limits = [fs] if fs == "sftp" else []
+    want = observe(argv + [str(native)] + limits + ["native"] * bool(limits), str(native))
     assert want, f"{name} observed nothing on native"
     mp = str(scratch / "mnt")
+    opts = []
     if fs == "passthrough":
         src = scratch / "src"
         src.mkdir()
         src.chmod(0o755)
         spec = f"{mp}=passthrough:{src}"
+    elif fs == "sftp":
+        src = scratch / "src"
+        src.mkdir()
+        src.chmod(0o755)
+        server = sfmount.sshd_server()
+        spec = f"{mp}=sftp:{server.target(src)}"
+        opts = ["-o", ",".join(server.options())]
     else:
         spec = f"{mp}=mem"
-    got = observe([str(shortfuse), "run", "-m", spec, "--", *argv, mp], mp)
+    got = observe([str(shortfuse), "run", "-m", spec, *opts, "--", *argv, mp, *limits], mp)
     diff = test_posix.compare([tuple(o) for o in want], [tuple(o) for o in got])
     assert diff is None, f"{name} under `shortfuse run` on {fs} differs from native ext4:\n{diff}"
 

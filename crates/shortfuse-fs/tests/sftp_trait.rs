@@ -230,7 +230,7 @@ fn rename_keeps_nodes_and_handles() {
         .unwrap();
     assert_eq!(std::fs::read(s.data.join("g")).unwrap(), b"hello");
     assert!(!s.data.join("e/f").exists());
-    assert_eq!(fs.getattr(&REQ, g.entry.node, None).unwrap_err(), Errno::ESTALE);
+    assert_eq!(fs.getattr(&REQ, g.entry.node, None).unwrap_err(), Errno::ENOENT);
     assert_eq!(fs.getattr(&REQ, f.entry.node, None).unwrap().size, 5);
     // The handle opened before the rename still reads.
     assert_eq!(fs.read(&REQ, f.entry.node, o.fh, 1, &mut buf).unwrap(), 4);

@@ -6,7 +6,8 @@
 //! the paths of the moved node and of everything under it (one scan over
 //! the table: renames of directories are rare next to lookups). A node whose
 //! name went away (unlink, or replaced by a rename) keeps its id until
-//! forgotten but has no path: calls through it fail with `ESTALE`, while its
+//! forgotten but has no path: calls through it fail with `ENOENT` (what POSIX
+//! says of a removed directory used as the current one), while its
 //! open handles keep working on the server.
 
 use std::collections::HashMap;
@@ -75,7 +76,7 @@ impl Nodes {
     pub fn path(&self, node: NodeId) -> Result<String> {
         match self.lock().by_id.get(&node.0) {
             Some(Node { path: Some(p), .. }) => Ok(p.clone()),
-            Some(Node { path: None, .. }) => Err(Errno::ESTALE),
+            Some(Node { path: None, .. }) => Err(Errno::ENOENT),
             None => Err(Errno::ENOENT),
         }
     }
@@ -185,7 +186,7 @@ mod tests {
         t.rename("/srv/d", "/srv/e");
         assert_eq!(t.path(d).unwrap(), "/srv/e");
         assert_eq!(t.path(f).unwrap(), "/srv/e/f");
-        assert_eq!(t.path(other), Err(Errno::ESTALE));
+        assert_eq!(t.path(other), Err(Errno::ENOENT));
         assert_eq!(t.find("/srv/e/f"), Some(f));
         // "/srv/dx" is not below "/srv/d".
         let dx = t.lookup("/srv/dx");
@@ -196,7 +197,7 @@ mod tests {
         t.forget(d, 1);
         assert_eq!(t.path(d), Err(Errno::ENOENT));
         t.remove("/srv/g/f");
-        assert_eq!(t.path(f), Err(Errno::ESTALE));
+        assert_eq!(t.path(f), Err(Errno::ENOENT));
         t.forget(f, 1);
         t.forget(other, 1);
         t.forget(dx, 1);
