@@ -172,3 +172,26 @@ fn ctrl_c_stops_the_server_and_unmounts() {
     nothing_left(&out);
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+#[test]
+fn thesis_in_process_with_the_cache_and_sshfs_without_page_cache() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // sftp served inside a worker under `shortfuse run` (its own sshd),
+    // and sshfs with -o direct_io: seed 000's remaining rows.
+    let opts = options("pre", &["thesis"], &["sshfs", "sshfs-direct", "sftp-preload-cache"]);
+    let report = shortfuse_bench::run(&opts).expect("run");
+    let suite = &report.suites[0];
+    for r in &suite.results {
+        assert!(r.error.is_none(), "{}: {:?}", r.config, r.error);
+        let ops: Vec<_> = r.figures.iter().map(|f| f.op.as_str()).collect();
+        assert_eq!(ops, ["100x1MiB-read", "100x1MiB-read-odirect"], "{}", r.config);
+        assert!(r.figures.iter().all(|f| f.value.is_finite() && f.value > 0.0), "{r:?}");
+    }
+    assert!(
+        suite.comparisons.iter().any(|c| c.title == "sftp-preload-cache vs sshfs"),
+        "{:?}",
+        suite.comparisons
+    );
+    nothing_left(&opts.out);
+    std::fs::remove_dir_all(&opts.out).unwrap();
+}
