@@ -481,3 +481,71 @@ fn a_position_reserved_and_never_published_is_skipped() {
     let (err, _) = call(&good, &request(abi::FUSE_GETATTR, 1, &[0; 16], &[])).unwrap();
     assert_eq!(err, 0);
 }
+
+/// The daemon's ring workers in this process (`sf-ring-c<client>q<queue>`),
+/// each with whether the kernel says it runs or wants to run.
+fn ring_threads() -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the parenthesised name, which may hold anything.
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+        if name.strip_prefix("sf-ring-c").is_some_and(|n| n.contains('q')) {
+            out.push((name.trim().to_string(), state == Some('R')));
+        }
+    }
+    out
+}
+
+/// Polling is bounded: once the calls stop, the daemon's workers sleep.
+/// Runs in a child process of its own (`SF_RING_IDLE`), so that only this
+/// test's workers are looked at. A worker that kept polling (even one that
+/// yields its CPU between polls) is runnable whenever it is looked at; a
+/// sleeping one almost never.
+#[test]
+fn idle_rings_use_no_cpu() {
+    if std::env::var_os("SF_RING_IDLE").is_none() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "idle_rings_use_no_cpu", "--nocapture"])
+            .env("SF_RING_IDLE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "idle child: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let path = scratch("idle");
+    let (_s, _) = server(&path);
+    let clients = [RingClient::connect(&path).unwrap(), RingClient::connect(&path).unwrap()];
+    std::thread::scope(|t| {
+        for c in &clients {
+            t.spawn(move || {
+                init(c);
+                for _ in 0..500 {
+                    let (err, _) = call(c, &request(abi::FUSE_GETATTR, 1, &[0; 16], &[])).unwrap();
+                    assert_eq!(err, 0);
+                }
+            });
+        }
+    });
+    // Past every spin budget (tens of µs).
+    std::thread::sleep(Duration::from_millis(100));
+    let mut running = std::collections::HashMap::<String, u32>::new();
+    const LOOKS: u32 = 40;
+    for _ in 0..LOOKS {
+        for (name, r) in ring_threads() {
+            *running.entry(name).or_default() += u32::from(r);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(running.len(), 4, "two workers per client: {running:?}");
+    assert!(
+        running.values().all(|&n| n <= LOOKS / 8),
+        "idle workers still polling (looks that found them runnable, of {LOOKS}): {running:?}"
+    );
+}
