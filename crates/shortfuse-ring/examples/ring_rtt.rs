@@ -1,7 +1,7 @@
 //! The ring's own round trip, without the shim: a `Server` over `NullFs`
 //! in this process and one `RingClient`, timing empty GETATTRs of the root.
 //!
-//! `cargo run --release -p shortfuse-ring --example ring_rtt -- [CALLS] [SPIN_US]`
+//! `cargo run --release -p shortfuse-ring --example ring_rtt -- [CALLS] [SPIN_US] [QUEUES]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,9 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("sf-ring-rtt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let path = dir.join("ring.sock");
+    let queues: Option<u32> = args.get(3).and_then(|s| s.parse().ok());
     let config = ServerConfig {
+        queues: queues.unwrap_or_else(|| ServerConfig::default().queues),
         spin,
         client_spin: spin,
         ..ServerConfig::default()

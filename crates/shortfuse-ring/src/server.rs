@@ -6,7 +6,10 @@
 //! queue in order, copies the request out of the shared memory before
 //! looking at it (the client could change it under our feet), serves it
 //! with the same [`Dispatcher`] code as the kernel sessions, copies the
-//! reply back and flips the slot's state to DONE. Indices, lengths and
+//! reply back and flips the slot's state to DONE. The worker of queue q
+//! keeps off CPU q (its clients' CPU when they submit there), so that both
+//! can poll at once (see [`crate::wait`]); a thread the file system starts
+//! from inside a request inherits that affinity. Indices, lengths and
 //! states read from the shared memory are checked against the daemon's
 //! private copy of the geometry: garbage gets an error reply or is skipped,
 //! never a fault or an access outside the client's region.
@@ -792,6 +795,11 @@ const HOLE_WAIT: Duration = Duration::from_millis(500);
 /// One queue's worker: take, serve, and when the queue stays empty for the
 /// spin budget, sleep on the queue's doorbell until a client rings it.
 fn worker(shared: &Shared, conn: &Conn, q: usize) {
+    // The client submits to the queue of the CPU it runs on: off that CPU,
+    // both can poll at once (see `wait`).
+    if conn.geo.queues > 1 {
+        sys::avoid_cpu(q);
+    }
     let mut head = 0u32;
     // Sleeps in a row that ended with nothing at `head` while the client's
     // tail says something was reserved there.
