@@ -30,7 +30,7 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
-use crate::region::{header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
+use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
 
 /// How often a caller sleeping for its reply checks that the daemon lives:
@@ -219,7 +219,7 @@ impl RingClient {
         let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
         self.region
             .u32_at(self.geo.entry_off(q, pos))
-            .store(i as u32, Ordering::Release);
+            .store(region::entry(pos, i as u32), Ordering::Release);
         // Pairs with the worker's SeqCst store of 1 before its last look at
         // the queue: either it sees our entry or we see it asleep.
         fence(Ordering::SeqCst);

@@ -4,6 +4,8 @@
 //! page 0                header: magic, version, geometry, spin budget, daemon state
 //! page 1 + q            queue q: doorbell (futex), producer tail, entries[slots]
 //! then, per slot        state (futex), length, sender's pid, data (request, then reply)
+//!                       from byte 16: an empty request and its reply share one
+//!                       cache line with the state word
 //! then                  notification ring: head, tail, overflow; then records
 //! ```
 //!
@@ -22,12 +24,13 @@ use crate::sys;
 
 pub const PAGE: usize = 4096;
 pub const MAGIC: u64 = 0x5346_5249_4e47_0001; // "SFRING" v1
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
-/// Room before a slot's data: the state word and the length, each on its
-/// own cache line would cost a page per slot for nothing (one thread owns
-/// a slot at a time).
-pub const SLOT_HEADER: usize = 64;
+/// Room before a slot's data: the state word, the length and the sender's
+/// pid. The data follows on the same cache line, so that a small request
+/// or reply travels with its state (one line from client to daemon and
+/// back); one thread owns a slot at a time, so nothing shares it falsely.
+pub const SLOT_HEADER: usize = 16;
 /// A notification record: length word, then one FUSE notification
 /// (`fuse_out_header` + INVAL_ENTRY with a name of up to NAME_MAX).
 pub const RECORD: usize = 512;
@@ -36,6 +39,8 @@ pub const RECORD: usize = 512;
 const ENTRIES_AT: usize = 128;
 /// Most slots a queue can have (its entries fill the rest of its page).
 pub const MAX_SLOTS: u32 = ((PAGE - ENTRIES_AT) / 4) as u32;
+// A queue entry holds a slot index in 16 bits (see `entry`).
+const _: () = assert!(MAX_SLOTS <= 0xffff);
 pub const MAX_QUEUES: u32 = 256;
 /// The largest data area of a slot: 16 MiB and a page of headers.
 pub const MAX_SLOT_DATA: u32 = (16 << 20) + PAGE as u32;
@@ -71,8 +76,24 @@ pub mod slot {
     pub const DONE: u32 = 4;
 }
 
-/// An empty queue entry.
+/// A queue entry before its first use. Its tag matches positions 0xffff
+/// modulo 2^16 only, long after a client wrote every entry; and its index
+/// is out of range: at worst it is dropped, as garbage is.
 pub const EMPTY: u32 = u32::MAX;
+
+/// The queue entry publishing slot `i` at position `pos`: the position's
+/// low 16 bits tag the slot index, so that the daemon tells a new entry
+/// from the one `slots` positions earlier without writing the entry back
+/// (a write would pull the line away from the client between requests).
+pub fn entry(pos: u32, i: u32) -> u32 {
+    (pos << 16) | (i & 0xffff)
+}
+
+/// The slot index an entry read at position `pos` publishes, if it was
+/// written for that position.
+pub fn entry_slot(pos: u32, e: u32) -> Option<u32> {
+    (e >> 16 == pos & 0xffff).then_some(e & 0xffff)
+}
 
 /// The shape of one client's region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +310,13 @@ mod tests {
         assert!(g.slot_off(1, 3) + SLOT_HEADER + g.slot_data as usize <= g.notify_off());
         assert_eq!(g.record_off(128), g.record_off(0));
         assert_eq!(g.record_off(127) + RECORD, g.bytes());
+        assert_eq!(entry_slot(7, entry(7, 3)), Some(3));
+        assert_eq!(entry_slot(7 + g.slots, entry(7, 3)), None);
+        assert_eq!(entry_slot(0x1_0007, entry(7, 3)), Some(3));
+        assert_eq!(entry_slot(0xffff, EMPTY), Some(0xffff));
+        for pos in [0, 1, g.slots, 0x1_0000 + g.slots] {
+            assert_eq!(entry_slot(pos, EMPTY), None, "position {pos}");
+        }
         for bad in [
             Geometry { queues: 0, ..g },
             Geometry {

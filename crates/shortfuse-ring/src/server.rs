@@ -462,18 +462,15 @@ impl Conn {
     /// The next slot index published in queue `q` at `head`, if any; an
     /// index outside the queue is consumed and dropped.
     fn take(&self, q: usize, head: &mut u32) -> Option<Option<usize>> {
-        let entry = self.region.u32_at(self.geo.entry_off(q, *head));
-        let i = entry.load(Ordering::Acquire);
-        if i == EMPTY {
-            return None;
-        }
-        entry.store(EMPTY, Ordering::Relaxed);
+        let e = self.region.u32_at(self.geo.entry_off(q, *head)).load(Ordering::Acquire);
+        let i = region::entry_slot(*head, e)?;
         *head = head.wrapping_add(1);
         Some((i < self.geo.slots).then_some(i as usize))
     }
 
     fn has_work(&self, q: usize, head: u32) -> bool {
-        self.region.u32_at(self.geo.entry_off(q, head)).load(Ordering::SeqCst) != EMPTY
+        let e = self.region.u32_at(self.geo.entry_off(q, head)).load(Ordering::SeqCst);
+        region::entry_slot(head, e).is_some()
     }
 
     /// Serves the request in slot `i` of queue `q`.

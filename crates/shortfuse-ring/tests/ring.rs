@@ -395,7 +395,7 @@ fn garbage_in_a_clients_ring_harms_nobody_else() {
                     } else {
                         rng.next() as u32
                     };
-                    word(g.entry_off(q, pos)).store(idx, Ordering::Release);
+                    word(g.entry_off(q, pos)).store(region::entry(pos, idx), Ordering::Release);
                     word(g.slot_off(q, i)).store(slot::SUBMITTED, Ordering::Release);
                     word(g.doorbell_off(q)).store(0, Ordering::SeqCst);
                     // SAFETY: a futex wake on a word of the mapping.
@@ -466,7 +466,7 @@ fn a_position_reserved_and_never_published_is_skipped() {
     word(off + 4).store(req.len() as u32, Ordering::Relaxed);
     word(off).store(slot::SUBMITTED, Ordering::Release);
     let pos = word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed);
-    word(g.entry_off(q, pos)).store(1, Ordering::Release);
+    word(g.entry_off(q, pos)).store(region::entry(pos, 1), Ordering::Release);
     word(g.doorbell_off(q)).store(0, Ordering::SeqCst);
     // SAFETY: a futex wake on a word of the mapping.
     unsafe { libc::syscall(libc::SYS_futex, word(g.doorbell_off(q)).as_ptr(), libc::FUTEX_WAKE, 1) };
