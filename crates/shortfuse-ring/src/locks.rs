@@ -159,25 +159,36 @@ impl Locks {
             });
         }
         n.posix = kept;
-        if n.posix.is_empty() && n.flock.is_empty() {
+        self.settle(t, node, dropped);
+        Ok(())
+    }
+
+    /// Ends a change to `node`'s locks: forgets a node left without any,
+    /// lets go of the table, and tells the waiters when locks were dropped.
+    fn settle(&self, mut t: MutexGuard<'_, HashMap<u64, NodeLocks>>, node: u64, dropped: bool) {
+        if t.get(&node).is_some_and(|n| n.posix.is_empty() && n.flock.is_empty()) {
             t.remove(&node);
         }
         drop(t);
         if dropped {
             self.released();
         }
-        Ok(())
     }
 
     /// F_SETLKW through the kernel mount: waits until [`Locks::set`] succeeds.
     pub fn set_wait(&self, node: u64, owner: u64, lock: &Lock) -> Result<(), Errno> {
+        self.wait_for(|| self.set(node, owner, lock))
+    }
+
+    /// Retries `take` until it does not answer EAGAIN, waking at every
+    /// release (a timeout bounds a missed one).
+    fn wait_for(&self, take: impl Fn() -> Result<(), Errno>) -> Result<(), Errno> {
         loop {
-            match self.set(node, owner, lock) {
+            match take() {
                 Err(e) if e == Errno::EAGAIN => {}
                 r => return r,
             }
             let t = self.table();
-            // Woken by every release; a timeout bounds a missed one.
             let _ = self.changed.wait_timeout(t, std::time::Duration::from_millis(100));
         }
     }
@@ -202,26 +213,13 @@ impl Locks {
         if typ != libc::F_UNLCK {
             n.flock.push((owner, typ));
         }
-        if n.posix.is_empty() && n.flock.is_empty() {
-            t.remove(&node);
-        }
-        drop(t);
-        if dropped {
-            self.released();
-        }
+        self.settle(t, node, dropped);
         Ok(())
     }
 
     /// flock(2) without LOCK_NB through the kernel mount.
     pub fn flock_wait(&self, node: u64, owner: u64, op: i32) -> Result<(), Errno> {
-        loop {
-            match self.flock(node, owner, op) {
-                Err(e) if e == Errno::EAGAIN => {}
-                r => return r,
-            }
-            let t = self.table();
-            let _ = self.changed.wait_timeout(t, std::time::Duration::from_millis(100));
-        }
+        self.wait_for(|| self.flock(node, owner, op))
     }
 
     /// Drops `owner`'s byte-range locks on `node` (a close of one of its
@@ -232,13 +230,7 @@ impl Locks {
         let before = n.posix.len();
         n.posix.retain(|r| r.owner != owner);
         let dropped = n.posix.len() != before;
-        if n.posix.is_empty() && n.flock.is_empty() {
-            t.remove(&node);
-        }
-        drop(t);
-        if dropped {
-            self.released();
-        }
+        self.settle(t, node, dropped);
     }
 
     /// Drops every lock of `owner` (a process that died, a description

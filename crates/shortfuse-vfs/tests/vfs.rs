@@ -464,6 +464,12 @@ fn entries_and_attributes_are_cached_for_their_timeouts() {
     assert_eq!(count(&fx.stats, abi::FUSE_GETATTR), g);
 }
 
+/// Another process image on the same file system, caching nothing.
+fn other_image(fx: &Fx) -> Arc<Vfs> {
+    let backend = InProcess::new(fx.mem.clone(), timeouts(0, 0, 0), Arc::new(Stats::new()));
+    Arc::new(Vfs::new(Box::new(backend), MP, 0x5f5f, Creds::default()).unwrap())
+}
+
 #[test]
 fn a_name_replaced_behind_a_cached_entry_is_looked_up_again() {
     // Entries cached, attributes not: how passthrough runs in process.
@@ -472,19 +478,7 @@ fn a_name_replaced_behind_a_cached_entry_is_looked_up_again() {
     let (old, _) = fx.target("o", true).unwrap().node.unwrap();
     // Another process image on the same file system replaces the file, as
     // an assembler or a linker does with its output (unlink, then create).
-    let other = Arc::new(
-        Vfs::new(
-            Box::new(InProcess::new(
-                fx.mem.clone(),
-                timeouts(0, 0, 0),
-                Arc::new(Stats::new()),
-            )),
-            MP,
-            0x5f5f,
-            Creds::default(),
-        )
-        .unwrap(),
-    );
+    let other = other_image(&fx);
     let t = other
         .walk(&Location::root(), b"o", WalkFlags { follow: true }, 0)
         .unwrap();
@@ -509,19 +503,7 @@ fn an_open_that_creates_takes_a_file_created_meanwhile_elsewhere() {
     let fx = fixture(timeouts(60, 60, 60));
     let t = fx.target("late", true).unwrap();
     assert_eq!(t.node, None);
-    let other = Arc::new(
-        Vfs::new(
-            Box::new(InProcess::new(
-                fx.mem.clone(),
-                timeouts(0, 0, 0),
-                Arc::new(Stats::new()),
-            )),
-            MP,
-            0x5f5f,
-            Creds::default(),
-        )
-        .unwrap(),
-    );
+    let other = other_image(&fx);
     let Walk::Inside(ot) = other
         .walk(&Location::root(), b"late", WalkFlags { follow: true }, 0)
         .unwrap()

@@ -56,6 +56,11 @@ fn exec_copy(fd: i64, argv: i64, envp: i64) -> i64 {
     hand_over_descriptors();
     let env = environment(envp);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    exec_memfd(fd, argv, envp)
+}
+
+/// execveat of memfd `fd` (environment ready); closes it if the exec fails.
+fn exec_memfd(fd: i64, argv: i64, envp: i64) -> i64 {
     let r = raw(
         libc::SYS_execveat,
         fd,
@@ -164,19 +169,7 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let mut got = None;
     crate::sys::on_own_stack(&mut || got = Some(program(dirfd, path, follow)));
     match got? {
-        Ok(Prog::Copy(fd)) => {
-            let r = raw(
-                libc::SYS_execveat,
-                fd,
-                c"".as_ptr() as i64,
-                argv,
-                envp,
-                i64::from(libc::AT_EMPTY_PATH),
-                0,
-            );
-            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
-            Some(r)
-        }
+        Ok(Prog::Copy(fd)) => Some(exec_memfd(fd, argv, envp)),
         Ok(_) => None,
         Err(e) => Some(err(e)),
     }
