@@ -22,6 +22,11 @@
 //! ([`Locks::on_change`]) retries the parked ones. Through the kernel mount
 //! a waiting SETLKW blocks the kernel session's thread (as in libfuse) until
 //! the table changes. Deadlocks between waiters are not detected.
+//!
+//! Owners are the clients' word, as FUSE's lock owners are the kernel's: a
+//! client naming another process's owner can drop that process's locks
+//! (advisory locks protect cooperating programs, not against a hostile one);
+//! nothing it sends can make the daemon fault or block.
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};

@@ -24,8 +24,10 @@
 //! The memfd is sealed against writes: a program without the shim that
 //! inherits it fails to write (EPERM) rather than writing into it.
 //!
-//! Mounts served in process keep descriptors of their own image (a `mem`
-//! mount's data is private to each image anyway).
+//! Mounts served in process keep descriptors of their own image: a `mem`
+//! mount's data is private to each image, and an image of a `stripe` or
+//! `pack` mount does not see what another changed (not even a file it just
+//! created), so there is nothing the new image could open again.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
