@@ -188,7 +188,10 @@ fn thesis_in_process_with_the_cache_and_sshfs_without_page_cache() {
         assert!(r.figures.iter().all(|f| f.value.is_finite() && f.value > 0.0), "{r:?}");
     }
     assert!(
-        suite.comparisons.iter().any(|c| c.title == "sftp-preload-cache vs sshfs"),
+        suite
+            .comparisons
+            .iter()
+            .any(|c| c.title == "sftp-preload-cache vs sshfs"),
         "{:?}",
         suite.comparisons
     );

@@ -195,6 +195,11 @@ fn inspect(fd: i32) -> Option<Found> {
 /// it (see the module doc): each becomes a descriptor of ours again, those
 /// of one description sharing one open file.
 pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
+    // Only a daemon's files have descriptions to adopt: spare the others
+    // the look at every descriptor.
+    if !mounts.iter().any(|m| m.client().shared()) {
+        return;
+    }
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
