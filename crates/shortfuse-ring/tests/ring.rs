@@ -1,7 +1,8 @@
 //! The rings without the shim: a `Server` over `MemFs` in this process,
 //! clients speaking raw FUSE through `RingClient`, a client in a child
-//! process that is killed mid-request, and a client that scribbles over
-//! its own shared memory.
+//! process that is killed mid-request, a client that scribbles over
+//! its own shared memory, a handle that outlives its connection with the
+//! open file description it was given to, and a waiting SETLKW.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -272,6 +273,93 @@ fn a_killed_client_gives_back_its_handles() {
     let (node, fh) = create(&c, b"after");
     assert_eq!(write(&c, node, fh, b"ok"), 0);
     assert_eq!(read(&c, node, fh, 10), b"ok");
+}
+
+/// A memfd, as the shim makes for an open file description.
+fn description() -> std::fs::File {
+    // SAFETY: a NUL-terminated name; the result is a new descriptor we own.
+    let fd = unsafe { libc::memfd_create(c"sfofd:test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: fd is new and ours.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
+#[test]
+fn an_anchored_handle_outlives_its_connection_until_its_description_closes() {
+    use std::os::fd::AsFd;
+    let path = scratch("anchor");
+    let (s, stats) = server(&path);
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let (node, fh) = create(&c, b"f");
+    let d = description();
+    c.anchor(node, fh, false, d.as_fd()).unwrap();
+    // A handle the client does not hold is not taken.
+    let other = description();
+    c.anchor(node, fh + 1000, false, other.as_fd()).unwrap();
+    wait_for("the anchor", || s.held() == (1, 1));
+    // The connection goes (an exec'd image, say); the description stays.
+    drop(c);
+    wait_for("the departure", || s.clients() == 0);
+    assert_eq!(s.held(), (1, 0));
+    let releases = count(&stats, abi::FUSE_RELEASE);
+    // Its last descriptor closes: the handle goes back.
+    drop(d);
+    wait_for("the release", || s.held() == (0, 0));
+    assert_eq!(count(&stats, abi::FUSE_RELEASE), releases + 1);
+}
+
+fn count(stats: &Stats, opcode: u32) -> u64 {
+    stats
+        .snapshot()
+        .ops
+        .iter()
+        .filter(|o| o.opcode == Some(opcode))
+        .map(|o| o.count)
+        .sum()
+}
+
+fn setlk(c: &RingClient, node: u64, fh: u64, owner: u64, typ: i32, wait: bool) -> i32 {
+    let arg = abi::fuse_lk_in {
+        fh,
+        owner,
+        lk: abi::fuse_file_lock {
+            start: 0,
+            end: u64::MAX,
+            typ: typ as u32,
+            pid: 0,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    let op = if wait { abi::FUSE_SETLKW } else { abi::FUSE_SETLK };
+    call(c, &request(op, node, arg.as_bytes(), &[])).unwrap().0
+}
+
+#[test]
+fn a_waiting_setlkw_holds_up_no_other_request() {
+    let path = scratch("setlkw");
+    let (_s, _) = server(&path);
+    let a = RingClient::connect(&path).unwrap();
+    init(&a);
+    let (node, fh) = create(&a, b"locked");
+    assert_eq!(setlk(&a, node, fh, 1, libc::F_WRLCK, false), 0);
+    let b = Arc::new(RingClient::connect(&path).unwrap());
+    init(&b);
+    assert_eq!(setlk(&b, node, fh, 2, libc::F_WRLCK, false), -libc::EAGAIN);
+    let waiter = {
+        let b = b.clone();
+        std::thread::spawn(move || setlk(&b, node, fh, 2, libc::F_WRLCK, true))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!waiter.is_finished());
+    // The waiting client's other requests are served meanwhile, on every queue.
+    for _ in 0..8 {
+        assert_eq!(write(&b, node, fh, b"meanwhile"), 0);
+    }
+    assert_eq!(setlk(&a, node, fh, 1, libc::F_UNLCK, false), 0);
+    assert_eq!(waiter.join().unwrap(), 0);
+    assert_eq!(setlk(&a, node, fh, 1, libc::F_RDLCK, false), -libc::EAGAIN);
 }
 
 /// A client that does the handshake itself and keeps its region's memfd.
