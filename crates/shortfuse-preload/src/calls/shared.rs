@@ -10,8 +10,8 @@
 //!   around each read, write and lseek), shared by dup, by fork between
 //!   parent and child, and by the images that exec inherits it;
 //! - descriptors without FD_CLOEXEC survive exec, the others close;
-//! - its memfd name and contents say what it is open on (node, handle,
-//!   status flags, mount point and path): a new image adopts the inherited
+//! - its memfd name says what it is open on (mount point, node, handle,
+//!   status flags): a new image adopts the inherited
 //!   descriptors at start-up ([`adopt`]), from the descriptors themselves,
 //!   so it needs nothing in its environment and follows a descriptor
 //!   however it was moved (dup2 in a posix_spawn child, passed over a Unix
@@ -21,8 +21,8 @@
 //!   the kernel drops the description: the last descriptor closed, in
 //!   whichever process, however it ended.
 //!
-//! The memfd is sealed against writes: a program without the shim that
-//! inherits it fails to write (EPERM) rather than writing into it.
+//! The memfd is empty and sealed: a program without the shim that
+//! inherits it reads nothing and fails to write (EPERM).
 //!
 //! Mounts served in process keep descriptors of their own image: a `mem`
 //! mount's data is private to each image, and an image of a `stripe` or
@@ -53,7 +53,8 @@ pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
     let Some(fh) = f.handle() else {
         return -i64::from(libc::EINVAL);
     };
-    let name = with_nul(format!("sfofd:{}:{fh}:{}", f.node().0, f.flags()).into_bytes());
+    let mp = mount_hash(f.vfs().mountpoint());
+    let name = with_nul(format!("sfofd:{mp:016x}:{}:{fh}:{}", f.node().0, f.flags()).into_bytes());
     let mut mflags = libc::MFD_ALLOW_SEALING;
     if cloexec {
         mflags |= libc::MFD_CLOEXEC;
@@ -74,12 +75,6 @@ pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
         raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
         e
     };
-    let mut what = f.vfs().mountpoint().to_vec();
-    what.push(0);
-    what.extend_from_slice(f.path());
-    if raw(libc::SYS_pwrite64, fd, what.as_ptr() as i64, what.len() as i64, 0, 0, 0) != what.len() as i64 {
-        return fail(-i64::from(libc::EIO));
-    }
     let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
     raw(
         libc::SYS_fcntl,
@@ -129,34 +124,44 @@ pub fn description_owner(f: &OpenFile) -> Option<u64> {
     (r == 0).then_some(shortfuse_ring::DESCRIPTION_OWNER | st.st_ino)
 }
 
+/// The mount point as a description's name carries it (FNV-1a): names are
+/// short, and the memfd stays empty, so that a program without the shim
+/// that inherits one reads nothing (and cannot write: it is sealed).
+fn mount_hash(mountpoint: &[u8]) -> u64 {
+    mountpoint.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// What an inherited description says of itself.
+#[derive(Debug, PartialEq, Eq)]
 struct Found {
     fd: i32,
     ino: u64,
+    mount: u64,
     node: u64,
     fh: u64,
     flags: i32,
-    mountpoint: Vec<u8>,
-    path: Vec<u8>,
 }
 
-/// Parses `sfofd:NODE:FH:FLAGS` from a memfd's magic link target
-/// (`/memfd:NAME (deleted)`).
-fn parse_name(link: &[u8]) -> Option<(u64, u64, i32)> {
+/// Parses `sfofd:MOUNT:NODE:FH:FLAGS` (MOUNT in hex) from a memfd's magic
+/// link target (`/memfd:NAME (deleted)`): (mount, node, fh, flags).
+fn parse_name(link: &[u8]) -> Option<(u64, u64, u64, i32)> {
     let name = link.strip_prefix(b"/memfd:")?.strip_prefix(PREFIX)?;
     let name = name.strip_suffix(b" (deleted)").unwrap_or(name);
     let mut it = std::str::from_utf8(name).ok()?.split(':');
+    let mount = u64::from_str_radix(it.next()?, 16).ok()?;
     let node = it.next()?.parse().ok()?;
     let fh = it.next()?.parse().ok()?;
     let flags = it.next()?.parse().ok()?;
-    it.next().is_none().then_some((node, fh, flags))
+    it.next().is_none().then_some((mount, node, fh, flags))
 }
 
 fn inspect(fd: i32) -> Option<Found> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-    let (node, fh, flags) = parse_name(link.as_os_str().as_encoded_bytes())?;
+    let (mount, node, fh, flags) = parse_name(link.as_os_str().as_encoded_bytes())?;
     let mut st: libc::stat = crate::user::zeroed();
-    if raw(
+    let r = raw(
         libc::SYS_fstat,
         i64::from(fd),
         &mut st as *mut libc::stat as i64,
@@ -164,30 +169,14 @@ fn inspect(fd: i32) -> Option<Found> {
         0,
         0,
         0,
-    ) != 0
-    {
-        return None;
-    }
-    let mut buf = vec![0u8; 2 * libc::PATH_MAX as usize];
-    let n = raw(
-        libc::SYS_pread64,
-        i64::from(fd),
-        buf.as_mut_ptr() as i64,
-        buf.len() as i64,
-        0,
-        0,
-        0,
     );
-    let data = buf.get(..usize::try_from(n).ok()?)?;
-    let nul = data.iter().position(|&b| b == 0)?;
-    Some(Found {
+    (r == 0).then_some(Found {
         fd,
         ino: st.st_ino,
+        mount,
         node,
         fh,
         flags,
-        mountpoint: data[..nul].to_vec(),
-        path: data[nul + 1..].to_vec(),
     })
 }
 
@@ -216,7 +205,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
             _ => {
                 let Some(vfs) = mounts
                     .iter()
-                    .find(|m| m.mountpoint() == d.mountpoint.as_slice() && m.client().shared())
+                    .find(|m| mount_hash(m.mountpoint()) == d.mount && m.client().shared())
                 else {
                     continue;
                 };
@@ -232,7 +221,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
                 if own < 0 {
                     continue;
                 }
-                let f = vfs.adopt(NodeId(d.node), d.fh, d.flags, d.path, owned_file(own));
+                let f = vfs.adopt(NodeId(d.node), d.fh, d.flags, Vec::new(), owned_file(own));
                 last = Some((d.ino, f.clone()));
                 f
             }
@@ -249,16 +238,20 @@ mod tests {
 
     #[test]
     fn names_parse_back_and_others_are_refused() {
-        assert_eq!(parse_name(b"/memfd:sfofd:12:7:32769 (deleted)"), Some((12, 7, 32769)));
-        assert_eq!(parse_name(b"/memfd:sfofd:12:7:-1"), Some((12, 7, -1)));
+        assert_eq!(
+            parse_name(b"/memfd:sfofd:00000000000000ff:12:7:32769 (deleted)"),
+            Some((255, 12, 7, 32769))
+        );
+        assert_eq!(parse_name(b"/memfd:sfofd:a:12:7:-1"), Some((10, 12, 7, -1)));
         for other in [
             &b"/memfd:shortfuse-placeholder (deleted)"[..],
-            b"/memfd:sfofd:12:7 (deleted)",
-            b"/memfd:sfofd:12:7:1:9 (deleted)",
-            b"/memfd:sfofd:x:7:1 (deleted)",
-            b"/tmp/sfofd:1:2:3",
+            b"/memfd:sfofd:1:12:7 (deleted)",
+            b"/memfd:sfofd:1:12:7:1:9 (deleted)",
+            b"/memfd:sfofd:x:1:7:1 (deleted)",
+            b"/tmp/sfofd:1:2:3:4",
         ] {
             assert_eq!(parse_name(other), None, "{}", String::from_utf8_lossy(other));
         }
+        assert_ne!(mount_hash(b"/mnt/a"), mount_hash(b"/mnt/b"));
     }
 }
