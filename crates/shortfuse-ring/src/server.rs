@@ -528,7 +528,14 @@ impl Conn {
             reply.clear();
         }
         let ok = reply.len() >= 16 && abi::fuse_out_header::read_from_prefix(reply).is_ok_and(|(o, _)| o.error == 0);
-        if !tracked(h.opcode) {
+        // A failed request hands out nothing and changes nothing; only the
+        // ones giving something back count when they fail (a stat of a
+        // missing name skips the parse and the lock).
+        let gives_back = matches!(
+            h.opcode,
+            abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET | abi::FUSE_RELEASE | abi::FUSE_RELEASEDIR
+        );
+        if !tracked(h.opcode) || !(ok || gives_back) {
             return;
         }
         let Ok(parsed) = abi::parse(req) else {
