@@ -160,7 +160,10 @@ impl Config {
     /// files except the seed-004 uring-passthrough pairing and the network
     /// rows; `thesis` is seed 000's comparison (native, dev, Debian's sshfs
     /// with and without the kernel page cache, our sftp in the daemon and
-    /// in process without and with the user-space cache).
+    /// in process without and with the user-space cache); `latency` and
+    /// `meta` (issue 7's fxmark workloads: run it with `--threads 1` and
+    /// `--threads 2`) add the shim in process (`preload`) and over the
+    /// rings (`ring`).
     pub fn defaults(suite: &str) -> Vec<Config> {
         let names: &[&str] = match suite {
             "transport" => &[
@@ -187,7 +190,7 @@ impl Config {
                 "sftp-preload-cache",
             ],
             "programs" => &["native", "preload", "preload-nomaps", "ring", "dev", "uring"],
-            "latency" => &[
+            "latency" | "meta" => &[
                 "native",
                 "preload",
                 "ring",
