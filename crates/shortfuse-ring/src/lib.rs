@@ -7,7 +7,11 @@
 //! for `max_write`, and a notification ring. Requests and replies are FUSE
 //! messages, so the daemon serves them with the same `Dispatcher` as the
 //! /dev/fuse and io_uring sessions. Both sides poll a bounded time, then
-//! sleep on a futex in the shared memory ([`wait`]).
+//! sleep on a futex in the shared memory, the worker of a queue on another
+//! CPU than the clients submitting there ([`wait`], with the measurements
+//! behind the parameters: an empty round trip takes about 1.1 µs, a stat
+//! of a missing name through the shim about 2 µs, 5 times less than over
+//! /dev/fuse on the same loaded machine).
 //!
 //! - [`RingClient`]: the program's side (used by `shortfuse-vfs`'s ring
 //!   backend inside the preload shim).

@@ -79,7 +79,7 @@ impl Default for ServerConfig {
 }
 
 /// The default spin budget of both sides, in microseconds (see
-/// `shortfuse serve --help` for what was measured).
+/// [`crate::wait`] for what was measured on 2 cores).
 pub const DEFAULT_SPIN_US: u64 = 20;
 
 impl ServerConfig {

@@ -22,14 +22,26 @@
 //!   [`BACKOFF`] waits sleep at once. An idle client or daemon sleeps.
 //!
 //! Measured with `ring_rtt` (release, empty GETATTRs, p50, while 4 other
-//! engineers compiled: load 6 to 11 on 2 CPUs): yielding every 16 polls
-//! from the start and workers anywhere, 2.9 to 3.8 µs; a worker off the
-//! client's CPU and [`EAGER`] of 2 µs, 1.0 to 1.3 µs; the eager phase with
-//! the workers anywhere, 6.4 to 7.2 µs (client and worker taking turns on
-//! one CPU); one queue (one worker, anywhere), 6.4 to 8.0 µs. Through
-//! the shim (`shortfuse bench transport --quick`, same runs), a stat of a
-//! missing name on `null` went from 5.9-6.4 to 2.1-2.5 µs p50 (in process:
-//! 1.4 to 1.5 µs), a create from 27-29 to 9.8-10.5 µs.
+//! engineers compiled: load 6 to 14 on 2 CPUs; compare within a line):
+//! - yielding every 16 polls from the start, workers anywhere (before):
+//!   2.9 to 3.8 µs; a worker off the client's CPU and [`EAGER`] of 2 µs:
+//!   1.0 to 1.3 µs; the eager phase with the workers anywhere: 6.4 to
+//!   7.2 µs (client and worker taking turns on one CPU).
+//! - one queue (one worker, on either CPU): 7.9 to 8.0 µs; two: 1.1 to
+//!   1.3 µs.
+//! - spin budget 0 (a futex wait and wake each time): 17 µs; 5 µs: the
+//!   same p50 as 20 µs but p99 35 µs against 17 µs (the worker is often
+//!   asleep when the next call of a program comes); 50 µs: p50 and p99 as
+//!   20 µs, mean 6.0-6.4 µs against 6.7-7.3 µs, for 2.5 times the CPU
+//!   burnt before each sleep. Hence 20 µs.
+//!
+//! Through the shim (`shortfuse bench transport --quick --configs
+//! null-dev,null-uring,null-ring,null-preload`, p50, 3 runs): a stat of a
+//! missing name on `null` went from 5.9-6.4 µs to 1.9-2.2 µs (in process
+//! 1.2-1.3 µs; /dev/fuse 10.0-11.2 µs, FUSE over io_uring 9.3-9.8 µs in
+//! the same runs: half of the 20.5 µs /dev/fuse took on a quieter machine
+//! earlier, probably because busy CPUs wake faster), open+close of the
+//! root (2 round trips) from 12.0-12.7 µs to 4.7-5.0 µs.
 
 use std::cell::Cell;
 use std::hint::spin_loop;
@@ -44,7 +56,7 @@ pub const BACKOFF: u32 = 16;
 pub const EAGER: Duration = Duration::from_micros(2);
 
 /// Polls between two looks at the clock (a `pause` takes 10 to 140 cycles
-/// depending on the CPU; a clock read about 30 ns).
+/// depending on the CPU, 80 ns here; a clock read 30 to 100 ns).
 const BATCH: u32 = 16;
 
 /// One waiter's polling state (a worker's, or a client thread's).
