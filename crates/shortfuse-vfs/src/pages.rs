@@ -14,7 +14,8 @@
 //!   a file is as short as the file, and a read at EOF costs nothing).
 //! - Close-to-open: at open, the size and mtime the file system reports are
 //!   compared with what the cache last saw; pages of a file changed
-//!   elsewhere are dropped. Within an open, this process's view is its
+//!   elsewhere, or changed too recently to tell (`shortfuse::cache::seen`),
+//!   are dropped. Within an open, this process's view is its
 //!   pages.
 //!
 //! Files opened with a data map never come here: their data is in backing
@@ -28,15 +29,15 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shortfuse::cache::page::{Page, PageStore};
-use shortfuse::cache::{CacheConfig, CacheStats};
-use shortfuse::{Attr, Errno, NodeId, Timestamp};
+use shortfuse::cache::{CacheConfig, CacheStats, Seen};
+use shortfuse::{Attr, Errno, NodeId};
 
 #[derive(Default)]
 struct NodeInfo {
     /// The file's size as this process knows it, once known.
     size: Option<u64>,
-    /// Size and mtime last seen from the file system.
-    seen: Option<(u64, Timestamp)>,
+    /// Size and mtime last seen from the file system, and when.
+    seen: Option<Seen>,
     /// Where the next sequential read would start.
     next: u64,
     /// Bumped by every change to the node's pages.
@@ -110,10 +111,10 @@ impl PageCache {
     /// drops its pages when the file changed since the cache saw it.
     pub fn opened(&self, node: NodeId, attr: &Attr) {
         let mut inner = self.lock();
-        let now = Some((attr.size, attr.mtime));
+        let now = Seen::now(attr);
         let info = inner.nodes.entry(node.0).or_default();
-        let changed = info.seen != now;
-        info.seen = now;
+        let changed = !info.seen.is_some_and(|old| old.still_holds(&now));
+        info.seen = Some(now);
         info.size = Some(attr.size);
         info.wrote = false;
         if changed {
@@ -132,7 +133,7 @@ impl PageCache {
     /// made elsewhere at the next open.
     pub fn seen(&self, node: NodeId, attr: &Attr) {
         if let Some(i) = self.lock().nodes.get_mut(&node.0) {
-            i.seen = Some((attr.size, attr.mtime));
+            i.seen = Some(Seen::now(attr));
             i.wrote = false;
         }
     }
@@ -346,6 +347,7 @@ impl PageCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shortfuse::Timestamp;
     use std::cell::RefCell;
 
     const PS: usize = 4096;

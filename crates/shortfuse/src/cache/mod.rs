@@ -31,8 +31,8 @@
 //!
 //! Close-to-open: `open` asks the inner file system for the size and
 //! mtime, and drops the node's pages when they differ from what the cache
-//! last saw, so a change made elsewhere (on the server) shows after
-//! reopening; within an open, the cache's pages and size are what reads
+//! last saw, or when the mtime was too recent to tell ([`seen`]), so a
+//! change made elsewhere (on the server) shows after reopening; within an open, the cache's pages and size are what reads
 //! see. Attributes and names changed elsewhere show after `meta_ttl`.
 //!
 //! Lock order: `state` (pages, per-node state), then `meta`; write-backs
@@ -42,8 +42,9 @@
 
 pub mod options;
 pub mod page;
+pub mod seen;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
@@ -58,6 +59,7 @@ use crate::types::*;
 pub use options::{CacheMode, CacheOptions, CACHE_KEYS, CACHE_OPTION_HELP};
 use page::{FxBuild, Page, PageStore, Store};
 pub use page::{FxHasher, Policy};
+pub use seen::Seen;
 
 /// How the cache is sized and behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,8 +114,8 @@ struct NodeState {
     size: Option<u64>,
     /// Where the next sequential read would start.
     next: u64,
-    /// Size and mtime the inner file system last reported.
-    seen: Option<(u64, Timestamp)>,
+    /// Size and mtime the inner file system last reported, and when.
+    seen: Option<Seen>,
     /// Dirty data went to the inner file system since `seen` was taken.
     wrote: bool,
     /// Dirty pages of the node in the cache (so that a clean node's
@@ -130,6 +132,22 @@ struct State {
     /// Source of generations: never repeats, so a node dropped and
     /// recreated does not pass for unchanged.
     counter: u64,
+    /// Handles the inner file system opened write-only (see [`readable`]).
+    write_only: HashSet<u64>,
+}
+
+/// Opens with `open`, a write-only open made readable as the kernel does
+/// under its write-back cache: a write of part of a page the cache does
+/// not hold must read the rest. A file the caller may write but not read
+/// is opened as asked; true then, and its writes go straight through.
+fn readable<T>(flags: i32, open: impl Fn(i32) -> Result<T>) -> Result<(T, bool)> {
+    if flags & libc::O_ACCMODE != libc::O_WRONLY {
+        return open(flags).map(|o| (o, false));
+    }
+    match open((flags & !libc::O_ACCMODE) | libc::O_RDWR) {
+        Err(e) if e == Errno::EACCES || e == Errno::EPERM => open(flags).map(|o| (o, true)),
+        r => r.map(|o| (o, false)),
+    }
 }
 
 impl State {
@@ -352,6 +370,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
                 pages,
                 nodes: HashMap::new(),
                 counter: 0,
+                write_only: HashSet::new(),
             }),
             meta: Mutex::new(MetaCache::new(config.policy, config.meta_entries)),
             stats: Arc::new(CacheStats::default()),
@@ -684,7 +703,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         let a = self.inner.setattr(req, node, set)?;
         if set.size.is_some() {
             if let Some(ns) = self.lock().nodes.get_mut(&node.0) {
-                ns.seen = Some((a.size, a.mtime));
+                ns.seen = Some(Seen::now(&a));
                 ns.wrote = false;
             }
         }
@@ -752,10 +771,13 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     }
 
     fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
-        let mut opened = self.inner.open(req, node, flags)?;
+        let (mut opened, write_only) = readable(flags, |f| self.inner.open(req, node, f))?;
         // The data must pass through the cache, not around it.
         opened.data_map = None;
         let mut st = self.lock();
+        if write_only {
+            st.write_only.insert(opened.fh.0);
+        }
         if flags & libc::O_TRUNC != 0 {
             self.drop_pages(&mut st, node.0);
             st.nodes.remove(&node.0);
@@ -765,10 +787,11 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             // Close-to-open: the file changed elsewhere since we cached it.
             let now = self.inner.getattr(req, node, Some(opened.fh)).ok();
             let ns = st.nodes.entry(node.0).or_default();
-            let seen = now.map(|a| (a.size, a.mtime));
-            if seen.is_none() || ns.seen != seen {
+            let seen = now.as_ref().map(Seen::now);
+            let holds = matches!((&ns.seen, &seen), (Some(old), Some(new)) if old.still_holds(new));
+            if !holds {
                 ns.seen = seen;
-                ns.size = seen.map(|n| n.0);
+                ns.size = seen.map(|n| n.size());
                 ns.wrote = false;
                 self.drop_pages(&mut st, node.0);
             }
@@ -781,17 +804,20 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     }
 
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
-        let mut c = self.inner.create(req, parent, name, new, flags)?;
+        let (mut c, write_only) = readable(flags, |f| self.inner.create(req, parent, name, new, f))?;
         c.opened.data_map = None;
         self.remember(parent, name, &c.entry);
         let mut st = self.lock();
+        if write_only {
+            st.write_only.insert(c.opened.fh.0);
+        }
         self.drop_pages(&mut st, c.entry.node.0);
         st.nodes.insert(
             c.entry.node.0,
             NodeState {
                 size: Some(c.entry.attr.size),
                 next: 0,
-                seen: Some((c.entry.attr.size, c.entry.attr.mtime)),
+                seen: Some(Seen::now(&c.entry.attr)),
                 wrote: false,
                 dirty: 0,
                 generation: 0,
@@ -885,9 +911,10 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
     }
 
     fn write(&self, _req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
-        if args.flags & libc::O_APPEND as u32 != 0 {
-            // The inner file system decides where appends land.
-            let mut st = self.lock();
+        let mut st = self.lock();
+        if args.flags & libc::O_APPEND as u32 != 0 || st.write_only.contains(&fh.0) {
+            // The inner file system decides where appends land; a handle
+            // that cannot read cannot fill the rest of a page.
             self.flush_pages(&mut st, Some(node.0))?;
             self.drop_pages(&mut st, node.0);
             st.nodes.remove(&node.0);
@@ -896,7 +923,6 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             return self.inner.write(&req0(), node, fh, data, args);
         }
         let ps = self.ps();
-        let mut st = self.lock();
         let size = match st.nodes.get(&node.0).and_then(|n| n.size) {
             Some(s) => s,
             None => {
@@ -971,13 +997,14 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
 
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
         let mut st = self.lock();
+        st.write_only.remove(&fh.0);
         let r = self.flush_pages(&mut st, Some(node.0));
         // What the inner file system now holds is what the cache wrote:
         // the next open must not take it for a change made elsewhere.
         if st.nodes.get(&node.0).is_some_and(|ns| ns.wrote) && r.is_ok() {
             let now = self.inner.getattr(req, node, Some(fh)).ok();
             if let Some(ns) = st.nodes.get_mut(&node.0) {
-                ns.seen = now.map(|a| (a.size, a.mtime));
+                ns.seen = now.as_ref().map(Seen::now);
                 ns.wrote = false;
             }
         }

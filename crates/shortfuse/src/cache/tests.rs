@@ -399,3 +399,30 @@ fn concurrent_readers_and_writers_leave_the_cache_equal_to_the_file() {
     let inner = fs.inner().data(7);
     assert!(read(&fs, 0, 16 * PS) == inner, "the cache and the file differ");
 }
+
+#[test]
+fn write_only_opens_are_made_readable_unless_refused() {
+    let asked = Mutex::new(Vec::new());
+    let open = |refuse_read: bool| {
+        asked.lock().unwrap().clear();
+        readable(libc::O_WRONLY | libc::O_APPEND, |f| {
+            asked.lock().unwrap().push(f);
+            if refuse_read && f & libc::O_ACCMODE == libc::O_RDWR {
+                Err(Errno::EACCES)
+            } else {
+                Ok(f)
+            }
+        })
+    };
+    assert_eq!(open(false).unwrap(), (libc::O_RDWR | libc::O_APPEND, false));
+    assert_eq!(open(true).unwrap(), (libc::O_WRONLY | libc::O_APPEND, true));
+    assert_eq!(
+        *asked.lock().unwrap(),
+        [libc::O_RDWR | libc::O_APPEND, libc::O_WRONLY | libc::O_APPEND]
+    );
+    assert_eq!(readable(libc::O_RDONLY, Ok).unwrap(), (libc::O_RDONLY, false));
+    assert_eq!(
+        readable(libc::O_WRONLY, |_| Err::<i32, _>(Errno::ENOENT)),
+        Err(Errno::ENOENT)
+    );
+}
