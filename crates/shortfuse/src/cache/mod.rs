@@ -121,6 +121,9 @@ struct NodeState {
     /// Dirty pages of the node in the cache (so that a clean node's
     /// flush and size check look at no page).
     dirty: usize,
+    /// When the last write the cache holds came: the file's mtime and
+    /// ctime while its data waits here.
+    written: Option<Timestamp>,
     /// Changed (from [`State::counter`]) by every change to the node's
     /// data; 0 until a read needs it.
     generation: u64,
@@ -557,13 +560,21 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         Ok(end as usize)
     }
 
-    /// The size to report for `node` when it has dirty data.
-    fn dirty_size(&self, node: u64) -> Option<u64> {
+    /// `attr` of `node` as the cache's dirty data makes it: the size it
+    /// reaches and the time of the last write held.
+    fn with_dirty(&self, node: u64, attr: &mut Attr) {
         let mut st = self.lock();
-        if Self::has_dirty(&mut st, node) {
-            st.nodes.get(&node).and_then(|n| n.size)
-        } else {
-            None
+        if !Self::has_dirty(&mut st, node) {
+            return;
+        }
+        let Some(ns) = st.nodes.get(&node) else { return };
+        if let Some(size) = ns.size {
+            attr.size = size;
+            attr.blocks = size.div_ceil(512);
+        }
+        if let Some(t) = ns.written {
+            attr.mtime = attr.mtime.max(t);
+            attr.ctime = attr.ctime.max(t);
         }
     }
 }
@@ -627,9 +638,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
                 e
             }
         };
-        if let Some(size) = self.dirty_size(e.node.0) {
-            e.attr.size = size;
-        }
+        self.with_dirty(e.node.0, &mut e.attr);
         Ok(e)
     }
 
@@ -676,17 +685,17 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
                 a
             }
         };
-        if let Some(size) = self.dirty_size(node.0) {
-            a.size = size;
-            a.blocks = size.div_ceil(512);
-        }
+        self.with_dirty(node.0, &mut a);
         Ok(a)
     }
 
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         let mut st = self.lock();
-        if let Some(size) = set.size {
+        if set.size.is_some() || set.mtime.is_some() {
+            // Written back later, the pages would move an mtime set now.
             self.flush_pages(&mut st, Some(node.0))?;
+        }
+        if let Some(size) = set.size {
             // Clean now: the pages from the one holding the lower of the old
             // and new end of file go (a short old last page would read as
             // the end of a file that grew; pages past a shrunk end are gone).
@@ -700,8 +709,8 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         }
         drop(st);
         self.meta().drop_attr(node.0);
-        let a = self.inner.setattr(req, node, set)?;
-        if set.size.is_some() {
+        let mut a = self.inner.setattr(req, node, set)?;
+        if set.size.is_some() || set.mtime.is_some() {
             if let Some(ns) = self.lock().nodes.get_mut(&node.0) {
                 ns.seen = Some(Seen::now(&a));
                 ns.wrote = false;
@@ -710,6 +719,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         if let Some(exp) = self.expiry(None) {
             self.meta().set_attr(node.0, a, exp);
         }
+        self.with_dirty(node.0, &mut a);
         Ok(a)
     }
 
@@ -820,6 +830,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
                 seen: Some(Seen::now(&c.entry.attr)),
                 wrote: false,
                 dirty: 0,
+                written: None,
                 generation: 0,
             },
         );
@@ -980,6 +991,7 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         }
         let ns = st.nodes.entry(node.0).or_default();
         ns.size = Some(size.max(end));
+        ns.written = Some(Timestamp::now());
         st.bump(node.0);
         self.meta().drop_attr(node.0);
         Ok(data.len())
