@@ -183,14 +183,9 @@ impl Conn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
         lock(&self.pending).insert(id, tx);
-        let frame = proto::encode(&ClientMsg { id, req }).map_err(|_| Errno::EINVAL)?;
-        {
-            let mut w = lock(&self.writer);
-            if w.write_all(&frame).and_then(|()| w.flush()).is_err() {
-                drop(w);
-                self.kill();
-                return Err(Errno::ENOTCONN);
-            }
+        if let Err(e) = self.write(id, req) {
+            lock(&self.pending).remove(&id);
+            return Err(e);
         }
         match rx.recv_timeout(timeout) {
             Ok(Reply::Err(e)) => Err(Errno::from_raw(e)),
@@ -210,6 +205,11 @@ impl Conn {
             return Err(Errno::ENOTCONN);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.write(id, req)
+    }
+
+    /// Writes request `id`; a connection that cannot take it is ended.
+    fn write(&self, id: u64, req: Request) -> Result<()> {
         let frame = proto::encode(&ClientMsg { id, req }).map_err(|_| Errno::EINVAL)?;
         let mut w = lock(&self.writer);
         if w.write_all(&frame).and_then(|()| w.flush()).is_err() {
