@@ -28,7 +28,9 @@ test-rust:
 # configurations (and what each legitimately does not support) are declared
 # in tests/sfmount.py, FILE_SYSTEMS. No -x: one failing configuration must
 # not hide the others; -rfE lists every failure at the end.
-export SHORTFUSE_FS ?= mem,passthrough,passthrough+kp,stripe,pack
+# NAME@TRANSPORT pins a configuration to one transport: sftp and dist are
+# slow, and their transport code is everyone's.
+export SHORTFUSE_FS ?= mem,passthrough,passthrough+kp,stripe,pack,sftp@dev,dist@dev
 export SHORTFUSE_TRANSPORTS ?= dev,uring
 test-mounted: build
 	$(PYTHON) -m pytest -q -rfE -p no:cacheprovider --durations=15 tests/

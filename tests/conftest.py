@@ -8,7 +8,8 @@ Environment:
   SHORTFUSE_BIN         the binary (default target/debug/shortfuse)
   SHORTFUSE_FS          configurations, comma-separated, from sfmount.FILE_SYSTEMS:
                         mem, passthrough, passthrough+kp, stripe, pack, dist, sftp (default
-                        mem,passthrough; `bindfs` adds Debian's bindfs as a peer)
+                        mem,passthrough; `bindfs` adds Debian's bindfs as a peer);
+                        NAME@TRANSPORT runs one on that transport only (sftp@dev)
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
   SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
 """

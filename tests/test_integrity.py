@@ -314,7 +314,7 @@ def _fio(directory, *args: str, timeout: float = 600) -> dict:
 
 @pytest.mark.deadline(600)
 def test_fio_verify(mnt):
-    size = 32 << 20
+    size = mnt.config.spec.fio_mib << 20
     report = _fio(
         mnt.path,
         "--name=randwrite-verify",
@@ -338,7 +338,7 @@ def test_fio_verify(mnt):
         "--name=seq-verify",
         "--rw=write",
         "--bs=1M",
-        "--size=32M",
+        f"--size={size}",
         "--numjobs=2",
         "--ioengine=psync",
         "--verify=crc32c",
