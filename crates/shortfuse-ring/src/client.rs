@@ -267,7 +267,7 @@ impl RingClient {
     }
 
     /// Gives the open handle `fh` of `node` to the open file description
-    /// of `description` (see [`crate::proto::AnchorMsg`]): the daemon then
+    /// of `description` (an `AnchorMsg` on the socket): the daemon then
     /// releases it when the kernel closes that description, in whichever
     /// process holds it last; the caller sends no RELEASE for it.
     pub fn anchor(&self, node: u64, fh: u64, dir: bool, description: BorrowedFd<'_>) -> Result<(), Errno> {
