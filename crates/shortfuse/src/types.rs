@@ -299,6 +299,30 @@ pub struct Lock {
     pub pid: u32,
 }
 
+impl From<&shortfuse_abi::fuse_file_lock> for Lock {
+    fn from(lk: &shortfuse_abi::fuse_file_lock) -> Lock {
+        Lock {
+            start: lk.start,
+            end: lk.end,
+            typ: lk.typ as i32,
+            pid: lk.pid,
+        }
+    }
+}
+
+impl From<Lock> for shortfuse_abi::fuse_lk_out {
+    fn from(l: Lock) -> shortfuse_abi::fuse_lk_out {
+        shortfuse_abi::fuse_lk_out {
+            lk: shortfuse_abi::fuse_file_lock {
+                start: l.start,
+                end: l.end,
+                typ: l.typ as u32,
+                pid: l.pid,
+            },
+        }
+    }
+}
+
 /// Arguments of `copy_file_range`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyRange {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use shortfuse::Transport;
 use shortfuse_abi as abi;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::FromBytes;
 
 use super::{error_reply, lock, Conn, Shared};
 use crate::anchors::{Anchors, Held, DESCRIPTION_OWNER};
@@ -85,31 +85,11 @@ impl Conn {
             error_reply(reply, h.unique, libc::EINVAL);
             return Some(Locked::Done);
         };
-        let lock = shortfuse::Lock {
-            start: arg.lk.start,
-            end: arg.lk.end,
-            typ: arg.lk.typ as i32,
-            pid: arg.lk.pid,
-        };
+        let lock = shortfuse::Lock::from(&arg.lk);
         let (node, owner) = (h.nodeid, arg.owner);
         let r = if h.opcode == abi::FUSE_GETLK {
             let l = shared.locks.test(node, owner, &lock);
-            let out = abi::fuse_lk_out {
-                lk: abi::fuse_file_lock {
-                    start: l.start,
-                    end: l.end,
-                    typ: l.typ as u32,
-                    pid: l.pid,
-                },
-            };
-            reply.clear();
-            let hdr = abi::fuse_out_header {
-                len: (16 + std::mem::size_of::<abi::fuse_lk_out>()) as u32,
-                error: 0,
-                unique: h.unique,
-            };
-            reply.extend_from_slice(hdr.as_bytes());
-            reply.extend_from_slice(out.as_bytes());
+            shortfuse::dispatch::encode::reply_struct(reply, h.unique, &abi::fuse_lk_out::from(l));
             shared.stats.record(h.opcode, Transport::Ring, nanos(start));
             return Some(Locked::Done);
         } else if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {

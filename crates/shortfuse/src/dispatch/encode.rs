@@ -30,7 +30,7 @@ pub(crate) fn finish(buf: &mut [u8]) {
 }
 
 /// A whole reply carrying one struct.
-pub(crate) fn reply_struct<T: IntoBytes + zerocopy::Immutable>(buf: &mut Vec<u8>, unique: u64, value: &T) {
+pub fn reply_struct<T: IntoBytes + zerocopy::Immutable>(buf: &mut Vec<u8>, unique: u64, value: &T) {
     begin(buf, unique);
     buf.extend_from_slice(value.as_bytes());
     finish(buf);

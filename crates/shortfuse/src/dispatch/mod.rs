@@ -26,7 +26,7 @@
 //!   kernel remembers for most of them.
 
 mod dir;
-mod encode;
+pub mod encode;
 mod init;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -472,16 +472,8 @@ impl Dispatcher {
                 ok(reply, unique)
             }
             Operation::Getlk { arg } => {
-                let lock = fs.getlk(&req, node, FileHandle(arg.fh), arg.owner, &lock_in(&arg.lk))?;
-                let out = abi::fuse_lk_out {
-                    lk: abi::fuse_file_lock {
-                        start: lock.start,
-                        end: lock.end,
-                        typ: lock.typ as u32,
-                        pid: lock.pid,
-                    },
-                };
-                reply_struct(reply, unique, &out);
+                let lock = fs.getlk(&req, node, FileHandle(arg.fh), arg.owner, &Lock::from(&arg.lk))?;
+                reply_struct(reply, unique, &abi::fuse_lk_out::from(lock));
                 Ok(Outcome::Reply)
             }
             Operation::Setlk { arg } => self.setlk(fs, &req, node, &arg, false, reply, unique),
@@ -666,7 +658,7 @@ impl Dispatcher {
             }
             fs.flock(req, node, fh, arg.owner, op)?;
         } else {
-            fs.setlk(req, node, fh, arg.owner, &lock_in(&arg.lk), sleep)?;
+            fs.setlk(req, node, fh, arg.owner, &Lock::from(&arg.lk), sleep)?;
         }
         ok(reply, unique)
     }
@@ -702,15 +694,6 @@ fn xattr_reply(reply: &mut Vec<u8>, unique: u64, size: u32, value: &[u8]) -> Ser
         reply_bytes(reply, unique, value);
     }
     Ok(Outcome::Reply)
-}
-
-fn lock_in(lk: &abi::fuse_file_lock) -> Lock {
-    Lock {
-        start: lk.start,
-        end: lk.end,
-        typ: lk.typ as i32,
-        pid: lk.pid,
-    }
 }
 
 fn copy_range(node: NodeId, arg: &abi::fuse_copy_file_range_in) -> CopyRange {
