@@ -17,7 +17,7 @@
 //! its increment keeps it alive) or finds no entry and publishes a new inode
 //! with a new node id: a freed inode is never handed out again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -81,7 +81,9 @@ impl Inode {
 
 struct Maps {
     by_key: HashMap<InodeKey, Arc<Inode>>,
-    by_node: HashMap<u64, Arc<Inode>>,
+    /// Ordered, so that the shedding sweep is a clock: it goes on from
+    /// where the last one stopped instead of from the same place each time.
+    by_node: BTreeMap<u64, Arc<Inode>>,
     next_node: u64,
 }
 
@@ -89,6 +91,8 @@ struct Maps {
 pub struct InodeTable {
     maps: RwLock<Maps>,
     budget: Arc<Budget>,
+    /// The node the last sweep stopped at.
+    hand: AtomicU64,
 }
 
 impl InodeTable {
@@ -104,7 +108,7 @@ impl InodeTable {
         });
         let mut maps = Maps {
             by_key: HashMap::new(),
-            by_node: HashMap::new(),
+            by_node: BTreeMap::new(),
             next_node: NodeId::ROOT.0 + 1,
         };
         maps.by_key.insert(root.key, root.clone());
@@ -112,6 +116,7 @@ impl InodeTable {
         InodeTable {
             maps: RwLock::new(maps),
             budget,
+            hand: AtomicU64::new(0),
         }
     }
 
@@ -143,13 +148,14 @@ impl InodeTable {
             return;
         }
         let maps = self.read();
-        for _ in 0..2 {
-            for inode in maps.by_node.values() {
-                if inode.path.shed(inode.nopen.load(Ordering::Relaxed) > 0) {
-                    excess -= 1;
-                    if excess == 0 {
-                        return;
-                    }
+        let hand = self.hand.load(Ordering::Relaxed);
+        let round = maps.by_node.range(hand + 1..).chain(maps.by_node.range(..=hand));
+        for (&node, inode) in round.clone().chain(round) {
+            if inode.path.shed(inode.nopen.load(Ordering::Relaxed) > 0) {
+                excess -= 1;
+                if excess == 0 {
+                    self.hand.store(node, Ordering::Relaxed);
+                    return;
                 }
             }
         }
