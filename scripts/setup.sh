@@ -23,6 +23,10 @@ declare -A CMD_PKG=(
     [git]=git
     [sqlite3]=sqlite3
     [make]=make
+    # distfs scale-out: metadata and leases on etcd; etcd-client's build
+    # runs protoc.
+    [etcd]=etcd-server
+    [protoc]=protobuf-compiler
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do
@@ -30,6 +34,9 @@ for cmd in "${!CMD_PKG[@]}"; do
 done
 # The bench's plots are labelled with DejaVu Sans.
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+# protoc's well-known types (google/protobuf/*.proto), which etcd-client's
+# protos import.
+[ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 # libfuse3-dev has no command: the header tells.
 [ -e /usr/include/fuse3/fuse_lowlevel.h ] || missing+=(libfuse3-dev)
 # pytest for whichever python3 is first on PATH.

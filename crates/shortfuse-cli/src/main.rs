@@ -97,10 +97,15 @@ enum Command {
 
 #[derive(Subcommand)]
 enum DistCommand {
-    /// Serve DIR (metadata and blocks) on ADDR until stopped.
+    /// Serve DIR (metadata and blocks) on ADDR until stopped; with --etcd,
+    /// serve as one agent of the file system whose metadata is in etcd.
     Up {
         #[arg(long, value_name = "DIR")]
         data: PathBuf,
+        /// etcd client URLs, comma-separated (http://IP:2379,...): metadata
+        /// in etcd, blocks under DIR (every agent names the same DIR).
+        #[arg(long, value_name = "URLS", value_delimiter = ',')]
+        etcd: Vec<String>,
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7420")]
         listen: std::net::SocketAddr,
     },
@@ -163,8 +168,8 @@ fn main() -> ExitCode {
             return ExitCode::from(shortfuse_bench::cli_main(&args).clamp(0, 255) as u8);
         }
         Command::Dist {
-            command: DistCommand::Up { data, listen },
-        } => shortfuse_dist::server::run_up(data, listen),
+            command: DistCommand::Up { data, etcd, listen },
+        } => shortfuse_dist::server::run_up(shortfuse_dist::server::ServerConfig::agent(etcd, data, listen)),
         Command::Dist {
             command:
                 DistCommand::Check {

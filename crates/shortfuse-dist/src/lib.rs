@@ -35,3 +35,4 @@ pub mod meta;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod server;
+pub mod testutil;

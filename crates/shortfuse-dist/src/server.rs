@@ -46,22 +46,41 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// (at most this late, a dead client's orphans are reaped).
 pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
 
+/// Where a server keeps its state: embedded (`data` only) or as an agent of
+/// the scale-out mode (`etcd`, with blocks under `data` until they move to
+/// S3).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Metadata under `DATA/meta`, blocks under `DATA/blocks`.
-    pub data: PathBuf,
+    /// Embedded: metadata under `DATA/meta`, leases `DATA/leases`, blocks
+    /// `DATA/blocks`. With `etcd`: only the blocks, under `DATA/blocks`
+    /// (every agent of the file system names the same directory).
+    pub data: Option<PathBuf>,
+    /// etcd client URLs (`http://IP:2379`): the metadata lives there and
+    /// this server is one of the agents serving that file system.
+    pub etcd: Vec<String>,
     pub listen: SocketAddr,
     pub block_size: u32,
     pub lease_ttl: Duration,
 }
 
 impl ServerConfig {
+    /// The embedded server over the data directory `data`.
     pub fn new(data: PathBuf, listen: SocketAddr) -> ServerConfig {
         ServerConfig {
-            data,
+            data: Some(data),
+            etcd: Vec::new(),
             listen,
             block_size: DEFAULT_BLOCK_SIZE,
             lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// An agent of the file system kept in etcd at `etcd`, its blocks under
+    /// `data`.
+    pub fn agent(etcd: Vec<String>, data: PathBuf, listen: SocketAddr) -> ServerConfig {
+        ServerConfig {
+            etcd,
+            ..ServerConfig::new(data, listen)
         }
     }
 }
@@ -98,9 +117,23 @@ impl DistServer {
                 format!("block size {} is outside 4 KiB..16 MiB", cfg.block_size),
             ));
         }
-        let meta = Arc::new(Meta::open(&cfg.data.join("meta"), new_node_id())?);
-        let blocks = BlockStore::local(&cfg.data.join("blocks"), cfg.block_size)?;
-        let leases = LeaseManager::open(cfg.lease_ttl, &cfg.data.join("leases"))?;
+        let Some(data) = &cfg.data else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the blocks need a data directory (--data DIR)",
+            ));
+        };
+        if !cfg.etcd.is_empty() {
+            // The etcd metadata service is being built (issue 10); serving
+            // from local metadata instead would split the file system.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "metadata on etcd is not available in this build",
+            ));
+        }
+        let meta = Arc::new(Meta::open(&data.join("meta"), new_node_id())?);
+        let blocks = BlockStore::local(&data.join("blocks"), cfg.block_size)?;
+        let leases = LeaseManager::open(cfg.lease_ttl, &data.join("leases"))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("distfs-server")
@@ -527,12 +560,17 @@ fn disk_space(dir: &std::path::Path, block_size: u32) -> (u64, u64) {
     (st.f_blocks * unit / bs, st.f_bavail * unit / bs)
 }
 
-/// `shortfuse dist up`: serves the data directory `data` on `listen` in the
-/// foreground until the process is stopped. Prints the address it listens
-/// on (useful with port 0) once clients can connect.
-pub fn run_up(data: PathBuf, listen: SocketAddr) -> std::io::Result<()> {
-    let server = DistServer::start(ServerConfig::new(data.clone(), listen))?;
-    println!("distfs: serving {} on {}", data.display(), server.addr());
+/// `shortfuse dist up`: serves `cfg` in the foreground until the process is
+/// stopped. Prints the address it listens on (useful with port 0) once
+/// clients can connect.
+pub fn run_up(cfg: ServerConfig) -> std::io::Result<()> {
+    let what = match (&cfg.etcd[..], &cfg.data) {
+        ([], Some(data)) => data.display().to_string(),
+        ([], None) => String::new(),
+        (etcd, _) => format!("etcd {}", etcd.join(",")),
+    };
+    let server = DistServer::start(cfg)?;
+    println!("distfs: serving {what} on {}", server.addr());
     use std::io::Write;
     std::io::stdout().flush()?;
     server.wait();
