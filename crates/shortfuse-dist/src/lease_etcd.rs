@@ -1,0 +1,1202 @@
+//! Leases, sessions and open files on etcd: the lease manager of one agent
+//! when several agents serve one file system (`shortfuse dist up --etcd`).
+//!
+//! The algorithms are those of [`crate::lease`] (seed 003, Algorithm 2):
+//! shared-read or exclusive-write per file, a conflicting request revokes
+//! the holders and waits for their release or their end. What changes is
+//! where the state lives: in etcd, so that every agent sees the leases of
+//! every other agent's clients, and a restarted agent finds its own.
+//!
+//! # Keys (under the prefix given to [`EtcdLeases::connect`])
+//!
+//! - `s/<client>`: a client's session. The session *is* an etcd lease (its
+//!   id is the [`ClientId`]); the value is its TTL in seconds. The agent
+//!   serving the client keeps it alive while the client renews, and ends
+//!   it (etcd `LeaseRevoke`) when the client's connection closes or it
+//!   stops renewing. Every key below is attached to the session's etcd
+//!   lease, so a client that is gone with its agent (nobody keeps the
+//!   session alive) loses everything after the etcd TTL.
+//! - `h/<gfi>/<client>`: a holder; the value is the mode (`r` or `w`), the
+//!   key's `mod_revision` is the lease id. A grant is one transaction:
+//!   compare that no key under `h/<gfi>/` changed since the holders were
+//!   read, then put the holder. Revisions never repeat, so lease ids are
+//!   unique across agents and restarts, and a release (a delete compared
+//!   on that revision) can never drop a newer lease.
+//! - `c/<client>/<gfi>`: the index of a session's holders (what a restarted
+//!   agent loads when the client resumes).
+//! - `r/<gfi>/<client>`: a waiting conflicting request (value: mode). Every
+//!   agent watches the prefix; the agent of a conflicting holder turns the
+//!   request into the [`ServerMsg::Revoke`] that its client already knows
+//!   (flush, then release). The release deletes the holder key; the
+//!   waiting agent sees the delete through its watch and grants.
+//! - `o/<gfi>/<client>`: `client` holds `gfi` open. Open files are shared
+//!   by every agent because an unlink through one agent must know whether
+//!   a client of another one has the file open.
+//!
+//! An agent is the only writer of the holder keys of the sessions it
+//! serves (besides etcd expiring them): it drops a holder that ignored a
+//! revocation for a TTL, and it fences I/O ([`EtcdLeases::begin_io`])
+//! with its own view of its sessions' holders, so the data path asks etcd
+//! nothing.
+//!
+//! # Clocks
+//!
+//! Clients get the TTL `ttl` and count it on their own clock from when
+//! they *sent* a renewal the agent confirmed ([`crate::conn`]). The etcd
+//! lease of a session has a longer TTL (1.5 `ttl`, at least etcd's 2 s).
+//! The agent counts it on its own clock too, from when it sent the last
+//! keep-alive etcd answered, and confirms a client's renewal only while
+//! that etcd lease is sure to outlive one more client TTL. So the client's
+//! lease always runs out, on its own clock, before etcd may drop the
+//! holder key and another agent grant the lease: an agent cut off from
+//! etcd stops confirming renewals one client TTL before its etcd leases
+//! could expire, its clients go write-through at their soft timeout and
+//! stop trusting their leases before anyone else gets them. An etcd lease
+//! that outlives its TTL (etcd extends them across a leader change) only
+//! delays the next grant. The agent also refuses I/O under a lease whose
+//! session's etcd lease it cannot vouch for ([`EtcdLeases::begin_io`]).
+//!
+//! # Restarts
+//!
+//! Nothing of a lease lives only in an agent. A killed agent's sessions
+//! stay in etcd for the etcd TTL; a client that reconnects meanwhile (to
+//! the restarted agent, or to any other) resumes its session with its
+//! leases and dirty cache ([`EtcdLeases::resume`]); revocations that
+//! waited for it are sent again.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use shortfuse::{Errno, Result};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::lease::RevokeSender;
+use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
+
+/// Longest wait for one etcd request before it counts as failed.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Operations per transaction when loading a session's holders (etcd's
+/// default limit is 128).
+const TXN_OPS: usize = 64;
+/// Pause before watching again after the watch failed.
+const WATCH_RETRY: Duration = Duration::from_millis(200);
+
+/// A session this agent serves.
+struct Session {
+    revokes: RevokeSender,
+    /// When the client last renewed (or resumed).
+    renewed: Instant,
+    /// The session's etcd lease lives at least until then (this agent's
+    /// clock: send time of the last keep-alive etcd answered, plus its TTL).
+    etcd_until: Instant,
+    etcd_ttl: Duration,
+}
+
+/// A lease held by a client of this agent.
+#[derive(Clone, Copy)]
+struct Held {
+    mode: LeaseMode,
+    lease: u64,
+    /// Given back: no new I/O; its key goes once the running I/O is done.
+    released: bool,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<ClientId, Session>,
+    held: HashMap<Gfi, HashMap<ClientId, Held>>,
+    /// Holders sent a revocation: lease id and when.
+    revoking: HashMap<(Gfi, ClientId), (u64, Instant)>,
+    /// Running data requests.
+    io: HashMap<(Gfi, ClientId), u32>,
+    /// Holder keys to delete (released; the first try failed).
+    unheld: Vec<(Gfi, ClientId, u64)>,
+    /// Files whose open keys were deleted: closed if none is left.
+    maybe_closed: HashSet<Gfi>,
+}
+
+impl State {
+    fn held(&self, gfi: Gfi, client: ClientId) -> Option<&Held> {
+        self.held.get(&gfi)?.get(&client)
+    }
+
+    fn drop_held(&mut self, gfi: Gfi, client: ClientId) {
+        if let Some(m) = self.held.get_mut(&gfi) {
+            m.remove(&client);
+            if m.is_empty() {
+                self.held.remove(&gfi);
+            }
+        }
+        self.revoking.remove(&(gfi, client));
+    }
+
+    fn drop_session(&mut self, client: ClientId) {
+        self.sessions.remove(&client);
+        self.held.retain(|_, m| {
+            m.remove(&client);
+            !m.is_empty()
+        });
+        self.revoking.retain(|(_, c), _| *c != client);
+        self.unheld.retain(|(_, c, _)| *c != client);
+    }
+}
+
+/// One agent's lease manager on etcd. Cheap to share (`Arc`).
+pub struct EtcdLeases {
+    etcd: Client,
+    prefix: String,
+    ttl: Duration,
+    etcd_ttl_secs: i64,
+    st: Mutex<State>,
+    /// Woken on every change of a holder key and every local release.
+    changed: Notify,
+    /// Set when the agent stops: its sessions must outlive it.
+    frozen: AtomicBool,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// Running I/O under a lease; the holder key stays until it is dropped.
+pub struct IoGuard {
+    mgr: Arc<EtcdLeases>,
+    gfi: Gfi,
+    client: ClientId,
+}
+
+impl Drop for IoGuard {
+    fn drop(&mut self) {
+        let key = (self.gfi, self.client);
+        let mut st = self.mgr.lock();
+        let Some(n) = st.io.get_mut(&key) else { return };
+        *n -= 1;
+        if *n > 0 {
+            return;
+        }
+        st.io.remove(&key);
+        let Some(h) = st.held(self.gfi, self.client).copied().filter(|h| h.released) else {
+            return;
+        };
+        // Released while this I/O ran: its key goes now.
+        st.drop_held(self.gfi, self.client);
+        st.unheld.push((self.gfi, self.client, h.lease));
+        drop(st);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let mgr = self.mgr.clone();
+            rt.spawn(async move { mgr.delete_unheld().await });
+        }
+    }
+}
+
+/// What a key under the prefix names.
+#[derive(Debug, PartialEq, Eq)]
+enum Key {
+    Session(ClientId),
+    Holder(Gfi, ClientId),
+    Request(Gfi, ClientId),
+    Open(Gfi, ClientId),
+    Other,
+}
+
+fn gfi_str(g: Gfi) -> String {
+    format!("{:08x}.{:016x}", g.node, g.ino)
+}
+
+fn client_str(c: ClientId) -> String {
+    format!("{:016x}", c.0)
+}
+
+fn parse_gfi(s: &str) -> Option<Gfi> {
+    let (node, ino) = s.split_once('.')?;
+    Some(Gfi {
+        node: u32::from_str_radix(node, 16).ok()?,
+        ino: u64::from_str_radix(ino, 16).ok()?,
+    })
+}
+
+fn parse_client(s: &str) -> Option<ClientId> {
+    u64::from_str_radix(s, 16).ok().map(ClientId)
+}
+
+/// What `key` names, under `prefix`.
+fn parse_key(prefix: &str, key: &[u8]) -> Key {
+    let Some(rest) = std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(prefix)) else {
+        return Key::Other;
+    };
+    let mut parts = rest.split('/');
+    let parsed = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("s"), Some(c), None, None) => parse_client(c).map(Key::Session),
+        (Some(kind), Some(g), Some(c), None) => parse_gfi(g).zip(parse_client(c)).and_then(|(g, c)| match kind {
+            "h" => Some(Key::Holder(g, c)),
+            "r" => Some(Key::Request(g, c)),
+            "o" => Some(Key::Open(g, c)),
+            _ => None,
+        }),
+        _ => None,
+    };
+    parsed.unwrap_or(Key::Other)
+}
+
+fn mode_byte(m: LeaseMode) -> &'static str {
+    match m {
+        LeaseMode::Read => "r",
+        LeaseMode::Write => "w",
+    }
+}
+
+fn parse_mode(v: &[u8]) -> Option<LeaseMode> {
+    match v {
+        b"r" => Some(LeaseMode::Read),
+        b"w" => Some(LeaseMode::Write),
+        _ => None,
+    }
+}
+
+fn conflicts(a: LeaseMode, b: LeaseMode) -> bool {
+    a == LeaseMode::Write || b == LeaseMode::Write
+}
+
+/// etcd's errors as the file system's: a session whose etcd lease is gone
+/// is `ESTALE` (the client starts over), anything else `EIO`.
+fn etcd_errno(e: &etcd_client::Error) -> Errno {
+    let lost = match e {
+        etcd_client::Error::GRpcStatus(s) => s.message().contains("lease not found"),
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    };
+    if lost {
+        Errno::ESTALE
+    } else {
+        Errno::EIO
+    }
+}
+
+/// Runs one etcd request with [`OP_TIMEOUT`].
+async fn op<T>(f: impl Future<Output = std::result::Result<T, etcd_client::Error>>) -> Result<T> {
+    match tokio::time::timeout(OP_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(etcd_errno(&e)),
+        Err(_) => Err(Errno::EIO),
+    }
+}
+
+fn with_lease(client: ClientId) -> Option<PutOptions> {
+    Some(PutOptions::new().with_lease(client.0 as i64))
+}
+
+/// The holders of one file as read at `revision`.
+struct Snapshot {
+    revision: i64,
+    holders: Vec<(ClientId, LeaseMode, u64)>,
+    session_alive: bool,
+}
+
+/// A request key of an `acquire` in progress, deleted when it ends
+/// without a grant (a grant deletes it in its own transaction).
+struct Request {
+    mgr: Arc<EtcdLeases>,
+    key: String,
+    /// Conflicting holder leases when the key was last put.
+    asked: HashSet<(ClientId, u64)>,
+    done: bool,
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if self.done || self.mgr.frozen.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let mut kv = self.mgr.etcd.kv_client();
+            let key = std::mem::take(&mut self.key);
+            // If this fails the key goes with the session.
+            rt.spawn(async move { op(kv.delete(key, None)).await });
+        }
+    }
+}
+
+impl EtcdLeases {
+    /// Connects to etcd at `endpoints` and starts watching the lease keys
+    /// under `prefix`. Clients get `ttl`. Must run inside a tokio runtime,
+    /// which also runs the watch and keep-alives.
+    pub async fn connect(endpoints: &[String], prefix: &str, ttl: Duration) -> std::io::Result<Arc<EtcdLeases>> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            // etcd refuses pings more often than every 5 s (it closes the
+            // connection: too many pings).
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        let etcd = Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(|e| std::io::Error::other(format!("etcd {}: {e}", endpoints.join(","))))?;
+        // etcd grants whole seconds, at least 2 (its minimum lease TTL).
+        let etcd_ttl_secs = (ttl.as_millis() as u64 * 3 / 2).div_ceil(1000).max(2) as i64;
+        let mgr = Arc::new(EtcdLeases {
+            etcd,
+            prefix: prefix.to_string(),
+            ttl,
+            etcd_ttl_secs,
+            st: Mutex::new(State::default()),
+            changed: Notify::new(),
+            frozen: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+        // Reachable now, or the agent refuses to start.
+        let mut kv = mgr.etcd.kv_client();
+        let probe = kv.get(mgr.prefix.clone(), Some(GetOptions::new().with_count_only()));
+        match tokio::time::timeout(OP_TIMEOUT, probe).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(std::io::Error::other(format!("etcd {}: {e}", endpoints.join(",")))),
+            Err(_) => {
+                let msg = format!("etcd {}: no answer in {OP_TIMEOUT:?}", endpoints.join(","));
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, msg));
+            }
+        }
+        let watch = tokio::spawn(Self::watch_loop(Arc::downgrade(&mgr)));
+        let keeper = tokio::spawn(Self::keep_loop(Arc::downgrade(&mgr)));
+        *mgr.tasks.lock().unwrap_or_else(|p| p.into_inner()) = vec![watch.abort_handle(), keeper.abort_handle()];
+        Ok(mgr)
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The TTL of the sessions' etcd leases.
+    pub fn etcd_ttl(&self) -> Duration {
+        Duration::from_secs(self.etcd_ttl_secs as u64)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a few inserts and removes: a panic leaves maps
+        // that are consistent enough to go on.
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key(&self, kind: &str, a: &str, b: &str) -> String {
+        if b.is_empty() {
+            format!("{}{kind}/{a}", self.prefix)
+        } else {
+            format!("{}{kind}/{a}/{b}", self.prefix)
+        }
+    }
+
+    fn session_key(&self, c: ClientId) -> String {
+        self.key("s", &client_str(c), "")
+    }
+
+    fn holder_key(&self, g: Gfi, c: ClientId) -> String {
+        self.key("h", &gfi_str(g), &client_str(c))
+    }
+
+    fn index_key(&self, c: ClientId, g: Gfi) -> String {
+        self.key("c", &client_str(c), &gfi_str(g))
+    }
+
+    fn request_key(&self, g: Gfi, c: ClientId) -> String {
+        self.key("r", &gfi_str(g), &client_str(c))
+    }
+
+    fn open_key(&self, g: Gfi, c: ClientId) -> String {
+        self.key("o", &gfi_str(g), &client_str(c))
+    }
+
+    /// `kind/<a>/`: every key of one file (or session) of a kind.
+    fn dir(&self, kind: &str, a: &str) -> String {
+        format!("{}{kind}/{a}/", self.prefix)
+    }
+
+    fn parse_key(&self, key: &[u8]) -> Key {
+        parse_key(&self.prefix, key)
+    }
+
+    /// Stops the background work and keeps every session in etcd: the
+    /// agent is going away, and its clients may resume elsewhere or on
+    /// its successor (a crash would leave them too).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
+    }
+
+    fn frozen(&self) -> bool {
+        self.frozen.load(Ordering::Acquire)
+    }
+
+    /// Starts a session; revocations for it are sent to `revokes`.
+    pub async fn open_session(&self, revokes: RevokeSender) -> Result<ClientId> {
+        let mut lc = self.etcd.lease_client();
+        let sent = Instant::now();
+        let granted = op(lc.grant(self.etcd_ttl_secs, None)).await?;
+        let client = ClientId(granted.id() as u64);
+        let etcd_ttl = Duration::from_secs(granted.ttl().max(0) as u64);
+        let mut kv = self.etcd.kv_client();
+        let key = self.session_key(client);
+        if let Err(e) = op(kv.put(key, granted.ttl().to_string(), with_lease(client))).await {
+            let _ = op(lc.revoke(granted.id())).await;
+            return Err(e);
+        }
+        self.lock().sessions.insert(
+            client,
+            Session {
+                revokes,
+                renewed: Instant::now(),
+                etcd_until: sent + etcd_ttl,
+                etcd_ttl,
+            },
+        );
+        Ok(client)
+    }
+
+    /// Takes back session `client` on a new connection if it still lives,
+    /// here or in etcd (a restarted agent, or a client that moved from
+    /// another agent: its leases come along), else starts a new one.
+    /// Revocations that wait for it are sent by
+    /// [`EtcdLeases::resend_revocations`] (after the welcome).
+    pub async fn resume(&self, client: ClientId, revokes: RevokeSender) -> Result<ClientId> {
+        let local = {
+            let mut st = self.lock();
+            match st.sessions.get_mut(&client) {
+                Some(s) => {
+                    s.revokes = revokes.clone();
+                    s.renewed = Instant::now();
+                    true
+                }
+                None => false,
+            }
+        };
+        if local {
+            // With etcd away it is still this client's session: its
+            // renewals wait for etcd, its clock runs meanwhile.
+            return match self.keep_alive(client).await {
+                Err(Errno::ESTALE) => self.open_session(revokes).await,
+                Ok(()) | Err(_) => Ok(client),
+            };
+        }
+        let mut kv = self.etcd.kv_client();
+        let got = op(kv.get(self.session_key(client), None)).await?;
+        let Some(etcd_ttl) = got
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u64>().ok())
+        else {
+            return self.open_session(revokes).await;
+        };
+        // Its etcd lease is unproven until the keep-alive below.
+        let now = Instant::now();
+        self.lock().sessions.insert(
+            client,
+            Session {
+                revokes: revokes.clone(),
+                renewed: now,
+                etcd_until: now,
+                etcd_ttl: Duration::from_secs(etcd_ttl),
+            },
+        );
+        let loaded = match self.keep_alive(client).await {
+            Ok(()) => self.load_session(client).await,
+            Err(e) => Err(e),
+        };
+        match loaded {
+            Ok(()) => Ok(client),
+            Err(e) => {
+                self.lock().drop_session(client);
+                if e == Errno::ESTALE {
+                    self.open_session(revokes).await
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Loads the holders of a session taken over from etcd, and the
+    /// requests that wait for them.
+    async fn load_session(&self, client: ClientId) -> Result<()> {
+        let mut kv = self.etcd.kv_client();
+        let index = op(kv.get(
+            self.dir("c", &client_str(client)),
+            Some(GetOptions::new().with_prefix()),
+        ))
+        .await?;
+        let gfis: Vec<Gfi> = index
+            .kvs()
+            .iter()
+            .filter_map(|kv| parse_gfi(std::str::from_utf8(kv.key()).ok()?.rsplit('/').next()?))
+            .collect();
+        for chunk in gfis.chunks(TXN_OPS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|g| TxnOp::get(self.holder_key(*g, client), None))
+                .collect();
+            let resp = op(kv.txn(Txn::new().and_then(ops))).await?;
+            let mut st = self.lock();
+            for (g, r) in chunk.iter().zip(resp.op_responses()) {
+                let TxnOpResponse::Get(r) = r else { continue };
+                let Some(h) = r.kvs().first() else { continue };
+                let Some(mode) = parse_mode(h.value()) else { continue };
+                st.held.entry(*g).or_default().insert(
+                    client,
+                    Held {
+                        mode,
+                        lease: h.mod_revision() as u64,
+                        released: false,
+                    },
+                );
+            }
+        }
+        // Requests put while nobody served the session: their watch
+        // events went to no one of ours.
+        for g in gfis {
+            let reqs = op(kv.get(self.dir("r", &gfi_str(g)), Some(GetOptions::new().with_prefix()))).await?;
+            for r in reqs.kvs() {
+                if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
+                    self.revoke_for(g, asker, mode, false);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `client` again the revocations it has not answered (they may
+    /// have gone to a connection that died).
+    pub fn resend_revocations(&self, client: ClientId) {
+        let st = self.lock();
+        let Some(s) = st.sessions.get(&client) else { return };
+        for ((gfi, c), (lease, _)) in &st.revoking {
+            if *c == client {
+                let _ = s.revokes.send(ServerMsg::Revoke {
+                    gfi: *gfi,
+                    lease: *lease,
+                });
+            }
+        }
+    }
+
+    /// One keep-alive of `client`'s etcd lease; moves its `etcd_until`.
+    /// `ESTALE` when etcd no longer has it (the session is dropped here).
+    async fn keep_alive(&self, client: ClientId) -> Result<()> {
+        let mut lc = self.etcd.lease_client();
+        let sent = Instant::now();
+        // etcd answers the first keep-alive of a stream: one stream each
+        // time keeps a lost answer from being taken for a later one.
+        match op(lc.keep_alive(client.0 as i64)).await {
+            Ok(_) => {
+                let mut st = self.lock();
+                if let Some(s) = st.sessions.get_mut(&client) {
+                    s.etcd_until = s.etcd_until.max(sent + s.etcd_ttl);
+                }
+                Ok(())
+            }
+            Err(Errno::ESTALE) => {
+                self.lock().drop_session(client);
+                self.changed.notify_waiters();
+                Err(Errno::ESTALE)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `client`'s etcd lease surely outlives `margin` from now.
+    fn vouched(&self, client: ClientId, margin: Duration) -> Option<bool> {
+        let st = self.lock();
+        let s = st.sessions.get(&client)?;
+        Some(s.etcd_until >= Instant::now() + margin)
+    }
+
+    /// Confirms a client's renewal: `Ok` only while its session's etcd
+    /// lease is sure to outlive one more client TTL (see the module docs),
+    /// `ETIMEDOUT` when etcd cannot make it so (the client's clock runs
+    /// on), `ESTALE` once the session is gone.
+    pub async fn renew(&self, client: ClientId) -> Result<()> {
+        {
+            let mut st = self.lock();
+            let s = st.sessions.get_mut(&client).ok_or(Errno::ESTALE)?;
+            s.renewed = Instant::now();
+        }
+        if self.vouched(client, self.ttl) == Some(true) {
+            return Ok(());
+        }
+        // A quarter TTL at most: the client sends its next renewal then.
+        let kept = tokio::time::timeout(self.ttl / 4, self.keep_alive(client)).await;
+        if let Ok(Err(Errno::ESTALE)) = kept {
+            return Err(Errno::ESTALE);
+        }
+        match self.vouched(client, self.ttl) {
+            Some(true) => Ok(()),
+            Some(false) => Err(Errno::ETIMEDOUT),
+            None => Err(Errno::ESTALE),
+        }
+    }
+
+    /// Ends a session (its connection closed): every lease it held, every
+    /// file it held open and every request it made go with its etcd lease.
+    pub async fn end_session(&self, client: ClientId) {
+        self.end_session_if(client, None).await
+    }
+
+    /// Ends session `client` if its connection is still the one whose
+    /// revocations go to `revokes` (see [`crate::lease::LeaseManager::end_connection`]).
+    pub async fn end_connection(&self, client: ClientId, revokes: &RevokeSender) {
+        self.end_session_if(client, Some(revokes)).await
+    }
+
+    async fn end_session_if(&self, client: ClientId, revokes: Option<&RevokeSender>) {
+        if self.frozen() {
+            return;
+        }
+        {
+            let mut st = self.lock();
+            let current = st
+                .sessions
+                .get(&client)
+                .is_some_and(|s| revokes.is_none_or(|r| s.revokes.same_channel(r)));
+            if !current {
+                return;
+            }
+            st.drop_session(client);
+        }
+        let mut lc = self.etcd.lease_client();
+        // On failure the etcd lease expires by itself: later, nothing lost.
+        let _ = op(lc.revoke(client.0 as i64)).await;
+        self.changed.notify_waiters();
+    }
+
+    /// The holders of `gfi`, read at one revision.
+    async fn snapshot(&self, client: ClientId, gfi: Gfi) -> Result<Snapshot> {
+        let mut kv = self.etcd.kv_client();
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(self.session_key(client), Some(GetOptions::new().with_count_only())),
+        ]);
+        let resp = op(kv.txn(txn)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut snap = Snapshot {
+            revision,
+            holders: Vec::new(),
+            session_alive: false,
+        };
+        let gets: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [holders, session] = &gets[..] else {
+            return Err(Errno::EIO);
+        };
+        snap.session_alive = session.count() > 0;
+        for kv in holders.kvs() {
+            if let (Key::Holder(_, c), Some(mode)) = (self.parse_key(kv.key()), parse_mode(kv.value())) {
+                snap.holders.push((c, mode, kv.mod_revision() as u64));
+            }
+        }
+        Ok(snap)
+    }
+
+    /// Grants `mode` on `gfi` to `client` (Algorithm 2): compatible
+    /// requests join the holders; a conflicting one puts its request key
+    /// (the holders' agents revoke) and waits until the holders' keys are
+    /// gone. A client that holds a lease that satisfies `mode` gets its id
+    /// back; one that holds a read lease and asks to write is upgraded once
+    /// the other readers are gone.
+    pub async fn acquire(self: &Arc<Self>, client: ClientId, gfi: Gfi, mode: LeaseMode) -> Result<u64> {
+        let mut request: Option<Request> = None;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a change after the look wakes.
+            notified.as_mut().enable();
+            {
+                let st = self.lock();
+                if !st.sessions.contains_key(&client) {
+                    return Err(Errno::ESTALE);
+                }
+                if let Some(h) = st.held(gfi, client).filter(|h| !h.released) {
+                    if h.mode == LeaseMode::Write || mode == LeaseMode::Read {
+                        return Ok(h.lease);
+                    }
+                }
+            }
+            let snap = self.snapshot(client, gfi).await?;
+            if !snap.session_alive {
+                self.lock().drop_session(client);
+                return Err(Errno::ESTALE);
+            }
+            let conflicting: HashSet<(ClientId, u64)> = snap
+                .holders
+                .iter()
+                .filter(|(c, m, _)| *c != client && conflicts(*m, mode))
+                .map(|(c, _, l)| (*c, *l))
+                .collect();
+            if conflicting.is_empty() {
+                if let Some(lease) = self.grant(client, gfi, mode, snap.revision).await? {
+                    if let Some(r) = &mut request {
+                        r.done = true;
+                    }
+                    return Ok(lease);
+                }
+                // A holder changed meanwhile: look again.
+                continue;
+            }
+            let ask = match &request {
+                None => true,
+                // New conflicting holders since the last ask (they were
+                // granted before this request was seen): ask again, so
+                // that their agents revoke them too.
+                Some(r) => !conflicting.is_subset(&r.asked),
+            };
+            if ask {
+                let key = self.request_key(gfi, client);
+                let mut kv = self.etcd.kv_client();
+                op(kv.put(key.clone(), mode_byte(mode), with_lease(client))).await?;
+                match &mut request {
+                    Some(r) => r.asked = conflicting,
+                    None => {
+                        request = Some(Request {
+                            mgr: self.clone(),
+                            key,
+                            asked: conflicting,
+                            done: false,
+                        })
+                    }
+                }
+            }
+            // Woken by the watch on any holder change; the timeout covers
+            // a watch that is down and being set up again.
+            let _ = tokio::time::timeout(self.ttl / 4, notified).await;
+        }
+    }
+
+    /// The grant transaction: `client` becomes a holder of `gfi` if no
+    /// holder key changed since `revision`. `None` if one did.
+    async fn grant(&self, client: ClientId, gfi: Gfi, mode: LeaseMode, revision: i64) -> Result<Option<u64>> {
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(self.dir("h", &gfi_str(gfi)), CompareOp::Less, revision + 1).with_prefix(),
+                Compare::version(self.session_key(client), CompareOp::Greater, 0),
+            ])
+            .and_then([
+                TxnOp::put(self.holder_key(gfi, client), mode_byte(mode), with_lease(client)),
+                TxnOp::put(self.index_key(client, gfi), "", with_lease(client)),
+                TxnOp::delete(self.request_key(gfi, client), None),
+            ]);
+        let mut kv = self.etcd.kv_client();
+        let resp = op(kv.txn(txn)).await?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let lease = resp.header().map_or(0, |h| h.revision()) as u64;
+        let mut st = self.lock();
+        if !st.sessions.contains_key(&client) {
+            // Ended meanwhile: its etcd lease takes the key along.
+            return Err(Errno::ESTALE);
+        }
+        st.revoking.remove(&(gfi, client));
+        st.held.entry(gfi).or_default().insert(
+            client,
+            Held {
+                mode,
+                lease,
+                released: false,
+            },
+        );
+        Ok(Some(lease))
+    }
+
+    /// Gives lease `lease` back. A release of a lease that is no longer
+    /// held does nothing; the key goes once the running I/O under it is
+    /// done.
+    pub async fn release(&self, client: ClientId, gfi: Gfi, lease: u64) {
+        {
+            let mut st = self.lock();
+            let busy = st.io.contains_key(&(gfi, client));
+            match st.held.get_mut(&gfi).and_then(|m| m.get_mut(&client)) {
+                Some(h) if h.lease == lease => {
+                    h.released = true;
+                    st.revoking.remove(&(gfi, client));
+                    if busy {
+                        // The last I/O guard deletes the key.
+                        return;
+                    }
+                    st.drop_held(gfi, client);
+                }
+                Some(_) => return,
+                // Not known here (taken over, say): the compared delete
+                // below can only remove that very lease.
+                None => {}
+            }
+            st.unheld.push((gfi, client, lease));
+        }
+        self.delete_unheld().await;
+    }
+
+    /// Deletes the holder keys of released leases (compared on their
+    /// revision, so a newer grant stays); what fails is tried again by the
+    /// next [`EtcdLeases::sweep`].
+    async fn delete_unheld(&self) {
+        let todo = std::mem::take(&mut self.lock().unheld);
+        let mut kv = self.etcd.kv_client();
+        let mut failed = Vec::new();
+        for (gfi, client, lease) in todo {
+            let hkey = self.holder_key(gfi, client);
+            let txn = Txn::new()
+                .when([Compare::mod_revision(hkey.clone(), CompareOp::Equal, lease as i64)])
+                .and_then([
+                    TxnOp::delete(hkey, None),
+                    TxnOp::delete(self.index_key(client, gfi), None),
+                ]);
+            if op(kv.txn(txn)).await.is_err() {
+                failed.push((gfi, client, lease));
+            }
+        }
+        if !failed.is_empty() {
+            self.lock().unheld.extend(failed);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Checks that `client` still holds `lease` on `gfi` (a write lease
+    /// when `write`), and that its session's etcd lease is vouched for,
+    /// and registers running I/O until the guard is dropped. `ESTALE` when
+    /// not: the caller's cache is no longer valid and its data must not
+    /// reach storage.
+    pub fn begin_io(self: &Arc<Self>, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
+        let mut st = self.lock();
+        let s = st.sessions.get(&client).ok_or(Errno::ESTALE)?;
+        // The margin the client's clock keeps too: a request that passes
+        // has that long to land before etcd could drop the holder.
+        if s.etcd_until < Instant::now() + self.ttl / 10 {
+            return Err(Errno::ESTALE);
+        }
+        match st.held(gfi, client) {
+            Some(h) if h.lease == lease && !h.released && (!write || h.mode == LeaseMode::Write) => {}
+            _ => return Err(Errno::ESTALE),
+        }
+        *st.io.entry((gfi, client)).or_insert(0) += 1;
+        Ok(IoGuard {
+            mgr: self.clone(),
+            gfi,
+            client,
+        })
+    }
+
+    /// Revokes the holders of `gfi` on this agent that conflict with a
+    /// request of `asker` for `mode` (once per lease, unless `again`).
+    fn revoke_for(&self, gfi: Gfi, asker: ClientId, mode: LeaseMode, again: bool) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(holders) = st.held.get(&gfi) else { return };
+        let now = Instant::now();
+        for (c, h) in holders {
+            if *c == asker || h.released || !conflicts(h.mode, mode) {
+                continue;
+            }
+            let fresh = st.revoking.get(&(gfi, *c)).is_none_or(|(l, _)| *l != h.lease);
+            if fresh || again {
+                if fresh {
+                    st.revoking.insert((gfi, *c), (h.lease, now));
+                }
+                if let Some(s) = st.sessions.get(c) {
+                    // A closed channel: the connection is going away.
+                    let _ = s.revokes.send(ServerMsg::Revoke { gfi, lease: h.lease });
+                }
+            }
+        }
+    }
+
+    /// Records that `client` holds `gfi` open. `ESTALE` when the session
+    /// is gone.
+    pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
+        if !self.lock().sessions.contains_key(&client) {
+            return Err(Errno::ESTALE);
+        }
+        let mut kv = self.etcd.kv_client();
+        op(kv.put(self.open_key(gfi, client), "", with_lease(client))).await?;
+        Ok(())
+    }
+
+    /// `client` no longer holds `gfi` open. Returns whether nobody does
+    /// now (the file is also queued for [`EtcdLeases::take_closed`]).
+    pub async fn close_file(&self, client: ClientId, gfi: Gfi) -> Result<bool> {
+        let mut kv = self.etcd.kv_client();
+        let txn = Txn::new().and_then([
+            TxnOp::delete(self.open_key(gfi, client), None),
+            TxnOp::get(
+                self.dir("o", &gfi_str(gfi)),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = op(kv.txn(txn)).await?;
+        let mut deleted = false;
+        let mut left = 0;
+        for r in resp.op_responses() {
+            match r {
+                TxnOpResponse::Delete(d) => deleted = d.deleted() > 0,
+                TxnOpResponse::Get(g) => left = g.count(),
+                _ => {}
+            }
+        }
+        Ok(deleted && left == 0)
+    }
+
+    /// Whether any session holds `gfi` open.
+    pub async fn is_open(&self, gfi: Gfi) -> Result<bool> {
+        let mut kv = self.etcd.kv_client();
+        let opens = GetOptions::new().with_prefix().with_count_only();
+        let r = op(kv.get(self.dir("o", &gfi_str(gfi)), Some(opens))).await?;
+        Ok(r.count() > 0)
+    }
+
+    /// Files whose last opener closed them or went away (on any agent)
+    /// since the last call: the server frees those that have no name left.
+    pub async fn take_closed(&self) -> Vec<Gfi> {
+        let maybe = std::mem::take(&mut self.lock().maybe_closed);
+        let mut closed = Vec::new();
+        for gfi in maybe {
+            match self.is_open(gfi).await {
+                Ok(false) => closed.push(gfi),
+                Ok(true) => {}
+                // Looked at again next time.
+                Err(_) => {
+                    self.lock().maybe_closed.insert(gfi);
+                }
+            }
+        }
+        closed
+    }
+
+    /// Periodic work: ends the sessions whose clients stopped renewing,
+    /// drops holders that ignored a revocation for a TTL, and deletes the
+    /// released holder keys whose first delete failed.
+    pub async fn sweep(&self) {
+        if self.frozen() {
+            return;
+        }
+        let now = Instant::now();
+        let (silent, retry) = {
+            let mut st = self.lock();
+            let silent: Vec<ClientId> = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| now.duration_since(s.renewed) >= self.ttl)
+                .map(|(c, _)| *c)
+                .collect();
+            let late: Vec<(Gfi, ClientId, u64)> = st
+                .revoking
+                .iter()
+                .filter(|(_, (_, since))| now.duration_since(*since) >= self.ttl)
+                .map(|((g, c), (l, _))| (*g, *c, *l))
+                .collect();
+            for (g, c, l) in late {
+                st.revoking.remove(&(g, c));
+                let busy = st.io.contains_key(&(g, c));
+                if let Some(h) = st.held.get_mut(&g).and_then(|m| m.get_mut(&c)).filter(|h| h.lease == l) {
+                    h.released = true;
+                    if !busy {
+                        st.drop_held(g, c);
+                        st.unheld.push((g, c, l));
+                    }
+                }
+            }
+            (silent, !st.unheld.is_empty())
+        };
+        for c in silent {
+            self.end_session(c).await;
+        }
+        if retry {
+            self.delete_unheld().await;
+        }
+    }
+
+    /// The holders of `gfi` and the mode, as etcd has them (for tests and
+    /// diagnostics).
+    pub async fn holders(&self, gfi: Gfi) -> Result<(Option<LeaseMode>, HashSet<ClientId>)> {
+        let mut kv = self.etcd.kv_client();
+        let r = op(kv.get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix()))).await?;
+        let mut mode = None;
+        let mut holders = HashSet::new();
+        for kv in r.kvs() {
+            if let (Key::Holder(_, c), Some(m)) = (self.parse_key(kv.key()), parse_mode(kv.value())) {
+                mode = Some(if mode == Some(LeaseMode::Write) {
+                    LeaseMode::Write
+                } else {
+                    m
+                });
+                holders.insert(c);
+            }
+        }
+        Ok((mode, holders))
+    }
+
+    /// Keeps the etcd leases of the sessions whose clients renew alive,
+    /// a quarter of their TTL before they would need it.
+    async fn keep_loop(mgr: Weak<EtcdLeases>) {
+        loop {
+            let period = {
+                let Some(m) = mgr.upgrade() else { return };
+                let now = Instant::now();
+                let due: Vec<ClientId> = m
+                    .lock()
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| now.duration_since(s.renewed) < m.ttl && s.etcd_until < now + s.etcd_ttl * 3 / 4)
+                    .map(|(c, _)| *c)
+                    .collect();
+                futures::future::join_all(due.into_iter().map(|c| m.keep_alive(c))).await;
+                m.etcd_ttl() / 8
+            };
+            tokio::time::sleep(period).await;
+        }
+    }
+
+    /// Watches every key under the prefix, from a fresh look at the
+    /// requests each time the watch (re)starts.
+    async fn watch_loop(mgr: Weak<EtcdLeases>) {
+        loop {
+            let Some(m) = mgr.upgrade() else { return };
+            let stream = m.start_watch().await;
+            drop(m);
+            if let Ok(mut stream) = stream {
+                loop {
+                    let msg = stream.message().await;
+                    let Some(m) = mgr.upgrade() else { return };
+                    match msg {
+                        Ok(Some(resp)) if !resp.canceled() => m.on_events(resp.events()),
+                        // Cancelled (compacted past our revision, say),
+                        // closed or failed: look again and watch anew.
+                        _ => break,
+                    }
+                }
+            }
+            // Waiters look again themselves after a change they missed.
+            if let Some(m) = mgr.upgrade() {
+                m.changed.notify_waiters();
+            }
+            tokio::time::sleep(WATCH_RETRY).await;
+        }
+    }
+
+    /// Reads the pending requests and watches from the revision after.
+    async fn start_watch(&self) -> Result<etcd_client::WatchStream> {
+        let mut kv = self.etcd.kv_client();
+        let reqs = op(kv.get(self.key("r", "", ""), Some(GetOptions::new().with_prefix()))).await?;
+        let revision = reqs.header().map_or(0, |h| h.revision());
+        for r in reqs.kvs() {
+            if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
+                self.revoke_for(g, asker, mode, false);
+            }
+        }
+        let mut wc = self.etcd.watch_client();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_start_revision(revision + 1);
+        op(wc.watch(self.prefix.clone(), Some(opts))).await
+    }
+
+    fn on_events(&self, events: &[etcd_client::Event]) {
+        let mut changed = false;
+        for ev in events {
+            let Some(kv) = ev.kv() else { continue };
+            let put = ev.event_type() == EventType::Put;
+            match self.parse_key(kv.key()) {
+                Key::Request(gfi, asker) if put => {
+                    if let Some(mode) = parse_mode(kv.value()) {
+                        // A put again means new holders to revoke, or a
+                        // holder that missed the first revocation.
+                        self.revoke_for(gfi, asker, mode, false);
+                    }
+                }
+                Key::Holder(gfi, c) => {
+                    changed = true;
+                    if !put {
+                        // Gone without a release here: its session
+                        // expired in etcd. No I/O under it any more.
+                        let lease = ev.prev_kv().map(|p| p.mod_revision() as u64);
+                        let mut st = self.lock();
+                        if st.held(gfi, c).is_some_and(|h| Some(h.lease) == lease) {
+                            st.drop_held(gfi, c);
+                        }
+                    }
+                }
+                Key::Open(gfi, _) if !put => {
+                    self.lock().maybe_closed.insert(gfi);
+                }
+                Key::Session(c) if !put => {
+                    let mut st = self.lock();
+                    if st.sessions.contains_key(&c) {
+                        st.drop_session(c);
+                    }
+                    changed = true;
+                }
+                _ => {}
+            }
+        }
+        if changed {
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for EtcdLeases {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let p = "/fs/lease/";
+        let g = Gfi { node: 7, ino: 1 << 40 };
+        let c = ClientId(0x694d_8f2a_11c0_0003);
+        for (kind, want) in [
+            ("h", Key::Holder(g, c)),
+            ("r", Key::Request(g, c)),
+            ("o", Key::Open(g, c)),
+        ] {
+            let k = format!("{p}{kind}/{}/{}", gfi_str(g), client_str(c));
+            assert_eq!(parse_key(p, k.as_bytes()), want);
+        }
+        assert_eq!(
+            parse_key(p, format!("{p}s/{}", client_str(c)).as_bytes()),
+            Key::Session(c)
+        );
+        // The session index is not watched for anything.
+        let index = format!("{p}c/{}/{}", client_str(c), gfi_str(g));
+        assert_eq!(parse_key(p, index.as_bytes()), Key::Other);
+        // Fixed widths: one file's key range holds no other file's keys.
+        let one = format!("{p}h/{}/", gfi_str(Gfi { node: 7, ino: 1 }));
+        let other = format!("{p}h/{}/{}", gfi_str(Gfi { node: 7, ino: 16 }), client_str(c));
+        assert!(!other.starts_with(&one));
+        // Other prefixes, junk and extra parts name nothing.
+        assert_eq!(
+            parse_key("/other/", format!("{p}s/{}", client_str(c)).as_bytes()),
+            Key::Other
+        );
+        assert_eq!(
+            parse_key(p, format!("{p}h/zz.1/{}", client_str(c)).as_bytes()),
+            Key::Other
+        );
+        assert_eq!(
+            parse_key(p, format!("{p}h/{}/{}/x", gfi_str(g), client_str(c)).as_bytes()),
+            Key::Other
+        );
+        assert_eq!(parse_mode(b"x"), None);
+    }
+}

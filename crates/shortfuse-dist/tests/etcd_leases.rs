@@ -1,0 +1,394 @@
+//! Leases on etcd: two agents' lease managers ([`EtcdLeases`]) on one real
+//! etcd, as two `shortfuse dist up --etcd` agents would have them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shortfuse::Errno;
+use shortfuse_dist::lease_etcd::EtcdLeases;
+use shortfuse_dist::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
+use shortfuse_dist::testutil::TestEtcd;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::task::JoinHandle;
+
+const F: Gfi = Gfi { node: 1, ino: 5 };
+const G: Gfi = Gfi { node: 1, ino: 6 };
+/// Longest wait for anything that should happen (a grant after an etcd
+/// lease expiry, say): far beyond the TTLs below, so only a hang fails.
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn manager(endpoints: &[String], ttl: Duration) -> Arc<EtcdLeases> {
+    EtcdLeases::connect(endpoints, "/test/lease/", ttl).await.unwrap()
+}
+
+async fn session(m: &EtcdLeases) -> (ClientId, UnboundedReceiver<ServerMsg>) {
+    let (tx, rx) = unbounded_channel();
+    (m.open_session(tx).await.unwrap(), rx)
+}
+
+async fn next_revoke(rx: &mut UnboundedReceiver<ServerMsg>) -> ServerMsg {
+    tokio::time::timeout(BOUND, rx.recv()).await.unwrap().unwrap()
+}
+
+/// What the server does for a manager every half second.
+fn sweeper(m: &Arc<EtcdLeases>) -> JoinHandle<()> {
+    let m = m.clone();
+    tokio::spawn(async move {
+        loop {
+            m.sweep().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// A client that keeps renewing its session, as its heartbeat thread does.
+fn renewer(m: &Arc<EtcdLeases>, c: ClientId) -> JoinHandle<()> {
+    let m = m.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = m.renew(c).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(30);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, mut ra) = session(&m1).await;
+        let (b, mut rb) = session(&m2).await;
+        let (c, mut rc) = session(&m2).await;
+
+        // Readers share across agents.
+        let la = m1.acquire(a, F, LeaseMode::Read).await.unwrap();
+        let lb = m2.acquire(b, F, LeaseMode::Read).await.unwrap();
+        assert_ne!(la, lb);
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Read), [a, b].into()));
+        // Asking again for what one holds: the same lease.
+        assert_eq!(m1.acquire(a, F, LeaseMode::Read).await.unwrap(), la);
+
+        // C (on m2) wants to write: A (on m1) and B (on m2) are revoked.
+        let m = m2.clone();
+        let writer = tokio::spawn(async move { m.acquire(c, F, LeaseMode::Write).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la });
+        assert_eq!(next_revoke(&mut rb).await, ServerMsg::Revoke { gfi: F, lease: lb });
+        m2.release(b, F, lb).await;
+        // A's flush is still running when it releases: its key stays
+        // until that I/O is done, and C waits.
+        let io = m1.begin_io(a, F, la, false).unwrap();
+        m1.release(a, F, la).await;
+        assert_eq!(m1.begin_io(a, F, la, false).err(), Some(Errno::ESTALE));
+        assert_eq!(m2.holders(F).await.unwrap().1, [a].into());
+        assert!(!writer.is_finished());
+        // A stale release changes nothing.
+        m2.release(b, F, lb + 1000).await;
+        drop(io);
+        let lc = tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
+        assert!(lc > la && lc > lb, "lease ids are etcd revisions: {la} {lb} {lc}");
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Write), [c].into()));
+
+        // Fencing: the old readers' leases allow no I/O, the writer's does.
+        assert_eq!(m2.begin_io(b, F, lb, false).err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(c, F, lc, true).unwrap());
+
+        // A reader on m1 revokes the writer on m2.
+        let m = m1.clone();
+        let reader = tokio::spawn(async move { m.acquire(a, F, LeaseMode::Read).await });
+        assert_eq!(next_revoke(&mut rc).await, ServerMsg::Revoke { gfi: F, lease: lc });
+        m2.release(c, F, lc).await;
+        let la2 = tokio::time::timeout(BOUND, reader).await.unwrap().unwrap().unwrap();
+        assert!(la2 > lc);
+
+        // A connection that closes ends its session: its leases go at once.
+        let m = m2.clone();
+        let writer = tokio::spawn(async move { m.acquire(b, F, LeaseMode::Write).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la2 });
+        m1.end_session(a).await;
+        tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
+        assert_eq!(m1.renew(a).await, Err(Errno::ESTALE));
+        assert_eq!(m1.acquire(a, G, LeaseMode::Read).await, Err(Errno::ESTALE));
+
+        // Open files are shared: the last close anywhere closes.
+        let (d, _rd) = session(&m1).await;
+        m1.open_file(d, G).await.unwrap();
+        m2.open_file(b, G).await.unwrap();
+        assert!(!m1.close_file(d, G).await.unwrap());
+        assert!(m1.is_open(G).await.unwrap());
+        assert!(m2.close_file(b, G).await.unwrap());
+        assert!(!m2.is_open(G).await.unwrap());
+        assert!(!m2.close_file(b, G).await.unwrap(), "closed twice");
+    });
+}
+
+#[test]
+fn a_holder_granted_after_a_request_is_revoked_too() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(30);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, mut ra) = session(&m1).await;
+        let (b, _rb) = session(&m2).await;
+        let (c, mut rc) = session(&m1).await;
+        let la = m1.acquire(a, F, LeaseMode::Read).await.unwrap();
+        let m = m2.clone();
+        let writer = tokio::spawn(async move { m.acquire(b, F, LeaseMode::Write).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la });
+        // A reader joins after the writer asked (readers share, so it is
+        // granted), then A goes: the writer must ask again, for C.
+        let lc = m1.acquire(c, F, LeaseMode::Read).await.unwrap();
+        m1.release(a, F, la).await;
+        assert_eq!(next_revoke(&mut rc).await, ServerMsg::Revoke { gfi: F, lease: lc });
+        m1.release(c, F, lc).await;
+        let lb = tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
+        assert!(lb > lc);
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Write), [b].into()));
+    });
+}
+
+#[test]
+fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(1);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let _sweep = sweeper(&m1);
+        // A neither renews nor answers its revocation; B renews.
+        let (a, _ra) = session(&m1).await;
+        let (b, _rb) = session(&m2).await;
+        let _keep = renewer(&m2, b);
+        let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        let t = Instant::now();
+        let lb = tokio::time::timeout(BOUND, m2.acquire(b, F, LeaseMode::Write))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(t.elapsed() >= ttl / 2, "granted after {:?}", t.elapsed());
+        assert_eq!(m1.renew(a).await, Err(Errno::ESTALE));
+        assert_eq!(m1.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(b, F, lb, true).unwrap());
+    });
+}
+
+#[test]
+fn the_sessions_of_a_dead_agent_expire_with_their_etcd_lease() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(1);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, _ra) = session(&m1).await;
+        let (b, _rb) = session(&m2).await;
+        let _keep = renewer(&m2, b);
+        m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        m1.open_file(a, G).await.unwrap();
+        assert!(m2.is_open(G).await.unwrap());
+        // The agent dies: nobody ends A's session, nobody keeps it alive.
+        m1.freeze();
+        drop(m1);
+        let t = Instant::now();
+        tokio::time::timeout(BOUND, m2.acquire(b, F, LeaseMode::Write))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(t.elapsed() >= ttl, "granted after {:?}", t.elapsed());
+        // Its open files went with it, and the other agent noticed.
+        assert!(!m2.is_open(G).await.unwrap());
+        let closed = tokio::time::timeout(BOUND, async {
+            loop {
+                let c = m2.take_closed().await;
+                if !c.is_empty() {
+                    return c;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(closed, vec![G]);
+    });
+}
+
+#[test]
+fn a_restarted_agent_keeps_the_leases() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(10);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, _ra) = session(&m1).await;
+        let (c, _rc) = session(&m1).await;
+        let (b, mut rb) = session(&m2).await;
+        let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        let lc = m1.acquire(c, G, LeaseMode::Read).await.unwrap();
+        m1.open_file(a, F).await.unwrap();
+        m1.freeze();
+        drop(m1);
+        // While the agent is away, B asks for G: C's revocation waits.
+        let m = m2.clone();
+        let writer = tokio::spawn(async move { m.acquire(b, G, LeaseMode::Write).await });
+
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        // The clients come back: same sessions, same leases.
+        let (tx, mut ra) = unbounded_channel();
+        assert_eq!(m1.resume(a, tx).await.unwrap(), a);
+        let (tx, mut rc) = unbounded_channel();
+        assert_eq!(m1.resume(c, tx).await.unwrap(), c);
+        m1.resend_revocations(a);
+        m1.resend_revocations(c);
+        assert_eq!(next_revoke(&mut rc).await, ServerMsg::Revoke { gfi: G, lease: lc });
+        assert!(m1.begin_io(a, F, la, true).is_ok());
+        assert!(m2.is_open(F).await.unwrap());
+        assert!(!writer.is_finished());
+        m1.release(c, G, lc).await;
+        tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
+
+        // A's write lease is still A's: B's read revokes it through the
+        // new agent.
+        let m = m2.clone();
+        let reader = tokio::spawn(async move { m.acquire(b, F, LeaseMode::Read).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la });
+        m1.release(a, F, la).await;
+        tokio::time::timeout(BOUND, reader).await.unwrap().unwrap().unwrap();
+        // B's lease on G was never touched by the restart.
+        assert!(rb.try_recv().is_err());
+        // A session that is gone is not resumed: a new one starts.
+        m1.end_session(a).await;
+        let (tx, _rx) = unbounded_channel();
+        assert_ne!(m2.resume(a, tx).await.unwrap(), a);
+    });
+}
+
+/// A TCP relay to etcd that can be cut like a network partition: after
+/// [`Relay::cut`], nothing more passes either way, and new connections are
+/// taken but never answered.
+struct Relay {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: &str) -> Relay {
+        let target: SocketAddr = target.trim_start_matches("http://").parse().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = cut.clone();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((inbound, _)) = listener.accept().await {
+                if flag.load(Ordering::Acquire) {
+                    held.push(inbound);
+                    continue;
+                }
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    let pass = |flag: Arc<AtomicBool>| async move {
+                        while !flag.load(Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy(&mut ri, &mut wo) => {}
+                        _ = tokio::io::copy(&mut ro, &mut wi) => {}
+                        _ = pass(flag) => {
+                            // Partitioned: hold both ends, pass nothing.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                });
+            }
+        });
+        Relay { addr, cut, task }
+    }
+
+    fn endpoint(&self) -> Vec<String> {
+        vec![format!("http://{}", self.addr)]
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[test]
+fn an_agent_cut_off_from_etcd_stops_confirming_renewals_before_the_ttl() {
+    let etcd = TestEtcd::start().unwrap();
+    rt().block_on(async {
+        let ttl = Duration::from_secs(2);
+        let relay = Relay::start(etcd.endpoint()).await;
+        let m1 = manager(&relay.endpoint(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, _ra) = session(&m1).await;
+        let (b, _rb) = session(&m2).await;
+        let _keep = renewer(&m2, b);
+        let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        // A renews as its client does, and trusts its lease for one TTL
+        // from when it sent the last renewal that was confirmed.
+        let confirmed = Arc::new(std::sync::Mutex::new(Instant::now()));
+        let refused = Arc::new(AtomicBool::new(false));
+        let renewals = {
+            let (m, confirmed, refused) = (m1.clone(), confirmed.clone(), refused.clone());
+            tokio::spawn(async move {
+                loop {
+                    let sent = Instant::now();
+                    match m.renew(a).await {
+                        Ok(()) => *confirmed.lock().unwrap() = sent,
+                        Err(_) => refused.store(true, Ordering::Release),
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
+        // Renewals are confirmed while etcd is there.
+        tokio::time::sleep(ttl).await;
+        assert!(!refused.load(Ordering::Acquire));
+        relay.cut();
+        // B's request is seen by nobody on m1: A's lease goes only when
+        // its etcd lease expires.
+        let lb = tokio::time::timeout(BOUND, m2.acquire(b, F, LeaseMode::Write))
+            .await
+            .unwrap()
+            .unwrap();
+        let granted = Instant::now();
+        renewals.abort();
+        let last = *confirmed.lock().unwrap();
+        assert!(refused.load(Ordering::Acquire), "renewals were never refused");
+        assert!(
+            last + ttl <= granted,
+            "A's client trusted its lease until {:?} after B got it",
+            (last + ttl) - granted
+        );
+        // Nor does m1 let A's client write under it any more.
+        assert_eq!(m1.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(b, F, lb, true).unwrap());
+    });
+}
