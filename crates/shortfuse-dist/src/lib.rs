@@ -31,6 +31,7 @@ pub mod check;
 pub mod client;
 mod conn;
 pub mod lease;
+pub mod lease_backend;
 pub mod lease_etcd;
 pub mod meta;
 pub mod proto;

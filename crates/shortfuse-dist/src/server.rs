@@ -20,6 +20,7 @@
 //! knowingly, and mixing them with leased clients on one file gives the
 //! leased ones no guarantee about the unleased writes.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use tokio::sync::mpsc;
 
 use crate::blocks::BlockStore;
 use crate::lease::LeaseManager;
+use crate::lease_backend::Leases;
 use crate::meta::Meta;
 use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
 
@@ -88,7 +90,7 @@ impl ServerConfig {
 struct Shared {
     meta: Arc<Meta>,
     blocks: BlockStore,
-    leases: Arc<LeaseManager>,
+    leases: Arc<Leases>,
 }
 
 /// A running server; dropping it stops it (connections close, so every
@@ -96,7 +98,7 @@ struct Shared {
 pub struct DistServer {
     rt: Option<Runtime>,
     addr: SocketAddr,
-    leases: Arc<LeaseManager>,
+    leases: Arc<Leases>,
 }
 
 fn new_node_id() -> u32 {
@@ -133,7 +135,7 @@ impl DistServer {
         }
         let meta = Arc::new(Meta::open(&data.join("meta"), new_node_id())?);
         let blocks = BlockStore::local(&data.join("blocks"), cfg.block_size)?;
-        let leases = LeaseManager::open(cfg.lease_ttl, &data.join("leases"))?;
+        let leases = Arc::new(Leases::Local(LeaseManager::open(cfg.lease_ttl, &data.join("leases"))?));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("distfs-server")
@@ -159,7 +161,7 @@ impl DistServer {
             let mut tick = tokio::time::interval(SWEEP_EVERY.min(cfg.lease_ttl / 2));
             loop {
                 tick.tick().await;
-                sweeper.leases.sweep();
+                sweeper.leases.sweep().await;
                 // A failure (storage down) leaves the orphan for the next
                 // restart's reaping: nothing is lost but space.
                 let _ = reap_closed(&sweeper).await;
@@ -188,8 +190,12 @@ impl DistServer {
         self.addr
     }
 
-    pub fn leases(&self) -> &Arc<LeaseManager> {
-        &self.leases
+    /// The holders of `gfi` and the mode (for tests and diagnostics).
+    pub fn holders(&self, gfi: proto::Gfi) -> Result<(Option<proto::LeaseMode>, HashSet<ClientId>)> {
+        match &self.rt {
+            Some(rt) => rt.block_on(self.leases.holders(gfi)),
+            None => Err(Errno::ENOTCONN),
+        }
     }
 
     /// Serves until the process is stopped.
@@ -240,8 +246,8 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
             req: Request::Hello { version, resume, .. },
         }) if version == PROTOCOL_VERSION => {
             let session = match resume {
-                Some(c) => shared.leases.resume(c, tx.clone()),
-                None => shared.leases.open_session(tx.clone()),
+                Some(c) => shared.leases.resume(c, tx.clone()).await,
+                None => shared.leases.open_session(tx.clone()).await,
             };
             let client = match session {
                 Ok(c) => c,
@@ -284,7 +290,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
         // Opens and closes are quick and answered in the order they came:
         // a client sends its close without waiting, then may open again.
         if let Request::Open { .. } | Request::Close { .. } = msg.req {
-            let reply = match open_close(&shared, client, msg.req) {
+            let reply = match open_close(&shared, client, msg.req).await {
                 Ok(true) => {
                     let s = shared.clone();
                     // Data removal may take long: not on the reader.
@@ -306,7 +312,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
             let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
         });
     }
-    shared.leases.end_connection(client, &tx);
+    shared.leases.end_connection(client, &tx).await;
     let _ = reap_closed(&shared).await;
     drop(tx);
 }
@@ -316,7 +322,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
     Ok(match req {
         Request::Hello { .. } => return Err(Errno::EPROTO),
         Request::Heartbeat => {
-            s.leases.renew(client)?;
+            s.leases.renew(client).await?;
             Reply::Ok
         }
         Request::Lookup { parent, name } => Reply::Node(meta.lookup(parent, &name)?),
@@ -346,12 +352,12 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
         } => {
             let info = meta.create(parent, &name, kind, mode, uid, gid)?;
             if open {
-                open_file(s, client, info.gfi.ino)?;
+                open_file(s, client, info.gfi.ino).await?;
             }
             Reply::Node(info)
         }
         Request::Open { .. } | Request::Close { .. } => {
-            if open_close(s, client, req)? {
+            if open_close(s, client, req).await? {
                 reap_closed(s).await?;
             }
             Reply::Ok
@@ -405,13 +411,13 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             fetch,
         } => {
             if let Some(old) = release {
-                s.leases.release(client, gfi, old);
+                s.leases.release(client, gfi, old).await;
             }
             let lease = s.leases.acquire(client, gfi, mode).await?;
             let attr = match meta.getattr(gfi.ino) {
                 Ok(info) => info.attr,
                 Err(e) => {
-                    s.leases.release(client, gfi, lease);
+                    s.leases.release(client, gfi, lease).await;
                     return Err(e);
                 }
             };
@@ -431,7 +437,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             Reply::Granted { lease, attr, blocks }
         }
         Request::Release { gfi, lease } => {
-            s.leases.release(client, gfi, lease);
+            s.leases.release(client, gfi, lease).await;
             Reply::Ok
         }
         Request::ReadBlocks {
@@ -473,7 +479,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                     .map_err(|_| Errno::EIO)??;
             }
             if release {
-                s.leases.release(client, gfi, lease);
+                s.leases.release(client, gfi, lease).await;
             }
             Reply::Node(info)
         }
@@ -489,12 +495,13 @@ fn is_open(s: &Shared, node: u32, ino: u64) -> Result<bool> {
 
 /// Records that `client` holds `ino` open; `ENOENT` when the file was
 /// freed before the record was made (removed meanwhile by another client).
-fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
+async fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
     let gfi = s.meta.getattr(ino)?.gfi;
-    s.leases.open_file(client, gfi)?;
+    s.leases.open_file(client, gfi).await?;
     // Checked again after the record: a removal from now on sees it open.
     if let Err(e) = s.meta.getattr(ino) {
-        s.leases.close_file(client, gfi);
+        // A record left behind goes with the session.
+        let _ = s.leases.close_file(client, gfi).await;
         return Err(e);
     }
     Ok(())
@@ -502,12 +509,12 @@ fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
 
 /// [`Request::Open`] or [`Request::Close`]; returns whether a last opener
 /// closed (orphans may be reaped).
-fn open_close(s: &Shared, client: ClientId, req: Request) -> Result<bool> {
+async fn open_close(s: &Shared, client: ClientId, req: Request) -> Result<bool> {
     match req {
-        Request::Open { ino } => open_file(s, client, ino).map(|()| false),
+        Request::Open { ino } => open_file(s, client, ino).await.map(|()| false),
         Request::Close { ino } => {
             let node = s.meta.node_id();
-            Ok(s.leases.close_file(client, proto::Gfi { node, ino }))
+            s.leases.close_file(client, proto::Gfi { node, ino }).await
         }
         _ => Err(Errno::EINVAL),
     }
@@ -515,7 +522,7 @@ fn open_close(s: &Shared, client: ClientId, req: Request) -> Result<bool> {
 
 /// Frees the orphans among the files whose last opener went away.
 async fn reap_closed(s: &Shared) -> Result<()> {
-    let closed = s.leases.take_closed();
+    let closed = s.leases.take_closed().await;
     reap_orphans(s, closed.into_iter().map(|g| g.ino).collect()).await
 }
 
@@ -523,7 +530,9 @@ async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
     let node = s.meta.node_id();
     for ino in inos {
         let gfi = proto::Gfi { node, ino };
-        if s.meta.reap(ino, || s.leases.is_open(gfi))? {
+        // Kept when that cannot be known (etcd away): the next start or
+        // close reaps it.
+        if s.meta.reap(ino, || s.leases.is_open(gfi).unwrap_or(true))? {
             s.blocks.remove_file(gfi).await?;
         }
     }

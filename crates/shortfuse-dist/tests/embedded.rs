@@ -24,7 +24,7 @@ fn reader_revokes_writer_and_sees_its_cached_data() {
     write(&a, node, 100, &data);
     let gfi = a.gfi(node).unwrap();
     assert_eq!(
-        s.leases().holders(gfi),
+        s.holders(gfi).unwrap(),
         (Some(LeaseMode::Write), [a.client_id().unwrap()].into())
     );
     // Nothing reached storage yet: the server still has an empty file.
@@ -39,17 +39,17 @@ fn reader_revokes_writer_and_sees_its_cached_data() {
     assert_eq!(got, want);
     assert_eq!(b.getattr(&REQ, nb, None).unwrap().size, 10_100);
     assert_eq!(
-        s.leases().holders(gfi),
+        s.holders(gfi).unwrap(),
         (Some(LeaseMode::Read), [b.client_id().unwrap()].into())
     );
 
     // A reads too: readers share.
     assert_eq!(read(&a, node, 100, 5), &data[..5]);
-    assert_eq!(s.leases().holders(gfi).1.len(), 2);
+    assert_eq!(s.holders(gfi).unwrap().1.len(), 2);
 
     // A writes again: B's read lease goes, and B's next read sees the change.
     write(&a, node, 4096, b"XYZ");
-    assert_eq!(s.leases().holders(gfi).1, [a.client_id().unwrap()].into());
+    assert_eq!(s.holders(gfi).unwrap().1, [a.client_id().unwrap()].into());
     assert_eq!(read(&b, nb, 4096, 3), b"XYZ");
 
     // Truncation goes through the lease as well.

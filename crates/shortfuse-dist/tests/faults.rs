@@ -86,7 +86,7 @@ fn manager_restart_keeps_leases_and_dirty_caches() {
     cfg.lease_ttl = Duration::from_secs(3);
     let s = DistServer::start(cfg).unwrap();
     assert_eq!(
-        s.leases().holders(gfi),
+        s.holders(gfi).unwrap(),
         (Some(LeaseMode::Write), [holder].into()),
         "the restarted manager forgot the write lease"
     );

@@ -1,0 +1,173 @@
+//! The lease manager as the server uses it: embedded ([`LeaseManager`],
+//! state in memory and a local file) or on etcd ([`EtcdLeases`], state
+//! shared by every agent of a scale-out file system). One enum rather than
+//! a trait: the etcd side is async, the embedded one is not, and the
+//! server's few call sites await either.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shortfuse::Result;
+
+use crate::lease::{self, LeaseManager, RevokeSender};
+use crate::lease_etcd::{self, EtcdLeases};
+use crate::proto::{ClientId, Gfi, LeaseMode, NO_LEASE};
+
+pub enum Leases {
+    Local(Arc<LeaseManager>),
+    Etcd(Arc<EtcdLeases>),
+}
+
+/// Running I/O under a lease (see [`LeaseManager::begin_io`]).
+pub enum IoGuard {
+    Local(#[allow(dead_code)] lease::IoGuard),
+    Etcd(#[allow(dead_code)] lease_etcd::IoGuard),
+}
+
+impl Leases {
+    pub fn ttl(&self) -> Duration {
+        match self {
+            Leases::Local(m) => m.ttl(),
+            Leases::Etcd(m) => m.ttl(),
+        }
+    }
+
+    pub async fn open_session(&self, revokes: RevokeSender) -> Result<ClientId> {
+        match self {
+            Leases::Local(m) => m.open_session(revokes),
+            Leases::Etcd(m) => m.open_session(revokes).await,
+        }
+    }
+
+    pub async fn resume(&self, client: ClientId, revokes: RevokeSender) -> Result<ClientId> {
+        match self {
+            Leases::Local(m) => m.resume(client, revokes),
+            Leases::Etcd(m) => m.resume(client, revokes).await,
+        }
+    }
+
+    pub fn resend_revocations(&self, client: ClientId) {
+        match self {
+            Leases::Local(m) => m.resend_revocations(client),
+            Leases::Etcd(m) => m.resend_revocations(client),
+        }
+    }
+
+    pub async fn renew(&self, client: ClientId) -> Result<()> {
+        match self {
+            Leases::Local(m) => m.renew(client),
+            Leases::Etcd(m) => m.renew(client).await,
+        }
+    }
+
+    pub async fn end_connection(&self, client: ClientId, revokes: &RevokeSender) {
+        match self {
+            Leases::Local(m) => m.end_connection(client, revokes),
+            Leases::Etcd(m) => m.end_connection(client, revokes).await,
+        }
+    }
+
+    pub async fn acquire(&self, client: ClientId, gfi: Gfi, mode: LeaseMode) -> Result<u64> {
+        match self {
+            Leases::Local(m) => m.acquire(client, gfi, mode).await,
+            Leases::Etcd(m) => m.acquire(client, gfi, mode).await,
+        }
+    }
+
+    pub async fn release(&self, client: ClientId, gfi: Gfi, lease: u64) {
+        match self {
+            Leases::Local(m) => m.release(client, gfi, lease),
+            Leases::Etcd(m) => m.release(client, gfi, lease).await,
+        }
+    }
+
+    pub fn begin_io(&self, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
+        Ok(match self {
+            Leases::Local(m) => IoGuard::Local(m.begin_io(client, gfi, lease, write)?),
+            Leases::Etcd(m) => IoGuard::Etcd(m.begin_io(client, gfi, lease, write)?),
+        })
+    }
+
+    /// [`Leases::begin_io`], or nothing for unleased I/O ([`NO_LEASE`]).
+    pub fn begin_io_unless_unleased(
+        &self,
+        client: ClientId,
+        gfi: Gfi,
+        lease: u64,
+        write: bool,
+    ) -> Result<Option<IoGuard>> {
+        if lease == NO_LEASE {
+            return Ok(None);
+        }
+        self.begin_io(client, gfi, lease, write).map(Some)
+    }
+
+    pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
+        match self {
+            Leases::Local(m) => m.open_file(client, gfi),
+            Leases::Etcd(m) => m.open_file(client, gfi).await,
+        }
+    }
+
+    pub async fn close_file(&self, client: ClientId, gfi: Gfi) -> Result<bool> {
+        match self {
+            Leases::Local(m) => Ok(m.close_file(client, gfi)),
+            Leases::Etcd(m) => m.close_file(client, gfi).await,
+        }
+    }
+
+    /// Whether `gfi` is open anywhere; the embedded manager also keeps its
+    /// openers across restarts from now on (it is about to be an orphan),
+    /// as etcd always does. Called under the metadata service's lock, so
+    /// it blocks (on etcd, without holding up the server's other tasks).
+    pub fn pin_if_open(&self, gfi: Gfi) -> Result<bool> {
+        match self {
+            Leases::Local(m) => m.pin_if_open(gfi),
+            Leases::Etcd(m) => block_on(m.is_open(gfi)),
+        }
+    }
+
+    /// Whether `gfi` is open anywhere; blocks as [`Leases::pin_if_open`].
+    pub fn is_open(&self, gfi: Gfi) -> Result<bool> {
+        match self {
+            Leases::Local(m) => Ok(m.is_open(gfi)),
+            Leases::Etcd(m) => block_on(m.is_open(gfi)),
+        }
+    }
+
+    pub async fn take_closed(&self) -> Vec<Gfi> {
+        match self {
+            Leases::Local(m) => m.take_closed(),
+            Leases::Etcd(m) => m.take_closed().await,
+        }
+    }
+
+    pub async fn sweep(&self) {
+        match self {
+            Leases::Local(m) => m.sweep(),
+            Leases::Etcd(m) => m.sweep().await,
+        }
+    }
+
+    pub fn freeze(&self) {
+        match self {
+            Leases::Local(m) => m.freeze(),
+            Leases::Etcd(m) => m.freeze(),
+        }
+    }
+
+    /// The holders of `gfi` and the mode (for tests and diagnostics).
+    pub async fn holders(&self, gfi: Gfi) -> Result<(Option<LeaseMode>, HashSet<ClientId>)> {
+        match self {
+            Leases::Local(m) => Ok(m.holders(gfi)),
+            Leases::Etcd(m) => m.holders(gfi).await,
+        }
+    }
+}
+
+/// Waits for `f` from synchronous code running on the server's
+/// multi-threaded runtime (the worker hands its other tasks on meanwhile).
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
