@@ -106,40 +106,40 @@ impl Leases {
     pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
         match self {
             Leases::Local(m) => m.open_file(client, gfi),
-            Leases::Etcd(m) => m.open_file(client, gfi).await,
+            Leases::Etcd(m) => m.open_file(client, gfi),
         }
     }
 
     pub async fn close_file(&self, client: ClientId, gfi: Gfi) -> Result<bool> {
         match self {
             Leases::Local(m) => Ok(m.close_file(client, gfi)),
-            Leases::Etcd(m) => m.close_file(client, gfi).await,
+            Leases::Etcd(m) => Ok(m.close_file(client, gfi)),
         }
     }
 
-    /// Whether `gfi` is open anywhere; the embedded manager also keeps its
-    /// openers across restarts from now on (it is about to be an orphan),
-    /// as etcd always does. Called under the metadata service's lock, so
-    /// it blocks (on etcd, without holding up the server's other tasks).
+    /// Whether a client of this server holds `gfi` open; the embedded
+    /// manager also keeps its openers across restarts from now on (it is
+    /// about to be an orphan). On etcd, other agents' opens are the
+    /// metadata service's open marks.
     pub fn pin_if_open(&self, gfi: Gfi) -> Result<bool> {
         match self {
             Leases::Local(m) => m.pin_if_open(gfi),
-            Leases::Etcd(m) => block_on(m.is_open(gfi)),
+            Leases::Etcd(m) => Ok(m.is_open(gfi)),
         }
     }
 
-    /// Whether `gfi` is open anywhere; blocks as [`Leases::pin_if_open`].
-    pub fn is_open(&self, gfi: Gfi) -> Result<bool> {
+    /// Whether a client of this server holds `gfi` open.
+    pub fn is_open(&self, gfi: Gfi) -> bool {
         match self {
-            Leases::Local(m) => Ok(m.is_open(gfi)),
-            Leases::Etcd(m) => block_on(m.is_open(gfi)),
+            Leases::Local(m) => m.is_open(gfi),
+            Leases::Etcd(m) => m.is_open(gfi),
         }
     }
 
-    pub async fn take_closed(&self) -> Vec<Gfi> {
+    pub fn take_closed(&self) -> Vec<Gfi> {
         match self {
             Leases::Local(m) => m.take_closed(),
-            Leases::Etcd(m) => m.take_closed().await,
+            Leases::Etcd(m) => m.take_closed(),
         }
     }
 
@@ -164,10 +164,4 @@ impl Leases {
             Leases::Etcd(m) => m.holders(gfi).await,
         }
     }
-}
-
-/// Waits for `f` from synchronous code running on the server's
-/// multi-threaded runtime (the worker hands its other tasks on meanwhile).
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
 }

@@ -29,9 +29,16 @@
 //!   request into the [`ServerMsg::Revoke`] that its client already knows
 //!   (flush, then release). The release deletes the holder key; the
 //!   waiting agent sees the delete through its watch and grants.
-//! - `o/<gfi>/<client>`: `client` holds `gfi` open. Open files are shared
-//!   by every agent because an unlink through one agent must know whether
-//!   a client of another one has the file open.
+//!
+//! # Open files
+//!
+//! Which of its clients hold a file open is the agent's own business, kept
+//! in memory as the embedded manager does ([`EtcdLeases::open_file`],
+//! [`EtcdLeases::close_file`], [`EtcdLeases::take_closed`]): across agents,
+//! the metadata service on etcd publishes one open mark per agent and file
+//! while a client of that agent holds it open (module `etcdmeta`), and
+//! its removals compare on those marks in the same transaction. A client
+//! that resumes on a restarted agent tells its open files again.
 //!
 //! An agent is the only writer of the holder keys of the sessions it
 //! serves (besides etcd expiring them): it drops a holder that ignored a
@@ -119,8 +126,10 @@ struct State {
     io: HashMap<(Gfi, ClientId), u32>,
     /// Holder keys to delete (released; the first try failed).
     unheld: Vec<(Gfi, ClientId, u64)>,
-    /// Files whose open keys were deleted: closed if none is left.
-    maybe_closed: HashSet<Gfi>,
+    /// Which of this agent's sessions hold each file open.
+    opens: HashMap<Gfi, HashSet<ClientId>>,
+    /// Files whose last opener here went away, not yet taken by the server.
+    closed: Vec<Gfi>,
 }
 
 impl State {
@@ -146,6 +155,13 @@ impl State {
         });
         self.revoking.retain(|(_, c), _| *c != client);
         self.unheld.retain(|(_, c, _)| *c != client);
+        let closed = &mut self.closed;
+        self.opens.retain(|gfi, openers| {
+            if openers.remove(&client) && openers.is_empty() {
+                closed.push(*gfi);
+            }
+            !openers.is_empty()
+        });
     }
 }
 
@@ -200,7 +216,6 @@ enum Key {
     Session(ClientId),
     Holder(Gfi, ClientId),
     Request(Gfi, ClientId),
-    Open(Gfi, ClientId),
     Other,
 }
 
@@ -235,7 +250,6 @@ fn parse_key(prefix: &str, key: &[u8]) -> Key {
         (Some(kind), Some(g), Some(c), None) => parse_gfi(g).zip(parse_client(c)).and_then(|(g, c)| match kind {
             "h" => Some(Key::Holder(g, c)),
             "r" => Some(Key::Request(g, c)),
-            "o" => Some(Key::Open(g, c)),
             _ => None,
         }),
         _ => None,
@@ -401,10 +415,6 @@ impl EtcdLeases {
 
     fn request_key(&self, g: Gfi, c: ClientId) -> String {
         self.key("r", &gfi_str(g), &client_str(c))
-    }
-
-    fn open_key(&self, g: Gfi, c: ClientId) -> String {
-        self.key("o", &gfi_str(g), &client_str(c))
     }
 
     /// `kind/<a>/`: every key of one file (or session) of a kind.
@@ -914,65 +924,42 @@ impl EtcdLeases {
         }
     }
 
-    /// Records that `client` holds `gfi` open. `ESTALE` when the session
-    /// is gone.
-    pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
-        if !self.lock().sessions.contains_key(&client) {
+    /// Records that `client` holds `gfi` open (once, however many times
+    /// its kernel opened it). `ESTALE` when the session is gone.
+    pub fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
+        let mut st = self.lock();
+        if !st.sessions.contains_key(&client) {
             return Err(Errno::ESTALE);
         }
-        let mut kv = self.etcd.kv_client();
-        op(kv.put(self.open_key(gfi, client), "", with_lease(client))).await?;
+        st.opens.entry(gfi).or_default().insert(client);
         Ok(())
     }
 
-    /// `client` no longer holds `gfi` open. Returns whether nobody does
-    /// now (the file is also queued for [`EtcdLeases::take_closed`]).
-    pub async fn close_file(&self, client: ClientId, gfi: Gfi) -> Result<bool> {
-        let mut kv = self.etcd.kv_client();
-        let txn = Txn::new().and_then([
-            TxnOp::delete(self.open_key(gfi, client), None),
-            TxnOp::get(
-                self.dir("o", &gfi_str(gfi)),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-        ]);
-        let resp = op(kv.txn(txn)).await?;
-        let mut deleted = false;
-        let mut left = 0;
-        for r in resp.op_responses() {
-            match r {
-                TxnOpResponse::Delete(d) => deleted = d.deleted() > 0,
-                TxnOpResponse::Get(g) => left = g.count(),
-                _ => {}
-            }
+    /// `client` no longer holds `gfi` open. Returns whether no client of
+    /// this agent does now (the file is also queued for
+    /// [`EtcdLeases::take_closed`]).
+    pub fn close_file(&self, client: ClientId, gfi: Gfi) -> bool {
+        let mut st = self.lock();
+        let Some(openers) = st.opens.get_mut(&gfi) else {
+            return false;
+        };
+        if !openers.remove(&client) || !openers.is_empty() {
+            return false;
         }
-        Ok(deleted && left == 0)
+        st.opens.remove(&gfi);
+        st.closed.push(gfi);
+        true
     }
 
-    /// Whether any session holds `gfi` open.
-    pub async fn is_open(&self, gfi: Gfi) -> Result<bool> {
-        let mut kv = self.etcd.kv_client();
-        let opens = GetOptions::new().with_prefix().with_count_only();
-        let r = op(kv.get(self.dir("o", &gfi_str(gfi)), Some(opens))).await?;
-        Ok(r.count() > 0)
+    /// Whether a client of this agent holds `gfi` open.
+    pub fn is_open(&self, gfi: Gfi) -> bool {
+        self.lock().opens.contains_key(&gfi)
     }
 
-    /// Files whose last opener closed them or went away (on any agent)
-    /// since the last call: the server frees those that have no name left.
-    pub async fn take_closed(&self) -> Vec<Gfi> {
-        let maybe = std::mem::take(&mut self.lock().maybe_closed);
-        let mut closed = Vec::new();
-        for gfi in maybe {
-            match self.is_open(gfi).await {
-                Ok(false) => closed.push(gfi),
-                Ok(true) => {}
-                // Looked at again next time.
-                Err(_) => {
-                    self.lock().maybe_closed.insert(gfi);
-                }
-            }
-        }
-        closed
+    /// Files whose last opener here closed them or went away since the
+    /// last call.
+    pub fn take_closed(&self) -> Vec<Gfi> {
+        std::mem::take(&mut self.lock().closed)
     }
 
     /// Periodic work: ends the sessions whose clients stopped renewing,
@@ -1129,9 +1116,6 @@ impl EtcdLeases {
                         }
                     }
                 }
-                Key::Open(gfi, _) if !put => {
-                    self.lock().maybe_closed.insert(gfi);
-                }
                 Key::Session(c) if !put => {
                     let mut st = self.lock();
                     if st.sessions.contains_key(&c) {
@@ -1165,11 +1149,7 @@ mod tests {
         let p = "/fs/lease/";
         let g = Gfi { node: 7, ino: 1 << 40 };
         let c = ClientId(0x694d_8f2a_11c0_0003);
-        for (kind, want) in [
-            ("h", Key::Holder(g, c)),
-            ("r", Key::Request(g, c)),
-            ("o", Key::Open(g, c)),
-        ] {
+        for (kind, want) in [("h", Key::Holder(g, c)), ("r", Key::Request(g, c))] {
             let k = format!("{p}{kind}/{}/{}", gfi_str(g), client_str(c));
             assert_eq!(parse_key(p, k.as_bytes()), want);
         }

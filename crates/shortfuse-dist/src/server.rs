@@ -522,7 +522,7 @@ async fn open_close(s: &Shared, client: ClientId, req: Request) -> Result<bool> 
 
 /// Frees the orphans among the files whose last opener went away.
 async fn reap_closed(s: &Shared) -> Result<()> {
-    let closed = s.leases.take_closed().await;
+    let closed = s.leases.take_closed();
     reap_orphans(s, closed.into_iter().map(|g| g.ino).collect()).await
 }
 
@@ -530,9 +530,7 @@ async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
     let node = s.meta.node_id();
     for ino in inos {
         let gfi = proto::Gfi { node, ino };
-        // Kept when that cannot be known (etcd away): the next start or
-        // close reaps it.
-        if s.meta.reap(ino, || s.leases.is_open(gfi).unwrap_or(true))? {
+        if s.meta.reap(ino, || s.leases.is_open(gfi))? {
             s.blocks.remove_file(gfi).await?;
         }
     }
