@@ -24,15 +24,25 @@
 //!
 //! When clients take turns on a file, each turn costs a revocation (the
 //! holder writes back and releases), a grant and the blocks the new
-//! holder needs. Three things keep that cost down: the blocks the I/O
-//! that asked for the lease will touch come with the grant (one round trip
-//! less); the manager's state is appended to its file, not rewritten; and
-//! a holder gives a revoked lease back no sooner than
-//! [`ClientConfig::lease_hold`] after it got it (`-o lease_hold=MS`), so
-//! that a lease that moves does some work before it moves again (lease
-//! ping-pong): the holder's I/O goes on meanwhile, the requester waits.
+//! holder needs. What keeps that cost down:
+//! - the blocks the I/O that asked for the lease will touch come with the
+//!   grant (one round trip less);
+//! - the manager's state is appended to its file, not rewritten;
+//! - a writer revoked for a reader steps down to a read lease
+//!   ([`crate::proto::ServerMsg::StepDown`]): it writes back and keeps
+//!   its cache, which is clean then, so its next reads need no lease and
+//!   no data from the server;
+//! - a revoked lease is kept until it served the I/O that asked for it,
+//!   so that a lease that moves always does some work (no livelock), and
+//!   then for as long as this client goes on using it without a pause of
+//!   `lease_hold / 20`, at most [`ClientConfig::lease_hold`] after the
+//!   grant (`-o lease_hold=MS`), against ping-pong between clients that
+//!   both work on the file: the holder's I/O goes on meanwhile, the
+//!   requester waits. A holder that paused gives the lease back at once:
+//!   holding a lease nobody uses only makes the requester wait.
+//!
 //! None of this weakens the guarantee: the grant still waits for the
-//! holder's write-back.
+//! holder's write-back, and a stepped-down holder can no longer write.
 //!
 //! # Consistency modes
 //!
@@ -156,8 +166,8 @@ pub struct ClientConfig {
     /// Open files with `FOPEN_DIRECT_IO` (see the module docs).
     pub direct_io: bool,
     pub consistency: Consistency,
-    /// A revoked lease is given back no sooner than this after it was
-    /// granted (see the module docs, "Contention").
+    /// A revoked lease that is in use here is given back no later than
+    /// this after it was granted (see the module docs, "Contention").
     pub lease_hold: Duration,
 }
 
@@ -198,6 +208,14 @@ impl ClientConfig {
         }
         Ok(cfg)
     }
+}
+
+/// What a write-back does with the lease after the data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Keep,
+    Release,
+    StepDown,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -275,6 +293,10 @@ struct FileState {
     cache: Mutex<Cache>,
     /// Opens of this file here (the kernel's, not yet released).
     opens: Mutex<u32>,
+    /// When the last I/O under a lease ended here, in nanoseconds since
+    /// [`Inner::epoch`] (0: never): a revocation waits for the lease to be
+    /// used once and then for a pause in its use.
+    used: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -294,6 +316,8 @@ struct Inner {
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     /// Handed to each connection's reader so revocations find the files.
     me: Weak<Inner>,
+    /// Origin of [`FileState::used`].
+    epoch: Instant,
 }
 
 /// The distfs client file system.
@@ -391,6 +415,7 @@ impl DistFs {
                 block_size: AtomicU32::new(0),
                 files: Mutex::new(HashMap::new()),
                 me: me.clone(),
+                epoch: Instant::now(),
             }),
         }
     }
@@ -461,9 +486,9 @@ impl Inner {
                 // Both may wait (for running I/O, for the server): never on
                 // the reader thread, which must keep reading.
                 let _ = match ev {
-                    Event::Revoke { gfi, lease } => std::thread::Builder::new()
+                    Event::Revoke { gfi, lease, step_down } => std::thread::Builder::new()
                         .name("distfs-revoke".into())
-                        .spawn(move || inner.revoke(gfi, lease, generation)),
+                        .spawn(move || inner.revoke(gfi, lease, step_down, generation)),
                     Event::Closed => std::thread::Builder::new()
                         .name("distfs-reconnect".into())
                         .spawn(move || inner.reconnect()),
@@ -548,6 +573,7 @@ impl Inner {
                     lease: RwLock::new(Slot::default()),
                     cache: Mutex::new(Cache::default()),
                     opens: Mutex::new(0),
+                    used: AtomicU64::new(0),
                 })
             })
             .clone()
@@ -605,7 +631,9 @@ impl Inner {
             {
                 let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
                 if Self::suffices(&g, mode, &conn) {
-                    match io(&conn, &g) {
+                    let r = io(&conn, &g);
+                    self.mark_used(f);
+                    match r {
                         // The connection died under the I/O (its session
                         // found expired): the lease is gone, and so is
                         // anything `io` did in the cache; go again.
@@ -732,31 +760,88 @@ impl Inner {
         Ok(())
     }
 
+    fn mark_used(&self, f: &FileState) {
+        let t = self.epoch.elapsed().as_nanos().max(1) as u64;
+        f.used.store(t, Ordering::Release);
+    }
+
+    /// When the last I/O under a lease on `f` ended, if any did.
+    fn last_used(&self, f: &FileState) -> Option<Instant> {
+        match f.used.load(Ordering::Acquire) {
+            0 => None,
+            t => Some(self.epoch + Duration::from_nanos(t)),
+        }
+    }
+
+    /// Waits until a revoked lease granted at `granted` may go (see the
+    /// module docs, "Contention"): once it served one I/O (the one that
+    /// asked for it, so that a lease that moves always does some work) and
+    /// this client paused using it for [`ClientConfig::lease_hold`] / 20,
+    /// or at the latest `lease_hold` after the grant.
+    fn hold(&self, f: &FileState, granted: Instant) {
+        let until = granted + self.cfg.lease_hold;
+        let pause = self.cfg.lease_hold / 20;
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            let wake = match self.last_used(f) {
+                Some(t) if t >= granted => {
+                    if now >= t + pause {
+                        return;
+                    }
+                    t + pause
+                }
+                // Not used yet: look again shortly.
+                _ => now + pause,
+            };
+            std::thread::sleep(wake.min(until) - now);
+        }
+    }
+
     /// Algorithm 1, ReleaseLease, on the manager's request: block new I/O
     /// and wait for running I/O (the exclusive slot), write back, empty the
-    /// cache, release.
-    fn revoke(&self, gfi: Gfi, lease: u64, generation: u64) {
+    /// cache, release. With `step_down` (a reader asked) a write lease
+    /// becomes a read lease instead, and the cache, clean once written
+    /// back, stays.
+    fn revoke(&self, gfi: Gfi, lease: u64, step_down: bool, generation: u64) {
         let f = lock(&self.files).get(&gfi.ino).cloned();
         let conn = lock(&self.conn).clone();
         let Some(conn) = conn.filter(|c| c.generation == generation) else {
             return;
         };
         if let Some(f) = f {
-            // Held for at least `lease_hold` (the revocation waits here,
-            // not holding the slot, so this client's I/O goes on).
+            // The revocation waits here, not holding the slot, so this
+            // client's I/O goes on.
             let granted = f.lease.read().unwrap_or_else(|p| p.into_inner()).granted;
-            if let Some(hold_until) = granted.map(|t| t + self.cfg.lease_hold) {
-                let now = Instant::now();
-                if hold_until > now {
-                    std::thread::sleep(hold_until - now);
-                }
+            if let Some(granted) = granted {
+                self.hold(&f, granted);
             }
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
+                if step_down {
+                    let kept = match g.mode {
+                        // Already stepped down (the manager lost that, in a
+                        // restart): say so again.
+                        Some(LeaseMode::Read) => conn.call(Req::StepDown { gfi, lease }).is_ok(),
+                        _ => match self.write_back_then(&f, &conn, lease, false, Then::StepDown) {
+                            Ok(true) => true,
+                            Ok(false) => conn.call(Req::StepDown { gfi, lease }).is_ok(),
+                            Err(_) => false,
+                        },
+                    };
+                    if kept {
+                        g.mode = Some(LeaseMode::Read);
+                        return;
+                    }
+                }
                 // A failure marks the data lost (reported at the next
                 // fsync/close); the lease goes back either way.
                 let released = g.mode == Some(LeaseMode::Write)
-                    && self.write_back_then(&f, &conn, lease, false, true).unwrap_or(false);
+                    && self
+                        .write_back_then(&f, &conn, lease, false, Then::Release)
+                        .unwrap_or(false);
                 lock(&f.cache).clear();
                 *g = Slot::default();
                 // Released before new I/O may ask again: an acquire that
@@ -774,13 +859,13 @@ impl Inner {
     /// Sends every dirty block and the size; with `sync`, makes them and
     /// every block written since the last fsync durable.
     fn write_back(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool) -> Result<()> {
-        self.write_back_then(f, conn, lease, sync, false).map(|_| ())
+        self.write_back_then(f, conn, lease, sync, Then::Keep).map(|_| ())
     }
 
-    /// [`Inner::write_back`], and with `release` the last request gives
-    /// the lease back too; returns whether it did (not when there was
-    /// nothing to write or the write failed).
-    fn write_back_then(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool, release: bool) -> Result<bool> {
+    /// [`Inner::write_back`], and the last request gives the lease back or
+    /// steps it down as `then` says; returns whether it did (not when
+    /// there was nothing to write or the write failed).
+    fn write_back_then(&self, f: &FileState, conn: &Conn, lease: u64, sync: bool, then: Then) -> Result<bool> {
         let (dirty, size, mtime, unsynced) = {
             let mut c = lock(&f.cache);
             let mut dirty: Vec<(u64, ByteBuf)> = Vec::new();
@@ -827,7 +912,8 @@ impl Inner {
                 size,
                 mtime,
                 sync: last_sync.then_some(to_sync),
-                release: release && k + 1 == n,
+                release: then != Then::Keep && k + 1 == n,
+                step_down: then == Then::StepDown,
             });
             if let Err(e) = r {
                 result = Err(e);
@@ -849,7 +935,7 @@ impl Inner {
                 c.meta_dirty = true;
             }
         }
-        result.map(|()| release)
+        result.map(|()| then != Then::Keep)
     }
 
     fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {

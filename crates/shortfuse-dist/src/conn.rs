@@ -30,8 +30,9 @@ use crate::proto::{self, ClientId, ClientMsg, Gfi, Reply, Request, ServerMsg, PR
 /// What the server (or its absence) tells the client unasked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The manager wants this lease back.
-    Revoke { gfi: Gfi, lease: u64 },
+    /// The manager wants this lease back; with `step_down`, a write
+    /// lease may stay as a read lease ([`ServerMsg::StepDown`]).
+    Revoke { gfi: Gfi, lease: u64, step_down: bool },
     /// The connection is gone (server stopped, network cut, bad frame).
     Closed,
 }
@@ -245,7 +246,20 @@ fn read_loop(conn: Weak<Conn>, mut reader: BufReader<TcpStream>, on_event: Event
             }
             Ok(ServerMsg::Revoke { gfi, lease }) => {
                 if !c.frozen.load(Ordering::Acquire) {
-                    on_event(Event::Revoke { gfi, lease })
+                    on_event(Event::Revoke {
+                        gfi,
+                        lease,
+                        step_down: false,
+                    })
+                }
+            }
+            Ok(ServerMsg::StepDown { gfi, lease }) => {
+                if !c.frozen.load(Ordering::Acquire) {
+                    on_event(Event::Revoke {
+                        gfi,
+                        lease,
+                        step_down: true,
+                    })
                 }
             }
             Err(_) => {

@@ -606,12 +606,19 @@ impl LeaseManager {
                     return Ok(id);
                 }
                 let mut deadline = now + self.ttl;
+                // A writer that a reader waits for may keep a read lease
+                // (and its cache) once it wrote back.
+                let step_down = mode == LeaseMode::Read && f.mode == Some(LeaseMode::Write);
                 for (holder, lease) in others {
                     let since = *f.revoking.entry(holder).or_insert_with(|| {
                         if let Some(s) = st.sessions.get(&holder) {
                             // A closed channel means the connection is
                             // going away: its session end frees the lease.
-                            let _ = s.revokes.send(ServerMsg::Revoke { gfi, lease });
+                            let _ = s.revokes.send(if step_down {
+                                ServerMsg::StepDown { gfi, lease }
+                            } else {
+                                ServerMsg::Revoke { gfi, lease }
+                            });
                         }
                         now
                     });
@@ -644,6 +651,25 @@ impl LeaseManager {
             }
         }
         // A failed write only delays the next grant after a restart.
+        let _ = self.save(&st);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Turns write lease `lease` into a read lease with the same id (the
+    /// holder wrote back, after a [`ServerMsg::StepDown`]): readers may
+    /// join it, and writes under it are refused from now on. Does nothing
+    /// unless `client` holds `lease` for writing.
+    pub fn step_down(&self, client: ClientId, gfi: Gfi, lease: u64) {
+        let mut st = self.lock();
+        let Some(f) = st.files.get_mut(&gfi) else { return };
+        if f.holders.get(&client) != Some(&lease) || f.mode != Some(LeaseMode::Write) {
+            return;
+        }
+        f.mode = Some(LeaseMode::Read);
+        f.revoking.remove(&client);
+        // A failed write: a restart finds the write lease, which the
+        // holder no longer uses as one; its next upgrade replaces it.
         let _ = self.save(&st);
         drop(st);
         self.changed.notify_waiters();
@@ -735,16 +761,56 @@ mod tests {
         assert_eq!(m.begin_io(a, F, la, false).err(), Some(Errno::ESTALE));
         let io = m.begin_io(c, F, lc, true).unwrap();
 
-        // A reader now waits for the writer's release and its running I/O.
+        // A reader now waits for the writer's release and its running I/O
+        // (the writer may step down instead; it releases here).
         let m2 = m.clone();
         let reader = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Read).await });
-        assert_eq!(rc.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lc }));
+        assert_eq!(rc.recv().await, Some(ServerMsg::StepDown { gfi: F, lease: lc }));
         m.release(c, F, lc);
         tokio::task::yield_now().await;
         assert!(!reader.is_finished(), "granted while the writer's I/O runs");
         drop(io);
         reader.await.unwrap().unwrap();
         assert_eq!(m.holders(F).0, Some(LeaseMode::Read));
+    }
+
+    #[tokio::test]
+    async fn a_writer_steps_down_for_a_reader_and_is_revoked_for_a_writer() {
+        let m = LeaseManager::new(Duration::from_secs(30));
+        let (a, mut ra) = session(&m);
+        let (b, _rb) = session(&m);
+        let (c, mut rc) = session(&m);
+        let la = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        let io = m.begin_io(a, F, la, true).unwrap();
+        let m2 = m.clone();
+        let reader = tokio::spawn(async move { m2.acquire(b, F, LeaseMode::Read).await });
+        assert_eq!(ra.recv().await, Some(ServerMsg::StepDown { gfi: F, lease: la }));
+        // Only the holder of that write lease steps it down.
+        m.step_down(b, F, la);
+        m.step_down(a, F, la + 1);
+        assert_eq!(m.holders(F).0, Some(LeaseMode::Write));
+        drop(io);
+        m.step_down(a, F, la);
+        let lb = reader.await.unwrap().unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Read), [a, b].into()));
+        // Fencing: the stepped-down lease still reads, no longer writes.
+        assert!(m.begin_io(a, F, la, false).is_ok());
+        assert_eq!(m.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
+        // A read lease stays one: a second step-down changes nothing.
+        m.step_down(a, F, la);
+        assert_eq!(m.holders(F).0, Some(LeaseMode::Read));
+        // A writer revokes both readers outright.
+        let m2 = m.clone();
+        let writer = tokio::spawn(async move { m2.acquire(c, F, LeaseMode::Write).await });
+        assert_eq!(ra.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: la }));
+        m.release(a, F, la);
+        m.release(b, F, lb);
+        writer.await.unwrap().unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Write), [c].into()));
+        // A reader's request while the writer is held: a step-down again.
+        let m2 = m.clone();
+        let _reader = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Read).await });
+        assert!(matches!(rc.recv().await, Some(ServerMsg::StepDown { .. })));
     }
 
     #[tokio::test]

@@ -82,6 +82,16 @@ impl Leases {
         }
     }
 
+    /// See [`LeaseManager::step_down`]. The etcd manager never asks a
+    /// writer to step down (it revokes), so there a step-down changes
+    /// nothing: the write lease stays, which covers reading.
+    pub async fn step_down(&self, client: ClientId, gfi: Gfi, lease: u64) {
+        match self {
+            Leases::Local(m) => m.step_down(client, gfi, lease),
+            Leases::Etcd(_) => {}
+        }
+    }
+
     pub fn begin_io(&self, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
         Ok(match self {
             Leases::Local(m) => IoGuard::Local(m.begin_io(client, gfi, lease, write)?),

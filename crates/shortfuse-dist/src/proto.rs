@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Most blocks sent with a grant.
 pub const MAX_GRANT_BLOCKS: u32 = 8;
@@ -229,6 +229,15 @@ pub enum Request {
         /// Then gives the lease back (a revocation's write-back and
         /// release in one round trip).
         release: bool,
+        /// With `release`: keeps a read lease under the same id instead
+        /// (the answer to [`ServerMsg::StepDown`]).
+        step_down: bool,
+    },
+    /// Turns write lease `lease` into a read lease with the same id (the
+    /// answer to [`ServerMsg::StepDown`] when nothing was dirty).
+    StepDown {
+        gfi: Gfi,
+        lease: u64,
     },
 }
 
@@ -279,6 +288,15 @@ pub enum ServerMsg {
     },
     /// The manager wants `lease` on `gfi` back (Algorithm 2, ReleaseLease).
     Revoke {
+        gfi: Gfi,
+        lease: u64,
+    },
+    /// The manager wants write lease `lease` on `gfi` back for a reader:
+    /// the holder may write back and keep a read lease
+    /// ([`Request::StepDown`], or [`Request::WriteBlocks`] with
+    /// `step_down`), so that its cache stays valid, or release as for a
+    /// [`ServerMsg::Revoke`].
+    StepDown {
         gfi: Gfi,
         lease: u64,
     },
@@ -353,6 +371,7 @@ mod tests {
                 mtime: (5, 6),
                 sync: Some(vec![1]),
                 release: false,
+                step_down: false,
             },
         };
         let frame = encode(&msg).unwrap();

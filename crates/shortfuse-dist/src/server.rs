@@ -458,8 +458,9 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             mtime,
             sync,
             release,
+            step_down,
         } => {
-            let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
+            let io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
             // A client's cache may outlive the file (unlinked elsewhere):
             // its blocks must not come back as garbage nobody removes.
             meta.getattr(gfi.ino)?;
@@ -478,10 +479,19 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                     .await
                     .map_err(|_| Errno::EIO)??;
             }
-            if release {
-                s.leases.release(client, gfi, lease).await;
+            // The write is over before a reader may join a stepped-down
+            // lease (readers wait for no running I/O).
+            drop(io);
+            match (release, step_down) {
+                (true, true) => s.leases.step_down(client, gfi, lease).await,
+                (true, false) => s.leases.release(client, gfi, lease).await,
+                (false, _) => {}
             }
             Reply::Node(info)
+        }
+        Request::StepDown { gfi, lease } => {
+            s.leases.step_down(client, gfi, lease).await;
+            Reply::Ok
         }
     })
 }

@@ -32,19 +32,19 @@ fn reader_revokes_writer_and_sees_its_cached_data() {
     assert_eq!(b.gfi(nb).unwrap(), gfi, "both clients name the file by the same GFI");
     assert_eq!(b.lookup(&REQ, NodeId::ROOT, OsStr::new("f")).unwrap().attr.size, 0);
 
-    // B reads: A's lease is revoked, A writes back, B sees A's bytes.
+    // B reads: A's write lease is revoked, A writes back and steps down
+    // to a read lease, B sees A's bytes.
     let got = read(&b, nb, 0, 20_000);
     let mut want = vec![0u8; 100];
     want.extend_from_slice(&data);
     assert_eq!(got, want);
     assert_eq!(b.getattr(&REQ, nb, None).unwrap().size, 10_100);
-    assert_eq!(
-        s.holders(gfi).unwrap(),
-        (Some(LeaseMode::Read), [b.client_id().unwrap()].into())
-    );
+    let both = [a.client_id().unwrap(), b.client_id().unwrap()].into();
+    assert_eq!(s.holders(gfi).unwrap(), (Some(LeaseMode::Read), both));
 
-    // A reads too: readers share.
+    // A reads from the cache it kept; readers share.
     assert_eq!(read(&a, node, 100, 5), &data[..5]);
+    assert_eq!(read(&a, node, 9_000, 1_100), &data[8_900..]);
     assert_eq!(s.holders(gfi).unwrap().1.len(), 2);
 
     // A writes again: B's read lease goes, and B's next read sees the change.
