@@ -19,11 +19,12 @@ import sfmount
 
 
 class Server:
-    """`shortfuse dist up` on a free loopback port, stopped on close."""
+    """`shortfuse dist up` on a free loopback port, stopped on close; `extra`
+    arguments after the data directory (`--etcd URL`: an agent)."""
 
-    def __init__(self, base: Path, listen: str = "127.0.0.1:0"):
+    def __init__(self, base: Path, listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()):
         self.proc = subprocess.Popen(
-            [str(sfmount.shortfuse_bin()), "dist", "up", "--data", str(base / "data"), "--listen", listen],
+            [str(sfmount.shortfuse_bin()), "dist", "up", "--data", str(base / "data"), "--listen", listen, *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -30,10 +30,12 @@ pub mod blocks;
 pub mod check;
 pub mod client;
 mod conn;
+pub mod etcdmeta;
 pub mod lease;
 pub mod lease_backend;
 pub mod lease_etcd;
 pub mod meta;
+pub mod metadata;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod server;

@@ -115,7 +115,7 @@ pub fn now() -> (i64, u32) {
     (t.sec, t.nsec)
 }
 
-fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
         return Err(Errno::EINVAL);
     }
@@ -127,16 +127,8 @@ fn check_name(name: &[u8]) -> Result<()> {
 
 impl Tree {
     fn fresh(node_id: u32) -> Tree {
-        let t = now();
         let root = Node {
-            attr: NodeAttr {
-                mode: libc::S_IFDIR | 0o755,
-                nlink: 2,
-                atime: t,
-                mtime: t,
-                ctime: t,
-                ..NodeAttr::default()
-            },
+            attr: new_attr(&NewKind::Dir, 0o755, 0, 0),
             body: Body::Dir {
                 parent: ROOT_INO,
                 entries: BTreeMap::new(),
@@ -535,31 +527,7 @@ impl Meta {
             });
         }
         let mut attr = node.attr;
-        let t = now();
-        let resolve = |w: WireTime| match w {
-            WireTime::Now => t,
-            WireTime::At(s, n) => (s, n),
-        };
-        if let Some(m) = change.mode {
-            attr.mode = (attr.mode & libc::S_IFMT) | (m & 0o7777);
-        }
-        if let Some(u) = change.uid {
-            attr.uid = u;
-        }
-        if let Some(g) = change.gid {
-            attr.gid = g;
-        }
-        if let Some(s) = change.size {
-            attr.size = s;
-            attr.mtime = t;
-        }
-        if let Some(a) = change.atime {
-            attr.atime = resolve(a);
-        }
-        if let Some(m) = change.mtime {
-            attr.mtime = resolve(m);
-        }
-        attr.ctime = t;
+        apply_change(&mut attr, change);
         Self::change(&mut inner, Op::SetAttr { ino, attr })?;
         Ok((Self::info(&inner.tree, ino)?, old_size))
     }
@@ -582,26 +550,7 @@ impl Meta {
     pub fn create(&self, parent: u64, name: &[u8], kind: NewKind, mode: u32, uid: u32, gid: u32) -> Result<NodeInfo> {
         let mut inner = self.lock();
         let ino = inner.tree.next_ino;
-        let t = now();
-        let (typ, size, rdev) = match &kind {
-            NewKind::Dir => (libc::S_IFDIR, 0, 0),
-            NewKind::Symlink { target } => (libc::S_IFLNK, target.len() as u64, 0),
-            NewKind::Node { rdev } => {
-                let typ = mode & libc::S_IFMT;
-                (if typ == 0 { libc::S_IFREG } else { typ }, 0, *rdev)
-            }
-        };
-        let attr = NodeAttr {
-            size,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            mode: typ | (mode & 0o7777),
-            nlink: if typ == libc::S_IFDIR { 2 } else { 1 },
-            uid,
-            gid,
-            rdev,
-        };
+        let attr = new_attr(&kind, mode, uid, gid);
         Self::change(
             &mut inner,
             Op::Create {
@@ -751,6 +700,60 @@ impl Meta {
     pub fn count(&self) -> u64 {
         self.lock().tree.nodes.len() as u64
     }
+}
+
+/// The attributes of a node `create` makes now.
+pub(crate) fn new_attr(kind: &NewKind, mode: u32, uid: u32, gid: u32) -> NodeAttr {
+    let t = now();
+    let (typ, size, rdev) = match kind {
+        NewKind::Dir => (libc::S_IFDIR, 0, 0),
+        NewKind::Symlink { target } => (libc::S_IFLNK, target.len() as u64, 0),
+        NewKind::Node { rdev } => {
+            let typ = mode & libc::S_IFMT;
+            (if typ == 0 { libc::S_IFREG } else { typ }, 0, *rdev)
+        }
+    };
+    NodeAttr {
+        size,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        mode: typ | (mode & 0o7777),
+        nlink: if typ == libc::S_IFDIR { 2 } else { 1 },
+        uid,
+        gid,
+        rdev,
+    }
+}
+
+/// Applies a `setattr` to `attr` (the caller checked that a size change
+/// is for a regular file).
+pub(crate) fn apply_change(attr: &mut NodeAttr, change: &AttrChange) {
+    let t = now();
+    let resolve = |w: WireTime| match w {
+        WireTime::Now => t,
+        WireTime::At(s, n) => (s, n),
+    };
+    if let Some(m) = change.mode {
+        attr.mode = (attr.mode & libc::S_IFMT) | (m & 0o7777);
+    }
+    if let Some(u) = change.uid {
+        attr.uid = u;
+    }
+    if let Some(g) = change.gid {
+        attr.gid = g;
+    }
+    if let Some(s) = change.size {
+        attr.size = s;
+        attr.mtime = t;
+    }
+    if let Some(a) = change.atime {
+        attr.atime = resolve(a);
+    }
+    if let Some(m) = change.mtime {
+        attr.mtime = resolve(m);
+    }
+    attr.ctime = t;
 }
 
 fn bincode_plain<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {

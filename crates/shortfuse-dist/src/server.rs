@@ -34,14 +34,20 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use crate::blocks::BlockStore;
+use crate::etcdmeta::{self, EtcdMeta, FsParams};
 use crate::lease::LeaseManager;
 use crate::lease_backend::Leases;
+use crate::lease_etcd::EtcdLeases;
 use crate::meta::Meta;
+use crate::metadata::Metadata;
 use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
 
 /// Block size of a new server (128 KiB: the kernel's largest write is 1 MiB,
 /// so a write spans few blocks, and a small random write costs one block).
 pub const DEFAULT_BLOCK_SIZE: u32 = 128 << 10;
+/// Where the agents keep leases and sessions in etcd (the metadata is
+/// under [`etcdmeta::DEFAULT_PREFIX`], keys of other names).
+pub const LEASE_PREFIX: &str = "shortfuse/lease/";
 /// Lease session lifetime without renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// How often expired sessions are noticed when nobody asks for a lease
@@ -88,7 +94,9 @@ impl ServerConfig {
 }
 
 struct Shared {
-    meta: Arc<Meta>,
+    meta: Arc<Metadata>,
+    /// The file system whose free space statfs reports (the blocks').
+    space: PathBuf,
     blocks: BlockStore,
     leases: Arc<Leases>,
 }
@@ -125,28 +133,41 @@ impl DistServer {
                 "the blocks need a data directory (--data DIR)",
             ));
         };
-        if !cfg.etcd.is_empty() {
-            // The etcd metadata service is being built (issue 10); serving
-            // from local metadata instead would split the file system.
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "metadata on etcd is not available in this build",
-            ));
-        }
-        let meta = Arc::new(Meta::open(&data.join("meta"), new_node_id())?);
-        let blocks = BlockStore::local(&data.join("blocks"), cfg.block_size)?;
-        let leases = Arc::new(Leases::Local(LeaseManager::open(cfg.lease_ttl, &data.join("leases"))?));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("distfs-server")
             .enable_all()
             .build()?;
+        let (meta, leases, block_size) = if cfg.etcd.is_empty() {
+            let meta = Metadata::Local(Meta::open(&data.join("meta"), new_node_id())?);
+            let leases = Leases::Local(LeaseManager::open(cfg.lease_ttl, &data.join("leases"))?);
+            (meta, leases, cfg.block_size)
+        } else {
+            let params = FsParams {
+                node_id: new_node_id(),
+                block_size: cfg.block_size,
+            };
+            let (meta, leases) = rt.block_on(async {
+                let client = etcdmeta::connect(&cfg.etcd).await?;
+                let meta = EtcdMeta::open(client, etcdmeta::DEFAULT_PREFIX, params, cfg.lease_ttl).await?;
+                let leases = EtcdLeases::connect(&cfg.etcd, LEASE_PREFIX, cfg.lease_ttl).await?;
+                std::io::Result::Ok((meta, leases))
+            })?;
+            // The file system's block size is the one it was made with.
+            let block_size = meta.params().block_size;
+            (Metadata::Etcd(Box::new(meta)), Leases::Etcd(leases), block_size)
+        };
+        let meta = Arc::new(meta);
+        let leases = Arc::new(leases);
+        let blocks = BlockStore::local(&data.join("blocks"), block_size)?;
+        let etcd = !cfg.etcd.is_empty();
         let listener = std::net::TcpListener::bind(cfg.listen)
             .map_err(|e| std::io::Error::new(e.kind(), format!("listen on {}: {e}", cfg.listen)))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             meta,
+            space: data.clone(),
             blocks,
             leases: leases.clone(),
         });
@@ -154,17 +175,27 @@ impl DistServer {
             let _guard = rt.enter();
             TcpListener::from_std(listener)?
         };
-        rt.block_on(reap_orphans(&shared, shared.meta.orphans()))
+        rt.block_on(async { reap_orphans(&shared, shared.meta.orphans().await?).await })
             .map_err(std::io::Error::from)?;
         let sweeper = shared.clone();
         rt.spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_EVERY.min(cfg.lease_ttl / 2));
+            let every = SWEEP_EVERY.min(cfg.lease_ttl / 2);
+            let mut tick = tokio::time::interval(every);
+            let mut last_orphan_sweep = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
                 sweeper.leases.sweep().await;
                 // A failure (storage down) leaves the orphan for the next
                 // restart's reaping: nothing is lost but space.
                 let _ = reap_closed(&sweeper).await;
+                // On etcd, the orphans of an agent that died are freed by
+                // whichever agent looks once its open marks expired.
+                if etcd && last_orphan_sweep.elapsed() >= cfg.lease_ttl {
+                    last_orphan_sweep = tokio::time::Instant::now();
+                    if let Ok(orphans) = sweeper.meta.orphans().await {
+                        let _ = reap_orphans(&sweeper, orphans).await;
+                    }
+                }
             }
         });
         rt.spawn(async move {
@@ -325,17 +356,17 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             s.leases.renew(client).await?;
             Reply::Ok
         }
-        Request::Lookup { parent, name } => Reply::Node(meta.lookup(parent, &name)?),
-        Request::GetAttr { ino } => Reply::Node(meta.getattr(ino)?),
+        Request::Lookup { parent, name } => Reply::Node(meta.lookup(parent, &name).await?),
+        Request::GetAttr { ino } => Reply::Node(meta.getattr(ino).await?),
         Request::SetAttr { ino, change, lease } => {
-            let gfi = meta.getattr(ino)?.gfi;
+            let gfi = meta.getattr(ino).await?.gfi;
             // Changing the size changes data: only the writer may.
             let _io = match (change.size, lease) {
                 (None, _) | (Some(_), Some(NO_LEASE)) => None,
                 (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true)?),
                 (Some(_), None) => return Err(Errno::EINVAL),
             };
-            let (info, old_size) = meta.setattr(ino, &change)?;
+            let (info, old_size) = meta.setattr(ino, &change).await?;
             if let Some(size) = change.size {
                 s.blocks.truncate(gfi, old_size, size).await?;
             }
@@ -350,7 +381,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             gid,
             open,
         } => {
-            let info = meta.create(parent, &name, kind, mode, uid, gid)?;
+            let info = meta.create(parent, &name, kind, mode, uid, gid).await?;
             if open {
                 open_file(s, client, info.gfi.ino).await?;
             }
@@ -364,12 +395,12 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
         }
         Request::Unlink { parent, name } => {
             let node = meta.node_id();
-            let freed = meta.remove(parent, &name, false, |ino| is_open(s, node, ino))?;
+            let freed = meta.remove(parent, &name, false, |ino| is_open(s, node, ino)).await?;
             remove_data(s, freed).await?;
             Reply::Ok
         }
         Request::Rmdir { parent, name } => {
-            meta.remove(parent, &name, true, |_| Ok(false))?;
+            meta.remove(parent, &name, true, |_| Ok(false)).await?;
             Reply::Ok
         }
         Request::Rename {
@@ -380,7 +411,9 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             flags,
         } => {
             let node = meta.node_id();
-            let freed = meta.rename(parent, &name, new_parent, &new_name, flags, |ino| is_open(s, node, ino))?;
+            let freed = meta
+                .rename(parent, &name, new_parent, &new_name, flags, |ino| is_open(s, node, ino))
+                .await?;
             remove_data(s, freed).await?;
             Reply::Ok
         }
@@ -388,18 +421,18 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             ino,
             new_parent,
             new_name,
-        } => Reply::Node(meta.link(ino, new_parent, &new_name)?),
-        Request::Readlink { ino } => Reply::Data(meta.readlink(ino)?),
-        Request::ReadDir { ino } => Reply::Entries(meta.readdir(ino)?),
+        } => Reply::Node(meta.link(ino, new_parent, &new_name).await?),
+        Request::Readlink { ino } => Reply::Data(meta.readlink(ino).await?),
+        Request::ReadDir { ino } => Reply::Entries(meta.readdir(ino).await?),
         Request::Statfs => {
-            let (blocks, bfree) = disk_space(meta.dir(), s.blocks.block_size());
+            let (blocks, bfree) = disk_space(&s.space, s.blocks.block_size());
             // No fixed inode table: as many free as a u32 counts, and the
             // total is used plus free (statfs(2) readers take it so).
             let ffree = u64::from(u32::MAX);
             Reply::Statfs {
                 blocks,
                 bfree,
-                files: meta.count() + ffree,
+                files: meta.count().await? + ffree,
                 ffree,
                 bsize: s.blocks.block_size(),
             }
@@ -414,7 +447,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 s.leases.release(client, gfi, old).await;
             }
             let lease = s.leases.acquire(client, gfi, mode).await?;
-            let attr = match meta.getattr(gfi.ino) {
+            let attr = match meta.getattr(gfi.ino).await {
                 Ok(info) => info.attr,
                 Err(e) => {
                     s.leases.release(client, gfi, lease).await;
@@ -463,7 +496,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             let io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
             // A client's cache may outlive the file (unlinked elsewhere):
             // its blocks must not come back as garbage nobody removes.
-            meta.getattr(gfi.ino)?;
+            meta.getattr(gfi.ino).await?;
             // Data first, then the size that makes it visible.
             let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
             let blocks = blocks.into_iter().map(|(i, b)| (i, b.into_vec())).collect();
@@ -472,12 +505,9 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 s.blocks.sync(gfi, &written).await?;
                 s.blocks.sync(gfi, earlier).await?;
             }
-            let info = meta.set_size(gfi.ino, size, mtime)?;
+            let info = meta.set_size(gfi.ino, size, mtime).await?;
             if sync.is_some() {
-                let m = s.meta.clone();
-                tokio::task::spawn_blocking(move || m.sync())
-                    .await
-                    .map_err(|_| Errno::EIO)??;
+                s.meta.sync().await?;
             }
             // The write is over before a reader may join a stepped-down
             // lease (readers wait for no running I/O).
@@ -506,10 +536,14 @@ fn is_open(s: &Shared, node: u32, ino: u64) -> Result<bool> {
 /// Records that `client` holds `ino` open; `ENOENT` when the file was
 /// freed before the record was made (removed meanwhile by another client).
 async fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
-    let gfi = s.meta.getattr(ino)?.gfi;
+    let gfi = s.meta.getattr(ino).await?.gfi;
     s.leases.open_file(client, gfi).await?;
+    if let Err(e) = s.meta.open_file(ino).await {
+        let _ = s.leases.close_file(client, gfi).await;
+        return Err(e);
+    }
     // Checked again after the record: a removal from now on sees it open.
-    if let Err(e) = s.meta.getattr(ino) {
+    if let Err(e) = s.meta.getattr(ino).await {
         // A record left behind goes with the session.
         let _ = s.leases.close_file(client, gfi).await;
         return Err(e);
@@ -540,7 +574,7 @@ async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
     let node = s.meta.node_id();
     for ino in inos {
         let gfi = proto::Gfi { node, ino };
-        if s.meta.reap(ino, || s.leases.is_open(gfi))? {
+        if s.meta.reap(ino, || s.leases.is_open(gfi)).await? {
             s.blocks.remove_file(gfi).await?;
         }
     }
