@@ -358,6 +358,128 @@ def test_a_raw_clone_child_is_a_process_of_its_own_to_the_daemon(shortfuse, scra
         d.stop()
 
 
+# Handles of a daemon's files go to the open file description only when it
+# can reach another process (fork, exec, a descriptor sent over a socket):
+# until then they are the opening process's. The program says where it is
+# (a line) and waits for the test (a line back), which reads the daemon's
+# RELEASE count meanwhile. Files are unlinked while open: mem frees one as
+# soon as nothing uses it, so a handle released too early (with the lookups
+# of a connection that ended) shows as a failed read.
+LAZY = r"""
+import os, socket, subprocess, sys, time
+mp = sys.argv[1]
+def step(name):
+    print(name, flush=True)
+    sys.stdin.readline()
+def run(code, *args, fds=()):
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], pass_fds=fds, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+if len(sys.argv) > 2:
+    # exec'd by the first image below: the inherited description is adopted.
+    fd = int(sys.argv[2])
+    os.write(fd, b"zz")
+    print("exec", os.pread(fd, 10, 0).decode(), flush=True)
+    os.close(fd)
+    step("exec-closed")
+    sys.exit(0)
+# A forked child goes on at the shared offset after the parent closed.
+fd = os.open(mp + "/a", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"ab")
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(r, 1)
+    os.write(fd, b"cd")
+    os.lseek(fd, 0, 0)
+    ok = os.read(fd, 10) == b"abcd"
+    os.close(fd)
+    os._exit(0 if ok else 1)
+os.close(fd)
+step("fork-parent-closed")
+os.write(w, b"x")
+print("fork", os.waitpid(pid, 0)[1], flush=True)
+step("fork-child-closed")
+# Sent over a Unix socket by a program that then ends; read by another one.
+a, b = socket.socketpair()
+run("import os, socket, sys; fd = os.open(sys.argv[1] + '/c', os.O_RDWR | os.O_CREAT, 0o644); "
+    "os.write(fd, b'12'); os.unlink(sys.argv[1] + '/c'); "
+    "socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b'x'], [fd])", mp, b.fileno(), fds=(b.fileno(),))
+_, got, _, _ = socket.recv_fds(a, 1, 1)
+print("sent", run("import os, sys; print(os.pread(int(sys.argv[1]), 10, 0).decode())", got[0], fds=(got[0],)), flush=True)
+os.close(got[0])
+step("sent-closed")
+# A forked child that ends without closing, while the connection lives on.
+pid = os.fork()
+if pid == 0:
+    os.write(os.open(mp + "/e", os.O_RDWR | os.O_CREAT, 0o644), b"e")
+    os._exit(0)
+os.waitpid(pid, 0)
+step("child-ended")
+# kill -9 of a program holding a file open, never forked.
+k = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(sys.argv[1] + '/k', os.O_RDWR | os.O_CREAT, 0o644); "
+                      "print('open', flush=True); time.sleep(60)", mp], stdout=subprocess.PIPE, text=True)
+assert k.stdout.readline() == "open\n"
+k.kill()
+k.wait()
+step("killed")
+# exec without fork: the new image goes on with the description.
+fd = os.open(mp + "/b", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"xy")
+os.unlink(mp + "/b")
+os.set_inheritable(fd, True)
+os.execv(sys.executable, [sys.executable, sys.argv[0], mp, str(fd)])
+"""
+
+
+def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratch):
+    mp = scratch / "mnt"
+    d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
+    script = scratch / "lazy.py"
+    script.write_text(LAZY)
+    p = subprocess.Popen(
+        [str(shortfuse), "run", "-m", str(mp), "--", sys.executable, str(script), str(mp)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # RELEASEs expected by each step: none while a forked child still holds
+    # the parent's description (a RELEASE would come at once, before the
+    # step), then one per description once its last descriptor closed, or
+    # its process ended (which the daemon learns a little later).
+    releases = {
+        "fork-parent-closed": 0,
+        "fork-child-closed": 1,
+        "sent-closed": 2,
+        "child-ended": 3,
+        "killed": 4,
+        "exec-closed": 5,
+    }
+    try:
+        base = d.count("RELEASE")
+        said = []
+        for line in p.stdout:
+            line = line.strip()
+            if line not in releases:
+                said.append(line)
+                continue
+            want = releases[line]
+            deadline = time.monotonic() + 10
+            while (got := d.count("RELEASE") - base) < want and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert got == want, f"{got} RELEASEs at {line}, {want} expected"
+            p.stdin.write("\n")
+            p.stdin.flush()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+        assert said == ["fork 0", "sent 12", "exec xyzz"], p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        d.stop()
+
+
 def stopped(pid: int):
     """Waits until every thread of `pid` has stopped (SIGSTOP reaches each
     thread on its own; a spinning worker could still serve meanwhile)."""

@@ -114,6 +114,8 @@ pub fn is_file_call(nr: i64) -> bool {
             | libc::SYS_execveat
             | libc::SYS_flock
             | libc::SYS_inotify_add_watch
+            | libc::SYS_sendmsg
+            | libc::SYS_sendmmsg
     )
 }
 
@@ -345,6 +347,19 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
 }
 
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
+    // Where a daemon's descriptions may reach another process (see `shared`).
+    match nr {
+        libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork => {
+            shared::before_clone(nr, a[0]);
+            return Some(0);
+        }
+        libc::SYS_sendmsg | libc::SYS_sendmmsg => {
+            shared::sent(nr, a);
+            return None;
+        }
+        libc::SYS_execve | libc::SYS_execveat => shared::anchor_all(),
+        _ => {}
+    }
     let st = state();
     if let Some(r) = kernel::call(nr, a) {
         return r;
@@ -1090,9 +1105,11 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         }
     }
     if shared::wanted(&f, flags) {
+        let clock = shared::clock();
         let fd = shared::create(&f, cloexec);
         if fd >= 0 {
-            state().fds.insert(fd as i32, f, cloexec);
+            state().fds.insert(fd as i32, f.clone(), cloexec);
+            shared::settle(&f, clock);
             return Some(fd);
         }
     }

@@ -326,6 +326,11 @@ static FINI: extern "C" fn() = fini;
 #[no_mangle]
 pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64, nr: i64) -> i64 {
     let a = [a1, a2, a3, a4, a5, a6];
+    if is_clone(nr) {
+        before_clone(nr, a, None);
+        // The entry runs the call itself (`sys::shortfuse_special`).
+        return 0;
+    }
     if nr == libc::SYS_rt_sigaction && !sud::on() {
         sud::note_sigaction(a1, a2);
     }
@@ -345,6 +350,20 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
     sys::raw6(nr, a)
 }
 
+/// clone, fork and vfork: the calls after which another process may hold
+/// our descriptors.
+pub(crate) fn is_clone(nr: i64) -> bool {
+    matches!(nr, libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork)
+}
+
+/// Runs before every clone, fork and vfork (from the entry's slow path or
+/// the SIGSYS handler, `frame_mask` as for [`serve`]): moves the clone clock
+/// and hands the daemons our descriptions (`calls::shared::before_clone`).
+pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
+    sys::clone_starts();
+    let _ = serve(nr, a, frame_mask);
+}
+
 /// Serves a file call on the mounts: None sends it to the kernel.
 /// `frame_mask`: None from the zpoline entry (asynchronous signals are
 /// blocked here meanwhile); from the SIGSYS handler, the program's mask in
@@ -354,7 +373,7 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
 /// execve/execveat are served with the program's mask and selector. A
 /// handler that interrupts them finds `in_hook` set and reaches the kernel.
 pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
-    if !calls::is_file_call(nr) || !ACTIVE.load(Ordering::Acquire) {
+    if !(calls::is_file_call(nr) || is_clone(nr)) || !ACTIVE.load(Ordering::Acquire) {
         return None;
     }
     let t = sys::thread();

@@ -378,6 +378,12 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
         return;
     }
     if is_special(nr) {
+        if crate::is_clone(nr) {
+            // SAFETY: uc_sigmask is at least 8 bytes, suitably aligned.
+            let mask = unsafe { *(&uc.uc_sigmask as *const libc::sigset_t as *const u64) };
+            crate::before_clone(nr, a, Some(mask));
+        }
+        let g = &mut uc.uc_mcontext.gregs;
         g[libc::REG_R11 as usize] = ret;
         g[libc::REG_RIP as usize] = sys::shortfuse_special as *const () as i64;
         t.selector.store(BLOCK, Ordering::SeqCst);

@@ -142,6 +142,11 @@ pub struct Cfg {
     /// Set by the assembly in every new process (a clone without CLONE_VM,
     /// libc's fork or a raw one): see `crate::serve`.
     pub forked: AtomicU64,
+    /// The clone clock: high half, clone-family calls started (moved by
+    /// [`clone_starts`] before each); low half, those running (moved back
+    /// by the assembly once the call returns in the parent, and in a child
+    /// with memory of its own). See `calls::shared::settle`.
+    pub clones: AtomicU64,
 }
 
 const _: () = {
@@ -152,6 +157,7 @@ const _: () = {
     assert!(core::mem::offset_of!(Cfg, text_start) == 96);
     assert!(core::mem::offset_of!(Cfg, text_len) == 104);
     assert!(core::mem::offset_of!(Cfg, forked) == 112);
+    assert!(core::mem::offset_of!(Cfg, clones) == 120);
     assert!(core::mem::size_of::<Cfg>() <= 128);
 };
 
@@ -165,6 +171,11 @@ extern "C" {
     /// `sa_restorer` of our SIGSYS handler: its rt_sigreturn is issued from
     /// our text, which Syscall User Dispatch lets through.
     pub fn shortfuse_restorer();
+}
+
+/// A clone-family call is about to run (see [`Cfg::clones`]).
+pub fn clone_starts() {
+    cfg().clones.fetch_add((1 << 32) + 1, Ordering::SeqCst);
 }
 
 pub fn cfg() -> &'static Cfg {
@@ -285,8 +296,10 @@ pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
 // Slow path: save arguments, rflags and vector state, call
 // `shortfuse_hook(a1..a6, nr)` on a 16-byte aligned stack, restore.
 //
-// rt_sigreturn (15) runs on the stack its signal frame is on. The clone
-// family (clone 56, fork 57, vfork 58, clone3 435) goes to
+// rt_sigreturn (15) runs on the stack its signal frame is on. clone 56,
+// fork 57 and vfork 58 first take the slow path (the hook gives the
+// descriptions of a daemon's files to the daemon before a new process can
+// inherit them, see `calls::shared`), then, like clone3 435, go to
 // `shortfuse_special` with r11 = return address and the stack as at the
 // call site:
 // - clone3 answers ENOSYS (as seccomp sandboxes do); glibc then uses clone,
@@ -325,12 +338,6 @@ global_asm!(
     "10:",
     "cmp $15, %rax",
     "je 20f",
-    "cmp $56, %rax",
-    "je 21f",
-    "cmp $57, %rax",
-    "je 21f",
-    "cmp $58, %rax",
-    "je 21f",
     "cmp $435, %rax",
     "je 21f",
     "push %rbp",
@@ -392,11 +399,22 @@ global_asm!(
     "mov -40(%rbp), %r10",
     "mov -48(%rbp), %r8",
     "mov -56(%rbp), %r9",
+    "mov -64(%rbp), %r11",
+    "sub $56, %r11",
+    "cmp $2, %r11",
+    "jbe 15f",
     "lea -8(%rbp), %rsp",
     "popfq",
     "pop %rbp",
     "add $0x80, %rsp",
     "ret",
+    // clone, fork, vfork: the hook has run; now the call itself
+    "15:",
+    "mov -64(%rbp), %rax",
+    "lea -8(%rbp), %rsp",
+    "popfq",
+    "pop %rbp",
+    "jmp 21f",
     // rt_sigreturn
     "20:",
     "add $0x88, %rsp",
@@ -442,7 +460,7 @@ global_asm!(
     "syscall",
     "lea 8(%rsi), %rsi",
     "test %rax, %rax",
-    "jnz 7f",
+    "jnz 6f",
     "mov %rdi, %r11",
     "call shortfuse_child",
     "ret",
@@ -452,9 +470,13 @@ global_asm!(
     "push %r11",
     "syscall",
     "test %rax, %rax",
-    "jnz 7f",
+    "jnz 6f",
     "xor %r11d, %r11d",
     "call shortfuse_child",
+    "jmp 7f",
+    // the parent: the call no longer runs (see Cfg::clones)
+    "6:",
+    "lock decq shortfuse_cfg+120(%rip)",
     "7:",
     "mov %fs:0, %rcx",
     "add shortfuse_cfg+64(%rip), %rcx",
@@ -472,6 +494,9 @@ global_asm!(
     "add shortfuse_cfg+64(%rip), %rcx",
     "test %rax, %rax",
     "setz 8(%rcx)",
+    "jz 8f",
+    "lock decq shortfuse_cfg+120(%rip)",
+    "8:",
     "jmp *(%rcx)",
     ".size shortfuse_special, .-shortfuse_special",
     "",
@@ -494,6 +519,8 @@ global_asm!(
     "test $0x100, %r11d",
     "jnz 3f",
     "movq $1, shortfuse_cfg+112(%rip)",
+    // memory of its own: the clone it came from no longer runs here
+    "lock decq shortfuse_cfg+120(%rip)",
     "3:",
     "cmpb $0, shortfuse_cfg+88(%rip)",
     "je 2f",

@@ -50,6 +50,31 @@ pub fn iovecs<'a>(p: i64, n: i64) -> &'a [libc::iovec] {
     unsafe { std::slice::from_raw_parts(p as *const libc::iovec, n as usize) }
 }
 
+/// Appends the descriptors `msg` passes (SCM_RIGHTS) to `fds`.
+pub fn passed_fds(msg: &libc::msghdr, fds: &mut Vec<i32>) {
+    if msg.msg_control.is_null() || msg.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    // SAFETY: the program's control buffer of `msg_controllen` bytes, which
+    // the kernel reads the same way; CMSG_NXTHDR stays within it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let head = libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(c).cast::<i32>();
+                let end = msg.msg_control as usize + msg.msg_controllen;
+                let n = ((*c).cmsg_len.saturating_sub(head)).min(end.saturating_sub(data as usize))
+                    / std::mem::size_of::<i32>();
+                for i in 0..n {
+                    fds.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+}
+
 /// A zeroed C struct (stat, statx, statfs).
 pub fn zeroed<T: Copy>() -> T {
     // SAFETY: only used for plain C structs of integers, for which all-zero

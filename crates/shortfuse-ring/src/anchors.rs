@@ -6,8 +6,11 @@
 //! command (a new image, a new connection); a parent and its forked child
 //! share one description and one offset. So the shim gives every open file
 //! of a ring mount a kernel file of its own (a memfd, whose descriptors are
-//! the program's descriptors of that open file, in every process) and hands
-//! the daemon that file with the handle ([`crate::proto::AnchorMsg`]). The
+//! the program's descriptors of that open file, in every process) and, once
+//! the description can reach another process (before a fork, an exec, a
+//! descriptor sent over a socket), hands the daemon that file with the
+//! handle ([`crate::proto::AnchorMsg`]); until then the handle is the
+//! opening process's (the server's `Handle`). The
 //! daemon watches it with inotify: IN_CLOSE fires when the kernel drops the
 //! open file description, that is when the last descriptor of it closes, in
 //! whichever process, however it ends (close, exit, kill -9, FD_CLOEXEC at

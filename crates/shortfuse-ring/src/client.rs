@@ -29,7 +29,7 @@ use shortfuse::Errno;
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::proto::{AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
+use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
 
@@ -56,6 +56,7 @@ static PID: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn refresh_pid() {
     PID.store(sys::getpid(), Ordering::Relaxed);
+    ANCHORING.store(false, Ordering::Relaxed);
 }
 
 /// Tells the ring that this process is a new one: for children made
@@ -63,6 +64,26 @@ extern "C" fn refresh_pid() {
 /// `pthread_atfork` handler. Async-signal-safe.
 pub fn after_fork() {
     refresh_pid();
+}
+
+/// Set while a thread of this process sends anchors and waits for their
+/// acknowledgement (cleared in a forked child, whose other threads are gone).
+static ANCHORING: AtomicBool = AtomicBool::new(false);
+
+/// The acknowledgement each batch of anchors asks for.
+static COOKIE: AtomicU32 = AtomicU32::new(1);
+
+/// How long [`RingClient::anchor`] waits for the daemon's answer.
+const ANCHOR_WAIT: Duration = Duration::from_secs(5);
+
+/// An open handle to give to the open file description of `description`
+/// (see [`RingClient::anchor`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Anchoring<'a> {
+    pub node: u64,
+    pub fh: u64,
+    pub dir: bool,
+    pub description: BorrowedFd<'a>,
 }
 
 /// A connection to a daemon's rings.
@@ -266,23 +287,71 @@ impl RingClient {
         }
     }
 
-    /// Gives the open handle `fh` of `node` to the open file description
-    /// of `description` (an `AnchorMsg` on the socket): the daemon then
-    /// releases it when the kernel closes that description, in whichever
-    /// process holds it last; the caller sends no RELEASE for it.
-    pub fn anchor(&self, node: u64, fh: u64, dir: bool, description: BorrowedFd<'_>) -> Result<(), Errno> {
+    /// Gives open handles to the open file descriptions of their
+    /// descriptors (an `AnchorMsg` each on the socket): the daemon then
+    /// releases each when the kernel closes its description, in whichever
+    /// process holds it last; the caller sends no RELEASE for them. Returns
+    /// once the daemon has taken them all, so that the process may then end
+    /// (or hand the descriptions on) without the handles going with it.
+    pub fn anchor(&self, batch: &[Anchoring<'_>]) -> Result<(), Errno> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         if self.is_dead() {
             return Err(Errno::ENOTCONN);
         }
-        let msg = AnchorMsg {
-            magic: ANCHOR_MAGIC,
-            node,
-            fh,
-            dir: u32::from(dir),
-            padding: 0,
+        // One batch at a time: the acknowledgement read here is ours.
+        while ANCHORING.swap(true, Ordering::Acquire) {
+            sys::sched_yield();
+        }
+        let r = self.anchor_locked(batch);
+        ANCHORING.store(false, Ordering::Release);
+        r
+    }
+
+    fn anchor_locked(&self, batch: &[Anchoring<'_>]) -> Result<(), Errno> {
+        let errno = |e: io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+        let cookie = loop {
+            let c = COOKIE.fetch_add(1, Ordering::Relaxed);
+            if c != 0 {
+                break c;
+            }
         };
-        sys::send(self.sock.as_fd(), msg.as_bytes(), Some(description))
-            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+        for (n, a) in batch.iter().enumerate() {
+            let msg = AnchorMsg {
+                magic: ANCHOR_MAGIC,
+                node: a.node,
+                fh: a.fh,
+                dir: u32::from(a.dir),
+                ack: if n + 1 == batch.len() { cookie } else { 0 },
+            };
+            sys::send(self.sock.as_fd(), msg.as_bytes(), Some(a.description)).map_err(errno)?;
+        }
+        let deadline = std::time::Instant::now() + ANCHOR_WAIT;
+        let mut buf = [0u8; 64];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Errno::ETIMEDOUT);
+            }
+            if !sys::readable(self.sock.as_fd(), left.min(LIVENESS_PERIOD)) {
+                if self.check_dead() {
+                    return Err(Errno::ENOTCONN);
+                }
+                continue;
+            }
+            let (n, _) = sys::recv(self.sock.as_fd(), &mut buf).map_err(errno)?;
+            if n == 0 {
+                self.dead.store(true, Ordering::Relaxed);
+                return Err(Errno::ENOTCONN);
+            }
+            // An earlier batch's answer that its caller gave up waiting for.
+            if let Ok((a, _)) = AnchorAck::read_from_prefix(&buf[..n]) {
+                if a.magic == ANCHOR_MAGIC && a.ack == cookie {
+                    return Ok(());
+                }
+            }
+        }
     }
 
     /// Hands every pending notification to `f`, oldest first (or

@@ -262,8 +262,9 @@ impl Locks {
     }
 }
 
-/// Watches the processes of ring clients that hold POSIX locks: a pidfd
-/// each, polled by one thread, which drops a process's locks when it ends.
+/// Watches the processes of ring clients that hold POSIX locks or file
+/// handles of their own: a pidfd each, polled by one thread, which tells
+/// the daemon when one ends (it then drops what the process held).
 pub(crate) struct Reaper {
     epoll: std::os::fd::OwnedFd,
     pids: Mutex<HashMap<u32, std::os::fd::OwnedFd>>,
@@ -281,32 +282,32 @@ impl Reaper {
         self.pids.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Drops the POSIX locks of process `pid` when it ends (at once when
-    /// it has ended already).
-    pub fn watch(&self, locks: &Locks, pid: u32) {
+    /// Watches process `pid` (see [`Reaper::run`]); false when it has
+    /// ended already. A process that cannot be watched (the daemon is out
+    /// of descriptors) counts as watched: what it holds then waits for its
+    /// connection to end.
+    pub fn watch(&self, pid: u32) -> bool {
         let mut pids = self.pids();
         if pids.contains_key(&pid) {
-            return;
+            return true;
         }
         match sys::pidfd(pid) {
-            Some(fd) => {
+            Ok(fd) => {
                 if sys::epoll_add(&self.epoll, &fd, pid).is_ok() {
                     pids.insert(pid, fd);
                 }
+                true
             }
-            None => {
-                drop(pids);
-                locks.release_owner(POSIX_OWNER | u64::from(pid));
-            }
+            Err(e) => e != libc::ESRCH,
         }
     }
 
-    /// Releases the locks of processes that end, until `stop` is set.
-    pub fn run(&self, locks: &Locks, stop: &std::sync::atomic::AtomicBool) {
+    /// Hands `ended` every watched process that ends, until `stop` is set.
+    pub fn run(&self, stop: &std::sync::atomic::AtomicBool, mut ended: impl FnMut(u32)) {
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             for pid in sys::epoll_wait(&self.epoll, 200) {
                 self.pids().remove(&pid);
-                locks.release_owner(POSIX_OWNER | u64::from(pid));
+                ended(pid);
             }
         }
     }
@@ -327,11 +328,22 @@ mod sys {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    pub fn pidfd(pid: u32) -> Option<OwnedFd> {
+    /// A pidfd of `pid`, or the errno (ESRCH: no such process).
+    pub fn pidfd(pid: u32) -> Result<OwnedFd, i32> {
+        // pid 0 and negative pids are not processes to pidfd_open.
+        let Ok(p) = libc::pid_t::try_from(pid) else {
+            return Err(libc::ESRCH);
+        };
+        if p == 0 {
+            return Err(libc::ESRCH);
+        }
         // SAFETY: no pointers; a new descriptor we own.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+        }
         // SAFETY: fd is new and ours.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
     }
 
     pub fn epoll_add(epoll: &OwnedFd, fd: &OwnedFd, pid: u32) -> std::io::Result<()> {

@@ -1,8 +1,9 @@
 //! The handshake over the daemon's Unix socket (SOCK_SEQPACKET, so each
 //! message arrives whole): the client says hello, the daemon answers with
 //! the geometry and passes the memfd of a region made for this client
-//! alone. Afterwards the socket carries nothing; it stays open so that
-//! each side sees the other go away (EOF), however it ends.
+//! alone. Afterwards the socket carries only the client's [`AnchorMsg`]s
+//! (and the daemon's acknowledgements of them); it stays open so that each
+//! side sees the other go away (EOF), however it ends.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,8 +39,8 @@ pub struct Welcome {
 /// now belongs to the open file description of the descriptor passed with
 /// this message" (SCM_RIGHTS). The daemon watches that kernel file and
 /// releases the handle when its last descriptor closes, in whatever process
-/// (see `anchors`). Handles without one are the connection's, released when
-/// it ends.
+/// (see `anchors`). Handles without one are the connection's and the
+/// opening process's, released when either ends.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct AnchorMsg {
@@ -48,10 +49,22 @@ pub struct AnchorMsg {
     pub fh: u64,
     /// 1 for a directory handle (RELEASEDIR), else 0.
     pub dir: u32,
+    /// Non-zero: the daemon answers with an [`AnchorAck`] carrying it once
+    /// it has taken this message and every earlier one (the client then
+    /// knows that the handles no longer depend on its process).
+    pub ack: u32,
+}
+
+/// The daemon's answer to an [`AnchorMsg`] that asked for one.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct AnchorAck {
+    pub magic: u64,
+    pub ack: u32,
     pub padding: u32,
 }
 
-/// `AnchorMsg::magic`.
+/// `AnchorMsg::magic` and `AnchorAck::magic`.
 pub const ANCHOR_MAGIC: u64 = 0x5346_414e_4348_4f52;
 
 impl Hello {

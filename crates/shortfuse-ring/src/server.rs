@@ -40,7 +40,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::anchors::Anchors;
 use crate::client::{encode_record, Notice};
 use crate::locks::{Locks, Reaper};
-use crate::proto::{AnchorMsg, Hello, Welcome};
+use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
 
@@ -143,8 +143,8 @@ struct NotifyTail {
 /// What a client holds in the file system, to give back when it goes.
 #[derive(Default)]
 struct Track {
-    /// (fh, directory?) -> node.
-    handles: HashMap<(u64, bool), u64>,
+    /// (fh, directory?) -> what the handle is open on, and who owns it.
+    handles: HashMap<(u64, bool), Handle>,
     /// node -> lookups handed out and not forgotten.
     lookups: HashMap<u64, u64>,
 }
@@ -218,7 +218,7 @@ impl Server {
         let s = shared.clone();
         let reaper = thread::Builder::new()
             .name("sf-ring-reaper".into())
-            .spawn(move || s.reaper.run(&s.locks, &s.stopping))?;
+            .spawn(move || s.reaper.run(&s.stopping, |pid| s.process_ended(pid)))?;
         let s = shared.clone();
         let accept = thread::Builder::new()
             .name("sf-ring-accept".into())
@@ -392,8 +392,19 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         match sys::recv(sock.as_fd(), &mut buf) {
             Ok((0, _)) | Err(_) => break,
             Ok((n, fd)) => {
-                if let (Ok((m, _)), Some(fd)) = (AnchorMsg::read_from_prefix(&buf[..n]), fd) {
+                let Ok((m, _)) = AnchorMsg::read_from_prefix(&buf[..n]) else {
+                    continue;
+                };
+                if let Some(fd) = fd {
                     conn.anchor(&shared, &m, fd);
+                }
+                if m.magic == ANCHOR_MAGIC && m.ack != 0 {
+                    let ack = AnchorAck {
+                        magic: ANCHOR_MAGIC,
+                        ack: m.ack,
+                        padding: 0,
+                    };
+                    let _ = sys::send(sock.as_fd(), ack.as_bytes(), None);
                 }
             }
         }
@@ -524,6 +535,11 @@ impl Conn {
             error_reply(reply, h.unique, libc::EPERM);
             return;
         }
+        let dir = h.opcode == abi::FUSE_RELEASEDIR;
+        if (dir || h.opcode == abi::FUSE_RELEASE) && !self.releasing(req, h.nodeid, pid, dir) {
+            error_reply(reply, h.unique, 0);
+            return;
+        }
         if self.dispatcher.handle(req, reply, Transport::Ring) == Outcome::NoReply {
             reply.clear();
         }
@@ -531,25 +547,26 @@ impl Conn {
         // A failed request hands out nothing and changes nothing; only the
         // ones giving something back count when they fail (a stat of a
         // missing name skips the parse and the lock).
-        let gives_back = matches!(
-            h.opcode,
-            abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET | abi::FUSE_RELEASE | abi::FUSE_RELEASEDIR
-        );
+        let gives_back = matches!(h.opcode, abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET);
         if !tracked(h.opcode) || !(ok || gives_back) {
             return;
         }
         let Ok(parsed) = abi::parse(req) else {
             return;
         };
-        self.track(&parsed, ok, reply);
+        if let Some(p) = self.track(&parsed, ok, reply, pid) {
+            if !shared.reaper.watch(p) {
+                shared.process_ended(p);
+            }
+        }
         if ok {
             changes(&parsed, |n| shared.announce(self.id, pid, n));
         }
     }
 
     /// Records handles and lookups handed out to this client, and their
-    /// return.
-    fn track(&self, r: &abi::Request<'_>, ok: bool, reply: &[u8]) {
+    /// return; returns the process to watch when it got a file handle.
+    fn track(&self, r: &abi::Request<'_>, ok: bool, reply: &[u8], pid: u32) -> Option<u32> {
         let body = reply.get(16..).unwrap_or(&[]);
         let entry = || abi::fuse_entry_out::read_from_prefix(body).ok().map(|(e, _)| e);
         let mut t = lock(&self.track);
@@ -560,17 +577,19 @@ impl Conn {
                     t.forget(f.nodeid, f.nlookup);
                 }
             }
-            Operation::Release { arg } => {
-                t.handles.remove(&(arg.fh, false));
-            }
-            Operation::Releasedir { arg } => {
-                t.handles.remove(&(arg.fh, true));
-            }
             _ if !ok => {}
             Operation::Open { .. } | Operation::Opendir { .. } => {
                 if let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(body) {
                     let dir = matches!(r.op, Operation::Opendir { .. });
-                    t.handles.insert((o.fh, dir), r.header.nodeid);
+                    let pid = if dir { 0 } else { pid };
+                    t.handles.insert(
+                        (o.fh, dir),
+                        Handle {
+                            node: r.header.nodeid,
+                            pid,
+                        },
+                    );
+                    return (!dir).then_some(pid);
                 }
             }
             Operation::Create { .. } => {
@@ -578,7 +597,8 @@ impl Conn {
                     *t.lookups.entry(e.nodeid).or_default() += 1;
                     let rest = body.get(std::mem::size_of::<abi::fuse_entry_out>()..).unwrap_or(&[]);
                     if let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(rest) {
-                        t.handles.insert((o.fh, false), e.nodeid);
+                        t.handles.insert((o.fh, false), Handle { node: e.nodeid, pid });
+                        return Some(pid);
                     }
                 }
             }
@@ -593,6 +613,7 @@ impl Conn {
             }
             _ => {}
         }
+        None
     }
 
     /// Gives back what a departed client held: RELEASE/RELEASEDIR for its
@@ -602,17 +623,9 @@ impl Conn {
         let mut req = Vec::new();
         let mut reply = Vec::new();
         let mut unique = u64::MAX;
-        for ((fh, dir), node) in t.handles {
-            let arg = abi::fuse_release_in {
-                fh,
-                flags: 0,
-                release_flags: 0,
-                lock_owner: 0,
-            };
-            let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
-            build(&mut req, op, unique, node, &[arg.as_bytes()]);
+        for ((fh, dir), h) in t.handles {
+            self.release_for(&mut req, &mut reply, unique, fh, dir, h.node);
             unique -= 1;
-            self.dispatcher.handle(&req, &mut reply, Transport::Ring);
         }
         let forgets: Vec<abi::fuse_forget_one> = t
             .lookups
@@ -640,6 +653,61 @@ impl Conn {
         }
     }
 
+    /// RELEASE (or RELEASEDIR) of handle `fh` on `node` on behalf of the
+    /// client, which can no longer send it.
+    fn release_for(&self, req: &mut Vec<u8>, reply: &mut Vec<u8>, unique: u64, fh: u64, dir: bool, node: u64) {
+        let arg = abi::fuse_release_in {
+            fh,
+            flags: 0,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
+        build(req, op, unique, node, &[arg.as_bytes()]);
+        self.dispatcher.handle(req, reply, Transport::Ring);
+    }
+
+    /// Gives back the file handles process `pid` opened through this
+    /// connection and never gave to a description (see [`Handle`]).
+    fn release_pid(&self, pid: u32) {
+        let mine: Vec<((u64, bool), Handle)> = {
+            let mut t = lock(&self.track);
+            let keys: Vec<(u64, bool)> = t
+                .handles
+                .iter()
+                .filter(|(_, h)| h.pid == pid && pid != 0)
+                .map(|(k, _)| *k)
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| t.handles.remove(&k).map(|h| (k, h)))
+                .collect()
+        };
+        let (mut req, mut reply) = (Vec::new(), Vec::new());
+        for (i, ((fh, dir), h)) in mine.into_iter().enumerate() {
+            self.release_for(&mut req, &mut reply, u64::MAX - i as u64, fh, dir, h.node);
+        }
+    }
+
+    /// Takes a RELEASE or RELEASEDIR out of the client's handles before it
+    /// goes to the file system: false (answer it, but do not pass it on)
+    /// for a handle the client does not own, or that another process of
+    /// the connection opened: one given to a description already (a
+    /// forked child closing its copy), or garbage.
+    fn releasing(&self, req: &[u8], node: u64, pid: u32, dir: bool) -> bool {
+        let body = req.get(std::mem::size_of::<abi::fuse_in_header>()..).unwrap_or(&[]);
+        let Ok((arg, _)) = abi::fuse_release_in::read_from_prefix(body) else {
+            return false;
+        };
+        let mut t = lock(&self.track);
+        match t.handles.get(&(arg.fh, dir)) {
+            Some(h) if h.node == node && (h.pid == 0 || h.pid == pid) => {
+                t.handles.remove(&(arg.fh, dir));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Appends one notification to this client's ring; when the ring is
     /// full (or the message too long) counts an overflow instead, which
     /// makes the client forget its whole cache.
@@ -661,6 +729,20 @@ impl Conn {
     }
 }
 
+/// An open handle a connection owns: released when the connection ends,
+/// and a file's handle (not yet given to its description, see
+/// [`crate::anchors`]) also when the process that opened it ends: the
+/// connection is shared by the processes forked from its owner, and the
+/// shim gives every description to the daemon before another process can
+/// hold it, so until then it is that one process's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Handle {
+    node: u64,
+    /// The opening process (0 for directories: theirs stay the
+    /// connection's, whichever of its processes closes them).
+    pid: u32,
+}
+
 impl Track {
     fn forget(&mut self, node: u64, n: u64) {
         if let Some(c) = self.lookups.get_mut(&node) {
@@ -673,6 +755,16 @@ impl Track {
 }
 
 impl Shared {
+    /// Process `pid` of some client ended: its POSIX locks go, and so do the
+    /// file handles it opened and kept to itself.
+    fn process_ended(&self, pid: u32) {
+        self.locks.release_owner(crate::locks::POSIX_OWNER | u64::from(pid));
+        let clients: Vec<Arc<Conn>> = lock(&self.clients).clone();
+        for c in clients {
+            c.release_pid(pid);
+        }
+    }
+
     /// Tells every client about a change made through connection `from` by
     /// process `pid`. The connection itself is told too, for the processes
     /// forked from its owner that share it: each skips its own changes.
@@ -692,8 +784,6 @@ fn tracked(opcode: u32) -> bool {
             | abi::FUSE_BATCH_FORGET
             | abi::FUSE_OPEN
             | abi::FUSE_OPENDIR
-            | abi::FUSE_RELEASE
-            | abi::FUSE_RELEASEDIR
             | abi::FUSE_CREATE
             | abi::FUSE_MKNOD
             | abi::FUSE_MKDIR

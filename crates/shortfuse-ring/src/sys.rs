@@ -126,6 +126,19 @@ pub fn peer_gone(fd: RawFd) -> bool {
     r == 0 || (r < 0 && r != -i64::from(libc::EAGAIN) && r != -i64::from(libc::EINTR))
 }
 
+/// Whether `fd` has something to read (or its peer went away) within
+/// `timeout`.
+pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX).max(1);
+    let r = raw(libc::SYS_poll, &mut p as *mut libc::pollfd as i64, 1, ms, 0, 0, 0);
+    r > 0
+}
+
 /// The CPU this thread runs on (glibc reads it from rseq or the vDSO: no
 /// system call, no lock).
 pub fn current_cpu() -> usize {

@@ -2,7 +2,8 @@
 //! clients speaking raw FUSE through `RingClient`, a client in a child
 //! process that is killed mid-request, a client that scribbles over
 //! its own shared memory, a handle that outlives its connection with the
-//! open file description it was given to, and a waiting SETLKW.
+//! open file description it was given to, handles owned by the process
+//! that opened them, and a waiting SETLKW.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use shortfuse::{Errno, MountOptions, Stats};
 use shortfuse_abi as abi;
 use shortfuse_fs::mem::MemFs;
 use shortfuse_ring::region::{self, slot, Geometry};
-use shortfuse_ring::{Notice, RingClient, Server, ServerConfig};
+use shortfuse_ring::{Anchoring, Notice, RingClient, Server, ServerConfig};
 use zerocopy::{FromBytes, IntoBytes};
 
 fn scratch(name: &str) -> PathBuf {
@@ -293,11 +294,18 @@ fn an_anchored_handle_outlives_its_connection_until_its_description_closes() {
     init(&c);
     let (node, fh) = create(&c, b"f");
     let d = description();
-    c.anchor(node, fh, false, d.as_fd()).unwrap();
     // A handle the client does not hold is not taken.
     let other = description();
-    c.anchor(node, fh + 1000, false, other.as_fd()).unwrap();
-    wait_for("the anchor", || s.held() == (1, 1));
+    let anchoring = |fh, d| Anchoring {
+        node,
+        fh,
+        dir: false,
+        description: d,
+    };
+    c.anchor(&[anchoring(fh, d.as_fd()), anchoring(fh + 1000, other.as_fd())])
+        .unwrap();
+    // Taken once anchor returns.
+    assert_eq!(s.held(), (1, 1));
     // The connection goes (an exec'd image, say); the description stays.
     drop(c);
     wait_for("the departure", || s.clients() == 0);
@@ -307,6 +315,60 @@ fn an_anchored_handle_outlives_its_connection_until_its_description_closes() {
     drop(d);
     wait_for("the release", || s.held() == (0, 0));
     assert_eq!(count(&stats, abi::FUSE_RELEASE), releases + 1);
+}
+
+fn release_request(node: u64, fh: u64) -> Vec<u8> {
+    let arg = abi::fuse_release_in {
+        fh,
+        ..Default::default()
+    };
+    request(abi::FUSE_RELEASE, node, arg.as_bytes(), &[])
+}
+
+#[test]
+fn a_process_sharing_a_connection_owns_the_handles_it_opened() {
+    let path = scratch("forked");
+    let (s, stats) = server(&path);
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let (node, fh) = create(&c, b"parents");
+    // Built before the fork: the child allocates nothing (another thread
+    // of the test may hold the allocator's lock).
+    let not_its_own = release_request(node, fh);
+    let create_arg = abi::fuse_create_in {
+        flags: libc::O_RDWR as u32,
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        open_flags: 0,
+    };
+    let create_req = request(abi::FUSE_CREATE, 1, create_arg.as_bytes(), &[b"childs"]);
+    let mut reply = Vec::with_capacity(4096);
+    let releases = count(&stats, abi::FUSE_RELEASE);
+    // SAFETY: the child only uses the ring (atomics, futexes, no lock, no
+    // allocation) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // A RELEASE of the parent's handle is answered and not passed on;
+        // the child's own handle is never released by it: the daemon gives
+        // it back when the child ends, while the connection lives on.
+        let ok = c.call(&not_its_own, &mut reply).is_ok() && c.call(&create_req, &mut reply).is_ok();
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(status, 0);
+    wait_for("the child's handle to go", || s.held().0 == 1);
+    assert_eq!(s.clients(), 1);
+    assert_eq!(count(&stats, abi::FUSE_RELEASE), releases + 1);
+    // The parent's handle is still good, and still its own to release.
+    assert_eq!(write(&c, node, fh, b"still open"), 0);
+    let (err, _) = call(&c, &release_request(node, fh)).unwrap();
+    assert_eq!(err, 0);
+    assert_eq!(s.held().0, 0);
+    assert_eq!(count(&stats, abi::FUSE_RELEASE), releases + 2);
 }
 
 fn count(stats: &Stats, opcode: u32) -> u64 {

@@ -39,23 +39,26 @@ pub trait Backend: Send + Sync {
         false
     }
 
-    /// Hands the daemon the ownership of an open handle: from now on it
-    /// belongs to the open file description that `description` (a kernel
-    /// file shared by every descriptor of it, in every process) stands
-    /// for, and the daemon releases it when the kernel closes the last of
-    /// them. ENOSYS where there is no daemon.
-    fn anchor(&self, anchor: &Anchor, description: BorrowedFd<'_>) -> Result<(), Errno> {
-        let _ = (anchor, description);
+    /// Hands the daemon the ownership of open handles: from now on each
+    /// belongs to the open file description that its `description` (a
+    /// kernel file shared by every descriptor of it, in every process)
+    /// stands for, and the daemon releases it when the kernel closes the
+    /// last of them. Until then a handle is this process's: the daemon
+    /// releases it when the process ends. Returns once the daemon holds
+    /// them all. ENOSYS where there is no daemon.
+    fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
+        let _ = anchors;
         Err(Errno::ENOSYS)
     }
 }
 
 /// An open handle given to an open file description (see [`Backend::anchor`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Anchor {
+#[derive(Clone, Copy, Debug)]
+pub struct Anchor<'a> {
     pub node: NodeId,
     pub fh: u64,
     pub dir: bool,
+    pub description: BorrowedFd<'a>,
 }
 
 /// What a client must stop believing.

@@ -632,12 +632,8 @@ impl Client {
     }
 
     /// See [`Backend::anchor`].
-    pub fn anchor(
-        &self,
-        anchor: &crate::backend::Anchor,
-        description: std::os::fd::BorrowedFd<'_>,
-    ) -> Result<(), Errno> {
-        self.backend.anchor(anchor, description)
+    pub fn anchor(&self, anchors: &[crate::backend::Anchor<'_>]) -> Result<(), Errno> {
+        self.backend.anchor(anchors)
     }
 
     /// FUSE_GETLK: the first lock that would conflict with `lock` taken by

@@ -135,17 +135,24 @@ impl OpenFile {
         self.shared.get()
     }
 
-    /// Gives the handle to the daemon (see [`crate::Backend::anchor`]).
-    pub fn anchor(&self, description: std::os::fd::BorrowedFd<'_>) -> Result<(), Errno> {
-        let fh = self.fh.ok_or(Errno::EBADF)?;
-        let a = crate::backend::Anchor {
+    /// Whether the daemon owns the handle (see [`anchor_files`]).
+    pub fn anchored(&self) -> bool {
+        self.anchored.load(Ordering::Acquire)
+    }
+
+    /// What giving the handle to the shared description would send: `None`
+    /// when there is nothing to give (no description, no handle, given).
+    fn anchoring(&self) -> Option<crate::backend::Anchor<'_>> {
+        use std::os::fd::AsFd;
+        if self.anchored() {
+            return None;
+        }
+        Some(crate::backend::Anchor {
             node: self.node,
-            fh,
+            fh: self.fh?,
             dir: self.kind == FileType::Directory,
-        };
-        self.vfs.client().anchor(&a, description)?;
-        self.anchored.store(true, Ordering::Relaxed);
-        Ok(())
+            description: self.shared.get()?.as_fd(),
+        })
     }
 
     /// The handle of the file system's open (`None` for O_PATH and M-Cache opens).
@@ -612,6 +619,34 @@ fn sync_backing(map: &shortfuse::DataMap, datasync: bool) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Gives the handles of `files` to their shared descriptions (see
+/// [`crate::Backend::anchor`]), one batch per mount; files without one, or
+/// given already, are skipped. Returns once the daemons hold them, or the
+/// first failure (the handles of that mount then stay this process's).
+pub fn anchor_files<F: std::borrow::Borrow<OpenFile>>(files: &[F]) -> Result<(), Errno> {
+    let mut pending: Vec<&OpenFile> = files
+        .iter()
+        .map(|f| f.borrow())
+        .filter(|f| f.anchoring().is_some())
+        .collect();
+    // A description with several descriptors is listed once per descriptor.
+    pending.sort_by_key(|f| (Arc::as_ptr(&f.vfs) as usize, std::ptr::from_ref(*f) as usize));
+    pending.dedup_by_key(|f| std::ptr::from_ref(*f) as usize);
+    let mut result = Ok(());
+    for group in pending.chunk_by(|a, b| Arc::ptr_eq(&a.vfs, &b.vfs)) {
+        let batch: Vec<crate::backend::Anchor<'_>> = group.iter().filter_map(|f| f.anchoring()).collect();
+        match group[0].vfs.client().anchor(&batch) {
+            Ok(()) => {
+                for f in group {
+                    f.anchored.store(true, Ordering::Release);
+                }
+            }
+            Err(e) => result = result.and(Err(e)),
+        }
+    }
+    result
+}
+
 impl Drop for OpenFile {
     fn drop(&mut self) {
         if let (Some(fh), Some(pc)) = (self.fh, self.page_cache()) {
@@ -623,7 +658,7 @@ impl Drop for OpenFile {
                 }
             }
         }
-        if let Some(fh) = self.fh.filter(|_| !self.anchored.load(Ordering::Relaxed)) {
+        if let Some(fh) = self.fh.filter(|_| !self.anchored()) {
             // RELEASE errors are ignored, as the kernel ignores them.
             let _ = self
                 .vfs
@@ -1039,6 +1074,16 @@ impl FdTable {
             .iter()
             .filter(|(_, s)| s.cloexec)
             .map(|(&fd, _)| fd)
+            .collect()
+    }
+
+    /// The open files of shared descriptions whose handles are still this
+    /// process's (see [`anchor_files`]).
+    pub fn unanchored(&self) -> Vec<Arc<OpenFile>> {
+        self.lock()
+            .values()
+            .filter(|s| s.file.anchoring().is_some())
+            .map(|s| s.file.clone())
             .collect()
     }
 

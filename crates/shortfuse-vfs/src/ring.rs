@@ -5,12 +5,11 @@
 //! notifications keep this client's dentry and attribute cache coherent.
 
 use std::ffi::OsStr;
-use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use shortfuse::{Errno, NodeId};
-use shortfuse_ring::{Notice, RingClient};
+use shortfuse_ring::{Anchoring, Notice, RingClient};
 
 use crate::backend::{Anchor, Backend, Invalidation};
 
@@ -47,8 +46,18 @@ impl Backend for Ring {
         true
     }
 
-    fn anchor(&self, a: &Anchor, description: BorrowedFd<'_>) -> Result<(), Errno> {
-        self.client.anchor(a.node.0, a.fh, a.dir, description)
+    fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
+        // The shim anchors at most a process's open files at once.
+        let batch: Vec<Anchoring<'_>> = anchors
+            .iter()
+            .map(|a| Anchoring {
+                node: a.node.0,
+                fh: a.fh,
+                dir: a.dir,
+                description: a.description,
+            })
+            .collect();
+        self.client.anchor(&batch)
     }
 
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {

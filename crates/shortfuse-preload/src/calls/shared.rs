@@ -21,6 +21,28 @@
 //!   the kernel drops the description: the last descriptor closed, in
 //!   whichever process, however it ended.
 //!
+//! Handing the memfd over costs more than the rest of an empty create (a
+//! message with a descriptor to a daemon thread that must be woken, then
+//! an inotify watch): about 30 µs, against 3 for the memfd itself. So it
+//! waits until the description can reach another process ([`anchor_all`],
+//! [`sent`]): until then the handle is this process's, released by our
+//! close or, if the process ends first, by the daemon (which watches the
+//! processes of its connections). A description reaches another process
+//! only through
+//!
+//! - a new process (fork, vfork, clone without CLONE_FILES): every
+//!   description is given before the call ([`before_clone`]); one made by
+//!   another thread while the call runs gives itself ([`settle`]);
+//! - exec: every description is given first (the new image adopts those
+//!   that survive, and the kernel's close of the others must reach the
+//!   daemon even while a process forked earlier keeps the connection);
+//! - a descriptor passed over a Unix socket (sendmsg, sendmmsg);
+//! - flock and OFD locks, which live as long as the description.
+//!
+//! Not followed: pidfd_getfd by another process, which takes a descriptor
+//! without our part (the daemon may then release the handle under it when
+//! this process ends).
+//!
 //! The memfd is empty and sealed: a program without the shim that
 //! inherits it reads nothing and fails to write (EPERM).
 //!
@@ -29,7 +51,8 @@
 //! `pack` mount does not see what another changed (not even a file it just
 //! created), so there is nothing the new image could open again.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shortfuse::{FileType, NodeId};
@@ -98,19 +121,80 @@ pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
         return fail(own);
     }
     f.share(owned_file(own));
-    if let Some(s) = f.shared() {
-        // On failure the handle stays the connection's (released by us, or
-        // by the daemon when the connection ends): right within this
-        // process image, not beyond it.
-        let _ = f.anchor(s.as_fd());
-    }
     fd
 }
 
+/// The clone clock before [`create`]: see [`settle`].
+pub fn clock() -> u64 {
+    crate::sys::cfg().clones.load(Ordering::SeqCst)
+}
+
+/// After [`create`] and the descriptor's entry in the table: gives the
+/// handle to the description at once if a new process may have copied the
+/// descriptor without [`before_clone`] seeing it (made while a clone ran,
+/// or a clone started since `before`, the [`clock`] read before [`create`]).
+pub fn settle(f: &Arc<OpenFile>, before: u64) {
+    let running = before & CLONES_RUNNING;
+    if running != 0 || clock() != before {
+        anchor(std::slice::from_ref(f));
+    }
+}
+
+/// Bits of the clone clock that count the clone calls running (the rest
+/// counts those started).
+const CLONES_RUNNING: u64 = 0xffff_ffff;
+
+/// Before a clone-family call (`nr`, clone's `flags`): the clock moves
+/// (see [`settle`]), then, unless the child is a thread sharing our memory
+/// and descriptors, every description is given to the daemon.
+pub fn before_clone(nr: i64, flags: i64) {
+    let thread = (libc::CLONE_VM | libc::CLONE_FILES) as i64;
+    if nr == libc::SYS_clone && flags & thread == thread {
+        return;
+    }
+    anchor_all();
+}
+
+/// Gives every description of this process to the daemon (see the module
+/// doc).
+pub fn anchor_all() {
+    let files = super::state().fds.unanchored();
+    anchor(&files);
+}
+
+/// Gives the descriptions among the descriptors a sendmsg or sendmmsg
+/// passes (SCM_RIGHTS) to the daemon; the call itself goes on to the kernel.
+pub fn sent(nr: i64, a: [i64; 6]) {
+    let mut fds = Vec::new();
+    if nr == libc::SYS_sendmsg {
+        if a[1] != 0 {
+            crate::user::passed_fds(&crate::user::get::<libc::msghdr>(a[1]), &mut fds);
+        }
+    } else if a[1] != 0 {
+        let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
+        for i in 0..n {
+            let m: libc::mmsghdr = crate::user::get(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64);
+            crate::user::passed_fds(&m.msg_hdr, &mut fds);
+        }
+    }
+    let st = super::state();
+    let files: Vec<Arc<OpenFile>> = fds.into_iter().filter_map(|fd| st.fds.get(fd)).collect();
+    anchor(&files);
+}
+
+fn anchor<F: std::borrow::Borrow<OpenFile>>(files: &[F]) {
+    // On failure (the daemon is gone or stuck) the handles stay this
+    // process's: right within it, not beyond it.
+    let _ = shortfuse_vfs::anchor_files(files);
+}
+
 /// The lock owner of flock and OFD locks on `f`'s shared description (the
-/// daemon computes the same from the memfd it was given).
+/// daemon computes the same from the memfd it was given). Those locks live
+/// as long as the description, which only the daemon follows: it is given
+/// its handle first.
 pub fn description_owner(f: &OpenFile) -> Option<u64> {
     let s = f.shared()?;
+    anchor(&[f]);
     let mut st: libc::stat = crate::user::zeroed();
     let r = raw(
         libc::SYS_fstat,

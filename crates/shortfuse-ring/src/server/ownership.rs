@@ -48,9 +48,13 @@ impl Conn {
             return;
         };
         let dir = m.dir == 1;
-        if lock(&self.track).handles.remove(&(m.fh, dir)) != Some(m.node) {
-            return;
-        }
+        let mut t = lock(&self.track);
+        let pid = match t.handles.get(&(m.fh, dir)) {
+            Some(h) if h.node == m.node => h.pid,
+            _ => return,
+        };
+        t.handles.remove(&(m.fh, dir));
+        drop(t);
         let held = Held {
             node: m.node,
             fh: m.fh,
@@ -59,7 +63,9 @@ impl Conn {
             owner,
         };
         if let Err(h) = shared.anchors.add(fd, held) {
-            lock(&self.track).handles.insert((h.fh, h.dir), h.node);
+            lock(&self.track)
+                .handles
+                .insert((h.fh, h.dir), super::Handle { node: h.node, pid });
         }
     }
 
@@ -106,7 +112,10 @@ impl Conn {
             return Some(Locked::Wait);
         }
         if r.is_ok() && lock.typ != libc::F_UNLCK && owner & (DESCRIPTION_OWNER | POSIX_OWNER) == POSIX_OWNER {
-            shared.reaper.watch(&shared.locks, owner as u32);
+            let pid = owner as u32;
+            if !shared.reaper.watch(pid) {
+                shared.process_ended(pid);
+            }
         }
         error_reply(reply, h.unique, r.err().map_or(0, |e| e.raw()));
         shared.stats.record(h.opcode, Transport::Ring, nanos(start));
