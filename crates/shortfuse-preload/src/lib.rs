@@ -45,7 +45,9 @@
 //! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
 //! as under seccomp sandboxes); clone with a new stack returns on that stack;
 //! vfork, and clone(CLONE_VM) without a stack, keep their return address off
-//! the shared stack; every new process (libc's fork or a raw clone) is marked
+//! the shared stack; clone, fork and vfork first pass through the hook,
+//! which hands a daemon the descriptions a new process could inherit
+//! (`calls::shared`); every new process (libc's fork or a raw clone) is marked
 //! by the assembly, and its first served call tells the rings its pid; the
 //! child of a vfork-like call (posix_spawn) shares our
 //! memory and sends everything to the kernel until it execs, so it cannot
@@ -361,6 +363,9 @@ pub(crate) fn is_clone(nr: i64) -> bool {
 /// and hands the daemons our descriptions (`calls::shared::before_clone`).
 pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
     sys::clone_starts();
+    if !calls::shared::new_process(nr, a[0]) {
+        return;
+    }
     let _ = serve(nr, a, frame_mask);
 }
 
@@ -374,6 +379,10 @@ pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
 /// handler that interrupts them finds `in_hook` set and reaches the kernel.
 pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
     if !(calls::is_file_call(nr) || is_clone(nr)) || !ACTIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    if calls::shared::sends(nr) && !calls::shared::passes_descriptors(nr, a) {
+        // Most messages pass no descriptor: spare them the rest.
         return None;
     }
     let t = sys::thread();

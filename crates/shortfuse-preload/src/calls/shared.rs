@@ -148,11 +148,45 @@ const CLONES_RUNNING: u64 = 0xffff_ffff;
 /// (see [`settle`]), then, unless the child is a thread sharing our memory
 /// and descriptors, every description is given to the daemon.
 pub fn before_clone(nr: i64, flags: i64) {
+    if new_process(nr, flags) {
+        anchor_all();
+    }
+}
+
+/// Whether clone-family call `nr` (clone's `flags`) makes a child that
+/// could close or keep our descriptions behind our back: anything but a
+/// thread sharing our memory and descriptor table.
+pub fn new_process(nr: i64, flags: i64) -> bool {
     let thread = (libc::CLONE_VM | libc::CLONE_FILES) as i64;
-    if nr == libc::SYS_clone && flags & thread == thread {
+    nr != libc::SYS_clone || flags & thread != thread
+}
+
+/// sendmsg and sendmmsg.
+pub fn sends(nr: i64) -> bool {
+    matches!(nr, libc::SYS_sendmsg | libc::SYS_sendmmsg)
+}
+
+/// Whether a sendmsg or sendmmsg passes descriptors (SCM_RIGHTS).
+pub fn passes_descriptors(nr: i64, a: [i64; 6]) -> bool {
+    let mut fds = Vec::new();
+    passed(nr, a, &mut fds);
+    !fds.is_empty()
+}
+
+/// The descriptors a sendmsg or sendmmsg passes.
+fn passed(nr: i64, a: [i64; 6], fds: &mut Vec<i32>) {
+    if a[1] == 0 {
         return;
     }
-    anchor_all();
+    if nr == libc::SYS_sendmsg {
+        crate::user::passed_fds(&crate::user::get::<libc::msghdr>(a[1]), fds);
+        return;
+    }
+    let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
+    for i in 0..n {
+        let m: libc::mmsghdr = crate::user::get(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64);
+        crate::user::passed_fds(&m.msg_hdr, fds);
+    }
 }
 
 /// Gives every description of this process to the daemon (see the module
@@ -166,17 +200,7 @@ pub fn anchor_all() {
 /// passes (SCM_RIGHTS) to the daemon; the call itself goes on to the kernel.
 pub fn sent(nr: i64, a: [i64; 6]) {
     let mut fds = Vec::new();
-    if nr == libc::SYS_sendmsg {
-        if a[1] != 0 {
-            crate::user::passed_fds(&crate::user::get::<libc::msghdr>(a[1]), &mut fds);
-        }
-    } else if a[1] != 0 {
-        let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
-        for i in 0..n {
-            let m: libc::mmsghdr = crate::user::get(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64);
-            crate::user::passed_fds(&m.msg_hdr, &mut fds);
-        }
-    }
+    passed(nr, a, &mut fds);
     let st = super::state();
     let files: Vec<Arc<OpenFile>> = fds.into_iter().filter_map(|fd| st.fds.get(fd)).collect();
     anchor(&files);
