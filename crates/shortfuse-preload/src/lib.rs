@@ -363,10 +363,82 @@ pub(crate) fn is_clone(nr: i64) -> bool {
 /// and hands the daemons our descriptions (`calls::shared::before_clone`).
 pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
     sys::clone_starts();
-    if !calls::shared::new_process(nr, a[0]) {
-        return;
+    let process = calls::shared::new_process(nr, a[0]);
+    if process {
+        let _ = serve(nr, a, frame_mask);
     }
-    let _ = serve(nr, a, frame_mask);
+    fork_gate::close(process);
+}
+
+/// Keeps served calls and new processes apart. A child gets a copy of our
+/// memory with every lock as it was at the clone: a lock another thread
+/// held then (in the VFS, a cache, the descriptor table) would stay held
+/// in the child forever, and its first call on the mount would hang. So a
+/// clone that makes a process waits until no thread is inside a served
+/// call, and no call starts until the clone has returned.
+///
+/// Both waits are bounded: a call that blocks (a lock wait on a daemon)
+/// delays a fork by [`DRAIN`] at most, and a vfork child slow to exec
+/// holds up the parent's other threads by [`HOLD`] at most, after which
+/// each goes on as it would without the gate.
+mod fork_gate {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use crate::sys;
+
+    /// Threads inside a served call.
+    static INSIDE: AtomicU64 = AtomicU64::new(0);
+
+    const DRAIN: Duration = Duration::from_millis(100);
+    const HOLD: Duration = Duration::from_secs(1);
+
+    fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) {
+        let end = Instant::now() + limit;
+        while !done() && Instant::now() < end {
+            sys::raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+        }
+    }
+
+    /// Before a clone-family call (the assembly opens the gate again when
+    /// it returns): for a new process, waits for the calls inside to end.
+    pub fn close(process: bool) {
+        sys::cfg().forking.fetch_add(1, Ordering::SeqCst);
+        if process {
+            wait_until(DRAIN, || INSIDE.load(Ordering::SeqCst) == 0);
+        }
+    }
+
+    /// A served call starts (waiting while a clone is made).
+    pub fn enter() {
+        let forking = &sys::cfg().forking;
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if forking.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+        let end = Instant::now() + HOLD;
+        loop {
+            wait_until(end.saturating_duration_since(Instant::now()), || {
+                forking.load(Ordering::SeqCst) == 0
+            });
+            INSIDE.fetch_add(1, Ordering::SeqCst);
+            if forking.load(Ordering::SeqCst) == 0 || Instant::now() >= end {
+                return;
+            }
+            INSIDE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    pub fn leave() {
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// In a new process: the other threads, and whatever they were inside,
+    /// stayed behind.
+    pub fn forked() {
+        INSIDE.store(0, Ordering::SeqCst);
+    }
 }
 
 /// Serves a file call on the mounts: None sends it to the kernel.
@@ -395,6 +467,7 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
         // also tells them (pthread_atfork); a raw clone system call only
         // tells us.
         shortfuse_ring::after_fork();
+        fork_gate::forked();
     }
     if t.vforked.load(Ordering::Relaxed) != 0 {
         // A vfork child shares our memory: it must not change our tables.
@@ -435,7 +508,9 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     // Only now: a handler that ran before the mask went on was not inside.
     t.in_hook.store(true, Ordering::Relaxed);
     let selector = t.selector.swap(sys::ALLOW, Ordering::SeqCst);
+    fork_gate::enter();
     let r = calls::dispatch(nr, a);
+    fork_gate::leave();
     t.selector.store(selector, Ordering::SeqCst);
     // Last: a signal pending meanwhile is delivered as the mask comes off,
     // and its handler's file calls must find us out of the hook.

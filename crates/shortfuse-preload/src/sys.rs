@@ -147,6 +147,11 @@ pub struct Cfg {
     /// by the assembly once the call returns in the parent, and in a child
     /// with memory of its own). See `calls::shared::settle`.
     pub clones: AtomicU64,
+    /// Clone-family calls about to run or running (moved by
+    /// `crate::fork_gate` before each, back by the assembly once the call
+    /// returns in the parent; zeroed in a child with memory of its own):
+    /// served calls wait while it is non-zero.
+    pub forking: AtomicU64,
 }
 
 const _: () = {
@@ -158,7 +163,8 @@ const _: () = {
     assert!(core::mem::offset_of!(Cfg, text_len) == 104);
     assert!(core::mem::offset_of!(Cfg, forked) == 112);
     assert!(core::mem::offset_of!(Cfg, clones) == 120);
-    assert!(core::mem::size_of::<Cfg>() <= 128);
+    assert!(core::mem::offset_of!(Cfg, forking) == 128);
+    assert!(core::mem::size_of::<Cfg>() <= 192);
 };
 
 extern "C" {
@@ -321,7 +327,7 @@ global_asm!(
     ".globl shortfuse_cfg",
     ".hidden shortfuse_cfg",
     "shortfuse_cfg:",
-    ".zero 128",
+    ".zero 192",
     ".popsection",
     "",
     ".globl shortfuse_entry",
@@ -477,6 +483,7 @@ global_asm!(
     // the parent: the call no longer runs (see Cfg::clones)
     "6:",
     "lock decq shortfuse_cfg+120(%rip)",
+    "lock decq shortfuse_cfg+128(%rip)",
     "7:",
     "mov %fs:0, %rcx",
     "add shortfuse_cfg+64(%rip), %rcx",
@@ -496,6 +503,7 @@ global_asm!(
     "setz 8(%rcx)",
     "jz 8f",
     "lock decq shortfuse_cfg+120(%rip)",
+    "lock decq shortfuse_cfg+128(%rip)",
     "8:",
     "jmp *(%rcx)",
     ".size shortfuse_special, .-shortfuse_special",
@@ -519,8 +527,10 @@ global_asm!(
     "test $0x100, %r11d",
     "jnz 3f",
     "movq $1, shortfuse_cfg+112(%rip)",
-    // memory of its own: the clone it came from no longer runs here
+    // memory of its own: the clone it came from no longer runs here, nor
+    // does any other thread's
     "lock decq shortfuse_cfg+120(%rip)",
+    "movq $0, shortfuse_cfg+128(%rip)",
     "3:",
     "cmpb $0, shortfuse_cfg+88(%rip)",
     "je 2f",
