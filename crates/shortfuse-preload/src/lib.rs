@@ -401,11 +401,14 @@ mod fork_gate {
     }
 
     /// Before a clone-family call (the assembly opens the gate again when
-    /// it returns): for a new process, waits for the calls inside to end.
+    /// it returns): for a new process, waits for the calls of the other
+    /// threads to end (a file system may start a process from inside a
+    /// call: an sftp mount its ssh).
     pub fn close(process: bool) {
         sys::cfg().forking.fetch_add(1, Ordering::SeqCst);
         if process {
-            wait_until(DRAIN, || INSIDE.load(Ordering::SeqCst) == 0);
+            let mine = u64::from(sys::thread().in_hook.load(Ordering::Relaxed));
+            wait_until(DRAIN, || INSIDE.load(Ordering::SeqCst) <= mine);
         }
     }
 
