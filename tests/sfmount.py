@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import sshd
+from etcd import Etcd, EtcdError
 
 REPO = Path(__file__).resolve().parent.parent
 # The pid keeps concurrent pytest runs (engineers, CI) out of each other's
@@ -59,6 +60,9 @@ class FsSpec:
     # The source is the data directory of a `shortfuse dist up` server that
     # the harness runs (see dist_server); the mount gets the server's address.
     dist_server: bool = False
+    # With dist_server: the server is an agent of the scale-out mode, its
+    # metadata and leases on an etcd of its own (tests/etcd.py).
+    dist_etcd: bool = False
     # The source is served by the session's loopback sshd (tests/sshd.py);
     # the mount gets `root@127.0.0.1:SOURCE` and the server's port and key.
     sshd_server: bool = False
@@ -76,6 +80,13 @@ _METAFS_UNSUPPORTED = {
     ),
 }
 
+# What distfs does not do, embedded or on etcd.
+_DIST_UNSUPPORTED = {
+    "xattr": Unsupported("EOPNOTSUPP", "no extended attributes (ENOSYS; the kernel reports EOPNOTSUPP)"),
+    "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP)"),
+    "seek_hole": Unsupported("", "no LSEEK: the kernel's generic llseek reports the whole file as data"),
+}
+
 # Every configuration the suites know, in one place. SHORTFUSE_FS picks among them.
 FILE_SYSTEMS: dict[str, FsSpec] = {
     "mem": FsSpec("mem"),
@@ -90,12 +101,21 @@ FILE_SYSTEMS: dict[str, FsSpec] = {
         "dist",
         sources=1,
         dist_server=True,
-        unsupported={
-            "xattr": Unsupported("EOPNOTSUPP", "no extended attributes (ENOSYS; the kernel reports EOPNOTSUPP)"),
-            "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP)"),
-            "seek_hole": Unsupported("", "no LSEEK: the kernel's generic llseek reports the whole file as data"),
-        },
+        unsupported=_DIST_UNSUPPORTED,
         fsx_ops=30_000,
+    ),
+    # The same through an agent on etcd (`dist up --etcd`): every metadata
+    # operation an etcd transaction, leases and sessions on etcd. Not in
+    # the default runs: test_posix passes except readdir_10000_concurrent,
+    # over its 180 s deadline on a loaded 2-core machine (creates in one
+    # directory serialize on its record: several etcd round trips each).
+    "dist-etcd": FsSpec(
+        "dist",
+        sources=1,
+        dist_server=True,
+        dist_etcd=True,
+        unsupported=_DIST_UNSUPPORTED,
+        fsx_ops=10_000,
     ),
     # The source directory over SFTP v3 from a real OpenSSH server on
     # loopback, with what the protocol cannot carry.
@@ -150,7 +170,7 @@ def shortfuse_bin() -> Path:
 
 # Embedded distfs servers by data directory: started on first mount of a
 # scratch dir, stopped by remove_scratch and at the end of the session.
-_DIST_SERVERS: dict[str, tuple[subprocess.Popen, str]] = {}
+_DIST_SERVERS: dict[str, tuple[subprocess.Popen, str, Etcd | None]] = {}
 
 
 def _die_with_parent() -> None:
@@ -159,15 +179,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def dist_server(data: Path) -> str:
-    """The address of the `shortfuse dist up` server over `data`, started if needed."""
+def dist_server(data: Path, etcd: bool = False) -> str:
+    """The address of the `shortfuse dist up` server over `data` (an agent on
+    an etcd of its own with `etcd`), started if needed."""
     key = os.path.realpath(data)
+    store = None
     if key in _DIST_SERVERS:
-        proc, addr = _DIST_SERVERS[key]
+        proc, addr, store = _DIST_SERVERS[key]
         if proc.poll() is None:
             return addr
+    extra = []
+    if etcd:
+        if store is None:
+            try:
+                store = Etcd(prefix=f"{SCRATCH_PREFIX}etcd-")
+            except EtcdError as e:
+                raise HarnessError(str(e)) from e
+        extra = ["--etcd", store.url]
     proc = subprocess.Popen(
-        [str(shortfuse_bin()), "dist", "up", "--listen", "127.0.0.1:0", "--data", key],
+        [str(shortfuse_bin()), "dist", "up", "--listen", "127.0.0.1:0", "--data", key, *extra],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -179,9 +209,11 @@ def dist_server(data: Path) -> str:
     if " on " not in line:
         proc.kill()
         proc.wait()
+        if store is not None:
+            store.stop()
         raise HarnessError(f"`shortfuse dist up --data {key}` did not start: {line!r}")
     addr = line.rsplit(" on ", 1)[1].strip()
-    _DIST_SERVERS[key] = (proc, addr)
+    _DIST_SERVERS[key] = (proc, addr, store)
     return addr
 
 
@@ -189,11 +221,13 @@ def stop_dist_servers(under: str | os.PathLike | None = None) -> None:
     """Stops the servers whose data directory is under `under` (all without it)."""
     prefix = os.path.realpath(under) + os.sep if under is not None else ""
     for key in [k for k in _DIST_SERVERS if k.startswith(prefix)]:
-        proc, _ = _DIST_SERVERS.pop(key)
+        proc, _, store = _DIST_SERVERS.pop(key)
         proc.kill()
         proc.wait()
         if proc.stdout:
             proc.stdout.close()
+        if store is not None:
+            store.stop()
 
 
 def sshd_server() -> "sshd.Sshd":
@@ -365,7 +399,7 @@ class Config:
             args.append(server.target(sources[0]))
             opts = server.options() + opts
         elif sources and self.spec.dist_server:
-            args.append(dist_server(sources[0]))
+            args.append(dist_server(sources[0], self.spec.dist_etcd))
         elif sources:
             args.append(",".join(str(s) for s in sources))
         args.append(str(mountpoint))
