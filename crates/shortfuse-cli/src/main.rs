@@ -108,6 +108,11 @@ enum DistCommand {
         etcd: Vec<String>,
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7420")]
         listen: std::net::SocketAddr,
+        /// Blocks in an S3 bucket instead of DIR/blocks:
+        /// http://[KEY:SECRET@]HOST:PORT/BUCKET (credentials also from
+        /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; none: unsigned).
+        #[arg(long, value_name = "URL")]
+        s3: Option<String>,
     },
     /// Consistency checker: one client per MOUNT (mounts of one server)
     /// reads and writes shared files at once; fails when a read saw
@@ -168,8 +173,11 @@ fn main() -> ExitCode {
             return ExitCode::from(shortfuse_bench::cli_main(&args).clamp(0, 255) as u8);
         }
         Command::Dist {
-            command: DistCommand::Up { data, etcd, listen },
-        } => shortfuse_dist::server::run_up(shortfuse_dist::server::ServerConfig::agent(etcd, data, listen)),
+            command: DistCommand::Up { data, etcd, listen, s3 },
+        } => shortfuse_dist::server::run_up(shortfuse_dist::server::ServerConfig {
+            s3,
+            ..shortfuse_dist::server::ServerConfig::agent(etcd, data, listen)
+        }),
         Command::Dist {
             command:
                 DistCommand::Check {

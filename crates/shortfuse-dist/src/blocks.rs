@@ -5,10 +5,11 @@
 //! block holds up to `block_size` bytes; a missing object is a hole (reads
 //! as zeros), and a short last block ends where the file's data ends. The
 //! store is any [`ObjectStore`]: the embedded server uses the local file
-//! system under the data directory, and an S3-compatible store is a
-//! different constructor, nothing else. The local store does not fsync its
-//! writes, so [`BlockStore::put`] with `sync` does it for that store; object
-//! stores like S3 are durable once a put returns.
+//! system under the data directory, and an S3-compatible store
+//! ([`BlockStore::s3`]) is a different constructor, nothing else. The local
+//! store does not fsync its writes, so [`BlockStore::put`] with `sync` does
+//! it for that store; in S3 a block is durable once its PUT has completed,
+//! so a client's fsync (its blocks put, then synced) means completed PUTs.
 //!
 //! Puts to the local store overwrite the block's file in place rather than
 //! through `object_store`'s write-to-temporary-then-rename: on ext4 a
@@ -20,18 +21,29 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
 use shortfuse::{Errno, Result};
 
 use crate::proto::Gfi;
 
 /// How many object requests run at once for one batch.
 const PARALLEL: usize = 16;
+/// How long an S3 request may keep failing (retried with backoff) before
+/// the client gets EIO: a store that is down must not hang its writes for
+/// object_store's default three minutes, longer than any lease.
+const S3_RETRY_FOR: Duration = Duration::from_secs(4);
+/// Connecting to an S3 server that does not answer (partitioned) gives up
+/// after this, within [`S3_RETRY_FOR`].
+const S3_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// One S3 request (a block is at most 16 MiB) fails after this.
+const S3_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct BlockStore {
     store: Arc<dyn ObjectStore>,
@@ -45,6 +57,69 @@ fn store_err(e: object_store::Error) -> Errno {
         object_store::Error::NotFound { .. } => Errno::ENOENT,
         _ => Errno::EIO,
     }
+}
+
+fn invalid(msg: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, msg)
+}
+
+/// `url` without its password, to be shown.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The S3 store that a `--s3` URL names: `http[s]://[KEY:SECRET@]HOST[:PORT]/BUCKET`,
+/// path-style requests to that endpoint.
+fn s3_store(url: &str) -> std::io::Result<object_store::aws::AmazonS3> {
+    let bad = |why: &str| invalid(format!("S3 URL {}: {why}", redact(url)));
+    let u = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
+        return Err(bad("expected http[s]://[KEY:SECRET@]HOST[:PORT]/BUCKET"));
+    }
+    let bucket = match u
+        .path_segments()
+        .map(|p| p.filter(|s| !s.is_empty()).collect::<Vec<_>>())
+    {
+        Some(segs) if segs.len() == 1 => segs[0].to_string(),
+        _ => return Err(bad("the path must be the bucket name, one segment")),
+    };
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("no query or fragment is understood"));
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let retry = RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: 10,
+        retry_timeout: S3_RETRY_FOR,
+    };
+    let mut b = AmazonS3Builder::from_env()
+        .with_endpoint(u.origin().ascii_serialization())
+        .with_bucket_name(bucket)
+        .with_virtual_hosted_style_request(false)
+        .with_retry(retry)
+        // Whole client options: they replace those from the environment.
+        .with_client_options(
+            ClientOptions::new()
+                .with_allow_http(u.scheme() == "http")
+                .with_connect_timeout(S3_CONNECT_TIMEOUT)
+                .with_timeout(S3_REQUEST_TIMEOUT),
+        );
+    if !u.username().is_empty() {
+        b = b
+            .with_access_key_id(decode(u.username()))
+            .with_secret_access_key(decode(u.password().unwrap_or("")));
+    } else if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        // Without keys object_store would ask a cloud metadata service for
+        // some; a server without authentication takes unsigned requests.
+        b = b.with_skip_signature(true);
+    }
+    b.build().map_err(|e| bad(&e.to_string()))
 }
 
 fn fsync_path(path: PathBuf) -> std::io::Result<()> {
@@ -107,6 +182,27 @@ impl BlockStore {
             local: None,
             block_size,
         }
+    }
+
+    /// Blocks in the S3 bucket that `url` names
+    /// (`http[s]://[KEY:SECRET@]HOST[:PORT]/BUCKET`; credentials from the URL,
+    /// else from `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`, else none:
+    /// unsigned requests). Nothing is sent yet: [`BlockStore::probe`] checks
+    /// that the bucket answers.
+    pub fn s3(url: &str, block_size: u32) -> std::io::Result<BlockStore> {
+        Ok(BlockStore::new(Arc::new(s3_store(url)?), block_size))
+    }
+
+    /// Lists a prefix that is never written: a store that is unreachable,
+    /// refuses our credentials or has no such bucket fails here, at start,
+    /// rather than at the first write. (A HEAD would not tell a missing
+    /// bucket from a missing object.)
+    pub async fn probe(&self) -> std::io::Result<()> {
+        self.store
+            .list_with_delimiter(Some(&ObjPath::from("distfs-probe")))
+            .await
+            .map(drop)
+            .map_err(|e| std::io::Error::other(format!("block store: {e}")))
     }
 
     pub fn block_size(&self) -> u32 {

@@ -66,6 +66,9 @@ pub struct ServerConfig {
     /// etcd client URLs (`http://IP:2379`): the metadata lives there and
     /// this server is one of the agents serving that file system.
     pub etcd: Vec<String>,
+    /// Blocks in this S3 bucket instead of `DATA/blocks`
+    /// (`http://[KEY:SECRET@]HOST:PORT/BUCKET`, see [`BlockStore::s3`]).
+    pub s3: Option<String>,
     pub listen: SocketAddr,
     pub block_size: u32,
     pub lease_ttl: Duration,
@@ -77,6 +80,7 @@ impl ServerConfig {
         ServerConfig {
             data: Some(data),
             etcd: Vec::new(),
+            s3: None,
             listen,
             block_size: DEFAULT_BLOCK_SIZE,
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -159,7 +163,10 @@ impl DistServer {
         };
         let meta = Arc::new(meta);
         let leases = Arc::new(leases);
-        let blocks = BlockStore::local(&data.join("blocks"), block_size)?;
+        let blocks = match &cfg.s3 {
+            Some(url) => BlockStore::s3(url, block_size)?,
+            None => BlockStore::local(&data.join("blocks"), block_size)?,
+        };
         let etcd = !cfg.etcd.is_empty();
         let listener = std::net::TcpListener::bind(cfg.listen)
             .map_err(|e| std::io::Error::new(e.kind(), format!("listen on {}: {e}", cfg.listen)))?;
@@ -175,6 +182,7 @@ impl DistServer {
             let _guard = rt.enter();
             TcpListener::from_std(listener)?
         };
+        rt.block_on(shared.blocks.probe())?;
         rt.block_on(async { reap_orphans(&shared, shared.meta.orphans().await?).await })
             .map_err(std::io::Error::from)?;
         let sweeper = shared.clone();
@@ -615,11 +623,14 @@ fn disk_space(dir: &std::path::Path, block_size: u32) -> (u64, u64) {
 /// stopped. Prints the address it listens on (useful with port 0) once
 /// clients can connect.
 pub fn run_up(cfg: ServerConfig) -> std::io::Result<()> {
-    let what = match (&cfg.etcd[..], &cfg.data) {
+    let mut what = match (&cfg.etcd[..], &cfg.data) {
         ([], Some(data)) => data.display().to_string(),
         ([], None) => String::new(),
         (etcd, _) => format!("etcd {}", etcd.join(",")),
     };
+    if let Some(url) = &cfg.s3 {
+        what.push_str(&format!(" (blocks in {})", crate::blocks::redact(url)));
+    }
     let server = DistServer::start(cfg)?;
     println!("distfs: serving {what} on {}", server.addr());
     use std::io::Write;
