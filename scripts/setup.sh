@@ -27,6 +27,9 @@ declare -A CMD_PKG=(
     # runs protoc.
     [etcd]=etcd-server
     [protoc]=protobuf-compiler
+    # The scale-out tests' network namespaces (tests/netns.py).
+    [ip]=iproute2
+    [nsenter]=util-linux
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do

@@ -1,0 +1,181 @@
+"""distfs deployed across network namespaces (tests/netns.py): a storage
+namespace with the S3 server and the distfs server (metadata and leases
+under its data directory, blocks in S3), and two host namespaces whose
+clients reach it over veth links. Clients on different hosts pass the
+consistency checker (lease, writethrough; weak is caught), a killed
+client's fsync'd data survives, a server restart loses no lease, and a
+host cut off by a partition keeps its lease to its soft timeout, then
+fails its writes (storage is out of reach too) and never overwrites what
+the host given the lease wrote."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+import pytest
+
+import netns
+import sfmount
+
+
+@pytest.fixture
+def dep():
+    d = netns.Deployment(hosts=2)
+    try:
+        d.start_server()
+        yield d
+    finally:
+        d.close()
+
+
+def check(mounts, seed: int):
+    cmd = [sfmount.shortfuse_bin(), "dist", "check", *mounts, "--ops", "100", "--seed", str(seed)]
+    return sfmount.run(cmd, timeout=120)
+
+
+def s3_objects(dep) -> list[str]:
+    root = dep.base / "s3" / netns.BUCKET
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+
+
+@pytest.mark.deadline(240)
+def test_checker_across_hosts(dep):
+    h0, h1 = dep.hosts
+    for mode in ("lease", "writethrough"):
+        mounts = [h0.mount(f"{mode}0", f"consistency={mode}"), h1.mount(f"{mode}1", f"consistency={mode}")]
+        r = check(mounts, 1)
+        assert r.returncode == 0 and "0 violation(s)" in r.stdout, f"{mode}: {r.stdout}{r.stderr}"
+    weak = [h0.mount("weak0", "consistency=weak"), h1.mount("weak1", "consistency=weak")]
+    outputs = []
+    for seed in (1, 2, 3):
+        r = check(weak, seed)
+        if r.returncode != 0:
+            assert "consistency violated" in r.stderr, r.stderr
+            break
+        outputs.append(r.stdout)
+    else:
+        raise AssertionError(f"weak was never caught: {outputs}")
+    # The blocks went to the S3 server, not to the distfs server's disk.
+    assert s3_objects(dep)
+    assert not (dep.base / "server" / "blocks").exists()
+
+
+@pytest.mark.deadline(120)
+def test_files_across_hosts(dep):
+    a = dep.hosts[0].mount("a")
+    b = dep.hosts[1].mount("b")
+    (a / "d").mkdir()
+    big = os.urandom(300_000)
+    (a / "d" / "f").write_bytes(big)
+    assert (b / "d" / "f").read_bytes() == big
+    with open(b / "d" / "f", "r+b") as f:
+        f.truncate(1000)
+        f.seek(5000)
+        f.write(b"tail")
+    assert (a / "d" / "f").read_bytes() == big[:1000] + bytes(4000) + b"tail"
+    os.rename(a / "d" / "f", a / "d" / "g")
+    os.symlink("g", a / "d" / "s")
+    os.link(a / "d" / "g", a / "d" / "h")
+    assert sorted(os.listdir(b / "d")) == ["g", "h", "s"]
+    assert os.readlink(b / "d" / "s") == "g"
+    assert os.stat(b / "d" / "h").st_nlink == 2
+    assert (b / "d" / "s").read_bytes()[-4:] == b"tail"
+    os.unlink(b / "d" / "g")
+    os.unlink(b / "d" / "h")
+    os.unlink(b / "d" / "s")
+    os.rmdir(a / "d")
+    assert os.listdir(b) == []
+    # The last name went: its blocks are removed from S3 too.
+    assert sfmount.wait_until(lambda: not s3_objects(dep), 10), s3_objects(dep)
+
+
+@pytest.mark.deadline(120)
+def test_killed_client_keeps_fsynced_data(dep):
+    h0, h1 = dep.hosts
+    a = h0.mount("a")
+    b = h1.mount("b")
+    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"synced", 0)
+    os.fsync(fd)
+    os.pwrite(fd, b" and cached", 6)
+    pids = h0.daemon_pids(a)
+    assert pids, "no daemon found for the first mount"
+    for p in pids:
+        os.kill(p, signal.SIGKILL)
+    assert sfmount.wait_until(lambda: not any(sfmount.pid_alive(p) for p in pids), 10)
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # the daemon is gone: ENOTCONN
+    # The dead client's lease went with its connection; its fsync'd bytes
+    # are in S3, what it only cached is lost.
+    assert (b / "f").read_bytes() == b"synced"
+    with open(b / "f", "r+b") as f:
+        f.seek(6)
+        f.write(b"!")
+    assert (b / "f").read_bytes() == b"synced!"
+
+
+@pytest.mark.deadline(120)
+def test_server_restart_keeps_leases(dep):
+    h0, h1 = dep.hosts
+    a = h0.mount("a")
+    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.pwrite(fd, b"only in a's cache", 0)
+        dep.restart_server()
+        # The restarted server still knows a's write lease: b's read
+        # revokes it, a (reconnected, session resumed) writes back first.
+        b = h1.mount("b")
+        assert (b / "f").read_bytes() == b"only in a's cache"
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.deadline(150)
+def test_partitioned_host_loses_its_lease_to_the_other(dep):
+    h0, h1 = dep.hosts
+    a = h0.mount("a")
+    b = h1.mount("b")
+    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.pwrite(fd, b"a-synced", 0)
+        os.fsync(fd)
+        h0.set_link(False)
+        # Cut off, a keeps its write lease until its soft timeout: writes
+        # are cached and answered.
+        os.pwrite(fd, b"a-cached", 0)
+        # b asks for the lease; the server cannot revoke it from a and
+        # grants it once a's session has expired.
+        with open(b / "f", "r+b") as f:
+            f.write(b"b-wins!!")
+            os.fsync(f.fileno())
+        # By then a's own clock has run out: past its soft timeout it writes
+        # through, and storage is out of its reach: its writes fail.
+        failed = None
+        deadline = time.monotonic() + 30
+        while failed is None and time.monotonic() < deadline:
+            try:
+                os.pwrite(fd, b"a-late!!", 0)
+            except OSError as e:
+                failed = e
+            time.sleep(0.2)
+        assert failed is not None and failed.errno in (errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT), failed
+        h0.set_link(True)
+        # Back on the network, a's writes from under the lost lease do not
+        # reach storage: b's data is what everyone reads.
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        assert (b / "f").read_bytes() == b"b-wins!!"
+        assert (a / "f").read_bytes() == b"b-wins!!"
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
