@@ -105,6 +105,9 @@ struct Session {
     /// clock: send time of the last keep-alive etcd answered, plus its TTL).
     etcd_until: Instant,
     etcd_ttl: Duration,
+    /// The client was welcomed: revocations may go to it (the first
+    /// message of a connection must be the welcome).
+    welcomed: bool,
 }
 
 /// A lease held by a client of this agent.
@@ -460,6 +463,7 @@ impl EtcdLeases {
                 renewed: Instant::now(),
                 etcd_until: sent + etcd_ttl,
                 etcd_ttl,
+                welcomed: true,
             },
         );
         Ok(client)
@@ -477,6 +481,7 @@ impl EtcdLeases {
                 Some(s) => {
                     s.revokes = revokes.clone();
                     s.renewed = Instant::now();
+                    s.welcomed = false;
                     true
                 }
                 None => false,
@@ -508,6 +513,7 @@ impl EtcdLeases {
                 renewed: now,
                 etcd_until: now,
                 etcd_ttl: Duration::from_secs(etcd_ttl),
+                welcomed: false,
             },
         );
         let loaded = match self.keep_alive(client).await {
@@ -568,7 +574,7 @@ impl EtcdLeases {
             let reqs = op(kv.get(self.dir("r", &gfi_str(g)), Some(GetOptions::new().with_prefix()))).await?;
             for r in reqs.kvs() {
                 if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
-                    self.revoke_for(g, asker, mode, false);
+                    self.revoke_for(g, asker, mode);
                 }
             }
         }
@@ -576,9 +582,12 @@ impl EtcdLeases {
     }
 
     /// Sends `client` again the revocations it has not answered (they may
-    /// have gone to a connection that died).
+    /// have gone to a connection that died, or waited for its welcome).
     pub fn resend_revocations(&self, client: ClientId) {
-        let st = self.lock();
+        let mut st = self.lock();
+        let Some(s) = st.sessions.get_mut(&client) else { return };
+        s.welcomed = true;
+        let st = &*st;
         let Some(s) = st.sessions.get(&client) else { return };
         for ((gfi, c), (lease, _)) in &st.revoking {
             if *c == client {
@@ -901,8 +910,9 @@ impl EtcdLeases {
     }
 
     /// Revokes the holders of `gfi` on this agent that conflict with a
-    /// request of `asker` for `mode` (once per lease, unless `again`).
-    fn revoke_for(&self, gfi: Gfi, asker: ClientId, mode: LeaseMode, again: bool) {
+    /// request of `asker` for `mode` (once per lease; a client not welcomed
+    /// yet gets it with [`EtcdLeases::resend_revocations`]).
+    fn revoke_for(&self, gfi: Gfi, asker: ClientId, mode: LeaseMode) {
         let mut st = self.lock();
         let st = &mut *st;
         let Some(holders) = st.held.get(&gfi) else { return };
@@ -911,15 +921,13 @@ impl EtcdLeases {
             if *c == asker || h.released || !conflicts(h.mode, mode) {
                 continue;
             }
-            let fresh = st.revoking.get(&(gfi, *c)).is_none_or(|(l, _)| *l != h.lease);
-            if fresh || again {
-                if fresh {
-                    st.revoking.insert((gfi, *c), (h.lease, now));
-                }
-                if let Some(s) = st.sessions.get(c) {
-                    // A closed channel: the connection is going away.
-                    let _ = s.revokes.send(ServerMsg::Revoke { gfi, lease: h.lease });
-                }
+            if st.revoking.get(&(gfi, *c)).is_some_and(|(l, _)| *l == h.lease) {
+                continue;
+            }
+            st.revoking.insert((gfi, *c), (h.lease, now));
+            if let Some(s) = st.sessions.get(c).filter(|s| s.welcomed) {
+                // A closed channel: the connection is going away.
+                let _ = s.revokes.send(ServerMsg::Revoke { gfi, lease: h.lease });
             }
         }
     }
@@ -1080,7 +1088,7 @@ impl EtcdLeases {
         let revision = reqs.header().map_or(0, |h| h.revision());
         for r in reqs.kvs() {
             if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
-                self.revoke_for(g, asker, mode, false);
+                self.revoke_for(g, asker, mode);
             }
         }
         let mut wc = self.etcd.watch_client();
@@ -1101,7 +1109,7 @@ impl EtcdLeases {
                     if let Some(mode) = parse_mode(kv.value()) {
                         // A put again means new holders to revoke, or a
                         // holder that missed the first revocation.
-                        self.revoke_for(gfi, asker, mode, false);
+                        self.revoke_for(gfi, asker, mode);
                     }
                 }
                 Key::Holder(gfi, c) => {
