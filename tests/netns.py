@@ -1,8 +1,8 @@
 """A distfs deployment across network namespaces, for the scale-out tests.
 
-One "storage" namespace runs the S3 server (shortfuse-s3), etcd and, while
-metadata is not on etcd yet, the one distfs server; each "host" namespace
-runs client mounts (and, in the etcd deployment, its own agent). Every host
+One "storage" namespace runs the S3 server (shortfuse-s3) and either the
+one distfs server (`start_server`) or etcd (`start_etcd`, with an agent in
+every host namespace); each "host" namespace runs client mounts. Every host
 has a point-to-point veth link to the storage namespace; the storage side
 answers on one address, STORAGE_IP, on its loopback, so every host names
 storage the same way. Addresses and link names live inside the namespaces
@@ -141,6 +141,28 @@ class Host:
     def server_addr(self) -> str:
         return f"127.0.0.1:{AGENT_PORT}" if self.agent else self.dep.server_addr
 
+    def start_agent(self) -> None:
+        """This host's agent: metadata and leases in the storage namespace's
+        etcd, blocks in its S3 server."""
+        self.agent = self.dep.start(
+            self.ns,
+            [
+                sfmount.shortfuse_bin(),
+                "dist",
+                "up",
+                "--etcd",
+                f"http://{STORAGE_IP}:{ETCD_PORT}",
+                "--s3",
+                self.dep.s3_url,
+                "--data",
+                self.dep.base / f"agent{self.index}",
+                "--listen",
+                f"127.0.0.1:{AGENT_PORT}",
+            ],
+            " on ",
+            f"agent{self.index}",
+        )
+
     def mount(self, name: str, *options: str) -> Path:
         """`shortfuse mount dist` run in this host's namespace; the mount is in ours."""
         mp = self.dep.base / f"h{self.index}-{name}"
@@ -162,11 +184,19 @@ class Host:
         for mp in self.mounts:
             pids = self.daemon_pids(mp)
             if sfmount.is_mounted(mp):
-                # A daemon cut off from storage cannot write back at
-                # unmount; a lazy unmount does not wait for it.
-                r = sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(mp)], timeout=30)
-                if r.returncode != 0 and sfmount.is_mounted(mp):
-                    sfmount.run([str(sfmount.shortfuse_bin()), "umount", "-l", str(mp)], timeout=30)
+                try:
+                    sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(mp)], timeout=20)
+                except AssertionError as e:
+                    problems.append(f"{mp}: {e}")
+                if sfmount.is_mounted(mp):
+                    # A daemon that cannot write back (its agent or storage
+                    # gone) holds the unmount: it goes, the mount is detached.
+                    for p in pids:
+                        try:
+                            os.kill(p, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    sfmount.run(["umount", "-l", str(mp)], timeout=20)
             if not sfmount.wait_until(lambda: not any(sfmount.pid_alive(p) for p in pids), 10):
                 problems.append(f"{mp}: daemon outlived its mount")
                 for p in pids:
@@ -228,6 +258,39 @@ class Deployment:
         self.procs.append(p)
         return p
 
+    def start_etcd(self) -> None:
+        """etcd in the storage namespace, and an agent on every host."""
+        url = f"http://{STORAGE_IP}:{ETCD_PORT}"
+        peer = "http://127.0.0.1:2380"
+        self.start(
+            self.storage,
+            [
+                "etcd",
+                "--name=storage",
+                f"--data-dir={self.base / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=storage={peer}",
+                "--log-level=warn",
+                "--logger=zap",
+            ],
+            None,
+            "etcd",
+        )
+        for h in self.hosts:
+            # The agent connects at start: retried until etcd listens.
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    h.start_agent()
+                    break
+                except AssertionError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.3)
+
     def start_server(self) -> str:
         """The one distfs server in the storage namespace: metadata and
         leases under its data directory, blocks in S3 (the deployment until
@@ -266,9 +329,15 @@ class Deployment:
                 h.set_link(True)
             except AssertionError:
                 pass
-            problems += h.unmount_all()
+            try:
+                problems += h.unmount_all()
+            except AssertionError as e:
+                problems.append(str(e))
         for p in reversed(self.procs):
-            p.stop()
+            try:
+                p.stop()
+            except subprocess.TimeoutExpired:
+                problems.append(f"{p.argv[0]} did not stop")
         self.procs.clear()
         for h in self.hosts:
             h.ns.delete()

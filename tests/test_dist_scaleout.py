@@ -1,7 +1,8 @@
 """distfs deployed across network namespaces (tests/netns.py): a storage
-namespace with the S3 server and the distfs server (metadata and leases
-under its data directory, blocks in S3), and two host namespaces whose
-clients reach it over veth links. Clients on different hosts pass the
+namespace with the S3 server and either the one distfs server (metadata
+and leases under its data directory) or etcd with an agent on every host
+(the scale-out deployment), blocks in S3 either way; two host namespaces
+whose clients reach storage over veth links. Clients on different hosts pass the
 consistency checker (lease, writethrough; weak is caught), a killed
 client's fsync'd data survives, a server restart loses no lease, and a
 host cut off by a partition keeps its lease to its soft timeout, then
@@ -137,7 +138,20 @@ def test_server_restart_keeps_leases(dep):
 
 
 @pytest.mark.deadline(150)
-def test_partitioned_host_loses_its_lease_to_the_other(dep):
+@pytest.mark.parametrize("deployment", ["server", "etcd"])
+def test_partitioned_host_loses_its_lease_to_the_other(deployment):
+    dep = netns.Deployment(hosts=2)
+    try:
+        if deployment == "server":
+            dep.start_server()
+        else:
+            dep.start_etcd()
+        partition(dep)
+    finally:
+        dep.close()
+
+
+def partition(dep):
     h0, h1 = dep.hosts
     a = h0.mount("a")
     b = h1.mount("b")
@@ -179,3 +193,29 @@ def test_partitioned_host_loses_its_lease_to_the_other(dep):
             os.close(fd)
         except OSError:
             pass
+
+
+@pytest.fixture
+def etcd_dep():
+    d = netns.Deployment(hosts=2)
+    try:
+        d.start_etcd()
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.mark.deadline(240)
+def test_agents_on_etcd_across_hosts(etcd_dep):
+    """The scale-out deployment: an agent per host, metadata and leases in
+    etcd, blocks in S3."""
+    h0, h1 = etcd_dep.hosts
+    a, b = h0.mount("a"), h1.mount("b")
+    (a / "f").write_bytes(b"from host 0")
+    assert (b / "f").read_bytes() == b"from host 0"
+    for mode in ("lease", "writethrough"):
+        mounts = [h0.mount(f"{mode}0", f"consistency={mode}"), h1.mount(f"{mode}1", f"consistency={mode}")]
+        r = check(mounts, 1)
+        assert r.returncode == 0 and "0 violation(s)" in r.stdout, f"{mode}: {r.stdout}{r.stderr}"
+    assert s3_objects(etcd_dep)
+
