@@ -443,6 +443,7 @@ def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratc
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     # RELEASEs expected by each step: none while a forked child still holds
     # the parent's description (a RELEASE would come at once, before the
@@ -474,8 +475,11 @@ def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratc
         assert p.wait(timeout=60) == 0, p.stderr.read()
         assert said == ["fork 0", "sent 12", "exec xyzz"], p.stderr.read()
     finally:
-        if p.poll() is None:
-            p.kill()
+        # The program and the children it left behind, should it fail.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         p.wait()
         d.stop()
 
