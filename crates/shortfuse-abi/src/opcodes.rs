@@ -190,15 +190,34 @@ pub static OPCODES: &[OpInfo] = &[
 /// not know.
 pub fn op_info(opcode: u32) -> Option<&'static OpInfo> {
     match opcode {
-        // Opcodes 1..=53 are dense except for the holes at 7 and 19; the
-        // table is sorted, so a binary search finds them without a gap map.
         CUSE_INIT => OPCODES.last(),
-        _ => OPCODES
-            .binary_search_by_key(&opcode, |o| o.opcode)
-            .ok()
-            .map(|i| &OPCODES[i]),
+        // Every request looks here (twice in the preload shim): one load.
+        _ => match OPCODE_INDEX.get(opcode as usize) {
+            Some(&i) if i != NO_OPCODE => Some(&OPCODES[i as usize]),
+            _ => None,
+        },
     }
 }
+
+/// Opcodes below this are found through [`OPCODE_INDEX`].
+const INDEXED: usize = 64;
+const NO_OPCODE: u8 = u8::MAX;
+
+/// Position in [`OPCODES`] of each opcode below [`INDEXED`] (they are
+/// dense from 1, with holes), built at compile time.
+static OPCODE_INDEX: [u8; INDEXED] = {
+    let mut index = [NO_OPCODE; INDEXED];
+    let mut i = 0;
+    while i < OPCODES.len() {
+        let op = OPCODES[i].opcode as usize;
+        assert!(op == CUSE_INIT as usize || op < INDEXED, "an opcode past the index");
+        if op < INDEXED {
+            index[op] = i as u8;
+        }
+        i += 1;
+    }
+    index
+};
 
 /// The kernel's name of `opcode` (`"LOOKUP"`), `"UNKNOWN"` otherwise.
 pub fn opcode_name(opcode: u32) -> &'static str {

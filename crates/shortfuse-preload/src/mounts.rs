@@ -129,7 +129,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         let (fs, maps) = MapTap::wrap(fs, MCACHE_NODES);
         (fs, Some(maps))
     };
-    let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::new()));
+    let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::untimed()));
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
     if let Some(maps) = maps {

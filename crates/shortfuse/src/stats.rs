@@ -74,6 +74,8 @@ pub struct Stats {
     started: Instant,
     /// The user-space cache in front of the file system, when there is one.
     cache: OnceLock<Arc<CacheStats>>,
+    /// Latencies are measured (see [`Stats::untimed`]).
+    timed: bool,
 }
 
 /// Counters of a user-space cache (`shortfuse::cache`), shown by
@@ -208,7 +210,23 @@ impl Stats {
             transports: Default::default(),
             started: Instant::now(),
             cache: OnceLock::new(),
+            timed: true,
         }
+    }
+
+    /// Counters whose latencies nobody reads (a file system served in the
+    /// preload shim's own process): the dispatcher then spares the two
+    /// clock reads per request, and requests count with a latency of 0.
+    pub fn untimed() -> Stats {
+        Stats {
+            timed: false,
+            ..Stats::new()
+        }
+    }
+
+    /// Whether latencies are measured.
+    pub fn timed(&self) -> bool {
+        self.timed
     }
 
     /// Shows `cache`'s counters with these (the first one attached wins).

@@ -133,7 +133,7 @@ impl Dispatcher {
     /// Serves one request. `reply` is cleared and, for `Outcome::Reply` and
     /// `Outcome::Destroy`, holds the whole reply message.
     pub fn handle(&self, request: &[u8], reply: &mut Vec<u8>, transport: Transport) -> Outcome {
-        let start = Instant::now();
+        let start = self.stats.timed().then(Instant::now);
         reply.clear();
         let config = abi::ParseConfig {
             setxattr_ext: self.negotiated.get().is_some_and(|n| n.has(abi::FUSE_SETXATTR_EXT)),
@@ -149,7 +149,7 @@ impl Dispatcher {
             }
             Err(err) => (err.header().map_or(0, |h| h.opcode), self.malformed(&err, reply)),
         };
-        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let nanos = start.map_or(0, |s| u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX));
         self.stats.record(opcode, transport, nanos);
         outcome
     }
