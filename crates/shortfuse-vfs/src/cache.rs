@@ -49,12 +49,49 @@ pub enum Cached {
 }
 
 pub struct Cache {
-    dentries: HashMap<(u64, Box<[u8]>), Dentry>,
+    /// Keyed by [`key`]: the parent's id and the name in one byte string,
+    /// so that a look-up borrows its key instead of allocating one.
+    dentries: HashMap<Box<[u8]>, Dentry>,
     nodes: HashMap<u64, NodeState>,
 }
 
 /// Nodes to forget once the cache lock is released: (node, nlookup).
 pub type Forgets = Vec<(NodeId, u64)>;
+
+/// Room for the key of any name a walk looks up (NAME_MAX bytes).
+const KEY_INLINE: usize = 8 + 255;
+
+/// The dentry key of `parent/name`, on the stack when the name fits.
+// Large on purpose: it lives on the stack for one look-up.
+#[allow(clippy::large_enum_variant)]
+enum Key {
+    Inline([u8; KEY_INLINE], usize),
+    Heap(Vec<u8>),
+}
+
+impl Key {
+    fn new(parent: NodeId, name: &[u8]) -> Key {
+        let id = parent.0.to_ne_bytes();
+        if name.len() <= KEY_INLINE - 8 {
+            let mut b = [0u8; KEY_INLINE];
+            b[..8].copy_from_slice(&id);
+            b[8..8 + name.len()].copy_from_slice(name);
+            Key::Inline(b, 8 + name.len())
+        } else {
+            let mut v = Vec::with_capacity(8 + name.len());
+            v.extend_from_slice(&id);
+            v.extend_from_slice(name);
+            Key::Heap(v)
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline(b, n) => &b[..*n],
+            Key::Heap(v) => v,
+        }
+    }
+}
 
 impl Cache {
     pub fn new(root_attr: Attr) -> Cache {
@@ -75,7 +112,7 @@ impl Cache {
     }
 
     pub fn lookup(&self, parent: NodeId, name: &[u8], now: Instant) -> Cached {
-        let Some(d) = self.dentries.get(&(parent.0, Box::from(name))) else {
+        let Some(d) = self.dentries.get(Key::new(parent, name).bytes()) else {
             return Cached::Miss;
         };
         if d.expires <= now {
@@ -136,7 +173,7 @@ impl Cache {
         match inv {
             Invalidation::Inode(node) => self.invalidate_attr(node),
             Invalidation::Entry { parent, name } => {
-                if let Some(d) = self.dentries.get_mut(&(parent.0, Box::from(name))) {
+                if let Some(d) = self.dentries.get_mut(Key::new(parent, name).bytes()) {
                     d.expires = past;
                 }
                 self.invalidate_attr(parent);
@@ -179,7 +216,7 @@ impl Cache {
             self.sweep(now, forgets);
         }
         self.dentries.insert(
-            (parent.0, Box::from(name)),
+            Box::from(Key::new(parent, name).bytes()),
             Dentry {
                 node,
                 expires: now + ttl,
@@ -188,7 +225,7 @@ impl Cache {
     }
 
     pub fn remove_dentry(&mut self, parent: NodeId, name: &[u8], forgets: &mut Forgets) {
-        if let Some(d) = self.dentries.remove(&(parent.0, Box::from(name))) {
+        if let Some(d) = self.dentries.remove(Key::new(parent, name).bytes()) {
             if let Some(n) = d.node {
                 self.unpin(n, forgets);
             }

@@ -541,7 +541,7 @@ impl Vfs {
             start.clone()
         };
         // The path still to walk; replaced when a symbolic link expands.
-        let mut buf: Vec<u8> = path.to_vec();
+        let mut buf: std::borrow::Cow<'_, [u8]> = std::borrow::Cow::Borrowed(path);
         let mut pos = buf.iter().take_while(|&&b| b == b'/').count();
         loop {
             let (comp, rest) = split_first(&buf[pos..]);
@@ -561,7 +561,6 @@ impl Vfs {
                     links,
                 }));
             }
-            let comp = comp.to_vec();
             if comp == b"." || comp == b".." {
                 if comp == b".." {
                     if loc.is_root() {
@@ -592,7 +591,7 @@ impl Vfs {
                 continue;
             }
             let parent = loc.node();
-            let found = self.lookup(parent, &comp)?;
+            let found = self.lookup(parent, comp)?;
             let Some((node, attr)) = found else {
                 if is_last {
                     return Ok(Walk::Inside(Target {
@@ -628,11 +627,11 @@ impl Vfs {
                     loc = Location::root();
                     let mut nb = inside.to_vec();
                     nb.append(&mut rest);
-                    buf = nb;
+                    buf = nb.into();
                 } else {
                     let mut nb = target;
                     nb.append(&mut rest);
-                    buf = nb;
+                    buf = nb.into();
                 }
                 if buf.len() >= PATH_MAX {
                     return Err(Errno::ENAMETOOLONG);
@@ -667,7 +666,7 @@ impl Vfs {
             if typ != FileType::Directory {
                 return Err(Errno::ENOTDIR);
             }
-            loc.push(node, &comp);
+            loc.push(node, comp);
             pos = rest_at;
         }
     }
