@@ -139,13 +139,17 @@ enum Resolved {
 }
 
 /// Finds the mount an absolute path enters: the remainder after the mount
-/// point. `..` before the mount point is taken lexically.
-fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
+/// point (a suffix of `abs`). `..` before the mount point is taken
+/// lexically.
+fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, &[u8])> {
     let st = state();
     // Fast answer for the common path that needs no normalising (no "//",
     // "." or ".." components) and names no mount: every kernel path call
     // of the program comes through here.
-    let plain = !abs.windows(2).any(|w| w == b"//" || w == b"/.");
+    let plain = !abs
+        .iter()
+        .zip(abs.iter().skip(1))
+        .any(|(&a, &b)| a == b'/' && (b == b'/' || b == b'.'));
     if plain {
         let inside = |mp: &[u8]| abs.starts_with(mp) && (abs.len() == mp.len() || abs[mp.len()] == b'/');
         // As the walk below: the outermost mount takes the path.
@@ -154,7 +158,7 @@ fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
             .iter()
             .filter(|m| inside(m.mountpoint()))
             .min_by_key(|m| m.mountpoint().len())?;
-        return Some((m.clone(), abs[m.mountpoint().len()..].to_vec()));
+        return Some((m.clone(), &abs[m.mountpoint().len()..]));
     }
     let mut prefix: Vec<u8> = Vec::new();
     let mut rest = abs;
@@ -162,7 +166,7 @@ fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
         let p: &[u8] = if prefix.is_empty() { b"/" } else { &prefix };
         for m in &st.mounts {
             if m.mountpoint() == p {
-                return Some((m.clone(), rest.to_vec()));
+                return Some((m.clone(), rest));
             }
         }
         let trimmed = rest
@@ -202,7 +206,9 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
     let flags = WalkFlags { follow };
     let walk = |vfs: &Arc<Vfs>, start: &shortfuse_vfs::Location, p: &[u8], links: u32| vfs.walk(start, p, flags, links);
     let mut first = None;
-    let mut abs: Vec<u8>;
+    // Borrowed from the program for an absolute path: most calls never
+    // need a copy.
+    let mut abs: std::borrow::Cow<'_, [u8]>;
     let mut links = 0;
     let mut rewritten = false;
     if let Some(f) = magic_link(path).and_then(|fd| st.fds.get(fd)) {
@@ -216,22 +222,22 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
         };
     }
     if path.starts_with(b"/") {
-        abs = path.to_vec();
+        abs = path.into();
     } else if dirfd == AT_FDCWD {
         let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some((vfs, loc)) = cwd {
             first = Some(walk(&vfs, &loc, path, 0).map(|w| (vfs, w))?);
-            abs = Vec::new();
+            abs = Default::default();
         } else {
-            let host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            abs = host;
-            abs.push(b'/');
-            abs.extend_from_slice(path);
+            let mut host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            host.push(b'/');
+            host.extend_from_slice(path);
+            abs = host.into();
         }
     } else if let Some(f) = st.fds.get(dirfd as i32) {
         let loc = f.location().ok_or(Errno::ENOTDIR)?;
         first = Some(walk(f.vfs(), loc, path, 0).map(|w| (f.vfs().clone(), w))?);
-        abs = Vec::new();
+        abs = Default::default();
     } else {
         // A kernel directory descriptor: only its path tells whether the
         // walk enters a mount.
@@ -249,9 +255,10 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
         if n <= 0 || buf[0] != b'/' {
             return Ok(Resolved::Kernel(None));
         }
-        abs = buf[..n as usize].to_vec();
-        abs.push(b'/');
-        abs.extend_from_slice(path);
+        let mut p = buf[..n as usize].to_vec();
+        p.push(b'/');
+        p.extend_from_slice(path);
+        abs = p.into();
         if mount_of(&abs).is_none() {
             return Ok(Resolved::Kernel(None));
         }
@@ -261,16 +268,22 @@ fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
             Some(x) => x,
             None => match mount_of(&abs) {
                 Some((vfs, rest)) => {
-                    let w = vfs.walk(&shortfuse_vfs::Location::root(), &rest, flags, links)?;
+                    let w = vfs.walk(&shortfuse_vfs::Location::root(), rest, flags, links)?;
                     (vfs, w)
                 }
-                None => return Ok(Resolved::Kernel(if rewritten { Some(with_nul(abs)) } else { None })),
+                None => {
+                    return Ok(Resolved::Kernel(if rewritten {
+                        Some(with_nul(abs.into_owned()))
+                    } else {
+                        None
+                    }))
+                }
             },
         };
         match w {
             Walk::Inside(t) => return Ok(Resolved::Ours(vfs, t)),
             Walk::Outside { path, links: l } => {
-                abs = path;
+                abs = path.into();
                 links = l;
                 rewritten = true;
             }

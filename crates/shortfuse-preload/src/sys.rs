@@ -131,7 +131,9 @@ pub struct Cfg {
     pub tls_off: AtomicU64,
     /// Bytes reserved on the stack for the vector state.
     pub xsave_size: AtomicU64,
-    /// Non-zero: `xsave`/`xrstor`; zero: `fxsave`/`fxrstor`.
+    /// 0: `fxsave`/`fxrstor`; 1: `xsave`/`xrstor`; 2: `xsavec`/`xrstor`
+    /// (the compacted form skips components in their initial state: the
+    /// AVX-512 registers a program seldom uses).
     pub xsave_on: AtomicU64,
     /// Non-zero: new threads and forked children turn on Syscall User
     /// Dispatch for themselves.
@@ -254,14 +256,17 @@ pub fn init_cfg() {
     c.xsave_size.store(size as u64, Ordering::Relaxed);
 }
 
-/// Whether `xsave` is usable, and the size of the area for the components
-/// the entry saves (x87, SSE, AVX, MPX, AVX-512: mask 0xff).
-fn xsave_layout() -> (bool, usize) {
+/// Which save instruction the entry uses (see [`Cfg::xsave_on`]), and
+/// the size of the area for the components it saves (x87, SSE, AVX, MPX,
+/// AVX-512: mask 0xff; the standard layout, which the compacted one never
+/// exceeds).
+fn xsave_layout() -> (u8, usize) {
     use core::arch::x86_64::__cpuid_count;
     let l1 = __cpuid_count(1, 0);
     if l1.ecx & (1 << 27) == 0 {
-        return (false, 512);
+        return (0, 512);
     }
+    let xsavec = __cpuid_count(0xd, 1).eax & (1 << 1) != 0;
     let (lo, _hi): (u32, u32);
     // SAFETY: OSXSAVE is set, so xgetbv with ecx=0 is allowed.
     unsafe { asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") _hi, options(nomem, nostack, preserves_flags)) };
@@ -272,7 +277,7 @@ fn xsave_layout() -> (bool, usize) {
             end = end.max((s.ebx + s.eax) as usize);
         }
     }
-    (true, end.next_multiple_of(64))
+    (if xsavec { 2 } else { 1 }, end.next_multiple_of(64))
 }
 
 /// Marks system call `nr` as one the fast path leaves alone.
@@ -371,7 +376,12 @@ global_asm!(
     "mov %rax, 568(%rsp)",
     "mov $0xff, %eax",
     "xor %edx, %edx",
+    "cmpb $2, shortfuse_cfg+80(%rip)",
+    "je 15f",
     "xsave64 (%rsp)",
+    "jmp 12f",
+    "15:",
+    "xsavec64 (%rsp)",
     "jmp 12f",
     "11:",
     "fxsave64 (%rsp)",

@@ -1,8 +1,9 @@
 //! zpoline: every `syscall` instruction of the loaded objects (found by
 //! disassembling their executable mappings with iced-x86, so only true
 //! instructions are touched) becomes `call *%rax`. The call lands in a sled
-//! of one-byte `nop`s at address `nr` of the page at 0 and slides into
-//! [`crate::sys::shortfuse_entry`].
+//! at address `nr` of the page at 0 (five-byte `cmp`s that decode alike
+//! from any of their bytes: zpoline's one-byte `nop`s, five at a time) and
+//! slides into [`crate::sys::shortfuse_entry`].
 //!
 //! Sites found later (code loaded with dlopen, JIT code, sites the start-up
 //! pass skipped) are reported by Syscall User Dispatch and rewritten one at
@@ -37,7 +38,14 @@ fn map_trampoline() -> Result<(), SetupError> {
     if r != 0 {
         return Err(SetupError::Page0(-r));
     }
-    let mut code = vec![0x90u8; SLED];
+    // The sled: `cmp $0x3d3d3d3d,%eax` (3d + imm32) decodes the same from
+    // any of its bytes, so a call landing at `nr` slides to the end in
+    // (512 - nr) / 5 instructions, not 512 - nr nops. It only changes the
+    // flags, which the entry clobbers anyway (as does every `syscall`
+    // wrapper's `cmp` on the result). The last one may reach 4 bytes past
+    // the sled: 4 nops there land every path on the code after them.
+    let mut code = vec![0x3du8; SLED];
+    code.extend_from_slice(&[0x90; 4]);
     // sub $0x80,%rsp (step over the red zone); movabs $entry,%r11; jmp *%r11
     code.extend_from_slice(&[0x48, 0x81, 0xec, 0x80, 0x00, 0x00, 0x00]);
     code.extend_from_slice(&[0x49, 0xbb]);

@@ -193,7 +193,7 @@ fn lexical(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
     abs.push(b'/');
     abs.extend_from_slice(path);
     let abs = shortfuse_vfs::normalize(&abs);
-    super::mount_of(&abs)
+    super::mount_of(&abs).map(|(vfs, rest)| (vfs, rest.to_vec()))
 }
 
 /// A memfd with the bytes of a program on a mount without a backing file,
