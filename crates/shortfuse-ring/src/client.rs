@@ -220,6 +220,34 @@ impl RingClient {
     /// request larger than a slot, EIO for a reply that does not fit).
     pub fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
         reply.clear();
+        let (q, i) = self.submit(request, slot::SUBMITTED)?;
+        let off = self.geo.slot_off(q, i);
+        let state = self.region.u32_at(off);
+        let len = self.region.u32_at(off + 4);
+        self.wait(state)?;
+        let n = len.load(Ordering::Relaxed) as usize;
+        let r = if n > self.geo.slot_data as usize {
+            Err(Errno::EIO)
+        } else {
+            self.region.read_into(off + SLOT_HEADER, n, reply);
+            Ok(())
+        };
+        state.store(slot::FREE, Ordering::Release);
+        r
+    }
+
+    /// Sends one request without waiting for its reply, as the kernel
+    /// sends RELEASE in the background: the daemon frees the slot once it
+    /// has served it. Requests of one thread are served in the order they
+    /// were sent only within a queue, so this suits requests that nothing
+    /// later depends on. `Err`: as for [`RingClient::call`].
+    pub fn send(&self, request: &[u8]) -> Result<(), Errno> {
+        self.submit(request, slot::DETACHED).map(|_| ())
+    }
+
+    /// Claims a slot, writes `request` there with state `state` and
+    /// publishes it in the slot's queue: (queue, slot).
+    fn submit(&self, request: &[u8], state: u32) -> Result<(usize, usize), Errno> {
         if self.is_dead() || self.region.u32_at(header::DAEMON).load(Ordering::Relaxed) == DAEMON_GONE {
             self.dead.store(true, Ordering::Relaxed);
             return Err(Errno::ENOTCONN);
@@ -229,14 +257,14 @@ impl RingClient {
         }
         let (q, i) = self.claim()?;
         let off = self.geo.slot_off(q, i);
-        let state = self.region.u32_at(off);
-        let len = self.region.u32_at(off + 4);
         self.region.write(off + SLOT_HEADER, request);
-        len.store(request.len() as u32, Ordering::Relaxed);
+        self.region
+            .u32_at(off + 4)
+            .store(request.len() as u32, Ordering::Relaxed);
         self.region
             .u32_at(off + 8)
             .store(PID.load(Ordering::Relaxed), Ordering::Relaxed);
-        state.store(slot::SUBMITTED, Ordering::Relaxed);
+        self.region.u32_at(off).store(state, Ordering::Relaxed);
         let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
         self.region
             .u32_at(self.geo.entry_off(q, pos))
@@ -248,16 +276,7 @@ impl RingClient {
         if bell.load(Ordering::Relaxed) == 1 && bell.swap(0, Ordering::SeqCst) == 1 {
             sys::futex_wake(bell, 1);
         }
-        self.wait(state)?;
-        let n = len.load(Ordering::Relaxed) as usize;
-        let r = if n > self.geo.slot_data as usize {
-            Err(Errno::EIO)
-        } else {
-            self.region.read_into(off + SLOT_HEADER, n, reply);
-            Ok(())
-        };
-        state.store(slot::FREE, Ordering::Release);
-        r
+        Ok((q, i))
     }
 
     /// Waits for DONE in the slot's state: spin, then sleep with a timeout
@@ -369,6 +388,11 @@ impl RingClient {
         let tail_word = self.region.u32_at(g.notify_tail_off());
         let tail = tail_word.load(Ordering::Acquire);
         let overflows = self.region.u32_at(g.notify_overflow_off()).load(Ordering::Acquire);
+        // Every look at the cache comes here: plain loads when nothing is
+        // new, no read-modify-write.
+        if self.notify_head.load(Ordering::Relaxed) == tail && self.overflows.load(Ordering::Relaxed) == overflows {
+            return;
+        }
         // Our position is this process's (a forked child starts from its
         // parent's): processes sharing the connection each read every record.
         let head = self.notify_head.swap(tail, Ordering::Relaxed);

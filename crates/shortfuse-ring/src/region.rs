@@ -24,7 +24,7 @@ use crate::sys;
 
 pub const PAGE: usize = 4096;
 pub const MAGIC: u64 = 0x5346_5249_4e47_0001; // "SFRING" v1
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Room before a slot's data: the state word, the length and the sender's
 /// pid. The data follows on the same cache line, so that a small request
@@ -74,6 +74,9 @@ pub mod slot {
     pub const SLEEPING: u32 = 3;
     /// Reply written; the client copies it out and frees the slot.
     pub const DONE: u32 = 4;
+    /// Handed to the daemon, and nobody waits for the reply (RELEASE, as
+    /// the kernel sends it in the background): the daemon frees the slot.
+    pub const DETACHED: u32 = 5;
 }
 
 /// A queue entry before its first use. Its tag matches positions 0xffff

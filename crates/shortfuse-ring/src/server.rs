@@ -512,6 +512,14 @@ impl Conn {
         let off = self.geo.slot_off(q, i);
         let state = self.region.u32_at(off);
         let len_word = self.region.u32_at(off + 4);
+        if state.load(Ordering::Acquire) == slot::DETACHED
+            && state
+                .compare_exchange(slot::DETACHED, slot::FREE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Nobody reads this reply: the slot goes back to the clients.
+            return;
+        }
         if reply.len() > self.geo.slot_data as usize {
             let unique = abi::parse_header(req).map_or(0, |h| h.unique);
             error_reply(reply, unique, libc::EIO);

@@ -24,6 +24,14 @@ pub trait Backend: Send + Sync {
     /// operation's own error travels in `fuse_out_header.error`.
     fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno>;
 
+    /// Sends a request whose reply nobody waits for (RELEASE and
+    /// RELEASEDIR, which the kernel too sends in the background and whose
+    /// errors it ignores). `scratch` may receive a reply. By default, a
+    /// [`Backend::call`].
+    fn send(&self, request: &[u8], scratch: &mut Vec<u8>) -> Result<(), Errno> {
+        self.call(request, scratch)
+    }
+
     /// Hands `apply` every invalidation the file system announced since the
     /// last time (the kernel's FUSE_NOTIFY_INVAL_*): a shared daemon tells
     /// each client what other clients changed. The VFS drains them before

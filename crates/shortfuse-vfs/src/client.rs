@@ -196,17 +196,33 @@ impl Client {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn call_with<T>(
+    /// Sends `opcode` for `node` without waiting for its reply (see
+    /// [`Backend::send`]): only a transport failure is reported.
+    fn send(&self, opcode: u32, node: NodeId, parts: &[&[u8]]) -> Result<(), Errno> {
+        let go = |req: &mut Vec<u8>, reply: &mut Vec<u8>| {
+            self.encode(req, opcode, node, parts, &[])?;
+            self.backend.send(req, reply)
+        };
+        let reused = BUFS.try_with(|cell| {
+            let mut bufs = cell.try_borrow_mut().ok()?;
+            let (req, reply) = &mut *bufs;
+            Some(go(req, reply))
+        });
+        match reused {
+            Ok(Some(r)) => r,
+            _ => go(&mut Vec::new(), &mut Vec::new()),
+        }
+    }
+
+    /// Encodes a request into `req`; returns its `unique`.
+    fn encode(
         &self,
         req: &mut Vec<u8>,
-        reply: &mut Vec<u8>,
         opcode: u32,
         node: NodeId,
         parts: &[&[u8]],
         names: &[&[u8]],
-        f: impl FnOnce(&[u8]) -> Result<T, Errno>,
-    ) -> Result<T, Errno> {
+    ) -> Result<u64, Errno> {
         let creds = self.creds();
         let unique = self.unique.fetch_add(1, Ordering::Relaxed);
         req.clear();
@@ -231,6 +247,21 @@ impl Client {
         }
         let len = u32::try_from(req.len()).map_err(|_| Errno::E2BIG)?;
         req[..4].copy_from_slice(&len.to_ne_bytes());
+        Ok(unique)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn call_with<T>(
+        &self,
+        req: &mut Vec<u8>,
+        reply: &mut Vec<u8>,
+        opcode: u32,
+        node: NodeId,
+        parts: &[&[u8]],
+        names: &[&[u8]],
+        f: impl FnOnce(&[u8]) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let unique = self.encode(req, opcode, node, parts, names)?;
         reply.clear();
         self.backend.call(req, reply)?;
         let info = abi::op_info(opcode);
@@ -534,7 +565,9 @@ impl Client {
             lock_owner: 0,
         };
         let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
-        self.call(op, node, &[arg.as_bytes()], &[], |_| Ok(()))
+        // As the kernel: in the background, its errors ignored (close has
+        // returned by then); nothing the program does next waits for it.
+        self.send(op, node, &[arg.as_bytes()])
     }
 
     pub fn fsync(&self, node: NodeId, fh: u64, datasync: bool, dir: bool) -> Result<(), Errno> {

@@ -42,6 +42,10 @@ impl Backend for Ring {
         self.client.call(request, reply)
     }
 
+    fn send(&self, request: &[u8], _scratch: &mut Vec<u8>) -> Result<(), Errno> {
+        self.client.send(request)
+    }
+
     fn shared(&self) -> bool {
         true
     }
