@@ -159,6 +159,16 @@ impl Drop for TestEtcd {
     }
 }
 
+/// The runtime the etcd tests drive their managers on: two workers, as a
+/// server runs, so that a watch and the call waiting for it both progress.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use shortfuse::Errno;
 use shortfuse_dist::lease_etcd::EtcdLeases;
 use shortfuse_dist::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
-use shortfuse_dist::testutil::TestEtcd;
+use shortfuse_dist::testutil::{runtime, TestEtcd};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::task::JoinHandle;
@@ -55,18 +55,10 @@ fn renewer(m: &Arc<EtcdLeases>, c: ClientId) -> JoinHandle<()> {
     })
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(30);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let m2 = manager(&etcd.endpoints(), ttl).await;
@@ -142,7 +134,7 @@ fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
 #[test]
 fn a_holder_granted_after_a_request_is_revoked_too() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(30);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let m2 = manager(&etcd.endpoints(), ttl).await;
@@ -168,7 +160,7 @@ fn a_holder_granted_after_a_request_is_revoked_too() {
 #[test]
 fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(1);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let m2 = manager(&etcd.endpoints(), ttl).await;
@@ -193,7 +185,7 @@ fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
 #[test]
 fn the_sessions_of_a_dead_agent_expire_with_their_etcd_lease() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(1);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let m2 = manager(&etcd.endpoints(), ttl).await;
@@ -216,7 +208,7 @@ fn the_sessions_of_a_dead_agent_expire_with_their_etcd_lease() {
 #[test]
 fn a_restarted_agent_keeps_the_leases() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(10);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let m2 = manager(&etcd.endpoints(), ttl).await;
@@ -328,7 +320,7 @@ impl Drop for Relay {
 #[test]
 fn an_agent_cut_off_from_etcd_stops_confirming_renewals_before_the_ttl() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let ttl = Duration::from_secs(2);
         let relay = Relay::start(etcd.endpoint()).await;
         let m1 = manager(&relay.endpoint(), ttl).await;

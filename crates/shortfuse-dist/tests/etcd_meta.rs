@@ -7,17 +7,9 @@ use shortfuse::Errno;
 use shortfuse_dist::etcdmeta::{self, EtcdMeta, FsParams, DEFAULT_PREFIX};
 use shortfuse_dist::meta::{Freed, ROOT_INO};
 use shortfuse_dist::proto::{AttrChange, NewKind};
-use shortfuse_dist::testutil::TestEtcd;
+use shortfuse_dist::testutil::{runtime, TestEtcd};
 
 const TTL: Duration = Duration::from_secs(2);
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 async fn agent(etcd: &TestEtcd, node_id: u32) -> EtcdMeta {
     let client = etcdmeta::connect(&etcd.endpoints()).await.unwrap();
@@ -39,7 +31,7 @@ fn names(entries: Vec<shortfuse_dist::proto::DirEntryInfo>) -> Vec<Vec<u8>> {
 #[test]
 fn two_agents_see_each_others_changes_at_once() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let a = agent(&etcd, 11).await;
         let b = agent(&etcd, 22).await;
         assert_eq!(b.params(), a.params(), "the first agent's parameters hold");
@@ -106,7 +98,7 @@ fn two_agents_see_each_others_changes_at_once() {
 #[test]
 fn of_concurrent_creates_of_one_name_exactly_one_wins() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let agents = [agent(&etcd, 1).await, agent(&etcd, 2).await];
         for round in 0..5 {
             let name = format!("n{round}");
@@ -138,7 +130,7 @@ fn of_concurrent_creates_of_one_name_exactly_one_wins() {
 #[test]
 fn renames_are_atomic() {
     let etcd = TestEtcd::start().unwrap();
-    rt().block_on(async {
+    runtime().block_on(async {
         let a = agent(&etcd, 1).await;
         let b = agent(&etcd, 2).await;
         // Crossed moves of two directories into each other: one wins, the
@@ -213,7 +205,7 @@ fn renames_are_atomic() {
 #[test]
 fn orphans_outlive_their_agent_and_go_with_its_lease() {
     let etcd = TestEtcd::start().unwrap();
-    let rt = rt();
+    let rt = runtime();
     let (f, g) = rt.block_on(async {
         let a = agent(&etcd, 1).await;
         let b = agent(&etcd, 2).await;
