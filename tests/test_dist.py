@@ -79,34 +79,67 @@ def dist():
         sfmount.remove_scratch(base)
 
 
-def check(mounts: list[Path], seed: int) -> subprocess.CompletedProcess:
-    cmd = [str(sfmount.shortfuse_bin()), "dist", "check", *map(str, mounts), "--ops", "150", "--seed", str(seed)]
+def check(mounts: list[Path], seed: int, ops: int = 150) -> subprocess.CompletedProcess:
+    cmd = [str(sfmount.shortfuse_bin()), "dist", "check", *map(str, mounts), "--ops", str(ops), "--seed", str(seed)]
     return sfmount.run(cmd, timeout=120)
 
 
-@pytest.mark.deadline(150)
-@pytest.mark.parametrize("mode", ["lease", "writethrough"])
-def test_strong_modes_pass_the_checker(dist, mode):
-    mounts = [dist.mount(f"m{i}", f"consistency={mode}") for i in range(3)]
-    r = check(mounts, 1)
+def assert_checker_passes(mounts: list[Path], mode: str, ops: int = 150) -> None:
+    r = check(mounts, 1, ops)
     assert r.returncode == 0, f"{mode}: {r.stdout}{r.stderr}"
     assert "0 violation(s)" in r.stdout, r.stdout
 
 
-@pytest.mark.deadline(150)
-def test_weak_is_caught_by_the_checker(dist):
-    mounts = [dist.mount(f"m{i}", "consistency=weak") for i in range(3)]
-    # Any violation is a proof; a run without one is possible in theory,
-    # so up to three runs.
+def assert_weak_is_caught(mounts: list[Path], ops: int = 150) -> None:
+    """Any violation is a proof; a run without one is possible in theory,
+    so up to three runs."""
     outputs = []
     for seed in (1, 2, 3):
-        r = check(mounts, seed)
+        r = check(mounts, seed, ops)
         if r.returncode != 0:
             assert "consistency violated" in r.stderr, r.stderr
             assert "stale" in r.stdout or "initial" in r.stdout, r.stdout
             return
         outputs.append(r.stdout)
     raise AssertionError(f"weak was never caught: {outputs}")
+
+
+def assert_killed_writer_loses_only_unsynced(a: Path, b: Path, daemon_pids) -> None:
+    """The client daemon of mount `a` is killed with data fsync'd and more
+    only cached; the client of `b` reads the former, not the latter, and
+    writes on (the dead client's lease went with its connection: b does
+    not wait for the lease TTL)."""
+    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"synced", 0)
+    os.fsync(fd)
+    os.pwrite(fd, b" and cached", 6)
+    # The write-back cache holds the tail: b's read would revoke a's lease
+    # and get it, so a dies first.
+    pids = daemon_pids()
+    assert pids, "no daemon found for the first mount"
+    for p in pids:
+        os.kill(p, signal.SIGKILL)
+    assert sfmount.wait_until(lambda: not any(sfmount.pid_alive(p) for p in pids), 10)
+    try:
+        os.close(fd)
+    except OSError:
+        pass  # the daemon is gone: ENOTCONN
+    assert (b / "f").read_bytes() == b"synced"
+    with open(b / "f", "r+b") as f:
+        f.seek(6)
+        f.write(b"!")
+    assert (b / "f").read_bytes() == b"synced!"
+
+
+@pytest.mark.deadline(150)
+@pytest.mark.parametrize("mode", ["lease", "writethrough"])
+def test_strong_modes_pass_the_checker(dist, mode):
+    assert_checker_passes([dist.mount(f"m{i}", f"consistency={mode}") for i in range(3)], mode)
+
+
+@pytest.mark.deadline(150)
+def test_weak_is_caught_by_the_checker(dist):
+    assert_weak_is_caught([dist.mount(f"m{i}", "consistency=weak") for i in range(3)])
 
 
 def test_unknown_consistency_is_refused(dist):
@@ -121,27 +154,7 @@ def test_unknown_consistency_is_refused(dist):
 def test_killed_client_keeps_fsynced_data_only(dist):
     a = dist.mount("a")
     b = dist.mount("b")
-    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
-    os.pwrite(fd, b"synced", 0)
-    os.fsync(fd)
-    os.pwrite(fd, b" and cached", 6)
-    # The write-back cache holds the tail: b's read would revoke a's lease
-    # and get it, so a dies first.
-    pids = sfmount.pids_of_daemon(sfmount.shortfuse_bin(), str(a))
-    assert pids, "no daemon found for the first mount"
-    for p in pids:
-        os.kill(p, signal.SIGKILL)
-    assert sfmount.wait_until(lambda: not any(sfmount.pid_alive(p) for p in pids), 10)
-    try:
-        os.close(fd)
-    except OSError:
-        pass  # the daemon is gone: ENOTCONN
-    # Its connection closed with it: b does not wait for the lease TTL.
-    assert (b / "f").read_bytes() == b"synced"
-    with open(b / "f", "r+b") as f:
-        f.seek(6)
-        f.write(b"!")
-    assert (b / "f").read_bytes() == b"synced!"
+    assert_killed_writer_loses_only_unsynced(a, b, lambda: sfmount.pids_of_daemon(sfmount.shortfuse_bin(), str(a)))
 
 
 def free_port() -> int:
