@@ -90,6 +90,24 @@ thread_local! {
     static BUFS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// Runs `go` on this thread's request and reply buffers, or on fresh ones
+/// for a thread past its thread-local destructors (a pthread key destructor
+/// closing a file, say) or a call made while they are in use.
+fn with_bufs<R>(go: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> R) -> R {
+    let mut go = Some(go);
+    let reused = BUFS.try_with(|cell| {
+        let mut bufs = cell.try_borrow_mut().ok()?;
+        let (req, reply) = &mut *bufs;
+        go.take().map(|go| go(req, reply))
+    });
+    match (reused, go) {
+        (Ok(Some(r)), _) => r,
+        (_, Some(go)) => go(&mut Vec::new(), &mut Vec::new()),
+        // `go` is taken only where it runs and its result comes back.
+        (_, None) => unreachable!("with_bufs: ran without a result"),
+    }
+}
+
 /// Encodes requests for one connection.
 pub struct Client {
     backend: Box<dyn Backend>,
@@ -178,40 +196,16 @@ impl Client {
         names: &[&[u8]],
         f: impl FnOnce(&[u8]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
-        // A thread past its thread-local destructors (a pthread key
-        // destructor closing a file, say) gets fresh buffers too.
-        let mut f = Some(f);
-        let reused = BUFS.try_with(|cell| {
-            let mut bufs = cell.try_borrow_mut().ok()?;
-            let (req, reply) = &mut *bufs;
-            let f = f.take()?;
-            Some(self.call_with(req, reply, opcode, node, parts, names, f))
-        });
-        match reused {
-            Ok(Some(r)) => r,
-            _ => match f.take() {
-                Some(f) => self.call_with(&mut Vec::new(), &mut Vec::new(), opcode, node, parts, names, f),
-                None => Err(Errno::EIO),
-            },
-        }
+        with_bufs(|req, reply| self.call_with(req, reply, opcode, node, parts, names, f))
     }
 
     /// Sends `opcode` for `node` without waiting for its reply (see
     /// [`Backend::send`]): only a transport failure is reported.
     fn send(&self, opcode: u32, node: NodeId, parts: &[&[u8]]) -> Result<(), Errno> {
-        let go = |req: &mut Vec<u8>, reply: &mut Vec<u8>| {
+        with_bufs(|req, reply| {
             self.encode(req, opcode, node, parts, &[])?;
             self.backend.send(req, reply)
-        };
-        let reused = BUFS.try_with(|cell| {
-            let mut bufs = cell.try_borrow_mut().ok()?;
-            let (req, reply) = &mut *bufs;
-            Some(go(req, reply))
-        });
-        match reused {
-            Ok(Some(r)) => r,
-            _ => go(&mut Vec::new(), &mut Vec::new()),
-        }
+        })
     }
 
     /// Encodes a request into `req`; returns its `unique`.
