@@ -68,6 +68,14 @@ pub const LOG_MAX: u64 = 1 << 20;
 /// Where revocations for a session go (its connection's writer).
 pub type RevokeSender = mpsc::UnboundedSender<ServerMsg>;
 
+/// Whether ending a session through the connection whose revocations go to
+/// `ending` (or unconditionally: `None`) ends the session that now sends
+/// them to `current`: a session resumed on a newer connection outlives the
+/// old one.
+pub(crate) fn ends_session(current: &RevokeSender, ending: Option<&RevokeSender>) -> bool {
+    ending.is_none_or(|r| current.same_channel(r))
+}
+
 struct Session {
     expires: Instant,
     revokes: RevokeSender,
@@ -386,7 +394,7 @@ impl LeaseManager {
         let current = st
             .sessions
             .get(&client)
-            .is_some_and(|s| revokes.is_none_or(|r| s.revokes.same_channel(r)));
+            .is_some_and(|s| ends_session(&s.revokes, revokes));
         if !current {
             return;
         }

@@ -676,7 +676,7 @@ impl EtcdLeases {
             let current = st
                 .sessions
                 .get(&client)
-                .is_some_and(|s| revokes.is_none_or(|r| s.revokes.same_channel(r)));
+                .is_some_and(|s| crate::lease::ends_session(&s.revokes, revokes));
             if !current {
                 return;
             }
