@@ -453,6 +453,15 @@ impl DistFs {
             || lock(&self.inner.conn).as_ref().is_some_and(|c| c.soft_expired())
     }
 
+    /// Test hook: renewals stop counting unless this client makes them
+    /// itself, as when an agent waiting for a slow etcd refuses them (see
+    /// [`Conn::ignore_heartbeats`]).
+    pub fn ignore_heartbeats(&self) {
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            c.ignore_heartbeats();
+        }
+    }
+
     /// Test hook: stop renewing the lease session and ignore revocations,
     /// as a client cut off from the manager would.
     pub fn cut_off(&self) {
@@ -641,6 +650,12 @@ impl Inner {
                         r => return r,
                     }
                 }
+                if Self::lapsed(&g, &conn) {
+                    drop(g);
+                    if self.renew_lapsed(&conn)? {
+                        continue;
+                    }
+                }
             }
             match self.acquire(f, mode, want, &conn) {
                 // The session expired on the server (this client was cut
@@ -703,6 +718,32 @@ impl Inner {
                 (slot.mode, mode),
                 (Some(LeaseMode::Write), _) | (Some(LeaseMode::Read), LeaseMode::Read)
             )
+    }
+
+    /// Whether `slot` holds a lease of this live session that only ran out
+    /// on this client's clock: no renewal was confirmed lately.
+    fn lapsed(slot: &Slot, conn: &Conn) -> bool {
+        slot.mode.is_some() && slot.id != NO_LEASE && slot.session == conn.client.0 && !conn.leases_valid()
+    }
+
+    /// A refused renewal is a missed one, not a lost lease: an agent
+    /// refuses while its etcd is too slow to vouch for the session. Renews
+    /// now, retrying for up to a TTL; once confirmed, the session's leases
+    /// and the cache under them (dirty blocks too) are valid again (the
+    /// agent fences every request under them besides). `Ok(false)` when
+    /// the session cannot be renewed (gone, or the connection is): the
+    /// caller starts over; `EIO` when renewals were refused for a whole
+    /// TTL (the outage outlasts what a client waits).
+    fn renew_lapsed(&self, conn: &Conn) -> Result<bool> {
+        let until = Instant::now() + conn.ttl;
+        loop {
+            match conn.renew() {
+                Ok(()) => return Ok(conn.leases_valid()),
+                Err(Errno::ETIMEDOUT) if Instant::now() < until => std::thread::sleep(conn.ttl / 20),
+                Err(Errno::ETIMEDOUT) => return Err(Errno::EIO),
+                Err(_) => return Ok(false),
+            }
+        }
     }
 
     /// Algorithm 1, AcquireLease.

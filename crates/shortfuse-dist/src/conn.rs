@@ -59,6 +59,8 @@ pub struct Conn {
     renewed: Mutex<Instant>,
     /// Test hook: stop renewing (a client cut off from the manager).
     frozen: AtomicBool,
+    /// Test hook: the heartbeat's renewals count for nothing here.
+    unconfirmed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,6 +132,7 @@ impl Conn {
             valid_until: Mutex::new(sent + ttl - ttl / CLOCK_MARGIN_DIV),
             renewed: Mutex::new(sent),
             frozen: AtomicBool::new(false),
+            unconfirmed: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&conn);
         std::thread::Builder::new()
@@ -168,12 +171,49 @@ impl Conn {
         self.frozen.store(true, Ordering::Release);
     }
 
+    /// Test hook: the heartbeat goes on renewing the session on the
+    /// server, but its confirmations count for nothing here, as when an
+    /// agent refuses renewals while its etcd is slow: this client's clock
+    /// runs out unless it renews by itself ([`Conn::renew`]).
+    pub fn ignore_heartbeats(&self) {
+        self.unconfirmed.store(true, Ordering::Release);
+    }
+
     /// Ends the connection (and the leases of its session).
     pub fn kill(&self) {
         self.dead.store(true, Ordering::Release);
         let _ = self.socket.shutdown(Shutdown::Both);
         // Dropping the senders wakes every waiter with an error.
         lock(&self.pending).clear();
+    }
+
+    /// Renews the lease session now (the heartbeat does every quarter TTL):
+    /// on `Ok` this connection's leases count for one more TTL from when
+    /// the renewal was sent. `ETIMEDOUT` when it was not confirmed in time
+    /// (an agent refuses while its etcd is too slow to vouch for the
+    /// session: a missed renewal, the clock runs on), `ESTALE` when the
+    /// session is gone (the connection is ended), `ENOTCONN` when frozen.
+    pub fn renew(&self) -> Result<()> {
+        if self.frozen.load(Ordering::Acquire) {
+            return Err(Errno::ENOTCONN);
+        }
+        let sent = Instant::now();
+        match self.call_timeout(Request::Heartbeat, self.ttl / 4) {
+            Ok(_) => {
+                // Renewals may overlap (heartbeat and I/O threads): the
+                // clock only moves forward.
+                let mut until = lock(&self.valid_until);
+                *until = (*until).max(sent + self.ttl - self.ttl / CLOCK_MARGIN_DIV);
+                let mut renewed = lock(&self.renewed);
+                *renewed = (*renewed).max(sent);
+                Ok(())
+            }
+            Err(Errno::ESTALE) => {
+                self.kill();
+                Err(Errno::ESTALE)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends `req` and waits for its reply (at most `timeout`).
@@ -281,22 +321,18 @@ fn heartbeat_loop(conn: Weak<Conn>) {
             return;
         }
         let period = c.ttl / 4;
-        if !c.frozen.load(Ordering::Acquire) {
-            let sent = Instant::now();
-            match c.call_timeout(Request::Heartbeat, period) {
-                Ok(_) => {
-                    *lock(&c.valid_until) = sent + c.ttl - c.ttl / CLOCK_MARGIN_DIV;
-                    *lock(&c.renewed) = sent;
-                }
-                // The session is gone on the server: nothing of it is valid.
-                Err(Errno::ESTALE) => {
-                    c.kill();
-                    return;
-                }
-                Err(_) => {}
-            }
+        let started = Instant::now();
+        if c.unconfirmed.load(Ordering::Acquire) {
+            let _ = c.call_timeout(Request::Heartbeat, period);
+        } else if c.renew() == Err(Errno::ESTALE) {
+            // The session is gone on the server: nothing of it is valid.
+            return;
         }
         drop(c);
-        std::thread::sleep(period);
+        // Every quarter TTL, also when the server took a while to answer
+        // (an agent that waited for etcd); one that did not answer at all
+        // is given a pause (its queued renewals would only be refused).
+        let took = started.elapsed();
+        std::thread::sleep(if took >= period { period } else { period - took });
     }
 }

@@ -70,6 +70,28 @@ fn cut_off_client_writes_through_after_the_soft_timeout() {
 }
 
 #[test]
+fn a_lease_that_lapsed_on_the_clients_clock_keeps_its_dirty_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(2));
+    let addr = s.addr().to_string();
+    let a = client(&s);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"cached");
+    // Renewals go on, unconfirmed (an agent refusing them while etcd is
+    // slow): the session lives, A's clock runs out.
+    a.ignore_heartbeats();
+    let valid_until = a.leases_valid_until().unwrap();
+    wait_for("lease lapse", Duration::from_secs(10), || Instant::now() > valid_until);
+    // A refused renewal is a missed one: A's next I/O renews and finds
+    // its lease and its cache, dirty blocks too.
+    assert_eq!(read(&a, node, 0, 100), b"cached");
+    assert!(a.leases_valid_until().unwrap() > valid_until);
+    assert_eq!(stored(&addr, "f"), b"", "written back, not kept");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    assert_eq!(stored(&addr, "f"), b"cached");
+}
+
+#[test]
 fn manager_restart_keeps_leases_and_dirty_caches() {
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), Duration::from_secs(3));
