@@ -8,6 +8,7 @@ takes. The Rust tests have the same fixture (shortfuse_dist::testutil::TestEtcd)
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -78,8 +79,17 @@ class Etcd:
                 raise EtcdError(f"etcd did not become healthy on {self.url}: {log}")
             time.sleep(0.05)
 
+    def freeze(self) -> None:
+        """Stops etcd (SIGSTOP) as a stalled disk or a long GC pause would:
+        connections stay open, nothing is answered until `thaw`."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
+            self.thaw()
             self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)

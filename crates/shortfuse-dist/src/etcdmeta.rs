@@ -70,7 +70,9 @@ pub const INO_BATCH: u64 = 256;
 /// means another change committed: this many in a row is a livelock).
 const ATTEMPTS: u32 = 200;
 /// How long an etcd request may take before the operation fails with
-/// `EIO` instead of hanging.
+/// `EIO` instead of hanging: a slow etcd delays operations, one that does
+/// not answer for longer fails them. The lease manager waits as long (the
+/// default lease TTL, see `crate::lease_etcd`, "A slow etcd").
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The parameters every agent of a file system shares; the first agent
@@ -384,7 +386,7 @@ impl EtcdMeta {
     /// Opens the file system under `prefix` in etcd, creating it (root
     /// directory, `params`) if it is not there; an existing one keeps its
     /// own parameters ([`EtcdMeta::params`]). Open marks hang on an etcd
-    /// lease of `ttl` that a background task (on the caller's runtime)
+    /// lease of two `ttl`s that a background task (on the caller's runtime)
     /// keeps alive.
     pub async fn open(client: Client, prefix: &str, params: FsParams, ttl: Duration) -> io::Result<EtcdMeta> {
         let keys = Keys {
@@ -409,7 +411,12 @@ impl EtcdMeta {
             .first()
             .and_then(|kv| bincode::deserialize(kv.value()).ok())
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "etcd: unreadable file system parameters"))?;
-        let ttl_secs = ttl.as_secs().max(2) as i64;
+        // Two TTLs: keep-alives every eighth of it leave the marks more
+        // than a TTL to live, longer than a request waits for a slow etcd
+        // (see `crate::lease_etcd`, "A slow etcd"), so an etcd that stalls
+        // for less drops no mark (a removal would free an open file). A
+        // dead agent's marks go two TTLs after it.
+        let ttl_secs = (ttl.as_secs() * 2).max(2) as i64;
         let mut lc = client.lease_client();
         let lease = lc
             .grant(ttl_secs, None)
@@ -886,7 +893,7 @@ fn touch(attr: &mut NodeAttr, now: (i64, u32), nlink_delta: i32) {
 /// Keeps the agent lease alive; if it was lost (etcd unreachable longer
 /// than its TTL), takes a new one and publishes the open marks again.
 async fn keep_alive(client: Client, keys: Keys, opens: Arc<tokio::sync::Mutex<Opens>>, ttl_secs: i64) {
-    let every = Duration::from_millis(ttl_secs as u64 * 1000 / 3);
+    let every = Duration::from_millis(ttl_secs as u64 * 1000 / 8);
     let mut lc = client.lease_client();
     let mut kv = client.kv_client();
     loop {

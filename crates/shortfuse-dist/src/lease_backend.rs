@@ -92,15 +92,15 @@ impl Leases {
         }
     }
 
-    pub fn begin_io(&self, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
+    pub async fn begin_io(&self, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
         Ok(match self {
             Leases::Local(m) => IoGuard::Local(m.begin_io(client, gfi, lease, write)?),
-            Leases::Etcd(m) => IoGuard::Etcd(m.begin_io(client, gfi, lease, write)?),
+            Leases::Etcd(m) => IoGuard::Etcd(m.begin_io(client, gfi, lease, write).await?),
         })
     }
 
     /// [`Leases::begin_io`], or nothing for unleased I/O ([`NO_LEASE`]).
-    pub fn begin_io_unless_unleased(
+    pub async fn begin_io_unless_unleased(
         &self,
         client: ClientId,
         gfi: Gfi,
@@ -110,7 +110,7 @@ impl Leases {
         if lease == NO_LEASE {
             return Ok(None);
         }
-        self.begin_io(client, gfi, lease, write).map(Some)
+        self.begin_io(client, gfi, lease, write).await.map(Some)
     }
 
     pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {

@@ -50,7 +50,7 @@
 //!
 //! Clients get the TTL `ttl` and count it on their own clock from when
 //! they *sent* a renewal the agent confirmed ([`crate::conn`]). The etcd
-//! lease of a session has a longer TTL (1.5 `ttl`, at least etcd's 2 s).
+//! lease of a session has a longer TTL (2 `ttl`, at least etcd's 2 s).
 //! The agent counts it on its own clock too, from when it sent the last
 //! keep-alive etcd answered, and confirms a client's renewal only while
 //! that etcd lease is sure to outlive one more client TTL. So the client's
@@ -62,6 +62,25 @@
 //! that outlives its TTL (etcd extends them across a leader change) only
 //! delays the next grant. The agent also refuses I/O under a lease whose
 //! session's etcd lease it cannot vouch for ([`EtcdLeases::begin_io`]).
+//!
+//! # A slow etcd
+//!
+//! A slow etcd (a loaded disk delays its fsyncs, and so its answers) must
+//! make operations slower, not fail them. Every wait for etcd is bounded
+//! by the manager's *patience*: the client TTL (10 s by default; at least
+//! 5 s). An etcd that does not answer for longer fails the requests that
+//! wait for it with `EIO`; one that answers within it only delays them:
+//! - keep-alives go out every eighth of the etcd TTL without waiting for
+//!   the last answer, and the etcd TTL is two client TTLs: an etcd that
+//!   answers keep-alives up to a TTL late leaves every session vouched
+//!   for, and one that stalls for less than a TTL and then goes on has
+//!   expired no session;
+//! - a renewal that would be refused waits a fifth of a TTL for a
+//!   keep-alive first, and a refused renewal is a missed one: the client
+//!   renews again, and once its clock ran out, renews before it uses its
+//!   cache, which stays ([`crate::client`]);
+//! - a data request whose session etcd cannot vouch for waits for a
+//!   keep-alive instead of being refused ([`EtcdLeases::begin_io`]).
 //!
 //! # Restarts
 //!
@@ -88,8 +107,13 @@ use tokio::task::AbortHandle;
 use crate::lease::RevokeSender;
 use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
 
-/// Longest wait for one etcd request before it counts as failed.
+/// Longest wait for etcd at start (the agent refuses to start without it),
+/// and for one request of a manager whose TTL is shorter.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Keep-alives of one session in flight at most: a slow etcd gets the next
+/// one before it answered the last, so that each answer counts from a
+/// recent send.
+const KEEPING_MAX: u32 = 2;
 /// Operations per transaction when loading a session's holders (etcd's
 /// default limit is 128).
 const TXN_OPS: usize = 64;
@@ -105,6 +129,8 @@ struct Session {
     /// clock: send time of the last keep-alive etcd answered, plus its TTL).
     etcd_until: Instant,
     etcd_ttl: Duration,
+    /// Keep-alives in flight.
+    keeping: u32,
     /// The client was welcomed: revocations may go to it (the first
     /// message of a connection must be the welcome).
     welcomed: bool,
@@ -174,9 +200,14 @@ pub struct EtcdLeases {
     prefix: String,
     ttl: Duration,
     etcd_ttl_secs: i64,
+    /// How long a request waits for etcd before it fails (see the module
+    /// docs, "A slow etcd").
+    patience: Duration,
     st: Mutex<State>,
     /// Woken on every change of a holder key and every local release.
     changed: Notify,
+    /// Woken when a keep-alive moved a session's `etcd_until`, or failed.
+    kept: Notify,
     /// Set when the agent stops: its sessions must outlive it.
     frozen: AtomicBool,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -296,7 +327,15 @@ fn etcd_errno(e: &etcd_client::Error) -> Errno {
 
 /// Runs one etcd request with [`OP_TIMEOUT`].
 async fn op<T>(f: impl Future<Output = std::result::Result<T, etcd_client::Error>>) -> Result<T> {
-    match tokio::time::timeout(OP_TIMEOUT, f).await {
+    op_within(OP_TIMEOUT, f).await
+}
+
+/// Runs one etcd request, `EIO` when etcd did not answer within `limit`.
+async fn op_within<T>(
+    limit: Duration,
+    f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(etcd_errno(&e)),
         Err(_) => Err(Errno::EIO),
@@ -346,21 +385,25 @@ impl EtcdLeases {
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             // etcd refuses pings more often than every 5 s (it closes the
-            // connection: too many pings).
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // connection: too many pings). An etcd that stalls answers no
+            // ping either: the connection (and every request on it) goes
+            // only after as long as a request waits.
+            .with_keep_alive(Duration::from_secs(10), ttl.max(OP_TIMEOUT))
             .with_keep_alive_while_idle(true);
         let etcd = Client::connect(endpoints, Some(opts))
             .await
             .map_err(|e| std::io::Error::other(format!("etcd {}: {e}", endpoints.join(","))))?;
         // etcd grants whole seconds, at least 2 (its minimum lease TTL).
-        let etcd_ttl_secs = (ttl.as_millis() as u64 * 3 / 2).div_ceil(1000).max(2) as i64;
+        let etcd_ttl_secs = (ttl.as_millis() as u64 * 2).div_ceil(1000).max(2) as i64;
         let mgr = Arc::new(EtcdLeases {
             etcd,
             prefix: prefix.to_string(),
             ttl,
             etcd_ttl_secs,
+            patience: ttl.max(OP_TIMEOUT),
             st: Mutex::new(State::default()),
             changed: Notify::new(),
+            kept: Notify::new(),
             frozen: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -394,6 +437,12 @@ impl EtcdLeases {
         // Every update is a few inserts and removes: a panic leaves maps
         // that are consistent enough to go on.
         self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one etcd request, `EIO` when etcd did not answer within the
+    /// manager's patience.
+    async fn op<T>(&self, f: impl Future<Output = std::result::Result<T, etcd_client::Error>>) -> Result<T> {
+        op_within(self.patience, f).await
     }
 
     fn key(&self, kind: &str, a: &str, b: &str) -> String {
@@ -447,13 +496,16 @@ impl EtcdLeases {
     pub async fn open_session(&self, revokes: RevokeSender) -> Result<ClientId> {
         let mut lc = self.etcd.lease_client();
         let sent = Instant::now();
-        let granted = op(lc.grant(self.etcd_ttl_secs, None)).await?;
+        let granted = self.op(lc.grant(self.etcd_ttl_secs, None)).await?;
         let client = ClientId(granted.id() as u64);
         let etcd_ttl = Duration::from_secs(granted.ttl().max(0) as u64);
         let mut kv = self.etcd.kv_client();
         let key = self.session_key(client);
-        if let Err(e) = op(kv.put(key, granted.ttl().to_string(), with_lease(client))).await {
-            let _ = op(lc.revoke(granted.id())).await;
+        if let Err(e) = self
+            .op(kv.put(key, granted.ttl().to_string(), with_lease(client)))
+            .await
+        {
+            let _ = self.op(lc.revoke(granted.id())).await;
             return Err(e);
         }
         self.lock().sessions.insert(
@@ -463,6 +515,7 @@ impl EtcdLeases {
                 renewed: Instant::now(),
                 etcd_until: sent + etcd_ttl,
                 etcd_ttl,
+                keeping: 0,
                 welcomed: true,
             },
         );
@@ -496,7 +549,7 @@ impl EtcdLeases {
             };
         }
         let mut kv = self.etcd.kv_client();
-        let got = op(kv.get(self.session_key(client), None)).await?;
+        let got = self.op(kv.get(self.session_key(client), None)).await?;
         let Some(etcd_ttl) = got
             .kvs()
             .first()
@@ -513,6 +566,7 @@ impl EtcdLeases {
                 renewed: now,
                 etcd_until: now,
                 etcd_ttl: Duration::from_secs(etcd_ttl),
+                keeping: 0,
                 welcomed: false,
             },
         );
@@ -537,11 +591,12 @@ impl EtcdLeases {
     /// requests that wait for them.
     async fn load_session(&self, client: ClientId) -> Result<()> {
         let mut kv = self.etcd.kv_client();
-        let index = op(kv.get(
-            self.dir("c", &client_str(client)),
-            Some(GetOptions::new().with_prefix()),
-        ))
-        .await?;
+        let index = self
+            .op(kv.get(
+                self.dir("c", &client_str(client)),
+                Some(GetOptions::new().with_prefix()),
+            ))
+            .await?;
         let gfis: Vec<Gfi> = index
             .kvs()
             .iter()
@@ -552,7 +607,7 @@ impl EtcdLeases {
                 .iter()
                 .map(|g| TxnOp::get(self.holder_key(*g, client), None))
                 .collect();
-            let resp = op(kv.txn(Txn::new().and_then(ops))).await?;
+            let resp = self.op(kv.txn(Txn::new().and_then(ops))).await?;
             let mut st = self.lock();
             for (g, r) in chunk.iter().zip(resp.op_responses()) {
                 let TxnOpResponse::Get(r) = r else { continue };
@@ -571,7 +626,9 @@ impl EtcdLeases {
         // Requests put while nobody served the session: their watch
         // events went to no one of ours.
         for g in gfis {
-            let reqs = op(kv.get(self.dir("r", &gfi_str(g)), Some(GetOptions::new().with_prefix()))).await?;
+            let reqs = self
+                .op(kv.get(self.dir("r", &gfi_str(g)), Some(GetOptions::new().with_prefix())))
+                .await?;
             for r in reqs.kvs() {
                 if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
                     self.revoke_for(g, asker, mode);
@@ -606,52 +663,92 @@ impl EtcdLeases {
         let sent = Instant::now();
         // etcd answers the first keep-alive of a stream: one stream each
         // time keeps a lost answer from being taken for a later one.
-        match op(lc.keep_alive(client.0 as i64)).await {
+        match self.op(lc.keep_alive(client.0 as i64)).await {
             Ok(_) => {
                 let mut st = self.lock();
                 if let Some(s) = st.sessions.get_mut(&client) {
                     s.etcd_until = s.etcd_until.max(sent + s.etcd_ttl);
                 }
+                drop(st);
+                self.kept.notify_waiters();
                 Ok(())
             }
             Err(Errno::ESTALE) => {
                 self.lock().drop_session(client);
                 self.changed.notify_waiters();
+                self.kept.notify_waiters();
                 Err(Errno::ESTALE)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Whether `client`'s etcd lease surely outlives `margin` from now.
-    fn vouched(&self, client: ClientId, margin: Duration) -> Option<bool> {
-        let st = self.lock();
-        let s = st.sessions.get(&client)?;
-        Some(s.etcd_until >= Instant::now() + margin)
+    /// Sends a keep-alive of `client`'s etcd lease in the background,
+    /// unless [`KEEPING_MAX`] are in flight already.
+    fn kick(self: &Arc<Self>, client: ClientId) {
+        {
+            let mut st = self.lock();
+            let Some(s) = st.sessions.get_mut(&client) else { return };
+            if s.keeping >= KEEPING_MAX {
+                return;
+            }
+            s.keeping += 1;
+        }
+        let m = self.clone();
+        tokio::spawn(async move {
+            let _ = m.keep_alive(client).await;
+            if let Some(s) = m.lock().sessions.get_mut(&client) {
+                s.keeping = s.keeping.saturating_sub(1);
+            }
+        });
+    }
+
+    /// Waits until `client`'s etcd lease surely outlives `margin` from now
+    /// (keep-alives are sent meanwhile), at most until `deadline` and no
+    /// longer than the etcd lease is sure to live. `ETIMEDOUT` when etcd
+    /// did not answer by `deadline`; `ESTALE` when the session is gone or
+    /// its etcd lease may have expired.
+    async fn vouch(self: &Arc<Self>, client: ClientId, margin: Duration, deadline: Instant) -> Result<()> {
+        loop {
+            let kept = self.kept.notified();
+            tokio::pin!(kept);
+            // Registered before looking, so a keep-alive after the look wakes.
+            kept.as_mut().enable();
+            let until = self.lock().sessions.get(&client).ok_or(Errno::ESTALE)?.etcd_until;
+            let now = Instant::now();
+            if until >= now + margin {
+                return Ok(());
+            }
+            if until <= now {
+                // Another agent may hold its leases by now.
+                return Err(Errno::ESTALE);
+            }
+            if now >= deadline {
+                return Err(Errno::ETIMEDOUT);
+            }
+            self.kick(client);
+            let _ = tokio::time::timeout(deadline.min(until) - now, kept).await;
+        }
     }
 
     /// Confirms a client's renewal: `Ok` only while its session's etcd
     /// lease is sure to outlive one more client TTL (see the module docs),
-    /// `ETIMEDOUT` when etcd cannot make it so (the client's clock runs
-    /// on), `ESTALE` once the session is gone.
-    pub async fn renew(&self, client: ClientId) -> Result<()> {
+    /// waiting a little for a keep-alive; `ETIMEDOUT` when etcd did not
+    /// make it so in time (a missed renewal: the client's clock runs on,
+    /// it asks again), `ESTALE` once the session is gone.
+    pub async fn renew(self: &Arc<Self>, client: ClientId) -> Result<()> {
         {
             let mut st = self.lock();
             let s = st.sessions.get_mut(&client).ok_or(Errno::ESTALE)?;
             s.renewed = Instant::now();
         }
-        if self.vouched(client, self.ttl) == Some(true) {
-            return Ok(());
-        }
-        // A quarter TTL at most: the client sends its next renewal then.
-        let kept = tokio::time::timeout(self.ttl / 4, self.keep_alive(client)).await;
-        if let Ok(Err(Errno::ESTALE)) = kept {
-            return Err(Errno::ESTALE);
-        }
-        match self.vouched(client, self.ttl) {
-            Some(true) => Ok(()),
-            Some(false) => Err(Errno::ETIMEDOUT),
-            None => Err(Errno::ESTALE),
+        // Answered before the client's wait for it ends (a quarter TTL).
+        let deadline = Instant::now() + self.ttl / 5;
+        match self.vouch(client, self.ttl, deadline).await {
+            // Its clock would run out before the etcd lease may: no reason
+            // to end the session here (a keep-alive may yet come back).
+            Err(Errno::ESTALE) if self.lock().sessions.contains_key(&client) => Err(Errno::ETIMEDOUT),
+            r => r,
         }
     }
 
@@ -684,7 +781,7 @@ impl EtcdLeases {
         }
         let mut lc = self.etcd.lease_client();
         // On failure the etcd lease expires by itself: later, nothing lost.
-        let _ = op(lc.revoke(client.0 as i64)).await;
+        let _ = self.op(lc.revoke(client.0 as i64)).await;
         self.changed.notify_waiters();
     }
 
@@ -695,7 +792,7 @@ impl EtcdLeases {
             TxnOp::get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix())),
             TxnOp::get(self.session_key(client), Some(GetOptions::new().with_count_only())),
         ]);
-        let resp = op(kv.txn(txn)).await?;
+        let resp = self.op(kv.txn(txn)).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
         let mut snap = Snapshot {
             revision,
@@ -777,7 +874,8 @@ impl EtcdLeases {
             if ask {
                 let key = self.request_key(gfi, client);
                 let mut kv = self.etcd.kv_client();
-                op(kv.put(key.clone(), mode_byte(mode), with_lease(client))).await?;
+                self.op(kv.put(key.clone(), mode_byte(mode), with_lease(client)))
+                    .await?;
                 match &mut request {
                     Some(r) => r.asked = conflicting,
                     None => {
@@ -810,7 +908,7 @@ impl EtcdLeases {
                 TxnOp::delete(self.request_key(gfi, client), None),
             ]);
         let mut kv = self.etcd.kv_client();
-        let resp = op(kv.txn(txn)).await?;
+        let resp = self.op(kv.txn(txn)).await?;
         if !resp.succeeded() {
             return Ok(None);
         }
@@ -874,7 +972,7 @@ impl EtcdLeases {
                     TxnOp::delete(hkey, None),
                     TxnOp::delete(self.index_key(client, gfi), None),
                 ]);
-            if op(kv.txn(txn)).await.is_err() {
+            if self.op(kv.txn(txn)).await.is_err() {
                 failed.push((gfi, client, lease));
             }
         }
@@ -888,25 +986,39 @@ impl EtcdLeases {
     /// when `write`), and that its session's etcd lease is vouched for,
     /// and registers running I/O until the guard is dropped. `ESTALE` when
     /// not: the caller's cache is no longer valid and its data must not
-    /// reach storage.
-    pub fn begin_io(self: &Arc<Self>, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
-        let mut st = self.lock();
-        let s = st.sessions.get(&client).ok_or(Errno::ESTALE)?;
+    /// reach storage. When etcd is slow to answer the keep-alives, waits
+    /// for one (while the etcd lease is sure to live, at most the
+    /// manager's patience: then `EIO`).
+    pub async fn begin_io(self: &Arc<Self>, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
         // The margin the client's clock keeps too: a request that passes
         // has that long to land before etcd could drop the holder.
-        if s.etcd_until < Instant::now() + self.ttl / 10 {
-            return Err(Errno::ESTALE);
+        let margin = self.ttl / 10;
+        let deadline = Instant::now() + self.patience;
+        loop {
+            {
+                let mut st = self.lock();
+                let s = st.sessions.get(&client).ok_or(Errno::ESTALE)?;
+                let vouched = s.etcd_until >= Instant::now() + margin;
+                match st.held(gfi, client) {
+                    Some(h) if h.lease == lease && !h.released && (!write || h.mode == LeaseMode::Write) => {}
+                    _ => return Err(Errno::ESTALE),
+                }
+                if vouched {
+                    *st.io.entry((gfi, client)).or_insert(0) += 1;
+                    return Ok(IoGuard {
+                        mgr: self.clone(),
+                        gfi,
+                        client,
+                    });
+                }
+            }
+            match self.vouch(client, margin, deadline).await {
+                // Looks again at the lease, which may have gone meanwhile.
+                Ok(()) => {}
+                Err(Errno::ETIMEDOUT) => return Err(Errno::EIO),
+                Err(e) => return Err(e),
+            }
         }
-        match st.held(gfi, client) {
-            Some(h) if h.lease == lease && !h.released && (!write || h.mode == LeaseMode::Write) => {}
-            _ => return Err(Errno::ESTALE),
-        }
-        *st.io.entry((gfi, client)).or_insert(0) += 1;
-        Ok(IoGuard {
-            mgr: self.clone(),
-            gfi,
-            client,
-        })
     }
 
     /// Revokes the holders of `gfi` on this agent that conflict with a
@@ -1017,7 +1129,9 @@ impl EtcdLeases {
     /// diagnostics).
     pub async fn holders(&self, gfi: Gfi) -> Result<(Option<LeaseMode>, HashSet<ClientId>)> {
         let mut kv = self.etcd.kv_client();
-        let r = op(kv.get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix()))).await?;
+        let r = self
+            .op(kv.get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix())))
+            .await?;
         let mut mode = None;
         let mut holders = HashSet::new();
         for kv in r.kvs() {
@@ -1033,8 +1147,10 @@ impl EtcdLeases {
         Ok((mode, holders))
     }
 
-    /// Keeps the etcd leases of the sessions whose clients renew alive,
-    /// a quarter of their TTL before they would need it.
+    /// Keeps the etcd leases of the sessions whose clients renew alive:
+    /// a keep-alive every eighth of their TTL, without waiting for the
+    /// last one's answer (see [`KEEPING_MAX`]), so that a renewal finds
+    /// its session vouched for even when etcd takes seconds to answer.
     async fn keep_loop(mgr: Weak<EtcdLeases>) {
         loop {
             let period = {
@@ -1044,10 +1160,12 @@ impl EtcdLeases {
                     .lock()
                     .sessions
                     .iter()
-                    .filter(|(_, s)| now.duration_since(s.renewed) < m.ttl && s.etcd_until < now + s.etcd_ttl * 3 / 4)
+                    .filter(|(_, s)| now.duration_since(s.renewed) < m.ttl)
                     .map(|(c, _)| *c)
                     .collect();
-                futures::future::join_all(due.into_iter().map(|c| m.keep_alive(c))).await;
+                for c in due {
+                    m.kick(c);
+                }
                 m.etcd_ttl() / 8
             };
             tokio::time::sleep(period).await;
@@ -1084,7 +1202,9 @@ impl EtcdLeases {
     /// Reads the pending requests and watches from the revision after.
     async fn start_watch(&self) -> Result<etcd_client::WatchStream> {
         let mut kv = self.etcd.kv_client();
-        let reqs = op(kv.get(self.key("r", "", ""), Some(GetOptions::new().with_prefix()))).await?;
+        let reqs = self
+            .op(kv.get(self.key("r", "", ""), Some(GetOptions::new().with_prefix())))
+            .await?;
         let revision = reqs.header().map_or(0, |h| h.revision());
         for r in reqs.kvs() {
             if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
@@ -1096,7 +1216,7 @@ impl EtcdLeases {
             .with_prefix()
             .with_prev_key()
             .with_start_revision(revision + 1);
-        op(wc.watch(self.prefix.clone(), Some(opts))).await
+        self.op(wc.watch(self.prefix.clone(), Some(opts))).await
     }
 
     fn on_events(&self, events: &[etcd_client::Event]) {

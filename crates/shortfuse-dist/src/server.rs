@@ -325,21 +325,32 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
         }
         Err(_) => return,
     };
+    // Opens and closes are answered in the order they came (a client sends
+    // its close without waiting, then may open again), one at a time by
+    // their own task: an open waits for etcd (its open mark), and the
+    // reader must not, or this client's renewals would wait behind it.
+    let (oc_tx, mut oc_rx) = mpsc::unbounded_channel::<ClientMsg>();
+    let opens = {
+        let (shared, tx) = (shared.clone(), tx.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = oc_rx.recv().await {
+                let reply = match open_close(&shared, client, msg.req).await {
+                    Ok(true) => {
+                        let s = shared.clone();
+                        // Data removal may take long: not in the queue.
+                        tokio::spawn(async move { reap_closed(&s).await });
+                        Reply::Ok
+                    }
+                    Ok(false) => Reply::Ok,
+                    Err(e) => Reply::Err(e.raw()),
+                };
+                let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
+            }
+        })
+    };
     while let Ok(msg) = read_msg(&mut rd).await {
-        // Opens and closes are quick and answered in the order they came:
-        // a client sends its close without waiting, then may open again.
         if let Request::Open { .. } | Request::Close { .. } = msg.req {
-            let reply = match open_close(&shared, client, msg.req).await {
-                Ok(true) => {
-                    let s = shared.clone();
-                    // Data removal may take long: not on the reader.
-                    tokio::spawn(async move { reap_closed(&s).await });
-                    Reply::Ok
-                }
-                Ok(false) => Reply::Ok,
-                Err(e) => Reply::Err(e.raw()),
-            };
-            let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
+            let _ = oc_tx.send(msg);
             continue;
         }
         let shared = shared.clone();
@@ -351,6 +362,9 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
             let _ = tx.send(ServerMsg::Reply { id: msg.id, reply });
         });
     }
+    // The opens and closes that came before the end are done first.
+    drop(oc_tx);
+    let _ = opens.await;
     shared.leases.end_connection(client, &tx).await;
     let _ = reap_closed(&shared).await;
     drop(tx);
@@ -371,7 +385,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             // Changing the size changes data: only the writer may.
             let _io = match (change.size, lease) {
                 (None, _) | (Some(_), Some(NO_LEASE)) => None,
-                (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true)?),
+                (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true).await?),
                 (Some(_), None) => return Err(Errno::EINVAL),
             };
             let (info, old_size) = meta.setattr(ino, &change).await?;
@@ -466,7 +480,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             if let Some((first, count)) = fetch.filter(|(_, n)| *n <= proto::MAX_GRANT_BLOCKS) {
                 // Under the new lease, as a ReadBlocks would be: a later
                 // grant to another client waits for this read.
-                let _io = s.leases.begin_io(client, gfi, lease, false)?;
+                let _io = s.leases.begin_io(client, gfi, lease, false).await?;
                 blocks = s
                     .blocks
                     .get(gfi, first, count)
@@ -487,7 +501,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             first,
             count,
         } => {
-            let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, false)?;
+            let _io = s.leases.begin_io_unless_unleased(client, gfi, lease, false).await?;
             let blocks = s.blocks.get(gfi, first, count).await?;
             Reply::Blocks(blocks.into_iter().map(|b| b.map(ByteBuf::from)).collect())
         }
@@ -501,7 +515,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             release,
             step_down,
         } => {
-            let io = s.leases.begin_io_unless_unleased(client, gfi, lease, true)?;
+            let io = s.leases.begin_io_unless_unleased(client, gfi, lease, true).await?;
             // A client's cache may outlive the file (unlinked elsewhere):
             // its blocks must not come back as garbage nobody removes.
             meta.getattr(gfi.ino).await?;

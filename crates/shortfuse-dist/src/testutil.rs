@@ -146,6 +146,27 @@ impl TestEtcd {
         vec![self.endpoint.clone()]
     }
 
+    /// Stops etcd (SIGSTOP) as a stalled disk or a long pause would: its
+    /// connections stay open, nothing is answered until [`TestEtcd::thaw`].
+    pub fn freeze(&self) -> io::Result<()> {
+        self.signal("STOP")
+    }
+
+    pub fn thaw(&self) -> io::Result<()> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, name: &str) -> io::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        if !status.success() {
+            return Err(io::Error::other(format!("kill -{name} {}: {status}", self.child.id())));
+        }
+        Ok(())
+    }
+
     /// The temporary directory (etcd's data and log, `etcd.log`).
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -154,6 +175,7 @@ impl TestEtcd {
 
 impl Drop for TestEtcd {
     fn drop(&mut self) {
+        // SIGKILL ends a stopped process too.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -82,9 +82,9 @@ fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
         m2.release(b, F, lb).await;
         // A's flush is still running when it releases: its key stays
         // until that I/O is done, and C waits.
-        let io = m1.begin_io(a, F, la, false).unwrap();
+        let io = m1.begin_io(a, F, la, false).await.unwrap();
         m1.release(a, F, la).await;
-        assert_eq!(m1.begin_io(a, F, la, false).err(), Some(Errno::ESTALE));
+        assert_eq!(m1.begin_io(a, F, la, false).await.err(), Some(Errno::ESTALE));
         assert_eq!(m2.holders(F).await.unwrap().1, [a].into());
         assert!(!writer.is_finished());
         // A stale release changes nothing.
@@ -95,8 +95,8 @@ fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
         assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Write), [c].into()));
 
         // Fencing: the old readers' leases allow no I/O, the writer's does.
-        assert_eq!(m2.begin_io(b, F, lb, false).err(), Some(Errno::ESTALE));
-        drop(m2.begin_io(c, F, lc, true).unwrap());
+        assert_eq!(m2.begin_io(b, F, lb, false).await.err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(c, F, lc, true).await.unwrap());
 
         // A reader on m1 revokes the writer on m2.
         let m = m1.clone();
@@ -177,8 +177,8 @@ fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
             .unwrap();
         assert!(t.elapsed() >= ttl / 2, "granted after {:?}", t.elapsed());
         assert_eq!(m1.renew(a).await, Err(Errno::ESTALE));
-        assert_eq!(m1.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
-        drop(m2.begin_io(b, F, lb, true).unwrap());
+        assert_eq!(m1.begin_io(a, F, la, true).await.err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(b, F, lb, true).await.unwrap());
     });
 }
 
@@ -232,7 +232,7 @@ fn a_restarted_agent_keeps_the_leases() {
         m1.resend_revocations(a);
         m1.resend_revocations(c);
         assert_eq!(next_revoke(&mut rc).await, ServerMsg::Revoke { gfi: G, lease: lc });
-        assert!(m1.begin_io(a, F, la, true).is_ok());
+        assert!(m1.begin_io(a, F, la, true).await.is_ok());
         assert!(!writer.is_finished());
         m1.release(c, G, lc).await;
         tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
@@ -250,6 +250,43 @@ fn a_restarted_agent_keeps_the_leases() {
         m1.end_session(a).await;
         let (tx, _rx) = unbounded_channel();
         assert_ne!(m2.resume(a, tx).await.unwrap(), a);
+    });
+}
+
+#[test]
+fn a_stalled_etcd_delays_renewals_but_ends_no_session() {
+    let etcd = TestEtcd::start().unwrap();
+    runtime().block_on(async {
+        let ttl = Duration::from_secs(3);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let (a, _ra) = session(&m1).await;
+        let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        m1.renew(a).await.unwrap();
+        etcd.freeze().unwrap();
+        // Once its etcd lease may not outlive another TTL, renewals are
+        // refused (a missed renewal: the session stays)...
+        let stalled = Instant::now();
+        let refused = loop {
+            match m1.renew(a).await {
+                Ok(()) => assert!(stalled.elapsed() < BOUND, "renewals confirmed with etcd stopped"),
+                Err(e) => break e,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(refused, Errno::ETIMEDOUT);
+        // ...while I/O under its leases goes on (the etcd lease lives).
+        drop(m1.begin_io(a, F, la, true).await.unwrap());
+        etcd.thaw().unwrap();
+        // etcd answers again: so are renewals, and the lease is intact.
+        tokio::time::timeout(BOUND, async {
+            while m1.renew(a).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Write), [a].into()));
+        drop(m1.begin_io(a, F, la, true).await.unwrap());
     });
 }
 
@@ -366,7 +403,7 @@ fn an_agent_cut_off_from_etcd_stops_confirming_renewals_before_the_ttl() {
             (last + ttl) - granted
         );
         // Nor does m1 let A's client write under it any more.
-        assert_eq!(m1.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
-        drop(m2.begin_io(b, F, lb, true).unwrap());
+        assert_eq!(m1.begin_io(a, F, la, true).await.err(), Some(Errno::ESTALE));
+        drop(m2.begin_io(b, F, lb, true).await.unwrap());
     });
 }
