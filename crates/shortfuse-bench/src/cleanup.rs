@@ -4,6 +4,7 @@
 //! the process exits.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once};
 
 static ACTIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -23,6 +24,7 @@ pub fn forget_scratch(dir: &Path) {
     SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
 }
 static WATCH: Once = Once::new();
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Spawns `cmd` in its own process group, remembered until [`reap`]. Its own
 /// group keeps the terminal's Ctrl-C away from it: the watcher decides when
@@ -73,6 +75,7 @@ pub fn install() {
             let mut sig = 0;
             // SAFETY: `set` and `sig` are valid for the duration of the call.
             unsafe { libc::sigwait(&set, &mut sig) };
+            INTERRUPTED.store(true, Ordering::SeqCst);
             let children = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
             for &pid in &children {
                 kill_group(pid);
@@ -96,6 +99,17 @@ pub fn install() {
             std::process::exit(130);
         });
     });
+}
+
+/// Called when a run returns: if a signal stopped it (the killed children
+/// made it return early), waits for the watcher, which unmounts and exits
+/// with 130, instead of reporting the run as finished.
+pub fn unless_interrupted() {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
 }
 
 fn signal_set() -> libc::sigset_t {

@@ -311,7 +311,9 @@ pub fn cli_main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    match run(&opts) {
+    let result = run(&opts);
+    cleanup::unless_interrupted();
+    match result {
         Ok(report) => {
             println!("{}", report.markdown());
             println!("Report: {}", opts.out.join("report.md").display());
