@@ -10,9 +10,11 @@
 //! released first when upgrading, as Algorithm 1 does, so that two readers
 //! upgrading at once cannot wait for each other). A revocation takes the
 //! slot exclusive, which blocks new I/O on the file and waits for running
-//! I/O, then writes the dirty blocks back, empties the cache and releases.
-//! Cached blocks are trusted only under a lease: a new lease starts from an
-//! empty cache and the size the metadata service holds.
+//! I/O, then writes the dirty blocks back and releases.
+//! Cached blocks are trusted only under a lease: a new lease starts from
+//! the size the metadata service holds and from the blocks cached under
+//! the last one minus those the grant says changed since (see
+//! [`crate::versions`]); a cache whose version is unknown is emptied.
 //!
 //! Writes stay in the cache until the lease is revoked, the file is
 //! fsync'd, too many blocks are dirty, or the file system is unmounted.
@@ -26,7 +28,12 @@
 //! holder writes back and releases), a grant and the blocks the new
 //! holder needs. What keeps that cost down:
 //! - the blocks the I/O that asked for the lease will touch come with the
-//!   grant (one round trip less);
+//!   grant (one round trip less), unless they are cached here and nobody
+//!   changed them since;
+//! - the cache outlives the lease: written back, it stays, and the next
+//!   grant names the blocks others wrote meanwhile, which are dropped (a
+//!   client that takes turns with others on a file keeps what they did not
+//!   touch);
 //! - the manager's state is appended to its file, not rewritten;
 //! - a writer revoked for a reader steps down to a read lease
 //!   ([`crate::proto::ServerMsg::StepDown`]): it writes back and keeps
@@ -103,8 +110,8 @@ use shortfuse::{
 
 use crate::conn::{Conn, Event};
 use crate::proto::{
-    AttrChange, ByteBuf, ClientId, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req, WireTime,
-    NO_LEASE,
+    AttrChange, ByteBuf, ClientId, DataVersion, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req,
+    WireTime, NO_LEASE,
 };
 
 /// Blocks fetched past a read miss that continues the previous read, when
@@ -252,6 +259,11 @@ struct Cache {
     /// The block after the last one read: a read starting there is
     /// sequential.
     next_read: u64,
+    /// The data version the clean blocks are valid as of (see
+    /// [`crate::versions`]): they stay cached when the lease goes, and
+    /// the next grant says which of them changed meanwhile. `None`: the
+    /// next grant drops them all.
+    known: Option<DataVersion>,
 }
 
 impl Cache {
@@ -265,6 +277,14 @@ impl Cache {
         }
         self.blocks.clear();
         self.meta_dirty = false;
+        self.unsynced.clear();
+        self.known = None;
+    }
+
+    /// After the lease went with everything written back: the blocks
+    /// stay, clean, for the next grant to validate.
+    fn keep(&mut self) {
+        debug_assert!(!self.meta_dirty && self.blocks.values().all(|b| !b.dirty));
         self.unsynced.clear();
     }
 
@@ -756,8 +776,8 @@ impl Inner {
         if g.mode.is_some() {
             if g.session == conn.client.0 && conn.leases_valid() {
                 // Upgrade: the read lease goes back first, with the request
-                // (nothing is dirty under a read lease).
-                lock(&f.cache).clear();
+                // (nothing is dirty under a read lease, and the cache stays
+                // for the grant to validate).
                 release = Some(g.id);
             } else {
                 // The lease died with its connection or on our clock: what
@@ -769,23 +789,46 @@ impl Inner {
         let fetch = want
             .and_then(|(lo, hi)| Some((lo, u32::try_from(hi.checked_sub(lo)? + 1).ok()?)))
             .filter(|(_, n)| *n <= crate::proto::MAX_GRANT_BLOCKS);
-        let (lease, attr, blocks) = match conn.call(Req::Acquire {
+        let (since, have) = {
+            let c = lock(&f.cache);
+            let have = fetch.map_or(0, |(first, n)| {
+                (0..n)
+                    .filter(|k| c.blocks.contains_key(&(first + u64::from(*k))))
+                    .fold(0, |m, k| m | 1 << k)
+            });
+            (c.known, have)
+        };
+        let (lease, attr, version, changed, blocks) = match conn.call(Req::Acquire {
             gfi: f.gfi,
             mode,
             release,
             fetch,
+            have,
+            since,
         })? {
-            Reply::Granted { lease, attr, blocks } => (lease, attr, blocks),
+            Reply::Granted {
+                lease,
+                attr,
+                version,
+                changed,
+                blocks,
+            } => (lease, attr, version, changed, blocks),
             _ => return Err(Errno::EPROTO),
         };
         let mut c = lock(&f.cache);
-        c.blocks.clear();
-        if let Some((first, _)) = fetch {
-            for (k, data) in blocks.into_iter().enumerate() {
-                let data = data.map(ByteBuf::into_vec).unwrap_or_default();
-                c.blocks.insert(first + k as u64, Block { data, dirty: false });
+        match changed {
+            Some(changed) => {
+                for i in changed {
+                    c.blocks.remove(&i);
+                }
             }
+            None => c.blocks.clear(),
         }
+        for (i, data) in blocks {
+            let data = data.map(ByteBuf::into_vec).unwrap_or_default();
+            c.blocks.insert(i, Block { data, dirty: false });
+        }
+        c.known = version;
         c.unsynced.clear();
         c.meta_dirty = false;
         c.size = attr.size;
@@ -842,10 +885,10 @@ impl Inner {
     }
 
     /// Algorithm 1, ReleaseLease, on the manager's request: block new I/O
-    /// and wait for running I/O (the exclusive slot), write back, empty the
-    /// cache, release. With `step_down` (a reader asked) a write lease
-    /// becomes a read lease instead, and the cache, clean once written
-    /// back, stays.
+    /// and wait for running I/O (the exclusive slot), write back, release;
+    /// the cache, clean once written back, stays for the next grant to
+    /// validate. With `step_down` (a reader asked) a write lease becomes a
+    /// read lease instead.
     fn revoke(&self, gfi: Gfi, lease: u64, step_down: bool, generation: u64) {
         let f = lock(&self.files).get(&gfi.ino).cloned();
         let conn = lock(&self.conn).clone();
@@ -878,12 +921,23 @@ impl Inner {
                     }
                 }
                 // A failure marks the data lost (reported at the next
-                // fsync/close); the lease goes back either way.
-                let released = g.mode == Some(LeaseMode::Write)
-                    && self
-                        .write_back_then(&f, &conn, lease, false, Then::Release)
-                        .unwrap_or(false);
-                lock(&f.cache).clear();
+                // fsync/close); the lease goes back either way. What was
+                // written back stays cached, clean, for the next grant to
+                // validate.
+                let written = match g.mode {
+                    Some(LeaseMode::Write) => self.write_back_then(&f, &conn, lease, false, Then::Release),
+                    _ => Ok(false),
+                };
+                let released = match written {
+                    Ok(released) => {
+                        lock(&f.cache).keep();
+                        released
+                    }
+                    Err(_) => {
+                        lock(&f.cache).clear();
+                        false
+                    }
+                };
                 *g = Slot::default();
                 // Released before new I/O may ask again: an acquire that
                 // reached the manager first would get this dying lease back.
@@ -938,6 +992,7 @@ impl Inner {
         }
         let n = batches.len();
         let mut result = Ok(());
+        let mut version = None;
         for (k, blocks) in batches.into_iter().enumerate() {
             // Only the last request syncs: it covers the earlier ones too.
             let last_sync = sync && k + 1 == n;
@@ -956,12 +1011,27 @@ impl Inner {
                 release: then != Then::Keep && k + 1 == n,
                 step_down: then == Then::StepDown,
             });
-            if let Err(e) = r {
-                result = Err(e);
-                break;
+            match r {
+                Ok(Reply::Written { version: v, .. }) => version = v,
+                Ok(_) => {
+                    result = Err(Errno::EPROTO);
+                    break;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
             }
         }
         let mut c = lock(&f.cache);
+        if result.is_ok() {
+            // Nobody else wrote since the cache was last valid (this client
+            // held the write lease): it is valid as of this write too.
+            c.known = match (c.known, version) {
+                (Some(k), Some(v)) if k.epoch == v.epoch => Some(if v.seq > k.seq { v } else { k }),
+                _ => None,
+            };
+        }
         match result {
             Ok(()) if sync => c.unsynced.clear(),
             Ok(()) => c.unsynced.extend(written),

@@ -11,6 +11,8 @@
 //!   kept coherent by leases, or written through, or not kept coherent
 //!   (the three consistency modes);
 //! - [`check`]: the consistency checker that tells them apart.
+//! - [`versions`]: the server's record of which blocks changed when, so
+//!   that a client's cache outlives a lease that moves away and back.
 //!
 //! Files are named everywhere by their global identifier [`proto::Gfi`].
 //!
@@ -40,3 +42,4 @@ pub mod proto;
 #[allow(unsafe_code)]
 pub mod server;
 pub mod testutil;
+pub mod versions;

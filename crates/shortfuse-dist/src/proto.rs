@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Most blocks sent with a grant.
 pub const MAX_GRANT_BLOCKS: u32 = 8;
@@ -38,6 +38,15 @@ pub const MAX_FRAME: u32 = 64 << 20;
 pub struct Gfi {
     pub node: u32,
     pub ino: u64,
+}
+
+/// When a client's cached blocks of a file were known valid: a point in
+/// the server's record of data changes ([`crate::versions`]). `epoch`
+/// names one run of one server; `seq` grows with every change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DataVersion {
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 /// A client's session with the lease manager.
@@ -203,6 +212,13 @@ pub enum Request {
         /// asked for the lease needs them (one round trip less per lease
         /// that moved). At most [`MAX_GRANT_BLOCKS`].
         fetch: Option<(u64, u32)>,
+        /// Which of the `fetch` blocks this client has cached (bit `k` for
+        /// block `first + k`): those are sent only if they changed.
+        have: u32,
+        /// The version this client's cached blocks of the file are valid
+        /// as of (from its last grant or write-back): the grant lists the
+        /// blocks changed since, the rest of the cache stays valid.
+        since: Option<DataVersion>,
     },
     /// Gives lease `lease` back (after a revocation, or voluntarily).
     Release {
@@ -267,8 +283,22 @@ pub enum Reply {
     Granted {
         lease: u64,
         attr: NodeAttr,
-        /// The blocks asked for with the request, as [`Reply::Blocks`].
-        blocks: Vec<Option<ByteBuf>>,
+        /// The data version as of the grant; `None` when this server keeps
+        /// no versions (a scale-out agent): nothing cached stays valid.
+        version: Option<DataVersion>,
+        /// The blocks changed since the request's `since`, which the
+        /// client drops; `None`: every block may have changed.
+        changed: Option<Vec<u64>>,
+        /// Those of the blocks asked for that the client lacks or that
+        /// changed, by index; `None` is a hole.
+        blocks: Vec<(u64, Option<ByteBuf>)>,
+    },
+    /// The answer to [`Request::WriteBlocks`]: the attributes after the
+    /// write and the data version it made (`None` as in
+    /// [`Reply::Granted`]).
+    Written {
+        info: NodeInfo,
+        version: Option<DataVersion>,
     },
     /// One entry per block asked; `None` is a block never written (a hole).
     Blocks(Vec<Option<ByteBuf>>),

@@ -23,7 +23,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use shortfuse::{Errno, Result};
@@ -41,6 +41,7 @@ use crate::lease_etcd::EtcdLeases;
 use crate::meta::Meta;
 use crate::metadata::Metadata;
 use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
+use crate::versions::{Changed, DataVersions};
 
 /// Block size of a new server (128 KiB: the kernel's largest write is 1 MiB,
 /// so a write spans few blocks, and a small random write costs one block).
@@ -103,6 +104,24 @@ struct Shared {
     space: PathBuf,
     blocks: BlockStore,
     leases: Arc<Leases>,
+    /// The record of data changes that lets clients keep their caches
+    /// across lease moves ([`crate::versions`]); embedded servers only.
+    versions: Option<Mutex<DataVersions>>,
+}
+
+impl Shared {
+    fn versions(&self) -> Option<MutexGuard<'_, DataVersions>> {
+        self.versions
+            .as_ref()
+            .map(|v| v.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Every block of `gfi` may have changed (truncated or removed).
+    fn changed_all(&self, gfi: proto::Gfi) {
+        if let Some(mut v) = self.versions() {
+            v.wrote_all(gfi);
+        }
+    }
 }
 
 /// A running server; dropping it stops it (connections close, so every
@@ -111,6 +130,16 @@ pub struct DistServer {
     rt: Option<Runtime>,
     addr: SocketAddr,
     leases: Arc<Leases>,
+}
+
+/// Names this run of the server among all runs: nanoseconds since 1970 at
+/// start (data versions of an earlier run must never match).
+fn run_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id()) << 48
 }
 
 fn new_node_id() -> u32 {
@@ -177,6 +206,7 @@ impl DistServer {
             space: data.clone(),
             blocks,
             leases: leases.clone(),
+            versions: (!etcd).then(|| Mutex::new(DataVersions::new(run_epoch()))),
         });
         let listener = {
             let _guard = rt.enter();
@@ -390,6 +420,8 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             };
             let (info, old_size) = meta.setattr(ino, &change).await?;
             if let Some(size) = change.size {
+                // Marked first: a failed truncation may have changed some.
+                s.changed_all(gfi);
                 s.blocks.truncate(gfi, old_size, size).await?;
             }
             Reply::Node(info)
@@ -464,6 +496,8 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             mode,
             release,
             fetch,
+            have,
+            since,
         } => {
             if let Some(old) = release {
                 s.leases.release(client, gfi, old).await;
@@ -476,20 +510,40 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                     return Err(e);
                 }
             };
+            // Nobody else writes while this lease is held: the changes up
+            // to now are all there are until the client gives it back.
+            let (version, changed) = match s.versions() {
+                Some(v) => (Some(v.now()), v.changed_since(gfi, since)),
+                None => (None, Changed::All),
+            };
             let mut blocks = Vec::new();
             if let Some((first, count)) = fetch.filter(|(_, n)| *n <= proto::MAX_GRANT_BLOCKS) {
-                // Under the new lease, as a ReadBlocks would be: a later
-                // grant to another client waits for this read.
-                let _io = s.leases.begin_io(client, gfi, lease, false).await?;
-                blocks = s
-                    .blocks
-                    .get(gfi, first, count)
-                    .await?
-                    .into_iter()
-                    .map(|b| b.map(ByteBuf::from))
+                let needed: Vec<u64> = (first..first + u64::from(count))
+                    .filter(|&i| have & (1 << (i - first)) == 0 || changed.contains(i))
                     .collect();
+                if let (Some(&lo), Some(&hi)) = (needed.first(), needed.last()) {
+                    // Under the new lease, as a ReadBlocks would be: a later
+                    // grant to another client waits for this read.
+                    let _io = s.leases.begin_io(client, gfi, lease, false).await?;
+                    let got = s.blocks.get(gfi, lo, (hi - lo + 1) as u32).await?;
+                    blocks = (lo..)
+                        .zip(got)
+                        .filter(|(i, _)| needed.contains(i))
+                        .map(|(i, b)| (i, b.map(ByteBuf::from)))
+                        .collect();
+                }
             }
-            Reply::Granted { lease, attr, blocks }
+            let changed = match changed {
+                Changed::All => None,
+                Changed::Blocks(b) => Some(b),
+            };
+            Reply::Granted {
+                lease,
+                attr,
+                version,
+                changed,
+                blocks,
+            }
         }
         Request::Release { gfi, lease } => {
             s.leases.release(client, gfi, lease).await;
@@ -522,6 +576,12 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             // Data first, then the size that makes it visible.
             let written: Vec<u64> = blocks.iter().map(|(i, _)| *i).collect();
             let blocks = blocks.into_iter().map(|(i, b)| (i, b.into_vec())).collect();
+            // Recorded before the blocks change (a failed put may have
+            // changed some) and before the lease can move on.
+            let version = s.versions().map(|mut v| match written.is_empty() {
+                true => v.now(),
+                false => v.wrote(gfi, written.iter().copied()),
+            });
             s.blocks.put(gfi, blocks, false).await?;
             if let Some(earlier) = &sync {
                 s.blocks.sync(gfi, &written).await?;
@@ -539,7 +599,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 (true, false) => s.leases.release(client, gfi, lease).await,
                 (false, _) => {}
             }
-            Reply::Node(info)
+            Reply::Written { info, version }
         }
         Request::StepDown { gfi, lease } => {
             s.leases.step_down(client, gfi, lease).await;
@@ -597,6 +657,7 @@ async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
     for ino in inos {
         let gfi = proto::Gfi { node, ino };
         if s.meta.reap(ino, || s.leases.is_open(gfi)).await? {
+            s.changed_all(gfi);
             s.blocks.remove_file(gfi).await?;
         }
     }
@@ -606,6 +667,7 @@ async fn reap_orphans(s: &Shared, inos: Vec<u64>) -> Result<()> {
 async fn remove_data(s: &Shared, freed: crate::meta::Freed) -> Result<()> {
     let node = s.meta.node_id();
     for ino in freed.0 {
+        s.changed_all(proto::Gfi { node, ino });
         s.blocks.remove_file(proto::Gfi { node, ino }).await?;
     }
     Ok(())

@@ -131,6 +131,62 @@ fn fsynced_data_survives_server_restart() {
     assert_eq!(read(&a, na, 49_990, 100), &data[49_990..]);
 }
 
+/// Overwrites block `index` of `node` in the embedded server's storage
+/// behind the server's back: a client that fetches the block again sees
+/// `byte`s, one that serves it from its cache does not.
+fn change_behind_the_server(data: &std::path::Path, fs: &DistFs, node: NodeId, index: u64, byte: u8) {
+    let gfi = fs.gfi(node).unwrap();
+    let obj = data.join(format!("blocks/{}/{}/{index}", gfi.node, gfi.ino));
+    assert!(obj.exists(), "{} not in storage", obj.display());
+    std::fs::write(obj, [byte; 4096]).unwrap();
+}
+
+#[test]
+fn a_cache_outlives_a_lease_move_but_not_what_others_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let (a, b) = (client(&s), client(&s));
+    let node = create(&a, "kept");
+    write(&a, node, 0, &[1u8; 3 * 4096]);
+    // B writes block 2: A writes back and releases, keeping its blocks.
+    let nb = lookup(&b, "kept");
+    write(&b, nb, 2 * 4096, &[2u8; 4096]);
+    assert_eq!(
+        s.holders(a.gfi(node).unwrap()).unwrap().1,
+        [b.client_id().unwrap()].into()
+    );
+    change_behind_the_server(dir.path(), &a, node, 0, 9);
+    // A reads again under a new lease: block 0, which nobody wrote, comes
+    // from its kept cache; block 2, which B wrote, is never served stale.
+    let got = read(&a, node, 0, 3 * 4096);
+    assert_eq!(
+        &got[..2 * 4096],
+        &[1u8; 2 * 4096][..],
+        "an unchanged block was not kept"
+    );
+    assert_eq!(&got[2 * 4096..], &[2u8; 4096][..], "a block B wrote was served stale");
+    // Upgrading to write keeps the cache too.
+    write(&a, node, 4096, &[3u8; 10]);
+    assert_eq!(read(&a, node, 0, 4096), [1u8; 4096]);
+
+    // B truncates and writes: every block of A's cache may have changed.
+    let nb = lookup(&b, "kept");
+    let set = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    b.setattr(&REQ, nb, &set).unwrap();
+    write(&b, nb, 4096, &[4u8; 4096]);
+    let got = read(&a, node, 0, 3 * 4096);
+    assert_eq!(got.len(), 2 * 4096);
+    assert_eq!(
+        &got[..4096],
+        &[0u8; 4096][..],
+        "truncated data came back from a kept cache"
+    );
+    assert_eq!(&got[4096..], &[4u8; 4096][..]);
+}
+
 #[test]
 fn dead_client_loses_only_unsynced_data() {
     let dir = tempfile::tempdir().unwrap();
