@@ -1244,7 +1244,23 @@ impl Inner {
         let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
         let lost = std::mem::take(&mut lock(&f.cache).lost);
         if g.mode == Some(LeaseMode::Write) && (g.session == conn.client.0 || g.id == NO_LEASE) {
-            self.write_back(&f, &conn, g.id, true)?;
+            match self.write_back(&f, &conn, g.id, true) {
+                // The server fenced the lease off (gone, or its session
+                // may have expired): what is dirty can never be written
+                // under it. Lost, and said so now, once.
+                Err(Errno::ESTALE) if g.id != NO_LEASE => {
+                    let (id, session) = (g.id, g.session);
+                    drop(g);
+                    let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+                    if g.id == id && g.session == session {
+                        lock(&f.cache).clear();
+                        *g = Slot::default();
+                    }
+                    lock(&f.cache).lost = false;
+                    return Err(Errno::EIO);
+                }
+                r => r?,
+            }
         }
         if lost {
             return Err(Errno::EIO);
