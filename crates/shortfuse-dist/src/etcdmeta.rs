@@ -820,18 +820,23 @@ impl EtcdMeta {
     }
 
     /// Marks `ino` open at this agent (before its opener is answered: a
-    /// removal at any agent from then on keeps it as an orphan).
+    /// removal at any agent from then on keeps it as an orphan); `ENOENT`
+    /// when it is gone. One transaction: the mark is put only if the node
+    /// is there.
     pub async fn open_file(&self, ino: u64) -> Result<()> {
         let mut opens = self.opens.lock().await;
+        // Marked here: it cannot have been freed.
         if opens.published.contains(&ino) {
             return Ok(());
         }
         let opts = PutOptions::new().with_lease(opens.lease);
-        self.kv
-            .clone()
-            .put(self.keys.open(ino, opens.lease), Vec::new(), Some(opts))
-            .await
-            .map_err(|_| Errno::EIO)?;
+        let txn = Txn::new()
+            .when([Compare::version(self.keys.inode(ino), CompareOp::Greater, 0)])
+            .and_then([TxnOp::put(self.keys.open(ino, opens.lease), Vec::new(), Some(opts))]);
+        let resp = self.kv.clone().txn(txn).await.map_err(|_| Errno::EIO)?;
+        if !resp.succeeded() {
+            return Err(Errno::ENOENT);
+        }
         opens.published.insert(ino);
         Ok(())
     }
@@ -841,21 +846,28 @@ impl EtcdMeta {
     /// is an orphan nobody holds open anywhere. Returns whether it did: the
     /// caller removes the data.
     pub async fn reap(&self, ino: u64, is_open: impl FnOnce() -> bool) -> Result<bool> {
+        let keys = &self.keys;
         {
             let mut opens = self.opens.lock().await;
             if is_open() {
                 return Ok(false);
             }
             if opens.published.contains(&ino) {
-                self.kv
-                    .clone()
-                    .delete(self.keys.open(ino, opens.lease), None)
-                    .await
-                    .map_err(|_| Errno::EIO)?;
+                // The mark goes either way; whether `ino` is an orphan (a
+                // file that lost its last name while open has the orphan
+                // key) comes with it, so a plain close costs one request.
+                let mark = || TxnOp::delete(keys.open(ino, opens.lease), None);
+                let txn = Txn::new()
+                    .when([Compare::version(keys.orphan(ino), CompareOp::Equal, 0)])
+                    .and_then([mark()])
+                    .or_else([mark()]);
+                let resp = self.kv.clone().txn(txn).await.map_err(|_| Errno::EIO)?;
                 opens.published.remove(&ino);
+                if resp.succeeded() {
+                    return Ok(false);
+                }
             }
         }
-        let keys = &self.keys;
         transact!(self, t => {
             let rec = match t.get(keys.inode(ino)).await? {
                 Some(v) => dec::<Rec>(&v)?,

@@ -145,11 +145,13 @@ impl Metadata {
         }
     }
 
-    /// Records, before the opener is answered, that `ino` is open here
-    /// (local: the lease manager's record is enough).
+    /// Records, before the opener is answered and after the lease
+    /// manager's record, that `ino` is open here; `ENOENT` when it is gone
+    /// (checked with the record: a removal from then on sees it open).
+    /// Local: the lease manager's record is enough, the check a lookup.
     pub async fn open_file(&self, ino: u64) -> Result<()> {
         match self {
-            Metadata::Local(_) => Ok(()),
+            Metadata::Local(m) => m.getattr(ino).map(|_| ()),
             Metadata::Etcd(m) => m.open_file(ino).await,
         }
     }

@@ -618,15 +618,13 @@ fn is_open(s: &Shared, node: u32, ino: u64) -> Result<bool> {
 /// Records that `client` holds `ino` open; `ENOENT` when the file was
 /// freed before the record was made (removed meanwhile by another client).
 async fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
-    let gfi = s.meta.getattr(ino).await?.gfi;
+    let gfi = proto::Gfi {
+        node: s.meta.node_id(),
+        ino,
+    };
     s.leases.open_file(client, gfi).await?;
+    // Checked with the record: a removal from now on sees it open.
     if let Err(e) = s.meta.open_file(ino).await {
-        let _ = s.leases.close_file(client, gfi).await;
-        return Err(e);
-    }
-    // Checked again after the record: a removal from now on sees it open.
-    if let Err(e) = s.meta.getattr(ino).await {
-        // A record left behind goes with the session.
         let _ = s.leases.close_file(client, gfi).await;
         return Err(e);
     }

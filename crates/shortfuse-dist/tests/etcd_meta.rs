@@ -229,6 +229,12 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         // `a`'s last opener of g closes: g goes.
         assert!(a.reap(g, || false).await.unwrap());
         assert_eq!(b.getattr(g).await.err(), Some(Errno::ENOENT));
+        assert_eq!(a.open_file(g).await.err(), Some(Errno::ENOENT), "a freed file opened");
+        // A named file's last close takes its mark: a removal then frees it.
+        let k = a.create(ROOT_INO, b"k", file(), 0o644, 0, 0).await.unwrap().gfi.ino;
+        a.open_file(k).await.unwrap();
+        assert!(!a.reap(k, || false).await.unwrap());
+        assert_eq!(b.remove(ROOT_INO, b"k", false).await.unwrap(), Freed(vec![k]));
         (f, g)
         // `a` stops here without closing f (a crash: its lease runs on).
     });
@@ -236,7 +242,7 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         let a2 = agent(&etcd, 1).await;
         assert_eq!(a2.orphans().await.unwrap(), vec![f], "orphans survive a restart");
         assert_eq!(a2.getattr(f).await.unwrap().attr.size, 10);
-        // The dead agent's mark goes with its etcd lease (TTL 2 s, at most
+        // The dead agent's mark goes with its etcd lease (two TTLs, 4 s, at most
         // a few more while etcd notices): then any agent's sweep frees f.
         let deadline = Instant::now() + Duration::from_secs(30);
         while !a2.reap(f, || false).await.unwrap() {
