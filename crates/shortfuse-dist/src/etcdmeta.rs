@@ -194,6 +194,8 @@ struct Stm {
     /// The attempt's view: values read, then overwritten by its writes.
     view: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Empty keys to put attached to an etcd lease (open marks).
+    leased: Vec<(Vec<u8>, i64)>,
     compares: Vec<Compare>,
 }
 
@@ -205,6 +207,7 @@ impl Stm {
             read: BTreeMap::new(),
             view: BTreeMap::new(),
             writes: BTreeMap::new(),
+            leased: Vec::new(),
             compares: Vec::new(),
         }
     }
@@ -231,6 +234,32 @@ impl Stm {
         let v = kv.map(|kv| kv.value().to_vec());
         self.view.insert(key, v.clone());
         Ok(v)
+    }
+
+    /// Reads `keys` in one request (as [`Stm::get`] would one by one).
+    async fn prefetch(&mut self, keys: Vec<Vec<u8>>) -> Step<()> {
+        let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| !self.view.contains_key(k)).collect();
+        let gets: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(k.clone(), Some(self.at(GetOptions::new()))))
+            .collect();
+        let resp = self.kv.txn(Txn::new().and_then(gets)).await.map_err(etcd_err)?;
+        if self.rev == 0 {
+            self.rev = resp.header().map_or(0, |h| h.revision());
+        }
+        let answers = resp.op_responses();
+        if answers.len() != keys.len() {
+            return Err(Errno::EIO.into());
+        }
+        for (key, answer) in keys.into_iter().zip(answers) {
+            let etcd_client::TxnOpResponse::Get(r) = answer else {
+                return Err(Errno::EIO.into());
+            };
+            let kv = r.kvs().first();
+            self.read.insert(key.clone(), kv.map_or(0, |kv| kv.mod_revision()));
+            self.view.insert(key, kv.map(|kv| kv.value().to_vec()));
+        }
+        Ok(())
     }
 
     /// Whether any key starts with `prefix`; the commit then compares that
@@ -277,9 +306,14 @@ impl Stm {
         self.put(keys.inode(ino), enc(rec));
     }
 
+    /// Puts the empty `key` attached to etcd lease `lease`.
+    fn put_leased(&mut self, key: Vec<u8>, lease: i64) {
+        self.leased.push((key, lease));
+    }
+
     /// Commits the writes if nothing read changed; `false`: try again.
     async fn commit(mut self) -> Step<bool> {
-        if self.writes.is_empty() {
+        if self.writes.is_empty() && self.leased.is_empty() {
             return Ok(true);
         }
         let mut when: Vec<Compare> = self
@@ -288,13 +322,16 @@ impl Stm {
             .map(|(k, rev)| Compare::mod_revision(k.clone(), CompareOp::Equal, *rev))
             .collect();
         when.append(&mut self.compares);
-        let ops: Vec<TxnOp> = std::mem::take(&mut self.writes)
+        let mut ops: Vec<TxnOp> = std::mem::take(&mut self.writes)
             .into_iter()
             .map(|(k, v)| match v {
                 Some(v) => TxnOp::put(k, v, None),
                 None => TxnOp::delete(k, None),
             })
             .collect();
+        for (k, lease) in self.leased.drain(..) {
+            ops.push(TxnOp::put(k, Vec::new(), Some(PutOptions::new().with_lease(lease))));
+        }
         let resp = self
             .kv
             .txn(Txn::new().when(when).and_then(ops))
@@ -488,6 +525,9 @@ impl EtcdMeta {
     pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<NodeInfo> {
         let keys = &self.keys;
         transact!(self, t => {
+            // The parent too: a miss (the kernel's lookup before a create)
+            // costs one request.
+            t.prefetch(vec![keys.entry(parent, name), keys.inode(parent)]).await?;
             let e = t.ent(keys, parent, name).await?;
             let Some(e) = e else {
                 // ENOTDIR when the parent is not a directory.
@@ -549,6 +589,64 @@ impl EtcdMeta {
     ) -> Result<NodeInfo> {
         check_name(name)?;
         let ino = self.alloc_ino().await?;
+        self.create_node(ino, parent, name, kind, mode, uid, gid, None).await
+    }
+
+    /// [`EtcdMeta::create`], open at this agent from the start: the mark
+    /// is put by the creating transaction (no request of its own, and no
+    /// removal can come between). `record(ino)` runs first: the opener's
+    /// record at the lease manager, which [`EtcdMeta::reap`] asks (so a
+    /// close of the new file by another client here keeps the mark); its
+    /// caller undoes it if the creation fails.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_open(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: NewKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        record: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<NodeInfo> {
+        check_name(name)?;
+        let ino = self.alloc_ino().await?;
+        record(ino)?;
+        let lease = self.opens.lock().await.lease;
+        let info = self
+            .create_node(ino, parent, name, kind, mode, uid, gid, Some(lease))
+            .await?;
+        let mut opens = self.opens.lock().await;
+        if opens.lease != lease {
+            // The marks' lease was replaced meanwhile (etcd lost the old
+            // one, and this mark with it, the keeper published the others
+            // again): mark under the new one.
+            let opts = PutOptions::new().with_lease(opens.lease);
+            let key = self.keys.open(ino, opens.lease);
+            self.kv
+                .clone()
+                .put(key, Vec::new(), Some(opts))
+                .await
+                .map_err(|_| Errno::EIO)?;
+        }
+        opens.published.insert(ino);
+        Ok(info)
+    }
+
+    /// Creates node `ino`; with `mark`, open at this agent (see
+    /// [`EtcdMeta::create_open`]) under that marks lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_node(
+        &self,
+        ino: u64,
+        parent: u64,
+        name: &[u8],
+        kind: NewKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        mark: Option<i64>,
+    ) -> Result<NodeInfo> {
         let attr = new_attr(&kind, mode, uid, gid);
         let body = match &kind {
             NewKind::Node { .. } => Body::File,
@@ -558,6 +656,7 @@ impl EtcdMeta {
         let rec = Rec { attr, body };
         let keys = &self.keys;
         transact!(self, t => {
+            t.prefetch(vec![keys.inode(parent), keys.entry(parent, name)]).await?;
             let mut p = t.rec(keys, parent).await?;
             dir_of(&p)?;
             if t.ent(keys, parent, name).await?.is_some() {
@@ -566,6 +665,9 @@ impl EtcdMeta {
             let ent = Ent { ino, kind: attr.mode & libc::S_IFMT };
             t.put(keys.entry(parent, name), enc(&ent));
             t.put_rec(keys, ino, &rec);
+            if let Some(lease) = mark {
+                t.put_leased(keys.open(ino, lease), lease);
+            }
             touch(&mut p.attr, attr.ctime, i32::from(matches!(kind, NewKind::Dir)));
             t.put_rec(keys, parent, &p);
             Ok::<_, Abort>(self.info(ino, attr))
@@ -601,6 +703,7 @@ impl EtcdMeta {
     pub async fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<Freed> {
         let keys = &self.keys;
         transact!(self, t => {
+            t.prefetch(vec![keys.entry(parent, name), keys.inode(parent)]).await?;
             let Some(e) = t.ent(keys, parent, name).await? else {
                 dir_of(&t.rec(keys, parent).await?)?;
                 return Err(Errno::ENOENT.into());

@@ -113,7 +113,7 @@ impl Leases {
         self.begin_io(client, gfi, lease, write).await.map(Some)
     }
 
-    pub async fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
+    pub fn open_file(&self, client: ClientId, gfi: Gfi) -> Result<()> {
         match self {
             Leases::Local(m) => m.open_file(client, gfi),
             Leases::Etcd(m) => m.open_file(client, gfi),

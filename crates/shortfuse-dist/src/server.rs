@@ -435,10 +435,16 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             gid,
             open,
         } => {
-            let info = meta.create(parent, &name, kind, mode, uid, gid).await?;
-            if open {
-                open_file(s, client, info.gfi.ino).await?;
-            }
+            let info = match (&**meta, open) {
+                (Metadata::Etcd(m), true) => create_open(s, m, client, parent, &name, kind, mode, uid, gid).await?,
+                _ => {
+                    let info = meta.create(parent, &name, kind, mode, uid, gid).await?;
+                    if open {
+                        open_file(s, client, info.gfi.ino).await?;
+                    }
+                    info
+                }
+            };
             Reply::Node(info)
         }
         Request::Open { .. } | Request::Close { .. } => {
@@ -622,13 +628,42 @@ async fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
         node: s.meta.node_id(),
         ino,
     };
-    s.leases.open_file(client, gfi).await?;
+    s.leases.open_file(client, gfi)?;
     // Checked with the record: a removal from now on sees it open.
     if let Err(e) = s.meta.open_file(ino).await {
         let _ = s.leases.close_file(client, gfi).await;
         return Err(e);
     }
     Ok(())
+}
+
+/// A create that opens, on etcd: one transaction makes the file and its
+/// open mark ([`EtcdMeta::create_open`]), after the opener's record here.
+#[allow(clippy::too_many_arguments)]
+async fn create_open(
+    s: &Shared,
+    m: &EtcdMeta,
+    client: ClientId,
+    parent: u64,
+    name: &[u8],
+    kind: proto::NewKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> Result<proto::NodeInfo> {
+    let node = m.node_id();
+    let mut recorded = None;
+    let record = |ino| {
+        let gfi = proto::Gfi { node, ino };
+        s.leases.open_file(client, gfi)?;
+        recorded = Some(gfi);
+        Ok(())
+    };
+    let created = m.create_open(parent, name, kind, mode, uid, gid, record).await;
+    if let (Err(_), Some(gfi)) = (&created, recorded) {
+        let _ = s.leases.close_file(client, gfi).await;
+    }
+    created
 }
 
 /// [`Request::Open`] or [`Request::Close`]; returns whether a last opener

@@ -230,6 +230,23 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         assert!(a.reap(g, || false).await.unwrap());
         assert_eq!(b.getattr(g).await.err(), Some(Errno::ENOENT));
         assert_eq!(a.open_file(g).await.err(), Some(Errno::ENOENT), "a freed file opened");
+        // Created open: marked by the creating transaction, after the
+        // opener's record.
+        let mut recorded = None;
+        let c = a
+            .create_open(ROOT_INO, b"c", file(), 0o644, 0, 0, |ino| {
+                recorded = Some(ino);
+                Ok(())
+            })
+            .await
+            .unwrap()
+            .gfi
+            .ino;
+        assert_eq!(recorded, Some(c));
+        assert_eq!(b.remove(ROOT_INO, b"c", false).await.unwrap(), Freed(vec![]));
+        assert!(a.reap(c, || false).await.unwrap(), "the orphan goes at its last close");
+        let taken = a.create_open(ROOT_INO, b"g", file(), 0o644, 0, 0, |_| Ok(())).await;
+        assert_eq!(taken.err(), Some(Errno::EEXIST));
         // A named file's last close takes its mark: a removal then frees it.
         let k = a.create(ROOT_INO, b"k", file(), 0o644, 0, 0).await.unwrap().gfi.ino;
         a.open_file(k).await.unwrap();
