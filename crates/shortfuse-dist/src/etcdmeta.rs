@@ -159,6 +159,16 @@ impl Keys {
     }
 }
 
+/// What a create makes: a node of `kind` named `name` in `parent`.
+pub struct Creation<'a> {
+    pub parent: u64,
+    pub name: &'a [u8],
+    pub kind: NewKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// Why one attempt of a change stopped.
 enum Abort {
     /// The answer (an error the caller gets).
@@ -589,7 +599,15 @@ impl EtcdMeta {
     ) -> Result<NodeInfo> {
         check_name(name)?;
         let ino = self.alloc_ino().await?;
-        self.create_node(ino, parent, name, kind, mode, uid, gid, None).await
+        let new = Creation {
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+        };
+        self.create_node(ino, new, None).await
     }
 
     /// [`EtcdMeta::create`], open at this agent from the start: the mark
@@ -598,24 +616,12 @@ impl EtcdMeta {
     /// record at the lease manager, which [`EtcdMeta::reap`] asks (so a
     /// close of the new file by another client here keeps the mark); its
     /// caller undoes it if the creation fails.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn create_open(
-        &self,
-        parent: u64,
-        name: &[u8],
-        kind: NewKind,
-        mode: u32,
-        uid: u32,
-        gid: u32,
-        record: impl FnOnce(u64) -> Result<()>,
-    ) -> Result<NodeInfo> {
-        check_name(name)?;
+    pub async fn create_open(&self, new: Creation<'_>, record: impl FnOnce(u64) -> Result<()>) -> Result<NodeInfo> {
+        check_name(new.name)?;
         let ino = self.alloc_ino().await?;
         record(ino)?;
         let lease = self.opens.lock().await.lease;
-        let info = self
-            .create_node(ino, parent, name, kind, mode, uid, gid, Some(lease))
-            .await?;
+        let info = self.create_node(ino, new, Some(lease)).await?;
         let mut opens = self.opens.lock().await;
         if opens.lease != lease {
             // The marks' lease was replaced meanwhile (etcd lost the old
@@ -635,18 +641,15 @@ impl EtcdMeta {
 
     /// Creates node `ino`; with `mark`, open at this agent (see
     /// [`EtcdMeta::create_open`]) under that marks lease.
-    #[allow(clippy::too_many_arguments)]
-    async fn create_node(
-        &self,
-        ino: u64,
-        parent: u64,
-        name: &[u8],
-        kind: NewKind,
-        mode: u32,
-        uid: u32,
-        gid: u32,
-        mark: Option<i64>,
-    ) -> Result<NodeInfo> {
+    async fn create_node(&self, ino: u64, new: Creation<'_>, mark: Option<i64>) -> Result<NodeInfo> {
+        let Creation {
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+        } = new;
         let attr = new_attr(&kind, mode, uid, gid);
         let body = match &kind {
             NewKind::Node { .. } => Body::File,

@@ -34,7 +34,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use crate::blocks::BlockStore;
-use crate::etcdmeta::{self, EtcdMeta, FsParams};
+use crate::etcdmeta::{self, Creation, EtcdMeta, FsParams};
 use crate::lease::LeaseManager;
 use crate::lease_backend::Leases;
 use crate::lease_etcd::EtcdLeases;
@@ -436,7 +436,17 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             open,
         } => {
             let info = match (&**meta, open) {
-                (Metadata::Etcd(m), true) => create_open(s, m, client, parent, &name, kind, mode, uid, gid).await?,
+                (Metadata::Etcd(m), true) => {
+                    let new = Creation {
+                        parent,
+                        name: &name,
+                        kind,
+                        mode,
+                        uid,
+                        gid,
+                    };
+                    create_open(s, m, client, new).await?
+                }
                 _ => {
                     let info = meta.create(parent, &name, kind, mode, uid, gid).await?;
                     if open {
@@ -639,18 +649,7 @@ async fn open_file(s: &Shared, client: ClientId, ino: u64) -> Result<()> {
 
 /// A create that opens, on etcd: one transaction makes the file and its
 /// open mark ([`EtcdMeta::create_open`]), after the opener's record here.
-#[allow(clippy::too_many_arguments)]
-async fn create_open(
-    s: &Shared,
-    m: &EtcdMeta,
-    client: ClientId,
-    parent: u64,
-    name: &[u8],
-    kind: proto::NewKind,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-) -> Result<proto::NodeInfo> {
+async fn create_open(s: &Shared, m: &EtcdMeta, client: ClientId, new: Creation<'_>) -> Result<proto::NodeInfo> {
     let node = m.node_id();
     let mut recorded = None;
     let record = |ino| {
@@ -659,7 +658,7 @@ async fn create_open(
         recorded = Some(gfi);
         Ok(())
     };
-    let created = m.create_open(parent, name, kind, mode, uid, gid, record).await;
+    let created = m.create_open(new, record).await;
     if let (Err(_), Some(gfi)) = (&created, recorded) {
         let _ = s.leases.close_file(client, gfi).await;
     }

@@ -4,12 +4,24 @@
 use std::time::{Duration, Instant};
 
 use shortfuse::Errno;
-use shortfuse_dist::etcdmeta::{self, EtcdMeta, FsParams, DEFAULT_PREFIX};
+use shortfuse_dist::etcdmeta::{self, Creation, EtcdMeta, FsParams, DEFAULT_PREFIX};
 use shortfuse_dist::meta::{Freed, ROOT_INO};
 use shortfuse_dist::proto::{AttrChange, NewKind};
 use shortfuse_dist::testutil::{runtime, TestEtcd};
 
 const TTL: Duration = Duration::from_secs(2);
+
+/// A file named `name` in the root.
+fn new(name: &[u8]) -> Creation<'_> {
+    Creation {
+        parent: ROOT_INO,
+        name,
+        kind: file(),
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+    }
+}
 
 async fn agent(etcd: &TestEtcd, node_id: u32) -> EtcdMeta {
     let client = etcdmeta::connect(&etcd.endpoints()).await.unwrap();
@@ -234,7 +246,7 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         // opener's record.
         let mut recorded = None;
         let c = a
-            .create_open(ROOT_INO, b"c", file(), 0o644, 0, 0, |ino| {
+            .create_open(new(b"c"), |ino| {
                 recorded = Some(ino);
                 Ok(())
             })
@@ -245,7 +257,7 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         assert_eq!(recorded, Some(c));
         assert_eq!(b.remove(ROOT_INO, b"c", false).await.unwrap(), Freed(vec![]));
         assert!(a.reap(c, || false).await.unwrap(), "the orphan goes at its last close");
-        let taken = a.create_open(ROOT_INO, b"g", file(), 0o644, 0, 0, |_| Ok(())).await;
+        let taken = a.create_open(new(b"g"), |_| Ok(())).await;
         assert_eq!(taken.err(), Some(Errno::EEXIST));
         // A named file's last close takes its mark: a removal then frees it.
         let k = a.create(ROOT_INO, b"k", file(), 0o644, 0, 0).await.unwrap().gfi.ino;
