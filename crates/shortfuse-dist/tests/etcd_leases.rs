@@ -257,7 +257,10 @@ fn a_restarted_agent_keeps_the_leases() {
 fn a_stalled_etcd_delays_renewals_but_ends_no_session() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
-        let ttl = Duration::from_secs(3);
+        // Renewals are refused once the etcd lease (two TTLs) has less
+        // than a TTL left: the stall is thawed right then, with seconds to
+        // spare before etcd could expire the session.
+        let ttl = Duration::from_secs(5);
         let m1 = manager(&etcd.endpoints(), ttl).await;
         let (a, _ra) = session(&m1).await;
         let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
