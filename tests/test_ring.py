@@ -484,6 +484,122 @@ def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratc
         d.stop()
 
 
+# Descriptions made late (at the first fork, exec, SCM_RIGHTS or lock):
+# what the program sees of a descriptor must not change when its
+# placeholder is swapped for the shared description, whichever thread
+# is using it meanwhile. Prints one JSON object of findings.
+SWAP = r"""
+import fcntl, json, os, sys, threading
+mp = sys.argv[1]
+if len(sys.argv) > 2:
+    # exec'd below: the dup'd number without FD_CLOEXEC came along, at
+    # its offset; the original (FD_CLOEXEC) did not.
+    fd, gone = int(sys.argv[2]), int(sys.argv[3])
+    try:
+        os.fstat(gone)
+        closed = False
+    except OSError:
+        closed = True
+    at = os.lseek(fd, 0, os.SEEK_CUR)
+    os.write(fd, b"!")
+    print(json.dumps({"exec": [at, os.pread(fd, 10, 0).decode(), closed]}), flush=True)
+    sys.exit(0)
+out = {}
+def flags(fd):
+    return [os.get_inheritable(fd), os.lseek(fd, 0, os.SEEK_CUR)]
+# dup'd copies with their own FD_CLOEXEC, one offset, across the swap a
+# fork makes; the child moves the offset, the parent sees it.
+fd = os.open(mp + "/a", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+os.write(fd, b"ab")
+fd2 = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+fd3 = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 20)
+os.lseek(fd2, 1, os.SEEK_SET)
+before = [flags(fd), flags(fd2), flags(fd3), fcntl.fcntl(fd, fcntl.F_GETFL)]
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, json.dumps([flags(fd), flags(fd2), flags(fd3), fcntl.fcntl(fd, fcntl.F_GETFL)]).encode())
+    os.write(fd3, b"XY")
+    os._exit(0)
+os.waitpid(pid, 0)
+out["child"] = json.loads(os.read(r, 4096))
+out["before"] = before
+out["parent"] = [flags(fd), flags(fd2), flags(fd3), fcntl.fcntl(fd, fcntl.F_GETFL), os.fstat(fd).st_size]
+out["data"] = [os.read(fd, 10).decode(), os.pread(fd2, 10, 0).decode()]
+# O_APPEND across the swap.
+fd = os.open(mp + "/b", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.write(fd, b"1")
+pid = os.fork()
+if pid == 0:
+    os.write(fd, b"2")
+    os._exit(0)
+os.waitpid(pid, 0)
+os.lseek(fd, 0, os.SEEK_SET)
+os.write(fd, b"3")
+out["append"] = [open(mp + "/b").read(), fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND == os.O_APPEND]
+os.close(fd)
+# A thread reads and seeks each description while a fork swaps it.
+data = bytes(range(256)) * 16
+bad = []
+for i in range(20):
+    fd = os.open(f"{mp}/t{i}", os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, data)
+    stop = threading.Event()
+    def reader(fd=fd, stop=stop):
+        n = 0
+        while not stop.is_set() or n < 50:
+            try:
+                os.lseek(fd, 0, os.SEEK_SET)
+                got = os.read(fd, len(data))
+            except OSError as e:
+                bad.append(repr(e))
+                return
+            if got != data:
+                bad.append(f"read {len(got)} bytes")
+                return
+            n += 1
+    t = threading.Thread(target=reader)
+    t.start()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if os.pread(fd, 4, 0) == data[:4] else 1)
+    out.setdefault("forks", []).append(os.waitpid(pid, 0)[1])
+    stop.set()
+    t.join()
+    os.close(fd)
+out["threads"] = bad
+print(json.dumps(out), flush=True)
+# exec: the inherited copy goes on at the shared offset.
+fd = os.open(mp + "/c", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+os.write(fd, b"xyz")
+os.dup2(fd, 50)
+os.lseek(50, 2, os.SEEK_SET)
+os.execv(sys.executable, [sys.executable, sys.argv[0], mp, "50", str(fd)])
+"""
+
+
+def test_late_descriptions_keep_what_the_program_sees(shortfuse, scratch):
+    mp = scratch / "mnt"
+    d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
+    script = scratch / "swap.py"
+    script.write_text(SWAP)
+    try:
+        p = under(shortfuse, mp, [sys.executable, str(script), str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        out, exe = [json.loads(l) for l in p.stdout.decode().splitlines()]
+        rdwr = os.O_RDWR | os.O_LARGEFILE
+        # [inheritable, offset] of fd, fd2 (dup), fd3 (F_DUPFD_CLOEXEC); F_GETFL.
+        assert out["before"] == [[False, 1], [True, 1], [False, 1], rdwr], out
+        assert out["child"] == out["before"], out
+        assert out["parent"] == [[False, 3], [True, 3], [False, 3], rdwr, 3], out
+        assert out["data"] == ["", "aXY"], out
+        assert out["append"] == ["123", True], out
+        assert out["forks"] == [0] * 20 and out["threads"] == [], out
+        assert exe == {"exec": [2, "xy!", True]}, exe
+    finally:
+        d.stop()
+
+
 def stopped(pid: int):
     """Waits until every thread of `pid` has stopped (SIGSTOP reaches each
     thread on its own; a spinning worker could still serve meanwhile)."""

@@ -475,6 +475,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_close_range => {
             let (lo, hi) = (a[0] as u32, a[1] as u32);
+            let _swaps = shared::descriptors();
             let r = raw(libc::SYS_close_range, a[0], a[1], a[2], 0, 0, 0);
             if r == 0 && a[2] as u32 & libc::CLOSE_RANGE_CLOEXEC == 0 {
                 for (fd, _) in st.fds.fds() {
@@ -496,6 +497,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_dup => {
             file(a[0])?;
+            let _swaps = shared::descriptors();
             let new = raw(libc::SYS_dup, a[0], 0, 0, 0, 0, 0);
             if new >= 0 {
                 let _ = st.fds.dup(a[0] as i32, new as i32, false);
@@ -510,6 +512,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             }
             // dup2 has two arguments: the third register is whatever the caller left there.
             let flags = if nr == libc::SYS_dup3 { a[2] } else { 0 };
+            let _swaps = shared::descriptors();
             let r = raw(nr, a[0], a[1], flags, 0, 0, 0);
             if r >= 0 && a[0] != a[1] {
                 if let Some(f) = file(a[1]).filter(|_| ours_new) {
@@ -530,6 +533,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let f = file(a[0])?;
             match a[1] as i32 {
                 libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+                    let _swaps = shared::descriptors();
                     let new = raw(libc::SYS_fcntl, a[0], a[1], a[2], 0, 0, 0);
                     if new >= 0 {
                         let _ = st
@@ -545,6 +549,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                     Some(0)
                 }
                 libc::F_SETFD => {
+                    let _swaps = shared::descriptors();
                     let r = raw(libc::SYS_fcntl, a[0], a[1], a[2], 0, 0, 0);
                     if r == 0 {
                         let _ = st.fds.set_cloexec(a[0] as i32, a[2] as i32 & libc::FD_CLOEXEC != 0);
@@ -1117,21 +1122,19 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
             return Some(fd);
         }
     }
-    if shared::wanted(&f, flags) {
-        let clock = shared::clock();
-        let fd = shared::create(&f, cloexec);
-        if fd >= 0 {
-            state().fds.insert(fd as i32, f.clone(), cloexec);
-            shared::settle(&f, clock);
-            return Some(fd);
-        }
-    }
+    // A daemon's file gets its shared description only when it may reach
+    // another process (see `shared`).
+    let clock = shared::clock();
     let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
     let fd = raw(libc::SYS_fcntl, placeholder_source(), i64::from(cmd), 0, 0, 0, 0);
     if fd < 0 {
         return Some(fd);
     }
-    state().fds.insert(fd as i32, f, cloexec);
+    state().fds.insert(fd as i32, f.clone(), cloexec);
+    if shared::pending(&f) {
+        shared::opened();
+        shared::settle(&f, clock);
+    }
     Some(fd)
 }
 

@@ -272,7 +272,27 @@ extern "C" fn init() {
             }
         }
     }
+    if STATE
+        .get()
+        .is_some_and(|s| s.mounts.iter().any(|m| m.client().shared()))
+    {
+        at_fork_prepare(before_fork);
+    }
     ACTIVE.store(true, Ordering::Release);
+}
+
+#[allow(unsafe_code)]
+fn at_fork_prepare(prepare: extern "C" fn()) {
+    // SAFETY: a plain registration of a handler that lives as long as the
+    // process (the shim is never unloaded).
+    unsafe { libc::pthread_atfork(Some(prepare), None, None) };
+}
+
+/// libc's fork runs this before it takes its own locks (the allocator's
+/// among them): the work the fork needs from us is done here, served as
+/// the fork call itself would be (see `calls::shared::before_clone`).
+extern "C" fn before_fork() {
+    let _ = serve(libc::SYS_fork, [0; 6], None);
 }
 
 #[used]

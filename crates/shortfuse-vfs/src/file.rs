@@ -140,6 +140,12 @@ impl OpenFile {
         self.anchored.load(Ordering::Acquire)
     }
 
+    /// Whether the handle is still this process's although the file has
+    /// a shared description to give it to (see [`anchor_files`]).
+    pub fn unanchored(&self) -> bool {
+        self.anchoring().is_some()
+    }
+
     /// What giving the handle to the shared description would send: `None`
     /// when there is nothing to give (no description, no handle, given).
     fn anchoring(&self) -> Option<crate::backend::Anchor<'_>> {
@@ -619,29 +625,58 @@ fn sync_backing(map: &shortfuse::DataMap, datasync: bool) -> Result<(), Errno> {
     Ok(())
 }
 
+/// How many anchors go in one message batch of [`anchor_files`].
+const ANCHOR_BATCH: usize = 32;
+
 /// Gives the handles of `files` to their shared descriptions (see
 /// [`crate::Backend::anchor`]), one batch per mount; files without one, or
 /// given already, are skipped. Returns once the daemons hold them, or the
 /// first failure (the handles of that mount then stay this process's).
-pub fn anchor_files<F: std::borrow::Borrow<OpenFile>>(files: &[F]) -> Result<(), Errno> {
-    let mut pending: Vec<&OpenFile> = files
-        .iter()
-        .map(|f| f.borrow())
-        .filter(|f| f.anchoring().is_some())
-        .collect();
+///
+/// Allocates nothing: the preload shim calls it just before a fork, when
+/// libc's fork holds the allocator's locks in a program with threads.
+pub fn anchor_files<'a>(files: impl Iterator<Item = &'a OpenFile> + Clone) -> Result<(), Errno> {
+    let files = || files.clone();
     // A description with several descriptors is listed once per descriptor.
-    pending.sort_by_key(|f| (Arc::as_ptr(&f.vfs) as usize, std::ptr::from_ref(*f) as usize));
-    pending.dedup_by_key(|f| std::ptr::from_ref(*f) as usize);
+    let first_of_its_own = |i: usize, f: &OpenFile| !files().take(i).any(|g| std::ptr::eq(g, f));
     let mut result = Ok(());
-    for group in pending.chunk_by(|a, b| Arc::ptr_eq(&a.vfs, &b.vfs)) {
-        let batch: Vec<crate::backend::Anchor<'_>> = group.iter().filter_map(|f| f.anchoring()).collect();
-        match group[0].vfs.client().anchor(&batch) {
-            Ok(()) => {
-                for f in group {
-                    f.anchored.store(true, Ordering::Release);
+    for (i, lead) in files().enumerate() {
+        let Some(a) = lead.anchoring() else { continue };
+        // The first file of each mount gathers that mount's batch.
+        if files()
+            .take(i)
+            .any(|g| Arc::ptr_eq(&g.vfs, &lead.vfs) && g.anchoring().is_some())
+        {
+            continue;
+        }
+        let mut batch = [a; ANCHOR_BATCH];
+        let mut members: [Option<&OpenFile>; ANCHOR_BATCH] = [None; ANCHOR_BATCH];
+        let mut n = 0;
+        let mut flush =
+            |batch: &[crate::backend::Anchor<'_>], members: &[Option<&OpenFile>]| match lead.vfs.client().anchor(batch)
+            {
+                Ok(()) => {
+                    for f in members.iter().flatten() {
+                        f.anchored.store(true, Ordering::Release);
+                    }
                 }
+                Err(e) => result = result.and(Err(e)),
+            };
+        for (j, f) in files().enumerate().skip(i) {
+            if !Arc::ptr_eq(&f.vfs, &lead.vfs) || !first_of_its_own(j, f) {
+                continue;
             }
-            Err(e) => result = result.and(Err(e)),
+            let Some(a) = f.anchoring() else { continue };
+            batch[n] = a;
+            members[n] = Some(f);
+            n += 1;
+            if n == ANCHOR_BATCH {
+                flush(&batch[..n], &members[..n]);
+                n = 0;
+            }
+        }
+        if n > 0 {
+            flush(&batch[..n], &members[..n]);
         }
     }
     result
@@ -1102,14 +1137,35 @@ impl FdTable {
             .collect()
     }
 
-    /// The open files of shared descriptions whose handles are still this
-    /// process's (see [`anchor_files`]).
-    pub fn unanchored(&self) -> Vec<Arc<OpenFile>> {
-        self.lock()
-            .values()
-            .filter(|s| s.file.anchoring().is_some())
-            .map(|s| s.file.clone())
-            .collect()
+    /// Fills `out` with open files for which `pick` holds, each once
+    /// however many descriptors share it, as many as fit: returns how many.
+    /// Allocates nothing (see [`anchor_files`]).
+    pub fn files_where(&self, pick: impl Fn(&OpenFile) -> bool, out: &mut [Option<Arc<OpenFile>>]) -> usize {
+        let mut n = 0;
+        for s in self.lock().values() {
+            if n == out.len() {
+                break;
+            }
+            if pick(&s.file) && !out[..n].iter().flatten().any(|f| Arc::ptr_eq(f, &s.file)) {
+                out[n] = Some(s.file.clone());
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Runs `each` on every descriptor of `file` (number, FD_CLOEXEC)
+    /// with the table locked: a descriptor this table lists is the
+    /// program's meanwhile, since `close` takes it out of the table before
+    /// the kernel closes the number (so `each` may replace the kernel's
+    /// descriptor at that number, and nobody else's).
+    pub fn each_descriptor_of(&self, file: &Arc<OpenFile>, mut each: impl FnMut(i32, bool)) {
+        let slots = self.lock();
+        for (&fd, s) in slots.iter() {
+            if Arc::ptr_eq(&s.file, file) {
+                each(fd, s.cloexec);
+            }
+        }
     }
 
     /// Every descriptor of ours with its flag.

@@ -51,17 +51,25 @@ impl Backend for Ring {
     }
 
     fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
-        // The shim anchors at most a process's open files at once.
-        let batch: Vec<Anchoring<'_>> = anchors
-            .iter()
-            .map(|a| Anchoring {
-                node: a.node.0,
-                fh: a.fh,
-                dir: a.dir,
-                description: a.description,
-            })
-            .collect();
-        self.client.anchor(&batch)
+        // On the stack: the shim anchors just before a fork, when libc's
+        // fork holds the allocator's locks (see `crate::anchor_files`).
+        const CHUNK: usize = 32;
+        for chunk in anchors.chunks(CHUNK) {
+            fn to<'a>(a: &Anchor<'a>) -> Anchoring<'a> {
+                Anchoring {
+                    node: a.node.0,
+                    fh: a.fh,
+                    dir: a.dir,
+                    description: a.description,
+                }
+            }
+            let mut batch = [to(&chunk[0]); CHUNK];
+            for (b, a) in batch.iter_mut().zip(chunk) {
+                *b = to(a);
+            }
+            self.client.anchor(&batch[..chunk.len()])?;
+        }
+        Ok(())
     }
 
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {

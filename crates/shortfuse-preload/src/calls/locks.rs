@@ -14,7 +14,7 @@
 //! descriptor of that file ([`closed`]), as POSIX says, not only at the
 //! last close of the description.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use shortfuse::{Errno, FileType, NodeId};
 use shortfuse_abi as abi;
@@ -35,11 +35,11 @@ fn key(f: &OpenFile) -> (usize, NodeId) {
 
 /// Whether lock calls on `f` go to a daemon.
 pub fn remote(f: &OpenFile) -> bool {
-    f.vfs().client().shared() && f.handle().is_some() && f.shared().is_some()
+    f.vfs().client().shared() && f.handle().is_some() && (f.shared().is_some() || super::shared::pending(f))
 }
 
 /// The flock(2) call on a file of a daemon.
-pub fn flock(f: &OpenFile, op: i32) -> i64 {
+pub fn flock(f: &Arc<OpenFile>, op: i32) -> i64 {
     let typ = match op & !libc::LOCK_NB {
         libc::LOCK_SH => libc::F_RDLCK,
         libc::LOCK_EX => libc::F_WRLCK,
@@ -63,7 +63,7 @@ pub fn flock(f: &OpenFile, op: i32) -> i64 {
 }
 
 /// fcntl F_GETLK, F_SETLK(W) and their OFD forms on a file of a daemon.
-pub fn fcntl(f: &OpenFile, cmd: i32, arg: i64) -> i64 {
+pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
     let ofd = matches!(cmd, libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW);
     let mut fl: libc::flock = user::get(arg);
     if ofd && fl.l_pid != 0 {

@@ -2,8 +2,9 @@
 //! daemon (`shortfuse serve`, reached over the rings).
 //!
 //! Such a file has no backing file the kernel could keep a description of
-//! (see `kernel`), so the descriptor the program gets is a memfd made for
-//! this open alone: a kernel open file description that stands for ours.
+//! (see `kernel`), so its descriptors become a memfd made for this open
+//! alone (when the description may leave the process, see below): a kernel
+//! open file description that stands for ours.
 //! The kernel then does for it what it does for any description:
 //!
 //! - its file offset is the file's offset (the shim reads and moves it
@@ -23,19 +24,31 @@
 //!
 //! Handing the memfd over costs more than the rest of an empty create (a
 //! message with a descriptor to a daemon thread that must be woken, then
-//! an inotify watch): about 30 µs, against 3 for the memfd itself. So it
-//! waits until the description can reach another process ([`anchor_all`],
-//! [`sent`]): until then the handle is this process's, released by our
-//! close or, if the process ends first, by the daemon (which watches the
-//! processes of its connections). A description reaches another process
-//! only through
+//! an inotify watch): about 30 µs. Making the memfd (memfd_create, seals,
+//! a copy of our own, the closes) costs as much as the ring round trips of
+//! the open. Neither matters while the description stays in this process,
+//! so both wait until it can reach another ([`anchor_all`], [`sent`]):
+//!
+//! - until then the program's descriptors are placeholders (as a
+//!   directory's), the offset is the open file's own (shared by dup,
+//!   which shares the open file), and the handle is this process's,
+//!   released by our close or, if the process ends first, by the daemon
+//!   (which watches the processes of its connections);
+//! - then [`describe`] makes the memfd at the current offset and puts it in
+//!   place of every descriptor of the description at once (dup3 keeps the
+//!   number and its FD_CLOEXEC; [`descriptors`] keeps the calls that change
+//!   descriptor numbers in the kernel before our table out of the way),
+//!   and the handle goes to the daemon with it.
+//!
+//! A description reaches another process only through
 //!
 //! - a new process (fork, vfork, clone without CLONE_FILES): every
-//!   description is given before the call ([`before_clone`]); one made by
-//!   another thread while the call runs gives itself ([`settle`]);
-//! - exec: every description is given first (the new image adopts those
-//!   that survive, and the kernel's close of the others must reach the
-//!   daemon even while a process forked earlier keeps the connection);
+//!   description is made and given before the call ([`before_clone`]);
+//!   one opened by another thread while the call runs does so itself
+//!   ([`settle`]);
+//! - exec: every description is made and given first (the new image adopts
+//!   those that survive, and the kernel's close of the others must reach
+//!   the daemon even while a process forked earlier keeps the connection);
 //! - a descriptor passed over a Unix socket (sendmsg, sendmmsg);
 //! - flock and OFD locks, which live as long as the description.
 //!
@@ -52,13 +65,13 @@
 //! created), so there is nothing the new image could open again.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use shortfuse::{FileType, NodeId};
 use shortfuse_vfs::{FdTable, OpenFile, Vfs};
 
-use super::{with_nul, OWN_FD_FLOOR};
+use super::OWN_FD_FLOOR;
 use crate::sys::{owned_file, raw};
 
 /// The memfd name prefix of a description.
@@ -69,19 +82,63 @@ pub fn wanted(f: &OpenFile, flags: i32) -> bool {
     flags & libc::O_PATH == 0 && f.file_type() == FileType::Regular && f.handle().is_some() && f.vfs().client().shared()
 }
 
-/// Makes the shared description of `f` (see the module doc): returns the
-/// program's descriptor (the lowest free number, as open gives), or a
-/// negated errno (the caller then falls back to a private placeholder).
-pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
-    let Some(fh) = f.handle() else {
-        return -i64::from(libc::EINVAL);
-    };
-    let mp = mount_hash(f.vfs().mountpoint());
-    let name = with_nul(format!("sfofd:{mp:016x}:{}:{fh}:{}", f.node().0, f.flags()).into_bytes());
-    let mut mflags = libc::MFD_ALLOW_SEALING;
-    if cloexec {
-        mflags |= libc::MFD_CLOEXEC;
+/// Whether `f` stands for a shared description not made yet: its
+/// descriptors are placeholders, its offset is ours alone (see the module
+/// doc).
+pub fn pending(f: &OpenFile) -> bool {
+    f.shared().is_none() && !f.kernel_backed() && wanted(f, f.flags())
+}
+
+/// Serialises the swaps of [`describe`] with the calls that give a
+/// descriptor number to one of our open files, or take one from it, in the
+/// kernel before the table (dup, dup2, dup3, F_DUPFD, F_SETFD,
+/// close_range): a swap then sees every descriptor of a description, with
+/// its FD_CLOEXEC as the kernel has it, and never one the program has
+/// since closed or reused. `close` needs none: it leaves the table first.
+pub fn descriptors() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes the shared descriptions of those `files` still [`pending`]: a
+/// sealed memfd each, named after what it is open on, at the open file's
+/// offset, which then replaces each descriptor of it in place (dup3, with
+/// the descriptor's FD_CLOEXEC). A file whose memfd cannot be made (no
+/// descriptor left) stays pending: its handle stays this process's.
+/// Allocates nothing (see [`anchor_all`]).
+pub fn describe<'a>(files: impl Iterator<Item = &'a Arc<OpenFile>> + Clone) {
+    if !files.clone().any(|f| pending(f)) {
+        return;
     }
+    let st = super::state();
+    let _swapping = descriptors();
+    for f in files {
+        if !pending(f) {
+            continue;
+        }
+        let Ok(own) = memfd(f) else { continue };
+        st.fds.each_descriptor_of(f, |fd, cloexec| {
+            let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+            raw(libc::SYS_dup3, own, i64::from(fd), i64::from(flags), 0, 0, 0);
+        });
+        f.share(owned_file(own));
+    }
+}
+
+/// A new sealed memfd for `f` (see the module doc), above
+/// [`OWN_FD_FLOOR`] and close-on-exec.
+fn memfd(f: &OpenFile) -> Result<i64, i64> {
+    let fh = f.handle().ok_or(-i64::from(libc::EINVAL))?;
+    let mp = mount_hash(f.vfs().mountpoint());
+    // Written on the stack (see `anchor_all`); the rest stays NUL.
+    let mut name = [0u8; 96];
+    let mut w = &mut name[..95];
+    std::io::Write::write_fmt(
+        &mut w,
+        format_args!("sfofd:{mp:016x}:{}:{fh}:{}", f.node().0, f.flags()),
+    )
+    .map_err(|_| -i64::from(libc::ENAMETOOLONG))?;
+    let mflags = libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC;
     let fd = raw(
         libc::SYS_memfd_create,
         name.as_ptr() as i64,
@@ -92,12 +149,8 @@ pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
         0,
     );
     if fd < 0 {
-        return fd;
+        return Err(fd);
     }
-    let fail = |e: i64| {
-        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
-        e
-    };
     let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
     raw(
         libc::SYS_fcntl,
@@ -117,26 +170,29 @@ pub fn create(f: &OpenFile, cloexec: bool) -> i64 {
         0,
         0,
     );
+    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
     if own < 0 {
-        return fail(own);
+        return Err(own);
     }
-    f.share(owned_file(own));
-    fd
+    Ok(own)
 }
 
-/// The clone clock before [`create`]: see [`settle`].
+/// The clone clock before an open makes its descriptor: see [`settle`].
 pub fn clock() -> u64 {
     crate::sys::cfg().clones.load(Ordering::SeqCst)
 }
 
-/// After [`create`] and the descriptor's entry in the table: gives the
-/// handle to the description at once if a new process may have copied the
-/// descriptor without [`before_clone`] seeing it (made while a clone ran,
-/// or a clone started since `before`, the [`clock`] read before [`create`]).
+/// After an open made the descriptor of `f` and put it in the table:
+/// makes the description and gives it the handle at once if a new process
+/// may copy the descriptor without [`before_clone`] seeing it (made while
+/// a clone ran, or a clone started since `before`, the [`clock`] read
+/// before the descriptor was made). The fork gate (`crate::fork_gate`)
+/// holds that clone back until this call has returned.
 pub fn settle(f: &Arc<OpenFile>, before: u64) {
     let running = before & CLONES_RUNNING;
     if running != 0 || clock() != before {
-        anchor(std::slice::from_ref(f));
+        describe(std::iter::once(f));
+        anchor(std::iter::once(&**f));
     }
 }
 
@@ -144,13 +200,31 @@ pub fn settle(f: &Arc<OpenFile>, before: u64) {
 /// counts those started).
 const CLONES_RUNNING: u64 = 0xffff_ffff;
 
-/// Before a clone-family call (`nr`, clone's `flags`): the clock moves
-/// (see [`settle`]), then, unless the child is a thread sharing our memory
-/// and descriptors, every description is given to the daemon.
+/// Before a clone-family call (`nr`, clone's `flags`): the clock moved
+/// (see [`settle`]); unless the child is a thread sharing our memory and
+/// descriptors, every description is made and given to the daemon, if
+/// files were opened since that was last done.
+///
+/// libc's fork does that in its prepare handler already (`crate::serve`
+/// registers it), where the work is safe: at the system call, a program
+/// with threads has the allocator's locks taken by libc, so another
+/// thread holding one of our locks (an offset, the descriptor table)
+/// while it waits for the allocator would wait for us forever.
 pub fn before_clone(nr: i64, flags: i64) {
-    if new_process(nr, flags) {
+    if new_process(nr, flags) && OPENED.load(Ordering::SeqCst) != GIVEN.load(Ordering::SeqCst) {
         anchor_all();
     }
+}
+
+/// Opens of files with a description to make ([`opened`]), and how many
+/// of them [`anchor_all`] took care of (they were in the table when it
+/// began).
+static OPENED: AtomicU64 = AtomicU64::new(0);
+static GIVEN: AtomicU64 = AtomicU64::new(0);
+
+/// An open made a [`pending`] file and put its descriptor in the table.
+pub fn opened() {
+    OPENED.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Whether clone-family call `nr` (clone's `flags`) makes a child that
@@ -191,9 +265,34 @@ fn passed(nr: i64, a: [i64; 6], fds: &mut Vec<i32>) {
 
 /// Gives every description of this process to the daemon (see the module
 /// doc).
+///
+/// Allocates nothing: at a fork's system call (see [`before_clone`]) libc
+/// may hold the allocator's locks. So the files go by batches on the
+/// stack, until a batch changes nothing (what is left failed).
 pub fn anchor_all() {
-    let files = super::state().fds.unanchored();
-    anchor(&files);
+    let upto = OPENED.load(Ordering::SeqCst);
+    by_batches(pending, |b| describe(b.iter().flatten()));
+    by_batches(OpenFile::unanchored, |b| anchor(b.iter().flatten().map(|f| &**f)));
+    GIVEN.fetch_max(upto, Ordering::SeqCst);
+}
+
+/// Runs `act` on the files of the table for which `pick` holds, a stack
+/// batch at a time, until none is left or a batch changes nothing.
+fn by_batches(pick: fn(&OpenFile) -> bool, act: impl Fn(&[Option<Arc<OpenFile>>])) {
+    let fds = &super::state().fds;
+    let mut batch: [Option<Arc<OpenFile>>; 32] = Default::default();
+    loop {
+        batch.fill(None);
+        let n = fds.files_where(pick, &mut batch);
+        if n == 0 {
+            break;
+        }
+        act(&batch[..n]);
+        if batch[..n].iter().flatten().all(|f| pick(f)) {
+            // Those left failed.
+            break;
+        }
+    }
 }
 
 /// Gives the descriptions among the descriptors a sendmsg or sendmmsg
@@ -203,10 +302,11 @@ pub fn sent(nr: i64, a: [i64; 6]) {
     passed(nr, a, &mut fds);
     let st = super::state();
     let files: Vec<Arc<OpenFile>> = fds.into_iter().filter_map(|fd| st.fds.get(fd)).collect();
-    anchor(&files);
+    describe(files.iter());
+    anchor(files.iter().map(|f| &**f));
 }
 
-fn anchor<F: std::borrow::Borrow<OpenFile>>(files: &[F]) {
+fn anchor<'a>(files: impl Iterator<Item = &'a OpenFile> + Clone) {
     // On failure (the daemon is gone or stuck) the handles stay this
     // process's: right within it, not beyond it.
     let _ = shortfuse_vfs::anchor_files(files);
@@ -216,9 +316,10 @@ fn anchor<F: std::borrow::Borrow<OpenFile>>(files: &[F]) {
 /// daemon computes the same from the memfd it was given). Those locks live
 /// as long as the description, which only the daemon follows: it is given
 /// its handle first.
-pub fn description_owner(f: &OpenFile) -> Option<u64> {
+pub fn description_owner(f: &Arc<OpenFile>) -> Option<u64> {
+    describe(std::iter::once(f));
     let s = f.shared()?;
-    anchor(&[f]);
+    anchor(std::iter::once(&**f));
     let mut st: libc::stat = crate::user::zeroed();
     let r = raw(
         libc::SYS_fstat,
