@@ -187,6 +187,61 @@ impl SignalSet {
     }
 }
 
+/// The thread that waits for the session's signals, for [`pass_on`].
+static TAKER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The handler threads that do not block the session's signals run: those
+/// a file system started before the session blocked them (when it was
+/// built). It hands the signal to the thread that waits for it.
+extern "C" fn pass_on(sig: libc::c_int) {
+    let tid = TAKER.load(std::sync::atomic::Ordering::Relaxed);
+    if tid > 0 {
+        // SAFETY: getpid and tgkill are async-signal-safe and touch no memory.
+        unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, sig) };
+    }
+}
+
+/// While alive, signals of a [`SignalSet`] that reach any thread go to the
+/// thread that made it; the old handlers come back when it drops.
+pub struct Taker {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+impl SignalSet {
+    /// Makes the calling thread, which blocks the set and waits for it,
+    /// take the set's signals wherever the kernel delivers them: the
+    /// kernel may pick any thread that does not block them, and a thread
+    /// started before the mask was set would otherwise die of them.
+    pub fn take_here(&self, signals: &[libc::c_int]) -> io::Result<Taker> {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        TAKER.store(tid, std::sync::atomic::Ordering::Relaxed);
+        let mut taker = Taker { old: Vec::new() };
+        for &sig in signals {
+            // SAFETY: sigaction is plain data; zeroed is its empty value.
+            let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+            act.sa_sigaction = pass_on as *const () as usize;
+            act.sa_flags = libc::SA_RESTART;
+            // SAFETY: as above.
+            let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+            // SAFETY: `act` and `old` are live; `pass_on` is async-signal-safe.
+            check(unsafe { libc::sigaction(sig, &act, &mut old) })?;
+            taker.old.push((sig, old));
+        }
+        Ok(taker)
+    }
+}
+
+impl Drop for Taker {
+    fn drop(&mut self) {
+        for (sig, old) in &self.old {
+            // SAFETY: restores a handler `take_here` saved.
+            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+        }
+        TAKER.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Drop for SignalMask {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved by `block` in this thread. A

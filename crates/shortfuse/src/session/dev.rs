@@ -100,7 +100,7 @@ impl DevSession {
         // Blocked before any thread starts, so every thread inherits the mask
         // and only the signal thread takes these signals.
         let mask = if session.handle_signals {
-            Some(SignalMask::block(&[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])?)
+            Some(SignalMask::block(SIGNALS)?)
         } else {
             None
         };
@@ -125,11 +125,13 @@ impl DevSession {
             Some(mask) => {
                 let set = mask.set();
                 let (mount, done, stats) = (mount.clone(), done.clone(), dispatcher.stats().clone());
-                Some(
-                    std::thread::Builder::new()
-                        .name("shortfuse-signals".to_string())
-                        .spawn(move || signal_loop(set, &mount, &done, &stats))?,
-                )
+                let (taken, taking) = std::sync::mpsc::sync_channel(1);
+                let thread = std::thread::Builder::new()
+                    .name("shortfuse-signals".to_string())
+                    .spawn(move || signal_loop(set, taken, &mount, &done, &stats))?;
+                // Serving starts only once a signal to any thread reaches it.
+                let _ = taking.recv();
+                Some(thread)
             }
             None => None,
         };
@@ -207,7 +209,24 @@ fn start_rings(
         .map_err(|e| io::Error::new(e.kind(), format!("starting the io_uring rings: {e}")))
 }
 
-fn signal_loop(set: sys::SignalSet, mount: &Mutex<Mount>, done: &AtomicBool, stats: &Stats) {
+/// What the session's signal thread takes.
+const SIGNALS: &[libc::c_int] = &[libc::SIGINT, libc::SIGTERM, libc::SIGUSR1];
+
+fn signal_loop(
+    set: sys::SignalSet,
+    taken: std::sync::mpsc::SyncSender<()>,
+    mount: &Mutex<Mount>,
+    done: &AtomicBool,
+    stats: &Stats,
+) {
+    let _taker = match set.take_here(SIGNALS) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("shortfuse: taking signals from the file system's own threads: {e}");
+            None
+        }
+    };
+    let _ = taken.send(());
     let mut stopping = false;
     while !done.load(Ordering::Acquire) {
         let Some(sig) = set.wait(Duration::from_millis(100)) else {
