@@ -935,6 +935,10 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
         // worker poll.
         sys::futex_wait(bell, 1, Some(HOLE_WAIT));
         if conn.has_work(q, head) {
+            // The client rang: its next requests follow closely (the rest of
+            // an open, a loop of calls), and each would ring again and wait
+            // for a wake-up if we kept sleeping at once.
+            poll.reset();
             continue;
         }
         // A process that shares the connection (forked from the client) and
