@@ -87,6 +87,15 @@ class Etcd:
     def thaw(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
 
+    def wait_healthy(self, within: float = READY_WITHIN) -> None:
+        """Waits until etcd answers its health check (a read through raft,
+        so what was queued before it, during a freeze, has been served)."""
+        deadline = time.monotonic() + within
+        while not _healthy(self.port):
+            if time.monotonic() > deadline:
+                raise EtcdError(f"etcd on {self.url} not healthy within {within:.0f}s")
+            time.sleep(0.05)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.thaw()

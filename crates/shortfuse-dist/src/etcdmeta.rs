@@ -190,8 +190,22 @@ fn etcd_err(e: etcd_client::Error) -> Abort {
         // A snapshot read below the compaction point: read again at the
         // newest revision.
         etcd_client::Error::GRpcStatus(s) if s.message().contains("compacted") => Abort::Retry,
+        _ if gave_up(&e) => Abort::Retry,
         _ => Abort::Fail(Errno::EIO),
     }
+}
+
+/// Whether etcd gave up on a request it had queued: its own timeout (about
+/// 7 s: 5 s and two election timeouts) ran out while it was slow or
+/// stalled, or it had no leader. A read can simply be made again; a write
+/// may or may not have been applied.
+pub(crate) fn gave_up(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    ["request timed out", "leader changed", "no leader", "too many requests"]
+        .iter()
+        .any(|m| s.message().contains(m))
 }
 
 /// One attempt of a change: reads at one revision, remembers what it read,
@@ -207,6 +221,9 @@ struct Stm {
     /// Empty keys to put attached to an etcd lease (open marks).
     leased: Vec<(Vec<u8>, i64)>,
     compares: Vec<Compare>,
+    /// Doing the change again after it was applied does no harm: a commit
+    /// etcd gave up on (see [`gave_up`]) is tried again.
+    idempotent: bool,
 }
 
 impl Stm {
@@ -219,6 +236,7 @@ impl Stm {
             writes: BTreeMap::new(),
             leased: Vec::new(),
             compares: Vec::new(),
+            idempotent: false,
         }
     }
 
@@ -342,11 +360,13 @@ impl Stm {
         for (k, lease) in self.leased.drain(..) {
             ops.push(TxnOp::put(k, Vec::new(), Some(PutOptions::new().with_lease(lease))));
         }
-        let resp = self
-            .kv
-            .txn(Txn::new().when(when).and_then(ops))
-            .await
-            .map_err(etcd_err)?;
+        let resp = match self.kv.txn(Txn::new().when(when).and_then(ops)).await {
+            Ok(resp) => resp,
+            Err(e) if gave_up(&e) && self.idempotent => return Err(Abort::Retry),
+            // Applied or not: the caller cannot tell.
+            Err(e) if gave_up(&e) => return Err(Abort::Fail(Errno::EIO)),
+            Err(e) => return Err(etcd_err(e)),
+        };
         Ok(resp.succeeded())
     }
 }
@@ -362,10 +382,12 @@ async fn backoff(attempt: u32) {
 }
 
 /// Runs `$body` (an expression over the attempt `$t` giving a `Step`)
-/// until its commit succeeds.
+/// until its commit succeeds, for at most [`REQUEST_TIMEOUT`] once it has
+/// to try again.
 macro_rules! transact {
     ($self:ident, $t:ident => $body:expr) => {{
         let mut attempt = 0u32;
+        let started = tokio::time::Instant::now();
         loop {
             let mut $t = Stm::new($self.kv.clone());
             #[allow(clippy::redundant_closure_call)]
@@ -380,7 +402,7 @@ macro_rules! transact {
                 Err(Abort::Fail(e)) => break Err(e),
             }
             attempt += 1;
-            if attempt >= ATTEMPTS {
+            if attempt >= ATTEMPTS || started.elapsed() >= REQUEST_TIMEOUT {
                 break Err(Errno::EIO);
             }
             backoff(attempt).await;
@@ -519,6 +541,7 @@ impl EtcdMeta {
         }
         let keys = &self.keys;
         let first = transact!(self, t => {
+            t.idempotent = true;
             let next = match t.get(keys.next()).await? {
                 Some(v) => u64::from_be_bytes(v.try_into().map_err(|_| Errno::EIO)?),
                 None => return Err(Errno::EIO.into()),
@@ -557,6 +580,8 @@ impl EtcdMeta {
     pub async fn setattr(&self, ino: u64, change: &AttrChange) -> Result<(NodeInfo, u64)> {
         let keys = &self.keys;
         transact!(self, t => {
+            // Not with a size: the old size it returns tells what data to cut.
+            t.idempotent = change.size.is_none();
             let mut rec = t.rec(keys, ino).await?;
             let old_size = rec.attr.size;
             if change.size.is_some() {
@@ -577,6 +602,7 @@ impl EtcdMeta {
     pub async fn set_size(&self, ino: u64, size: u64, mtime: (i64, u32)) -> Result<NodeInfo> {
         let keys = &self.keys;
         transact!(self, t => {
+            t.idempotent = true;
             let mut rec = t.rec(keys, ino).await?;
             if rec.attr.size != size || rec.attr.mtime != mtime {
                 rec.attr.size = size;
@@ -660,10 +686,14 @@ impl EtcdMeta {
         let keys = &self.keys;
         transact!(self, t => {
             t.prefetch(vec![keys.inode(parent), keys.entry(parent, name)]).await?;
+            t.idempotent = true;
             let mut p = t.rec(keys, parent).await?;
             dir_of(&p)?;
-            if t.ent(keys, parent, name).await?.is_some() {
-                return Err(Errno::EEXIST.into());
+            match t.ent(keys, parent, name).await? {
+                // This very create, applied before etcd gave up on it.
+                Some(e) if e.ino == ino => return Ok(self.info(ino, attr)),
+                Some(_) => return Err(Errno::EEXIST.into()),
+                None => {}
             }
             let ent = Ent { ino, kind: attr.mode & libc::S_IFMT };
             t.put(keys.entry(parent, name), enc(&ent));
@@ -975,6 +1005,7 @@ impl EtcdMeta {
             }
         }
         transact!(self, t => {
+            t.idempotent = true;
             let rec = match t.get(keys.inode(ino)).await? {
                 Some(v) => dec::<Rec>(&v)?,
                 None => return Ok(false),

@@ -80,7 +80,12 @@
 //!   renews again, and once its clock ran out, renews before it uses its
 //!   cache, which stays ([`crate::client`]);
 //! - a data request whose session etcd cannot vouch for waits for a
-//!   keep-alive instead of being refused ([`EtcdLeases::begin_io`]).
+//!   keep-alive instead of being refused ([`EtcdLeases::begin_io`]);
+//! - etcd itself gives up on a request it queued for about 7 s: what can
+//!   be done again is (an acquire's reads and grant, a file's size and
+//!   attributes, a create, which knows its own inode number); an unlink,
+//!   rename or link etcd gave up on may or may not have happened, and
+//!   fails with `EIO`.
 //!
 //! # Restarts
 //!
@@ -827,6 +832,8 @@ impl EtcdLeases {
     /// the other readers are gone.
     pub async fn acquire(self: &Arc<Self>, client: ClientId, gfi: Gfi, mode: LeaseMode) -> Result<u64> {
         let mut request: Option<Request> = None;
+        // Since when etcd has been failing this acquire's requests.
+        let mut failing = None;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -843,7 +850,15 @@ impl EtcdLeases {
                     }
                 }
             }
-            let snap = self.snapshot(client, gfi).await?;
+            let snap = match self.snapshot(client, gfi).await {
+                Ok(snap) => snap,
+                Err(e) if self.retry_after(e, &mut failing) => {
+                    tokio::time::sleep(WATCH_RETRY).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            failing = None;
             if !snap.session_alive {
                 self.lock().drop_session(client);
                 return Err(Errno::ESTALE);
@@ -855,7 +870,16 @@ impl EtcdLeases {
                 .map(|(c, _, l)| (*c, *l))
                 .collect();
             if conflicting.is_empty() {
-                if let Some(lease) = self.grant(client, gfi, mode, snap.revision).await? {
+                let granted = match self.grant(client, gfi, mode, snap.revision).await {
+                    Ok(granted) => granted,
+                    // Applied or not, the next look tells.
+                    Err(e) if self.retry_after(e, &mut failing) => {
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if let Some(lease) = granted {
                     if let Some(r) = &mut request {
                         r.done = true;
                     }
@@ -874,8 +898,14 @@ impl EtcdLeases {
             if ask {
                 let key = self.request_key(gfi, client);
                 let mut kv = self.etcd.kv_client();
-                self.op(kv.put(key.clone(), mode_byte(mode), with_lease(client)))
-                    .await?;
+                match self.op(kv.put(key.clone(), mode_byte(mode), with_lease(client))).await {
+                    Ok(_) => {}
+                    Err(e) if self.retry_after(e, &mut failing) => {
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
                 match &mut request {
                     Some(r) => r.asked = conflicting,
                     None => {
@@ -892,6 +922,13 @@ impl EtcdLeases {
             // a watch that is down and being set up again.
             let _ = tokio::time::timeout(self.ttl / 4, notified).await;
         }
+    }
+
+    /// Whether an acquire goes on after error `e`: etcd failed a request
+    /// (`EIO`: slow, or it gave up on it), and has been failing them for
+    /// less than the manager's patience.
+    fn retry_after(&self, e: Errno, failing: &mut Option<Instant>) -> bool {
+        e == Errno::EIO && failing.get_or_insert_with(Instant::now).elapsed() < self.patience
     }
 
     /// The grant transaction: `client` becomes a holder of `gfi` if no
