@@ -82,18 +82,34 @@ fn cross_reads(o: &check::Outcome) -> usize {
         .count()
 }
 
+/// Runs `mode` until its clients really shared (enough reads saw another
+/// client's write; on a loaded machine one run may be mostly serial),
+/// at most three runs, none of which may break consistency.
+fn assert_strong(mode: Consistency, seed: u64) {
+    let (mut reads, mut cross) = (0, 0);
+    for run_seed in [seed, seed + 10, seed + 20] {
+        let o = run(mode, run_seed);
+        assert!(o.violations.is_empty(), "{}", o.summary());
+        reads += o.reads();
+        cross += cross_reads(&o);
+        if reads > 100 && cross > 20 {
+            return;
+        }
+    }
+    panic!(
+        "{}: three runs shared too little: {reads} reads, {cross} of another client's writes",
+        mode.name()
+    );
+}
+
 #[test]
 fn lease_is_strongly_consistent() {
-    let o = run(Consistency::Lease, 1);
-    assert!(o.violations.is_empty(), "{}", o.summary());
-    assert!(o.reads() > 100 && cross_reads(&o) > 20, "{}", o.summary());
+    assert_strong(Consistency::Lease, 1);
 }
 
 #[test]
 fn writethrough_is_strongly_consistent() {
-    let o = run(Consistency::WriteThrough, 2);
-    assert!(o.violations.is_empty(), "{}", o.summary());
-    assert!(o.reads() > 100 && cross_reads(&o) > 20, "{}", o.summary());
+    assert_strong(Consistency::WriteThrough, 2);
 }
 
 #[test]
