@@ -96,11 +96,11 @@
 //! `opens` then, so nothing asks for a connection while holding `opens`.
 //! Per file: the lease slot, then the block cache; never two files at once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
 use std::time::{Duration, Instant};
 
 use shortfuse::{
@@ -336,8 +336,69 @@ struct Inner {
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     /// Handed to each connection's reader so revocations find the files.
     me: Weak<Inner>,
+    /// The threads that run revocations.
+    revokers: Arc<Revokers>,
     /// Origin of [`FileState::used`].
     epoch: Instant,
+}
+
+/// How long an idle revocation thread waits for more work before it ends.
+const REVOKER_IDLE: Duration = Duration::from_secs(5);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that run revocations, which wait for running I/O and for the
+/// server and so never run on the connection's reader. Idle threads are
+/// reused, so a lease that moves costs no thread start; another starts
+/// when all are busy, so that a revocation held back (see
+/// [`Inner::hold`]) never delays the next one.
+#[derive(Default)]
+struct Revokers {
+    /// Jobs not yet taken, and how many threads wait for one.
+    queue: Mutex<(VecDeque<Job>, usize)>,
+    wake: Condvar,
+}
+
+impl Revokers {
+    fn run(self: &Arc<Self>, job: Job) -> std::io::Result<()> {
+        let mut q = lock(&self.queue);
+        q.0.push_back(job);
+        // A waiting thread leaves the count when it wakes: as many waiting
+        // as queued jobs means each will be taken.
+        if q.1 >= q.0.len() {
+            drop(q);
+            self.wake.notify_one();
+            return Ok(());
+        }
+        drop(q);
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("distfs-revoke".into())
+            .spawn(move || me.work())
+            .map(|_| ())
+    }
+
+    fn work(&self) {
+        let mut q = lock(&self.queue);
+        loop {
+            if let Some(job) = q.0.pop_front() {
+                drop(q);
+                job();
+                q = lock(&self.queue);
+                continue;
+            }
+            q.1 += 1;
+            let (g, wait) = self
+                .wake
+                .wait_timeout(q, REVOKER_IDLE)
+                .unwrap_or_else(|p| p.into_inner());
+            q = g;
+            q.1 -= 1;
+            if wait.timed_out() && q.0.is_empty() {
+                return;
+            }
+        }
+    }
 }
 
 /// The distfs client file system.
@@ -436,6 +497,7 @@ impl DistFs {
                 files: Mutex::new(HashMap::new()),
                 me: me.clone(),
                 epoch: Instant::now(),
+                revokers: Arc::default(),
             }),
         }
     }
@@ -515,12 +577,14 @@ impl Inner {
                 // Both may wait (for running I/O, for the server): never on
                 // the reader thread, which must keep reading.
                 let _ = match ev {
-                    Event::Revoke { gfi, lease, step_down } => std::thread::Builder::new()
-                        .name("distfs-revoke".into())
-                        .spawn(move || inner.revoke(gfi, lease, step_down, generation)),
+                    Event::Revoke { gfi, lease, step_down } => {
+                        let revokers = inner.revokers.clone();
+                        revokers.run(Box::new(move || inner.revoke(gfi, lease, step_down, generation)))
+                    }
                     Event::Closed => std::thread::Builder::new()
                         .name("distfs-reconnect".into())
-                        .spawn(move || inner.reconnect()),
+                        .spawn(move || inner.reconnect())
+                        .map(|_| ()),
                 };
             }),
         )
