@@ -1735,3 +1735,39 @@ impl DistFs {
         Ok(self.inner.entry(&info))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revokers_run_every_job_and_a_waiting_one_holds_up_no_other() {
+        let pool = Arc::new(Revokers::default());
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        // The first job waits for the second: one thread for both would
+        // never finish it.
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let first = tx.clone();
+        pool.run(Box::new(move || {
+            let got = go_rx.recv_timeout(Duration::from_secs(10)).is_ok();
+            first.send(u32::from(got)).unwrap();
+        }))
+        .unwrap();
+        pool.run(Box::new(move || go_tx.send(()).unwrap())).unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(20)),
+            Ok(1),
+            "the first job never saw the second"
+        );
+        // Idle threads take later jobs, one each.
+        for k in 0..20 {
+            let tx = tx.clone();
+            pool.run(Box::new(move || tx.send(10 + k).unwrap())).unwrap();
+        }
+        let mut got: Vec<u32> = (0..20)
+            .map(|_| rx.recv_timeout(Duration::from_secs(20)).unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, (10..30).collect::<Vec<u32>>());
+    }
+}
