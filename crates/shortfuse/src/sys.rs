@@ -212,12 +212,14 @@ impl SignalSet {
     /// take the set's signals wherever the kernel delivers them: the
     /// kernel may pick any thread that does not block them, and a thread
     /// started before the mask was set would otherwise die of them.
-    pub fn take_here(&self, signals: &[libc::c_int]) -> io::Result<Taker> {
+    pub fn take_here(&self) -> io::Result<Taker> {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         TAKER.store(tid, std::sync::atomic::Ordering::Relaxed);
         let mut taker = Taker { old: Vec::new() };
-        for &sig in signals {
+        // SAFETY: `self.0` is an initialised set; any signal number may be asked.
+        let signals = (1..libc::SIGRTMIN()).filter(|&s| unsafe { libc::sigismember(&self.0, s) } == 1);
+        for sig in signals {
             // SAFETY: sigaction is plain data; zeroed is its empty value.
             let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
             act.sa_sigaction = pass_on as *const () as usize;

@@ -219,7 +219,7 @@ fn signal_loop(
     done: &AtomicBool,
     stats: &Stats,
 ) {
-    let _taker = match set.take_here(SIGNALS) {
+    let _taker = match set.take_here() {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("shortfuse: taking signals from the file system's own threads: {e}");
