@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use shortfuse::{Errno, Result};
 
-use crate::etcdmeta::EtcdMeta;
+use crate::etcdmeta::{Creation, EtcdMeta};
 use crate::meta::{Freed, Meta};
-use crate::proto::{AttrChange, DirEntryInfo, NewKind, NodeInfo};
+use crate::proto::{AttrChange, DirEntryInfo, NodeInfo};
 
 pub enum Metadata {
     Local(Meta),
@@ -62,15 +62,15 @@ impl Metadata {
         }
     }
 
-    pub async fn create(
-        &self,
-        parent: u64,
-        name: &[u8],
-        kind: NewKind,
-        mode: u32,
-        uid: u32,
-        gid: u32,
-    ) -> Result<NodeInfo> {
+    pub async fn create(&self, new: Creation<'_>) -> Result<NodeInfo> {
+        let Creation {
+            parent,
+            name,
+            kind,
+            mode,
+            uid,
+            gid,
+        } = new;
         match self {
             Metadata::Local(m) => m.create(parent, name, kind, mode, uid, gid),
             Metadata::Etcd(m) => m.create(parent, name, kind, mode, uid, gid).await,

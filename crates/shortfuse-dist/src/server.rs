@@ -435,20 +435,18 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             gid,
             open,
         } => {
+            let new = Creation {
+                parent,
+                name: &name,
+                kind,
+                mode,
+                uid,
+                gid,
+            };
             let info = match (&**meta, open) {
-                (Metadata::Etcd(m), true) => {
-                    let new = Creation {
-                        parent,
-                        name: &name,
-                        kind,
-                        mode,
-                        uid,
-                        gid,
-                    };
-                    create_open(s, m, client, new).await?
-                }
+                (Metadata::Etcd(m), true) => create_open(s, m, client, new).await?,
                 _ => {
-                    let info = meta.create(parent, &name, kind, mode, uid, gid).await?;
+                    let info = meta.create(new).await?;
                     if open {
                         open_file(s, client, info.gfi.ino).await?;
                     }
