@@ -157,6 +157,49 @@ def test_killed_client_keeps_fsynced_data_only(dist):
     assert_killed_writer_loses_only_unsynced(a, b, lambda: sfmount.pids_of_daemon(sfmount.shortfuse_bin(), str(a)))
 
 
+@pytest.mark.deadline(60)
+def test_unmount_writes_back_what_the_cache_holds(dist):
+    """A lease client's writes without fsync reach storage at umount (the
+    kernel sends no DESTROY for a plain FUSE mount: the session's end must
+    write back), and the next client reads them."""
+    a = dist.mount("a")
+    (a / "f").write_bytes(b"cached only")
+    r = sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(a)], timeout=30)
+    assert r.returncode == 0, r.stderr
+    b = dist.mount("b")
+    assert (b / "f").read_bytes() == b"cached only"
+
+
+@pytest.mark.deadline(90)
+@pytest.mark.parametrize("transport", ["none", "dev"])
+def test_a_ring_daemon_writes_back_what_it_holds_when_it_stops(dist, transport):
+    """`shortfuse serve dist`, with and without a kernel mount beside the
+    rings: what a program on the rings wrote without fsync reaches storage
+    when SIGTERM stops the daemon."""
+    mp = dist.base / "r"
+    mp.mkdir()
+    log = dist.base / "serve.log"
+    d = subprocess.Popen(
+        [str(sfmount.shortfuse_bin()), "serve", "dist", dist.addr, str(mp), "--transport", transport],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    try:
+        assert sfmount.wait_until(lambda: "shortfuse serve:" in log.read_text(), 30), log.read_text()
+        r = sfmount.run(
+            [str(sfmount.shortfuse_bin()), "run", "-m", str(mp), "--", "sh", "-c", f"printf 'ring only' > {mp}/f"],
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+    finally:
+        d.send_signal(signal.SIGTERM)
+        d.wait(timeout=30)
+    assert d.returncode == 0, log.read_text()
+    b = dist.mount("b")
+    assert (b / "f").read_bytes() == b"ring only"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

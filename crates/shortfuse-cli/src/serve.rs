@@ -109,7 +109,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         }
         let _control = ControlServer::start(&client_mp, stats.clone())?;
         let signals = SignalSet::block()?;
-        let mut server = Server::start(&ring_path, fs, opts, stats, config)?;
+        let mut server = Server::start(&ring_path, fs.clone(), opts, stats, config)?;
         eprintln!(
             "shortfuse serve: {} at {} (rings: {})",
             args.fs,
@@ -118,7 +118,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         );
         signals.wait();
         server.stop();
-        return flush_cache(cached.as_deref());
+        return finish(&*fs, cached.as_deref());
     }
     // The kernel is never told of the rings' changes: it must ask each time.
     let kopts = MountOptions {
@@ -139,7 +139,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     // Before the ring threads start, so that they inherit the mask and the
     // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.
     let _signals = SignalSet::block()?;
-    let mut server = Server::start(&ring_path, fs, opts, dev.stats().clone(), config)?;
+    let mut server = Server::start(&ring_path, fs.clone(), opts, dev.stats().clone(), config)?;
     kernel_fs.attach(server.announcer());
     let name = args.fs.clone();
     let result = dev.run(|| {
@@ -151,17 +151,23 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         );
     });
     server.stop();
-    result.and(flush_cache(cached.as_deref()))
+    result.and(finish(&*fs, cached.as_deref()))
 }
 
-/// The daemon stops: the cache's dirty pages go to the file system first.
-fn flush_cache(cached: Option<&CachedFs<dyn Filesystem>>) -> io::Result<()> {
-    match cached.map(CachedFs::flush_all) {
+/// The daemon stops, its rings and kernel mount served no more: the
+/// cache's dirty pages go to the file system, which then gets its
+/// `destroy` (nobody else gives it: the kernel's DESTROY does not end a
+/// daemon that also serves rings) and writes back what it holds, as distfs
+/// does its block cache.
+fn finish(fs: &dyn Filesystem, cached: Option<&CachedFs<dyn Filesystem>>) -> io::Result<()> {
+    let flushed = match cached.map(CachedFs::flush_all) {
         Some(Err(e)) => Err(io::Error::other(format!(
             "writing back the cache's dirty pages at shutdown: {e}"
         ))),
         _ => Ok(()),
-    }
+    };
+    fs.destroy();
+    flushed
 }
 
 /// SIGINT, SIGTERM and SIGUSR1, blocked in every thread (they inherit the

@@ -67,9 +67,10 @@ impl Filesystem for Announcing {
         Ok(())
     }
 
-    fn destroy(&self) {
-        self.inner.destroy()
-    }
+    /// Nothing: the kernel mount is one client of the daemon, whose end
+    /// (or DESTROY) leaves the rings' clients going; the daemon destroys
+    /// the file system once both have stopped.
+    fn destroy(&self) {}
 
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         self.inner.lookup(req, parent, name)

@@ -97,6 +97,18 @@ impl Dispatcher {
         }
     }
 
+    /// The session is over (unmounted, or the connection aborted): the
+    /// file system gets its `destroy` now unless DESTROY came, as libfuse
+    /// does at session end, since the kernel sends DESTROY only for
+    /// `fuseblk` mounts: a file system that writes back at `destroy`
+    /// (distfs's cache, pack's sizes) would otherwise lose that at umount.
+    /// Once, and only after INIT (nothing was set up before).
+    pub fn finish(&self) {
+        if self.negotiated.get().is_some() && !self.destroyed.swap(true, Ordering::Relaxed) {
+            self.fs.destroy();
+        }
+    }
+
     /// What INIT agreed on; `None` until INIT has been answered.
     pub fn negotiated(&self) -> Option<&Negotiated> {
         self.negotiated.get()

@@ -168,6 +168,8 @@ impl DevSession {
                 result = r;
             }
         }
+        // No request is served any more.
+        dispatcher.finish();
         done.store(true, Ordering::Release);
         if let Some(s) = signals {
             let _ = s.join();
