@@ -59,6 +59,25 @@ extern "C" fn refresh_pid() {
     ANCHORING.store(false, Ordering::Relaxed);
 }
 
+/// This process's id, without a system call once known; kept right in
+/// forked children as [`PID`] is.
+pub fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            watch_forks();
+            PID.load(Ordering::Relaxed)
+        }
+        pid => pid,
+    }
+}
+
+/// Fills [`PID`] and has forked children refresh it.
+fn watch_forks() {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| sys::at_fork_child(refresh_pid));
+    PID.store(sys::getpid(), Ordering::Relaxed);
+}
+
 /// Tells the ring that this process is a new one: for children made
 /// without libc's fork (a raw clone system call), which skip the
 /// `pthread_atfork` handler. Async-signal-safe.
@@ -114,9 +133,7 @@ impl RingClient {
                 format!("no shortfuse daemon serves rings at {} ({e})", path.display()),
             )
         })?;
-        static ATFORK: std::sync::Once = std::sync::Once::new();
-        ATFORK.call_once(|| sys::at_fork_child(refresh_pid));
-        refresh_pid();
+        watch_forks();
         let pid = std::process::id();
         sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
         let mut buf = [0u8; 512];

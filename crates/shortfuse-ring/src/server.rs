@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shortfuse::{Dispatcher, Filesystem, MountOptions, Outcome, Stats, Transport};
 use shortfuse_abi::{self as abi, Operation};
@@ -133,6 +133,9 @@ struct Conn {
     track: Mutex<Track>,
     notify: Mutex<NotifyTail>,
     stop: AtomicBool,
+    /// Its queues' workers, joined by whoever ends the client first: its
+    /// watcher when it goes, or [`Server::stop`].
+    workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct NotifyTail {
@@ -276,7 +279,9 @@ impl Server {
         {
             let _ = t.join();
         }
-        for c in lock(&self.shared.clients).iter() {
+        // Not under the lock: a worker finishing a request may need it.
+        let clients = lock(&self.shared.clients).clone();
+        for c in &clients {
             c.halt();
             c.region.u32_at(header::DAEMON).store(DAEMON_GONE, Ordering::Release);
             for q in 0..c.geo.queues as usize {
@@ -284,6 +289,11 @@ impl Server {
                     sys::futex_wake(c.region.u32_at(c.geo.slot_off(q, i)), i32::MAX);
                 }
             }
+        }
+        // The requests in flight finish before `stop` returns: the caller
+        // then gives the file system its `destroy`, which must be last.
+        for c in &clients {
+            c.join_workers();
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -370,7 +380,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         }
     };
     lock(&shared.clients).push(conn.clone());
-    let mut workers = Vec::new();
+    // `stop` halts the clients it finds listed; one listed too late for
+    // it is halted here (its workers then end before serving anything).
+    if shared.stopping.load(Ordering::SeqCst) {
+        conn.halt();
+    }
     for q in 0..shared.geo.queues as usize {
         let c = conn.clone();
         let s = shared.clone();
@@ -378,7 +392,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
             .name(format!("sf-ring-c{}q{q}", conn.id))
             .spawn(move || worker(&s, &c, q))
         {
-            Ok(h) => workers.push(h),
+            Ok(h) => lock(&conn.workers).push(h),
             Err(e) => {
                 eprintln!("shortfuse ring: cannot start a worker: {e}");
                 break;
@@ -410,9 +424,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         }
     }
     conn.halt();
-    for w in workers {
-        let _ = w.join();
-    }
+    conn.join_workers();
     lock(&shared.clients).retain(|c| c.id != conn.id);
     lock(&shared.parked).retain(|p| p.conn != conn.id);
     conn.reclaim(&shared);
@@ -456,8 +468,17 @@ impl Conn {
                 rec: Vec::with_capacity(region::RECORD),
             }),
             stop: AtomicBool::new(false),
+            workers: Mutex::new(Vec::new()),
         };
         Ok((conn, memfd))
+    }
+
+    /// Waits for the workers that [`Conn::halt`] told to end.
+    fn join_workers(&self) {
+        let workers = std::mem::take(&mut *lock(&self.workers));
+        for w in workers {
+            let _ = w.join();
+        }
     }
 
     /// Tells the workers to end, waking those asleep.
@@ -894,18 +915,57 @@ fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8
 /// How long an idle worker sleeps before it looks for a stalled queue.
 const HOLE_WAIT: Duration = Duration::from_millis(500);
 
+/// How long a reserved position may stay empty, with later ones reserved,
+/// before the worker goes on past it. Wall time, not wake-ups: other
+/// threads' rings wake the worker many times while a thread that reserved
+/// is merely descheduled on a loaded machine.
+const HOLE_SKIP: Duration = Duration::from_secs(1);
+
+/// Positions a worker went on past, still watched: a request published at
+/// one late is served all the same.
+#[derive(Default)]
+struct Holes {
+    positions: Vec<u32>,
+    /// Since when `head` has been empty with later positions reserved.
+    since: Option<Instant>,
+}
+
+impl Holes {
+    /// After a sleep that found nothing at `head`: goes past it once it
+    /// has stayed empty for [`HOLE_SKIP`] while `tail` is beyond it.
+    fn look(&mut self, head: &mut u32, tail: u32, slots: u32) {
+        if tail == *head {
+            self.since = None;
+            return;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= HOLE_SKIP {
+            self.positions.push(*head);
+            *head = head.wrapping_add(1);
+            self.since = None;
+        }
+        // A position's entry word is reused `slots` positions later.
+        self.positions.retain(|p| head.wrapping_sub(*p) < slots);
+    }
+
+    /// The slot published late at a position gone past, if any (consumed).
+    fn take(&mut self, conn: &Conn, q: usize) -> Option<Option<usize>> {
+        let k = self.positions.iter().position(|p| conn.has_work(q, *p))?;
+        let mut p = self.positions.swap_remove(k);
+        conn.take(q, &mut p)
+    }
+
+    fn any(&self, conn: &Conn, q: usize) -> bool {
+        self.positions.iter().any(|p| conn.has_work(q, *p))
+    }
+}
+
 /// One queue's worker: take, serve, and when the queue stays empty for the
 /// spin budget, sleep on the queue's doorbell until a client rings it.
 fn worker(shared: &Shared, conn: &Conn, q: usize) {
-    // The client submits to the queue of the CPU it runs on: off that CPU,
-    // both can poll at once (see `wait`).
-    if conn.geo.queues > 1 {
-        sys::avoid_cpu(q);
-    }
+    // Not pinned anywhere: see `wait` for why.
     let mut head = 0u32;
-    // Sleeps in a row that ended with nothing at `head` while the client's
-    // tail says something was reserved there.
-    let mut stalls = 0u32;
+    let mut holes = Holes::default();
     let poll = wait::Poll::default();
     let mut req = Vec::with_capacity(conn.geo.slot_data as usize);
     let mut reply = Vec::with_capacity(conn.geo.slot_data as usize);
@@ -914,8 +974,15 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
         if conn.stop.load(Ordering::Relaxed) {
             return;
         }
-        if let Some(i) = conn.take(q, &mut head) {
-            stalls = 0;
+        let taken = match conn.take(q, &mut head) {
+            Some(i) => {
+                holes.since = None;
+                Some(i)
+            }
+            None if holes.positions.is_empty() => None,
+            None => holes.take(conn, q),
+        };
+        if let Some(i) = taken {
             if let Some(i) = i {
                 conn.serve(shared, q, i, &mut req, &mut reply);
             }
@@ -927,14 +994,14 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
             continue;
         }
         bell.store(1, Ordering::SeqCst);
-        if conn.has_work(q, head) || conn.stop.load(Ordering::SeqCst) {
+        if conn.has_work(q, head) || conn.stop.load(Ordering::SeqCst) || holes.any(conn, q) {
             bell.store(0, Ordering::Relaxed);
             continue;
         }
         // A client that keeps the word away from 1 only makes its own
         // worker poll.
         sys::futex_wait(bell, 1, Some(HOLE_WAIT));
-        if conn.has_work(q, head) {
+        if conn.has_work(q, head) || holes.any(conn, q) {
             // The client rang: its next requests follow closely (the rest of
             // an open, a loop of calls), and each would ring again and wait
             // for a wake-up if we kept sleeping at once.
@@ -943,13 +1010,8 @@ fn worker(shared: &Shared, conn: &Conn, q: usize) {
         }
         // A process that shares the connection (forked from the client) and
         // died between reserving a position and publishing its slot there
-        // would stall the queue for everyone else: skip a position that
-        // stays empty for two sleeps while later ones were reserved.
+        // would stall the queue for everyone else.
         let tail = conn.region.u32_at(conn.geo.tail_off(q)).load(Ordering::Relaxed);
-        stalls = if tail != head { stalls + 1 } else { 0 };
-        if stalls >= 2 {
-            head = head.wrapping_add(1);
-            stalls = 0;
-        }
+        holes.look(&mut head, tail, conn.geo.slots);
     }
 }

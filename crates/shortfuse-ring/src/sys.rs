@@ -89,26 +89,6 @@ pub fn sched_yield() {
     raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
 }
 
-/// Keeps the calling thread off `cpu` when it may run on another CPU
-/// too; false when it could not (no other CPU allowed, or an error).
-pub fn avoid_cpu(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: cpu_set_t is plain data: sched_getaffinity fills it,
-    // CPU_ISSET/CPU_CLR/CPU_COUNT stay inside it (index checked above) and
-    // sched_setaffinity only reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut set) != 0 || !libc::CPU_ISSET(cpu, &set) {
-            return false;
-        }
-        libc::CPU_CLR(cpu, &mut set);
-        libc::CPU_COUNT(&set) > 0 && libc::sched_setaffinity(0, size, &set) == 0
-    }
-}
-
 /// True when the peer of a connected SOCK_SEQPACKET socket has closed it
 /// (or the socket is broken). The daemon never sends after the handshake,
 /// so a live peer leaves nothing to read: EAGAIN.

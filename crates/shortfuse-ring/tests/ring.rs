@@ -3,16 +3,17 @@
 //! process that is killed mid-request, a client that scribbles over
 //! its own shared memory, a handle that outlives its connection with the
 //! open file description it was given to, handles owned by the process
-//! that opened them, and a waiting SETLKW.
+//! that opened them, a waiting SETLKW, a stop with a request in flight,
+//! and positions reserved and published late or never.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shortfuse::{Errno, MountOptions, Stats};
+use shortfuse::{Attr, Errno, FileHandle, Filesystem, MountOptions, NodeId, Stats};
 use shortfuse_abi as abi;
 use shortfuse_fs::mem::MemFs;
 use shortfuse_ring::region::{self, slot, Geometry};
@@ -26,10 +27,15 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn server(path: &Path) -> (Server, Arc<Stats>) {
+    server_with(path, 2, 2)
+}
+
+/// A server over `MemFs` with `queues` queues of `slots` slots.
+fn server_with(path: &Path, queues: u32, slots: u32) -> (Server, Arc<Stats>) {
     let stats = Arc::new(Stats::new());
     let config = ServerConfig {
-        queues: 2,
-        slots: 2,
+        queues,
+        slots,
         max_io: 64 << 10,
         records: 8,
         ..ServerConfig::default()
@@ -85,7 +91,7 @@ fn call(c: &RingClient, req: &[u8]) -> Result<(i32, Vec<u8>), Errno> {
     Ok((h.error, reply[16..].to_vec()))
 }
 
-fn init(c: &RingClient) {
+fn init_request() -> Vec<u8> {
     let arg = abi::fuse_init_in {
         major: abi::FUSE_KERNEL_VERSION,
         minor: abi::FUSE_KERNEL_MINOR_VERSION,
@@ -94,7 +100,11 @@ fn init(c: &RingClient) {
         flags2: 0,
         unused: [0; 11],
     };
-    let (err, _) = call(c, &request(abi::FUSE_INIT, 0, arg.as_bytes(), &[])).unwrap();
+    request(abi::FUSE_INIT, 0, arg.as_bytes(), &[])
+}
+
+fn init(c: &RingClient) {
+    let (err, _) = call(c, &init_request()).unwrap();
     assert_eq!(err, 0);
 }
 
@@ -227,6 +237,66 @@ fn a_stopped_daemon_fails_calls_with_enotconn() {
     assert!(t.elapsed() < Duration::from_secs(2));
     assert!(c.is_dead());
     assert!(RingClient::connect(&path).is_err());
+}
+
+/// A file system whose getattr takes a while, and which records whether
+/// one was still running when it was destroyed.
+#[derive(Default)]
+struct SlowAttr {
+    running: AtomicU32,
+    destroyed_while_running: AtomicBool,
+}
+
+impl Filesystem for SlowAttr {
+    fn getattr(&self, _: &shortfuse::Request, node: NodeId, _: Option<FileHandle>) -> shortfuse::Result<Attr> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        Ok(Attr {
+            ino: node.0,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            ..Attr::default()
+        })
+    }
+
+    fn destroy(&self) {
+        if self.running.load(Ordering::SeqCst) != 0 {
+            self.destroyed_while_running.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+#[test]
+fn stop_waits_for_the_requests_in_flight() {
+    let path = scratch("stop-in-flight");
+    let fs = Arc::new(SlowAttr::default());
+    let mut s = Server::start(
+        &path,
+        fs.clone(),
+        MountOptions::default(),
+        Arc::new(Stats::new()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let c = Arc::new(RingClient::connect(&path).unwrap());
+    init(&c);
+    let asking = {
+        let c = c.clone();
+        std::thread::spawn(move || c.call(&request(abi::FUSE_GETATTR, 1, &[0; 16], &[]), &mut Vec::new()))
+    };
+    wait_for("the getattr to reach the file system", || {
+        fs.running.load(Ordering::SeqCst) == 1
+    });
+    s.stop();
+    // What a daemon does next (serve.rs): the file system's last call.
+    fs.destroy();
+    assert!(
+        !fs.destroyed_while_running.load(Ordering::SeqCst),
+        "stop returned with a request still in the file system"
+    );
+    // The caller got an answer or ENOTCONN, never a hang.
+    assert!(matches!(asking.join().unwrap(), Ok(()) | Err(Errno::ENOTCONN)));
 }
 
 /// Creates and writes files, each left open: 100 of them against a server
@@ -571,72 +641,139 @@ fn garbage_in_a_clients_ring_harms_nobody_else() {
     assert_eq!(read(&good, node, fh, 100), b"private");
 }
 
+/// A client whose region this test writes itself, word by word, as a
+/// process of the connection would (or a buggy one).
+struct RawRegion {
+    _sock: OwnedFd,
+    _memfd: OwnedFd,
+    base: *mut u8,
+    g: Geometry,
+}
+
+impl RawRegion {
+    fn connect(path: &Path) -> RawRegion {
+        let (sock, memfd, g) = raw_client(path);
+        // SAFETY: a fresh shared mapping of the client's region, unmapped on drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                g.bytes(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+                0,
+            )
+        } as *mut u8;
+        assert!(base as isize != -1);
+        RawRegion {
+            _sock: sock,
+            _memfd: memfd,
+            base,
+            g,
+        }
+    }
+
+    fn word(&self, off: usize) -> &AtomicU32 {
+        assert!(off + 4 <= self.g.bytes() && off.is_multiple_of(4));
+        // SAFETY: `off` is inside the mapping and 4-aligned (checked).
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    /// Reserves the next position of queue `q`.
+    fn reserve(&self, q: usize) -> u32 {
+        self.word(self.g.tail_off(q)).fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Writes `req` into slot `i` of queue `q`, submitted.
+    fn fill(&self, q: usize, i: usize, req: &[u8]) {
+        let off = self.g.slot_off(q, i);
+        for (k, chunk) in req.chunks(4).enumerate() {
+            let mut w = [0u8; 4];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.word(off + region::SLOT_HEADER + 4 * k)
+                .store(u32::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        self.word(off + 4).store(req.len() as u32, Ordering::Relaxed);
+        self.word(off).store(slot::SUBMITTED, Ordering::Release);
+    }
+
+    /// Publishes slot `i` at position `pos` of queue `q` and rings.
+    fn publish(&self, q: usize, pos: u32, i: u32) {
+        self.word(self.g.entry_off(q, pos))
+            .store(region::entry(pos, i), Ordering::Release);
+        let bell = self.word(self.g.doorbell_off(q));
+        bell.store(0, Ordering::SeqCst);
+        // SAFETY: a futex wake on a word of the mapping.
+        unsafe { libc::syscall(libc::SYS_futex, bell.as_ptr(), libc::FUTEX_WAKE, 1) };
+    }
+
+    fn done(&self, q: usize, i: usize) -> bool {
+        self.word(self.g.slot_off(q, i)).load(Ordering::Acquire) == slot::DONE
+    }
+
+    /// Until queue `q`'s worker has gone to sleep on its doorbell.
+    fn wait_asleep(&self, q: usize) {
+        wait_for("the worker to sleep", || {
+            self.word(self.g.doorbell_off(q)).load(Ordering::SeqCst) == 1
+        });
+    }
+}
+
+impl Drop for RawRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is not used after this.
+        unsafe { libc::munmap(self.base.cast(), self.g.bytes()) };
+    }
+}
+
+fn getattr_root() -> Vec<u8> {
+    request(abi::FUSE_GETATTR, 1, &[0; 16], &[])
+}
+
 #[test]
-fn a_position_reserved_and_never_published_is_skipped() {
+fn a_position_reserved_and_never_published_is_skipped_and_served_if_it_comes() {
     let path = scratch("hole");
     let (_s, _) = server(&path);
     let good = RingClient::connect(&path).unwrap();
     init(&good);
-    // Another connection, whose region this test writes itself: a process
-    // of it reserved a position and died before it published a slot there.
-    let (sock, memfd, g) = raw_client(&path);
-    // SAFETY: a fresh shared mapping of the raw client's region, unmapped below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            g.bytes(),
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            memfd.as_raw_fd(),
-            0,
-        )
-    } as *mut u8;
-    assert!(base as isize != -1);
-    let word = |off: usize| {
-        // SAFETY: `off` is inside the mapping and 4-aligned.
-        unsafe { &*(base.add(off) as *const AtomicU32) }
-    };
-    // Reserve position 0 of queue 0 and never publish it; then submit a
-    // real request (INIT) at position 1.
+    // Another connection: a process of it reserved a position and stalled
+    // (or died) before it published a slot there.
+    let raw = RawRegion::connect(&path);
     let q = 0;
-    assert_eq!(word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed), 0);
-    let off = g.slot_off(q, 1);
-    let req = request(
-        abi::FUSE_INIT,
-        0,
-        abi::fuse_init_in {
-            major: abi::FUSE_KERNEL_VERSION,
-            minor: abi::FUSE_KERNEL_MINOR_VERSION,
-            max_readahead: 0,
-            flags: 0,
-            flags2: 0,
-            unused: [0; 11],
-        }
-        .as_bytes(),
-        &[],
-    );
-    for (k, chunk) in req.chunks(4).enumerate() {
-        let mut w = [0u8; 4];
-        w[..chunk.len()].copy_from_slice(chunk);
-        word(off + region::SLOT_HEADER + 4 * k).store(u32::from_ne_bytes(w), Ordering::Relaxed);
-    }
-    word(off + 4).store(req.len() as u32, Ordering::Relaxed);
-    word(off).store(slot::SUBMITTED, Ordering::Release);
-    let pos = word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed);
-    word(g.entry_off(q, pos)).store(region::entry(pos, 1), Ordering::Release);
-    word(g.doorbell_off(q)).store(0, Ordering::SeqCst);
-    // SAFETY: a futex wake on a word of the mapping.
-    unsafe { libc::syscall(libc::SYS_futex, word(g.doorbell_off(q)).as_ptr(), libc::FUTEX_WAKE, 1) };
-    wait_for("the request behind the hole", || {
-        word(off).load(Ordering::Acquire) == slot::DONE
-    });
-    assert!(word(off + 4).load(Ordering::Relaxed) > 16);
-    // SAFETY: the mapping is not used after this.
-    unsafe { libc::munmap(base.cast(), g.bytes()) };
-    drop(sock);
+    assert_eq!(raw.reserve(q), 0);
+    raw.fill(q, 1, &init_request());
+    let pos = raw.reserve(q);
+    raw.publish(q, pos, 1);
+    wait_for("the request behind the hole", || raw.done(q, 1));
+    assert!(raw.word(raw.g.slot_off(q, 1) + 4).load(Ordering::Relaxed) > 16);
     // The well-behaved client was served throughout.
-    let (err, _) = call(&good, &request(abi::FUSE_GETATTR, 1, &[0; 16], &[])).unwrap();
+    let (err, _) = call(&good, &getattr_root()).unwrap();
     assert_eq!(err, 0);
+    // The stalled process publishes after all: it is served too.
+    raw.fill(q, 0, &getattr_root());
+    raw.publish(q, 0, 0);
+    wait_for("the request published late", || raw.done(q, 0));
+}
+
+#[test]
+fn a_thread_slow_to_publish_is_waited_for_while_others_ring() {
+    let path = scratch("slow-publisher");
+    let (_s, _) = server_with(&path, 1, 4);
+    let raw = RawRegion::connect(&path);
+    let q = 0;
+    // One thread reserves position 0 and is descheduled; two others
+    // publish behind it, each waking the worker.
+    let slow = raw.reserve(q);
+    for i in 1..3 {
+        raw.wait_asleep(q);
+        raw.fill(q, i, &getattr_root());
+        let pos = raw.reserve(q);
+        raw.publish(q, pos, i as u32);
+    }
+    raw.wait_asleep(q);
+    raw.fill(q, 0, &getattr_root());
+    raw.publish(q, slow, 0);
+    wait_for("every request", || (0..3).all(|i| raw.done(q, i)));
 }
 
 /// The daemon's ring workers in this process (`sf-ring-c<client>q<queue>`),
