@@ -610,6 +610,58 @@ def stopped(pid: int):
         time.sleep(0.01)
 
 
+# O_CREAT opens of names this program never looked up (others made them):
+# the shim first tries an exclusive CREATE without a LOOKUP, and must then
+# fall back to what the kernel does.
+CREATES = r"""
+import errno, os, sys
+mp = sys.argv[1]
+fd = os.open(f"{mp}/theirs", os.O_CREAT | os.O_RDWR, 0o600)
+assert os.read(fd, 10) == b"kept", "an existing file was replaced"
+os.close(fd)
+try:
+    os.open(f"{mp}/theirs", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    raise SystemExit("O_EXCL opened an existing file")
+except FileExistsError:
+    pass
+fd = os.open(f"{mp}/link", os.O_CREAT | os.O_WRONLY, 0o600)
+os.write(fd, b"via link")
+os.close(fd)
+assert os.path.islink(f"{mp}/link")
+assert open(f"{mp}/target", "rb").read() == b"via link"
+try:
+    os.open(f"{mp}/sub", os.O_CREAT | os.O_WRONLY, 0o600)
+    raise SystemExit("O_CREAT opened a directory for writing")
+except IsADirectoryError:
+    pass
+for i in range(20):
+    os.close(os.open(f"{mp}/n{i}", os.O_CREAT | os.O_WRONLY, 0o640))
+print(oct(os.stat(f"{mp}/n0").st_mode & 0o777))
+"""
+
+
+def test_creates_of_unknown_names_skip_the_lookup_and_keep_existing_files(shortfuse, scratch):
+    mp = scratch / "mnt"
+    d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
+    try:
+        made = under(
+            shortfuse, mp, ["sh", "-c", f"printf kept > {mp}/theirs && ln -s target {mp}/link && mkdir {mp}/sub"]
+        )
+        assert made.returncode == 0, made.stderr.decode()
+        lookups, creates = d.count("LOOKUP"), d.count("CREATE")
+        p = under(shortfuse, mp, [sys.executable, "-c", CREATES, str(mp)], env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        assert p.returncode == 0, p.stderr.decode()
+        # The umask (022) applies to a create without a LOOKUP too.
+        assert p.stdout.decode().split() == ["0o640"]
+        # One CREATE for each of the 20 new names, one that failed for each
+        # of `theirs`, `link` and `sub` (then looked up: `theirs` is cached
+        # for the O_EXCL open), and one for `target`, found through `link`.
+        assert d.count("CREATE") - creates == 20 + 3 + 1
+        assert d.count("LOOKUP") - lookups < 20
+    finally:
+        d.stop()
+
+
 def test_kill_9_of_the_daemon_fails_a_blocked_read_with_enotconn(shortfuse, scratch):
     mp = scratch / "mnt"
     d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)

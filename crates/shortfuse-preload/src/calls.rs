@@ -200,10 +200,14 @@ fn with_nul(mut p: Vec<u8>) -> Vec<u8> {
 
 /// Resolves `path` relative to `dirfd` (or the current directory).
 fn resolve(dirfd: i64, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
+    resolve_for(dirfd, path, WalkFlags { follow, create: false })
+}
+
+/// [`resolve`], with the walk's every flag.
+fn resolve_for(dirfd: i64, path: &[u8], flags: WalkFlags) -> Result<Resolved, Errno> {
     // An `int` argument: the kernel reads the low 32 bits of the register.
     let dirfd = dirfd as i32 as i64;
     let st = state();
-    let flags = WalkFlags { follow };
     let walk = |vfs: &Arc<Vfs>, start: &shortfuse_vfs::Location, p: &[u8], links: u32| vfs.walk(start, p, flags, links);
     let mut first = None;
     // Borrowed from the program for an absolute path: most calls never
@@ -314,6 +318,7 @@ fn target_of(f: &OpenFile) -> Result<Target, Errno> {
         node: Some((f.node(), attr)),
         trailing_slash: false,
         links: 0,
+        unasked: false,
     })
 }
 
@@ -329,8 +334,11 @@ fn reissue(nr: i64, mut a: [i64; 6], i: usize, has_dirfd: bool, path: &[u8]) -> 
 
 macro_rules! resolve_or_pass {
     ($nr:expr, $a:expr, $dirfd:expr, $idx:expr, $has_dirfd:expr, $follow:expr) => {{
+        resolve_or_pass!($nr, $a, $dirfd, $idx, $has_dirfd, flags WalkFlags { follow: $follow, create: false })
+    }};
+    ($nr:expr, $a:expr, $dirfd:expr, $idx:expr, $has_dirfd:expr, flags $flags:expr) => {{
         let path = user::cstr($a[$idx])?;
-        match resolve($dirfd, path, $follow) {
+        match resolve_for($dirfd, path, $flags) {
             Err(e) => return Some(err(e)),
             Ok(Resolved::Kernel(None)) => return None,
             Ok(Resolved::Kernel(Some(p))) => return Some(reissue($nr, $a, $idx, $has_dirfd, &p)),
@@ -465,7 +473,6 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_close => {
             let fd = a[0] as i32;
             let f = file(a[0])?;
-            // The lock owner costs a getpid: only FLUSH needs it.
             let lock_owner = if f.needs_flush() { owner() } else { 0 };
             locks::closed(&f);
             drop(f);
@@ -904,13 +911,21 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
     }
 }
 
-/// Runs an operation that may create a node: the in-process passthrough
-/// zeroes the calling thread's umask for its own work (it applies the
-/// caller's umask itself); give the program its umask back.
+/// Runs an operation that may create a node (see [`restore_umask`]).
 fn creating<T>(vfs: &Vfs, f: impl FnOnce() -> Result<T, Errno>) -> i64 {
     let r = f();
-    raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+    restore_umask(vfs);
     res(r.map(|_| 0i64))
+}
+
+/// After an operation that may create a node: the in-process passthrough
+/// zeroes the calling thread's umask for its own work (it applies the
+/// caller's umask itself); give the program its umask back. A daemon's
+/// file system runs in the daemon and leaves ours alone.
+fn restore_umask(vfs: &Vfs) {
+    if !vfs.client().shared() {
+        raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+    }
 }
 
 fn mode_set(mode: i64) -> SetAttrIn {
@@ -1051,7 +1066,7 @@ fn to_statfs(s: &shortfuse::Statfs, vfs: &Vfs) -> [i64; 15] {
 /// This process's lock owner (FLUSH and POSIX locks): what a shared
 /// daemon's lock table knows it by (see `locks`).
 fn owner() -> u64 {
-    shortfuse_ring::POSIX_OWNER | raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64
+    shortfuse_ring::POSIX_OWNER | u64::from(shortfuse_ring::pid())
 }
 
 fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
@@ -1102,11 +1117,19 @@ fn chdir(a: [i64; 6]) -> i64 {
 fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> Option<i64> {
     let follow =
         flags & libc::O_NOFOLLOW == 0 && flags & (libc::O_CREAT | libc::O_EXCL) != libc::O_CREAT | libc::O_EXCL;
-    let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
-    let opened = vfs.open(&t, flags, mode);
+    // An O_CREAT open of a name the cache does not know first tries to
+    // create it, without a LOOKUP; when that fails (the name may exist), it
+    // takes the usual way.
+    let create = flags & (libc::O_CREAT | libc::O_PATH) == libc::O_CREAT;
+    let (mut vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, flags WalkFlags { follow, create });
+    let mut opened = vfs.open(&t, flags, mode);
+    if t.unasked && opened.is_err() {
+        let (v, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
+        opened = v.open(&t, flags, mode);
+        vfs = v;
+    }
     if flags & libc::O_CREAT != 0 {
-        // See `creating`.
-        raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+        restore_umask(&vfs);
     }
     let f = match opened {
         Ok(f) => f,

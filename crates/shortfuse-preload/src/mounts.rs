@@ -202,7 +202,15 @@ fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, Location
     let path = shortfuse_vfs::normalize(path);
     let vfs = mounts.iter().find(|m| m.strip(&path).is_some())?;
     let rest = vfs.strip(&path)?.to_vec();
-    let Ok(Walk::Inside(t)) = vfs.walk(&Location::root(), &rest, WalkFlags { follow: true }, 0) else {
+    let Ok(Walk::Inside(t)) = vfs.walk(
+        &Location::root(),
+        &rest,
+        WalkFlags {
+            follow: true,
+            create: false,
+        },
+        0,
+    ) else {
         return None;
     };
     let loc = vfs.chdir(&t).ok()?;

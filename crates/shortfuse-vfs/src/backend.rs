@@ -26,8 +26,8 @@ pub trait Backend: Send + Sync {
 
     /// Sends a request whose reply nobody waits for (RELEASE and
     /// RELEASEDIR, which the kernel too sends in the background and whose
-    /// errors it ignores). `scratch` may receive a reply. By default, a
-    /// [`Backend::call`].
+    /// errors it ignores, and FORGET, which has no reply). `scratch` may
+    /// receive a reply. By default, a [`Backend::call`].
     fn send(&self, request: &[u8], scratch: &mut Vec<u8>) -> Result<(), Errno> {
         self.call(request, scratch)
     }

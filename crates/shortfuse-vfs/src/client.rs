@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use shortfuse::{Attr, Errno, NodeId, Statfs, Timestamp};
@@ -113,6 +113,9 @@ pub struct Client {
     backend: Box<dyn Backend>,
     unique: AtomicU64,
     creds: std::sync::RwLock<Creds>,
+    /// The file system answered FLUSH with ENOSYS: as the kernel does, and
+    /// as the trait promises, it is never sent again.
+    no_flush: AtomicBool,
 }
 
 fn ttl(sec: u64, nsec: u32) -> Duration {
@@ -175,6 +178,7 @@ impl Client {
             backend,
             unique: AtomicU64::new(1),
             creds: std::sync::RwLock::new(creds),
+            no_flush: AtomicBool::new(false),
         }
     }
 
@@ -327,8 +331,9 @@ impl Client {
 
     pub fn forget(&self, node: NodeId, nlookup: u64) {
         let arg = abi::fuse_forget_in { nlookup };
-        // FORGET has no reply: a transport failure leaves nothing to report.
-        let _ = self.call(abi::FUSE_FORGET, node, &[arg.as_bytes()], &[], |_| Ok(()));
+        // FORGET has no reply, so nothing waits for it (as the kernel queues
+        // it), and a transport failure leaves nothing to report.
+        let _ = self.send(abi::FUSE_FORGET, node, &[arg.as_bytes()]);
     }
 
     pub fn getattr(&self, node: NodeId, fh: Option<u64>) -> Result<(Attr, Duration), Errno> {
@@ -548,7 +553,19 @@ impl Client {
             padding: 0,
             lock_owner,
         };
-        self.call(abi::FUSE_FLUSH, node, &[arg.as_bytes()], &[], |_| Ok(()))
+        if !self.flushes() {
+            return Err(Errno::ENOSYS);
+        }
+        let r = self.call(abi::FUSE_FLUSH, node, &[arg.as_bytes()], &[], |_| Ok(()));
+        if r == Err(Errno::ENOSYS) {
+            self.no_flush.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Whether a close still sends FLUSH (see [`Client::flush`]).
+    pub fn flushes(&self) -> bool {
+        !self.no_flush.load(Ordering::Relaxed)
     }
 
     pub fn release(&self, node: NodeId, fh: u64, flags: i32, dir: bool) -> Result<(), Errno> {

@@ -275,7 +275,7 @@ impl OpenFile {
 
     /// Whether closing a descriptor sends FLUSH (and so needs a lock owner).
     pub fn needs_flush(&self) -> bool {
-        self.fh.is_some() && !self.noflush && self.kind != FileType::Directory
+        self.fh.is_some() && !self.noflush && self.kind != FileType::Directory && self.vfs.client().flushes()
     }
 
     /// Whether this is an O_PATH descriptor (no FUSE open).
@@ -711,7 +711,10 @@ impl Drop for OpenFile {
 
 impl Vfs {
     /// `open(2)`/`openat(2)` of a walked target. The walk must have
-    /// followed a final symlink unless O_NOFOLLOW or O_CREAT|O_EXCL.
+    /// followed a final symlink unless O_NOFOLLOW or O_CREAT|O_EXCL. Any
+    /// error for an [`Target::unasked`] target only says that creating
+    /// failed: walk again without [`crate::WalkFlags::create`] and open
+    /// that.
     pub fn open(self: &Arc<Vfs>, t: &Target, flags: i32, mode: u32) -> Result<Arc<OpenFile>, Errno> {
         let creat = flags & libc::O_CREAT != 0;
         let excl = flags & libc::O_EXCL != 0;
@@ -752,7 +755,11 @@ impl Vfs {
                 let parent = t.dir.node();
                 let umask = self.umask();
                 let fmode = libc::S_IFREG | (mode & 0o7777 & !umask);
-                let open_flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+                let mut open_flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+                if t.unasked {
+                    // The name may exist: only create.
+                    open_flags |= libc::O_EXCL;
+                }
                 match self
                     .client()
                     .create(parent, OsStr::from_bytes(&name), open_flags, fmode, umask)
@@ -770,7 +777,7 @@ impl Vfs {
                     // Another thread or process created it since the walk:
                     // without O_EXCL the open takes the file that is there,
                     // as the kernel's open retries its lookup.
-                    Err(e) if e == Errno::EEXIST && !excl => {
+                    Err(e) if e == Errno::EEXIST && !excl && !t.unasked => {
                         // The walk's answer (a cached negative entry, say) is stale.
                         self.drop_name_only(parent, &name);
                         match self.lookup(parent, &name)? {

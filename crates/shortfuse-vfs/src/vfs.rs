@@ -106,6 +106,11 @@ pub struct Target {
     pub trailing_slash: bool,
     /// Symbolic links followed so far.
     pub links: u32,
+    /// `node` is None because nobody asked: the walk was told the name is
+    /// about to be created ([`WalkFlags::create`]) and the cache did not
+    /// know it. [`Vfs::open`] then creates it exclusively; if that fails,
+    /// the caller walks again without the flag (the name may exist).
+    pub unasked: bool,
 }
 
 impl Target {
@@ -161,6 +166,10 @@ pub struct WalkFlags {
     /// Follow a symbolic link in the last component (not for lstat,
     /// O_NOFOLLOW, O_CREAT|O_EXCL, unlink, rename, ...).
     pub follow: bool,
+    /// The last component is about to be created (an O_CREAT open): a name
+    /// the cache does not know is not looked up, so that a new file costs
+    /// one request (CREATE), not two (LOOKUP, CREATE) as in the kernel.
+    pub create: bool,
 }
 
 /// Splits `p` at its first '/': (component, rest after the slashes).
@@ -402,11 +411,20 @@ impl Vfs {
 
     /// Looks `name` up in `parent`, from the cache when it is valid.
     pub fn lookup(&self, parent: NodeId, name: &[u8]) -> Result<Option<(NodeId, Attr)>, Errno> {
+        let cached = self.cached(parent, name)?;
+        self.lookup_past(parent, name, cached)
+    }
+
+    /// What the cache says of `name` in `parent`.
+    fn cached(&self, parent: NodeId, name: &[u8]) -> Result<Cached, Errno> {
         if name.len() > 255 {
             return Err(Errno::ENAMETOOLONG);
         }
-        let now = Instant::now();
-        let cached = self.lock().lookup(parent, name, now);
+        Ok(self.lock().lookup(parent, name, Instant::now()))
+    }
+
+    /// [`Vfs::lookup`] once the cache said `cached`.
+    fn lookup_past(&self, parent: NodeId, name: &[u8], cached: Cached) -> Result<Option<(NodeId, Attr)>, Errno> {
         match cached {
             Cached::Negative => return Ok(None),
             Cached::Node(n, Some(a)) => return Ok(Some((n, a))),
@@ -559,6 +577,7 @@ impl Vfs {
                     node: Some((node, attr)),
                     trailing_slash: true,
                     links,
+                    unasked: false,
                 }));
             }
             if comp == b"." || comp == b".." {
@@ -585,13 +604,20 @@ impl Vfs {
                         node: Some((node, attr)),
                         trailing_slash: trailing,
                         links,
+                        unasked: false,
                     }));
                 }
                 pos = rest_at;
                 continue;
             }
             let parent = loc.node();
-            let found = self.lookup(parent, comp)?;
+            let cached = self.cached(parent, comp)?;
+            let unasked = is_last && flags.create && !trailing && matches!(cached, Cached::Miss);
+            let found = if unasked {
+                None
+            } else {
+                self.lookup_past(parent, comp, cached)?
+            };
             let Some((node, attr)) = found else {
                 if is_last {
                     return Ok(Walk::Inside(Target {
@@ -600,6 +626,7 @@ impl Vfs {
                         node: None,
                         trailing_slash: trailing,
                         links,
+                        unasked,
                     }));
                 }
                 return Err(Errno::ENOENT);
@@ -647,6 +674,7 @@ impl Vfs {
                         node: Some((node, attr)),
                         trailing_slash: trailing,
                         links,
+                        unasked: false,
                     }));
                 }
                 continue;
@@ -661,6 +689,7 @@ impl Vfs {
                     node: Some((node, attr)),
                     trailing_slash: trailing,
                     links,
+                    unasked: false,
                 }));
             }
             if typ != FileType::Directory {

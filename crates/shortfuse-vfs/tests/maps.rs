@@ -63,7 +63,15 @@ impl Fx {
     fn target(&self, path: &str) -> Target {
         match self
             .vfs
-            .walk(&Location::root(), path.as_bytes(), WalkFlags { follow: true }, 0)
+            .walk(
+                &Location::root(),
+                path.as_bytes(),
+                WalkFlags {
+                    follow: true,
+                    create: false,
+                },
+                0,
+            )
             .unwrap()
         {
             Walk::Inside(t) => t,

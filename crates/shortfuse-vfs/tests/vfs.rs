@@ -9,6 +9,7 @@ use std::time::Duration;
 use shortfuse::{Errno, FileType, MountOptions, Stats};
 use shortfuse_abi as abi;
 use shortfuse_fs::mem::MemFs;
+use shortfuse_fs::null::NullFs;
 use shortfuse_vfs::*;
 
 const MP: &[u8] = b"/mnt/x";
@@ -49,7 +50,8 @@ fn count(stats: &Stats, opcode: u32) -> u64 {
 
 impl Fx {
     fn walk_from(&self, start: &Location, path: &str, follow: bool) -> Result<Walk, Errno> {
-        self.vfs.walk(start, path.as_bytes(), WalkFlags { follow }, 0)
+        self.vfs
+            .walk(start, path.as_bytes(), WalkFlags { follow, create: false }, 0)
     }
 
     fn target(&self, path: &str, follow: bool) -> Result<Target, Errno> {
@@ -399,7 +401,15 @@ fn forty_links_resolve_and_forty_one_loop() {
     assert_eq!(fx.target("l41", true), Err(Errno::ELOOP));
     // Links already followed before a hand-over count too.
     assert_eq!(
-        fx.vfs.walk(&Location::root(), b"l1", WalkFlags { follow: true }, 40),
+        fx.vfs.walk(
+            &Location::root(),
+            b"l1",
+            WalkFlags {
+                follow: true,
+                create: false
+            },
+            40
+        ),
         Err(Errno::ELOOP)
     );
 }
@@ -464,6 +474,17 @@ fn entries_and_attributes_are_cached_for_their_timeouts() {
     assert_eq!(count(&fx.stats, abi::FUSE_GETATTR), g);
 }
 
+/// What `path` (from the root, following links) names inside the mount.
+fn inside(vfs: &Vfs, path: &[u8], create: bool) -> Target {
+    match vfs
+        .walk(&Location::root(), path, WalkFlags { follow: true, create }, 0)
+        .unwrap()
+    {
+        Walk::Inside(t) => t,
+        Walk::Outside { .. } => panic!("left the mount"),
+    }
+}
+
 /// Another process image on the same file system, caching nothing.
 fn other_image(fx: &Fx) -> Arc<Vfs> {
     let backend = InProcess::new(fx.mem.clone(), timeouts(0, 0, 0), Arc::new(Stats::new()));
@@ -479,15 +500,9 @@ fn a_name_replaced_behind_a_cached_entry_is_looked_up_again() {
     // Another process image on the same file system replaces the file, as
     // an assembler or a linker does with its output (unlink, then create).
     let other = other_image(&fx);
-    let t = other
-        .walk(&Location::root(), b"o", WalkFlags { follow: true }, 0)
-        .unwrap();
-    let Walk::Inside(t) = t else { panic!("left the mount") };
+    let t = inside(&other, b"o", false);
     other.unlink(&t).unwrap();
-    let t = other
-        .walk(&Location::root(), b"o", WalkFlags { follow: true }, 0)
-        .unwrap();
-    let Walk::Inside(t) = t else { panic!("left the mount") };
+    let t = inside(&other, b"o", false);
     let f = other.open(&t, libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
     assert_eq!(f.write(b"newer"), Ok(5));
     // The cached name led to an inode with no names left: not what `o` is.
@@ -504,12 +519,7 @@ fn an_open_that_creates_takes_a_file_created_meanwhile_elsewhere() {
     let t = fx.target("late", true).unwrap();
     assert_eq!(t.node, None);
     let other = other_image(&fx);
-    let Walk::Inside(ot) = other
-        .walk(&Location::root(), b"late", WalkFlags { follow: true }, 0)
-        .unwrap()
-    else {
-        panic!("left the mount")
-    };
+    let ot = inside(&other, b"late", false);
     let f = other.open(&ot, libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
     assert_eq!(f.write(b"first"), Ok(5));
     // O_CREAT without O_EXCL opens what is there (CREATE said EEXIST).
@@ -940,7 +950,15 @@ fn no_flush_for_opens_the_file_system_marks_noflush() {
     let vfs = Arc::new(Vfs::new(Box::new(backend), MP, 0x5f5f, Creds::default()).unwrap());
     let fds = FdTable::new();
     let t = match vfs
-        .walk(&Location::root(), b"f", WalkFlags { follow: true }, 0)
+        .walk(
+            &Location::root(),
+            b"f",
+            WalkFlags {
+                follow: true,
+                create: false,
+            },
+            0,
+        )
         .unwrap()
     {
         Walk::Inside(t) => t,
@@ -958,4 +976,68 @@ fn no_flush_for_opens_the_file_system_marks_noflush() {
     assert_eq!(fds.close(11, 1), Some(Ok(())));
     assert_eq!(count(&stats, abi::FUSE_FLUSH), 1);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flush_answered_enosys_is_not_sent_again() {
+    let stats = Arc::new(Stats::new());
+    let backend = InProcess::new(Arc::new(NullFs::new()), MountOptions::default(), stats.clone());
+    let vfs = Arc::new(Vfs::new(Box::new(backend), MP, 0x5f5f, Creds::default()).unwrap());
+    let null = Fx {
+        vfs,
+        mem: Arc::new(MemFs::new()),
+        stats,
+        fds: FdTable::new(),
+    };
+    // null leaves FLUSH to the default (ENOSYS); mem answers it.
+    for (fx, answers) in [(&null, false), (&fx(), true)] {
+        for i in 0..3u64 {
+            // null forgets the name: each of these opens creates it again.
+            let f = fx.open("f", libc::O_CREAT | libc::O_WRONLY, 0o644).unwrap();
+            assert_eq!(f.needs_flush(), answers || i == 0, "open {i}");
+            fx.fds.insert(10, f, false);
+            assert_eq!(fx.fds.close(10, 1), Some(Ok(())));
+            let want = if answers { i + 1 } else { 1 };
+            assert_eq!(count(&fx.stats, abi::FUSE_FLUSH), want, "close {i}");
+        }
+    }
+}
+
+#[test]
+fn a_create_of_an_unknown_name_asks_once_and_never_replaces() {
+    let fx = fx();
+    let walk = |path: &[u8], create: bool| inside(&fx.vfs, path, create);
+    // A new name: CREATE alone, no LOOKUP.
+    let t = walk(b"new", true);
+    assert!(t.unasked && t.node.is_none());
+    let lookups = count(&fx.stats, abi::FUSE_LOOKUP);
+    let f = fx.vfs.open(&t, libc::O_WRONLY | libc::O_CREAT, 0o600).unwrap();
+    assert_eq!(f.write(b"one"), Ok(3));
+    assert_eq!(count(&fx.stats, abi::FUSE_LOOKUP), lookups);
+    assert_eq!(count(&fx.stats, abi::FUSE_CREATE), 1);
+    // Now cached: the walk knows it, and O_CREAT opens it.
+    let t = walk(b"new", true);
+    assert!(!t.unasked && t.node.is_some());
+
+    // A name another image made (not in this cache): creating fails and
+    // leaves the file alone; the walk without the flag finds it.
+    let other = other_image(&fx);
+    let ot = inside(&other, b"theirs", false);
+    let g = other.open(&ot, libc::O_WRONLY | libc::O_CREAT, 0o644).unwrap();
+    assert_eq!(g.write(b"kept"), Ok(4));
+    let t = walk(b"theirs", true);
+    assert!(t.unasked);
+    assert_eq!(
+        fx.vfs.open(&t, libc::O_RDWR | libc::O_CREAT, 0o644).err(),
+        Some(Errno::EEXIST)
+    );
+    let t = walk(b"theirs", false);
+    let f = fx.vfs.open(&t, libc::O_RDWR | libc::O_CREAT, 0o644).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(f.read(&mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"kept");
+
+    // Without the flag (every other caller), the name is looked up.
+    let t = walk(b"absent", false);
+    assert!(!t.unasked && t.node.is_none());
 }

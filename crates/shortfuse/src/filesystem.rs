@@ -124,7 +124,11 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// Creates and opens `parent/name`. `ENOSYS` makes the kernel fall back to
-    /// `mknod` + `open` for the rest of the connection.
+    /// `mknod` + `open` for the rest of the connection. `flags` hold O_EXCL
+    /// when the name must not exist: the kernel passes the caller's, and the
+    /// preload shim adds it when it creates a name it has not looked up.
+    /// The name may exist even without it (another client made it): open
+    /// that file or fail with EEXIST, never replace it.
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
         Err(Errno::ENOSYS)
     }
