@@ -1,5 +1,6 @@
 //! `stripe` through the `Filesystem` trait, no kernel: data verification,
-//! chunk placement, holes, truncate, rename and delete, persistence.
+//! chunk placement, holes, truncate, rename and delete, persistence, and
+//! descriptors held only while files are open.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -161,4 +162,32 @@ fn bad_arguments_are_refused() {
     let many: Vec<PathBuf> = (0..17).map(|i| base.join(format!("m{i}"))).collect();
     assert!(StripeFs::new(many, STRIPE).is_err());
     let _ = std::fs::remove_dir_all(base);
+}
+
+#[test]
+fn chunk_files_stay_open_only_while_their_file_is() {
+    let (base, dirs) = dirs("held");
+    let fs = StripeFs::new(dirs, STRIPE).unwrap();
+    let names: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        put(&fs, n, b"x");
+    }
+    // Looking files up and stating them holds nothing open.
+    for n in &names {
+        let e = fs.lookup(&REQ, NodeId::ROOT, OsStr::new(n)).unwrap();
+        assert_eq!(fs.getattr(&REQ, e.node, None).unwrap().size, 1);
+    }
+    assert_eq!(fs.files_held(), 0);
+    // An open file keeps its chunks until its last close.
+    let e = fs.lookup(&REQ, NodeId::ROOT, OsStr::new("f0")).unwrap();
+    let first = fs.open(&REQ, e.node, libc::O_RDWR).unwrap();
+    let second = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    assert_eq!(fs.files_held(), 1);
+    fs.release(&REQ, e.node, first.fh, &ReleaseArgs::default()).unwrap();
+    assert_eq!(fs.files_held(), 1);
+    assert_eq!(get(&fs, "f0"), b"x");
+    fs.release(&REQ, e.node, second.fh, &ReleaseArgs::default()).unwrap();
+    assert_eq!(fs.files_held(), 0);
+    drop(fs);
+    std::fs::remove_dir_all(base).unwrap();
 }

@@ -44,8 +44,11 @@ pub trait Storage: Send + 'static {
     /// (data written through a map, past the daemon).
     fn size(&mut self, p: &Self::Payload) -> Option<u64>;
     fn sync(&mut self, p: &Self::Payload) -> Result<()>;
+    /// The file's last open handle was released (it still has a name).
+    fn closed(&mut self, _p: &Self::Payload) {}
     /// Called after a release, with the whole tree, for housekeeping such
-    /// as compaction.
+    /// as compaction. It runs on every close: it must cost nothing when
+    /// there is nothing to do.
     fn maintain(&mut self, tree: &mut Tree<Self::Payload>) -> Result<()>;
 }
 
@@ -115,13 +118,7 @@ impl<S: Storage> Inner<S> {
         }
         let n = self.tree.get(ino)?;
         let nlink = match n.kind {
-            FileType::Directory => {
-                2 + n
-                    .children
-                    .values()
-                    .filter(|c| self.tree.nodes.get(c).is_some_and(|c| c.kind == FileType::Directory))
-                    .count() as u32
-            }
+            FileType::Directory => 2 + n.subdirs,
             _ => u32::from(n.linked),
         };
         Ok(Attr {
@@ -461,6 +458,10 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         }
         if let Ok(n) = g.tree.get_mut(node.0) {
             n.opens = n.opens.saturating_sub(1);
+            if n.opens == 0 && n.linked && n.kind == FileType::Regular {
+                let p = n.payload.clone();
+                g.store.closed(&p);
+            }
         }
         g.reap(node.0);
         let Inner { tree, store, .. } = &mut *g;

@@ -50,6 +50,9 @@ pub struct Node<P> {
     /// cookies. Rebuilt on load.
     pub children: BTreeMap<OsString, u64>,
     pub by_ino: BTreeMap<u64, OsString>,
+    /// Directories: how many children are directories (each one's `..`
+    /// is a link here), kept so that a stat does not count them.
+    pub subdirs: u32,
     /// Kernel references (entries handed out minus forgets).
     pub lookups: u64,
     /// Open handles.
@@ -78,6 +81,7 @@ impl<P: Payload> Node<P> {
             payload: P::default(),
             children: BTreeMap::new(),
             by_ino: BTreeMap::new(),
+            subdirs: 0,
             lookups: 0,
             opens: 0,
             linked: true,
@@ -102,6 +106,22 @@ impl<P: Payload> Node<P> {
             hex(&self.target),
             self.payload.encode()
         )
+    }
+
+    /// Lists child `ino` (of kind `kind`) under `name` in this directory.
+    fn attach(&mut self, name: OsString, ino: u64, kind: FileType) {
+        self.children.insert(name.clone(), ino);
+        self.by_ino.insert(ino, name);
+        if kind == FileType::Directory {
+            self.subdirs += 1;
+        }
+    }
+
+    fn detach(&mut self, name: &OsStr, ino: u64, kind: FileType) {
+        if self.children.remove(name).is_some() && kind == FileType::Directory {
+            self.subdirs = self.subdirs.saturating_sub(1);
+        }
+        self.by_ino.remove(&ino);
     }
 
     fn parse(fields: &[&str]) -> Option<Node<P>> {
@@ -214,15 +234,14 @@ impl<P: Payload> Tree<P> {
         for ino in orphans {
             nodes.remove(&ino);
         }
-        let links: Vec<(u64, u64, OsString)> = nodes
+        let links: Vec<(u64, u64, OsString, FileType)> = nodes
             .values()
             .filter(|n| n.ino != ROOT)
-            .map(|n| (n.parent, n.ino, n.name.clone()))
+            .map(|n| (n.parent, n.ino, n.name.clone(), n.kind))
             .collect();
-        for (parent, ino, name) in links {
+        for (parent, ino, name, kind) in links {
             if let Some(p) = nodes.get_mut(&parent) {
-                p.children.insert(name.clone(), ino);
-                p.by_ino.insert(ino, name);
+                p.attach(name, ino, kind);
             }
         }
         let next_ino = nodes.keys().max().copied().unwrap_or(ROOT) + 1;
@@ -319,11 +338,10 @@ impl<P: Payload> Tree<P> {
         let ino = self.next_ino;
         self.next_ino += 1;
         node.ino = ino;
-        let (pino, name) = (node.parent, node.name.clone());
+        let (pino, name, kind) = (node.parent, node.name.clone(), node.kind);
         self.nodes.insert(ino, node);
         let p = self.get_mut(pino)?;
-        p.children.insert(name.clone(), ino);
-        p.by_ino.insert(ino, name);
+        p.attach(name, ino, kind);
         let now = Timestamp::now();
         p.mtime = now;
         p.ctime = now;
@@ -335,15 +353,14 @@ impl<P: Payload> Tree<P> {
     /// Takes `ino`'s name away; returns true when nothing references the
     /// inode any more, so it has been dropped and its data may go.
     pub fn unlink(&mut self, ino: u64) -> Result<Option<Node<P>>> {
-        let (parent, name) = {
+        let (parent, name, kind) = {
             let n = self.get_mut(ino)?;
             n.linked = false;
             n.ctime = Timestamp::now();
-            (n.parent, n.name.clone())
+            (n.parent, n.name.clone(), n.kind)
         };
         if let Ok(p) = self.get_mut(parent) {
-            p.children.remove(&name);
-            p.by_ino.remove(&ino);
+            p.detach(&name, ino, kind);
             let now = Timestamp::now();
             p.mtime = now;
             p.ctime = now;
@@ -363,20 +380,18 @@ impl<P: Payload> Tree<P> {
 
     /// Moves `ino` to `(parent, name)`; the target name must be free.
     pub fn relink(&mut self, ino: u64, parent: u64, name: &OsStr) -> Result<()> {
-        let (old_parent, old_name) = {
+        let (old_parent, old_name, kind) = {
             let n = self.get(ino)?;
-            (n.parent, n.name.clone())
+            (n.parent, n.name.clone(), n.kind)
         };
         let now = Timestamp::now();
         if let Ok(p) = self.get_mut(old_parent) {
-            p.children.remove(&old_name);
-            p.by_ino.remove(&ino);
+            p.detach(&old_name, ino, kind);
             p.mtime = now;
             p.ctime = now;
         }
         let p = self.get_mut(parent)?;
-        p.children.insert(name.to_os_string(), ino);
-        p.by_ino.insert(ino, name.to_os_string());
+        p.attach(name.to_os_string(), ino, kind);
         p.mtime = now;
         p.ctime = now;
         let n = self.get_mut(ino)?;
@@ -420,11 +435,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn journal_survives_reopen_and_torn_lines() {
-        let dir = std::env::temp_dir().join(format!("sf-tree-{}", std::process::id()));
+    /// A fresh empty directory for one test.
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn journal_survives_reopen_and_torn_lines() {
+        let dir = scratch("sf-tree");
         let path = dir.join("journal");
         {
             let mut t: Tree<P> = Tree::open(&path).unwrap();
@@ -470,10 +491,33 @@ mod tests {
     }
 
     #[test]
+    fn subdirectory_counts_follow_mkdir_rename_rmdir_and_reload() {
+        let dir = scratch("sf-tree-subdirs");
+        let path = dir.join("journal");
+        let node = |parent, name: &str, kind| Node::new(0, parent, OsStr::new(name), kind, 0o755, 0, 0);
+        let subdirs = |t: &Tree<P>, ino| t.get(ino).unwrap().subdirs;
+        let (a, b);
+        {
+            let mut t: Tree<P> = Tree::open(&path).unwrap();
+            a = t.insert(node(ROOT, "a", FileType::Directory)).unwrap();
+            b = t.insert(node(ROOT, "b", FileType::Directory)).unwrap();
+            let c = t.insert(node(a, "c", FileType::Directory)).unwrap();
+            t.insert(node(a, "f", FileType::Regular)).unwrap();
+            assert_eq!((subdirs(&t, ROOT), subdirs(&t, a), subdirs(&t, b)), (2, 1, 0));
+            t.relink(c, b, OsStr::new("c2")).unwrap();
+            assert_eq!((subdirs(&t, a), subdirs(&t, b)), (0, 1));
+            let e = t.insert(node(a, "e", FileType::Directory)).unwrap();
+            t.unlink(e).unwrap();
+            assert_eq!(subdirs(&t, a), 0);
+        }
+        let t: Tree<P> = Tree::open(&path).unwrap();
+        assert_eq!((subdirs(&t, ROOT), subdirs(&t, a), subdirs(&t, b)), (2, 0, 1));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn names_longer_than_name_max_are_enametoolong() {
-        let dir = std::env::temp_dir().join(format!("sf-tree-long-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("sf-tree-long");
         let mut t: Tree<P> = Tree::open(&dir.join("journal")).unwrap();
         let ok = "a".repeat(NAME_MAX);
         let long = "a".repeat(NAME_MAX + 1);

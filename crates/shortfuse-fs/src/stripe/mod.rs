@@ -21,7 +21,7 @@
 //! taken from the chunks, not the metadata, so data written through the map
 //! past the daemon (kernel passthrough when K = 1) is seen.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -66,23 +66,24 @@ impl StripeStore {
         self.dirs[i].join("data").join(id.to_string())
     }
 
-    fn chunks(&mut self, p: &Chunks) -> Result<Vec<Arc<OwnedFd>>> {
+    /// The chunk files of `p`: those kept while the file is open, or
+    /// opened for the caller alone.
+    fn chunks(&self, p: &Chunks) -> Result<Vec<Arc<OwnedFd>>> {
         if let Some(c) = self.open.get(&p.id) {
             return Ok(c.clone());
         }
-        let mut fds = Vec::with_capacity(self.dirs.len());
-        for i in 0..self.dirs.len() {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(self.path(i, p.id))
-                .map_err(Errno::from)?;
-            fds.push(Arc::new(OwnedFd::from(f)));
-        }
-        self.open.insert(p.id, fds.clone());
-        Ok(fds)
+        (0..self.dirs.len())
+            .map(|i| {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(self.path(i, p.id))
+                    .map_err(Errno::from)?;
+                Ok(Arc::new(OwnedFd::from(f)))
+            })
+            .collect()
     }
 
     /// Bytes chunk `i` holds when the file has `size` bytes.
@@ -142,7 +143,9 @@ impl Storage for StripeStore {
     }
 
     fn map(&mut self, p: &Chunks, _size: u64) -> Result<DataMap> {
+        // Kept until the last close (`closed`).
         let fds = self.chunks(p)?;
+        self.open.insert(p.id, fds.clone());
         let k = fds.len();
         let extents = fds
             .into_iter()
@@ -158,10 +161,19 @@ impl Storage for StripeStore {
     }
 
     fn size(&mut self, p: &Chunks) -> Option<u64> {
-        let fds = self.chunks(p).ok()?;
         let mut size = 0;
-        for fd in &fds {
-            size += as_file(fd).ok()?.metadata().ok()?.len();
+        match self.open.get(&p.id) {
+            Some(fds) => {
+                for fd in fds {
+                    size += as_file(fd).ok()?.metadata().ok()?.len();
+                }
+            }
+            // A stat of every file looked up must not open its chunks.
+            None => {
+                for i in 0..self.dirs.len() {
+                    size += std::fs::metadata(self.path(i, p.id)).ok()?.len();
+                }
+            }
         }
         Some(size)
     }
@@ -173,15 +185,11 @@ impl Storage for StripeStore {
         Ok(())
     }
 
-    fn maintain(&mut self, tree: &mut Tree<Chunks>) -> Result<()> {
-        // Keep descriptors of open files only.
-        let open: HashSet<u64> = tree
-            .nodes
-            .values()
-            .filter(|n| n.opens > 0)
-            .map(|n| n.payload.id)
-            .collect();
-        self.open.retain(|id, _| open.contains(id));
+    fn closed(&mut self, p: &Chunks) {
+        self.open.remove(&p.id);
+    }
+
+    fn maintain(&mut self, _tree: &mut Tree<Chunks>) -> Result<()> {
         Ok(())
     }
 }
@@ -243,5 +251,10 @@ impl MetaFs<StripeStore> {
     /// Directory `i`'s chunk file of the file with inode number `ino`.
     pub fn chunk_path(&self, i: usize, ino: u64) -> Option<PathBuf> {
         self.with(|store, _| (i < store.dirs.len()).then(|| store.path(i, ino)))
+    }
+
+    /// How many files have their chunk files held open (those open).
+    pub fn files_held(&self) -> usize {
+        self.with(|store, _| store.open.len())
     }
 }
