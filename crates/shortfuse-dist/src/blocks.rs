@@ -35,6 +35,11 @@ use crate::proto::Gfi;
 
 /// How many object requests run at once for one batch.
 const PARALLEL: usize = 16;
+/// Local blocks per request read or written on the server's own thread:
+/// a few page-cache reads or writes take microseconds, less than handing
+/// them to a blocking thread and back (which a lease move waits for, once
+/// to write back the holder's blocks and once to read the next holder's).
+const INLINE_BLOCKS: usize = 4;
 /// How long an S3 request may keep failing (retried with backoff) before
 /// the client gets EIO: a store that is down must not hang its writes for
 /// object_store's default three minutes, longer than any lease.
@@ -219,6 +224,18 @@ impl BlockStore {
 
     /// Reads `count` blocks from `first`; `None` for a hole.
     pub async fn get(&self, gfi: Gfi, first: u64, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        if let Some(local) = self.local.as_ref().filter(|_| count as usize <= INLINE_BLOCKS) {
+            return (first..first + u64::from(count))
+                .map(|i| {
+                    let p = local.path_to_filesystem(&Self::path(gfi, i)).map_err(store_err)?;
+                    match std::fs::read(p) {
+                        Ok(data) => Ok(Some(data)),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                        Err(e) => Err(Errno::from(e)),
+                    }
+                })
+                .collect();
+        }
         stream::iter(first..first + u64::from(count))
             .map(|i| async move {
                 match self.store.get(&Self::path(gfi, i)).await {
@@ -271,7 +288,12 @@ impl BlockStore {
                 .into_iter()
                 .map(|(i, data)| Ok((local.path_to_filesystem(&Self::path(gfi, i)).map_err(store_err)?, data)))
                 .collect::<Result<Vec<_>>>()?;
-            return tokio::task::spawn_blocking(move || files.into_iter().try_for_each(|(p, d)| overwrite(&p, &d)))
+            let inline = files.len() <= INLINE_BLOCKS;
+            let write = move || files.into_iter().try_for_each(|(p, d)| overwrite(&p, &d));
+            if inline {
+                return write().map_err(Errno::from);
+            }
+            return tokio::task::spawn_blocking(write)
                 .await
                 .map_err(|_| Errno::EIO)?
                 .map_err(Errno::from);
@@ -361,5 +383,34 @@ mod tests {
         assert_eq!(s.get(f, 0, 3).await.unwrap(), vec![Some(b"abcde".to_vec()), None, None]);
         s.remove_file(f).await.unwrap();
         assert_eq!(s.get(f, 0, 1).await.unwrap(), vec![None]);
+    }
+
+    #[tokio::test]
+    async fn few_blocks_on_the_calling_thread_and_many_elsewhere_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = BlockStore::local(dir.path(), 8).unwrap();
+        let f = Gfi { node: 1, ino: 3 };
+        let n = 2 * INLINE_BLOCKS as u64 + 1;
+        // Many at once (a blocking thread), with holes.
+        let many: Vec<(u64, Vec<u8>)> = (0..n).filter(|i| i % 3 != 1).map(|i| (i, vec![i as u8; 8])).collect();
+        s.put(f, many, false).await.unwrap();
+        // A few at once (inline), one of them shorter than before.
+        s.put(f, vec![(0, b"ab".to_vec()), (1, b"new".to_vec())], false)
+            .await
+            .unwrap();
+        let want: Vec<Option<Vec<u8>>> = (0..n)
+            .map(|i| match i {
+                0 => Some(b"ab".to_vec()),
+                1 => Some(b"new".to_vec()),
+                i if i % 3 == 1 => None,
+                i => Some(vec![i as u8; 8]),
+            })
+            .collect();
+        assert_eq!(s.get(f, 0, n as u32).await.unwrap(), want);
+        let mut one_by_one = Vec::new();
+        for i in 0..n {
+            one_by_one.extend(s.get(f, i, 1).await.unwrap());
+        }
+        assert_eq!(one_by_one, want);
     }
 }

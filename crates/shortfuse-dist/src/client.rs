@@ -48,8 +48,30 @@
 //!   requester waits. A holder that paused gives the lease back at once:
 //!   holding a lease nobody uses only makes the requester wait.
 //!
+//! - a file whose leases keep moving goes *direct* (`lease` mode only):
+//!   when a caching lease is revoked within [`CONTENDED_WITHIN`] of its
+//!   grant, it did not pay for its move, and this client asks for a
+//!   [`LeaseMode::Direct`] lease on the file for
+//!   [`ClientConfig::direct_spell`] (`-o direct_spell=MS`), as CephFS's
+//!   clients do I/O synchronously when their capabilities conflict. Any
+//!   number of clients hold direct leases on a file at once; none caches
+//!   anything of it: each read and write is one round trip to the server
+//!   ([`crate::proto::Request::ReadDirect`], `WriteDirect`), which makes
+//!   each one step (it merges partly written blocks itself, and a write
+//!   only ever extends the size), and the server's size and mtime are the
+//!   file's. One round trip per access is what `writethrough` pays per
+//!   write, against a lease move of a few of them per access when leases
+//!   ping-pong. At the end of the spell a caching lease is asked again (a
+//!   probe): the direct holders are revoked, and one still using the file
+//!   (within [`CONTENDED_WITHIN`]) starts a new spell and asks for a
+//!   direct lease again, which revokes the prober's lease soon after its
+//!   grant, so the prober goes direct too; a file no longer shared stays
+//!   cached. A client alone on a file is never revoked and so never goes
+//!   direct.
+//!
 //! None of this weakens the guarantee: the grant still waits for the
-//! holder's write-back, and a stepped-down holder can no longer write.
+//! holder's write-back, a stepped-down holder can no longer write, and a
+//! direct lease is granted only once every caching holder wrote back.
 //!
 //! # Consistency modes
 //!
@@ -111,7 +133,7 @@ use shortfuse::{
 use crate::conn::{Conn, Event};
 use crate::proto::{
     AttrChange, ByteBuf, ClientId, DataVersion, Gfi, LeaseMode, NewKind, NodeAttr, NodeInfo, Reply, Request as Req,
-    WireTime, NO_LEASE,
+    WireTime, MAX_DIRECT, NO_LEASE,
 };
 
 /// Blocks fetched past a read miss that continues the previous read, when
@@ -127,6 +149,24 @@ const BATCH_BYTES: usize = 8 << 20;
 
 /// See [`ClientConfig::lease_hold`].
 pub const DEFAULT_LEASE_HOLD: Duration = Duration::from_millis(2);
+
+/// See [`ClientConfig::direct_spell`]: long enough that the probes that
+/// end a spell (a caching lease asked again, which costs a lease move or
+/// two while the file is still contended) are rare, short enough that a
+/// file whose contention ended is cached again soon.
+pub const DEFAULT_DIRECT_SPELL: Duration = Duration::from_millis(500);
+
+/// A lease revoked sooner than this after its grant did not pay for its
+/// move (see the module docs, "Contention"): a move costs one to two
+/// milliseconds here (revocation, write-back, grant), a direct I/O one
+/// round trip (about a tenth of that), so a lease must serve many cached
+/// I/Os to be worth its move, which takes longer than this once moves
+/// come this close together. Well above [`DEFAULT_LEASE_HOLD`], which
+/// bounds how long a contended lease stays.
+pub const CONTENDED_WITHIN: Duration = Duration::from_millis(20);
+
+/// Longest `-o direct_spell=MS`.
+const DIRECT_SPELL_MAX_MS: f64 = 60_000.0;
 
 /// How long a `weak` client trusts a file's cache (JuiceFS's default).
 pub const WEAK_CACHE_TTL: Duration = Duration::from_secs(1);
@@ -176,6 +216,10 @@ pub struct ClientConfig {
     /// A revoked lease that is in use here is given back no later than
     /// this after it was granted (see the module docs, "Contention").
     pub lease_hold: Duration,
+    /// `lease` mode: how long a file found contended is accessed under
+    /// direct leases before a caching lease is tried again (see the module
+    /// docs, "Contention"); zero: never direct.
+    pub direct_spell: Duration,
 }
 
 impl ClientConfig {
@@ -186,11 +230,13 @@ impl ClientConfig {
             direct_io: true,
             consistency: Consistency::Lease,
             lease_hold: DEFAULT_LEASE_HOLD,
+            direct_spell: DEFAULT_DIRECT_SPELL,
         }
     }
 
     /// A client of `addr` set up by `shortfuse mount dist`'s own `-o`
-    /// options: `consistency=lease|writethrough|weak`, `lease_hold=MS`.
+    /// options: `consistency=lease|writethrough|weak`, `lease_hold=MS`,
+    /// `direct_spell=MS`.
     pub fn from_options(addr: impl Into<String>, opts: &[(String, Option<String>)]) -> std::io::Result<ClientConfig> {
         let mut cfg = ClientConfig::new(addr);
         for (k, v) in opts {
@@ -205,9 +251,21 @@ impl ClientConfig {
                         .ok_or_else(|| bad(format!("-o lease_hold={v}: milliseconds from 0 to 1000")))?;
                     cfg.lease_hold = Duration::from_secs_f64(ms / 1000.0);
                 }
+                ("direct_spell", Some(v)) => {
+                    let ms: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|ms: &f64| (0.0..=DIRECT_SPELL_MAX_MS).contains(ms))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "-o direct_spell={v}: milliseconds from 0 (never direct) to {DIRECT_SPELL_MAX_MS}"
+                            ))
+                        })?;
+                    cfg.direct_spell = Duration::from_secs_f64(ms / 1000.0);
+                }
                 _ => {
                     return Err(bad(format!(
-                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak or lease_hold=MS)",
+                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak, lease_hold=MS or direct_spell=MS)",
                     v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
                 )))
                 }
@@ -215,6 +273,13 @@ impl ClientConfig {
         }
         Ok(cfg)
     }
+}
+
+/// What one read of the cache or the server gave.
+struct ReadOut {
+    len: usize,
+    /// The read reached the end of the file: nothing more to ask.
+    eof: bool,
 }
 
 /// What a write-back does with the lease after the data.
@@ -251,7 +316,8 @@ struct Cache {
     mtime: (i64, u32),
     /// Size or mtime changed here and not yet on the server.
     meta_dirty: bool,
-    /// Blocks written to the server since the last fsync.
+    /// Blocks written to the server since the last fsync, under this
+    /// lease or an earlier one.
     unsynced: BTreeSet<u64>,
     /// Dirty data was lost (lease lost or write-back failed); the next
     /// flush/fsync reports EIO once.
@@ -277,15 +343,14 @@ impl Cache {
         }
         self.blocks.clear();
         self.meta_dirty = false;
-        self.unsynced.clear();
         self.known = None;
     }
 
     /// After the lease went with everything written back: the blocks
-    /// stay, clean, for the next grant to validate.
+    /// stay, clean, for the next grant to validate. (`unsynced` stays
+    /// too: the next fsync must make them durable, lease or not.)
     fn keep(&mut self) {
         debug_assert!(!self.meta_dirty && self.blocks.values().all(|b| !b.dirty));
-        self.unsynced.clear();
     }
 
     fn evict_clean(&mut self) {
@@ -317,6 +382,10 @@ struct FileState {
     /// [`Inner::epoch`] (0: never): a revocation waits for the lease to be
     /// used once and then for a pause in its use.
     used: AtomicU64,
+    /// Until when this file is accessed under direct leases, in
+    /// nanoseconds since [`Inner::epoch`] (0: not contended); see the
+    /// module docs, "Contention".
+    direct_until: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -340,6 +409,8 @@ struct Inner {
     revokers: Arc<Revokers>,
     /// Origin of [`FileState::used`].
     epoch: Instant,
+    /// Direct leases granted to this client (a diagnostic).
+    direct_grants: AtomicU64,
 }
 
 /// How long an idle revocation thread waits for more work before it ends.
@@ -497,9 +568,16 @@ impl DistFs {
                 files: Mutex::new(HashMap::new()),
                 me: me.clone(),
                 epoch: Instant::now(),
+                direct_grants: AtomicU64::new(0),
                 revokers: Arc::default(),
             }),
         }
+    }
+
+    /// How many blocks of `node` this client wrote to the server and no
+    /// fsync has made durable yet (a diagnostic).
+    pub fn unsynced_blocks(&self, node: NodeId) -> Result<usize> {
+        Ok(lock(&self.inner.file(node.0)?.cache).unsynced.len())
     }
 
     /// The global identifier of `node`.
@@ -511,6 +589,13 @@ impl DistFs {
     /// unmount does).
     pub fn shutdown(&self) -> Result<()> {
         self.inner.shutdown()
+    }
+
+    /// How many direct leases this client was granted (see the module
+    /// docs, "Contention"): tests and diagnostics tell from it that
+    /// contention was noticed.
+    pub fn direct_grants(&self) -> u64 {
+        self.inner.direct_grants.load(Ordering::Relaxed)
     }
 
     /// This client's lease session, once connected.
@@ -614,8 +699,17 @@ impl Inner {
         Ok(conn)
     }
 
+    /// Sends `req`. A connection can die under a request without any
+    /// fault of the server's (a heartbeat found the session expired and
+    /// ended it): a request that only reads is then sent again on a new
+    /// one; any other may have been applied, and fails.
     fn call(&self, req: Req) -> Result<Reply> {
-        self.conn()?.call(req)
+        let conn = self.conn()?;
+        let again = req.reads_namespace().then(|| req.clone());
+        match (conn.call(req), again) {
+            (Err(Errno::ENOTCONN), Some(req)) if conn.is_dead() => self.conn()?.call(req),
+            (r, _) => r,
+        }
     }
 
     /// After a lost connection: while this client holds leases, reopens it
@@ -667,6 +761,7 @@ impl Inner {
                     cache: Mutex::new(Cache::default()),
                     opens: Mutex::new(0),
                     used: AtomicU64::new(0),
+                    direct_until: AtomicU64::new(0),
                 })
             })
             .clone()
@@ -721,6 +816,7 @@ impl Inner {
         // Two rounds: a revocation may slip in between acquiring and using.
         for _ in 0..8 {
             let conn = self.conn()?;
+            let mode = self.wanted(f, mode);
             {
                 let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
                 if Self::suffices(&g, mode, &conn) {
@@ -796,12 +892,38 @@ impl Inner {
     }
 
     fn suffices(slot: &Slot, mode: LeaseMode, conn: &Conn) -> bool {
-        slot.session == conn.client.0
-            && conn.leases_valid()
-            && matches!(
-                (slot.mode, mode),
-                (Some(LeaseMode::Write), _) | (Some(LeaseMode::Read), LeaseMode::Read)
-            )
+        slot.session == conn.client.0 && conn.leases_valid() && slot.mode.is_some_and(|held| held.covers(mode))
+    }
+
+    /// The lease to ask for I/O that needs `mode` on `f`: a direct one
+    /// while `f` is found contended (`lease` mode only; see the module
+    /// docs, "Contention"), once its spell is over a caching one again.
+    fn wanted(&self, f: &FileState, mode: LeaseMode) -> LeaseMode {
+        let until = f.direct_until.load(Ordering::Acquire);
+        let spell = until != 0 && (self.epoch.elapsed().as_nanos() as u64) < until;
+        if spell && self.cfg.consistency == Consistency::Lease {
+            LeaseMode::Direct
+        } else {
+            mode
+        }
+    }
+
+    /// A revocation of `slot` (held on `f`) arrived: if it came so soon
+    /// after the grant that the lease did not pay for its move, or it
+    /// takes a direct lease this client is using, `f` is contended and is
+    /// accessed under direct leases for a spell (see the module docs,
+    /// "Contention").
+    fn note_revocation(&self, f: &FileState, slot: &Slot) {
+        if self.cfg.consistency != Consistency::Lease || self.cfg.direct_spell.is_zero() || f.kind != libc::S_IFREG {
+            return;
+        }
+        let now = Instant::now();
+        let recent = |t: Option<Instant>| t.is_some_and(|t| now.saturating_duration_since(t) < CONTENDED_WITHIN);
+        let in_use = slot.mode == Some(LeaseMode::Direct) && recent(self.last_used(f));
+        if recent(slot.granted) || in_use {
+            let until = (now + self.cfg.direct_spell).saturating_duration_since(self.epoch);
+            f.direct_until.store(until.as_nanos().max(1) as u64, Ordering::Release);
+        }
     }
 
     /// Whether `slot` holds a lease of this live session that only ran out
@@ -839,9 +961,11 @@ impl Inner {
         let mut release = None;
         if g.mode.is_some() {
             if g.session == conn.client.0 && conn.leases_valid() {
-                // Upgrade: the read lease goes back first, with the request
-                // (nothing is dirty under a read lease, and the cache stays
-                // for the grant to validate).
+                // Upgrade, or a change between caching and direct (a write
+                // lease covers every request, so it is not this): the read
+                // or direct lease goes back first, with the request
+                // (nothing is dirty under either, and the cache stays for
+                // the grant to validate).
                 release = Some(g.id);
             } else {
                 // The lease died with its connection or on our clock: what
@@ -850,7 +974,9 @@ impl Inner {
             }
             *g = Slot::default();
         }
+        let direct = mode == LeaseMode::Direct;
         let fetch = want
+            .filter(|_| !direct)
             .and_then(|(lo, hi)| Some((lo, u32::try_from(hi.checked_sub(lo)? + 1).ok()?)))
             .filter(|(_, n)| *n <= crate::proto::MAX_GRANT_BLOCKS);
         let (since, have) = {
@@ -893,7 +1019,13 @@ impl Inner {
             c.blocks.insert(i, Block { data, dirty: false });
         }
         c.known = version;
-        c.unsynced.clear();
+        if direct {
+            // Nothing of the file is cached under a direct lease: others
+            // write it meanwhile. (Nothing is dirty: a write lease, the
+            // only one with dirty blocks, serves direct requests itself.)
+            c.clear();
+            self.direct_grants.fetch_add(1, Ordering::Relaxed);
+        }
         c.meta_dirty = false;
         c.size = attr.size;
         c.mtime = attr.mtime;
@@ -962,13 +1094,21 @@ impl Inner {
         if let Some(f) = f {
             // The revocation waits here, not holding the slot, so this
             // client's I/O goes on.
-            let granted = f.lease.read().unwrap_or_else(|p| p.into_inner()).granted;
+            let granted = {
+                let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+                if g.id == lease && g.session == conn.client.0 {
+                    self.note_revocation(&f, &g);
+                }
+                g.granted
+            };
             if let Some(granted) = granted {
                 self.hold(&f, granted);
             }
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
-                if step_down {
+                // Only caching leases step down (the manager asks no
+                // direct holder to).
+                if step_down && g.mode != Some(LeaseMode::Direct) {
                     let kept = match g.mode {
                         // Already stepped down (the manager lost that, in a
                         // restart): say so again.
@@ -1069,7 +1209,7 @@ impl Inner {
                 gfi: f.gfi,
                 lease,
                 blocks,
-                size,
+                min_size: size,
                 mtime,
                 sync: last_sync.then_some(to_sync),
                 release: then != Then::Keep && k + 1 == n,
@@ -1113,14 +1253,17 @@ impl Inner {
         result.map(|()| then != Then::Keep)
     }
 
-    fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<ReadOut> {
         let f = self.file(ino)?;
         let bs = self.bs();
         let want = (!buf.is_empty()).then(|| (offset / bs, (offset + buf.len() as u64 - 1) / bs));
         self.with_lease_fetch(&f, LeaseMode::Read, want, |conn, slot| {
+            if slot.mode == Some(LeaseMode::Direct) {
+                return self.read_direct(&f, conn, slot.id, offset, buf);
+            }
             let size = lock(&f.cache).size;
             if offset >= size || buf.is_empty() {
-                return Ok(0);
+                return Ok(ReadOut { len: 0, eof: true });
             }
             let end = size.min(offset + buf.len() as u64);
             let (first, last) = (offset / bs, (end - 1) / bs);
@@ -1155,12 +1298,90 @@ impl Inner {
                     }
                     // Dropped between fetch and copy by the cache bound:
                     // rare; the caller retries the read.
-                    None => return partial(pos - offset),
+                    None => {
+                        return partial(pos - offset).map(|len| ReadOut { len, eof: false });
+                    }
                 }
                 pos += n as u64;
             }
-            Ok((end - offset) as usize)
+            Ok(ReadOut {
+                len: (end - offset) as usize,
+                eof: end == size,
+            })
         })
+    }
+
+    /// A read under a direct lease: what the server holds now.
+    fn read_direct(&self, f: &FileState, conn: &Conn, lease: u64, offset: u64, buf: &mut [u8]) -> Result<ReadOut> {
+        // A larger read is several requests (the caller goes on).
+        let len = buf.len().min(MAX_DIRECT as usize);
+        let data = match conn.call(Req::ReadDirect {
+            gfi: f.gfi,
+            lease,
+            offset,
+            len: len as u32,
+        })? {
+            Reply::Bytes(b) if b.len() <= len => b,
+            _ => return Err(Errno::EPROTO),
+        };
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(ReadOut {
+            len: data.len(),
+            // Cut at the size the server had: another round trip would
+            // only find the end again.
+            eof: data.len() < len,
+        })
+    }
+
+    /// A write under a direct lease: on the server when answered (not yet
+    /// durable: an fsync makes it so, [`Inner::sync_direct`]).
+    fn write_direct(&self, f: &FileState, conn: &Conn, lease: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        // A larger write is several requests (the caller goes on).
+        let data = &data[..data.len().min(MAX_DIRECT as usize)];
+        let end = offset + data.len() as u64;
+        match conn.call(Req::WriteDirect {
+            gfi: f.gfi,
+            lease,
+            offset,
+            data: ByteBuf::from(data.to_vec()),
+            mtime: crate::meta::now(),
+        })? {
+            Reply::Written { .. } => {}
+            _ => return Err(Errno::EPROTO),
+        }
+        if !data.is_empty() {
+            let bs = self.bs();
+            lock(&f.cache).unsynced.extend(offset / bs..=(end - 1) / bs);
+        }
+        Ok(data.len())
+    }
+
+    /// An fsync (or unmount) without dirty blocks here: the blocks written to the
+    /// server since the last one (directly, or written back under a lease
+    /// since gone), and the metadata, made durable by a write request that
+    /// writes nothing and, never shrinking a file, changes no size. Under
+    /// no lease: a sync changes no data (and a direct lease may have moved
+    /// on meanwhile).
+    fn sync_written(&self, f: &FileState, conn: &Conn) -> Result<()> {
+        // Taken: blocks written meanwhile stay listed for the next fsync.
+        let unsynced = std::mem::take(&mut lock(&f.cache).unsynced);
+        let r = conn.call(Req::WriteBlocks {
+            gfi: f.gfi,
+            lease: NO_LEASE,
+            blocks: Vec::new(),
+            min_size: 0,
+            mtime: crate::meta::now(),
+            sync: Some(unsynced.iter().copied().collect()),
+            release: false,
+            step_down: false,
+        });
+        match r {
+            Ok(Reply::Written { .. }) => Ok(()),
+            other => {
+                lock(&f.cache).unsynced.extend(unsynced);
+                Err(other.err().unwrap_or(Errno::EPROTO))
+            }
+        }
     }
 
     /// Fetches blocks `lo..=hi` in one request; keeps what this client
@@ -1205,6 +1426,9 @@ impl Inner {
         self.with_lease_fetch(&f, LeaseMode::Write, want, |conn, slot| {
             if data.is_empty() {
                 return Ok(0);
+            }
+            if slot.mode == Some(LeaseMode::Direct) {
+                return self.write_direct(&f, conn, slot.id, offset, data);
             }
             {
                 // Partly written blocks that exist on the server and are not
@@ -1325,6 +1549,9 @@ impl Inner {
                 }
                 r => r?,
             }
+        } else if !lock(&f.cache).unsynced.is_empty() {
+            // Written directly, or written back under a lease since gone.
+            self.sync_written(&f, &conn)?;
         }
         if lost {
             return Err(Errno::EIO);
@@ -1340,13 +1567,19 @@ impl Inner {
         let mut result = Ok(());
         for f in files {
             let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
-            if g.mode.is_none() || (g.session != conn.client.0 && g.id != NO_LEASE) {
-                continue;
+            let held = g.mode.is_some() && (g.session == conn.client.0 || g.id == NO_LEASE);
+            let synced = if held && g.mode == Some(LeaseMode::Write) {
+                self.write_back(&f, &conn, g.id, true)
+            } else if !lock(&f.cache).unsynced.is_empty() {
+                self.sync_written(&f, &conn)
+            } else {
+                Ok(())
+            };
+            if let Err(e) = synced {
+                result = Err(e);
             }
-            if g.mode == Some(LeaseMode::Write) {
-                if let Err(e) = self.write_back(&f, &conn, g.id, true) {
-                    result = Err(e);
-                }
+            if !held {
+                continue;
             }
             lock(&f.cache).clear();
             if g.id != NO_LEASE {
@@ -1570,8 +1803,12 @@ impl Filesystem for DistFs {
         let mut done = 0;
         while done < buf.len() {
             match self.inner.read(node.0, offset + done as u64, &mut buf[done..]) {
-                Ok(0) => break,
-                Ok(n) => done += n,
+                Ok(r) => {
+                    done += r.len;
+                    if r.eof || r.len == 0 {
+                        break;
+                    }
+                }
                 Err(Errno::EAGAIN) => continue,
                 Err(e) if done == 0 => return Err(e),
                 Err(_) => break,
@@ -1587,7 +1824,11 @@ impl Filesystem for DistFs {
             let f = self.inner.file(node.0)?;
             offset = self
                 .inner
-                .with_lease(&f, LeaseMode::Write, |_, _| Ok(lock(&f.cache).size))?;
+                .with_lease(&f, LeaseMode::Write, |conn, slot| match slot.mode {
+                    // Others extend the file meanwhile: the server knows its end.
+                    Some(LeaseMode::Direct) => Ok(node_reply(conn.call(Req::GetAttr { ino: node.0 })?)?.attr.size),
+                    _ => Ok(lock(&f.cache).size),
+                })?;
         }
         let mut done = 0;
         while done < data.len() {
@@ -1739,6 +1980,20 @@ impl DistFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn direct_spell_is_a_mount_option() {
+        let opt = |v: &str| vec![("direct_spell".to_string(), Some(v.to_string()))];
+        assert_eq!(ClientConfig::new("a").direct_spell, DEFAULT_DIRECT_SPELL);
+        let cfg = ClientConfig::from_options("a", &opt("250")).unwrap();
+        assert_eq!(cfg.direct_spell, Duration::from_millis(250));
+        let cfg = ClientConfig::from_options("a", &opt("0")).unwrap();
+        assert_eq!(cfg.direct_spell, Duration::ZERO, "0 turns direct leases off");
+        for bad in ["-1", "x", "1e9"] {
+            let e = ClientConfig::from_options("a", &opt(bad)).err().unwrap();
+            assert!(e.to_string().contains("direct_spell"), "{e}");
+        }
+    }
 
     #[test]
     fn revokers_run_every_job_and_a_waiting_one_holds_up_no_other() {

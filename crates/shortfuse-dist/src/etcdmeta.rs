@@ -597,17 +597,16 @@ impl EtcdMeta {
         })
     }
 
-    /// Records a written file's size and mtime (after its blocks were
-    /// stored).
-    pub async fn set_size(&self, ino: u64, size: u64, mtime: (i64, u32)) -> Result<NodeInfo> {
+    /// Records a write (after its blocks were stored): see
+    /// [`crate::meta::Meta::extend`]. The size is compared in the
+    /// transaction, so a concurrent extension by another agent is never
+    /// undone.
+    pub async fn extend(&self, ino: u64, min_size: u64, mtime: Option<(i64, u32)>) -> Result<NodeInfo> {
         let keys = &self.keys;
         transact!(self, t => {
             t.idempotent = true;
             let mut rec = t.rec(keys, ino).await?;
-            if rec.attr.size != size || rec.attr.mtime != mtime {
-                rec.attr.size = size;
-                rec.attr.mtime = mtime;
-                rec.attr.ctime = mtime.max(rec.attr.ctime);
+            if crate::meta::extend_attr(&mut rec.attr, min_size, mtime) {
                 t.put_rec(keys, ino, &rec);
             }
             Ok::<_, Abort>(self.info(ino, rec.attr))
@@ -623,16 +622,21 @@ impl EtcdMeta {
         uid: u32,
         gid: u32,
     ) -> Result<NodeInfo> {
-        check_name(name)?;
-        let ino = self.alloc_ino().await?;
-        let new = Creation {
+        self.create_new(Creation {
             parent,
             name,
             kind,
             mode,
             uid,
             gid,
-        };
+        })
+        .await
+    }
+
+    /// [`EtcdMeta::create`] of what the caller already holds as one.
+    pub async fn create_new(&self, new: Creation<'_>) -> Result<NodeInfo> {
+        check_name(new.name)?;
+        let ino = self.alloc_ino().await?;
         self.create_node(ino, new, None).await
     }
 

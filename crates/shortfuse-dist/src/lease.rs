@@ -1,7 +1,10 @@
 //! The lease manager: per-file shared-read and exclusive-write leases
 //! (seed 003, Algorithm 2).
 //!
-//! A file has at most one writer or any number of readers. A request that
+//! A file has at most one writer, or any number of readers, or any number
+//! of direct holders ([`LeaseMode::Direct`]: clients that cache nothing of
+//! a contended file and read and write it at the server; which modes share
+//! is [`LeaseMode::compatible`]). A request that
 //! conflicts with current holders sends each of them a revocation and waits
 //! until every one has released, or is gone: leases hang off a client's
 //! session, which lives while the client renews it (heartbeats) and ends
@@ -91,11 +94,42 @@ struct FileLeases {
     revoking: HashMap<ClientId, Instant>,
     /// Running data requests per client (read or write).
     io: HashMap<ClientId, u32>,
+    /// Requests waiting for conflicting holders: while one waits, no
+    /// direct request joins the direct holders. Direct holders of a
+    /// contended file take turns (each one revoked asks again at once), so
+    /// the lease would stay shared for ever and the waiting request, a
+    /// probe for a caching lease, would starve. Readers keep joining as
+    /// before: a writer asks their new holders again.
+    waiting: HashMap<ClientId, LeaseMode>,
 }
 
 impl FileLeases {
     fn idle(&self) -> bool {
-        self.holders.is_empty() && self.io.is_empty()
+        self.holders.is_empty() && self.io.is_empty() && self.waiting.is_empty()
+    }
+}
+
+/// An [`LeaseManager::acquire`] that waits: its entry in
+/// [`FileLeases::waiting`] goes when it ends, granted or not.
+struct Waiting<'a> {
+    mgr: &'a LeaseManager,
+    gfi: Gfi,
+    client: ClientId,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut st = self.mgr.lock();
+        let Some(f) = st.files.get_mut(&self.gfi) else { return };
+        if f.waiting.remove(&self.client).is_none() {
+            return;
+        }
+        if f.idle() {
+            st.files.remove(&self.gfi);
+        }
+        drop(st);
+        // Requests held back for this one may go now.
+        self.mgr.changed.notify_waiters();
     }
 }
 
@@ -562,6 +596,7 @@ impl LeaseManager {
     /// back; one that holds a read lease and asks to write is upgraded once
     /// the other readers are gone.
     pub async fn acquire(&self, client: ClientId, gfi: Gfi, mode: LeaseMode) -> Result<u64> {
+        let _waiting = Waiting { mgr: self, gfi, client };
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -584,24 +619,30 @@ impl LeaseManager {
                     .map(|(c, l)| (*c, *l))
                     .collect();
                 let others_io = f.io.keys().any(|c| *c != client);
-                // Other clients' running I/O is harmless only when it is
-                // reads under shared leases and this is a read.
-                let compatible = match mode {
-                    LeaseMode::Read if f.mode == Some(LeaseMode::Read) => true,
-                    _ => others.is_empty() && !others_io,
+                // Other clients' running I/O is harmless only when it runs
+                // under leases that this one may share: reads under read
+                // leases, or direct I/O, which nobody caches.
+                if let Some(&id) = f.holders.get(&client) {
+                    if f.mode.is_some_and(|held| held.covers(mode)) {
+                        return Ok(id);
+                    }
+                }
+                let queued =
+                    mode == LeaseMode::Direct && f.waiting.iter().any(|(c, m)| *c != client && !m.compatible(mode));
+                let compatible = match f.mode {
+                    Some(held) if held.compatible(mode) && !queued => true,
+                    // Nor does it take the file from a waiting request
+                    // once the holders are gone: that one goes first.
+                    _ => !queued && others.is_empty() && !others_io,
                 };
                 if compatible {
-                    if let Some(&id) = f.holders.get(&client) {
-                        let held = f.mode.unwrap_or(LeaseMode::Read);
-                        if held == LeaseMode::Write || mode == LeaseMode::Read {
-                            return Ok(id);
-                        }
-                    }
+                    f.waiting.remove(&client);
                     st.next_lease += 1;
                     let id = st.next_lease;
                     let before = (f.mode, f.holders.insert(client, id));
                     f.revoking.remove(&client);
-                    f.mode = Some(if others.is_empty() { mode } else { LeaseMode::Read });
+                    // Shared with the others only in the mode they hold.
+                    f.mode = Some(mode);
                     if let Err(e) = self.save(st) {
                         let f = st.files.entry(gfi).or_default();
                         f.mode = before.0;
@@ -613,7 +654,14 @@ impl LeaseManager {
                     }
                     return Ok(id);
                 }
+                f.waiting.insert(client, mode);
                 let mut deadline = now + self.ttl;
+                // Held back only by a waiting request: the holders are
+                // that one's to revoke.
+                let others = match f.mode {
+                    Some(held) if held.compatible(mode) => Vec::new(),
+                    _ => others,
+                };
                 // A writer that a reader waits for may keep a read lease
                 // (and its cache) once it wrote back.
                 let step_down = mode == LeaseMode::Read && f.mode == Some(LeaseMode::Write);
@@ -683,8 +731,9 @@ impl LeaseManager {
         self.changed.notify_waiters();
     }
 
-    /// Checks that `client` still holds `lease` on `gfi` (a write lease
-    /// when `write`) and registers running I/O until the guard is dropped.
+    /// Checks that `client` still holds `lease` on `gfi` (one that allows
+    /// writes when `write`: [`LeaseMode::writes`]) and registers running
+    /// I/O until the guard is dropped.
     /// `ESTALE` when the lease is gone: the caller's cache is no longer
     /// valid and its data must not reach storage.
     pub fn begin_io(self: &Arc<Self>, client: ClientId, gfi: Gfi, lease: u64, write: bool) -> Result<IoGuard> {
@@ -693,7 +742,7 @@ impl LeaseManager {
             self.changed.notify_waiters();
         }
         let f = st.files.get_mut(&gfi).ok_or(Errno::ESTALE)?;
-        if f.holders.get(&client) != Some(&lease) || (write && f.mode != Some(LeaseMode::Write)) {
+        if f.holders.get(&client) != Some(&lease) || (write && !f.mode.is_some_and(LeaseMode::writes)) {
             return Err(Errno::ESTALE);
         }
         *f.io.entry(client).or_insert(0) += 1;
@@ -819,6 +868,78 @@ mod tests {
         let m2 = m.clone();
         let _reader = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Read).await });
         assert!(matches!(rc.recv().await, Some(ServerMsg::StepDown { .. })));
+    }
+
+    #[tokio::test]
+    async fn direct_holders_share_and_conflict_with_caching_leases() {
+        let m = LeaseManager::new(Duration::from_secs(30));
+        let (a, mut ra) = session(&m);
+        let (b, mut rb) = session(&m);
+        let (c, mut rc) = session(&m);
+        let la = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        // A direct request revokes the writer outright (no step-down: a
+        // direct holder caches nothing, the writer's cache must go).
+        let m2 = m.clone();
+        let direct = tokio::spawn(async move { m2.acquire(b, F, LeaseMode::Direct).await });
+        assert_eq!(ra.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: la }));
+        m.release(a, F, la);
+        let lb = direct.await.unwrap().unwrap();
+        // Direct holders share, even while one's I/O runs.
+        let io_b = m.begin_io(b, F, lb, true).unwrap();
+        let lc = m.acquire(c, F, LeaseMode::Direct).await.unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Direct), [b, c].into()));
+        assert_eq!(m.acquire(c, F, LeaseMode::Direct).await.unwrap(), lc);
+        // Both read and write under it.
+        drop(m.begin_io(c, F, lc, true).unwrap());
+        drop(m.begin_io(c, F, lc, false).unwrap());
+        // A reader revokes every direct holder and waits for their I/O.
+        let m2 = m.clone();
+        let reader = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Read).await });
+        assert_eq!(rb.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lb }));
+        assert_eq!(rc.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lc }));
+        m.release(b, F, lb);
+        m.release(c, F, lc);
+        tokio::task::yield_now().await;
+        assert!(!reader.is_finished(), "granted while a direct write runs");
+        drop(io_b);
+        let la = reader.await.unwrap().unwrap();
+        assert_eq!(m.begin_io(b, F, lb, false).err(), Some(Errno::ESTALE));
+        // A read lease neither writes nor serves a direct request: the
+        // holder gets a new lease once the other readers are gone.
+        assert_eq!(m.begin_io(a, F, la, true).err(), Some(Errno::ESTALE));
+        let ld = m.acquire(a, F, LeaseMode::Direct).await.unwrap();
+        assert_ne!(ld, la);
+        assert_eq!(m.holders(F), (Some(LeaseMode::Direct), [a].into()));
+        // A write lease covers direct I/O: its holder keeps it.
+        let lw = m.acquire(a, F, LeaseMode::Write).await.unwrap();
+        assert_eq!(m.acquire(a, F, LeaseMode::Direct).await.unwrap(), lw);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_holds_back_new_direct_holders() {
+        let m = LeaseManager::new(Duration::from_secs(30));
+        let (a, mut ra) = session(&m);
+        let (b, mut rb) = session(&m);
+        let (c, _rc) = session(&m);
+        let lb = m.acquire(b, F, LeaseMode::Direct).await.unwrap();
+        let m2 = m.clone();
+        let writer = tokio::spawn(async move { m2.acquire(a, F, LeaseMode::Write).await });
+        assert_eq!(rb.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: lb }));
+        // C could share B's direct lease, but the writer waits first:
+        // holders that take turns would otherwise keep it for ever.
+        let m2 = m.clone();
+        let joiner = tokio::spawn(async move { m2.acquire(c, F, LeaseMode::Direct).await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!joiner.is_finished(), "joined the direct lease past a waiting writer");
+        m.release(b, F, lb);
+        let la = writer.await.unwrap().unwrap();
+        // Now C's request revokes the writer in its turn.
+        assert_eq!(ra.recv().await, Some(ServerMsg::Revoke { gfi: F, lease: la }));
+        m.release(a, F, la);
+        joiner.await.unwrap().unwrap();
+        assert_eq!(m.holders(F), (Some(LeaseMode::Direct), [c].into()));
     }
 
     #[tokio::test]

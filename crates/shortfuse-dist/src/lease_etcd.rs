@@ -16,7 +16,9 @@
 //!   stops renewing. Every key below is attached to the session's etcd
 //!   lease, so a client that is gone with its agent (nobody keeps the
 //!   session alive) loses everything after the etcd TTL.
-//! - `h/<gfi>/<client>`: a holder; the value is the mode (`r` or `w`), the
+//! - `h/<gfi>/<client>`: a holder; the value is the mode (`r`, `w`, or
+//!   `d/<agent>` for a direct lease: direct holders share a file only when
+//!   one agent serves them all, whose lock serializes their writes), the
 //!   key's `mod_revision` is the lease id. A grant is one transaction:
 //!   compare that no key under `h/<gfi>/` changed since the holders were
 //!   read, then put the holder. Revisions never repeat, so lease ids are
@@ -201,6 +203,8 @@ impl State {
 
 /// One agent's lease manager on etcd. Cheap to share (`Arc`).
 pub struct EtcdLeases {
+    /// This agent's name in direct holders' keys (see [`Tagged`]).
+    agent: u64,
     etcd: Client,
     prefix: String,
     ttl: Duration,
@@ -296,23 +300,56 @@ fn parse_key(prefix: &str, key: &[u8]) -> Key {
     parsed.unwrap_or(Key::Other)
 }
 
-fn mode_byte(m: LeaseMode) -> &'static str {
-    match m {
-        LeaseMode::Read => "r",
-        LeaseMode::Write => "w",
+/// A holder's or request's mode as the keys keep it, with the agent that
+/// serves the client: direct holders share a file only when one agent
+/// serves them all. That agent's lock makes each direct write (which may
+/// merge a partly written block: read, change, put) one step with respect
+/// to the others; the block store offers no such step across agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tagged {
+    mode: LeaseMode,
+    agent: u64,
+}
+
+/// `r`, `w`, or `d/<agent>`.
+fn mode_value(m: Tagged) -> String {
+    match m.mode {
+        LeaseMode::Read => "r".into(),
+        LeaseMode::Write => "w".into(),
+        LeaseMode::Direct => format!("d/{:016x}", m.agent),
     }
 }
 
-fn parse_mode(v: &[u8]) -> Option<LeaseMode> {
+fn parse_mode(v: &[u8]) -> Option<Tagged> {
+    let tagged = |mode| Some(Tagged { mode, agent: 0 });
     match v {
-        b"r" => Some(LeaseMode::Read),
-        b"w" => Some(LeaseMode::Write),
-        _ => None,
+        b"r" => tagged(LeaseMode::Read),
+        b"w" => tagged(LeaseMode::Write),
+        _ => {
+            let agent = std::str::from_utf8(v.strip_prefix(b"d/")?).ok()?;
+            Some(Tagged {
+                mode: LeaseMode::Direct,
+                agent: u64::from_str_radix(agent, 16).ok()?,
+            })
+        }
     }
 }
 
-fn conflicts(a: LeaseMode, b: LeaseMode) -> bool {
-    a == LeaseMode::Write || b == LeaseMode::Write
+/// [`LeaseMode::compatible`], and direct holders of different agents
+/// conflict (see [`Tagged`]).
+fn conflicts(a: Tagged, b: Tagged) -> bool {
+    !a.mode.compatible(b.mode) || (a.mode == LeaseMode::Direct && a.agent != b.agent)
+}
+
+/// Names an agent among those sharing one etcd: time, process and a count
+/// (tests run several agents in one process).
+fn new_agent_id() -> u64 {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ u64::from(std::process::id()).rotate_left(40) ^ COUNT.fetch_add(1, Ordering::Relaxed).rotate_left(20)
 }
 
 /// etcd's errors as the file system's: a session whose etcd lease is gone
@@ -354,8 +391,11 @@ fn with_lease(client: ClientId) -> Option<PutOptions> {
 /// The holders of one file as read at `revision`.
 struct Snapshot {
     revision: i64,
-    holders: Vec<(ClientId, LeaseMode, u64)>,
+    holders: Vec<(ClientId, Tagged, u64)>,
     session_alive: bool,
+    /// Requests waiting for conflicting holders (their request keys),
+    /// with the revision that created each key: their order of arrival.
+    waiting: Vec<(ClientId, Tagged, i64)>,
 }
 
 /// A request key of an `acquire` in progress, deleted when it ends
@@ -401,6 +441,7 @@ impl EtcdLeases {
         // etcd grants whole seconds, at least 2 (its minimum lease TTL).
         let etcd_ttl_secs = (ttl.as_millis() as u64 * 2).div_ceil(1000).max(2) as i64;
         let mgr = Arc::new(EtcdLeases {
+            agent: new_agent_id(),
             etcd,
             prefix: prefix.to_string(),
             ttl,
@@ -477,6 +518,14 @@ impl EtcdLeases {
     /// `kind/<a>/`: every key of one file (or session) of a kind.
     fn dir(&self, kind: &str, a: &str) -> String {
         format!("{}{kind}/{a}/", self.prefix)
+    }
+
+    /// `mode` as a client of this agent holds it.
+    fn tagged(&self, mode: LeaseMode) -> Tagged {
+        Tagged {
+            mode,
+            agent: self.agent,
+        }
     }
 
     fn parse_key(&self, key: &[u8]) -> Key {
@@ -617,11 +666,11 @@ impl EtcdLeases {
             for (g, r) in chunk.iter().zip(resp.op_responses()) {
                 let TxnOpResponse::Get(r) = r else { continue };
                 let Some(h) = r.kvs().first() else { continue };
-                let Some(mode) = parse_mode(h.value()) else { continue };
+                let Some(tagged) = parse_mode(h.value()) else { continue };
                 st.held.entry(*g).or_default().insert(
                     client,
                     Held {
-                        mode,
+                        mode: tagged.mode,
                         lease: h.mod_revision() as u64,
                         released: false,
                     },
@@ -796,6 +845,7 @@ impl EtcdLeases {
         let txn = Txn::new().and_then([
             TxnOp::get(self.dir("h", &gfi_str(gfi)), Some(GetOptions::new().with_prefix())),
             TxnOp::get(self.session_key(client), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(self.dir("r", &gfi_str(gfi)), Some(GetOptions::new().with_prefix())),
         ]);
         let resp = self.op(kv.txn(txn)).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -803,6 +853,7 @@ impl EtcdLeases {
             revision,
             holders: Vec::new(),
             session_alive: false,
+            waiting: Vec::new(),
         };
         let gets: Vec<_> = resp
             .op_responses()
@@ -812,9 +863,14 @@ impl EtcdLeases {
                 _ => None,
             })
             .collect();
-        let [holders, session] = &gets[..] else {
+        let [holders, session, requests] = &gets[..] else {
             return Err(Errno::EIO);
         };
+        for kv in requests.kvs() {
+            if let (Key::Request(_, c), Some(mode)) = (self.parse_key(kv.key()), parse_mode(kv.value())) {
+                snap.waiting.push((c, mode, kv.create_revision()));
+            }
+        }
         snap.session_alive = session.count() > 0;
         for kv in holders.kvs() {
             if let (Key::Holder(_, c), Some(mode)) = (self.parse_key(kv.key()), parse_mode(kv.value())) {
@@ -845,7 +901,7 @@ impl EtcdLeases {
                     return Err(Errno::ESTALE);
                 }
                 if let Some(h) = st.held(gfi, client).filter(|h| !h.released) {
-                    if h.mode == LeaseMode::Write || mode == LeaseMode::Read {
+                    if h.mode.covers(mode) {
                         return Ok(h.lease);
                     }
                 }
@@ -866,9 +922,29 @@ impl EtcdLeases {
             let conflicting: HashSet<(ClientId, u64)> = snap
                 .holders
                 .iter()
-                .filter(|(c, m, _)| *c != client && conflicts(*m, mode))
+                .filter(|(c, m, _)| *c != client && conflicts(*m, self.tagged(mode)))
                 .map(|(c, _, l)| (*c, *l))
                 .collect();
+            // While a request waits, no direct request that conflicts with
+            // it goes first (see `LeaseManager::acquire`), neither joining
+            // the direct holders it waits for nor, once they are gone,
+            // racing it for the free file: the one that arrived first (its
+            // request key is older) is granted first. A direct request
+            // that waits has its own key, so two never defer to each other.
+            let arrived = snap
+                .waiting
+                .iter()
+                .find(|(c, _, _)| *c == client)
+                .map_or(i64::MAX, |(_, _, since)| *since);
+            let queued = mode == LeaseMode::Direct
+                && snap
+                    .waiting
+                    .iter()
+                    .any(|(c, m, since)| *c != client && *since < arrived && conflicts(*m, self.tagged(mode)));
+            if conflicting.is_empty() && queued {
+                let _ = tokio::time::timeout(self.ttl / 4, notified).await;
+                continue;
+            }
             if conflicting.is_empty() {
                 let granted = match self.grant(client, gfi, mode, snap.revision).await {
                     Ok(granted) => granted,
@@ -898,7 +974,10 @@ impl EtcdLeases {
             if ask {
                 let key = self.request_key(gfi, client);
                 let mut kv = self.etcd.kv_client();
-                match self.op(kv.put(key.clone(), mode_byte(mode), with_lease(client))).await {
+                match self
+                    .op(kv.put(key.clone(), mode_value(self.tagged(mode)), with_lease(client)))
+                    .await
+                {
                     Ok(_) => {}
                     Err(e) if self.retry_after(e, &mut failing) => {
                         tokio::time::sleep(WATCH_RETRY).await;
@@ -940,7 +1019,11 @@ impl EtcdLeases {
                 Compare::version(self.session_key(client), CompareOp::Greater, 0),
             ])
             .and_then([
-                TxnOp::put(self.holder_key(gfi, client), mode_byte(mode), with_lease(client)),
+                TxnOp::put(
+                    self.holder_key(gfi, client),
+                    mode_value(self.tagged(mode)),
+                    with_lease(client),
+                ),
                 TxnOp::put(self.index_key(client, gfi), "", with_lease(client)),
                 TxnOp::delete(self.request_key(gfi, client), None),
             ]);
@@ -1037,7 +1120,7 @@ impl EtcdLeases {
                 let s = st.sessions.get(&client).ok_or(Errno::ESTALE)?;
                 let vouched = s.etcd_until >= Instant::now() + margin;
                 match st.held(gfi, client) {
-                    Some(h) if h.lease == lease && !h.released && (!write || h.mode == LeaseMode::Write) => {}
+                    Some(h) if h.lease == lease && !h.released && (!write || h.mode.writes()) => {}
                     _ => return Err(Errno::ESTALE),
                 }
                 if vouched {
@@ -1061,13 +1144,13 @@ impl EtcdLeases {
     /// Revokes the holders of `gfi` on this agent that conflict with a
     /// request of `asker` for `mode` (once per lease; a client not welcomed
     /// yet gets it with [`EtcdLeases::resend_revocations`]).
-    fn revoke_for(&self, gfi: Gfi, asker: ClientId, mode: LeaseMode) {
+    fn revoke_for(&self, gfi: Gfi, asker: ClientId, mode: Tagged) {
         let mut st = self.lock();
         let st = &mut *st;
         let Some(holders) = st.held.get(&gfi) else { return };
         let now = Instant::now();
         for (c, h) in holders {
-            if *c == asker || h.released || !conflicts(h.mode, mode) {
+            if *c == asker || h.released || !conflicts(self.tagged(h.mode), mode) {
                 continue;
             }
             if st.revoking.get(&(gfi, *c)).is_some_and(|(l, _)| *l == h.lease) {
@@ -1176,7 +1259,7 @@ impl EtcdLeases {
                 mode = Some(if mode == Some(LeaseMode::Write) {
                     LeaseMode::Write
                 } else {
-                    m
+                    m.mode
                 });
                 holders.insert(c);
             }
@@ -1343,5 +1426,25 @@ mod tests {
             Key::Other
         );
         assert_eq!(parse_mode(b"x"), None);
+        for mode in [LeaseMode::Read, LeaseMode::Write, LeaseMode::Direct] {
+            let t = Tagged { mode, agent: 0xab };
+            let back = parse_mode(mode_value(t).as_bytes()).unwrap();
+            assert_eq!(back.mode, mode);
+        }
+        assert_eq!(parse_mode(b"d/zz"), None);
+        // Direct holders share within one agent only; the rest follows
+        // LeaseMode::compatible.
+        let d = |agent| Tagged {
+            mode: LeaseMode::Direct,
+            agent,
+        };
+        let r = Tagged {
+            mode: LeaseMode::Read,
+            agent: 1,
+        };
+        assert!(!conflicts(d(1), d(1)));
+        assert!(conflicts(d(1), d(2)));
+        assert!(conflicts(d(1), r) && conflicts(r, d(1)));
+        assert!(!conflicts(r, Tagged { agent: 2, ..r }));
     }
 }

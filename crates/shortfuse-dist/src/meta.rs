@@ -532,17 +532,16 @@ impl Meta {
         Ok((Self::info(&inner.tree, ino)?, old_size))
     }
 
-    /// Records a written file's size and mtime (after its blocks were
-    /// stored).
-    pub fn set_size(&self, ino: u64, size: u64, mtime: (i64, u32)) -> Result<NodeInfo> {
+    /// Records a write (after its blocks were stored): the file is at
+    /// least `min_size` long, and its mtime is `mtime` if given (data
+    /// changed). Never shrinks it: writers that share a file directly each
+    /// know only their own end (truncation is [`Meta::setattr`]).
+    pub fn extend(&self, ino: u64, min_size: u64, mtime: Option<(i64, u32)>) -> Result<NodeInfo> {
         let mut inner = self.lock();
         let mut attr = inner.tree.node(ino)?.attr;
-        if attr.size == size && attr.mtime == mtime {
+        if !extend_attr(&mut attr, min_size, mtime) {
             return Self::info(&inner.tree, ino);
         }
-        attr.size = size;
-        attr.mtime = mtime;
-        attr.ctime = mtime.max(attr.ctime);
         Self::change(&mut inner, Op::SetAttr { ino, attr })?;
         Self::info(&inner.tree, ino)
     }
@@ -728,6 +727,19 @@ pub(crate) fn new_attr(kind: &NewKind, mode: u32, uid: u32, gid: u32) -> NodeAtt
 
 /// Applies a `setattr` to `attr` (the caller checked that a size change
 /// is for a regular file).
+/// [`Meta::extend`] on attributes (both metadata services apply it);
+/// returns whether they changed.
+pub(crate) fn extend_attr(attr: &mut NodeAttr, min_size: u64, mtime: Option<(i64, u32)>) -> bool {
+    let before = *attr;
+    attr.size = attr.size.max(min_size);
+    if let Some(mtime) = mtime {
+        attr.mtime = mtime;
+        // A write changes the inode too.
+        attr.ctime = mtime.max(attr.ctime);
+    }
+    *attr != before
+}
+
 pub(crate) fn apply_change(attr: &mut NodeAttr, change: &AttrChange) {
     let t = now();
     let resolve = |w: WireTime| match w {
@@ -778,7 +790,12 @@ mod tests {
         let d = m.create(ROOT_INO, b"d", NewKind::Dir, 0o755, 0, 0).unwrap();
         let f = m.create(d.gfi.ino, b"f", file(), 0o644, 1, 2).unwrap();
         assert_eq!(f.gfi.node, 42);
-        m.set_size(f.gfi.ino, 1234, (5, 0)).unwrap();
+        m.extend(f.gfi.ino, 1234, Some((5, 0))).unwrap();
+        // A write never shrinks the file; without data it keeps the mtime.
+        assert_eq!(m.extend(f.gfi.ino, 10, None).unwrap().attr.size, 1234);
+        let attr = m.extend(f.gfi.ino, 10, Some((6, 0))).unwrap().attr;
+        assert_eq!((attr.size, attr.mtime), (1234, (6, 0)));
+        m.extend(f.gfi.ino, 1234, Some((5, 0))).unwrap();
         m.link(f.gfi.ino, ROOT_INO, b"hard").unwrap();
         m.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0, |_| Ok(false)).unwrap();
         m.create(ROOT_INO, b"s", NewKind::Symlink { target: b"g".to_vec() }, 0o777, 0, 0)
@@ -846,7 +863,7 @@ mod tests {
         assert_eq!(m.getattr(f).unwrap().attr.nlink, 0);
         assert_eq!(m.lookup(ROOT_INO, b"f").err(), Some(Errno::ENOENT));
         assert_eq!(m.link(f, ROOT_INO, b"back").err(), Some(Errno::ENOENT));
-        m.set_size(f, 10, (1, 0)).unwrap();
+        m.extend(f, 10, Some((1, 0))).unwrap();
         // Still open: not reaped; a named file is never reaped.
         assert!(!m.reap(f, || true).unwrap());
         let h = m.lookup(ROOT_INO, b"g").unwrap().gfi.ino;

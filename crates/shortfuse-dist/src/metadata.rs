@@ -55,25 +55,18 @@ impl Metadata {
         }
     }
 
-    pub async fn set_size(&self, ino: u64, size: u64, mtime: (i64, u32)) -> Result<NodeInfo> {
+    /// Records a write: see [`crate::meta::Meta::extend`].
+    pub async fn extend(&self, ino: u64, min_size: u64, mtime: Option<(i64, u32)>) -> Result<NodeInfo> {
         match self {
-            Metadata::Local(m) => m.set_size(ino, size, mtime),
-            Metadata::Etcd(m) => m.set_size(ino, size, mtime).await,
+            Metadata::Local(m) => m.extend(ino, min_size, mtime),
+            Metadata::Etcd(m) => m.extend(ino, min_size, mtime).await,
         }
     }
 
     pub async fn create(&self, new: Creation<'_>) -> Result<NodeInfo> {
-        let Creation {
-            parent,
-            name,
-            kind,
-            mode,
-            uid,
-            gid,
-        } = new;
         match self {
-            Metadata::Local(m) => m.create(parent, name, kind, mode, uid, gid),
-            Metadata::Etcd(m) => m.create(parent, name, kind, mode, uid, gid).await,
+            Metadata::Local(m) => m.create(new.parent, new.name, new.kind, new.mode, new.uid, new.gid),
+            Metadata::Etcd(m) => m.create_new(new).await,
         }
     }
 

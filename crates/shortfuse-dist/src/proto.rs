@@ -23,13 +23,19 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Most blocks sent with a grant.
 pub const MAX_GRANT_BLOCKS: u32 = 8;
 
 /// Largest frame either side accepts (a batch of blocks plus headers).
 pub const MAX_FRAME: u32 = 64 << 20;
+
+/// Most bytes one [`Request::ReadDirect`] asks for or one
+/// [`Request::WriteDirect`] carries: a larger read or write is several
+/// (the kernel sends at most 1 MiB at a time; this keeps any caller's
+/// requests well inside [`MAX_FRAME`]).
+pub const MAX_DIRECT: u32 = 8 << 20;
 
 /// Global file identifier (seed 003, 4.1.4): the storage node that holds
 /// the file and the inode number there. Every client names the same file
@@ -64,6 +70,37 @@ pub enum LeaseMode {
     Read,
     /// Exclusive: one writer caches reads and writes.
     Write,
+    /// Shared, caching nothing: every read and write of its holders goes
+    /// to the server as it happens ([`Request::ReadDirect`],
+    /// [`Request::WriteDirect`]), which serializes them. What a client asks
+    /// for when a caching lease would only move back and forth between
+    /// clients (see [`crate::client`], "Contention"); it conflicts with the
+    /// caching leases, whose holders trust their copies.
+    Direct,
+}
+
+impl LeaseMode {
+    /// Whether holders of `self` and `other` may hold leases on one file
+    /// at once: readers share, direct holders share (nobody caches); every
+    /// other pair conflicts. The one rule both lease managers apply.
+    pub fn compatible(self, other: LeaseMode) -> bool {
+        matches!(
+            (self, other),
+            (LeaseMode::Read, LeaseMode::Read) | (LeaseMode::Direct, LeaseMode::Direct)
+        )
+    }
+
+    /// Whether a lease held in mode `self` serves I/O that asked for
+    /// `wanted`: the exclusive write lease serves anything, the others
+    /// only themselves.
+    pub fn covers(self, wanted: LeaseMode) -> bool {
+        self == wanted || self == LeaseMode::Write
+    }
+
+    /// Whether data may be written under this lease.
+    pub fn writes(self) -> bool {
+        matches!(self, LeaseMode::Write | LeaseMode::Direct)
+    }
 }
 
 /// Attributes as the metadata service keeps them.
@@ -232,14 +269,18 @@ pub enum Request {
         first: u64,
         count: u32,
     },
-    /// Writes blocks (each at most one block long) and then the file size,
-    /// under write lease `lease`. `sync: Some(earlier)` (an fsync) makes
-    /// these blocks, the `earlier` ones and the metadata durable first.
+    /// Writes blocks (each at most one block long), then makes the file at
+    /// least `min_size` long, under write lease `lease`. A write never
+    /// shrinks a file (truncation is [`Request::SetAttr`]): a size from a
+    /// stale view cannot undo another client's extension. `mtime` is set
+    /// when blocks were written or the size grew. `sync: Some(earlier)`
+    /// (an fsync) makes these blocks, the `earlier` ones and the metadata
+    /// durable first.
     WriteBlocks {
         gfi: Gfi,
         lease: u64,
         blocks: Vec<(u64, ByteBuf)>,
-        size: u64,
+        min_size: u64,
         mtime: (i64, u32),
         sync: Option<Vec<u64>>,
         /// Then gives the lease back (a revocation's write-back and
@@ -255,6 +296,42 @@ pub enum Request {
         gfi: Gfi,
         lease: u64,
     },
+    /// Reads `len` bytes from `offset` as the server has them now, cut at
+    /// the file's size (answered with [`Reply::Bytes`]), under lease
+    /// `lease` ([`LeaseMode::Direct`] reads go here; no block is cached).
+    ReadDirect {
+        gfi: Gfi,
+        lease: u64,
+        offset: u64,
+        len: u32,
+    },
+    /// Writes `data` at `offset` and extends the file to its end if it is
+    /// shorter, as one step with respect to other direct reads and writes
+    /// of the file (the server merges partly written blocks itself, so
+    /// that writers of different bytes of one block lose nothing),
+    /// under a lease that allows writes. Answered with [`Reply::Written`].
+    WriteDirect {
+        gfi: Gfi,
+        lease: u64,
+        offset: u64,
+        data: ByteBuf,
+        mtime: (i64, u32),
+    },
+}
+
+impl Request {
+    /// Only reads the namespace: sent again on a new connection when the
+    /// one it went out on died, it answers as the lost one would have.
+    pub fn reads_namespace(&self) -> bool {
+        matches!(
+            self,
+            Request::Lookup { .. }
+                | Request::GetAttr { .. }
+                | Request::Readlink { .. }
+                | Request::ReadDir { .. }
+                | Request::Statfs
+        )
+    }
 }
 
 /// Answers to [`Request`]s.
@@ -302,6 +379,9 @@ pub enum Reply {
     },
     /// One entry per block asked; `None` is a block never written (a hole).
     Blocks(Vec<Option<ByteBuf>>),
+    /// File data ([`Request::ReadDirect`]); shorter than asked at the end
+    /// of the file.
+    Bytes(ByteBuf),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -390,6 +470,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_readers_and_direct_holders_share() {
+        use LeaseMode::*;
+        let all = [Read, Write, Direct];
+        for a in all {
+            for b in all {
+                let shared = (a == Read && b == Read) || (a == Direct && b == Direct);
+                assert_eq!(a.compatible(b), shared, "{a:?} with {b:?}");
+                assert_eq!(a.compatible(b), b.compatible(a));
+            }
+        }
+        // The write lease serves every kind of I/O; the others serve their own.
+        assert!(Write.covers(Read) && Write.covers(Direct) && Write.covers(Write));
+        assert!(Read.covers(Read) && !Read.covers(Write) && !Read.covers(Direct));
+        assert!(Direct.covers(Direct) && !Direct.covers(Read) && !Direct.covers(Write));
+        assert!(Write.writes() && Direct.writes() && !Read.writes());
+    }
+
+    #[test]
     fn round_trip_and_limits() {
         let msg = ClientMsg {
             id: 7,
@@ -397,7 +495,7 @@ mod tests {
                 gfi: Gfi { node: 3, ino: 9 },
                 lease: 4,
                 blocks: vec![(2, ByteBuf::from(vec![1, 2, 3]))],
-                size: 10,
+                min_size: 10,
                 mtime: (5, 6),
                 sync: Some(vec![1]),
                 release: false,

@@ -98,6 +98,12 @@ impl ServerConfig {
     }
 }
 
+/// Locks that make each direct read or write of a file one step with
+/// respect to the others (see [`Shared::direct_lock`]); files share them by
+/// hash. 64: far more than the files in use at once on this server's few
+/// threads, so two files rarely wait for each other, for 64 small locks.
+const DIRECT_LOCKS: usize = 64;
+
 struct Shared {
     meta: Arc<Metadata>,
     /// The file system whose free space statfs reports (the blocks').
@@ -107,6 +113,8 @@ struct Shared {
     /// The record of data changes that lets clients keep their caches
     /// across lease moves ([`crate::versions`]); embedded servers only.
     versions: Option<Mutex<DataVersions>>,
+    /// See [`DIRECT_LOCKS`].
+    direct: Vec<tokio::sync::RwLock<()>>,
 }
 
 impl Shared {
@@ -114,6 +122,17 @@ impl Shared {
         self.versions
             .as_ref()
             .map(|v| v.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The lock of `gfi`'s direct I/O: several direct holders read and
+    /// write the file at once, and each request (a read of several blocks
+    /// and the size, a write that merges partly written blocks and extends
+    /// the size) must not interleave with a write of another. Holders of a
+    /// caching lease need none: the lease keeps everyone else out.
+    fn direct_lock(&self, gfi: proto::Gfi) -> &tokio::sync::RwLock<()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let h = BuildHasherDefault::<DefaultHasher>::default().hash_one(gfi);
+        &self.direct[(h % self.direct.len() as u64) as usize]
     }
 
     /// Every block of `gfi` may have changed (truncated or removed).
@@ -207,6 +226,7 @@ impl DistServer {
             blocks,
             leases: leases.clone(),
             versions: (!etcd).then(|| Mutex::new(DataVersions::new(run_epoch()))),
+            direct: (0..DIRECT_LOCKS).map(|_| tokio::sync::RwLock::new(())).collect(),
         });
         let listener = {
             let _guard = rt.enter();
@@ -418,6 +438,11 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 (Some(_), Some(l)) => Some(s.leases.begin_io(client, gfi, l, true).await?),
                 (Some(_), None) => return Err(Errno::EINVAL),
             };
+            // A truncation is one step for direct readers and writers too.
+            let _direct = match change.size {
+                Some(_) => Some(s.direct_lock(gfi).write().await),
+                None => None,
+            };
             let (info, old_size) = meta.setattr(ino, &change).await?;
             if let Some(size) = change.size {
                 // Marked first: a failed truncation may have changed some.
@@ -577,7 +602,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             gfi,
             lease,
             blocks,
-            size,
+            min_size,
             mtime,
             sync,
             release,
@@ -601,7 +626,9 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
                 s.blocks.sync(gfi, &written).await?;
                 s.blocks.sync(gfi, earlier).await?;
             }
-            let info = meta.set_size(gfi.ino, size, mtime).await?;
+            let info = meta
+                .extend(gfi.ino, min_size, (!written.is_empty()).then_some(mtime))
+                .await?;
             if sync.is_some() {
                 s.meta.sync().await?;
             }
@@ -619,7 +646,103 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             s.leases.step_down(client, gfi, lease).await;
             Reply::Ok
         }
+        Request::ReadDirect {
+            gfi,
+            lease,
+            offset,
+            len,
+        } => {
+            if len > proto::MAX_DIRECT {
+                return Err(Errno::EINVAL);
+            }
+            let _io = s.leases.begin_io(client, gfi, lease, false).await?;
+            let _direct = s.direct_lock(gfi).read().await;
+            Reply::Bytes(ByteBuf::from(read_direct(s, gfi, offset, len).await?))
+        }
+        Request::WriteDirect {
+            gfi,
+            lease,
+            offset,
+            data,
+            mtime,
+        } => {
+            if data.len() > proto::MAX_DIRECT as usize {
+                return Err(Errno::EINVAL);
+            }
+            let _io = s.leases.begin_io(client, gfi, lease, true).await?;
+            let _direct = s.direct_lock(gfi).write().await;
+            write_direct(s, gfi, offset, &data, mtime).await?
+        }
     })
+}
+
+/// [`Request::ReadDirect`]: the bytes the file holds now, cut at its size.
+async fn read_direct(s: &Shared, gfi: proto::Gfi, offset: u64, len: u32) -> Result<Vec<u8>> {
+    let size = s.meta.getattr(gfi.ino).await?.attr.size;
+    let end = size.min(offset.saturating_add(u64::from(len)));
+    if offset >= end {
+        return Ok(Vec::new());
+    }
+    let bs = u64::from(s.blocks.block_size());
+    let (first, last) = (offset / bs, (end - 1) / bs);
+    let count = u32::try_from(last - first + 1).map_err(|_| Errno::EINVAL)?;
+    let blocks = s.blocks.get(gfi, first, count).await?;
+    let mut out = vec![0u8; (end - offset) as usize];
+    for (i, block) in (first..).zip(blocks) {
+        // A block holds its bytes up to the last written one; the rest of
+        // it (and a missing block, a hole) reads as zeros.
+        let Some(block) = block else { continue };
+        let start = (i * bs).max(offset);
+        let stop = (i * bs + block.len() as u64).min(end);
+        if start < stop {
+            let from = (start - i * bs) as usize;
+            out[(start - offset) as usize..(stop - offset) as usize]
+                .copy_from_slice(&block[from..from + (stop - start) as usize]);
+        }
+    }
+    Ok(out)
+}
+
+/// [`Request::WriteDirect`]: blocks the write covers only in part are read
+/// and merged here (under the file's direct lock, so that writers of other
+/// bytes of the same block lose nothing), then the size grows to the end
+/// of the write if it is shorter.
+async fn write_direct(s: &Shared, gfi: proto::Gfi, offset: u64, data: &[u8], mtime: (i64, u32)) -> Result<Reply> {
+    let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+    // A file removed elsewhere gets no blocks nobody would remove.
+    let info = s.meta.getattr(gfi.ino).await?;
+    if data.is_empty() {
+        let version = s.versions().map(|v| v.now());
+        return Ok(Reply::Written { info, version });
+    }
+    let size = info.attr.size;
+    let bs = u64::from(s.blocks.block_size());
+    let (first, last) = (offset / bs, (end - 1) / bs);
+    let mut blocks = Vec::new();
+    for i in first..=last {
+        let (lo, hi) = ((i * bs).max(offset), ((i + 1) * bs).min(end));
+        let whole = lo == i * bs && hi == (i + 1) * bs;
+        // Bytes past the size are zeros whatever a block holds there.
+        let mut block = match (whole, i * bs < size) {
+            (false, true) => {
+                let mut old = s.blocks.get(gfi, i, 1).await?.pop().flatten().unwrap_or_default();
+                old.truncate((size - i * bs) as usize);
+                old
+            }
+            _ => Vec::new(),
+        };
+        let within = (lo - i * bs) as usize;
+        let n = (hi - lo) as usize;
+        if block.len() < within + n {
+            block.resize(within + n, 0);
+        }
+        block[within..within + n].copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+        blocks.push((i, block));
+    }
+    let version = s.versions().map(|mut v| v.wrote(gfi, first..=last));
+    s.blocks.put(gfi, blocks, false).await?;
+    let info = s.meta.extend(gfi.ino, end, Some(mtime)).await?;
+    Ok(Reply::Written { info, version })
 }
 
 /// Whether `ino` is open somewhere (then its openers are saved: it is

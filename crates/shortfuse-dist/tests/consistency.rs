@@ -1,6 +1,8 @@
 //! The consistency checker on three distfs clients (each its own
 //! connection and lease session) of one embedded server, for each mode:
-//! `lease` and `writethrough` pass, `weak` is caught serving stale data.
+//! `lease` (which goes direct on the contended files) and `writethrough`
+//! pass, and so does `lease` kept from going direct (its caching leases
+//! move all the time); `weak` is caught serving stale data.
 
 mod support;
 
@@ -9,9 +11,9 @@ use std::time::Duration;
 
 use shortfuse::{Filesystem, NodeId, WriteArgs};
 use shortfuse_dist::check::{self, Kind, Register, Seen, Workload};
-use shortfuse_dist::client::{Consistency, DistFs};
+use shortfuse_dist::client::{ClientConfig, Consistency, DistFs};
 use shortfuse_dist::server::DistServer;
-use support::{client_at, create, lookup, server, FH, REQ};
+use support::{create, lookup, server, FH, REQ};
 
 struct Client {
     fs: DistFs,
@@ -33,10 +35,30 @@ impl Register for Client {
     }
 }
 
-fn clients(s: &DistServer, mode: Consistency, n: usize, files: usize) -> Vec<Client> {
+/// How the clients of a run are set up.
+#[derive(Clone, Copy)]
+struct Setup {
+    mode: Consistency,
+    /// [`ClientConfig::direct_spell`]: zero keeps `lease` clients caching.
+    direct_spell: Duration,
+}
+
+impl Setup {
+    fn of(mode: Consistency) -> Setup {
+        Setup {
+            mode,
+            direct_spell: ClientConfig::new("").direct_spell,
+        }
+    }
+}
+
+fn clients(s: &DistServer, setup: Setup, n: usize, files: usize) -> Vec<Client> {
     (0..n)
         .map(|k| {
-            let fs = client_at(&s.addr().to_string(), mode);
+            let mut cfg = ClientConfig::new(s.addr().to_string());
+            cfg.consistency = setup.mode;
+            cfg.direct_spell = setup.direct_spell;
+            let fs = DistFs::connect(cfg).unwrap();
             let nodes = (0..files)
                 .map(|i| {
                     let name = format!("f{i}");
@@ -52,7 +74,9 @@ fn clients(s: &DistServer, mode: Consistency, n: usize, files: usize) -> Vec<Cli
         .collect()
 }
 
-fn run(mode: Consistency, seed: u64) -> check::Outcome {
+/// One checker run; also returns the direct leases its clients were granted.
+fn run(setup: Setup, seed: u64) -> (check::Outcome, u64) {
+    let mode = setup.mode;
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), Duration::from_secs(10));
     let w = Workload {
@@ -64,11 +88,12 @@ fn run(mode: Consistency, seed: u64) -> check::Outcome {
         size: 2 * 4096 + 64,
         seed,
     };
-    let cs = clients(&s, mode, 3, w.files);
+    let cs = clients(&s, setup, 3, w.files);
     let regs: Vec<&dyn Register> = cs.iter().map(|c| c as &dyn Register).collect();
     let o = check::run(&regs, &w).unwrap();
-    eprintln!("{}: {}", mode.name(), o.summary());
-    o
+    let direct = cs.iter().map(|c| c.fs.direct_grants()).sum();
+    eprintln!("{}: {} ({direct} direct leases)", mode.name(), o.summary());
+    (o, direct)
 }
 
 /// Reads that saw another client's write: the clients really shared.
@@ -82,34 +107,48 @@ fn cross_reads(o: &check::Outcome) -> usize {
         .count()
 }
 
-/// Runs `mode` until its clients really shared (enough reads saw another
-/// client's write; on a loaded machine one run may be mostly serial),
-/// at most three runs, none of which may break consistency.
-fn assert_strong(mode: Consistency, seed: u64) {
-    let (mut reads, mut cross) = (0, 0);
+/// Runs `setup` until its clients really shared (enough reads saw another
+/// client's write; on a loaded machine one run may be mostly serial), and,
+/// when `direct`, went direct; at most three runs, none of which may break
+/// consistency. Returns the direct leases granted.
+fn assert_strong(setup: Setup, seed: u64, direct: bool) -> u64 {
+    let (mut reads, mut cross, mut granted) = (0, 0, 0);
     for run_seed in [seed, seed + 10, seed + 20] {
-        let o = run(mode, run_seed);
+        let (o, d) = run(setup, run_seed);
         assert!(o.violations.is_empty(), "{}", o.summary());
         reads += o.reads();
         cross += cross_reads(&o);
-        if reads > 100 && cross > 20 {
-            return;
+        granted += d;
+        if reads > 100 && cross > 20 && (granted > 0 || !direct) {
+            return granted;
         }
     }
     panic!(
-        "{}: three runs shared too little: {reads} reads, {cross} of another client's writes",
-        mode.name()
+        "{}: three runs shared too little: {reads} reads, {cross} of another client's writes, {granted} direct leases",
+        setup.mode.name()
     );
 }
 
 #[test]
 fn lease_is_strongly_consistent() {
-    assert_strong(Consistency::Lease, 1);
+    assert_strong(Setup::of(Consistency::Lease), 1, true);
+}
+
+#[test]
+fn lease_without_direct_leases_is_strongly_consistent() {
+    let setup = Setup {
+        direct_spell: Duration::ZERO,
+        ..Setup::of(Consistency::Lease)
+    };
+    let (o, direct) = run(setup, 7);
+    assert!(o.violations.is_empty(), "{}", o.summary());
+    assert_eq!(direct, 0);
 }
 
 #[test]
 fn writethrough_is_strongly_consistent() {
-    assert_strong(Consistency::WriteThrough, 2);
+    let direct = assert_strong(Setup::of(Consistency::WriteThrough), 2, false);
+    assert_eq!(direct, 0, "writethrough went direct");
 }
 
 #[test]
@@ -118,7 +157,7 @@ fn weak_is_caught() {
     // (every read happening to follow a cache expiry), so up to three.
     let mut summaries = Vec::new();
     for seed in 3..6 {
-        let o = run(Consistency::Weak, seed);
+        let (o, _) = run(Setup::of(Consistency::Weak), seed);
         if !o.violations.is_empty() {
             assert!(
                 o.violations

@@ -11,13 +11,13 @@ use shortfuse::{Errno, Filesystem, NewNode, NodeId, SetAttr};
 use shortfuse_dist::client::DistFs;
 use shortfuse_dist::proto::LeaseMode;
 use shortfuse_dist::server::{DistServer, ServerConfig};
-use support::{client, create, lookup, pattern, read, server, write, FH, REQ};
+use support::{caching_client, client, create, lookup, pattern, read, server, wait_for, write, FH, REQ};
 
 #[test]
 fn reader_revokes_writer_and_sees_its_cached_data() {
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), Duration::from_secs(10));
-    let (a, b) = (client(&s), client(&s));
+    let (a, b) = (caching_client(&s), caching_client(&s));
     let node = create(&a, "f");
     // 2.5 blocks, unaligned, into A's cache only.
     let data = pattern(1, 10_000);
@@ -145,7 +145,7 @@ fn change_behind_the_server(data: &std::path::Path, fs: &DistFs, node: NodeId, i
 fn a_cache_outlives_a_lease_move_but_not_what_others_wrote() {
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), Duration::from_secs(10));
-    let (a, b) = (client(&s), client(&s));
+    let (a, b) = (caching_client(&s), caching_client(&s));
     let node = create(&a, "kept");
     write(&a, node, 0, &[1u8; 3 * 4096]);
     // B writes block 2: A writes back and releases, keeping its blocks.
@@ -185,6 +185,26 @@ fn a_cache_outlives_a_lease_move_but_not_what_others_wrote() {
         "truncated data came back from a kept cache"
     );
     assert_eq!(&got[4096..], &[4u8; 4096][..]);
+}
+
+#[test]
+fn an_fsync_after_the_lease_moved_still_makes_the_written_back_blocks_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(5));
+    let (a, b) = (caching_client(&s), caching_client(&s));
+    let node = create(&a, "f");
+    write(&a, node, 0, &pattern(1, 3 * 4096));
+    // B's read takes the lease: A writes its blocks back, not durably.
+    let nb = lookup(&b, "f");
+    assert_eq!(read(&b, nb, 0, 3 * 4096), pattern(1, 3 * 4096));
+    // (B may read before A's revocation hears that its write-back landed.)
+    wait_for("the write-back listed as unsynced", Duration::from_secs(10), || {
+        a.unsynced_blocks(node).unwrap() == 3
+    });
+    // A's fsync, holding no lease now, has the server sync them.
+    a.fsync(&REQ, node, FH, false).unwrap();
+    assert_eq!(a.unsynced_blocks(node).unwrap(), 0);
+    assert_eq!(read(&b, nb, 0, 3 * 4096), pattern(1, 3 * 4096));
 }
 
 #[test]

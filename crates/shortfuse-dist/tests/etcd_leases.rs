@@ -132,6 +132,57 @@ fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
 }
 
 #[test]
+fn direct_holders_share_on_one_agent_and_conflict_across_agents() {
+    let etcd = TestEtcd::start().unwrap();
+    runtime().block_on(async {
+        let ttl = Duration::from_secs(30);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, mut ra) = session(&m1).await;
+        let (b, mut rb) = session(&m1).await;
+        let (c, mut rc) = session(&m2).await;
+        let (d, _rd) = session(&m2).await;
+
+        // Clients of one agent share a direct lease, and write under it.
+        let la = m1.acquire(a, F, LeaseMode::Direct).await.unwrap();
+        let lb = m1.acquire(b, F, LeaseMode::Direct).await.unwrap();
+        assert_eq!(m2.holders(F).await.unwrap(), (Some(LeaseMode::Direct), [a, b].into()));
+        drop(m1.begin_io(a, F, la, true).await.unwrap());
+        drop(m1.begin_io(b, F, lb, false).await.unwrap());
+
+        // A direct request from another agent conflicts: that agent's
+        // direct writes are not serialized with these.
+        let m = m2.clone();
+        let other = tokio::spawn(async move { m.acquire(c, F, LeaseMode::Direct).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la });
+        assert_eq!(next_revoke(&mut rb).await, ServerMsg::Revoke { gfi: F, lease: lb });
+        m1.release(a, F, la).await;
+        m1.release(b, F, lb).await;
+        let lc = tokio::time::timeout(BOUND, other).await.unwrap().unwrap().unwrap();
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Direct), [c].into()));
+        assert_eq!(m1.begin_io(a, F, la, false).await.err(), Some(Errno::ESTALE));
+
+        // A writer revokes the direct holder; while it waits, no direct
+        // request joins the one it waits for.
+        let m = m1.clone();
+        let writer = tokio::spawn(async move { m.acquire(a, F, LeaseMode::Write).await });
+        assert_eq!(next_revoke(&mut rc).await, ServerMsg::Revoke { gfi: F, lease: lc });
+        let m = m2.clone();
+        let joiner = tokio::spawn(async move { m.acquire(d, F, LeaseMode::Direct).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!joiner.is_finished(), "joined a direct lease past a waiting writer");
+        m2.release(c, F, lc).await;
+        let lw = tokio::time::timeout(BOUND, writer).await.unwrap().unwrap().unwrap();
+        assert_eq!(m2.holders(F).await.unwrap(), (Some(LeaseMode::Write), [a].into()));
+        // Then the direct request revokes the writer in its turn.
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: lw });
+        m1.release(a, F, lw).await;
+        tokio::time::timeout(BOUND, joiner).await.unwrap().unwrap().unwrap();
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Direct), [d].into()));
+    });
+}
+
+#[test]
 fn a_holder_granted_after_a_request_is_revoked_too() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {

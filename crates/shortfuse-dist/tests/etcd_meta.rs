@@ -57,7 +57,7 @@ fn two_agents_see_each_others_changes_at_once() {
         a.rename(d.gfi.ino, b"f", ROOT_INO, b"g", 0).await.unwrap();
         assert_eq!(b.lookup(d.gfi.ino, b"f").await.err(), Some(Errno::ENOENT));
         assert_eq!(b.lookup(ROOT_INO, b"g").await.unwrap().gfi, f.gfi);
-        b.set_size(f.gfi.ino, 5000, (7, 8)).await.unwrap();
+        b.extend(f.gfi.ino, 5000, Some((7, 8))).await.unwrap();
         let change = AttrChange {
             mode: Some(0o600),
             ..AttrChange::default()
@@ -234,7 +234,7 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         );
         assert_eq!(b.getattr(f).await.unwrap().attr.nlink, 0);
         assert_eq!(b.link(f, ROOT_INO, b"back").await.err(), Some(Errno::ENOENT));
-        b.set_size(f, 10, (1, 0)).await.unwrap();
+        b.extend(f, 10, Some((1, 0))).await.unwrap();
         // Not freed while `a` holds it, nor by `b`'s sweep.
         assert!(!a.reap(f, || true).await.unwrap());
         assert!(!b.reap(f, || false).await.unwrap());

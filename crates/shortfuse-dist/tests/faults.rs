@@ -10,22 +10,14 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shortfuse::{Filesystem, NodeId};
 use shortfuse_dist::client::{Consistency, DistFs};
 use shortfuse_dist::proto::LeaseMode;
 use shortfuse_dist::server::{DistServer, ServerConfig};
-use support::{client, client_at, create, lookup, read, server, write, FH, REQ};
-
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use support::{client, client_at, create, lookup, read, server, wait_for, write, FH, REQ};
 
 /// What storage holds now, seen by a fresh client without leases (it
 /// neither waits for nor revokes anybody's lease).
@@ -124,33 +116,62 @@ fn manager_restart_keeps_leases_and_dirty_caches() {
 }
 
 /// A TCP proxy whose traffic can be held up both ways, as a network
-/// partition does (the connections stay open; bytes wait in the queues).
+/// partition does (the connections stay open; bytes wait in the queues),
+/// or whose connections can be severed on the client's side only.
 struct Partition {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<Proxied>>>,
+    /// The server's ends of severed connections, left open.
+    lingering: Mutex<Vec<TcpStream>>,
 }
+
+/// One proxied connection: the client's end, the server's end, and
+/// whether it was severed.
+type Proxied = (TcpStream, TcpStream, Arc<AtomicBool>);
 
 impl Partition {
     fn new(upstream: SocketAddr) -> Partition {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
-        let c = cut.clone();
+        let live = Arc::new(Mutex::new(Vec::new()));
+        let (c, l) = (cut.clone(), live.clone());
         std::thread::spawn(move || {
             for down in listener.incoming() {
                 let Ok(down) = down else { return };
                 let Ok(up) = TcpStream::connect(upstream) else { return };
-                for (from, to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
-                    let c = c.clone();
-                    std::thread::spawn(move || pump(from, to, &c));
+                let severed = Arc::new(AtomicBool::new(false));
+                let clone = |s: &TcpStream| s.try_clone().unwrap();
+                l.lock().unwrap().push((clone(&down), clone(&up), severed.clone()));
+                for (from, to) in [(clone(&down), clone(&up)), (up, down)] {
+                    let (c, severed) = (c.clone(), severed.clone());
+                    std::thread::spawn(move || pump(from, to, &c, &severed));
                 }
             }
         });
-        Partition { addr, cut }
+        Partition {
+            addr,
+            cut,
+            live,
+            lingering: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Ends the client's side of every connection made so far, with what
+    /// they held in flight, and lets new ones through. The server's side
+    /// stays open, as a half-open socket does until it is noticed.
+    fn sever(&self) {
+        for (down, up, severed) in self.live.lock().unwrap().drain(..) {
+            severed.store(true, Ordering::Release);
+            let _ = down.shutdown(std::net::Shutdown::Both);
+            self.lingering.lock().unwrap().push(up);
+        }
+        self.cut.store(false, Ordering::Release);
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
+fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool, severed: &AtomicBool) {
     let mut buf = vec![0u8; 1 << 16];
     loop {
         while cut.load(Ordering::Acquire) {
@@ -162,13 +183,15 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
                 while cut.load(Ordering::Acquire) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                if to.write_all(&buf[..n]).is_err() {
+                if severed.load(Ordering::Acquire) || to.write_all(&buf[..n]).is_err() {
                     break;
                 }
             }
         }
     }
-    let _ = to.shutdown(std::net::Shutdown::Both);
+    if !severed.load(Ordering::Acquire) {
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 #[test]
@@ -256,4 +279,33 @@ fn open_files_outlive_their_names_across_a_manager_restart() {
     wait_for("orphans reaped at their last close", Duration::from_secs(10), || {
         !node_dir(orphan).join("0").exists() && !node_dir(named).join("0").exists()
     });
+}
+
+#[test]
+fn a_lookup_in_flight_on_a_connection_that_dies_is_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(3));
+    let p = Partition::new(s.addr());
+    let a: DistFs = client_at(&p.addr.to_string(), Consistency::Lease);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"kept");
+    let session = a.client_id().unwrap();
+
+    // The lookup goes out and its answer is held; then the connection
+    // ends under it (as when a heartbeat finds the session expired).
+    p.cut.store(true, Ordering::Release);
+    let asked = std::thread::scope(|sc| {
+        let asking = sc.spawn(|| a.lookup(&REQ, NodeId::ROOT, std::ffi::OsStr::new("f")));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!asking.is_finished(), "the lookup was answered through the cut");
+        p.sever();
+        asking.join().unwrap()
+    });
+    assert_eq!(asked.expect("a lookup failed with its connection").node, node);
+    // The server never saw the connection end, so the session was resumed:
+    // the write lease and its cache are A's still.
+    assert_eq!(a.client_id(), Some(session));
+    assert_eq!(read(&a, node, 0, 100), b"kept");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    assert_eq!(stored(&s.addr().to_string(), "f"), b"kept");
 }

@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use shortfuse::{FileHandle, Filesystem, NewNode, NodeId, Request, WriteArgs};
 use shortfuse_dist::client::{ClientConfig, Consistency, DistFs};
@@ -28,6 +28,15 @@ pub fn server(data: &Path, ttl: Duration) -> DistServer {
 
 pub fn client(s: &DistServer) -> DistFs {
     client_at(&s.addr().to_string(), Consistency::Lease)
+}
+
+/// A `lease` client that never takes direct leases: for tests of how the
+/// cache lives across lease moves, which direct leases would skip (clients
+/// that take turns this fast would be found contended).
+pub fn caching_client(s: &DistServer) -> DistFs {
+    let mut cfg = ClientConfig::new(s.addr().to_string());
+    cfg.direct_spell = Duration::ZERO;
+    DistFs::connect(cfg).unwrap()
 }
 
 pub fn client_at(addr: &str, consistency: Consistency) -> DistFs {
@@ -69,4 +78,13 @@ pub fn read(fs: &DistFs, node: NodeId, offset: u64, len: usize) -> Vec<u8> {
 
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_add((i * 7 % 251) as u8)).collect()
+}
+
+/// Until `cond` holds; fails the test after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < timeout, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
