@@ -66,6 +66,8 @@ struct Sizes {
     /// Timed run per row with contention: a lease move costs milliseconds
     /// on this machine, so a short row holds too few of them to compare.
     contended_row: Duration,
+    /// Runs of each row per mode, the modes interleaved (see [`run`]).
+    runs: usize,
 }
 
 fn sizes(scale: Scale) -> Sizes {
@@ -74,19 +76,25 @@ fn sizes(scale: Scale) -> Sizes {
         row: scale.pick(
             Duration::from_millis(60),
             Duration::from_millis(250),
-            Duration::from_secs(3),
+            Duration::from_secs(2),
         ),
         contended_row: scale.pick(
             Duration::from_millis(60),
             Duration::from_secs(1),
-            Duration::from_secs(3),
+            Duration::from_secs(2),
         ),
+        runs: scale.pick(2, 3, 5),
     }
 }
 
 /// Client mounts per mode: as many as the largest row has.
 pub fn max_clients(scale: Scale) -> usize {
     rows(scale).iter().map(|(r, _)| r.clients).max().unwrap_or(1)
+}
+
+/// How many times `scale` runs each row per mode.
+pub fn runs(scale: Scale) -> usize {
+    sizes(scale).runs
 }
 
 /// How many rows `scale` runs (each gives one figure per mode and a ratio).
@@ -102,11 +110,12 @@ pub fn describe(scale: Scale) -> String {
         format!("random 4 KiB only: write-only with {BASE_CLIENTS} clients and no contention; {QUICK_CLIENTS:?} clients at 50:50, 50% contention (quick and full run seed 003's whole matrix)")
     };
     format!(
-        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row ({:.2} s with contention) plus closing the files (no fsync); {rows}. MB/s over all clients; `lease/writethrough` rows are ratios. The consistency checker passes on lease and writethrough after the rows.",
+        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row ({:.2} s with contention) plus closing the files (no fsync); {rows}. Each row runs {} times per mode, the modes taking turns (which goes first rotates), so that a slow spell of this shared machine hits every mode alike: a figure is the median of its runs with [min-max]. MB/s over all clients; `lease/writethrough` rows are the median and range of the ratios of each run's pair. The consistency checker passes on lease and writethrough after the rows.",
         scale.name(),
         s.file >> 10,
         s.row.as_secs_f64(),
-        s.contended_row.as_secs_f64()
+        s.contended_row.as_secs_f64(),
+        s.runs
     )
 }
 
@@ -280,8 +289,11 @@ fn open(p: &Path) -> io::Result<File> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
 }
 
-/// Lays out every file a row may use, through the first client (not
-/// fsync'd: the data reaches storage when other clients first open it).
+/// Lays out every file a row may use, through the first client, and
+/// fsyncs each: what a `lease` client leaves dirty would otherwise be
+/// written back when another client first wants the file, inside the
+/// first timed run of that file (megabytes on a lease move that moves a
+/// block or two in steady state).
 fn lay_out(mp: &Path, file: u64, clients: usize) -> io::Result<()> {
     let data = vec![0x5au8; 1 << 20];
     let paths = (0..FILES)
@@ -295,12 +307,14 @@ fn lay_out(mp: &Path, file: u64, clients: usize) -> io::Result<()> {
             f.write_all_at(&data[..n], off)?;
             off += n as u64;
         }
+        f.sync_all()?;
     }
     Ok(())
 }
 
-/// Each client reads its own files once, so that the first row does not
-/// pay for moving them away from the client that laid them out.
+/// Each client reads its own files and the shared ones once, so that the
+/// first row does not pay for moving them away from the client that laid
+/// them out.
 fn warm_up(mounts: &[PathBuf]) -> io::Result<()> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = mounts
@@ -309,7 +323,10 @@ fn warm_up(mounts: &[PathBuf]) -> io::Result<()> {
             .map(|(c, mp)| {
                 scope.spawn(move || {
                     let mut b = [0u8; 1];
-                    (0..FILES).try_for_each(|i| open(&private_file(mp, c, i))?.read_exact_at(&mut b, 0))
+                    (0..FILES).try_for_each(|i| {
+                        open(&private_file(mp, c, i))?.read_exact_at(&mut b, 0)?;
+                        open(&shared_file(mp, i))?.read_exact_at(&mut b, 0)
+                    })
                 })
             })
             .collect();
@@ -355,6 +372,13 @@ fn client_io(mp: &Path, client: usize, row: Row, file: u64, time: Duration) -> i
     Ok(bytes)
 }
 
+/// The modes (indices into [`MODES`]) in the order run `run` takes them:
+/// each run starts with the next mode, so that none always runs first
+/// (after a row's start) or right after the same other mode.
+fn run_order(run: usize) -> impl Iterator<Item = usize> {
+    (0..MODES.len()).map(move |k| (run + k) % MODES.len())
+}
+
 /// MB/s of `row` on the first `row.clients` mounts, the clients released
 /// together.
 fn run_row(mounts: &[PathBuf], row: Row, s: &Sizes) -> io::Result<f64> {
@@ -387,24 +411,25 @@ pub fn run(dir: &Path, scale: Scale, bin: &Path, progress: &mut dyn FnMut(&str))
     }
     let mut out = Vec::new();
     for (row, series) in rows(scale) {
-        let mut by_mode = Vec::new();
-        for (mode, mps) in MODES.iter().zip(&per_mode) {
-            let name = row.name(series);
-            progress(&format!("{name} {mode}"));
-            let v = run_row(mps, row, &s)?;
-            let mut f = Figure::rate(format!("{name} {mode}"), "MB/s", v, 1);
+        let name = row.name(series);
+        let mut by_mode: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+        for run in 0..s.runs {
+            for m in run_order(run) {
+                progress(&format!("{name} {} (run {} of {})", MODES[m], run + 1, s.runs));
+                by_mode[m].push(run_row(&per_mode[m], row, &s)?);
+            }
+        }
+        // Each run's pair was measured minutes apart at most, the whole
+        // row's runs maybe much longer: the ratio is taken per run.
+        let ratios = by_mode[0].iter().zip(&by_mode[1]).map(|(l, w)| l / w).collect();
+        for (mode, runs) in MODES.iter().zip(by_mode) {
+            let mut f = Figure::median_of(format!("{name} {mode}"), "MB/s", runs);
             if let Some(series) = series {
                 f = f.at(&format!("{series}-{mode}"), row.clients);
             }
             out.push(f);
-            by_mode.push(v);
         }
-        out.push(Figure::rate(
-            format!("{} lease/writethrough", row.name(series)),
-            "x",
-            by_mode[0] / by_mode[1],
-            1,
-        ));
+        out.push(Figure::median_of(format!("{name} lease/writethrough"), "x", ratios));
     }
     for (mode, mps) in MODES.iter().zip(&per_mode).take(2) {
         progress(&format!("consistency check on {mode}"));
@@ -453,6 +478,19 @@ mod tests {
         assert_eq!(shared, [0, 2, 4, 6, 8]);
         assert_eq!(max_clients(Scale::Full), MAX_CLIENTS);
         assert_eq!(rows(Scale::Quick).len(), r.len(), "quick runs the whole matrix too");
+    }
+
+    #[test]
+    fn every_run_takes_every_mode_once_and_the_first_rotates() {
+        for run in 0..2 * MODES.len() {
+            let mut order: Vec<usize> = run_order(run).collect();
+            assert_eq!(order[0], run % MODES.len());
+            order.sort();
+            assert_eq!(order, (0..MODES.len()).collect::<Vec<_>>());
+        }
+        for scale in [Scale::Tiny, Scale::Quick, Scale::Full] {
+            assert!(sizes(scale).runs >= 2, "a range needs two runs");
+        }
     }
 
     #[test]

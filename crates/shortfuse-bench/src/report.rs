@@ -9,8 +9,11 @@ use serde::Serialize;
 pub struct Figure {
     pub op: String,
     pub unit: String,
-    /// Mean latency, or throughput.
+    /// Mean latency (or the median, when `mean` is set), or throughput.
     pub value: f64,
+    /// The mean latency, when `value` is the median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean: Option<f64>,
     pub p50: Option<f64>,
     pub p99: Option<f64>,
     pub samples: u64,
@@ -21,6 +24,10 @@ pub struct Figure {
     pub series: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
+    /// For figures measured in several runs: each run's value, in the
+    /// order run (`value` is their median; the Markdown shows the range).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<f64>,
 }
 
 impl Figure {
@@ -40,6 +47,39 @@ impl Figure {
         self.series = Some(series.to_string());
         self.threads = Some(threads as u32);
         self
+    }
+
+    /// A figure measured in several runs: the median as the value, every
+    /// run kept (on a shared machine one run can be off by several times;
+    /// the median and the range say what a single figure cannot).
+    pub fn median_of(op: impl Into<String>, unit: &str, runs: Vec<f64>) -> Figure {
+        Figure {
+            value: median(&runs),
+            samples: runs.len() as u64,
+            runs,
+            ..Figure::rate(op, unit, 0.0, 0)
+        }
+    }
+
+    /// The smallest and largest run, when there were several.
+    pub fn range(&self) -> Option<(f64, f64)> {
+        (self.runs.len() > 1).then(|| {
+            let min = self.runs.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = self.runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (min, max)
+        })
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count);
+/// NaN for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -230,7 +270,10 @@ impl SuiteResult {
                             let rel = relative(g.value, b.value, g.lower_is_better);
                             format!("{} ({:.2}x, {})", fmt_value(g.value), ratio, class(rel))
                         }
-                        _ => fmt_value(g.value),
+                        _ => match g.range() {
+                            Some((lo, hi)) => format!("{} [{}-{}]", fmt_value(g.value), fmt_value(lo), fmt_value(hi)),
+                            None => fmt_value(g.value),
+                        },
                     },
                 };
                 s.push_str(&format!(" {cell} |"));
@@ -244,7 +287,18 @@ impl SuiteResult {
                 r.error.as_deref().unwrap_or("")
             ));
         }
-        s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in seed 001: green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).\n");
+        s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in seed 001: green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).");
+        if self
+            .results
+            .iter()
+            .flat_map(|r| &r.figures)
+            .any(|f| f.range().is_some())
+        {
+            s.push_str(
+                " A value with [min-max] is the median of several runs, with the range (every run in the JSON).",
+            );
+        }
+        s.push('\n');
         if !self.comparisons.is_empty() {
             s.push_str(&self.comparison_table());
         }
@@ -356,6 +410,29 @@ mod tests {
         assert_eq!(class(-0.10), "yellow");
         assert_eq!(class(-0.30), "orange");
         assert_eq!(class(-0.60), "red");
+    }
+
+    #[test]
+    fn several_runs_give_the_median_and_the_range() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+        let f = Figure::median_of("rnd lease", "MB/s", vec![12.0, 3.0, 10.0]);
+        assert_eq!((f.value, f.samples, f.range()), (10.0, 3, Some((3.0, 12.0))));
+        assert_eq!(Figure::median_of("one", "x", vec![2.0]).range(), None);
+        let suite = SuiteResult {
+            suite: "dist".into(),
+            scale: String::new(),
+            comparisons: Vec::new(),
+            results: vec![ConfigResult {
+                config: "native".into(),
+                error: None,
+                figures: vec![f],
+            }],
+        };
+        let md = suite.markdown();
+        assert!(md.contains("| rnd lease | MB/s | 10.0 [3.00-12.0] |"), "{md}");
+        assert!(md.contains("median of several runs"), "{md}");
     }
 
     #[test]

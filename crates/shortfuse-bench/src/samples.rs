@@ -30,6 +30,17 @@ impl Samples {
         self.0.len()
     }
 
+    /// [`Samples::figure`] with the median as its value, and the mean kept
+    /// beside p50 and p99.
+    pub fn median_figure(self, op: &str) -> Figure {
+        let f = self.figure(op);
+        Figure {
+            value: f.p50.unwrap_or(f.value),
+            mean: Some(f.value),
+            ..f
+        }
+    }
+
     /// Mean, p50 and p99 in microseconds.
     pub fn figure(mut self, op: &str) -> Figure {
         self.0.sort_unstable();

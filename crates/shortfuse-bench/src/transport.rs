@@ -54,7 +54,7 @@ fn sizes(scale: Scale) -> Sizes {
 pub fn describe(scale: Scale) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so each is a LOOKUP that fails, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); mean latency in µs, p50/p99 in the JSON. On the other configurations, passthrough rows: 4 KiB random reads over a {} MiB file on {READ_THREADS:?} threads, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory on {CREATE_THREADS:?} threads, {:.2} s or {} files each, in ops/s.",
+        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows: 4 KiB random reads over a {} MiB file on {READ_THREADS:?} threads, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory on {CREATE_THREADS:?} threads, {:.2} s or {} files each, in ops/s.",
         scale.name(),
         s.empty_ops,
         s.file >> 20,
@@ -112,7 +112,7 @@ fn empty(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
         i = (i + 1) % NAMES;
         sys::close(sys::open(&names[i], libc::O_CREAT | libc::O_WRONLY, 0o644)?)
     })?;
-    out.push(create.figure("empty-create"));
+    out.push(create.median_figure("empty-create"));
 
     progress("empty stat of a missing name");
     let stat = timed(s.empty_ops, || match sys::stat(&missing) {
@@ -120,13 +120,13 @@ fn empty(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
         Err(e) => Err(io::Error::new(e.kind(), format!("stat of a missing name: {e}"))),
         Ok(()) => Err(io::Error::other("stat of a missing name succeeded")),
     })?;
-    out.push(stat.figure("empty-stat-missing"));
+    out.push(stat.median_figure("empty-stat-missing"));
 
     progress("empty open+close of the root");
     let open = timed(s.empty_ops, || {
         sys::close(sys::open(&root, libc::O_RDONLY | libc::O_DIRECTORY, 0)?)
     })?;
-    out.push(open.figure("empty-open+close-root"));
+    out.push(open.median_figure("empty-open+close-root"));
     Ok(out)
 }
 

@@ -1,5 +1,6 @@
 //! The `dist` suite at tiny scale: a server and 12 client mounts of its
-//! own, every row of the tiny matrix for every consistency mode with its
+//! own, every row of the tiny matrix run several times for every
+//! consistency mode (medians, ranges and the runs) with its
 //! lease/writethrough ratio, the client curves plotted, the consistency
 //! checker run, and nothing left mounted or running afterwards.
 
@@ -26,6 +27,10 @@ fn tiny_dist() {
     assert_eq!(r.figures.len(), rows * (dist::MODES.len() + 1));
     for f in &r.figures {
         assert!(f.value.is_finite() && f.value > 0.0, "{f:?}");
+        // Each row ran several times per mode: the figure is their median.
+        assert_eq!(f.runs.len(), dist::runs(Scale::Tiny), "{f:?}");
+        let (lo, hi) = f.range().unwrap();
+        assert!(lo <= f.value && f.value <= hi, "{f:?}");
     }
     let ratios = r
         .figures
@@ -35,6 +40,9 @@ fn tiny_dist() {
     assert_eq!(ratios, rows);
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| rnd r0w100 c0 n4 lease | MB/s |"), "{md}");
+    assert!(md.contains("median of several runs"), "{md}");
+    let json = std::fs::read_to_string(out.join("report.json")).unwrap();
+    assert!(json.contains("\"runs\""), "the runs are not in the JSON");
     for mode in dist::MODES {
         let plot = format!("plots/dist-clients-{mode}.png");
         assert!(report.plots.contains(&plot), "{plot} not in {:?}", report.plots);

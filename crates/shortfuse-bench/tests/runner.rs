@@ -201,6 +201,12 @@ fn tiny_transport_on_its_defaults() {
     files.extend(["create-1th".to_string(), "create-2th".to_string()]);
     for c in ["null-dev", "null-uring"] {
         assert_eq!(ops_of(suite, c), empty, "{c}");
+        // Latencies are medians, with the mean beside them.
+        let r = suite.results.iter().find(|r| r.config == c).unwrap();
+        for f in &r.figures {
+            assert_eq!(Some(f.value), f.p50, "{c} {}", f.op);
+            assert!(f.mean.is_some_and(|m| m > 0.0), "{c} {}", f.op);
+        }
     }
     for c in ["native", "dev", "uring"] {
         assert_eq!(ops_of(suite, c), files, "{c}");
