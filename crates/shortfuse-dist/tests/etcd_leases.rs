@@ -183,6 +183,37 @@ fn direct_holders_share_on_one_agent_and_conflict_across_agents() {
 }
 
 #[test]
+fn direct_requests_of_two_agents_waiting_together_go_in_order_of_arrival() {
+    let etcd = TestEtcd::start().unwrap();
+    runtime().block_on(async {
+        let ttl = Duration::from_secs(30);
+        let m1 = manager(&etcd.endpoints(), ttl).await;
+        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (a, mut ra) = session(&m1).await;
+        let (b, mut rb) = session(&m1).await;
+        let (c, _rc) = session(&m2).await;
+        let la = m1.acquire(a, F, LeaseMode::Write).await.unwrap();
+        // B, then C (direct holders of two agents conflict) wait for A;
+        // each request holds back the other's while it is the older one,
+        // so neither may wait for the other for ever.
+        let m = m1.clone();
+        let first = tokio::spawn(async move { m.acquire(b, F, LeaseMode::Direct).await });
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: la });
+        let m = m2.clone();
+        let second = tokio::spawn(async move { m.acquire(c, F, LeaseMode::Direct).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        m1.release(a, F, la).await;
+        // B asked first: granted first (C never gives a lease back here).
+        let lb = tokio::time::timeout(BOUND, first).await.unwrap().unwrap().unwrap();
+        assert_eq!(next_revoke(&mut rb).await, ServerMsg::Revoke { gfi: F, lease: lb });
+        assert!(!second.is_finished(), "granted beside another agent's direct holder");
+        m1.release(b, F, lb).await;
+        tokio::time::timeout(BOUND, second).await.unwrap().unwrap().unwrap();
+        assert_eq!(m1.holders(F).await.unwrap(), (Some(LeaseMode::Direct), [c].into()));
+    });
+}
+
+#[test]
 fn a_holder_granted_after_a_request_is_revoked_too() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
