@@ -725,8 +725,6 @@ pub(crate) fn new_attr(kind: &NewKind, mode: u32, uid: u32, gid: u32) -> NodeAtt
     }
 }
 
-/// Applies a `setattr` to `attr` (the caller checked that a size change
-/// is for a regular file).
 /// [`Meta::extend`] on attributes (both metadata services apply it);
 /// returns whether they changed.
 pub(crate) fn extend_attr(attr: &mut NodeAttr, min_size: u64, mtime: Option<(i64, u32)>) -> bool {
@@ -740,6 +738,8 @@ pub(crate) fn extend_attr(attr: &mut NodeAttr, min_size: u64, mtime: Option<(i64
     *attr != before
 }
 
+/// Applies a `setattr` to `attr` (the caller checked that a size change
+/// is for a regular file).
 pub(crate) fn apply_change(attr: &mut NodeAttr, change: &AttrChange) {
     let t = now();
     let resolve = |w: WireTime| match w {
