@@ -275,6 +275,25 @@ impl ClientConfig {
     }
 }
 
+/// Where a write lands.
+#[derive(Clone, Copy)]
+enum At {
+    Offset(u64),
+    /// The end of the file (O_APPEND), as found in the same step as the
+    /// write: under the write lease, or at the server for a direct one,
+    /// so that no other client's write comes between.
+    End,
+}
+
+impl At {
+    fn offset(self) -> Option<u64> {
+        match self {
+            At::Offset(o) => Some(o),
+            At::End => None,
+        }
+    }
+}
+
 /// What one read of the cache or the server gave.
 struct ReadOut {
     len: usize,
@@ -1334,26 +1353,34 @@ impl Inner {
     }
 
     /// A write under a direct lease: on the server when answered (not yet
-    /// durable: an fsync makes it so, [`Inner::sync_direct`]).
-    fn write_direct(&self, f: &FileState, conn: &Conn, lease: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// durable: an fsync makes it so, [`Inner::sync_written`]). Returns
+    /// where it landed (an append: where the server's end was) and how
+    /// much it wrote.
+    fn write_direct(&self, f: &FileState, conn: &Conn, lease: u64, at: At, data: &[u8]) -> Result<(u64, usize)> {
         // A larger write is several requests (the caller goes on).
         let data = &data[..data.len().min(MAX_DIRECT as usize)];
-        let end = offset + data.len() as u64;
-        match conn.call(Req::WriteDirect {
+        let len = data.len() as u64;
+        let info = match conn.call(Req::WriteDirect {
             gfi: f.gfi,
             lease,
-            offset,
+            offset: at.offset().unwrap_or(0),
+            append: at.offset().is_none(),
             data: ByteBuf::from(data.to_vec()),
             mtime: crate::meta::now(),
         })? {
-            Reply::Written { .. } => {}
+            Reply::Written { info, .. } => info,
             _ => return Err(Errno::EPROTO),
-        }
-        if !data.is_empty() {
+        };
+        // The server made the file end where an append ended.
+        let offset = match at.offset() {
+            Some(offset) => offset,
+            None => info.attr.size.checked_sub(len).ok_or(Errno::EPROTO)?,
+        };
+        if len > 0 {
             let bs = self.bs();
-            lock(&f.cache).unsynced.extend(offset / bs..=(end - 1) / bs);
+            lock(&f.cache).unsynced.extend(offset / bs..=(offset + len - 1) / bs);
         }
-        Ok(data.len())
+        Ok((offset, data.len()))
     }
 
     /// An fsync (or unmount) without dirty blocks here: the blocks written to the
@@ -1408,13 +1435,18 @@ impl Inner {
         Ok(())
     }
 
-    fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Writes `data` at `at`; returns where it landed and how much of it
+    /// was written (the caller goes on with the rest).
+    fn write(&self, ino: u64, at: At, data: &[u8]) -> Result<(u64, usize)> {
         let f = self.file(ino)?;
         let bs = self.bs();
-        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        // Where an append lands is known only under the lease; the end
+        // cached now is the guess of which blocks to fetch with it.
+        let guess = at.offset().unwrap_or_else(|| lock(&f.cache).size);
+        let end = guess.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
         // The partly written end blocks are read first (below).
-        let (first, last) = (offset / bs, end.saturating_sub(1) / bs);
-        let head = !offset.is_multiple_of(bs) || end < (first + 1) * bs;
+        let (first, last) = (guess / bs, end.saturating_sub(1) / bs);
+        let head = !guess.is_multiple_of(bs) || end < (first + 1) * bs;
         let tail = !end.is_multiple_of(bs) && last != first;
         let want = match (head, tail) {
             _ if data.is_empty() => None,
@@ -1425,11 +1457,15 @@ impl Inner {
         };
         self.with_lease_fetch(&f, LeaseMode::Write, want, |conn, slot| {
             if data.is_empty() {
-                return Ok(0);
+                return Ok((guess, 0));
             }
             if slot.mode == Some(LeaseMode::Direct) {
-                return self.write_direct(&f, conn, slot.id, offset, data);
+                return self.write_direct(&f, conn, slot.id, at, data);
             }
+            // The lease keeps every other client out until this returns:
+            // the end found here is where the append lands.
+            let offset = at.offset().unwrap_or_else(|| lock(&f.cache).size);
+            let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
             {
                 // Partly written blocks that exist on the server and are not
                 // cached must be read first.
@@ -1483,7 +1519,7 @@ impl Inner {
                 if !complete {
                     // A needed block was dropped by the cache bound: the
                     // caller fetches the rest again (what is written stays).
-                    return partial(pos - offset);
+                    return partial(pos - offset).map(|n| (offset, n));
                 }
                 let too_dirty = c.dirty_count() > DIRTY_MAX;
                 drop(c);
@@ -1493,7 +1529,7 @@ impl Inner {
                 if too_dirty || through {
                     self.write_back(&f, conn, slot.id, false)?;
                 }
-                Ok(data.len())
+                Ok((offset, data.len()))
             }
         })
     }
@@ -1818,22 +1854,21 @@ impl Filesystem for DistFs {
     }
 
     fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
-        let mut offset = args.offset;
-        if args.flags & libc::O_APPEND as u32 != 0 {
-            // With direct I/O the kernel's idea of the end may be stale.
-            let f = self.inner.file(node.0)?;
-            offset = self
-                .inner
-                .with_lease(&f, LeaseMode::Write, |conn, slot| match slot.mode {
-                    // Others extend the file meanwhile: the server knows its end.
-                    Some(LeaseMode::Direct) => Ok(node_reply(conn.call(Req::GetAttr { ino: node.0 })?)?.attr.size),
-                    _ => Ok(lock(&f.cache).size),
-                })?;
-        }
+        // An append goes where the file ends when it is written, which
+        // others may change meanwhile (the kernel's idea of the end is
+        // stale with direct I/O); the rest of a long one follows it.
+        let mut at = if args.flags & libc::O_APPEND as u32 != 0 {
+            At::End
+        } else {
+            At::Offset(args.offset)
+        };
         let mut done = 0;
         while done < data.len() {
-            match self.inner.write(node.0, offset + done as u64, &data[done..]) {
-                Ok(n) => done += n,
+            match self.inner.write(node.0, at, &data[done..]) {
+                Ok((offset, n)) => {
+                    done += n;
+                    at = At::Offset(offset + n as u64);
+                }
                 Err(Errno::EAGAIN) => continue,
                 Err(e) if done == 0 => return Err(e),
                 Err(_) => break,

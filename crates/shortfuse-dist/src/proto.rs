@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_bytes::ByteBuf;
 
 /// Bumped on any change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Most blocks sent with a grant.
 pub const MAX_GRANT_BLOCKS: u32 = 8;
@@ -309,11 +309,16 @@ pub enum Request {
     /// shorter, as one step with respect to other direct reads and writes
     /// of the file (the server merges partly written blocks itself, so
     /// that writers of different bytes of one block lose nothing),
-    /// under a lease that allows writes. Answered with [`Reply::Written`].
+    /// under a lease that allows writes. `append` (O_APPEND): at the end
+    /// of the file as the server has it in that step, not at `offset`, so
+    /// that appends of several direct holders never land on one another.
+    /// Answered with [`Reply::Written`] (whose size, for an append, ends
+    /// where this write did).
     WriteDirect {
         gfi: Gfi,
         lease: u64,
         offset: u64,
+        append: bool,
         data: ByteBuf,
         mtime: (i64, u32),
     },

@@ -663,6 +663,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             gfi,
             lease,
             offset,
+            append,
             data,
             mtime,
         } => {
@@ -671,7 +672,7 @@ async fn handle(s: &Shared, client: ClientId, req: Request) -> Result<Reply> {
             }
             let _io = s.leases.begin_io(client, gfi, lease, true).await?;
             let _direct = s.direct_lock(gfi).write().await;
-            write_direct(s, gfi, offset, &data, mtime).await?
+            write_direct(s, gfi, (!append).then_some(offset), &data, mtime).await?
         }
     })
 }
@@ -706,9 +707,14 @@ async fn read_direct(s: &Shared, gfi: proto::Gfi, offset: u64, len: u32) -> Resu
 /// [`Request::WriteDirect`]: blocks the write covers only in part are read
 /// and merged here (under the file's direct lock, so that writers of other
 /// bytes of the same block lose nothing), then the size grows to the end
-/// of the write if it is shorter.
-async fn write_direct(s: &Shared, gfi: proto::Gfi, offset: u64, data: &[u8], mtime: (i64, u32)) -> Result<Reply> {
-    let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+/// of the write if it is shorter. At `offset`, or at the end (`None`).
+async fn write_direct(
+    s: &Shared,
+    gfi: proto::Gfi,
+    offset: Option<u64>,
+    data: &[u8],
+    mtime: (i64, u32),
+) -> Result<Reply> {
     // A file removed elsewhere gets no blocks nobody would remove.
     let info = s.meta.getattr(gfi.ino).await?;
     if data.is_empty() {
@@ -716,6 +722,8 @@ async fn write_direct(s: &Shared, gfi: proto::Gfi, offset: u64, data: &[u8], mti
         return Ok(Reply::Written { info, version });
     }
     let size = info.attr.size;
+    let offset = offset.unwrap_or(size);
+    let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
     let bs = u64::from(s.blocks.block_size());
     let (first, last) = (offset / bs, (end - 1) / bs);
     let mut blocks = Vec::new();

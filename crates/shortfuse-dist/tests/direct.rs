@@ -11,7 +11,7 @@ use shortfuse::{Filesystem, NodeId};
 use shortfuse_dist::client::{ClientConfig, DistFs};
 use shortfuse_dist::proto::{LeaseMode, MAX_DIRECT};
 use shortfuse_dist::server::DistServer;
-use support::{create, lookup, pattern, read, server, write, REQ};
+use support::{create, lookup, pattern, read, server, write, FH, REQ};
 
 /// Turns that two clients taking turns may need to find the file
 /// contended: the first few moves may each take longer than the client's
@@ -212,4 +212,72 @@ fn a_writer_revokes_direct_holders_and_then_caches() {
     assert_eq!(read(&a, na, 1000, 3000), data);
     assert_eq!(read(&a, na, 9000, 3000), data);
     assert_eq!(a.getattr(&REQ, na, None).unwrap().size, 12_000);
+}
+
+/// A and B append 60 records each, at once, with O_APPEND and a stale
+/// offset (as the kernel passes with direct I/O): every record must land
+/// once, whole, none over another.
+fn appends_land_once(a: &DistFs, na: NodeId, b: &DistFs, nb: NodeId) {
+    const LEN: usize = 50;
+    const EACH: u8 = 60;
+    let record = |client: u8, k: u8| [client, k].repeat(LEN / 2);
+    let start = a.getattr(&REQ, na, None).unwrap().size;
+    std::thread::scope(|sc| {
+        for (fs, node, client) in [(a, na, 1u8), (b, nb, 2u8)] {
+            sc.spawn(move || {
+                let args = shortfuse::WriteArgs {
+                    offset: 0,
+                    flags: libc::O_APPEND as u32,
+                    ..shortfuse::WriteArgs::default()
+                };
+                for k in 0..EACH {
+                    assert_eq!(fs.write(&REQ, node, FH, &record(client, k), &args).unwrap(), LEN);
+                }
+            });
+        }
+    });
+    let total = 2 * usize::from(EACH) * LEN;
+    assert_eq!(b.getattr(&REQ, nb, None).unwrap().size, start + total as u64);
+    let all = read(a, na, start, total);
+    let mut seen: Vec<(u8, u8)> = all
+        .chunks(LEN)
+        .map(|r| {
+            assert_eq!(r, &record(r[0], r[1])[..], "a torn or overwritten record");
+            (r[0], r[1])
+        })
+        .collect();
+    seen.sort();
+    let want: Vec<(u8, u8)> = [1u8, 2].iter().flat_map(|&c| (0..EACH).map(move |k| (c, k))).collect();
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn appends_of_direct_holders_never_land_on_one_another() {
+    let Contended {
+        dir: _dir,
+        s,
+        a,
+        b,
+        na,
+        nb,
+        ..
+    } = contended();
+    appends_land_once(&a, na, &b, nb);
+    assert_eq!(s.holders(a.gfi(na).unwrap()).unwrap().0, Some(LeaseMode::Direct));
+}
+
+#[test]
+fn appends_under_moving_caching_leases_never_land_on_one_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), Duration::from_secs(10));
+    let caching = || {
+        let mut cfg = ClientConfig::new(s.addr().to_string());
+        cfg.direct_spell = Duration::ZERO;
+        DistFs::connect(cfg).unwrap()
+    };
+    let (a, b) = (caching(), caching());
+    let na = create(&a, "log");
+    let nb = lookup(&b, "log");
+    appends_land_once(&a, na, &b, nb);
+    assert_eq!(a.direct_grants() + b.direct_grants(), 0);
 }
