@@ -24,6 +24,14 @@ async fn manager(endpoints: &[String], ttl: Duration) -> Arc<EtcdLeases> {
     EtcdLeases::connect(endpoints, "/test/lease/", ttl).await.unwrap()
 }
 
+/// Two agents' managers on `etcd`, their clients given `ttl`.
+async fn two_agents(etcd: &TestEtcd, ttl: Duration) -> (Arc<EtcdLeases>, Arc<EtcdLeases>) {
+    (
+        manager(&etcd.endpoints(), ttl).await,
+        manager(&etcd.endpoints(), ttl).await,
+    )
+}
+
 async fn session(m: &EtcdLeases) -> (ClientId, UnboundedReceiver<ServerMsg>) {
     let (tx, rx) = unbounded_channel();
     (m.open_session(tx).await.unwrap(), rx)
@@ -59,9 +67,7 @@ fn renewer(m: &Arc<EtcdLeases>, c: ClientId) -> JoinHandle<()> {
 fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
-        let ttl = Duration::from_secs(30);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, Duration::from_secs(30)).await;
         let (a, mut ra) = session(&m1).await;
         let (b, mut rb) = session(&m2).await;
         let (c, mut rc) = session(&m2).await;
@@ -135,9 +141,7 @@ fn a_conflicting_acquire_revokes_the_holder_of_another_agent() {
 fn direct_holders_share_on_one_agent_and_conflict_across_agents() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
-        let ttl = Duration::from_secs(30);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, Duration::from_secs(30)).await;
         let (a, mut ra) = session(&m1).await;
         let (b, mut rb) = session(&m1).await;
         let (c, mut rc) = session(&m2).await;
@@ -186,9 +190,7 @@ fn direct_holders_share_on_one_agent_and_conflict_across_agents() {
 fn direct_requests_of_two_agents_waiting_together_go_in_order_of_arrival() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
-        let ttl = Duration::from_secs(30);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, Duration::from_secs(30)).await;
         let (a, mut ra) = session(&m1).await;
         let (b, mut rb) = session(&m1).await;
         let (c, _rc) = session(&m2).await;
@@ -217,9 +219,7 @@ fn direct_requests_of_two_agents_waiting_together_go_in_order_of_arrival() {
 fn a_holder_granted_after_a_request_is_revoked_too() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
-        let ttl = Duration::from_secs(30);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, Duration::from_secs(30)).await;
         let (a, mut ra) = session(&m1).await;
         let (b, _rb) = session(&m2).await;
         let (c, mut rc) = session(&m1).await;
@@ -244,8 +244,7 @@ fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
         let ttl = Duration::from_secs(1);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, ttl).await;
         let _sweep = sweeper(&m1);
         // A neither renews nor answers its revocation; B renews.
         let (a, _ra) = session(&m1).await;
@@ -269,8 +268,7 @@ fn the_sessions_of_a_dead_agent_expire_with_their_etcd_lease() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
         let ttl = Duration::from_secs(1);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, ttl).await;
         let (a, _ra) = session(&m1).await;
         let (b, _rb) = session(&m2).await;
         let _keep = renewer(&m2, b);
@@ -292,8 +290,7 @@ fn a_restarted_agent_keeps_the_leases() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {
         let ttl = Duration::from_secs(10);
-        let m1 = manager(&etcd.endpoints(), ttl).await;
-        let m2 = manager(&etcd.endpoints(), ttl).await;
+        let (m1, m2) = two_agents(&etcd, ttl).await;
         let (a, _ra) = session(&m1).await;
         let (c, _rc) = session(&m1).await;
         let (b, mut rb) = session(&m2).await;
