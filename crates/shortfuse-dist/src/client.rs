@@ -1388,10 +1388,13 @@ impl Inner {
     /// since gone), and the metadata, made durable by a write request that
     /// writes nothing and, never shrinking a file, changes no size. Under
     /// no lease: a sync changes no data (and a direct lease may have moved
-    /// on meanwhile).
+    /// on meanwhile). Nothing to send when nothing was written since.
     fn sync_written(&self, f: &FileState, conn: &Conn) -> Result<()> {
         // Taken: blocks written meanwhile stay listed for the next fsync.
         let unsynced = std::mem::take(&mut lock(&f.cache).unsynced);
+        if unsynced.is_empty() {
+            return Ok(());
+        }
         let r = conn.call(Req::WriteBlocks {
             gfi: f.gfi,
             lease: NO_LEASE,
@@ -1585,7 +1588,7 @@ impl Inner {
                 }
                 r => r?,
             }
-        } else if !lock(&f.cache).unsynced.is_empty() {
+        } else {
             // Written directly, or written back under a lease since gone.
             self.sync_written(&f, &conn)?;
         }
@@ -1606,10 +1609,8 @@ impl Inner {
             let held = g.mode.is_some() && (g.session == conn.client.0 || g.id == NO_LEASE);
             let synced = if held && g.mode == Some(LeaseMode::Write) {
                 self.write_back(&f, &conn, g.id, true)
-            } else if !lock(&f.cache).unsynced.is_empty() {
-                self.sync_written(&f, &conn)
             } else {
-                Ok(())
+                self.sync_written(&f, &conn)
             };
             if let Err(e) = synced {
                 result = Err(e);
