@@ -11,7 +11,7 @@ use shortfuse::{Filesystem, NodeId};
 use shortfuse_dist::client::{ClientConfig, DistFs};
 use shortfuse_dist::proto::{LeaseMode, MAX_DIRECT};
 use shortfuse_dist::server::DistServer;
-use support::{create, lookup, pattern, read, server, write, FH, REQ};
+use support::{caching_client, create, lookup, pattern, read, server, write, FH, REQ};
 
 /// Turns that two clients taking turns may need to find the file
 /// contended: the first few moves may each take longer than the client's
@@ -270,12 +270,7 @@ fn appends_of_direct_holders_never_land_on_one_another() {
 fn appends_under_moving_caching_leases_never_land_on_one_another() {
     let dir = tempfile::tempdir().unwrap();
     let s = server(dir.path(), Duration::from_secs(10));
-    let caching = || {
-        let mut cfg = ClientConfig::new(s.addr().to_string());
-        cfg.direct_spell = Duration::ZERO;
-        DistFs::connect(cfg).unwrap()
-    };
-    let (a, b) = (caching(), caching());
+    let (a, b) = (caching_client(&s), caching_client(&s));
     let na = create(&a, "log");
     let nb = lookup(&b, "log");
     appends_land_once(&a, na, &b, nb);

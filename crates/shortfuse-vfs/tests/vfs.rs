@@ -949,21 +949,7 @@ fn no_flush_for_opens_the_file_system_marks_noflush() {
     let backend = InProcess::new(fs, MountOptions::default(), stats.clone());
     let vfs = Arc::new(Vfs::new(Box::new(backend), MP, 0x5f5f, Creds::default()).unwrap());
     let fds = FdTable::new();
-    let t = match vfs
-        .walk(
-            &Location::root(),
-            b"f",
-            WalkFlags {
-                follow: true,
-                create: false,
-            },
-            0,
-        )
-        .unwrap()
-    {
-        Walk::Inside(t) => t,
-        Walk::Outside { .. } => panic!("left the mount"),
-    };
+    let t = inside(&vfs, b"f", false);
     // passthrough answers read-only opens with FOPEN_NOFLUSH.
     let r = vfs.open(&t, libc::O_RDONLY, 0).unwrap();
     assert!(!r.needs_flush());
