@@ -17,6 +17,7 @@ mod exec;
 mod kernel;
 mod locks;
 pub mod shared;
+pub mod spare;
 mod xattr;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
@@ -329,6 +330,7 @@ fn reissue(nr: i64, mut a: [i64; 6], i: usize, has_dirfd: bool, path: &[u8]) -> 
     if has_dirfd {
         a[i - 1] = AT_FDCWD;
     }
+    spare::before_kernel(nr);
     raw(nr, a[0], a[1], a[2], a[3], a[4], a[5])
 }
 
@@ -475,9 +477,13 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let f = file(a[0])?;
             let lock_owner = if f.needs_flush() { owner() } else { 0 };
             locks::closed(&f);
+            // A kernel-backed or shared description's close must reach
+            // the kernel now; a bare placeholder may wait for the next open.
+            let placeholder = !f.kernel_backed() && f.shared().is_none();
             drop(f);
+            let cloexec = st.fds.cloexec(fd);
             let r = st.fds.close(fd, lock_owner)?;
-            raw(libc::SYS_close, a[0], 0, 0, 0, 0, 0);
+            spare::close(fd, placeholder, cloexec.unwrap_or(false));
             Some(res(r.map(|_| 0i64)))
         }
         libc::SYS_close_range => {
@@ -1138,6 +1144,7 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
     let cloexec = flags & libc::O_CLOEXEC != 0;
     if flags & libc::O_PATH == 0 && f.data_map().is_some_and(|m| m.whole().is_some()) {
         // See `kernel`: the kernel keeps this open file description.
+        spare::flush();
         let fd = kernel::backing_descriptor(&f, flags, cloexec);
         if fd >= 0 {
             f.set_kernel_backed();
@@ -1148,8 +1155,7 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
     // A daemon's file gets its shared description only when it may reach
     // another process (see `shared`).
     let clock = shared::clock();
-    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
-    let fd = raw(libc::SYS_fcntl, placeholder_source(), i64::from(cmd), 0, 0, 0, 0);
+    let fd = spare::placeholder(placeholder_source(), cloexec);
     if fd < 0 {
         return Some(fd);
     }

@@ -348,6 +348,7 @@ static FINI: extern "C" fn() = fini;
 #[no_mangle]
 pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64, nr: i64) -> i64 {
     let a = [a1, a2, a3, a4, a5, a6];
+    before_serving(nr);
     if is_clone(nr) {
         before_clone(nr, a, None);
         // The entry runs the call itself (`sys::shortfuse_special`).
@@ -369,7 +370,18 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
         // program's numbers.
         return calls::nested(nr, a);
     }
+    calls::spare::before_kernel(nr);
     sys::raw6(nr, a)
+}
+
+/// First thing for every call that reaches the hook (from the assembly or
+/// the SIGSYS handler): a spare placeholder goes before any call of the
+/// program but its opens and closes (see `calls::spare`). The file
+/// system's own calls leave it: their descriptors go above the program's.
+pub(crate) fn before_serving(nr: i64) {
+    if !calls::spare::keeps(nr) && !sys::thread().in_hook.load(Ordering::Relaxed) {
+        calls::spare::before_kernel(nr);
+    }
 }
 
 /// clone, fork and vfork: the calls after which another process may hold

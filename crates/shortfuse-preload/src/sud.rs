@@ -377,6 +377,7 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
         t.selector.store(BLOCK, Ordering::SeqCst);
         return;
     }
+    crate::before_serving(nr);
     if is_special(nr) {
         if crate::is_clone(nr) {
             // SAFETY: uc_sigmask is at least 8 bytes, suitably aligned.
@@ -398,6 +399,7 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
             Some(r) => r,
             None => {
                 program_mask(*mask);
+                crate::calls::spare::before_kernel(nr);
                 raw6(nr, a)
             }
         },

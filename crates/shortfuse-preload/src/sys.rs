@@ -154,6 +154,10 @@ pub struct Cfg {
     /// returns in the parent; zeroed in a child with memory of its own):
     /// served calls wait while it is non-zero.
     pub forking: AtomicU64,
+    /// Non-zero while a closed placeholder is kept open for the next open
+    /// (`calls::spare`): every system call then leaves the fast path, so
+    /// that the kernel never sees the number the program gave back.
+    pub spare: AtomicU64,
 }
 
 const _: () = {
@@ -166,6 +170,7 @@ const _: () = {
     assert!(core::mem::offset_of!(Cfg, forked) == 112);
     assert!(core::mem::offset_of!(Cfg, clones) == 120);
     assert!(core::mem::offset_of!(Cfg, forking) == 128);
+    assert!(core::mem::offset_of!(Cfg, spare) == 136);
     assert!(core::mem::size_of::<Cfg>() <= 192);
 };
 
@@ -302,7 +307,8 @@ pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
 // the stack 0x80 bytes below the return address that `call *%rax` pushed.
 //
 // Fast path: a number the bitmap does not mark goes to the kernel from
-// here, every register as the program left it.
+// here, every register as the program left it, unless a spare placeholder
+// is parked (`Cfg::spare`).
 //
 // Slow path: save arguments, rflags and vector state, call
 // `shortfuse_hook(a1..a6, nr)` on a 16-byte aligned stack, restore.
@@ -343,6 +349,8 @@ global_asm!(
     "jae 10f",
     "btq %rax, shortfuse_cfg(%rip)",
     "jc 10f",
+    "cmpq $0, shortfuse_cfg+136(%rip)",
+    "jne 10f",
     "syscall",
     "add $0x80, %rsp",
     "ret",

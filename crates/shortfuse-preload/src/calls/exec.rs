@@ -270,6 +270,7 @@ pub(super) fn backing_path(src: &[u8], rel: &[u8]) -> Vec<u8> {
 /// Replaces the placeholders of passthrough descriptors that survive exec
 /// with kernel descriptors of their backing files.
 fn hand_over_descriptors() {
+    super::spare::freed();
     let st = state();
     let mut done: Vec<(Arc<OpenFile>, i64)> = Vec::new();
     for (fd, cloexec) in st.fds.fds() {

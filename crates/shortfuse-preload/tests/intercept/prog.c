@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -275,6 +276,100 @@ static int regs(void) {
     return 0;
 }
 
+/* The number an open of `f` got, closed again. */
+static int opened_and_closed(const char *f) {
+    int fd = open(f, O_RDONLY);
+    close(fd);
+    return fd;
+}
+
+/* Descriptor numbers are the lowest free ones, as POSIX says, also when
+ * the shim keeps a closed placeholder for the next open: each check
+ * compares numbers, so the output is the same natively. The results are
+ * printed at the end: a write in between would hand the number back. */
+static int fds(void) {
+    put("f", "x");
+    const char *f = at("f");
+    int r[32], n = 0, p[2];
+    struct stat st;
+    char link[64];
+    /* reuse */
+    int a = opened_and_closed(f);
+    int b = open(f, O_RDONLY);
+    r[n++] = b == a;
+    close(b);
+    /* a kernel descriptor made after a close gets the number */
+    a = opened_and_closed(f);
+    r[n++] = pipe(p) == 0 && p[0] == a;
+    close(p[0]);
+    close(p[1]);
+    a = opened_and_closed(f);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    r[n++] = s == a;
+    close(s);
+    a = opened_and_closed(f);
+    int k = open("/dev/null", O_RDONLY);
+    r[n++] = k == a;
+    close(k);
+    /* two closed: the lower comes back first */
+    a = open(f, O_RDONLY);
+    b = open(f, O_RDONLY);
+    close(a);
+    close(b);
+    int c = open(f, O_RDONLY), d = open(f, O_RDONLY);
+    r[n++] = c == a && d == b;
+    close(d);
+    close(c);
+    /* the same, closed the other way round */
+    a = open(f, O_RDONLY);
+    b = open(f, O_RDONLY);
+    close(b);
+    close(a);
+    r[n++] = opened_and_closed(f) == a;
+    /* a lower number freed in the kernel before the close */
+    k = open("/dev/null", O_RDONLY);
+    a = open(f, O_RDONLY);
+    close(k);
+    close(a);
+    r[n++] = opened_and_closed(f) == k;
+    /* a closed number is closed for the kernel too */
+    a = opened_and_closed(f);
+    r[n++] = fcntl(a, F_GETFD) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    r[n++] = close(a) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    r[n++] = fstat(a, &st) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    snprintf(link, sizeof link, "/proc/self/fd/%d", a);
+    r[n++] = access(link, F_OK) == -1 && errno == ENOENT;
+    /* dup2 onto a closed number; the next open takes the one above */
+    a = opened_and_closed(f);
+    r[n++] = dup2(1, a) == a;
+    c = open(f, O_RDONLY);
+    r[n++] = c == a + 1 && fcntl(a, F_GETFD) == 0;
+    close(c);
+    close(a);
+    /* close-on-exec as each open asks */
+    a = open(f, O_RDONLY | O_CLOEXEC);
+    close(a);
+    b = open(f, O_RDONLY);
+    r[n++] = b == a && fcntl(b, F_GETFD) == 0;
+    close(b);
+    c = open(f, O_RDONLY | O_CLOEXEC);
+    r[n++] = c == a && fcntl(c, F_GETFD) == FD_CLOEXEC;
+    close(c);
+    /* a child, and the parent after it, see the number free */
+    a = opened_and_closed(f);
+    pid_t pid = fork();
+    if (pid == 0) _exit(open("/dev/null", O_RDONLY) == a ? 0 : 1);
+    r[n++] = wait_code(pid) == 0;
+    r[n++] = opened_and_closed(f) == a;
+    printf("fds");
+    for (int i = 0; i < n; i++) printf(" %d", r[i]);
+    printf("\n");
+    return unlink(f);
+}
+
 /* Not a test: prints ns per getpid, for the report. */
 static int bench(void) {
     struct timespec a, b;
@@ -304,6 +399,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "threads")) return threads();
     if (!strcmp(c, "signals")) return signals();
     if (!strcmp(c, "regs")) return regs();
+    if (!strcmp(c, "fds")) return fds();
     if (!strcmp(c, "bench")) return bench();
     return 2;
 }
