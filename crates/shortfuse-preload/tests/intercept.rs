@@ -176,12 +176,15 @@ fn descriptor_numbers_are_the_lowest_free_ones() {
     assert_eq!(out, format!("fds{}\n", " 1".repeat(17)));
 }
 
-/// xmm0-15 and the argument registers across a served pread issued by a
-/// raw `syscall`.
+/// xmm0-15, ymm0-15 (upper halves clean and in use) and the argument
+/// registers across a served pread issued by a raw `syscall`.
 #[test]
 fn registers_survive_a_served_call() {
     let out = same_as_native("regs");
-    assert_eq!(out, "pread 16 0123456789abcdef\nargs kept 1\nvector kept 1\n");
+    assert_eq!(
+        out,
+        "pread 16 0123456789abcdef\nargs kept 1\nvector kept 1\nymm kept 1\n"
+    );
 }
 
 const PY: &str = r#"
