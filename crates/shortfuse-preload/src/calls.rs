@@ -245,7 +245,8 @@ fn resolve_for(dirfd: i64, path: &[u8], flags: WalkFlags) -> Result<Resolved, Er
         abs = Default::default();
     } else {
         // A kernel directory descriptor: only its path tells whether the
-        // walk enters a mount.
+        // walk enters a mount. (Not the spare's path: it is closed.)
+        spare::flush();
         let link = with_nul(format!("/proc/self/fd/{dirfd}").into_bytes());
         let mut buf = [0u8; 4096];
         let n = raw(

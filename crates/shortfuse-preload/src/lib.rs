@@ -376,8 +376,9 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
 
 /// First thing for every call that reaches the hook (from the assembly or
 /// the SIGSYS handler): a spare placeholder goes before any call of the
-/// program but its opens and closes (see `calls::spare`). The file
-/// system's own calls leave it: their descriptors go above the program's.
+/// program but those that keep it until they reach the kernel
+/// (`calls::spare::keeps`). The file system's own calls leave it: their
+/// descriptors go above the program's.
 pub(crate) fn before_serving(nr: i64) {
     if !calls::spare::keeps(nr) && !sys::thread().in_hook.load(Ordering::Relaxed) {
         calls::spare::before_kernel(nr);

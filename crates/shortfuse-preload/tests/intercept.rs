@@ -168,12 +168,13 @@ fn signal_handlers_doing_file_calls_are_served() {
 /// Closes and opens give the numbers POSIX does (the lowest free one), in
 /// every order the shim's spare placeholder must get right: reused, taken
 /// by a kernel open, pipe or socket, below another closed one, after a
-/// lower one closed in the kernel, closed to fcntl, fstat, a second close
-/// and /proc, dup2'd over, close-on-exec either way, in a forked child.
+/// lower one closed in the kernel, closed to fcntl, fstat, read, lseek, a
+/// second close, /proc and a dirfd, across a stat, dup2'd over,
+/// close-on-exec either way, in a forked child.
 #[test]
 fn descriptor_numbers_are_the_lowest_free_ones() {
     let out = same_as_native("fds");
-    assert_eq!(out, format!("fds{}\n", " 1".repeat(17)));
+    assert_eq!(out, format!("fds{}\n", " 1".repeat(23)));
 }
 
 /// xmm0-15, ymm0-15 (upper halves clean and in use) and the argument

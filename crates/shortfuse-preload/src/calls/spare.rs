@@ -17,10 +17,12 @@
 //!   shim sees (a close, close_range, a flush of the spare) and [`LAST`]
 //!   holds the newest placeholder handed out with the count at that time.
 //!   A free after parking flushes the spare;
-//! - the kernel never sees it: every system call but the opens and closes
-//!   of ours flushes it first (the assembly's fast path too, through
+//! - the kernel never sees it: every system call flushes it before it
+//!   reaches the kernel (the assembly's fast path too, through
 //!   `Cfg::spare`), so a kernel open, socket or pipe gets the number, and
-//!   fcntl, dup2 or /proc/self/fd on it find it closed;
+//!   fcntl, dup2 or /proc/self/fd on it find it closed. Opens, closes and
+//!   the calls the shim serves in user space ([`keeps`]) leave it while
+//!   they are ours;
 //! - its FD_CLOEXEC is kept with it and set as the next open asks.
 //!
 //! Only a placeholder is parked: not a kernel-backed descriptor, nor one
@@ -150,10 +152,37 @@ pub fn before_kernel(nr: i64) {
 }
 
 /// Whether call `nr` may find the spare where it is: opens and closes,
-/// which take it, park it, or flush it themselves before the kernel.
+/// which take it, park it, or flush it themselves; and the calls that a
+/// mount's path or descriptor has served in user space (stat, read,
+/// getdents...), so that `close(a); stat(b); open(c)` keeps it too. Each
+/// flushes it where it reaches the kernel: when `dispatch` hands it back
+/// (the hook flushes), or when it is issued again with a resolved path
+/// (`reissue`).
 pub fn keeps(nr: i64) -> bool {
     matches!(
         nr,
-        libc::SYS_open | libc::SYS_openat | libc::SYS_openat2 | libc::SYS_creat | libc::SYS_close
+        libc::SYS_open
+            | libc::SYS_openat
+            | libc::SYS_openat2
+            | libc::SYS_creat
+            | libc::SYS_close
+            | libc::SYS_stat
+            | libc::SYS_lstat
+            | libc::SYS_newfstatat
+            | libc::SYS_statx
+            | libc::SYS_access
+            | libc::SYS_faccessat
+            | libc::SYS_faccessat2
+            | libc::SYS_readlink
+            | libc::SYS_readlinkat
+            | libc::SYS_fstat
+            | libc::SYS_lseek
+            | libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_pread64
+            | libc::SYS_pwrite64
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_getdents64
     )
 }

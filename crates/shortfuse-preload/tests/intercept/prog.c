@@ -377,6 +377,22 @@ static int fds(void) {
     a = opened_and_closed(f);
     snprintf(link, sizeof link, "/proc/self/fd/%d", a);
     r[n++] = access(link, F_OK) == -1 && errno == ENOENT;
+    a = opened_and_closed(f);
+    r[n++] = read(a, link, 1) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    r[n++] = lseek(a, 0, SEEK_SET) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    r[n++] = fstatat(a, "x", &st, 0) == -1 && errno == EBADF;
+    a = opened_and_closed(f);
+    r[n++] = openat(a, "x", O_RDONLY) == -1 && errno == EBADF;
+    /* a stat of the mount and of the kernel between a close and the next
+     * open or pipe */
+    a = opened_and_closed(f);
+    r[n++] = stat(f, &st) == 0 && opened_and_closed(f) == a;
+    a = opened_and_closed(f);
+    r[n++] = stat("/", &st) == 0 && pipe(p) == 0 && p[0] == a;
+    close(p[0]);
+    close(p[1]);
     /* dup2 onto a closed number; the next open takes the one above */
     a = opened_and_closed(f);
     r[n++] = dup2(1, a) == a;
