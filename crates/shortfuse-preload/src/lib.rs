@@ -8,13 +8,15 @@
 //! `shortfuse_vfs::Vfs`, then intercepts system calls, as
 //! `SHORTFUSE_INTERCEPT` says:
 //!
-//! - `both` (default): every `syscall` instruction of the loaded objects
-//!   becomes a call into our hook ([`zpoline`], needs `vm.mmap_min_addr=0`
-//!   or CAP_SYS_RAWIO, which root has),
-//!   and Syscall User Dispatch ([`sud`]) catches the rest (dlopen, JIT code,
-//!   skipped sites) and rewrites those sites lazily. Without page 0 it runs
-//!   with Syscall User Dispatch alone and says so once.
-//! - `zpoline`: the rewrite alone (code loaded later bypasses the mount).
+//! - `both` (default): Syscall User Dispatch ([`sud`]) reports each
+//!   `syscall` instruction the first time it runs, and the site becomes a
+//!   call into our hook ([`zpoline`], needs `vm.mmap_min_addr=0` or
+//!   CAP_SYS_RAWIO, which root has): code loaded at start-up, with dlopen
+//!   or by a JIT alike. Without page 0 it runs with Syscall User Dispatch
+//!   alone and says so once; without Syscall User Dispatch it rewrites
+//!   every loaded object at start-up.
+//! - `zpoline`: the rewrite alone, of every object loaded at start-up (code
+//!   loaded later bypasses the mount).
 //! - `sud`: Syscall User Dispatch alone: every system call pays a signal.
 //!
 //! `SHORTFUSE_MAPS=off` leaves the file systems' data maps unused (every
@@ -224,12 +226,7 @@ extern "C" fn init() {
     let mut zpoline_on = false;
     if mode != Mode::Sud {
         match zpoline::install() {
-            Ok(n) => {
-                zpoline_on = true;
-                if debug {
-                    eprintln!("shortfuse-preload: {n} system-call sites rewritten");
-                }
-            }
+            Ok(()) => zpoline_on = true,
             Err(zpoline::SetupError::Page0(errno)) if mode == Mode::Both => {
                 if !parent_fell_back(text) {
                     eprintln!(
@@ -245,12 +242,9 @@ extern "C" fn init() {
                 );
                 return;
             }
-            Err(zpoline::SetupError::Maps(e)) => {
-                eprintln!("shortfuse-preload: /proc/self/maps: {e}; mounts are not served");
-                return;
-            }
         }
     }
+    let mut sud_on = false;
     if mode != Mode::Zpoline {
         let r = match text {
             Some(t) => sud::install(t).map_err(|e| format!("errno {e}")),
@@ -258,6 +252,7 @@ extern "C" fn init() {
         };
         match r {
             Ok(()) => {
+                sud_on = true;
                 if debug {
                     eprintln!("shortfuse-preload: Syscall User Dispatch on");
                 }
@@ -268,6 +263,18 @@ extern "C" fn init() {
             ),
             Err(e) => {
                 eprintln!("shortfuse-preload: Syscall User Dispatch unavailable ({e}): mounts are not served");
+                return;
+            }
+        }
+    }
+    // Beside Syscall User Dispatch each site is rewritten when it first
+    // runs (see `zpoline`); without it, every site must be found now.
+    if zpoline_on && !sud_on {
+        match zpoline::rewrite_loaded() {
+            Ok(n) if debug => eprintln!("shortfuse-preload: {n} system-call sites rewritten"),
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("shortfuse-preload: /proc/self/maps: {e}; mounts are not served");
                 return;
             }
         }

@@ -5,9 +5,16 @@
 //! from any of their bytes: zpoline's one-byte `nop`s, five at a time) and
 //! slides into [`crate::sys::shortfuse_entry`].
 //!
-//! Sites found later (code loaded with dlopen, JIT code, sites the start-up
-//! pass skipped) are reported by Syscall User Dispatch and rewritten one at
-//! a time by [`rewrite_site`].
+//! When Syscall User Dispatch is on (the default), no site is rewritten at
+//! start-up: each is reported the first time it runs and rewritten then by
+//! [`rewrite_site`] (lazypoline's approach), so the program pays a signal
+//! for each site it uses, once, instead of the disassembly of every loaded
+//! object: `git status` in a repository of 200 files went from 46 ms to
+//! 8.5 ms (native 3.7, Syscall User Dispatch alone 7.5), 40 ms of which
+//! were spent decoding git's own text, which holds no `syscall` at all;
+//! `/bin/true` from 20 to 2.1 ms. Without it ([`rewrite_loaded`]) every
+//! object loaded at start-up is rewritten at once, and code loaded later
+//! bypasses the hook.
 #![allow(unsafe_code)]
 
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +34,6 @@ const PAGE: usize = 4096;
 pub enum SetupError {
     /// mmap at address 0 refused (vm.mmap_min_addr is not 0); the errno.
     Page0(i64),
-    Maps(std::io::Error),
 }
 
 /// Maps the trampoline page at address 0.
@@ -75,8 +81,8 @@ struct Region {
 }
 
 /// Executable mappings of other objects, from /proc/self/maps.
-fn regions(own: usize) -> Result<Vec<Region>, SetupError> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(SetupError::Maps)?;
+fn regions(own: usize) -> std::io::Result<Vec<Region>> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
     let mut out = Vec::new();
     for line in maps.lines() {
         let mut f = line.split_whitespace();
@@ -139,16 +145,21 @@ fn rewrite(r: &Region) -> usize {
     sites.len()
 }
 
-/// Maps the trampoline and rewrites every loaded object but ours. Returns
-/// the number of rewritten sites.
-pub fn install() -> Result<usize, SetupError> {
+/// Maps the trampoline: from now on a site may be rewritten.
+pub fn install() -> Result<(), SetupError> {
     map_trampoline()?;
+    TRAMPOLINE.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Rewrites every loaded object but ours (after [`install`]). Returns the
+/// number of rewritten sites.
+pub fn rewrite_loaded() -> std::io::Result<usize> {
     let own = install as *const () as usize;
     let mut n = 0;
     for r in regions(own)? {
         n += rewrite(&r);
     }
-    TRAMPOLINE.store(true, Ordering::Release);
     Ok(n)
 }
 

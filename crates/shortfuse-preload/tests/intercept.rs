@@ -141,6 +141,26 @@ fn library_loaded_with_dlopen_is_served_and_rewritten_lazily() {
     assert!(zp.contains("raw read -2 \n"), "{zp}");
 }
 
+/// By default a site of the program is rewritten when it first runs, not
+/// at start-up; the rewrite alone does them all at start-up; dispatch
+/// alone never rewrites.
+#[test]
+fn syscall_sites_are_rewritten_when_they_first_run() {
+    let mp = mountpoint("lazy");
+    for (mode, before, after) in [
+        ("", "0f05", "ffd0"),
+        ("zpoline", "ffd0", "ffd0"),
+        ("sud", "0f05", "0f05"),
+    ] {
+        let out = stdout(&prog(Some(mode), "lazy", &mp, &[]), mode);
+        assert_eq!(
+            out,
+            format!("site before {before}\ngetpid 1\nsite after {after}\n"),
+            "SHORTFUSE_INTERCEPT={mode:?}"
+        );
+    }
+}
+
 #[test]
 fn vfork_posix_spawn_and_fork_work() {
     let out = same_as_native("spawn");
