@@ -268,7 +268,14 @@ extern "C" fn init() {
         }
     }
     // Beside Syscall User Dispatch each site is rewritten when it first
-    // runs (see `zpoline`); without it, every site must be found now.
+    // runs (see `zpoline`), but for those a vfork child execs with; without
+    // it, every site must be found now.
+    if zpoline_on && sud_on {
+        let n = zpoline::rewrite_exec_functions();
+        if debug {
+            eprintln!("shortfuse-preload: {n} system-call sites of exec functions rewritten");
+        }
+    }
     if zpoline_on && !sud_on {
         match zpoline::rewrite_loaded() {
             Ok(n) if debug => eprintln!("shortfuse-preload: {n} system-call sites rewritten"),

@@ -163,6 +163,49 @@ pub fn rewrite_loaded() -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// libc functions whose `syscall` a vfork child (posix_spawn, `system`,
+/// python's subprocess) may run to exec: their sites are rewritten at
+/// start-up. Syscall User Dispatch, which finds every other site the first
+/// time it runs, is not on in a vfork child (it shares our memory, not our
+/// task), and exec is all the shim serves there (`calls::vfork_exec`).
+const EXEC_FUNCTIONS: [&core::ffi::CStr; 4] = [c"execve", c"execveat", c"fexecve", c"syscall"];
+
+/// glibc's `RTLD_DL_SYMENT`: `dladdr1` also gives the symbol's entry.
+const RTLD_DL_SYMENT: i32 = 1;
+
+/// Rewrites the sites of [`EXEC_FUNCTIONS`] (after [`install`]), each
+/// decoded from its symbol's start over its size (true instruction
+/// boundaries). Returns the number of sites.
+pub fn rewrite_exec_functions() -> usize {
+    let mut n = 0;
+    for name in EXEC_FUNCTIONS {
+        // SAFETY: a lookup by a NUL-terminated name; a null result is checked.
+        let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if addr.is_null() {
+            continue;
+        }
+        // SAFETY: `dladdr1` fills `info` and points `sym` at the symbol's
+        // entry in the object's dynamic symbol table (valid while it stays
+        // loaded: libc never unloads).
+        let size = unsafe {
+            let mut info: libc::Dl_info = core::mem::zeroed();
+            let mut sym: *mut libc::c_void = core::ptr::null_mut();
+            if libc::dladdr1(addr, &mut info, &mut sym, RTLD_DL_SYMENT) == 0 || sym.is_null() {
+                continue;
+            }
+            (*(sym as *const libc::Elf64_Sym)).st_size as usize
+        };
+        // SAFETY: the function's own bytes, mapped executable and readable.
+        let code = unsafe { core::slice::from_raw_parts(addr as *const u8, size) };
+        for ins in Decoder::with_ip(64, code, addr as u64, DecoderOptions::NONE) {
+            if ins.code() == Code::Syscall && rewrite_site(ins.ip() as usize) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// The trampoline page is mapped: a rewritten site has somewhere to go.
 static TRAMPOLINE: AtomicBool = AtomicBool::new(false);
 
