@@ -268,14 +268,8 @@ extern "C" fn init() {
         }
     }
     // Beside Syscall User Dispatch each site is rewritten when it first
-    // runs (see `zpoline`), but for those a vfork child execs with; without
-    // it, every site must be found now.
-    if zpoline_on && sud_on {
-        let n = zpoline::rewrite_exec_functions();
-        if debug {
-            eprintln!("shortfuse-preload: {n} system-call sites of exec functions rewritten");
-        }
-    }
+    // runs (see `zpoline`, and `before_clone` for a vfork child's exec);
+    // without it, every site must be found now.
     if zpoline_on && !sud_on {
         match zpoline::rewrite_loaded() {
             Ok(n) if debug => eprintln!("shortfuse-preload: {n} system-call sites rewritten"),
@@ -409,6 +403,14 @@ pub(crate) fn is_clone(nr: i64) -> bool {
 /// the SIGSYS handler, `frame_mask` as for [`serve`]): moves the clone clock
 /// and hands the daemons our descriptions (`calls::shared::before_clone`).
 pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
+    let vfork_like = nr == libc::SYS_vfork
+        || nr == libc::SYS_clone
+            && a[0] & i64::from(libc::CLONE_VM | libc::CLONE_VFORK) == i64::from(libc::CLONE_VM | libc::CLONE_VFORK);
+    if vfork_like && sud::on() {
+        // The child runs without Syscall User Dispatch: its exec must find
+        // its site rewritten already.
+        zpoline::rewrite_exec_functions_once();
+    }
     sys::clone_starts();
     let process = calls::shared::new_process(nr, a[0]);
     if process {

@@ -10,11 +10,11 @@
 //! [`rewrite_site`] (lazypoline's approach), so the program pays a signal
 //! for each site it uses, once, instead of the disassembly of every loaded
 //! object: `git status` in a repository of 200 files went from 46 ms to
-//! 8.5 ms (native 3.7, Syscall User Dispatch alone 7.5), 40 ms of which
-//! were spent decoding git's own text, which holds no `syscall` at all;
-//! `/bin/true` from 20 to 2.1 ms. Without it ([`rewrite_loaded`]) every
-//! object loaded at start-up is rewritten at once, and code loaded later
-//! bypasses the hook.
+//! 8 ms (native 2.6 to 3.7, Syscall User Dispatch alone 7.5 to 8), 40 ms
+//! of which were spent decoding git's own text, which holds no `syscall`
+//! at all; `/bin/true` from 20 to 1.5 ms (native 0.6). Without it
+//! ([`rewrite_loaded`]) every object loaded at start-up is rewritten at
+//! once, and code loaded later bypasses the hook.
 #![allow(unsafe_code)]
 
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -164,19 +164,31 @@ pub fn rewrite_loaded() -> std::io::Result<usize> {
 }
 
 /// libc functions whose `syscall` a vfork child (posix_spawn, `system`,
-/// python's subprocess) may run to exec: their sites are rewritten at
-/// start-up. Syscall User Dispatch, which finds every other site the first
-/// time it runs, is not on in a vfork child (it shares our memory, not our
-/// task), and exec is all the shim serves there (`calls::vfork_exec`).
+/// python's subprocess) may run to exec: their sites are rewritten before
+/// the first vfork-like clone. Syscall User Dispatch, which finds every
+/// other site the first time it runs, is not on in a vfork child (it
+/// shares our memory, not our task), and exec is all the shim serves there
+/// (`calls::vfork_exec`). Not at start-up: iced-x86 builds its decoder
+/// tables on first use, 1.1 ms that a process that never vforks (most)
+/// need not pay.
 const EXEC_FUNCTIONS: [&core::ffi::CStr; 4] = [c"execve", c"execveat", c"fexecve", c"syscall"];
 
 /// glibc's `RTLD_DL_SYMENT`: `dladdr1` also gives the symbol's entry.
 const RTLD_DL_SYMENT: i32 = 1;
 
+/// [`rewrite_exec_functions`], the first time only (once the trampoline is
+/// there).
+pub fn rewrite_exec_functions_once() {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if active() && !DONE.swap(true, Ordering::AcqRel) {
+        rewrite_exec_functions();
+    }
+}
+
 /// Rewrites the sites of [`EXEC_FUNCTIONS`] (after [`install`]), each
 /// decoded from its symbol's start over its size (true instruction
 /// boundaries). Returns the number of sites.
-pub fn rewrite_exec_functions() -> usize {
+fn rewrite_exec_functions() -> usize {
     let mut n = 0;
     for name in EXEC_FUNCTIONS {
         // SAFETY: a lookup by a NUL-terminated name; a null result is checked.
