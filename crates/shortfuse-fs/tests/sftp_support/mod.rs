@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,6 +31,30 @@ fn run(cmd: &mut Command) {
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Whether process `pid` holds a socket listening on TCP `port` of
+/// 127.0.0.1 (from /proc/net/tcp and its descriptors).
+fn listening(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            let p = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            // 0A: TCP_LISTEN.
+            (p == port && *state == "0A").then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| sockets.iter().any(|s| l.as_os_str() == s.as_str())))
 }
 
 /// Every descendant of `pid`, deepest last.
@@ -86,15 +110,23 @@ impl Sshd {
             port: free_port(),
             child: None,
         };
-        s.restart();
+        s.listen(true);
         s
     }
 
     /// (Re)starts the listener on the same port and waits until it accepts.
+    pub fn restart(&mut self) {
+        self.listen(false);
+    }
+
+    /// Starts the listener and waits until it listens; on a port another
+    /// listener took meanwhile (tests run side by side, each picking a free
+    /// port), on another port if `may_move`, else on the same one once the
+    /// port is free.
     // Every path stores the child, reaps it through `try_wait`, or kills
     // and waits for it; clippy cannot follow the retry loop.
     #[allow(clippy::zombie_processes)]
-    pub fn restart(&mut self) {
+    fn listen(&mut self, may_move: bool) {
         assert!(self.child.is_none(), "sshd already running");
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
@@ -116,12 +148,19 @@ impl Sshd {
                     }
                     // The old listener's port may linger for a moment.
                     if err.contains("Address already in use") && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(100));
+                        if may_move {
+                            self.port = free_port();
+                        } else {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
                         break;
                     }
                     panic!("{SSHD} exited with {status}: {err}");
                 }
-                if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                // Ours: a connection to the port could reach another
+                // test's server that took the same free port first (a key
+                // refused by the server, seen once in CI).
+                if listening(child.id(), self.port) {
                     self.child = Some(child);
                     return;
                 }
