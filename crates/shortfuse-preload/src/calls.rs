@@ -482,9 +482,8 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             // the kernel now; a bare placeholder may wait for the next open.
             let placeholder = !f.kernel_backed() && f.shared().is_none();
             drop(f);
-            let cloexec = st.fds.cloexec(fd);
-            let r = st.fds.close(fd, lock_owner)?;
-            spare::close(fd, placeholder, cloexec.unwrap_or(false));
+            let (r, cloexec) = st.fds.close_with_cloexec(fd, lock_owner)?;
+            spare::close(fd, placeholder, cloexec);
             Some(res(r.map(|_| 0i64)))
         }
         libc::SYS_close_range => {

@@ -1091,6 +1091,11 @@ impl FdTable {
     /// Removes `fd`: FLUSH now, RELEASE when it was the last descriptor of
     /// the open file. `None` when `fd` is not ours.
     pub fn close(&self, fd: i32, lock_owner: u64) -> Option<Result<(), Errno>> {
+        self.close_with_cloexec(fd, lock_owner).map(|(r, _)| r)
+    }
+
+    /// [`FdTable::close`], and whether `fd` had FD_CLOEXEC.
+    pub fn close_with_cloexec(&self, fd: i32, lock_owner: u64) -> Option<(Result<(), Errno>, bool)> {
         let slot = {
             let mut slots = self.lock();
             let s = slots.remove(&fd);
@@ -1100,8 +1105,9 @@ impl FdTable {
             s
         }?;
         let r = slot.file.flush(lock_owner);
+        let cloexec = slot.cloexec;
         drop(slot);
-        Some(r)
+        Some((r, cloexec))
     }
 
     /// `dup2`/`dup3`/`F_DUPFD`: `new` shares `old`'s open file. Returns the
