@@ -403,9 +403,8 @@ pub(crate) fn is_clone(nr: i64) -> bool {
 /// the SIGSYS handler, `frame_mask` as for [`serve`]): moves the clone clock
 /// and hands the daemons our descriptions (`calls::shared::before_clone`).
 pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
-    let vfork_like = nr == libc::SYS_vfork
-        || nr == libc::SYS_clone
-            && a[0] & i64::from(libc::CLONE_VM | libc::CLONE_VFORK) == i64::from(libc::CLONE_VM | libc::CLONE_VFORK);
+    let vfork = i64::from(libc::CLONE_VM | libc::CLONE_VFORK);
+    let vfork_like = nr == libc::SYS_vfork || nr == libc::SYS_clone && a[0] & vfork == vfork;
     if vfork_like && sud::on() {
         // The child runs without Syscall User Dispatch: its exec must find
         // its site rewritten already.

@@ -187,9 +187,8 @@ pub fn rewrite_exec_functions_once() {
 
 /// Rewrites the sites of [`EXEC_FUNCTIONS`] (after [`install`]), each
 /// decoded from its symbol's start over its size (true instruction
-/// boundaries). Returns the number of sites.
-fn rewrite_exec_functions() -> usize {
-    let mut n = 0;
+/// boundaries).
+fn rewrite_exec_functions() {
     for name in EXEC_FUNCTIONS {
         // SAFETY: a lookup by a NUL-terminated name; a null result is checked.
         let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
@@ -210,12 +209,11 @@ fn rewrite_exec_functions() -> usize {
         // SAFETY: the function's own bytes, mapped executable and readable.
         let code = unsafe { core::slice::from_raw_parts(addr as *const u8, size) };
         for ins in Decoder::with_ip(64, code, addr as u64, DecoderOptions::NONE) {
-            if ins.code() == Code::Syscall && rewrite_site(ins.ip() as usize) {
-                n += 1;
+            if ins.code() == Code::Syscall {
+                rewrite_site(ins.ip() as usize);
             }
         }
     }
-    n
 }
 
 /// The trampoline page is mapped: a rewritten site has somewhere to go.

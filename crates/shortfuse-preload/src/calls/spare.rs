@@ -77,12 +77,11 @@ pub fn placeholder(source: i64, cloexec: bool) -> i64 {
         fd
     } else {
         let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
-        let fd = raw(libc::SYS_fcntl, source, i64::from(cmd), 0, 0, 0, 0);
-        if fd < 0 {
-            return fd;
-        }
-        fd
+        raw(libc::SYS_fcntl, source, i64::from(cmd), 0, 0, 0, 0)
     };
+    if fd < 0 {
+        return fd;
+    }
     LAST.store(last(fd as i32, frees), Ordering::SeqCst);
     fd
 }
@@ -110,14 +109,9 @@ fn park(fd: i32, cloexec: bool) -> bool {
         return false;
     }
     // A close that counted after our look may have freed a lower number:
-    // it flushed before we parked, so flush now (unless an open took it).
-    if FREES.load(Ordering::SeqCst) != frees
-        && parked()
-            .compare_exchange(v, 0, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    {
-        freed();
-        raw(libc::SYS_close, i64::from(fd), 0, 0, 0, 0, 0);
+    // it flushed before we parked, so flush now.
+    if FREES.load(Ordering::SeqCst) != frees {
+        flush();
     }
     true
 }
