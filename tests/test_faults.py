@@ -6,6 +6,7 @@ Every wait is bounded: a hang fails the test instead of stalling CI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -290,20 +291,32 @@ def test_stats_refuses_non_shortfuse_dir(scratch):
     assert r.returncode != 0 and (r.stderr + r.stdout).strip()
 
 
-def test_unprivileged_mount_through_fusermount3(scratch):
-    """A user without privileges mounts through the setuid fusermount3 (as
-    libfuse does), writes to the mount it owns, reads its statistics and
-    unmounts it. /dev/fuse is made world-usable for the test (Debian's udev
-    rule makes it 0666; this machine ships it 0600) and restored after."""
-    user = "nobody"
+@contextlib.contextmanager
+def unprivileged(user: str, scratch: Path):
+    """A mount point in `scratch` that `user` owns, /dev/fuse usable by
+    everyone (Debian's udev rule makes it 0666; this machine ships it 0600)
+    for the duration, and the mount undone after. Yields (mountpoint, the
+    command that runs shortfuse as `user` without XDG_RUNTIME_DIR)."""
     mp = scratch / "mnt"
     mp.mkdir()
     os.chmod(scratch, 0o777)
     shutil.chown(mp, user)
     mode = os.stat("/dev/fuse").st_mode & 0o777
-    as_user = ["runuser", "-u", user, "--", "env", "XDG_RUNTIME_DIR=", str(shortfuse_bin())]
     try:
         os.chmod("/dev/fuse", 0o666)
+        yield mp, ["runuser", "-u", user, "--", "env", "XDG_RUNTIME_DIR=", str(shortfuse_bin())]
+    finally:
+        os.chmod("/dev/fuse", mode)
+        if is_mounted(mp):
+            run(["umount", "-l", str(mp)], timeout=30)
+
+
+def test_unprivileged_mount_through_fusermount3(scratch):
+    """A user without privileges mounts through the setuid fusermount3 (as
+    libfuse does), writes to the mount it owns, reads its statistics and
+    unmounts it."""
+    user = "nobody"
+    with unprivileged(user, scratch) as (mp, as_user):
         r = run(as_user + ["mount", "mem", str(mp)], timeout=30)
         assert r.returncode == 0, f"unprivileged mount failed: {r.stderr}"
         info = mounts_at(mp)
@@ -322,7 +335,56 @@ def test_unprivileged_mount_through_fusermount3(scratch):
         r = run(as_user + ["umount", str(mp)], timeout=30)
         assert r.returncode == 0, f"unprivileged umount failed: {r.stderr}"
         assert not is_mounted(mp)
+
+
+def fnv1a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_runtime_dir_attack_of_another_user_fails(scratch):
+    """Without XDG_RUNTIME_DIR the daemon's directory is /tmp/shortfuse-UID,
+    which any user can create first. An attacker (`daemon`) makes it 0777
+    and links the victim's (`nobody`'s) future log to a file of the victim:
+    the mount is refused with a clear error and the file is untouched. A
+    symbolic link in the victim's own 0700 directory is not followed either.
+    Without an attacker the directory is made 0700 and the mount works."""
+    victim, attacker = "nobody", "daemon"
+    uid = pwd.getpwnam(victim).pw_uid
+    rundir = Path(f"/tmp/shortfuse-{uid}")
+    target = scratch / "precious"
+    target.write_text("precious\n")
+    shutil.chown(target, victim)
+    shutil.rmtree(rundir, ignore_errors=True)
+    try:
+        with unprivileged(victim, scratch) as (mp, as_user):
+            log = rundir / f"mnt-{fnv1a(bytes(mp)):016x}.log"
+            plant = f"umask 0; mkdir -m 0777 {rundir} && ln -s {target} {log}"
+            r = run(["runuser", "-u", attacker, "--", "sh", "-c", plant], timeout=30)
+            assert r.returncode == 0, r.stderr
+            r = run(as_user + ["mount", "mem", str(mp)], timeout=30)
+            assert r.returncode != 0 and not is_mounted(mp), "mounted through another user's runtime directory"
+            assert "refusing the runtime directory" in r.stderr and "uid" in r.stderr, r.stderr
+            assert target.read_text() == "precious\n"
+
+            # The victim's own private directory, a link where the log goes.
+            shutil.rmtree(rundir)
+            r = run(["runuser", "-u", victim, "--", "sh", "-c", f"mkdir -m 0700 {rundir} && ln -s {target} {log}"], timeout=30)
+            assert r.returncode == 0, r.stderr
+            r = run(as_user + ["mount", "mem", str(mp)], timeout=30)
+            assert r.returncode != 0 and not is_mounted(mp), "mounted with its log a symbolic link"
+            assert "symbolic links" in r.stderr, r.stderr
+            assert target.read_text() == "precious\n"
+
+            shutil.rmtree(rundir)
+            r = run(as_user + ["mount", "mem", str(mp)], timeout=30)
+            assert r.returncode == 0, r.stderr
+            st = rundir.lstat()
+            assert (st.st_uid, st.st_mode & 0o7777) == (uid, 0o700), (st.st_uid, oct(st.st_mode))
+            assert log.is_file() and not log.is_symlink()
+            r = run(as_user + ["umount", str(mp)], timeout=30)
+            assert r.returncode == 0, r.stderr
     finally:
-        os.chmod("/dev/fuse", mode)
-        if is_mounted(mp):
-            run(["umount", "-l", str(mp)], timeout=30)
+        shutil.rmtree(rundir, ignore_errors=True)

@@ -26,8 +26,10 @@ struct Cli {
 enum Command {
     /// Mount a file system. Returns once the mount is live; the daemon stays
     /// in the background (use -f to keep it in the foreground) and logs to
-    /// /run/shortfuse/NAME.log (root) or $XDG_RUNTIME_DIR/shortfuse/NAME.log,
-    /// beside its control socket.
+    /// DIR/BASENAME-HASH.log (BASENAME: the mount point's last component),
+    /// beside its control socket; DIR is /run/shortfuse (root),
+    /// $XDG_RUNTIME_DIR/shortfuse, or /tmp/shortfuse-UID (created 0700,
+    /// refused when another user made it).
     #[command(after_long_help = mount_options_help())]
     Mount {
         /// File system: null, mem, passthrough, stripe, pack, sftp, dist (see below).
@@ -280,6 +282,9 @@ fn mount(
 /// Forks: the child serves, the parent waits until the child reports that
 /// it is serving (or why it failed) and exits with that status.
 fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result<()>) -> io::Result<()> {
+    // Opened before the fork, so that a refused runtime directory or log
+    // is reported here, and the mount undone, rather than lost.
+    let log = shortfuse::control::open_log(dev.mount_point())?;
     let (mut rx, tx) = pipe()?;
     match sys::fork()? {
         sys::Forked::Parent => {
@@ -306,7 +311,7 @@ fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result
             drop(rx);
             sys::setsid()?;
             let _ = std::env::set_current_dir("/");
-            sys::detach_stdio(&shortfuse::control::log_path(dev.mount_point()))?;
+            sys::detach_stdio(&log)?;
             let mut ready_tx = tx.try_clone()?;
             let result = finish(dev.run(move || {
                 let _ = ready_tx.write_all(b"ok\n");

@@ -4,8 +4,6 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
 pub enum Forked {
     Parent,
@@ -34,17 +32,10 @@ pub fn setsid() -> io::Result<()> {
     Ok(())
 }
 
-/// Points stdin at /dev/null and stdout and stderr at `log` (appended,
-/// created 0600), or at /dev/null when the log cannot be opened.
-pub fn detach_stdio(log: &Path) -> io::Result<()> {
+/// Points stdin at /dev/null and stdout and stderr at `log`.
+pub fn detach_stdio(log: &File) -> io::Result<()> {
     let null = File::options().read(true).write(true).open("/dev/null")?;
-    let out = log
-        .parent()
-        .map(std::fs::create_dir_all)
-        .transpose()
-        .and_then(|_| File::options().create(true).append(true).mode(0o600).open(log))
-        .unwrap_or_else(|_| null.try_clone().expect("dup of /dev/null"));
-    for (fd, file) in [(0, &null), (1, &out), (2, &out)] {
+    for (fd, file) in [(0, &null), (1, log), (2, log)] {
         // SAFETY: dup2 onto the standard fds replaces them atomically; the
         // files stay open for the call.
         if unsafe { libc::dup2(file.as_raw_fd(), fd) } < 0 {

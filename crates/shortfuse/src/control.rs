@@ -9,7 +9,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,11 +32,84 @@ pub fn socket_dir() -> PathBuf {
     }
 }
 
+/// [`socket_dir`], created if missing and checked, so that nobody else can
+/// plant or swap files in it: a directory (not a symbolic link) owned by
+/// this user, writable by nobody else; under /tmp (no `XDG_RUNTIME_DIR`),
+/// where any user could have created it first, mode 0700 exactly. Refused
+/// with an error that says why otherwise.
+pub fn runtime_dir() -> io::Result<PathBuf> {
+    let dir = socket_dir();
+    let private = dir.starts_with("/tmp");
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", parent.display())))?;
+    }
+    // /run/shortfuse stays 0755 for root: other users' programs look up
+    // root's daemons there. Only the owner ever writes.
+    let mode = if private || sys::geteuid() != 0 { 0o700 } else { 0o755 };
+    match std::fs::DirBuilder::new().mode(mode).create(&dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())));
+        }
+        _ => {}
+    }
+    check_private_dir(&dir, private)?;
+    Ok(dir)
+}
+
+/// The checks of [`runtime_dir`] on an existing `dir`; `private`: no access
+/// at all for group and others.
+fn check_private_dir(dir: &Path, private: bool) -> io::Result<()> {
+    let refuse = |why: String| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "refusing the runtime directory {}: {why}; another user may have made it to \
+                 read or redirect this daemon's files. Remove it, or set XDG_RUNTIME_DIR to a \
+                 directory of your own",
+                dir.display()
+            ),
+        )
+    };
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(refuse("it is not a directory".to_string()));
+    }
+    let me = sys::geteuid();
+    if meta.uid() != me {
+        return Err(refuse(format!("it belongs to uid {}, not to uid {me}", meta.uid())));
+    }
+    let wider = meta.mode() & if private { 0o077 } else { 0o022 };
+    if wider != 0 {
+        return Err(refuse(format!(
+            "its mode is {:04o}, {}",
+            meta.mode() & 0o7777,
+            if private { "not 0700" } else { "writable by others" }
+        )));
+    }
+    Ok(())
+}
+
 /// The log of the background daemon serving `mount_point`: beside its
 /// control socket, same name, `.log`. It holds what the daemon reports
 /// after `shortfuse mount` returned (errors, SIGUSR1 statistics).
 pub fn log_path(mount_point: &Path) -> PathBuf {
     socket_path(mount_point).with_extension("log")
+}
+
+/// Opens (appending, created 0600) the log of the daemon serving
+/// `mount_point` in the checked [`runtime_dir`]; a symbolic link in its
+/// place is refused (O_NOFOLLOW), never followed to a file it names.
+pub fn open_log(mount_point: &Path) -> io::Result<std::fs::File> {
+    runtime_dir()?;
+    let path = log_path(mount_point);
+    std::fs::File::options()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("opening the log {}: {e}", path.display())))
 }
 
 /// 64-bit FNV-1a: stable across runs and builds, unlike std's hasher.
@@ -109,10 +182,8 @@ impl ControlServer {
     /// Binds the socket of `mount_point` (canonical) and answers requests on
     /// a thread of its own.
     pub fn start(mount_point: &Path, stats: Arc<Stats>) -> io::Result<ControlServer> {
+        runtime_dir()?;
         let path = socket_path(mount_point);
-        let dir = path.parent().unwrap_or(Path::new("/"));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
         // A socket left here belongs to a killed daemon, or to one serving a
         // lazily detached mount that nobody can reach by this path any more:
         // either way the path now names the new mount.
