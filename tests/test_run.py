@@ -74,8 +74,6 @@ def under(shortfuse: Path, mounts: list[str], argv: list[str], **kw) -> subproce
 
 def output(p: subprocess.CompletedProcess, root: str) -> str:
     text = p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
-    # `shortfuse run` says when it sets vm.mmap_min_addr; not the program's output.
-    text = "".join(l for l in text.splitlines(True) if not l.startswith("shortfuse run: set vm.mmap_min_addr"))
     return text.replace(root, "ROOT")
 
 
@@ -253,6 +251,46 @@ def test_mem_is_per_process_image_and_passthrough_is_shared(shortfuse, scratch):
     assert s.stdout.decode().splitlines() == ["a", "b", "b"], s
     assert s.stderr.decode().replace(str(scratch), "ROOT").splitlines() == ["cat: ROOT/m/f: No such file or directory"]
     assert (src / "f").read_text() == "b\n"
+
+
+MMAP_MIN_ADDR = Path("/proc/sys/vm/mmap_min_addr")
+
+
+def test_run_leaves_mmap_min_addr_alone_unless_asked(shortfuse, scratch):
+    """By default `run` does not touch vm.mmap_min_addr: root serves through
+    the rewritten path anyway (CAP_SYS_RAWIO maps page 0), another user
+    with Syscall User Dispatch alone, and says so. --zero-page and
+    SHORTFUSE_ZERO_PAGE=1 set it to 0 and say so."""
+    before = MMAP_MIN_ADDR.read_text()
+    os.chmod(scratch, 0o777)
+    mem = f"{scratch}/m"
+    # `read` is a bash builtin: the mem mount of bash's own process image.
+    script = f"echo hi > {mem}/f && read l < {mem}/f && read m < {MMAP_MIN_ADDR} && echo $l $m"
+    try:
+        MMAP_MIN_ADDR.write_text("65536")
+        s = under(shortfuse, [f"{mem}=mem"], ["bash", "-c", script])
+        assert s.returncode == 0 and s.stdout.decode().split() == ["hi", "65536"], s
+        assert s.stderr.decode() == "", s.stderr
+        assert MMAP_MIN_ADDR.read_text().strip() == "65536", "run changed vm.mmap_min_addr"
+        # Another user, on a passthrough mount of a directory it owns.
+        src = scratch / "src"
+        src.mkdir()
+        shutil.chown(src, "nobody")
+        argv = [str(shortfuse), "run", "-m", f"{mem}=passthrough:{src}", "--", "bash", "-c", script]
+        s = run(["runuser", "-u", "nobody", "--", *argv])
+        assert s.returncode == 0 and s.stdout.decode().split() == ["hi", "65536"], s
+        assert (src / "f").read_text() == "hi\n"
+        assert "Syscall User Dispatch alone" in s.stderr.decode(), s.stderr
+        assert MMAP_MIN_ADDR.read_text().strip() == "65536", "run changed vm.mmap_min_addr"
+
+        s = run([str(shortfuse), "run", "--zero-page", "-m", f"{mem}=mem", "--", "bash", "-c", script])
+        assert s.returncode == 0 and s.stdout.decode().split() == ["hi", "0"], s
+        assert "set vm.mmap_min_addr from 65536 to 0" in s.stderr.decode(), s.stderr
+        MMAP_MIN_ADDR.write_text("65536")
+        s = under(shortfuse, [f"{mem}=mem"], ["bash", "-c", script], env={**os.environ, "SHORTFUSE_ZERO_PAGE": "1"})
+        assert s.returncode == 0 and s.stdout.decode().split() == ["hi", "0"], s
+    finally:
+        MMAP_MIN_ADDR.write_text(before)
 
 
 def test_read_only_mount_refuses_changes(shortfuse, scratch):
