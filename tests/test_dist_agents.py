@@ -119,7 +119,7 @@ def test_a_stalling_etcd_delays_operations_but_fails_none(agents):
             checker.kill()
             checker.wait()
     assert checker.returncode == 0, f"{out}{err}"
-    assert "0 violation(s)" in out, out
+    assert ": no violation" in out, out
     assert stalls >= 1
 
 

@@ -118,10 +118,16 @@ enum DistCommand {
     },
     /// Consistency checker: one client per MOUNT (mounts of one server)
     /// reads and writes shared files at once; fails when a read saw
-    /// neither the latest completed write nor a concurrent one.
+    /// neither the latest completed write nor a concurrent one. Works in a
+    /// new directory `.shortfuse-check-PID-N` that it makes in the first
+    /// MOUNT and removes at the end; existing files are never touched.
     Check {
+        /// Directories in distfs mounts of one server (two or more).
         #[arg(required = true, num_args = 2..)]
         mounts: Vec<PathBuf>,
+        /// Run on directories that are not in distfs mounts too.
+        #[arg(long)]
+        force: bool,
         #[arg(long, default_value_t = 2)]
         files: usize,
         /// Operations per client.
@@ -188,8 +194,19 @@ fn main() -> ExitCode {
                     ops,
                     read_percent,
                     seed,
+                    force,
                 },
-        } => shortfuse_dist::check::cli(&mounts, files, ops, read_percent, seed),
+        } => shortfuse_dist::check::cli(
+            &mounts,
+            &shortfuse_dist::check::Workload {
+                files,
+                ops,
+                read_percent,
+                seed,
+                ..Default::default()
+            },
+            force,
+        ),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);

@@ -94,13 +94,37 @@ pub struct Violation {
     pub why: String,
 }
 
+/// A value as people read it: whose write it was.
+fn describe(v: u64) -> String {
+    match (v, (v >> 32).checked_sub(1)) {
+        (0, _) => "the initial empty file".to_string(),
+        (v, Some(client)) => format!("write #{} of client {client}", v & 0xffff_ffff),
+        // Not of the form `value` makes (hand-written histories).
+        (v, None) => format!("value {v:#x}"),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.read;
+        let saw = match r.kind {
+            Kind::Read(Seen::Value(v)) => describe(v),
+            Kind::Read(Seen::Torn) => "a mix of writes".to_string(),
+            Kind::Read(Seen::Short(n)) => format!("{n} bytes"),
+            Kind::Write(v) => format!("(a write: {})", describe(v)),
+        };
         write!(
             f,
-            "client {} read of file {} [{:?}, {:?}] saw {:?}: {}",
-            r.client, r.file, r.start, r.end, r.kind, self.why
+            "client {} read file {} from {} to {} and saw {saw}: {}",
+            r.client,
+            r.file,
+            ms(r.start),
+            ms(r.end),
+            self.why
         )
     }
 }
@@ -121,12 +145,20 @@ impl Outcome {
     /// One line for people: counts, and the first violations.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{} operations ({} reads) in {:.2}s: {} violation(s)",
+            "{} operations ({} reads) in {:.2}s: ",
             self.ops.len(),
             self.reads(),
             self.elapsed.as_secs_f64(),
-            self.violations.len()
         );
+        match self.violations.len() {
+            0 => s.push_str("no violation"),
+            n => s.push_str(&format!(
+                "{n} read{} broke the rule (a read returns the latest write completed before it began, or a \
+                 write concurrent with it){}",
+                if n == 1 { "" } else { "s" },
+                if n > 5 { "; the first 5:" } else { ":" }
+            )),
+        }
         for v in self.violations.iter().take(5) {
             s.push_str(&format!("\n  {v}"));
         }
@@ -255,15 +287,18 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
         let why = match seen {
             Seen::Torn => Some("bytes of more than one write".to_string()),
             Seen::Short(n) => Some(format!("{n} bytes: a partial write")),
-            Seen::Value(0) => superseded_before_read(None)
-                .map(|(w, v)| format!("initial contents, but write {v:#x} ended at {:?}", w.end)),
+            Seen::Value(0) => {
+                superseded_before_read(None).map(|(w, v)| format!("stale: {} had ended at {}", describe(v), ms(w.end)))
+            }
             Seen::Value(v) => match writes().find(|(_, wv)| *wv == v) {
                 None => Some("a value nobody wrote".to_string()),
-                Some((w, _)) if w.start > r.end => Some(format!("written later, from {:?}", w.start)),
+                Some((w, _)) if w.start > r.end => Some(format!("that write began later, at {}", ms(w.start))),
                 Some((w, _)) => superseded_before_read(Some(w.end)).map(|(w2, v2)| {
                     format!(
-                        "stale: overwritten by {v2:#x} [{:?}, {:?}] before the read began",
-                        w2.start, w2.end
+                        "stale: {} overwrote it from {} to {}, before the read began",
+                        describe(v2),
+                        ms(w2.start),
+                        ms(w2.end)
                     )
                 }),
             },
@@ -275,31 +310,36 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
     out
 }
 
-/// A client that is a mount point: files `MOUNT/check-N`, kept open.
+/// A client that is a directory of a mount: files `DIR/check-N`, kept
+/// open.
 pub struct MountClient {
     files: Vec<File>,
 }
 
 impl MountClient {
-    pub fn open(mount: &Path, files: usize) -> io::Result<MountClient> {
+    /// Opens the `files` files of `dir`, which another mount may have just
+    /// made: a name not yet seen there is looked up again for a while.
+    pub fn open(dir: &Path, files: usize) -> io::Result<MountClient> {
         let files = (0..files)
             .map(|i| {
-                let p = check_file(mount, i);
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&p)
-                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+                let p = check_file(dir, i);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match OpenOptions::new().read(true).write(true).open(&p) {
+                        Err(e) if e.kind() == io::ErrorKind::NotFound && Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        r => break r.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display()))),
+                    }
+                }
             })
             .collect::<io::Result<Vec<File>>>()?;
         Ok(MountClient { files })
     }
 }
 
-fn check_file(mount: &Path, i: usize) -> PathBuf {
-    mount.join(format!("check-{i}"))
+fn check_file(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("check-{i}"))
 }
 
 impl Register for MountClient {
@@ -319,41 +359,105 @@ impl Register for MountClient {
     }
 }
 
-/// One client per mount point (mounts of one server), starting from empty
-/// files.
-pub fn check_mounts(mounts: &[PathBuf], w: &Workload) -> io::Result<Outcome> {
+/// The checker's own directory, made new in the first mount (never an
+/// existing one), and removed with what it holds when dropped.
+struct Workdir {
+    /// The directory in the first mount.
+    path: PathBuf,
+    files: usize,
+}
+
+impl Workdir {
+    fn create(mount: &Path, files: usize) -> io::Result<Workdir> {
+        let mut attempt = 0u32;
+        loop {
+            let path = mount.join(format!(".shortfuse-check-{}-{attempt}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => break Ok(Workdir { path, files }),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+                Err(e) => break Err(io::Error::new(e.kind(), format!("creating {}: {e}", path.display()))),
+            }
+        }
+    }
+
+    fn name(&self) -> &std::ffi::OsStr {
+        self.path.file_name().unwrap_or_default()
+    }
+}
+
+impl Drop for Workdir {
+    fn drop(&mut self) {
+        // Only the names the checker made, then the directory (empty unless
+        // someone else put a file there: then it stays, with theirs).
+        for i in 0..self.files {
+            let _ = std::fs::remove_file(check_file(&self.path, i));
+        }
+        if let Err(e) = std::fs::remove_dir(&self.path) {
+            eprintln!("shortfuse dist check: removing {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Refuses a directory that is not in a distfs mount: the checker's rule
+/// holds for distfs's strong modes only, and on anything else its result
+/// means nothing.
+fn check_is_distfs(dir: &Path) -> io::Result<()> {
+    let canonical =
+        std::fs::canonicalize(dir).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let m = shortfuse::mount::mount_holding(&canonical)?;
+    let fstype = m.as_ref().map_or("none", |m| m.fstype.as_str());
+    if fstype == "fuse.shortfuse-dist" {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} is not in a distfs mount (its file system is {fstype}); the checker is for mounts of \
+             one distfs server (shortfuse mount dist ADDR MOUNTPOINT); --force runs it anyway",
+            dir.display()
+        ),
+    ))
+}
+
+/// One client per mount point (mounts of one server), each working in the
+/// same fresh directory (made through the first mount, removed at the end)
+/// on files it creates: nothing that existed is touched. Unless `force`,
+/// every mount must be distfs.
+pub fn check_mounts(mounts: &[PathBuf], w: &Workload, force: bool) -> io::Result<Outcome> {
     if mounts.len() < 2 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "the checker needs at least two mounts of one server",
         ));
     }
+    if !force {
+        for m in mounts {
+            check_is_distfs(m)?;
+        }
+    }
+    let dir = Workdir::create(&mounts[0], w.files)?;
     for i in 0..w.files {
-        // Truncated through the first mount; the others see it under leases
-        // (and a weak mount after its cache expires, which the checker then
-        // catches as it should).
-        let p = check_file(&mounts[0], i);
-        File::create(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+        // Created empty through the first mount; the others see them under
+        // leases (and a weak mount after its cache expires, which the
+        // checker then catches as it should).
+        let p = check_file(&dir.path, i);
+        File::create_new(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
     }
     let clients = mounts
         .iter()
-        .map(|m| MountClient::open(m, w.files))
+        .map(|m| MountClient::open(&m.join(dir.name()), w.files))
         .collect::<io::Result<Vec<_>>>()?;
     let regs: Vec<&dyn Register> = clients.iter().map(|c| c as &dyn Register).collect();
-    run(&regs, w)
+    let outcome = run(&regs, w);
+    // Closed before the directory goes.
+    drop(clients);
+    outcome
 }
 
 /// `shortfuse dist check`: runs [`check_mounts`], prints the summary;
 /// an error when a read broke the rule.
-pub fn cli(mounts: &[PathBuf], files: usize, ops: usize, read_percent: u32, seed: u64) -> io::Result<()> {
-    let w = Workload {
-        files,
-        ops,
-        read_percent,
-        seed,
-        ..Workload::default()
-    };
-    let o = check_mounts(mounts, &w)?;
+pub fn cli(mounts: &[PathBuf], w: &Workload, force: bool) -> io::Result<()> {
+    let o = check_mounts(mounts, w, force)?;
     println!("{}", o.summary());
     if o.violations.is_empty() {
         Ok(())

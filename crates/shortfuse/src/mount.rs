@@ -103,6 +103,20 @@ pub fn fuse_mount_at(mount_point: &Path) -> io::Result<Option<MountInfo>> {
         .filter(MountInfo::is_fuse))
 }
 
+/// The mount that holds `path` (canonical): the topmost of those mounted
+/// on it or on its nearest ancestor that is a mount point.
+pub fn mount_holding(path: &Path) -> io::Result<Option<MountInfo>> {
+    let all = mounts()?;
+    let deepest = all
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .map(|m| m.mount_point.components().count())
+        .max();
+    Ok(all
+        .into_iter()
+        .rfind(|m| path.starts_with(&m.mount_point) && Some(m.mount_point.components().count()) == deepest))
+}
+
 /// The absolute, symlink-free path of `path`, resolving only its parent: the
 /// last component may be a dead FUSE mount that cannot be stat'ed.
 pub fn canonical_mountpoint(path: &Path) -> io::Result<PathBuf> {
