@@ -1,6 +1,7 @@
 //! `shortfuse`: mount, unmount and inspect shortfuse file systems.
 
 mod filesystems;
+mod helper;
 mod run;
 mod serve;
 mod sys;
@@ -84,6 +85,14 @@ enum Command {
     /// Serve a file system to programs under `shortfuse run -m MOUNTPOINT`
     /// over shared-memory rings (and, with --transport, in the kernel too).
     Serve(serve::ServeArgs),
+    /// Link DIR/mount.fuse.shortfuse-NAME to this binary for every bundled
+    /// file system, so that mount(8) and /etc/fstab mount type
+    /// fuse.shortfuse-NAME (see README "mount(8) and /etc/fstab").
+    InstallHelpers {
+        /// Where mount(8) looks for helpers.
+        #[arg(long, value_name = "DIR", default_value = "/sbin")]
+        dir: PathBuf,
+    },
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -160,6 +169,14 @@ fn mount_options_help() -> String {
 }
 
 fn main() -> ExitCode {
+    // Run by mount(8) as mount.fuse.shortfuse-NAME.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(fs) = argv
+        .first()
+        .and_then(|a| helper::fs_of_program(std::path::Path::new(a)))
+    {
+        return helper::main(&fs, &argv[1..]);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => return run::main(args),
@@ -207,6 +224,7 @@ fn main() -> ExitCode {
             },
             force,
         ),
+        Command::InstallHelpers { dir } => helper::install(&dir),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);
@@ -239,7 +257,7 @@ fn main() -> ExitCode {
 
 use filesystems::invalid;
 
-fn mount(
+pub(crate) fn mount(
     fs_name: &str,
     paths: &[PathBuf],
     options: &[String],
@@ -291,7 +309,7 @@ fn mount(
         _ => result,
     };
     if foreground {
-        return finish(dev.run(|| {}));
+        return finish(dev.run(sys::notify_ready));
     }
     background(dev, finish)
 }
@@ -331,6 +349,7 @@ fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result
             sys::detach_stdio(&log)?;
             let mut ready_tx = tx.try_clone()?;
             let result = finish(dev.run(move || {
+                sys::notify_ready();
                 let _ = ready_tx.write_all(b"ok\n");
             }));
             if let Err(e) = &result {

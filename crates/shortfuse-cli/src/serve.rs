@@ -116,6 +116,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
             client_mp.display(),
             ring_path.display()
         );
+        crate::sys::notify_ready();
         signals.wait();
         server.stop();
         return finish(&*fs, cached.as_deref());
@@ -143,6 +144,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     kernel_fs.attach(server.announcer());
     let name = args.fs.clone();
     let result = dev.run(|| {
+        crate::sys::notify_ready();
         eprintln!(
             "shortfuse serve: {name} at {} (kernel mount over {}; rings: {})",
             client_mp.display(),

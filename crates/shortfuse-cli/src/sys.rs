@@ -50,3 +50,34 @@ pub fn effective_ids() -> (u32, u32) {
     // SAFETY: geteuid and getegid cannot fail and touch no memory.
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
+
+/// Tells systemd the mount is live (sd_notify's `READY=1`), when it runs us
+/// with `NOTIFY_SOCKET` set (`Type=notify`); `MAINPID` names the process
+/// that serves, the background daemon included (which needs
+/// `NotifyAccess=all`). Nothing is sent without the variable, and a failure
+/// to send is only reported: systemd then times the unit out by itself.
+pub fn notify_ready() {
+    let Some(addr) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let msg = format!("READY=1\nMAINPID={}\n", std::process::id());
+    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|sock| {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = addr.as_bytes();
+        // `@name`: a name in the abstract namespace.
+        let target = match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                std::os::unix::net::SocketAddr::from_abstract_name(name)?
+            }
+            None => std::os::unix::net::SocketAddr::from_pathname(std::path::Path::new(&addr))?,
+        };
+        sock.send_to_addr(msg.as_bytes(), &target)
+    });
+    if let Err(e) = sent {
+        eprintln!(
+            "shortfuse: telling systemd the mount is ready (NOTIFY_SOCKET={}): {e}",
+            addr.to_string_lossy()
+        );
+    }
+}

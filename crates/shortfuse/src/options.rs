@@ -205,7 +205,10 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
         "readdirplus=yes|no|auto",
         "when the kernel uses READDIRPLUS (default auto)",
     ),
-    ("keep_cache", "keep cached file data across opens"),
+    (
+        "keep_cache",
+        "keep cached file data across opens (libfuse's kernel_cache, also accepted)",
+    ),
     ("direct_io", "bypass the page cache for file data"),
     (
         "attr_timeout=SECONDS",
@@ -361,7 +364,8 @@ impl MountOptions {
             "no_parallel_dirops" => flag(value).map(|_| self.parallel_dirops = false)?,
             "async_read" => flag(value).map(|_| self.async_read = true)?,
             "sync_read" => flag(value).map(|_| self.async_read = false)?,
-            "keep_cache" => flag(value).map(|_| self.keep_cache = true)?,
+            // kernel_cache: libfuse's name for it.
+            "keep_cache" | "kernel_cache" => flag(value).map(|_| self.keep_cache = true)?,
             "direct_io" => flag(value).map(|_| self.direct_io = true)?,
             "splice_read" => flag(value).map(|_| self.splice_read = true)?,
             "splice_write" => flag(value).map(|_| self.splice_write = true)?,
