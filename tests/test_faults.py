@@ -388,3 +388,49 @@ def test_runtime_dir_attack_of_another_user_fails(scratch):
             assert r.returncode == 0, r.stderr
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def listing() -> dict[str, list[str]]:
+    """`shortfuse list` as {mount point: [fs, source, transport, pid, log]}."""
+    r = sf("list")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["MOUNTPOINT", "FS", "SOURCE", "TRANSPORT", "PID", "LOG"], r.stdout
+    return {cols[0]: cols[1:] for cols in (l.split() for l in lines[1:])}
+
+
+def test_list_shows_mounts_and_daemons(scratch):
+    """Background mounts (dev and uring), a `serve` daemon with rings alone,
+    and a mount whose daemon was killed, each with its file system, source,
+    transport, pid and log."""
+    src, mem, pt, rings, dead = (scratch / n for n in ("src", "mem", "pt", "rings", "dead"))
+    for d in (src, mem, pt, rings, dead):
+        d.mkdir()
+    assert sf("mount", "mem", mem).returncode == 0
+    assert sf("mount", "passthrough", src, pt, "--transport", "uring").returncode == 0
+    assert sf("mount", "mem", dead).returncode == 0
+    serve = subprocess.Popen([str(shortfuse_bin()), "serve", "mem", str(rings)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "shortfuse serve" in serve.stderr.readline()
+        for pid in sfmount.pids_of_daemon(shortfuse_bin(), str(dead)):
+            os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: listing().get(str(dead), [""] * 4)[3] == "-", 10), listing()
+        got = listing()
+        for mp, fs, source in ((mem, "mem", "mem"), (pt, "passthrough", str(src))):
+            (pid,) = sfmount.pids_of_daemon(shortfuse_bin(), str(mp))
+            log = os.readlink(f"/proc/{pid}/fd/2")
+            assert log.endswith(".log") and Path(log).is_file()
+            assert got[str(mp)][:2] == [fs, source] and got[str(mp)][3:] == [str(pid), log], got
+        assert got[str(mem)][2] == "dev"
+        # uring falls back to dev where the kernel's switch cannot be turned on.
+        assert got[str(pt)][2] in ("uring", "dev"), got
+        # Its stderr is the test's pipe: the foreground's "log".
+        assert got[str(rings)][:4] == ["mem", "mem", "rings", str(serve.pid)], got
+        assert got[str(rings)][4].startswith("pipe:"), got
+        assert got[str(dead)][:2] == ["mem", "mem"] and got[str(dead)][2:] == ["-", "-", "-"], got
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+        for mp in (mem, pt, dead):
+            sf("umount", "-l", mp)
+    assert str(rings) not in listing() and str(mem) not in listing()

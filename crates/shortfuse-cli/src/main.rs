@@ -2,6 +2,7 @@
 
 mod filesystems;
 mod helper;
+mod list;
 mod run;
 mod serve;
 mod sys;
@@ -93,6 +94,10 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = "/sbin")]
         dir: PathBuf,
     },
+    /// List every shortfuse mount and daemon: mount point, file system,
+    /// source, transport, daemon pid and log (`-` where unknown: a dead
+    /// daemon, or another user's).
+    List,
     /// Print per-operation counts and latencies (count, mean, p50, p99, max)
     /// of the daemon serving MOUNTPOINT.
     Stats {
@@ -225,6 +230,7 @@ fn main() -> ExitCode {
             force,
         ),
         Command::InstallHelpers { dir } => helper::install(&dir),
+        Command::List => list::main(),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);

@@ -107,7 +107,12 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         if let Some(c) = &cached {
             stats.attach_cache(c.stats().clone());
         }
-        let _control = ControlServer::start(&client_mp, stats.clone())?;
+        let about = shortfuse::control::About {
+            fs: args.fs.clone(),
+            source: opts.fsname.clone().unwrap_or_default(),
+            transport: "rings".to_string(),
+        };
+        let _control = ControlServer::start_described(&client_mp, stats.clone(), about)?;
         let signals = SignalSet::block()?;
         let mut server = Server::start(&ring_path, fs.clone(), opts, stats, config)?;
         eprintln!(

@@ -4,7 +4,8 @@
 //!
 //! Protocol: the client sends one line, the daemon answers with text and
 //! closes. Requests: `stats` (table), `stats json`, `reset` (zero the
-//! counters), `ping` (answers `pong <pid>`). An unknown request is answered
+//! counters), `ping` (answers `pong <pid>`), `info` (`KEY=VALUE` lines:
+//! pid, mountpoint, fs, source, transport, log). An unknown request is answered
 //! with a line starting with `error:`.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -167,6 +168,33 @@ pub fn request(mount_point: &Path, line: &str) -> io::Result<String> {
     }
 }
 
+/// What a daemon says of itself to `info` (`shortfuse list`).
+#[derive(Clone, Debug, Default)]
+pub struct About {
+    /// The file system's name (`mem`, `sftp`...).
+    pub fs: String,
+    /// What it serves, as /proc/mounts shows it.
+    pub source: String,
+    /// How requests reach it: `dev`, `uring`, `rings`...
+    pub transport: String,
+}
+
+impl About {
+    fn answer(&self, mount_point: &Path) -> String {
+        // Where this daemon's stderr goes: its log in the background, a
+        // terminal or a pipe in the foreground.
+        let log = std::fs::read_link("/proc/self/fd/2").map_or_else(|_| "-".to_string(), |p| p.display().to_string());
+        format!(
+            "pid={}\nmountpoint={}\nfs={}\nsource={}\ntransport={}\nlog={log}\n",
+            std::process::id(),
+            mount_point.display(),
+            self.fs,
+            self.source,
+            self.transport
+        )
+    }
+}
+
 /// The listening side; stops and removes its socket when dropped.
 pub struct ControlServer {
     path: PathBuf,
@@ -182,7 +210,13 @@ impl ControlServer {
     /// Binds the socket of `mount_point` (canonical) and answers requests on
     /// a thread of its own.
     pub fn start(mount_point: &Path, stats: Arc<Stats>) -> io::Result<ControlServer> {
+        Self::start_described(mount_point, stats, About::default())
+    }
+
+    /// [`ControlServer::start`], with what the `info` request reports.
+    pub fn start_described(mount_point: &Path, stats: Arc<Stats>, about: About) -> io::Result<ControlServer> {
         runtime_dir()?;
+        let info = about.answer(mount_point);
         let path = socket_path(mount_point);
         // A socket left here belongs to a killed daemon, or to one serving a
         // lazily detached mount that nobody can reach by this path any more:
@@ -205,7 +239,7 @@ impl ControlServer {
                         Ok(conn) => {
                             // A stuck client must not stall the others for long.
                             let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                            let _ = serve_one(conn, &stats);
+                            let _ = serve_one(conn, &stats, &info);
                         }
                         // EMFILE and the like: do not spin.
                         Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -226,7 +260,7 @@ impl ControlServer {
     }
 }
 
-fn serve_one(conn: UnixStream, stats: &Stats) -> io::Result<()> {
+fn serve_one(conn: UnixStream, stats: &Stats, info: &str) -> io::Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).take(4096).read_line(&mut line)?;
     let answer = match line.trim() {
@@ -237,6 +271,7 @@ fn serve_one(conn: UnixStream, stats: &Stats) -> io::Result<()> {
             "ok\n".to_string()
         }
         "ping" => format!("pong {}\n", std::process::id()),
+        "info" => info.to_string(),
         other => format!("error: unknown request {other:?}\n"),
     };
     (&conn).write_all(answer.as_bytes())

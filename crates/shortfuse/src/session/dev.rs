@@ -105,7 +105,18 @@ impl DevSession {
             None
         };
         let control = if session.control_socket {
-            Some(ControlServer::start(mount.mount_point(), dispatcher.stats().clone())?)
+            let o = dispatcher.options();
+            let subtype = o.subtype.as_deref().unwrap_or_default();
+            let about = crate::control::About {
+                fs: subtype.strip_prefix("shortfuse-").unwrap_or(subtype).to_string(),
+                source: o.fsname.clone().unwrap_or_default(),
+                transport: if o.uring { "uring" } else { "dev" }.to_string(),
+            };
+            Some(ControlServer::start_described(
+                mount.mount_point(),
+                dispatcher.stats().clone(),
+                about,
+            )?)
         } else {
             None
         };
