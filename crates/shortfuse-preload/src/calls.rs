@@ -18,6 +18,7 @@ mod kernel;
 mod locks;
 pub mod shared;
 pub mod spare;
+pub mod special;
 mod xattr;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
@@ -1128,9 +1129,15 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
     // takes the usual way.
     let create = flags & (libc::O_CREAT | libc::O_PATH) == libc::O_CREAT;
     let (mut vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, flags WalkFlags { follow, create });
+    if let Some(fd) = open_special(&vfs, &t, flags) {
+        return Some(fd);
+    }
     let mut opened = vfs.open(&t, flags, mode);
     if t.unasked && opened.is_err() {
         let (v, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
+        if let Some(fd) = open_special(&v, &t, flags) {
+            return Some(fd);
+        }
         opened = v.open(&t, flags, mode);
         vfs = v;
     }
@@ -1165,6 +1172,22 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         shared::settle(&f, clock);
     }
     Some(fd)
+}
+
+/// An open of an existing FIFO, socket or device node: the kernel's (see
+/// `special`). `None` for other files, and for opens the file system
+/// answers alike for every type (O_PATH, O_CREAT|O_EXCL, O_DIRECTORY).
+fn open_special(vfs: &Arc<Vfs>, t: &Target, flags: i32) -> Option<i64> {
+    let (node, attr) = t.node?;
+    let excl = libc::O_CREAT | libc::O_EXCL;
+    if !special::is_special(attr.file_type())
+        || flags & (libc::O_PATH | libc::O_DIRECTORY) != 0
+        || flags & excl == excl
+        || t.trailing_slash
+    {
+        return None;
+    }
+    Some(special::open(vfs, t, node, &attr, flags))
 }
 
 /// The descriptor placeholders are duplicated from: an O_PATH descriptor of

@@ -560,6 +560,8 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     t.in_hook.store(true, Ordering::Relaxed);
     let selector = t.selector.swap(sys::ALLOW, Ordering::SeqCst);
     fork_gate::enter();
+    // What a call that waits for another process runs with (`calls::special`).
+    calls::special::set_program_mask(if block { Some(old_mask) } else { frame_mask });
     let r = calls::dispatch(nr, a);
     fork_gate::leave();
     t.selector.store(selector, Ordering::SeqCst);

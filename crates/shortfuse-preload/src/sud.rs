@@ -43,7 +43,7 @@ const PR_SYS_DISPATCH_ON: i64 = 1;
 const SYS_USER_DISPATCH: i32 = 2;
 const SA_RESTORER: u64 = 0x0400_0000;
 
-const SIGSYS_BIT: u64 = 1 << (libc::SIGSYS - 1);
+pub(crate) const SIGSYS_BIT: u64 = 1 << (libc::SIGSYS - 1);
 
 /// Signals blocked while we serve a call: everything but SIGSYS and the
 /// synchronous faults (a fault in our code is reported, not deferred

@@ -108,3 +108,17 @@ impl Welcome {
 pub fn socket_path(mountpoint: &Path) -> PathBuf {
     shortfuse::control::socket_path(mountpoint).with_extension("ring")
 }
+
+/// The name of the directory where programs of the daemon listening on
+/// ring socket `socket` make the kernel nodes that stand for its FIFOs and
+/// device nodes (the preload shim opens those, never the daemon): the
+/// socket's name and inode, so that a daemon started again on the mount
+/// gets a directory of its own. The daemon removes it, beside its socket,
+/// when it stops.
+pub fn nodes_dir_name(socket: &Path) -> std::io::Result<std::ffi::OsString> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(socket)?.ino();
+    let mut name = socket.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".nodes-{ino:x}"));
+    Ok(name)
+}

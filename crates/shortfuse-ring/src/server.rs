@@ -295,6 +295,9 @@ impl Server {
         for c in &clients {
             c.join_workers();
         }
+        if let Ok(name) = crate::nodes_dir_name(&self.path) {
+            let _ = std::fs::remove_dir_all(self.path.with_file_name(name));
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }

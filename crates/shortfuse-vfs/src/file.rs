@@ -963,6 +963,36 @@ impl Vfs {
         Arc::new(f)
     }
 
+    /// An open of a walked node whose descriptor the kernel serves alone,
+    /// without the file system's `open`: a FIFO or device node opened as a
+    /// kernel node (the file system has no I/O to give for them, and a
+    /// FIFO's open must wait for its peer in the caller, never in a
+    /// daemon), or a descriptor of a backing file that this image inherited
+    /// across exec. The open file is [`OpenFile::kernel_backed`] and holds
+    /// no handle; its node stays pinned while it is open, so `fstat` gives
+    /// the mount's identity.
+    pub fn open_in_kernel(self: &Arc<Vfs>, node: NodeId, kind: FileType, flags: i32, path: Vec<u8>) -> Arc<OpenFile> {
+        self.pin(node);
+        Arc::new(OpenFile {
+            vfs: self.clone(),
+            node,
+            fh: None,
+            kind,
+            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
+            pos: Mutex::new(DirPos::default()),
+            loc: None,
+            path,
+            noflush: true,
+            path_only: false,
+            map: None,
+            kernel: AtomicBool::new(true),
+            lock: OnceLock::new(),
+            shared: OnceLock::new(),
+            anchored: AtomicBool::new(false),
+            pinned: true,
+        })
+    }
+
     fn remember_created(&self, parent: NodeId, name: &[u8], e: &crate::client::EntryOut) {
         self.remember(parent, name, e);
     }

@@ -766,7 +766,13 @@ impl Filesystem for PassthroughFs {
             FileType::Directory if flags & libc::O_ACCMODE != libc::O_RDONLY => return Err(Errno::EISDIR),
             _ => {}
         }
-        let flags = self.open_flags(flags);
+        let mut flags = self.open_flags(flags);
+        if inode.kind == FileType::Fifo {
+            // Never wait in a daemon thread for the FIFO's other end (the
+            // kernel opens FIFOs itself, the preload shim too; only a
+            // client of our own making sends OPEN for one).
+            flags |= libc::O_NONBLOCK;
+        }
         let fd = sys::reopen(inode.fd()?.as_fd(), flags)?;
         let file = OpenFile::file(node, fd, flags);
         let data_map = (inode.kind == FileType::Regular).then(|| DataMap::whole(file.fd.clone()));

@@ -1,0 +1,265 @@
+//! Opens of FIFOs, sockets and device nodes on a mount: kernel objects,
+//! as on any file system.
+//!
+//! The kernel never sends OPEN for these to a FUSE daemon: it opens its own
+//! pipe for a FIFO (the open waits for the other end, a non-blocking
+//! writer without a reader gets ENXIO, readers see end of file when the
+//! last writer closes), the driver for a device, and refuses a socket
+//! (ENXIO). The shim does the same with a kernel node standing for the
+//! mount's node, and the program's descriptor is a kernel descriptor of
+//! it (reads, writes, poll, fcntl and exec are the kernel's; `fstat`
+//! still reports the mount's node):
+//!
+//! - on a mount with a source directory (passthrough) the node's backing
+//!   file itself, so that every process of the program, with the shim or
+//!   without, meets in one FIFO;
+//! - on a daemon's mount (`shortfuse serve`) a node of the same type made
+//!   in the user's runtime directory, one per daemon and node, so that the
+//!   programs of every `shortfuse run` on that daemon meet there;
+//! - on a mount served in process without a source (mem), such a node
+//!   made, opened O_PATH and unlinked at first use: this image and its
+//!   forked children (which share the file system) reopen it through
+//!   `/proc/self/fd`, and nothing is left behind.
+//!
+//! A FIFO's open blocks until its peer comes: it runs with the program's
+//! signal mask (see [`with_program_mask`]), so a signal interrupts or
+//! restarts it as it would the kernel's open, and no lock of ours is held
+//! meanwhile. No request reaches the daemon, so no daemon thread waits.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, Mutex};
+
+use shortfuse::{Attr, Errno, FileType, NodeId};
+use shortfuse_vfs::{Target, Vfs};
+
+use super::{err, spare, state, with_nul, AT_FDCWD, OWN_FD_FLOOR};
+use crate::sys::raw;
+
+/// Whether an open of a node of type `kind` is the kernel's (see the
+/// module doc).
+pub fn is_special(kind: FileType) -> bool {
+    matches!(
+        kind,
+        FileType::Fifo | FileType::Socket | FileType::CharDevice | FileType::BlockDevice
+    )
+}
+
+/// Opens special node `t` (found with `attr`) for the program with `flags`:
+/// the descriptor, or a negated errno.
+pub fn open(vfs: &Arc<Vfs>, t: &Target, node: NodeId, attr: &Attr, flags: i32) -> i64 {
+    let kind = attr.file_type();
+    if kind == FileType::Socket {
+        // As the kernel: a socket is reached with connect(2), not open(2).
+        return err(Errno::ENXIO);
+    }
+    let acc = match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => libc::R_OK,
+        libc::O_WRONLY => libc::W_OK,
+        _ => libc::R_OK | libc::W_OK,
+    };
+    if let Err(e) = vfs.access(t, acc) {
+        return err(e);
+    }
+    let path = match kernel_node(vfs, &t.path(), node, attr) {
+        Ok(p) => p,
+        Err(e) => return err(e),
+    };
+    // Creation was the walk's; O_NOFOLLOW would refuse the magic link of
+    // a node held open; a FIFO cannot be truncated.
+    let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_DIRECTORY);
+    spare::flush();
+    let fd = with_program_mask(|| {
+        raw(
+            libc::SYS_openat,
+            AT_FDCWD,
+            path.as_ptr() as i64,
+            i64::from(keep),
+            0,
+            0,
+            0,
+        )
+    });
+    if fd < 0 {
+        return fd;
+    }
+    let f = vfs.open_in_kernel(node, kind, flags, t.path());
+    state().fds.insert(fd as i32, f, flags & libc::O_CLOEXEC != 0);
+    fd
+}
+
+/// The kernel path (NUL-terminated) of the node standing for mount node
+/// `node` at `path` below the mount point (see the module doc).
+fn kernel_node(vfs: &Arc<Vfs>, path: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>, Errno> {
+    if let Some(src) = vfs.source() {
+        return Ok(super::exec::backing_path(src, path));
+    }
+    let dir = nodes_dir(vfs)?;
+    if !vfs.client().shared() {
+        return held_node(vfs, &dir, node, attr);
+    }
+    let mut p = dir;
+    p.extend_from_slice(format!("/{}", node.0).as_bytes());
+    let p = with_nul(p);
+    make_node(&p, attr)?;
+    Ok(p)
+}
+
+/// Makes a node of `attr`'s type at `p` (NUL-terminated), unless one of
+/// that type is there.
+fn make_node(p: &[u8], attr: &Attr) -> Result<(), Errno> {
+    let mode = attr.mode & libc::S_IFMT | 0o666;
+    let r = raw(
+        libc::SYS_mknodat,
+        AT_FDCWD,
+        p.as_ptr() as i64,
+        i64::from(mode),
+        i64::from(attr.rdev),
+        0,
+        0,
+    );
+    if r == 0 {
+        // Access is checked against the mount's node (see `open`); the
+        // umask must not narrow what the other users of the daemon may do.
+        raw(libc::SYS_fchmodat, AT_FDCWD, p.as_ptr() as i64, 0o666, 0, 0, 0);
+        return Ok(());
+    }
+    if r != -i64::from(libc::EEXIST) {
+        return Err(Errno::from_raw(-r as i32));
+    }
+    let mut st: libc::stat = crate::user::zeroed();
+    let s = raw(
+        libc::SYS_newfstatat,
+        AT_FDCWD,
+        p.as_ptr() as i64,
+        &mut st as *mut libc::stat as i64,
+        i64::from(libc::AT_SYMLINK_NOFOLLOW),
+        0,
+        0,
+    );
+    let same = s == 0 && st.st_mode & libc::S_IFMT == attr.mode & libc::S_IFMT && st.st_rdev == u64::from(attr.rdev);
+    if same {
+        return Ok(());
+    }
+    // A node of a removed file whose number came back with another type.
+    raw(libc::SYS_unlinkat, AT_FDCWD, p.as_ptr() as i64, 0, 0, 0, 0);
+    make_node(p, attr)
+}
+
+/// Nodes of in-process mounts, held open O_PATH (see the module doc), by
+/// mount point and node.
+type Held = HashMap<(Vec<u8>, u64), i64>;
+
+fn held() -> &'static Mutex<Held> {
+    static HELD: std::sync::OnceLock<Mutex<Held>> = std::sync::OnceLock::new();
+    HELD.get_or_init(Default::default)
+}
+
+/// `/proc/self/fd/N` of the held node standing for `node` of an in-process
+/// mount, made at first use.
+fn held_node(vfs: &Vfs, dir: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>, Errno> {
+    let mut table = held().lock().unwrap_or_else(|e| e.into_inner());
+    let key = (vfs.mountpoint().to_vec(), node.0);
+    let fd = match table.get(&key) {
+        Some(&fd) => fd,
+        None => {
+            let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
+            let mut p = dir.to_vec();
+            p.extend_from_slice(format!("/held-{pid}-{}", node.0).as_bytes());
+            let p = with_nul(p);
+            make_node(&p, attr)?;
+            let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
+            let o = raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, 0, 0, 0);
+            raw(libc::SYS_unlinkat, AT_FDCWD, p.as_ptr() as i64, 0, 0, 0, 0);
+            if o < 0 {
+                return Err(Errno::from_raw(-o as i32));
+            }
+            let high = raw(
+                libc::SYS_fcntl,
+                o,
+                i64::from(libc::F_DUPFD_CLOEXEC),
+                OWN_FD_FLOOR,
+                0,
+                0,
+                0,
+            );
+            let fd = if high >= 0 {
+                raw(libc::SYS_close, o, 0, 0, 0, 0, 0);
+                high
+            } else {
+                o
+            };
+            table.insert(key, fd);
+            fd
+        }
+    };
+    Ok(with_nul(format!("/proc/self/fd/{fd}").into_bytes()))
+}
+
+/// The directory of a mount's kernel nodes, created if missing: in the
+/// user's runtime directory, one per daemon (named after its ring socket,
+/// whose inode changes when the daemon is started again) or one for the
+/// nodes of every in-process mount (each unlinked at once).
+fn nodes_dir(vfs: &Vfs) -> Result<Vec<u8>, Errno> {
+    let base = shortfuse::control::runtime_dir().map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    let mut dir = base.into_os_string().into_encoded_bytes();
+    if vfs.client().shared() {
+        let mp = std::path::Path::new(std::ffi::OsStr::from_bytes(vfs.mountpoint()));
+        let name = shortfuse_ring::nodes_dir_name(&shortfuse_ring::socket_path(mp))
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        dir.push(b'/');
+        dir.extend_from_slice(name.as_encoded_bytes());
+    } else {
+        dir.extend_from_slice(b"/in-process-nodes");
+    }
+    let c = with_nul(dir.clone());
+    let r = raw(libc::SYS_mkdirat, AT_FDCWD, c.as_ptr() as i64, 0o700, 0, 0, 0);
+    if r < 0 && r != -i64::from(libc::EEXIST) {
+        return Err(Errno::from_raw(-r as i32));
+    }
+    Ok(dir)
+}
+
+thread_local! {
+    /// The program's signal mask while this thread serves one of its
+    /// calls with asynchronous signals blocked (see `crate::serve`).
+    static PROGRAM_MASK: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Records the program's signal mask for the call this thread serves
+/// (`None`: the mask was left as the program had it).
+pub fn set_program_mask(m: Option<u64>) {
+    PROGRAM_MASK.with(|c| c.set(m));
+}
+
+/// Runs `f` (a system call that may wait for another process) with the
+/// program's signal mask, so that a signal stops or restarts the wait as
+/// it would natively.
+fn with_program_mask(f: impl FnOnce() -> i64) -> i64 {
+    let Some(program) = PROGRAM_MASK.with(Cell::get) else {
+        return f();
+    };
+    let set = program & !crate::sud::SIGSYS_BIT;
+    let mut ours = 0u64;
+    raw(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK as i64,
+        &set as *const u64 as i64,
+        &mut ours as *mut u64 as i64,
+        8,
+        0,
+        0,
+    );
+    let r = f();
+    raw(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK as i64,
+        &ours as *const u64 as i64,
+        0,
+        8,
+        0,
+        0,
+    );
+    r
+}

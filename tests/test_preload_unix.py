@@ -1,0 +1,169 @@
+"""Unix plumbing under the preload shim, compared with the same commands
+on native ext4: FIFOs between processes, the current directory and file
+actions of vfork and posix_spawn children (python's subprocess with
+`cwd=`, `python3 -m venv`, `pip install`), one identity per file however it
+was opened (`cat f >> f`), and the kernel's links in /proc that name a
+mount's files.
+
+Each runs on an in-process passthrough mount (`run -m MP=passthrough:SRC`)
+and on `shortfuse serve` daemons over passthrough and over mem reached with
+`run -m MP`, where the behaviour applies there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_ring import Daemon
+from test_run import output, run, scratch, shortfuse, under  # noqa: F401 (fixtures)
+
+MOUNTS = ["passthrough", "serve-passthrough", "serve-mem"]
+
+
+class Mounted:
+    """A mount point served one way, with the spec `run -m` takes."""
+
+    def __init__(self, shortfuse: Path, base: Path, kind: str):
+        self.mp = str(base / "mnt")
+        self.daemon = None
+        self.src = None
+        if kind == "passthrough":
+            self.src = base / "src"
+            self.src.mkdir()
+            self.spec = f"{self.mp}=passthrough:{self.src}"
+        elif kind == "serve-passthrough":
+            self.src = base / "src"
+            self.src.mkdir()
+            Path(self.mp).mkdir()
+            self.daemon = Daemon(shortfuse, base, ["passthrough", str(self.src), self.mp], Path(self.mp))
+            self.spec = self.mp
+        else:
+            Path(self.mp).mkdir()
+            self.daemon = Daemon(shortfuse, base, ["mem", self.mp], Path(self.mp))
+            self.spec = self.mp
+
+    def stop(self):
+        if self.daemon is not None:
+            self.daemon.stop()
+
+
+@pytest.fixture(params=MOUNTS)
+def mounted(request, shortfuse, scratch):
+    m = Mounted(shortfuse, scratch, request.param)
+    m.kind = request.param
+    yield m
+    m.stop()
+
+
+def native_and_shim(shortfuse, scratch, mounted, argv_for, **kw):
+    """argv_for(dir) natively in a fresh directory and under the shim on
+    the mount: (native output, shim output), mount paths as ROOT."""
+    native = scratch / "native"
+    native.mkdir()
+    n = run(argv_for(str(native)), **kw)
+    s = under(shortfuse, [mounted.spec], argv_for(mounted.mp), **kw)
+    assert n.returncode == 0, output(n, str(native))
+    assert s.returncode == n.returncode, output(s, mounted.mp)
+    return output(n, str(native)), output(s, mounted.mp)
+
+
+# ------------------------------------------------------------------ FIFOs
+
+FIFO_SCRIPT = r"""
+cd "$1"
+mkfifo ff
+seq 3 > ff &
+cat ff
+wait
+ls -l ff | cut -c1
+# A writer and a reader that are both external programs, the reader first.
+cat ff > got &
+sleep 0.2
+echo hello > ff
+wait
+cat got
+python3 - <<'EOF'
+import errno, os, stat
+print("fifo", stat.S_ISFIFO(os.stat("ff").st_mode))
+try:
+    os.open("ff", os.O_WRONLY | os.O_NONBLOCK)
+    print("nonblocking writer opened")
+except OSError as e:
+    print("nonblocking writer:", errno.errorcode[e.errno])
+r = os.open("ff", os.O_RDONLY | os.O_NONBLOCK)
+w = os.open("ff", os.O_WRONLY | os.O_NONBLOCK)
+os.write(w, b"through\n")
+print(os.read(r, 100))
+try:
+    os.lseek(r, 0, os.SEEK_SET)
+except OSError as e:
+    print("lseek:", errno.errorcode[e.errno])
+os.close(w)
+print("eof", os.read(r, 100))
+EOF
+"""
+
+
+def test_fifo_between_processes_as_on_ext4(shortfuse, scratch, mounted):
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", FIFO_SCRIPT, "fifo", d])
+    assert "1\n2\n3\n" in n and "hello" in n and "ENXIO" in n
+    assert s == n
+
+
+def test_fifo_in_process_mem_between_forked_processes(shortfuse, scratch):
+    script = r"""
+import errno, os, sys
+p = os.path.join(sys.argv[1], "ff")
+os.mkfifo(p)
+try:
+    os.open(p, os.O_WRONLY | os.O_NONBLOCK)
+except OSError as e:
+    print("nonblocking writer:", errno.errorcode[e.errno])
+pid = os.fork()
+if pid == 0:
+    with open(p, "w") as w:
+        w.write("from the child\n")
+    os._exit(0)
+with open(p) as r:
+    print(r.read(), end="")
+os.waitpid(pid, 0)
+"""
+    native = scratch / "native"
+    native.mkdir()
+    n = run([sys.executable, "-c", script, str(native)])
+    mp = str(scratch / "mnt")
+    s = under(shortfuse, [f"{mp}=mem"], [sys.executable, "-c", script, mp])
+    assert n.returncode == 0 and s.returncode == 0, output(s, mp)
+    assert output(s, mp) == output(n, str(native)) == "nonblocking writer: ENXIO\nfrom the child\n"
+
+
+def test_a_reader_waiting_on_a_fifo_is_killed_by_sigterm(shortfuse, scratch, mounted):
+    """The open waits for a writer with the program's signals deliverable,
+    and in the program: a daemon keeps serving (and stops when told)."""
+    script = r"""
+cd "$1"
+mkfifo ff
+cat ff &
+pid=$!
+sleep 0.5
+kill -TERM $pid
+wait $pid
+echo "status $?"
+echo later > f && cat f
+"""
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", script, "sig", d])
+    assert n == "status 143\nlater\n"
+    assert s == n
+    if mounted.daemon is not None:
+        # No daemon thread waits in the FIFO's open: SIGTERM stops it.
+        mounted.daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            mounted.daemon.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("shortfuse serve did not stop on SIGTERM")
