@@ -341,7 +341,10 @@ macro_rules! resolve_or_pass {
         resolve_or_pass!($nr, $a, $dirfd, $idx, $has_dirfd, flags WalkFlags { follow: $follow, create: false })
     }};
     ($nr:expr, $a:expr, $dirfd:expr, $idx:expr, $has_dirfd:expr, flags $flags:expr) => {{
-        let path = user::cstr($a[$idx])?;
+        let path = match user::cstr($a[$idx]) {
+            Ok(p) => p,
+            Err(e) => return Some(err(e)),
+        };
         match resolve_for($dirfd, path, $flags) {
             Err(e) => return Some(err(e)),
             Ok(Resolved::Kernel(None)) => return None,
@@ -392,19 +395,23 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
     match nr {
         libc::SYS_read => {
             let f = file(a[0])?;
-            Some(res(f.read(user::slice_mut(a[1], a[2] as usize)).map(|n| n as i64)))
+            Some(res(user::slice_mut(a[1], a[2] as usize)
+                .and_then(|b| f.read(b))
+                .map(|n| n as i64)))
         }
         libc::SYS_write => {
             let f = file(a[0])?;
-            Some(res(f.write(user::slice(a[1], a[2] as usize)).map(|n| n as i64)))
+            Some(res(user::slice(a[1], a[2] as usize)
+                .and_then(|b| f.write(b))
+                .map(|n| n as i64)))
         }
         libc::SYS_pread64 => {
             let f = file(a[0])?;
             if a[3] < 0 {
                 return Some(err(Errno::EINVAL));
             }
-            Some(res(f
-                .pread(user::slice_mut(a[1], a[2] as usize), a[3] as u64)
+            Some(res(user::slice_mut(a[1], a[2] as usize)
+                .and_then(|b| f.pread(b, a[3] as u64))
                 .map(|n| n as i64)))
         }
         libc::SYS_pwrite64 => {
@@ -412,18 +419,22 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             if a[3] < 0 {
                 return Some(err(Errno::EINVAL));
             }
-            Some(res(f
-                .pwrite(user::slice(a[1], a[2] as usize), a[3] as u64)
+            Some(res(user::slice(a[1], a[2] as usize)
+                .and_then(|b| f.pwrite(b, a[3] as u64))
                 .map(|n| n as i64)))
         }
         libc::SYS_readv | libc::SYS_writev => {
             let f = file(a[0])?;
             let mut total = 0i64;
-            for v in user::iovecs(a[1], a[2]) {
+            let iov = match user::iovecs(a[1], a[2]) {
+                Ok(v) => v,
+                Err(e) => return Some(err(e)),
+            };
+            for v in iov {
                 let r = if nr == libc::SYS_readv {
-                    f.read(user::slice_mut(v.iov_base as i64, v.iov_len))
+                    user::slice_mut(v.iov_base as i64, v.iov_len).and_then(|b| f.read(b))
                 } else {
-                    f.write(user::slice(v.iov_base as i64, v.iov_len))
+                    user::slice(v.iov_base as i64, v.iov_len).and_then(|b| f.write(b))
                 };
                 match r {
                     Ok(n) => {
@@ -444,15 +455,14 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_getdents64 => {
             let f = file(a[0])?;
-            Some(res(f
-                .getdents64(user::slice_mut(a[1], a[2] as usize))
+            Some(res(user::slice_mut(a[1], a[2] as usize)
+                .and_then(|b| f.getdents64(b))
                 .map(|n| n as i64)))
         }
         libc::SYS_fstat => {
             let f = file(a[0])?;
-            Some(res(f.stat().map(|at| {
-                user::put(a[1], &to_stat(&at, f.vfs().dev()));
-                0i64
+            Some(res(f.stat().and_then(|at| {
+                user::put(a[1], &to_stat(&at, f.vfs().dev())).map(|()| 0i64)
             })))
         }
         libc::SYS_ftruncate => {
@@ -644,7 +654,10 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
                 Ok(_) => {}
             }
             let p = vfs.host_path(&loc);
-            let buf = user::slice_mut(a[0], a[1] as usize);
+            let buf = match user::slice_mut(a[0], a[1] as usize) {
+                Ok(b) => b,
+                Err(e) => return Some(err(e)),
+            };
             if buf.len() < p.len() + 1 {
                 return Some(err(Errno::ERANGE));
             }
@@ -671,7 +684,10 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         ),
         libc::SYS_openat => open(nr, a, a[0], 1, a[2] as i32, a[3] as u32),
         libc::SYS_openat2 => {
-            let how = user::slice(a[2], (a[3] as usize).min(24));
+            let how = match user::slice(a[2], (a[3] as usize).min(24)) {
+                Ok(h) => h,
+                Err(e) => return Some(err(e)),
+            };
             if how.len() < 24 {
                 return None;
             }
@@ -683,39 +699,35 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_lstat => stat(nr, a, AT_FDCWD, 0, false, a[1]),
         libc::SYS_newfstatat => {
             let flags = a[3] as i32;
-            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+            if empty_path(a[1], flags) {
                 let f = file(a[0])?;
                 if f.kernel_backed() {
-                    return Some(res(kernel::fresh_stat(&f, a[0]).map(|s| {
-                        user::put(a[2], &s);
-                        0i64
-                    })));
+                    return Some(res(
+                        kernel::fresh_stat(&f, a[0]).and_then(|s| user::put(a[2], &s).map(|()| 0i64))
+                    ));
                 }
-                return Some(res(f.stat().map(|at| {
-                    user::put(a[2], &to_stat(&at, f.vfs().dev()));
-                    0i64
-                })));
+                return Some(res(f
+                    .stat()
+                    .and_then(|at| user::put(a[2], &to_stat(&at, f.vfs().dev())).map(|()| 0i64))));
             }
             stat(nr, a, a[0], 1, flags & libc::AT_SYMLINK_NOFOLLOW == 0, a[2])
         }
         libc::SYS_statx => {
             let flags = a[2] as i32;
-            let attr = if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+            let attr = if empty_path(a[1], flags) {
                 let f = file(a[0])?;
                 if f.kernel_backed() {
-                    return Some(res(kernel::fresh_statx(&f, a[0]).map(|s| {
-                        user::put(a[4], &s);
-                        0i64
-                    })));
+                    return Some(res(
+                        kernel::fresh_statx(&f, a[0]).and_then(|s| user::put(a[4], &s).map(|()| 0i64))
+                    ));
                 }
                 f.stat().map(|at| (at, f.vfs().dev()))
             } else {
                 let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, flags & libc::AT_SYMLINK_NOFOLLOW == 0);
                 vfs.stat(&t).map(|at| (at, vfs.dev()))
             };
-            Some(res(attr.map(|(at, dev)| {
-                user::put(a[4], &to_statx(&at, dev));
-                0i64
+            Some(res(attr.and_then(|(at, dev)| {
+                user::put(a[4], &to_statx(&at, dev)).map(|()| 0i64)
             })))
         }
         libc::SYS_access => {
@@ -812,7 +824,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_fchmodat2 => {
             let flags = a[3] as i32;
-            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+            if empty_path(a[1], flags) {
                 let f = file(a[0])?;
                 return Some(res(f.setattr(&mode_set(a[2])).map(|_| 0i64)));
             }
@@ -840,7 +852,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_fchownat => {
             let flags = a[4] as i32;
-            if flags & libc::AT_EMPTY_PATH != 0 && user::cstr(a[1]).is_some_and(|p| p.is_empty()) {
+            if empty_path(a[1], flags) {
                 let f = file(a[0])?;
                 return Some(res(f.setattr(&owner_set(a[2], a[3])).map(|_| 0i64)));
             }
@@ -852,17 +864,16 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             let Some((node, _)) = t.node else {
                 return Some(err(Errno::ENOENT));
             };
-            Some(res(vfs.statfs(node).map(|s| {
-                user::put(a[1], &to_statfs(&s, &vfs));
-                0i64
-            })))
+            Some(res(vfs
+                .statfs(node)
+                .and_then(|s| user::put(a[1], &to_statfs(&s, &vfs)).map(|()| 0i64))))
         }
         libc::SYS_fstatfs => {
             let f = file(a[0])?;
-            Some(res(f.vfs().statfs(f.node()).map(|s| {
-                user::put(a[1], &to_statfs(&s, f.vfs()));
-                0i64
-            })))
+            Some(res(f
+                .vfs()
+                .statfs(f.node())
+                .and_then(|s| user::put(a[1], &to_statfs(&s, f.vfs())).map(|()| 0i64))))
         }
         libc::SYS_fallocate => {
             let f = file(a[0])?;
@@ -916,6 +927,12 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_execveat => exec::execveat(a),
         _ => None,
     }
+}
+
+/// Whether a `*at` call with `flags` names its descriptor itself
+/// (AT_EMPTY_PATH and an empty path; since Linux 6.11 also a null one).
+fn empty_path(path: i64, flags: i32) -> bool {
+    flags & libc::AT_EMPTY_PATH != 0 && (path == 0 || user::cstr(path).is_ok_and(<[u8]>::is_empty))
 }
 
 /// Runs an operation that may create a node (see [`restore_umask`]).
@@ -976,12 +993,17 @@ fn vectored(f: &OpenFile, iov: i64, n: i64, read: bool, at: Option<u64>) -> i64 
         return err(Errno::EINVAL);
     }
     let mut total = 0i64;
-    for v in user::iovecs(iov, n) {
+    let iov = match user::iovecs(iov, n) {
+        Ok(v) => v,
+        Err(e) => return err(e),
+    };
+    for v in iov {
+        let (base, len) = (v.iov_base as i64, v.iov_len);
         let r = match (read, at) {
-            (true, None) => f.read(user::slice_mut(v.iov_base as i64, v.iov_len)),
-            (false, None) => f.write(user::slice(v.iov_base as i64, v.iov_len)),
-            (true, Some(off)) => f.pread(user::slice_mut(v.iov_base as i64, v.iov_len), off + total as u64),
-            (false, Some(off)) => f.pwrite(user::slice(v.iov_base as i64, v.iov_len), off + total as u64),
+            (true, None) => user::slice_mut(base, len).and_then(|b| f.read(b)),
+            (false, None) => user::slice(base, len).and_then(|b| f.write(b)),
+            (true, Some(off)) => user::slice_mut(base, len).and_then(|b| f.pread(b, off + total as u64)),
+            (false, Some(off)) => user::slice(base, len).and_then(|b| f.pwrite(b, off + total as u64)),
         };
         match r {
             Ok(got) => {
@@ -998,14 +1020,19 @@ fn vectored(f: &OpenFile, iov: i64, n: i64, read: bool, at: Option<u64>) -> i64 
 }
 
 fn symlink(nr: i64, a: [i64; 6], target: i64, dirfd: i64, idx: usize) -> Option<i64> {
-    let target = user::cstr(target)?.to_vec();
+    let target = match user::cstr(target) {
+        Ok(t) => t.to_vec(),
+        Err(e) => return Some(err(e)),
+    };
     let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 2, false);
     Some(creating(&vfs, || vfs.symlink(&target, &t)))
 }
 
 fn link(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: i32) -> Option<i64> {
-    let p1 = user::cstr(a[i1])?;
-    let p2 = user::cstr(a[i2])?;
+    let (p1, p2) = match (user::cstr(a[i1]), user::cstr(a[i2])) {
+        (Ok(p1), Ok(p2)) => (p1, p2),
+        (Err(e), _) | (_, Err(e)) => return Some(err(e)),
+    };
     let old = if flags & libc::AT_EMPTY_PATH != 0 && p1.is_empty() {
         match file(d1) {
             Some(f) => match target_of(&f) {
@@ -1100,8 +1127,9 @@ fn follow_kernel_cwd() {
 
 /// chdir: ours, or the kernel's (then our idea of the cwd follows it).
 fn chdir(a: [i64; 6]) -> i64 {
-    let Some(path) = user::cstr(a[0]) else {
-        return err(Errno::EFAULT);
+    let path = match user::cstr(a[0]) {
+        Ok(p) => p,
+        Err(e) => return err(e),
     };
     let kernel = |p: Option<Vec<u8>>| {
         let ptr = p.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
@@ -1248,10 +1276,9 @@ fn placeholder_source() -> i64 {
 
 fn stat(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, follow: bool, out: i64) -> Option<i64> {
     let (vfs, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
-    Some(res(vfs.stat(&t).map(|at| {
-        user::put(out, &to_stat(&at, vfs.dev()));
-        0i64
-    })))
+    Some(res(vfs
+        .stat(&t)
+        .and_then(|at| user::put(out, &to_stat(&at, vfs.dev())).map(|()| 0i64))))
 }
 
 fn readlink_out(vfs: &Vfs, t: &Target, buf: i64, len: i64) -> i64 {
@@ -1260,10 +1287,14 @@ fn readlink_out(vfs: &Vfs, t: &Target, buf: i64, len: i64) -> i64 {
     }
     match vfs.readlink(t) {
         Ok(target) => {
-            let out = user::slice_mut(buf, len as usize);
-            let n = target.len().min(out.len());
-            out[..n].copy_from_slice(&target[..n]);
-            n as i64
+            let n = target.len().min(len as usize);
+            match user::slice_mut(buf, n) {
+                Ok(out) => {
+                    out.copy_from_slice(&target[..n]);
+                    n as i64
+                }
+                Err(e) => err(e),
+            }
         }
         Err(e) => err(e),
     }
@@ -1271,7 +1302,15 @@ fn readlink_out(vfs: &Vfs, t: &Target, buf: i64, len: i64) -> i64 {
 
 fn utimensat(nr: i64, a: [i64; 6]) -> Option<i64> {
     let flags = a[3] as i32;
-    let path = if a[1] == 0 { None } else { user::cstr(a[1]) };
+    // A null path is futimens(2): the descriptor itself.
+    let path = if a[1] == 0 {
+        None
+    } else {
+        match user::cstr(a[1]) {
+            Ok(p) => Some(p),
+            Err(e) => return Some(err(e)),
+        }
+    };
     let (vfs, node) = match path {
         None => {
             let f = file(a[0])?;
@@ -1285,13 +1324,20 @@ fn utimensat(nr: i64, a: [i64; 6]) -> Option<i64> {
             (vfs, node)
         }
     };
-    let time = |i: usize| -> Option<Option<shortfuse::Timestamp>> {
-        if a[2] == 0 {
-            return Some(None);
+    // Two struct timespec, or null for "both now".
+    let times = if a[2] == 0 {
+        None
+    } else {
+        match user::get::<[i64; 4]>(a[2]) {
+            Ok(t) => Some(t),
+            Err(e) => return Some(err(e)),
         }
-        let ts = user::slice(a[2] + (i * 16) as i64, 16);
-        let sec = i64::from_ne_bytes(ts[0..8].try_into().ok()?);
-        let nsec = i64::from_ne_bytes(ts[8..16].try_into().ok()?);
+    };
+    let time = |i: usize| -> Option<Option<shortfuse::Timestamp>> {
+        let Some(ts) = times else {
+            return Some(None);
+        };
+        let (sec, nsec) = (ts[2 * i], ts[2 * i + 1]);
         match nsec {
             n if n == libc::UTIME_OMIT => None,
             n if n == libc::UTIME_NOW => Some(None),
@@ -1307,8 +1353,10 @@ fn utimensat(nr: i64, a: [i64; 6]) -> Option<i64> {
 }
 
 fn rename(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: u32) -> Option<i64> {
-    let p1 = user::cstr(a[i1])?;
-    let p2 = user::cstr(a[i2])?;
+    let (p1, p2) = match (user::cstr(a[i1]), user::cstr(a[i2])) {
+        (Ok(p1), Ok(p2)) => (p1, p2),
+        (Err(e), _) | (_, Err(e)) => return Some(err(e)),
+    };
     let r1 = match resolve(d1, p1, false) {
         Ok(r) => r,
         Err(e) => return Some(err(e)),

@@ -37,9 +37,11 @@
 //! served call returns, and its file calls on the mount are served like any
 //! other; no lock of ours or of the allocator is held when it runs.
 //! Synchronous faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP) stay
-//! unblocked: a bad pointer handed to a served call faults inside the hook,
-//! where a handler of the program that then touches the mount reaches the
-//! kernel instead. A served call that blocks (none does today: the file
+//! unblocked. A bad pointer handed to a served call does not fault: every
+//! path, struct and buffer of the program is checked before it is touched
+//! and gives EFAULT as the kernel's copy_from_user does (`user`), and an
+//! address in page 0 (the trampoline's, which the kernel itself would read)
+//! is EFAULT too. A served call that blocks (none does today: the file
 //! systems are in process) would delay signals until it returns. exec is
 //! served with the program's mask and selector, since the new image
 //! inherits them.

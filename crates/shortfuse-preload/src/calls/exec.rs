@@ -31,7 +31,10 @@ use crate::sys::raw;
 use crate::{state, user};
 
 pub fn execve(a: [i64; 6]) -> Option<i64> {
-    let path = user::cstr(a[0])?;
+    let path = match user::cstr(a[0]) {
+        Ok(p) => p,
+        Err(e) => return Some(err(e)),
+    };
     let prog = match program(AT_FDCWD, path, true) {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
@@ -75,7 +78,10 @@ fn exec_memfd(fd: i64, argv: i64, envp: i64) -> i64 {
 }
 
 pub fn execveat(a: [i64; 6]) -> Option<i64> {
-    let path = user::cstr(a[1])?;
+    let path = match user::cstr(a[1]) {
+        Ok(p) => p,
+        Err(e) => return Some(err(e)),
+    };
     let flags = a[4] as i32;
     let (dirfd, prog) = if path.is_empty() {
         (a[0], None)
@@ -139,7 +145,11 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     } else {
         (a[0], 1)
     };
-    let path = user::cstr(a[i])?;
+    // The kernel's answer to a bad path (the child must not fault in our memory).
+    let path = match user::cstr(a[i]) {
+        Ok(p) => p,
+        Err(e) => return Some(err(e)),
+    };
     let envp = if nr == libc::SYS_execve { a[2] } else { a[3] };
     let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
     let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
@@ -327,6 +337,9 @@ struct Env {
     _cwd: Option<CString>,
 }
 
+/// The longest environment string exec takes (MAX_ARG_STRLEN: 32 pages).
+const ARG_MAX: usize = 32 * 4096;
+
 /// The environment for the new image with `SHORTFUSE_CWD` set to our
 /// current directory inside a mount, or removed when we are not in one.
 /// `None`: the program's own environment needs no change.
@@ -339,12 +352,15 @@ fn environment(envp: i64) -> Option<Env> {
     if envp != 0 {
         let mut i = 0;
         loop {
-            let p = user::pointer_at(envp, i);
+            // A bad array or string is left for the kernel's exec to refuse.
+            let Ok(p) = user::pointer_at(envp, i) else {
+                return None;
+            };
             if p == 0 {
                 break;
             }
             i += 1;
-            if user::cstr(p).is_some_and(|s| s.starts_with(prefix.as_bytes())) {
+            if user::cstr_max(p, ARG_MAX).is_ok_and(|s| s.starts_with(prefix.as_bytes())) {
                 had = true;
                 continue;
             }

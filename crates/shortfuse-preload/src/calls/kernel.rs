@@ -99,15 +99,17 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<Option<i64>> {
         | libc::SYS_pwritev2
         | libc::SYS_ftruncate
         | libc::SYS_fallocate => {
+            if user::in_page_zero(nr, a) {
+                return Some(Some(err(Errno::EFAULT)));
+            }
             let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
             // The size and times changed under the cached attributes.
             f.vfs().invalidate_attr(f.node());
             Some(r)
         }
-        libc::SYS_fstat => Some(res(fresh_stat(&f, a[0]).map(|st| {
-            user::put(a[1], &st);
-            0i64
-        }))),
+        libc::SYS_fstat => Some(res(
+            fresh_stat(&f, a[0]).and_then(|st| user::put(a[1], &st).map(|()| 0i64))
+        )),
         // Table bookkeeping (F_DUPFD*, F_SETFD) stays with the caller.
         libc::SYS_fcntl => match a[1] as i32 {
             libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFD => return None,
@@ -222,7 +224,7 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     let size = f.stat().map(|at| at.size).unwrap_or(0);
     let want = (size.saturating_sub(off as u64)).min(len as u64) as usize;
     if want > 0 {
-        if let Err(e) = f.pread(user::slice_mut(p, want), off as u64) {
+        if let Err(e) = user::slice_mut(p, want).and_then(|b| f.pread(b, off as u64)) {
             raw(libc::SYS_munmap, p, len, 0, 0, 0, 0);
             return err(e);
         }
@@ -245,8 +247,7 @@ pub fn ioctl(f: &OpenFile, a: [i64; 6]) -> i64 {
     match f.stat() {
         Ok(at) => {
             let n = at.size.saturating_sub(f.offset()).min(i32::MAX as u64) as i32;
-            user::put(a[2], &n);
-            0
+            res(user::put(a[2], &n).map(|()| 0i64))
         }
         Err(e) => err(e),
     }
@@ -268,15 +269,13 @@ impl Side {
     }
 
     fn offset(&self) -> Option<u64> {
-        (self.off_ptr != 0).then(|| {
-            let b = user::slice(self.off_ptr, 8);
-            u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))
-        })
+        // Checked by `copy` before anything moves.
+        (self.off_ptr != 0).then(|| user::get::<u64>(self.off_ptr).unwrap_or(0))
     }
 
     fn advance(&self, n: usize) {
         if let Some(o) = self.offset() {
-            user::put(self.off_ptr, &(o + n as u64));
+            let _ = user::put(self.off_ptr, &(o + n as u64));
         }
     }
 
@@ -361,6 +360,13 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
     }
     if len < 0 {
         return Some(err(Errno::EINVAL));
+    }
+    for side in [&src, &dst] {
+        if side.off_ptr != 0 {
+            if let Err(e) = user::slice_mut(side.off_ptr, 8) {
+                return Some(err(e));
+            }
+        }
     }
     let mut buf = vec![0u8; (len as usize).min(COPY_CHUNK)];
     let got = src.read(&mut buf);

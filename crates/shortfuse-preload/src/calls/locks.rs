@@ -20,7 +20,7 @@ use shortfuse::{Errno, FileType, NodeId};
 use shortfuse_abi as abi;
 use shortfuse_vfs::OpenFile;
 
-use super::{err, owner};
+use super::{err, owner, res};
 use crate::sys::raw;
 use crate::user;
 
@@ -65,7 +65,10 @@ pub fn flock(f: &Arc<OpenFile>, op: i32) -> i64 {
 /// fcntl F_GETLK, F_SETLK(W) and their OFD forms on a file of a daemon.
 pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
     let ofd = matches!(cmd, libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW);
-    let mut fl: libc::flock = user::get(arg);
+    let mut fl: libc::flock = match user::get(arg) {
+        Ok(fl) => fl,
+        Err(e) => return err(e),
+    };
     if ofd && fl.l_pid != 0 {
         return err(Errno::EINVAL);
     }
@@ -101,8 +104,7 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
         return match client.getlk(f.node(), fh, owner, &lk) {
             Ok(got) if got.typ as i32 == libc::F_UNLCK => {
                 fl.l_type = libc::F_UNLCK as i16;
-                user::put(arg, &fl);
-                0
+                res(user::put(arg, &fl).map(|()| 0i64))
             }
             Ok(got) => {
                 fl.l_type = got.typ as i16;
@@ -115,8 +117,7 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
                 };
                 // An OFD lock has no process (the kernel says -1).
                 fl.l_pid = if got.pid == 0 { -1 } else { got.pid as i32 };
-                user::put(arg, &fl);
-                0
+                res(user::put(arg, &fl).map(|()| 0i64))
             }
             Err(e) => err(e),
         };

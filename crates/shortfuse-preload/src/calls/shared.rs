@@ -253,12 +253,17 @@ fn passed(nr: i64, a: [i64; 6], fds: &mut Vec<i32>) {
         return;
     }
     if nr == libc::SYS_sendmsg {
-        crate::user::passed_fds(&crate::user::get::<libc::msghdr>(a[1]), fds);
+        // A bad message passes nothing: the kernel fails the call.
+        if let Ok(m) = crate::user::get::<libc::msghdr>(a[1]) {
+            crate::user::passed_fds(&m, fds);
+        }
         return;
     }
     let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
     for i in 0..n {
-        let m: libc::mmsghdr = crate::user::get(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64);
+        let Ok(m) = crate::user::get::<libc::mmsghdr>(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64) else {
+            return;
+        };
         crate::user::passed_fds(&m.msg_hdr, fds);
     }
 }

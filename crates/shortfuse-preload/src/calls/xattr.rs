@@ -36,7 +36,10 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
                 nr,
                 libc::SYS_getxattr | libc::SYS_listxattr | libc::SYS_setxattr | libc::SYS_removexattr
             );
-            let path = user::cstr(a[0])?;
+            let path = match user::cstr(a[0]) {
+                Ok(p) => p,
+                Err(e) => return Some(err(e)),
+            };
             match resolve(AT_FDCWD, path, follow) {
                 Err(e) => return Some(err(e)),
                 Ok(Resolved::Kernel(None)) => return None,
@@ -50,7 +53,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     };
     // As the kernel's xattr_permission: user.* only on regular files and
     // directories (elsewhere the permission bits mean something else).
-    let user_elsewhere = user::cstr(a[1]).is_some_and(|n| n.starts_with(b"user."))
+    let user_elsewhere = user::cstr(a[1]).is_ok_and(|n| n.starts_with(b"user."))
         && !matches!(kind, FileType::Regular | FileType::Directory);
     if user_elsewhere && !matches!(nr, libc::SYS_listxattr | libc::SYS_llistxattr | libc::SYS_flistxattr) {
         let getting = matches!(nr, libc::SYS_getxattr | libc::SYS_lgetxattr | libc::SYS_fgetxattr);
@@ -58,15 +61,17 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     }
     Some(match nr {
         libc::SYS_getxattr | libc::SYS_lgetxattr | libc::SYS_fgetxattr => {
-            let Some(name) = checked_name(a[1]) else {
-                return Some(err(Errno::ERANGE));
+            let name = match checked_name(a[1]) {
+                Ok(n) => n,
+                Err(e) => return Some(err(e)),
             };
             get(&vfs, node, name, false, a[2], a[3])
         }
         libc::SYS_listxattr | libc::SYS_llistxattr | libc::SYS_flistxattr => get(&vfs, node, b"", true, a[1], a[2]),
         libc::SYS_setxattr | libc::SYS_lsetxattr | libc::SYS_fsetxattr => {
-            let Some(name) = checked_name(a[1]) else {
-                return Some(err(Errno::ERANGE));
+            let name = match checked_name(a[1]) {
+                Ok(n) => n,
+                Err(e) => return Some(err(e)),
             };
             let (size, flags) = (a[3] as usize, a[4] as i32);
             if size > SIZE_MAX {
@@ -78,7 +83,11 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             if vfs.is_read_only() {
                 return Some(err(Errno::EROFS));
             }
-            let r = vfs.client().setxattr(node, name, user::slice(a[2], size), flags);
+            let value = match user::slice(a[2], size) {
+                Ok(v) => v,
+                Err(e) => return Some(err(e)),
+            };
+            let r = vfs.client().setxattr(node, name, value, flags);
             vfs.invalidate_attr(node);
             match r {
                 Ok(()) => 0,
@@ -86,8 +95,9 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             }
         }
         _ => {
-            let Some(name) = checked_name(a[1]) else {
-                return Some(err(Errno::ERANGE));
+            let name = match checked_name(a[1]) {
+                Ok(n) => n,
+                Err(e) => return Some(err(e)),
             };
             if vfs.is_read_only() {
                 return Some(err(Errno::EROFS));
@@ -103,9 +113,13 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
 }
 
 /// The attribute name, unless the kernel would refuse it (empty or longer
-/// than XATTR_NAME_MAX: ERANGE).
-fn checked_name<'a>(p: i64) -> Option<&'a [u8]> {
-    user::cstr(p).filter(|n| !n.is_empty() && n.len() <= NAME_MAX)
+/// than XATTR_NAME_MAX: ERANGE; a bad pointer: EFAULT).
+fn checked_name<'a>(p: i64) -> Result<&'a [u8], Errno> {
+    match user::cstr_max(p, NAME_MAX + 1) {
+        Ok(n) if !n.is_empty() => Ok(n),
+        Err(e) if e == Errno::EFAULT => Err(e),
+        _ => Err(Errno::ERANGE),
+    }
 }
 
 /// GETXATTR/LISTXATTR into the caller's buffer (`size` 0: the size needed).
@@ -114,10 +128,13 @@ fn get(vfs: &Arc<Vfs>, node: NodeId, name: &[u8], list: bool, buf: i64, size: i6
     match vfs.client().xattr_get(node, name, list, size as u32) {
         Ok(XattrOut::Size(n)) => i64::from(n),
         Ok(XattrOut::Data(d)) if d.len() > size => err(Errno::ERANGE),
-        Ok(XattrOut::Data(d)) => {
-            user::slice_mut(buf, d.len()).copy_from_slice(&d);
-            d.len() as i64
-        }
+        Ok(XattrOut::Data(d)) => match user::slice_mut(buf, d.len()) {
+            Ok(out) => {
+                out.copy_from_slice(&d);
+                d.len() as i64
+            }
+            Err(e) => err(e),
+        },
         Err(e) => err(unsupported(e)),
     }
 }
