@@ -8,6 +8,8 @@
 //! root, which maps the trampoline at address 0 whatever vm.mmap_min_addr
 //! says.
 
+// Not every helper is used here.
+#[allow(dead_code)]
 mod support;
 
 use std::path::{Path, PathBuf};
