@@ -1,5 +1,4 @@
 # shortfuse: `make build`, `make test` (installs missing tools first).
-# The lead engineer's `demo` target lives below; keep it.
 
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)

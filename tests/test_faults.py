@@ -434,3 +434,14 @@ def test_list_shows_mounts_and_daemons(scratch):
         for mp in (mem, pt, dead):
             sf("umount", "-l", mp)
     assert str(rings) not in listing() and str(mem) not in listing()
+
+
+def test_version_names_the_commit():
+    r = sf("--version")
+    head = subprocess.run(["git", "-C", str(sfmount.REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("shortfuse "), r
+    if head.returncode == 0:
+        assert f"commit {head.stdout[:12]}" in r.stdout or head.stdout[:12] in r.stdout, (r.stdout, head.stdout)
+    else:
+        # Built outside a git checkout: the crate version alone.
+        assert "commit" not in r.stdout, r.stdout

@@ -1,5 +1,5 @@
 """`shortfuse serve` and `shortfuse run -m MOUNTPOINT`: programs under the
-preload shim share one daemon over shared-memory rings (issue 7).
+preload shim share one daemon over shared-memory rings.
 
 - Two programs see each other's changes at once, although their caches
   would keep stale names and attributes for 30 s (the daemon's

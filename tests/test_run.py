@@ -420,7 +420,7 @@ for name in sorted(os.listdir(root)):
 
 @pytest.mark.parametrize("fs", ["stripe", "pack"])
 def test_python_on_mapped_file_systems_matches_ext4(shortfuse, scratch, fs):
-    """The 1-to-M (stripe) and M-to-1 (pack) maps of seed 004, served in
+    """The 1-to-M (stripe) and M-to-1 (pack) maps of DeFUSE, served in
     process: results match ext4, the data lands in the backing files, and a
     later run finds it."""
     native = scratch / "native"

@@ -1,4 +1,4 @@
-//! The `cache` suite: seed 000's Table 4, the cache micro-benchmarks, run
+//! The `cache` suite: Table 4 of the Prefuse-SSHFS caching thesis, the cache micro-benchmarks, run
 //! on shortfuse's caches and on a `moka::sync::Cache` configured as the
 //! thesis did (LRU eviction, capacity in entries), in the same process
 //! and run. No file system is involved: the cache structures alone.
@@ -43,7 +43,7 @@ fn repeats(scale: Scale) -> usize {
 
 pub fn describe(scale: Scale) -> String {
     format!(
-        "Scale {}: seed 000's Table 4: {ENTRIES} operations on caches of {ENTRIES} entries (pages of {} KiB; metadata: attributes by name), repeated {} times (seed: 100); value = µs per {ENTRIES} operations, the median run (seed: the mean). `shortfuse/clock` is the default policy, `shortfuse/lru` exact LRU, `moka/lru` a moka::sync::Cache with LRU eviction as in the thesis; `x over moka` rows are moka's time over ours (higher is better; goal: 2). Seed 000 measured moka at 928 (write), 1041 (overwrite), 223 (read), 155 (read miss) µs for pages and 1162, 1192, 266, 185 µs for metadata. `policy_hits` rows: hit ratio (%) of a {ENTRIES}-page cache on a skewed trace with scans.",
+        "Scale {}: Table 4 of the Prefuse-SSHFS caching thesis: {ENTRIES} operations on caches of {ENTRIES} entries (pages of {} KiB; metadata: attributes by name), repeated {} times (thesis: 100); value = µs per {ENTRIES} operations, the median run (thesis: the mean). `shortfuse/clock` is the default policy, `shortfuse/lru` exact LRU, `moka/lru` a moka::sync::Cache with LRU eviction as in the thesis; `x over moka` rows are moka's time over ours (higher is better; goal: 2). The thesis measured moka at 928 (write), 1041 (overwrite), 223 (read), 155 (read miss) µs for pages and 1162, 1192, 266, 185 µs for metadata. `policy_hits` rows: hit ratio (%) of a {ENTRIES}-page cache on a skewed trace with scans.",
         scale.name(),
         PAGE >> 10,
         repeats(scale)

@@ -44,10 +44,10 @@ pub enum Kind {
     /// `sftp` served in the worker's own process (`shortfuse run -m
     /// MNT=sftp:...`, as for [`Kind::Preload`]) from the same kind of
     /// server, with the shim's user-space page and metadata cache on or off
-    /// (seed 000's Prefuse over SSHFS, with and without its cache).
+    /// (Prefuse, from the Prefuse-SSHFS caching thesis over SSHFS, with and without its cache).
     SftpShim { cache: bool },
     /// Debian's sshfs, on the same kind of server; with `direct_io` the
-    /// kernel page cache is bypassed (`-o direct_io`, seed 000's "SSHFS
+    /// kernel page cache is bypassed (`-o direct_io`, the Prefuse-SSHFS caching thesis's "SSHFS
     /// with O_DIRECT").
     Sshfs { direct_io: bool },
 }
@@ -157,11 +157,11 @@ impl Config {
     /// compares the two transports (empty operations on `null`, files on
     /// `passthrough`), `data` compares kernel passthrough with the same file
     /// system without maps, the others take every configuration holding
-    /// files except the seed-004 uring-passthrough pairing and the network
-    /// rows; `thesis` is seed 000's comparison (native, dev, Debian's sshfs
+    /// files except DeFUSE's uring-passthrough pairing and the network
+    /// rows; `thesis` is the comparison of the Prefuse-SSHFS caching thesis (native, dev, Debian's sshfs
     /// with and without the kernel page cache, our sftp in the daemon and
     /// in process without and with the user-space cache); `latency` and
-    /// `meta` (issue 7's fxmark workloads: run it with `--threads 1` and
+    /// `meta` (the fxmark workloads: run it with `--threads 1` and
     /// `--threads 2`) add the shim in process (`preload`) and over the
     /// rings (`ring`).
     pub fn defaults(suite: &str) -> Vec<Config> {

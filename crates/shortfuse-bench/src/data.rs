@@ -1,4 +1,4 @@
-//! The `data` suite: DeFUSE's rows (seed 004). A single stream of 1 MiB
+//! The `data` suite: DeFUSE's rows (IEEE Access 2019). A single stream of 1 MiB
 //! writes then reads over a big file; the data-centric rows (sequential and
 //! random read and write, on 1 and 2 threads, with 4 KiB, 32 KiB, 128 KiB
 //! and 1 MiB I/O); and fileserver with 1 to 8 threads (the cost of small
@@ -17,12 +17,12 @@ use crate::scale::Scale;
 use crate::sys;
 use crate::table2;
 
-/// Seed 004's four I/O sizes.
+/// DeFUSE's four I/O sizes.
 pub const IOS: &[(usize, &str)] = &[(4 << 10, "4K"), (32 << 10, "32K"), (128 << 10, "128K"), (1 << 20, "1M")];
-/// Seed 004's "single thread" and "multiple thread" modes (32 threads there),
+/// DeFUSE's "single thread" and "multiple thread" modes (32 threads there),
 /// scaled to this 2-core machine.
 pub const THREADS: usize = 2;
-/// Seed 004's data-centric rows, with N = [`THREADS`]: (pattern, threads,
+/// DeFUSE's data-centric rows, with N = [`THREADS`]: (pattern, threads,
 /// one file per thread, name).
 pub const ROWS: &[(Pattern, usize, bool, &str)] = &[
     (Pattern::SeqRead, 1, false, "seq-rd-1th-1f"),
@@ -51,7 +51,7 @@ fn fileserver_time(scale: Scale) -> Duration {
 pub fn describe(scale: Scale) -> String {
     let t = table2::Sizes::of(scale);
     format!(
-        "Scale {}: single stream over a {} MiB file (seed: 60 GiB), read after dropping caches; seed 004's data rows with 1 and {THREADS} threads (seed: 32) on one {} MiB file or {THREADS} files of half that (seed: 60 GiB / 32 x 2 GiB), {:.2} s each or until the files are covered, reads after dropping caches; fileserver with {:?} threads, {:.2} s each. Values in MB/s and ops/s.",
+        "Scale {}: single stream over a {} MiB file (paper: 60 GiB), read after dropping caches; DeFUSE's data rows with 1 and {THREADS} threads (paper: 32) on one {} MiB file or {THREADS} files of half that (paper: 60 GiB / 32 x 2 GiB), {:.2} s each or until the files are covered, reads after dropping caches; fileserver with {:?} threads, {:.2} s each. Values in MB/s and ops/s.",
         scale.name(),
         stream_size(scale) >> 20,
         t.file >> 20,

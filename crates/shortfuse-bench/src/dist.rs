@@ -1,4 +1,4 @@
-//! The `dist` suite: seed 003's evaluation (DistFUSE, Figures 6 to 8)
+//! The `dist` suite: DistFUSE's evaluation (Figures 6 to 8)
 //! scaled to this machine, on distfs in its three consistency modes.
 //!
 //! One embedded server (`shortfuse dist up`) and, per mode, up to
@@ -8,17 +8,17 @@
 //! files it keeps open) over its working set for a fixed time: opening
 //! (lease moves under contention) and closing (a `weak` client writes back
 //! on close) are counted in the time. No
-//! fsync, as in fio's default and the seed's runs: what write-back leaves
+//! fsync, as in fio's default and DistFUSE's runs: what write-back leaves
 //! dirty is written back when another client wants the file (its cost
 //! shows in the contention rows) or at unmount. A working set
 //! is [`FILES`] files; at contention c% that many of them are shared by
-//! every client and the rest are the client's own (seed 003, 6.3).
+//! every client and the rest are the client's own (DistFUSE, 6.3).
 //!
 //! Rows, as in the seed: random (4 KiB) and sequential (128 KiB) I/O at
 //! read:write 100:0, 75:25, 50:50, 25:75, 0:100, four clients, no
 //! contention (Figure 6); contention 0 to 100% at 50:50 random (Figure 7);
 //! 2, 4 and 8 clients at 50:50 random and 50% contention (Figure 8). Each
-//! row runs for `lease`, `writethrough` (the seed's baseline) and `weak`,
+//! row runs for `lease`, `writethrough` (DistFUSE's baseline) and `weak`,
 //! and `lease / writethrough` follows as a ratio. Values are MB/s summed
 //! over the clients. After the rows, the consistency checker runs on the
 //! `lease` and `writethrough` mounts and the suite fails if it finds a
@@ -44,22 +44,22 @@ use crate::samples::Rng;
 use crate::scale::Scale;
 
 pub const MODES: &[&str] = &["lease", "writethrough", "weak"];
-/// Files in each client's working set (seed: 100).
+/// Files in each client's working set (paper: 100).
 pub const FILES: usize = 8;
-/// Most clients in one row at full scale (seed: 16 nodes, 4 threads each).
+/// Most clients in one row at full scale (paper: 16 nodes, 4 threads each).
 pub const MAX_CLIENTS: usize = 8;
 pub const READ_PERCENTS: &[u32] = &[100, 75, 50, 25, 0];
 pub const CONTENTIONS: &[u32] = &[0, 25, 50, 75, 100];
 pub const CLIENTS: &[usize] = &[2, 4, 8];
 /// The client curve of the tiny scale.
 pub const QUICK_CLIENTS: &[usize] = &[2, 4];
-/// Clients of the read:write and contention rows (seed: 4 nodes).
+/// Clients of the read:write and contention rows (paper: 4 nodes).
 const BASE_CLIENTS: usize = 4;
 const RANDOM_BS: usize = 4 << 10;
 const SEQ_BS: usize = 128 << 10;
 
 struct Sizes {
-    /// Bytes per file (seed: 16 MiB).
+    /// Bytes per file (paper: 16 MiB).
     file: u64,
     /// Timed run per row.
     row: Duration,
@@ -107,10 +107,10 @@ pub fn describe(scale: Scale) -> String {
     let rows = if scale != Scale::Tiny {
         format!("random 4 KiB and sequential 128 KiB; read:write {READ_PERCENTS:?} (% reads) with {BASE_CLIENTS} clients and no contention; contention {CONTENTIONS:?}% at 50:50 random; {CLIENTS:?} clients at 50:50 random, 50% contention")
     } else {
-        format!("random 4 KiB only: write-only with {BASE_CLIENTS} clients and no contention; {QUICK_CLIENTS:?} clients at 50:50, 50% contention (quick and full run seed 003's whole matrix)")
+        format!("random 4 KiB only: write-only with {BASE_CLIENTS} clients and no contention; {QUICK_CLIENTS:?} clients at 50:50, 50% contention (quick and full run DistFUSE's whole matrix)")
     };
     format!(
-        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (seed: 100 x 16 MiB), one I/O thread per client (seed: 4), {:.2} s per row ({:.2} s with contention) plus closing the files (no fsync); {rows}. Each row runs {} times per mode, the modes taking turns (which goes first rotates), so that a slow spell of this shared machine hits every mode alike: a figure is the median of its runs with [min-max]. MB/s over all clients; `lease/writethrough` rows are the median and range of the ratios of each run's pair. The consistency checker passes on lease and writethrough after the rows.",
+        "Scale {}: one embedded server, client mounts as separate daemons; {FILES} files of {} KiB per working set (paper: 100 x 16 MiB), one I/O thread per client (paper: 4), {:.2} s per row ({:.2} s with contention) plus closing the files (no fsync); {rows}. Each row runs {} times per mode, the modes taking turns (which goes first rotates), so that a slow spell of this shared machine hits every mode alike: a figure is the median of its runs with [min-max]. MB/s over all clients; `lease/writethrough` rows are the median and range of the ratios of each run's pair. The consistency checker passes on lease and writethrough after the rows.",
         scale.name(),
         s.file >> 10,
         s.row.as_secs_f64(),

@@ -1,4 +1,4 @@
-//! The `fio` suite: RFUSE's fio jobs (seed 002) run with Debian's fio and
+//! The `fio` suite: RFUSE's fio jobs (FAST '24) run with Debian's fio and
 //! its JSON output parsed. psync, iodepth 1, buffered, norandommap,
 //! group_reporting, end_fsync; sequential 128 KiB write then read, random
 //! 4 KiB write (fdatasync after each, as in the scaling runs) then read,
@@ -23,7 +23,7 @@ pub fn threads(scale: Scale) -> &'static [usize] {
 }
 
 struct Sizes {
-    /// Total bytes over all jobs (seed: 32 x 4 GiB).
+    /// Total bytes over all jobs (paper: 32 x 4 GiB).
     total: u64,
     /// Cap for every phase but the sequential write that lays the files out.
     runtime: Duration,
@@ -45,7 +45,7 @@ fn sizes(scale: Scale) -> Sizes {
 pub fn describe(scale: Scale) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}: {} MiB in total per thread count (seed: 32 x 4 GiB), numjobs {:?} (seed: up to 32), reads and random writes capped at {} ms each; no remount between phases, caches dropped instead. Values in MB/s.",
+        "Scale {}: {} MiB in total per thread count (paper: 32 x 4 GiB), numjobs {:?} (paper: up to 32), reads and random writes capped at {} ms each; no remount between phases, caches dropped instead. Values in MB/s.",
         scale.name(),
         s.total >> 20,
         threads(scale),

@@ -1,4 +1,4 @@
-//! `shortfuse bench`: the seeds' workloads run against native ext4, every
+//! `shortfuse bench`: the workloads of the FUSE research it builds on run against native ext4, every
 //! shortfuse transport and the peer FUSE file systems, in one run, reported
 //! as ratios to native.
 //!
@@ -280,7 +280,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
 const USAGE: &str = "usage: shortfuse bench [SUITE...] [--quick | --tiny] [--configs a,b,...] [--out DIR]
                        [--threads N] [--shortfuse PATH]
 
-Runs the seeds' workloads on native ext4, shortfuse and peer FUSE file
+Runs the workloads of the FUSE research it builds on on native ext4, shortfuse and peer FUSE file
 systems, and writes report.md, report.json and plots/*.png to DIR
 (default: bench-results).";
 

@@ -48,7 +48,7 @@ impl Persona {
     }
 
     /// The three personalities at `scale`: files cut from 10,000/1,000 and
-    /// threads from 50/100/16 (2 cores here instead of the seeds' dozens).
+    /// threads from 50/100/16 (2 cores here instead of the papers' dozens).
     pub fn all(scale: Scale) -> [Persona; 3] {
         [
             Persona {
@@ -81,7 +81,7 @@ impl Persona {
     pub fn describe(scale: Scale, duration: Duration) -> String {
         let p = Persona::all(scale);
         format!(
-            "fileserver {} files x {} threads, webserver {} files x {} threads, varmail {} files x {} threads, {:.2} s each (seeds: 10,000/1,000/1,000 files, 50/100/16 threads)",
+            "fileserver {} files x {} threads, webserver {} files x {} threads, varmail {} files x {} threads, {:.2} s each (the papers: 10,000/1,000/1,000 files, 50/100/16 threads)",
             p[0].files,
             p[0].threads,
             p[1].files,

@@ -1,4 +1,4 @@
-//! The `programs` suite: real programs on the file system (issue 6's rows).
+//! The `programs` suite: real programs on the file system.
 //! `git status` in a repository of small files, and sqlite3 inserting rows
 //! in transactions. On a `preload` configuration every program runs under
 //! `shortfuse run`, so its figure includes what the shim costs a process at

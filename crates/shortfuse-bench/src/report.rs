@@ -1,5 +1,5 @@
 //! Results: raw figures per configuration, the Markdown table with ratios to
-//! native and seed 001's four classes, and JSON with every raw figure and
+//! native and the four classes of To FUSE or Not to FUSE (FAST '17), and JSON with every raw figure and
 //! the environment.
 
 use serde::Serialize;
@@ -96,7 +96,7 @@ pub struct ConfigResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct SuiteResult {
     pub suite: String,
-    /// What was scaled from the seeds' definitions, in words.
+    /// What was scaled from the papers' definitions, in words.
     pub scale: String,
     /// Pairings reported next to the ratios to native (see [`comparisons`]).
     pub comparisons: Vec<Comparison>,
@@ -116,11 +116,11 @@ pub struct Comparison {
 
 /// The pairings the issues ask about, kept when one of their pairs has both
 /// configurations in `results`: the two transports against each other
-/// (issue 3), and kernel passthrough against native (the main table) and
-/// against the same file system without maps, plain `dev` (issue 4), and
+///, and kernel passthrough against native (the main table) and
+/// against the same file system without maps, plain `dev`, and
 /// shortfuse's SFTP client (in the daemon, and in process with the
 /// user-space cache) against the kernel-FUSE sshfs on the same kind of
-/// loopback server (seed 000's comparison, issue 8).
+/// loopback server (the comparison of the Prefuse-SSHFS caching thesis).
 pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
     let has = |c: &str| results.iter().any(|r| r.config == c);
     let candidates: [(&str, &[(&str, &str)]); 6] = [
@@ -132,7 +132,7 @@ pub fn comparisons(results: &[ConfigResult]) -> Vec<Comparison> {
             &[("uring-passthrough", "dev-passthrough")],
         ),
         ("sftp vs sshfs", &[("sftp", "sshfs")]),
-        // Seed 000's goal: Prefuse with its user-space cache beats kernel-FUSE sshfs.
+        // The goal of the Prefuse-SSHFS caching thesis: Prefuse with its user-space cache beats kernel-FUSE sshfs.
         ("sftp-preload-cache vs sshfs", &[("sftp-preload-cache", "sshfs")]),
     ];
     candidates
@@ -205,7 +205,7 @@ pub struct Report {
     pub plot_error: Option<String>,
 }
 
-/// Seed 001's classes of the relative difference to native (positive is
+/// The classes of To FUSE or Not to FUSE (FAST '17) of the relative difference to native (positive is
 /// better than native).
 pub fn class(rel: f64) -> &'static str {
     if rel >= -0.05 {
@@ -287,7 +287,7 @@ impl SuiteResult {
                 r.error.as_deref().unwrap_or("")
             ));
         }
-        s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in seed 001: green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).");
+        s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in To FUSE or Not to FUSE (FAST '17): green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).");
         if self
             .results
             .iter()

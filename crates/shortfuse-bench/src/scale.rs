@@ -11,7 +11,7 @@ pub enum Scale {
     /// under two minutes; about a second per workload and configuration,
     /// more for `latency` and `fio` (`make demo`).
     Quick,
-    /// Seeds' workloads scaled to this machine (2 cores, one virtual disk).
+    /// The papers' workloads scaled to this machine (2 cores, one virtual disk).
     Full,
 }
 

@@ -1,10 +1,10 @@
-//! The `thesis` suite: seed 000's read test. 100 reads of 1 MiB over a big
+//! The `thesis` suite: the read test of the Prefuse-SSHFS caching thesis. 100 reads of 1 MiB over a big
 //! file, each starting 1024 bytes further than the last, timed as one run
 //! (open, the reads, close: a fresh open is where sshfs drops its cached
 //! pages); runs repeated, through the page cache and with O_DIRECT. Its
-//! defaults are the seed's comparison: kernel-FUSE sshfs against our own
+//! defaults are the thesis's comparison: kernel-FUSE sshfs against our own
 //! SFTP client (`sftp`) on a loopback server, with native and `dev`.
-//! `pread` stands for the seed's read-at-offset: the kernel sends the same
+//! `pread` stands for the thesis's read-at-offset: the kernel sends the same
 //! FUSE READs for both.
 
 use std::io;
@@ -31,7 +31,7 @@ fn repeats(scale: Scale) -> usize {
 
 pub fn describe(scale: Scale) -> String {
     format!(
-        "Scale {}: a {} MiB file (seed: 1 GiB), runs of {READS} reads of 1 MiB moving {STEP} bytes, repeated {} times (seed: 100); value = mean time of one run in µs. Seed 000 measured sshfs on localhost at 8513 µs through the page cache and 372620 µs with O_DIRECT.",
+        "Scale {}: a {} MiB file (thesis: 1 GiB), runs of {READS} reads of 1 MiB moving {STEP} bytes, repeated {} times (thesis: 100); value = mean time of one run in µs. The thesis measured sshfs on localhost at 8513 µs through the page cache and 372620 µs with O_DIRECT.",
         scale.name(),
         file_size(scale) >> 20,
         repeats(scale)

@@ -1,4 +1,4 @@
-//! The `transport` suite (issue 3): what `/dev/fuse` and FUSE over io_uring
+//! The `transport` suite: what `/dev/fuse` and FUSE over io_uring
 //! cost, side by side.
 //!
 //! On `null` (which keeps nothing: create succeeds, every lookup fails) it

@@ -177,7 +177,7 @@ fn ctrl_c_stops_the_server_and_unmounts() {
 fn thesis_in_process_with_the_cache_and_sshfs_without_page_cache() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // sftp served inside a worker under `shortfuse run` (its own sshd),
-    // and sshfs with -o direct_io: seed 000's remaining rows.
+    // and sshfs with -o direct_io: the remaining rows of the Prefuse-SSHFS caching thesis.
     let opts = options("pre", &["thesis"], &["sshfs", "sshfs-direct", "sftp-preload-cache"]);
     let report = shortfuse_bench::run(&opts).expect("run");
     let suite = &report.suites[0];

@@ -22,7 +22,7 @@ pub struct FsKind {
     /// kernel's `default_permissions`), so the mount always asks for them.
     pub kernel_permissions: bool,
     /// Reads cost a round trip and nothing below caches them: `-o
-    /// cache=auto` puts the user-space cache in front (seed 000).
+    /// cache=auto` puts the user-space cache in front (the Prefuse-SSHFS caching thesis).
     pub network: bool,
     build: Builder,
 }
@@ -32,7 +32,7 @@ pub const ALL: &[FsKind] = &[
     FsKind {
         name: "null",
         source: None,
-        about: "seed 002's NullFS: lookups fail, create succeeds, nothing is kept",
+        about: "NullFS from RFUSE (FAST '24): lookups fail, create succeeds, nothing is kept",
         kernel_permissions: false,
         network: false,
         build: |_, rest| {

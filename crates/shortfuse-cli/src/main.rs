@@ -18,7 +18,7 @@ use shortfuse::options::{FsOptions, OPTION_HELP};
 use shortfuse::{DevSession, MountOptions, SessionOptions};
 
 #[derive(Parser)]
-#[command(name = "shortfuse", version, about = "Serve user-space file systems through FUSE")]
+#[command(name = "shortfuse", version = env!("SHORTFUSE_VERSION"), about = "Serve user-space file systems through FUSE")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

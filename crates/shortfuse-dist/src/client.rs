@@ -1,7 +1,7 @@
 //! The distfs client: a [`Filesystem`] over the server, with a write-back
 //! block cache in the daemon kept coherent by per-file leases.
 //!
-//! # Leases and the cache (seed 003, Algorithm 1)
+//! # Leases and the cache (DistFUSE, Algorithm 1)
 //!
 //! Each file has a lease slot behind an `RwLock`. Reads and writes take it
 //! shared and check that the lease suffices (a read lease for reads, the
@@ -79,7 +79,7 @@
 //! trade-off is measured rather than claimed:
 //! - `lease` (default): the above;
 //! - `writethrough`: the same leases, but every write goes to storage
-//!   before it is answered (seed 003's baseline, and what ceph-fuse does):
+//!   before it is answered (DistFUSE's baseline, and what ceph-fuse does):
 //!   strong, and each write pays a round trip;
 //! - `weak`: write-back without leases, like GlusterFS's write-behind or
 //!   JuiceFS: dirty blocks go to storage on close, fsync, cache pressure or
@@ -109,7 +109,7 @@
 //! stale page after this client lost its lease. Files are therefore opened
 //! with `FOPEN_DIRECT_IO` (configurable): every read and write reaches the
 //! daemon, whose cache the leases protect, and the daemon's cache plays the
-//! part that the kernel page cache plays in the seed's modified kernel.
+//! part that the kernel page cache plays in DistFUSE's modified kernel.
 //!
 //! # Lock order
 //!

@@ -9,7 +9,7 @@
 //! client stops trusting its cache before the manager may give the lease to
 //! someone else.
 //!
-//! Soft timeout (seed 003, 4.2): once no renewal has been acknowledged for
+//! Soft timeout (DistFUSE, 4.2): once no renewal has been acknowledged for
 //! half a TTL ([`Conn::soft_expired`]), the manager may be unreachable; the
 //! client keeps its leases until its own clock says they are gone, but
 //! writes through meanwhile, so that little dirty data is left to lose if

@@ -1,5 +1,5 @@
 //! The lease manager: per-file shared-read and exclusive-write leases
-//! (seed 003, Algorithm 2).
+//! (DistFUSE, Algorithm 2).
 //!
 //! A file has at most one writer, or any number of readers, or any number
 //! of direct holders ([`LeaseMode::Direct`]: clients that cache nothing of

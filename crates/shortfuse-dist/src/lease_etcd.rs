@@ -1,7 +1,7 @@
 //! Leases, sessions and open files on etcd: the lease manager of one agent
 //! when several agents serve one file system (`shortfuse dist up --etcd`).
 //!
-//! The algorithms are those of [`crate::lease`] (seed 003, Algorithm 2):
+//! The algorithms are those of [`crate::lease`] (DistFUSE, Algorithm 2):
 //! shared-read or exclusive-write per file, a conflicting request revokes
 //! the holders and waits for their release or their end. What changes is
 //! where the state lives: in etcd, so that every agent sees the leases of

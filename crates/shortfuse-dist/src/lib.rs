@@ -1,5 +1,5 @@
 //! distfs: a distributed file system with write-back caching and strong
-//! consistency through per-file leases (seed 003, DistFUSE).
+//! consistency through per-file leases (DistFUSE, Li et al., 2025).
 //!
 //! Roles, one module each:
 //! - [`lease`]: the lease manager (shared-read and exclusive-write leases

@@ -37,7 +37,7 @@ pub const MAX_FRAME: u32 = 64 << 20;
 /// requests well inside [`MAX_FRAME`]).
 pub const MAX_DIRECT: u32 = 8 << 20;
 
-/// Global file identifier (seed 003, 4.1.4): the storage node that holds
+/// Global file identifier (DistFUSE, 4.1.4): the storage node that holds
 /// the file and the inode number there. Every client names the same file
 /// with the same `Gfi`, whatever node id its kernel gave it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

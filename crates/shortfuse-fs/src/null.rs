@@ -1,4 +1,4 @@
-//! `null`: seed 002's NullFS. Every lookup below the root fails, create
+//! `null`: NullFS from RFUSE (FAST '24). Every lookup below the root fails, create
 //! succeeds at once without keeping anything: it measures the transport and
 //! nothing else.
 

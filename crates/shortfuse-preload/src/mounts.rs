@@ -36,7 +36,7 @@ fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result
             .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
             .map_err(|e| e.to_string()),
         ("passthrough", None) => Err("passthrough needs a SOURCE: MOUNTPOINT=passthrough:/dir".into()),
-        // The 1-to-M and M-to-1 maps of seed 004, served by the shim's fast path.
+        // The 1-to-M and M-to-1 maps of DeFUSE, served by the shim's fast path.
         ("stripe", Some(src)) => shortfuse_fs::stripe::StripeFs::with_options(src, fs_opts)
             .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
             .map_err(|e| e.to_string()),
@@ -116,7 +116,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     // to what placeholders can do).
     let fs = fs?;
     // With the page cache on, the data must pass through it: the mount
-    // gives up its maps (seed 000: over local backing files that only
+    // gives up its maps (the Prefuse-SSHFS caching thesis: over local backing files that only
     // doubles the kernel's caching, which is why `auto` leaves it off).
     let cache = if run.cache_on(&spec.fs) {
         Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)

@@ -873,7 +873,7 @@ impl Vfs {
         }))
     }
 
-    /// The M-Cache (seed 004): a re-open of a regular file whose map is
+    /// The M-Cache (DeFUSE): a re-open of a regular file whose map is
     /// cached and whose attributes are still valid skips the file system's
     /// `open`; the open file then does all its I/O through the map. Not for
     /// creating or truncating opens, O_PATH, or a caller the cached mode

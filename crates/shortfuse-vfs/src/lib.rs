@@ -13,7 +13,7 @@
 //!
 //! Data maps ([`MapTap`], [`MapTable`]): an in-process file system's maps
 //! reach the open files, whose reads and writes then go straight to the
-//! backing files, and a bounded per-node cache of them (seed 004's M-Cache)
+//! backing files, and a bounded per-node cache of them (DeFUSE's M-Cache)
 //! lets a re-open skip the file system's `open` while the attributes are
 //! valid. Byte-range and flock locks of open files without a backing file
 //! live on a per-node anonymous kernel file ([`OpenFile::lock_fd`]).

@@ -1,4 +1,4 @@
-//! Data maps in the client (seed 004, DeFUSE): where an open file's bytes
+//! Data maps in the client (DeFUSE, IEEE Access 2019): where an open file's bytes
 //! live, so that its reads and writes skip the file system.
 //!
 //! The FUSE wire protocol carries no [`DataMap`] (the kernel gets only a
@@ -7,7 +7,7 @@
 //! it in the shared [`MapTable`] under (node, file handle), where the VFS
 //! picks it up as the OPEN reply comes back.
 //!
-//! The table also is the M-Cache of seed 004: the last map of each node,
+//! The table also is the M-Cache of DeFUSE: the last map of each node,
 //! bounded (least recently used out first). A re-open of a node whose map
 //! is cached and whose attributes are still valid skips the file system's
 //! `open` altogether (see `Vfs::open`). A map is dropped when the node is

@@ -1,4 +1,4 @@
-//! The in-process page cache (seed 000's Prefuse cache, done again): file
+//! The in-process page cache (Prefuse's cache, from the Prefuse-SSHFS caching thesis, done again): file
 //! pages kept in the program's own memory, so that a read the cache holds
 //! costs no request at all. The pages live in `shortfuse`'s [`PageStore`],
 //! the store the daemon's cache tier uses too.
@@ -10,7 +10,7 @@
 //!   starts at 0) fetches `readahead` pages in one request.
 //! - Reads are clipped at the end of file the cache knows (the size seen at
 //!   open, then moved by this process's writes and truncations): nothing is
-//!   asked for past it (the thesis's metadata-cache trick: the last read of
+//!   asked for past it (the metadata-cache trick of the Prefuse-SSHFS caching thesis: the last read of
 //!   a file is as short as the file, and a read at EOF costs nothing).
 //! - Close-to-open: at open, the size and mtime the file system reports are
 //!   compared with what the cache last saw; pages of a file changed

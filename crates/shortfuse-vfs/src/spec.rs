@@ -48,7 +48,7 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
 ];
 
 /// File systems whose reads cost a round trip: `-o cache=auto` turns the
-/// shim's page and metadata cache on for them (seed 000).
+/// shim's page and metadata cache on for them (the Prefuse-SSHFS caching thesis).
 pub const NETWORK_FS: &[&str] = &["sftp"];
 
 /// The file systems the preload shim builds in process, with what their

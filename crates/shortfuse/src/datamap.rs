@@ -1,8 +1,8 @@
 //! Where an open file's data lives, so that data I/O can skip the daemon
-//! (seed 004, DeFUSE). A map covers the file with up to
+//! (DeFUSE, IEEE Access 2019). A map covers the file with up to
 //! [`DataMap::MAX_EXTENTS`] extents, each a range of one backing file.
 //!
-//! The three patterns of seed 004:
+//! The three patterns of DeFUSE:
 //! - 1-to-1: one extent `[0, ∞)` at backing offset 0 ([`DataMap::whole`]);
 //!   kernel sessions turn it into kernel passthrough.
 //! - 1-to-M: a file split over several backing files, one extent per range.

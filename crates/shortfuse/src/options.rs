@@ -154,11 +154,11 @@ pub const MAX_WRITE_MIN: u32 = 4096;
 pub const OPTION_HELP: &[(&str, &str)] = &[
     (
         "base",
-        "seed 001's StackfsBase profile: 1 worker thread, max_write=4096, no writeback cache, no splice",
+        "StackfsBase of To FUSE or Not to FUSE (FAST '17): 1 worker thread, max_write=4096, no writeback cache, no splice",
     ),
     (
         "optimized",
-        "seed 001's StackfsOpt profile: writeback_cache, max_write=131072, one thread per CPU, splice",
+        "StackfsOpt of To FUSE or Not to FUSE (FAST '17): writeback_cache, max_write=131072, one thread per CPU, splice",
     ),
     ("ro / rw", "read-only or read-write mount (default rw)"),
     (
@@ -247,7 +247,7 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
 ];
 
 impl MountOptions {
-    /// seed 001's "base" configuration (StackfsBase): what an unconfigured
+    /// the "base" configuration of To FUSE or Not to FUSE (FAST '17), StackfsBase: what an unconfigured
     /// libfuse 2 daemon got.
     pub fn base() -> MountOptions {
         let mut o = MountOptions::default();
@@ -255,7 +255,7 @@ impl MountOptions {
         o
     }
 
-    /// seed 001's "optimized" configuration (StackfsOpt).
+    /// the "optimized" configuration of To FUSE or Not to FUSE (FAST '17), StackfsOpt.
     pub fn optimized() -> MountOptions {
         let mut o = MountOptions::default();
         o.set_optimized();

@@ -1,5 +1,5 @@
 //! Per-opcode request counts and log2 latency histograms of the time each
-//! request spends in the daemon (seed 001's instrumentation). Lock-free
+//! request spends in the daemon (as To FUSE or Not to FUSE (FAST '17) instrumented FUSE). Lock-free
 //! relaxed atomics, cheap enough to stay on: `record` is four uncontended
 //! atomic adds on the opcode's own cache lines.
 //!

@@ -1,4 +1,4 @@
-//! `pack`: the M-to-1 pattern of seed 004. Many small files live packed in
+//! `pack`: the M-to-1 pattern of DeFUSE. Many small files live packed in
 //! a few large container files, each file one contiguous range of one
 //! container; an index (the journal of [`tree`]) says which.
 //!

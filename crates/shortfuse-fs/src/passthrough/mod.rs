@@ -1,4 +1,4 @@
-//! `passthrough`: seed 001's Stackfs, done in the manner of libfuse's
+//! `passthrough`: the Stackfs of To FUSE or Not to FUSE (FAST '17), done in the manner of libfuse's
 //! `passthrough_hp`. Every request is served by the same operation on a
 //! source directory, through descriptors, never through paths.
 //!

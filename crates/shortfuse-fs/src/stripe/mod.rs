@@ -1,4 +1,4 @@
-//! `stripe`: the 1-to-M pattern of seed 004. Each file's bytes are spread
+//! `stripe`: the 1-to-M pattern of DeFUSE. Each file's bytes are spread
 //! over K backing files, one in each of K directories.
 //!
 //! Layout: file offsets `[i·S, (i+1)·S)` live in chunk `i` (S = stripe

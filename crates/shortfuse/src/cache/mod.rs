@@ -6,14 +6,14 @@
 //! Meant for file systems whose reads are expensive (network, like `sftp`)
 //! and whose data the kernel page cache does not already keep (transports
 //! that bypass it, or `direct_io`); over a local passthrough it only
-//! doubles the caching (seed 000). [`CacheOptions`] says when it is on.
+//! doubles the caching (the Prefuse-SSHFS caching thesis). [`CacheOptions`] says when it is on.
 //!
 //! Pages:
 //! - Reads are served from pages of `page_size` bytes; a miss that
 //!   continues the previous read of the same node (or starts at 0) fetches
 //!   `readahead` pages in one call to the inner file system. Reads are
-//!   clipped at the end of file the cache knows (seed 000's metadata-cache
-//!   trick): nothing is asked for past it.
+//!   clipped at the end of file the cache knows (the metadata-cache
+//!   trick of the Prefuse-SSHFS caching thesis): nothing is asked for past it.
 //! - Writes are write-back: they change cached pages and return; dirty
 //!   pages go to the inner file system on `flush` (every `close(2)`),
 //!   `fsync`, `release`, truncation, eviction, `destroy` and

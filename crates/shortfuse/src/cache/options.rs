@@ -11,7 +11,7 @@
 //! meta_timeout = 1.0        # seconds a cached attribute or name is trusted
 //! ```
 //!
-//! `auto` is seed 000's conclusion made automatic: on for network file
+//! `auto` is the conclusion of the Prefuse-SSHFS caching thesis made automatic: on for network file
 //! systems (their reads cost a round trip and nothing below caches them),
 //! off where the kernel page cache already holds the data (local backing
 //! files, 1-to-1 data maps), where a cache would only double it.
@@ -344,7 +344,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sf-cache-opts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("cache.toml");
-        // Seed 000's Figure 6, with sizes in bytes.
+        // Figure 6 of the Prefuse-SSHFS caching thesis, with sizes in bytes.
         std::fs::write(
             &file,
             "# thesis\ncache = true\npage_cache_size = 983040000\npage_size = 262144\nmeta_cache_size = 2500\n",

@@ -2,7 +2,7 @@
 //! on its own fd cloned with `FUSE_DEV_IOC_CLONE`, so replies go back on the
 //! fd that read the request and the kernel spreads requests over the
 //! readers. Readers start on demand ([`super::pool`]): one at first, more
-//! while requests keep waiting. One thread is the seed 001 "base"
+//! while requests keep waiting. One thread is the "base" of To FUSE or Not to FUSE (FAST '17)
 //! configuration.
 //!
 //! Each worker owns one read buffer, sized for the largest request INIT may

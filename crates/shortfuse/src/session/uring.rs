@@ -1,5 +1,5 @@
 //! The `uring` session: FUSE over io_uring (protocol 7.42+, Linux 6.14+),
-//! mainline's take on seed 002's per-core rings.
+//! mainline's take on the per-core rings of RFUSE (FAST '24).
 //!
 //! Concepts:
 //! - One *queue* per possible CPU (`qid` = CPU number). The kernel sends a
@@ -11,7 +11,7 @@
 //!   request at a time; `uring_depth` entries per worker.
 //! - A *worker* is a thread pinned to its queue's CPU that owns its own
 //!   io_uring (`IORING_SETUP_SQE128`) and its own entries; `uring_workers`
-//!   per queue (seed 002 uses 2 so that one slow request does not stall a
+//!   per queue (RFUSE uses 2 so that one slow request does not stall a
 //!   core).
 //!
 //! Life of an entry: REGISTER (an `IORING_OP_URING_CMD` on the /dev/fuse
@@ -22,7 +22,7 @@
 //! submits COMMIT_AND_FETCH, which delivers the reply and parks the entry
 //! again. Buffers are reused: nothing is allocated per request.
 //!
-//! Waiting (seed 002's hybrid polling, `uring_spin`): once its completions
+//! Waiting (RFUSE's hybrid polling, `uring_spin`): once its completions
 //! are served, a worker submits the commits and then polls its completion
 //! queue for a bounded time before sleeping in `io_uring_enter`
 //! (GETEVENTS). The kernel queues a request on the caller's CPU, where the
