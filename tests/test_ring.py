@@ -764,13 +764,6 @@ def test_bench_rows_over_the_ring(shortfuse, scratch):
 
 DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER
 
-# What cannot match native over the ring, with the reason.
-EXCLUDED = {
-    "locks": "the shim keeps locks in a per-process lock file (vfs/file.rs, OpenFile::lock_fd): "
-    "a second program does not see them; over the ring they belong in the daemon (SETLK/GETLK)",
-}
-
-
 @pytest.fixture(scope="module")
 def posix_daemon(shortfuse):
     base = sfmount.new_scratch("ring-posix")
@@ -782,11 +775,7 @@ def posix_daemon(shortfuse):
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_exclusions_name_real_scenarios():
-    assert set(EXCLUDED) <= set(test_run.SCENARIO_NAMES), EXCLUDED
-
-
-@pytest.mark.parametrize("name", [n for n in test_run.SCENARIO_NAMES if n not in EXCLUDED])
+@pytest.mark.parametrize("name", test_run.SCENARIO_NAMES)
 def test_posix_scenario_over_the_ring(shortfuse, scratch, posix_daemon, name):
     native = scratch / "native"
     native.mkdir()

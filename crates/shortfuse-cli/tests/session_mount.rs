@@ -313,14 +313,157 @@ fn passthrough_and_mem_mount() {
     assert!(shortfuse(&["umount", dir.s()]).status.success());
 }
 
+/// What `shortfuse mount --help` must say, written out here rather than read
+/// from the table the help is printed from: each option's spelling as a user
+/// types it, and words of its meaning (defaults and bounds included), on the
+/// option's own line.
+const HELP_MUST_SAY: &[(&str, &[&str])] = &[
+    ("base", &["1 worker thread", "max_write=4096", "no writeback cache"]),
+    (
+        "optimized",
+        &["writeback_cache", "max_write=131072", "one thread per CPU"],
+    ),
+    ("ro / rw", &["read-only", "default rw"]),
+    ("allow_other", &["users other than the mounting user"]),
+    ("default_permissions", &["kernel check permissions"]),
+    ("fsname=NAME", &["/proc/mounts"]),
+    ("subtype=NAME", &["fuse.NAME"]),
+    ("max_read=N", &["READ"]),
+    ("nosuid / suid", &["set-user-id", "ignore (default)"]),
+    ("nodev / dev", &["device files", "refuse (default)"]),
+    ("noexec / exec", &["executing programs", "allow (default)"]),
+    ("noatime", &["access times"]),
+    ("max_write=N[K|M]", &["WRITE", "4096 to 1M", "default 128K"]),
+    ("max_readahead=N[K|M]", &["read-ahead"]),
+    ("max_background=N", &["background requests", "12"]),
+    ("congestion_threshold=N", &["congested", "9"]),
+    (
+        "writeback_cache / no_writeback_cache",
+        &["kernel page cache", "default off"],
+    ),
+    (
+        "parallel_dirops / no_parallel_dirops",
+        &["concurrent lookups", "default on"],
+    ),
+    ("async_read / sync_read", &["several READs", "default async"]),
+    ("readdirplus=yes|no|auto", &["READDIRPLUS", "default auto"]),
+    ("keep_cache", &["keep cached file data across opens"]),
+    ("direct_io", &["bypass the page cache"]),
+    ("attr_timeout=SECONDS", &["attributes", "default 1.0"]),
+    ("entry_timeout=SECONDS", &["names", "default 1.0"]),
+    ("negative_timeout=SECONDS", &["missing names", "default 0"]),
+    (
+        "splice_read / splice_write / splice_move",
+        &["splice(2)", "default off"],
+    ),
+    ("handle_killpriv_v2", &["suid/sgid on write"]),
+    ("passthrough", &["kernel passthrough"]),
+    ("threads=N", &["worker threads", "--threads wins"]),
+    ("uring_depth=N", &["--transport uring", "1 to 1024", "default 8"]),
+    ("uring_workers=N", &["--transport uring", "1 to 64", "default 1"]),
+    (
+        "uring_spin=MICROSECONDS",
+        &["--transport uring", "0 to 10000", "default 20"],
+    ),
+    ("cache=on|off|auto", &["user-space", "default auto", "sftp"]),
+    ("page_size=N[K|M]", &["power of two", "default 128K"]),
+    ("page_cache_size=N[K|M|G]", &["file data", "default 64M"]),
+    ("meta_cache_size=N", &["attributes and names", "default 5000"]),
+    ("cache_policy=clock|lru", &["default clock"]),
+    ("readahead=PAGES", &["sequential", "default 8", "1 turns it off"]),
+    (
+        "meta_timeout=SECONDS",
+        &["attributes and names are trusted", "default 1"],
+    ),
+    ("config=FILE", &["TOML", "-o options win"]),
+];
+
 #[test]
-fn help_lists_every_option() {
+fn help_says_what_each_option_does() {
     let out = shortfuse(&["mount", "--help"]);
     let help = String::from_utf8(out.stdout).unwrap();
-    for (opt, _) in shortfuse::options::OPTION_HELP {
-        assert!(help.contains(opt), "--help lists {opt}");
+    let (_, options) = help
+        .split_once("Mount options (-o)")
+        .expect("--help has a mount options section");
+    for (opt, words) in HELP_MUST_SAY {
+        // The option starts its line, followed by padding, then its meaning.
+        let line = options
+            .lines()
+            .find(|l| {
+                l.strip_prefix("  ")
+                    .and_then(|r| r.strip_prefix(opt))
+                    .is_some_and(|r| r.starts_with("  "))
+            })
+            .unwrap_or_else(|| panic!("--help has a line for {opt}:\n{help}"));
+        for w in *words {
+            assert!(line.contains(w), "--help says {w:?} about {opt}: {line:?}");
+        }
     }
-    assert!(help.contains("--threads") && help.contains("--transport") && help.contains("-f"));
+    for flag in ["--threads", "--transport", "--foreground", "-o <OPT[,OPT...]>"] {
+        assert!(help.contains(flag), "--help lists {flag}");
+    }
+    for fs in ["null", "mem", "passthrough", "stripe", "pack", "sftp", "dist"] {
+        assert!(
+            help.lines().any(|l| l.starts_with(&format!("  {fs} "))),
+            "--help lists the {fs} file system"
+        );
+    }
+}
+
+#[test]
+fn every_option_the_help_lists_is_accepted() {
+    // Each spelling on the mount-option side of the help, as a user would
+    // type it, parses (a help line naming an option the parser refuses, or
+    // a misspelt one, fails here).
+    let mount_options = [
+        "base",
+        "optimized",
+        "ro",
+        "rw",
+        "allow_other",
+        "default_permissions",
+        "fsname=x",
+        "subtype=x",
+        "max_read=4096",
+        "nosuid",
+        "suid",
+        "nodev",
+        "dev",
+        "noexec",
+        "exec",
+        "noatime",
+        "max_write=1M",
+        "max_readahead=128K",
+        "max_background=12",
+        "congestion_threshold=9",
+        "writeback_cache",
+        "no_writeback_cache",
+        "parallel_dirops",
+        "no_parallel_dirops",
+        "async_read",
+        "sync_read",
+        "readdirplus=yes",
+        "readdirplus=no",
+        "readdirplus=auto",
+        "keep_cache",
+        "direct_io",
+        "attr_timeout=1.0",
+        "entry_timeout=1.0",
+        "negative_timeout=0",
+        "splice_read",
+        "splice_write",
+        "splice_move",
+        "handle_killpriv_v2",
+        "passthrough",
+        "threads=2",
+        "uring_depth=8",
+        "uring_workers=1",
+        "uring_spin=20",
+    ];
+    for o in mount_options {
+        shortfuse::options::MountOptions::parse(o).unwrap_or_else(|e| panic!("-o {o} is accepted: {e:?}"));
+    }
+    assert!(shortfuse::options::MountOptions::parse("no_such_option").is_err());
 }
 
 #[test]
