@@ -143,11 +143,11 @@ def test_partitioned_host_loses_its_lease_to_the_other(etcd_dep):
         assert failed is not None and failed.errno in (errno.EIO, errno.ENOTCONN, errno.ETIMEDOUT), failed
         h0.set_link(True)
         # Back on the network, a's writes from under the lost lease do not
-        # reach storage: b's data is what everyone reads.
-        try:
+        # reach storage, and a's next fsync says so (EIO) rather than
+        # report them durable; b's data is what everyone reads.
+        with pytest.raises(OSError) as lost:
             os.fsync(fd)
-        except OSError:
-            pass
+        assert lost.value.errno == errno.EIO, lost.value
         assert (b / "f").read_bytes() == b"b-wins!!"
         assert (a / "f").read_bytes() == b"b-wins!!"
     finally:
