@@ -49,6 +49,14 @@ if [ "$need_pytest" = 1 ] && [ "$(command -v python3 || true)" = /usr/bin/python
     missing+=(python3-pytest)
     need_pytest=0
 fi
+# The metrics tests parse scrapes with the Prometheus client's own parser.
+if ! python3 -c 'import prometheus_client' >/dev/null 2>&1; then
+    if [ "$(command -v python3 || true)" = /usr/bin/python3 ]; then
+        missing+=(python3-prometheus-client)
+    else
+        need_prometheus=1
+    fi
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
@@ -60,6 +68,10 @@ fi
 if [ "$need_pytest" = 1 ]; then
     echo "setup: installing pytest with pip for $(command -v python3)"
     python3 -m pip install -q pytest || python3 -m pip install -q --break-system-packages pytest
+fi
+
+if [ "${need_prometheus:-0}" = 1 ]; then
+    python3 -m pip install -q prometheus_client || python3 -m pip install -q --break-system-packages prometheus_client
 fi
 
 if [ ! -e /dev/fuse ]; then

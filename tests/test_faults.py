@@ -12,8 +12,11 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -445,3 +448,56 @@ def test_version_names_the_commit():
     else:
         # Built outside a git checkout: the crate version alone.
         assert "commit" not in r.stdout, r.stdout
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_metrics_parse(scratch):
+    """`stats --prometheus` and a scrape of `-o metrics=ADDR:PORT` are read
+    by the Prometheus client's own text parser: request counts by
+    transport, a latency histogram per operation whose count matches the
+    requests made, and the cache's counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    mnt = scratch / "mnt"
+    mnt.mkdir()
+    port = free_tcp_port()
+    r = sf("mount", "mem", mnt, "-o", f"metrics=127.0.0.1:{port},cache=on")
+    assert r.returncode == 0, r.stderr
+    try:
+        for i in range(7):
+            (mnt / f"f{i}").write_bytes(b"x")
+        stats = json.loads(sf("stats", "--json", mnt).stdout)
+        creates = next(op["count"] for op in stats["ops"] if op["name"] == "CREATE")
+        texts = [sf("stats", "--prometheus", mnt).stdout]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            texts.append(resp.read().decode())
+        for text in texts:
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            hist = families["shortfuse_request_duration_seconds"]
+            assert hist.type == "histogram"
+            samples = [s for s in hist.samples if s.labels.get("op") == "CREATE" and s.labels["mountpoint"] == str(mnt)]
+            count = next(s.value for s in samples if s.name.endswith("_count"))
+            assert count == creates, (count, creates)
+            buckets = [s for s in samples if s.name.endswith("_bucket")]
+            assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == count
+            assert all(a.value <= b.value for a, b in zip(buckets, buckets[1:])), "buckets not cumulative"
+            requests = families["shortfuse_requests"]
+            assert requests.type == "counter"
+            assert sum(s.value for s in requests.samples if s.labels.get("transport") == "dev") >= creates
+            assert "shortfuse_cache_hits" in families and families["shortfuse_cache_dirty_bytes"].type == "gauge"
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
+    finally:
+        assert sf("umount", mnt).returncode == 0
+    # A taken port is refused before anything is mounted.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = sf("mount", "mem", mnt, "-o", f"metrics=127.0.0.1:{s.getsockname()[1]}")
+    assert r.returncode != 0 and "metrics=" in r.stderr and not is_mounted(mnt), r.stderr

@@ -3,6 +3,7 @@
 mod filesystems;
 mod helper;
 mod list;
+mod metrics;
 mod run;
 mod serve;
 mod sys;
@@ -105,8 +106,12 @@ enum Command {
         /// Print JSON instead of a table (nanoseconds).
         #[arg(long)]
         json: bool,
-        /// Zero the counters (after printing nothing).
+        /// Print the Prometheus text format (seconds; for a node exporter's
+        /// textfile collector, or `-o metrics=ADDR:PORT` to be scraped).
         #[arg(long, conflicts_with = "json")]
+        prometheus: bool,
+        /// Zero the counters (after printing nothing).
+        #[arg(long, conflicts_with_all = ["json", "prometheus"])]
         reset: bool,
     },
 }
@@ -165,6 +170,11 @@ fn mount_options_help() -> String {
     for (k, v) in CACHE_OPTION_HELP {
         s.push_str(&format!("  {k:<width$}  {v}\n"));
     }
+    s.push_str(&format!(
+        "\nMonitoring:\n  {:<width$}  answer GET /metrics there in the Prometheus text format (also: \
+         shortfuse stats --prometheus)\n",
+        "metrics=ADDR:PORT"
+    ));
     s.push_str(
         "\nOther options go to the file system, which refuses those it does not know.\n\
          \nExamples:\n  shortfuse mount mem /mnt/m\n  shortfuse mount passthrough /srv/data /mnt/d -o optimized\n  \
@@ -238,11 +248,13 @@ fn main() -> ExitCode {
         Command::Stats {
             mountpoint,
             json,
+            prometheus,
             reset,
         } => {
-            let request = match (json, reset) {
-                (_, true) => "reset",
-                (true, _) => "stats json",
+            let request = match (json, prometheus, reset) {
+                (_, _, true) => "reset",
+                (true, _, _) => "stats json",
+                (_, true, _) => "stats prometheus",
                 _ => "stats",
             };
             shortfuse::control::request(&mountpoint, request).map(|out| {
@@ -294,6 +306,7 @@ pub(crate) fn mount(
         opts.subtype = Some(format!("shortfuse-{fs_name}"));
     }
     let cache = CacheOptions::take_from(&mut rest).map_err(filesystems::invalid)?;
+    let metrics = metrics::take_from(&mut rest)?;
     let fs = filesystems::build(fs_name, source, &rest, &mut opts)?;
     let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(fs_name, fs, &cache)?;
     let session = SessionOptions {
@@ -314,15 +327,26 @@ pub(crate) fn mount(
         }
         _ => result,
     };
+    // Started in the process that serves (threads do not survive the fork).
+    let start_metrics = {
+        let stats = dev.stats().clone();
+        let mp = dev.mount_point().to_path_buf();
+        move || metrics.map_or(Ok(()), |l| metrics::serve(l, stats, mp))
+    };
     if foreground {
+        start_metrics()?;
         return finish(dev.run(sys::notify_ready));
     }
-    background(dev, finish)
+    background(dev, start_metrics, finish)
 }
 
 /// Forks: the child serves, the parent waits until the child reports that
 /// it is serving (or why it failed) and exits with that status.
-fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result<()>) -> io::Result<()> {
+fn background(
+    dev: DevSession,
+    before_serving: impl FnOnce() -> io::Result<()>,
+    finish: impl FnOnce(io::Result<()>) -> io::Result<()>,
+) -> io::Result<()> {
     // Opened before the fork, so that a refused runtime directory or log
     // is reported here, and the mount undone, rather than lost.
     let log = shortfuse::control::open_log(dev.mount_point())?;
@@ -354,10 +378,12 @@ fn background(dev: DevSession, finish: impl FnOnce(io::Result<()>) -> io::Result
             let _ = std::env::set_current_dir("/");
             sys::detach_stdio(&log)?;
             let mut ready_tx = tx.try_clone()?;
-            let result = finish(dev.run(move || {
-                sys::notify_ready();
-                let _ = ready_tx.write_all(b"ok\n");
-            }));
+            let result = before_serving().and_then(|()| {
+                finish(dev.run(move || {
+                    sys::notify_ready();
+                    let _ = ready_tx.write_all(b"ok\n");
+                }))
+            });
             if let Err(e) = &result {
                 let mut tx = tx;
                 let _ = writeln!(tx, "{e}");

@@ -3,7 +3,8 @@
 //! looking for the daemon) need nothing else.
 //!
 //! Protocol: the client sends one line, the daemon answers with text and
-//! closes. Requests: `stats` (table), `stats json`, `reset` (zero the
+//! closes. Requests: `stats` (table), `stats json`, `stats prometheus`
+//! (Prometheus text format), `reset` (zero the
 //! counters), `ping` (answers `pong <pid>`), `info` (`KEY=VALUE` lines:
 //! pid, mountpoint, fs, source, transport, log). An unknown request is answered
 //! with a line starting with `error:`.
@@ -217,6 +218,7 @@ impl ControlServer {
     pub fn start_described(mount_point: &Path, stats: Arc<Stats>, about: About) -> io::Result<ControlServer> {
         runtime_dir()?;
         let info = about.answer(mount_point);
+        let mp = mount_point.display().to_string();
         let path = socket_path(mount_point);
         // A socket left here belongs to a killed daemon, or to one serving a
         // lazily detached mount that nobody can reach by this path any more:
@@ -239,7 +241,7 @@ impl ControlServer {
                         Ok(conn) => {
                             // A stuck client must not stall the others for long.
                             let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                            let _ = serve_one(conn, &stats, &info);
+                            let _ = serve_one(conn, &stats, &info, &mp);
                         }
                         // EMFILE and the like: do not spin.
                         Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -260,12 +262,13 @@ impl ControlServer {
     }
 }
 
-fn serve_one(conn: UnixStream, stats: &Stats, info: &str) -> io::Result<()> {
+fn serve_one(conn: UnixStream, stats: &Stats, info: &str, mount_point: &str) -> io::Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).take(4096).read_line(&mut line)?;
     let answer = match line.trim() {
         "stats" => stats.snapshot().table(),
         "stats json" => stats.snapshot().json() + "\n",
+        "stats prometheus" => stats.snapshot().prometheus(mount_point),
         "reset" => {
             stats.reset();
             "ok\n".to_string()

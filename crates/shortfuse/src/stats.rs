@@ -422,6 +422,88 @@ impl StatsSnapshot {
         s
     }
 
+    /// The snapshot in the Prometheus text exposition format (version
+    /// 0.0.4), every series labelled with `mountpoint`: requests by
+    /// transport, a latency histogram per operation (seconds; the log2
+    /// buckets up to about a minute, then `+Inf`), the cache's counters.
+    pub fn prometheus(&self, mount_point: &str) -> String {
+        /// The last bucket given its own `le`: 2^36 ns, about 69 s.
+        const LAST_LE_BUCKET: usize = 36;
+        let mp = mount_point
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n");
+        let mut s = String::new();
+        fn family(s: &mut String, name: &str, kind: &str, help: &str) {
+            let _ = writeln!(s, "# HELP shortfuse_{name} {help}\n# TYPE shortfuse_{name} {kind}");
+        }
+        family(
+            &mut s,
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the daemon started serving.",
+        );
+        let _ = writeln!(
+            s,
+            "shortfuse_uptime_seconds{{mountpoint=\"{mp}\"}} {}",
+            self.uptime.as_secs_f64()
+        );
+        family(&mut s, "requests_total", "counter", "Requests served, by transport.");
+        for (t, n) in &self.transports {
+            let _ = writeln!(
+                s,
+                "shortfuse_requests_total{{mountpoint=\"{mp}\",transport=\"{}\"}} {n}",
+                t.name()
+            );
+        }
+        family(
+            &mut s,
+            "request_duration_seconds",
+            "histogram",
+            "Time from a request's arrival to its reply, by operation.",
+        );
+        for o in &self.ops {
+            let labels = format!("mountpoint=\"{mp}\",op=\"{}\"", o.name());
+            let mut cumulative = 0;
+            for (b, n) in o.buckets.iter().enumerate().take(LAST_LE_BUCKET + 1) {
+                cumulative += n;
+                let le = bucket_range(b).1 as f64 / 1e9;
+                let _ = writeln!(
+                    s,
+                    "shortfuse_request_duration_seconds_bucket{{{labels},le=\"{le:e}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                s,
+                "shortfuse_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                o.count
+            );
+            let _ = writeln!(
+                s,
+                "shortfuse_request_duration_seconds_sum{{{labels}}} {}",
+                o.sum_nanos as f64 / 1e9
+            );
+            let _ = writeln!(s, "shortfuse_request_duration_seconds_count{{{labels}}} {}", o.count);
+        }
+        if let Some(c) = &self.cache {
+            for (k, v) in c.pairs() {
+                // dirty_bytes is a level; the rest only grow.
+                let (name, kind) = match k {
+                    "dirty_bytes" => ("cache_dirty_bytes".to_string(), "gauge"),
+                    k => (format!("cache_{k}_total"), "counter"),
+                };
+                family(
+                    &mut s,
+                    &name,
+                    kind,
+                    &format!("The user-space cache's {}.", k.replace('_', " ")),
+                );
+                let _ = writeln!(s, "shortfuse_{name}{{mountpoint=\"{mp}\"}} {v}");
+            }
+        }
+        s
+    }
+
     /// The snapshot as one JSON object (nanoseconds throughout). Buckets are
     /// listed sparsely as `[bucket, count]` pairs.
     pub fn json(&self) -> String {
