@@ -17,7 +17,7 @@
 //! once, and code loaded later bypasses the hook.
 #![allow(unsafe_code)]
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use iced_x86::{Code, Decoder, DecoderOptions};
 
@@ -224,8 +224,44 @@ pub fn active() -> bool {
 }
 
 /// Serialises lazy rewrites: two threads changing the protection of one
-/// page would otherwise restore it under each other's store.
-static REWRITING: AtomicBool = AtomicBool::new(false);
+/// page would otherwise restore it under each other's store. Holds the
+/// holder's process and thread ids (`pid << 32 | tid`), 0 when free: a
+/// forked child finds the lock held by a thread of another process (one
+/// of its parent's, which does not exist in the child and will never
+/// release it) and takes it over, and a thread that finds it held by
+/// itself (a handler of a fault inside the rewrite, whose own system call
+/// traps) leaves the site to Syscall User Dispatch instead of waiting for
+/// itself.
+static REWRITING: AtomicU64 = AtomicU64::new(0);
+
+/// The value [`REWRITING`] holds while this thread rewrites.
+fn rewriter_id() -> u64 {
+    let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64;
+    let tid = raw(libc::SYS_gettid, 0, 0, 0, 0, 0, 0) as u64;
+    pid << 32 | (tid & 0xffff_ffff)
+}
+
+/// Takes [`REWRITING`]; false when this thread already holds it.
+fn lock_rewrites(me: u64) -> bool {
+    loop {
+        match REWRITING.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(held) if held == me => return false,
+            // Held in the process we were forked from.
+            Err(held) if held >> 32 != me >> 32 => {
+                if REWRITING
+                    .compare_exchange(held, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return true;
+                }
+            }
+            Err(_) => {
+                raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+            }
+        }
+    }
+}
 
 /// Rewrites the `syscall` instruction at `site` into `call *%rax`, with
 /// other threads possibly running that very code. Returns whether the site
@@ -236,9 +272,8 @@ static REWRITING: AtomicBool = AtomicBool::new(false);
 /// Syscall User Dispatch), so another CPU executes either instruction,
 /// never a mix. The page is made writable while staying executable, then
 /// given back its protection from /proc/self/maps. Called from the SIGSYS
-/// handler: no allocation, raw system calls only; the spin lock cannot be
-/// re-entered on one thread, since the handler runs with the selector at
-/// ALLOW and asynchronous signals blocked.
+/// handler: no allocation, raw system calls only. The spin lock is safe
+/// across fork and re-entry (see [`REWRITING`]).
 pub fn rewrite_site(site: usize) -> bool {
     if site % 64 == 63 || !active() {
         return false;
@@ -249,14 +284,12 @@ pub fn rewrite_site(site: usize) -> bool {
     if site + 2 > end || site < start || prot & libc::PROT_READ == 0 {
         return false;
     }
-    while REWRITING
-        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-        .is_err()
-    {
-        raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+    let me = rewriter_id();
+    if !lock_rewrites(me) {
+        return false;
     }
     let done = rewrite_locked(site, prot);
-    REWRITING.store(false, Ordering::Release);
+    REWRITING.store(0, Ordering::Release);
     done
 }
 

@@ -1,0 +1,2 @@
+module gofs
+go 1.21
