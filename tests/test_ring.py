@@ -213,8 +213,8 @@ def test_two_programs_see_each_others_changes_at_once(shortfuse, scratch):
 def test_a_kernel_mount_of_the_daemon_sees_the_same_files(shortfuse, scratch):
     mp = scratch / "mnt"
     mp.mkdir()
-    # Ring clients would keep names and attributes for 30 s without the
-    # daemon's notifications (the kernel mount keeps none: see serve.rs).
+    # Ring clients and the kernel mount would keep names and attributes for
+    # 30 s without the daemon's notifications.
     d = Daemon(shortfuse, scratch, ["mem", str(mp), "--transport", "dev", "-o", "attr_timeout=30,entry_timeout=30,negative_timeout=30"], mp)
     b = Agent(shortfuse, mp)
     try:
@@ -234,6 +234,21 @@ def test_a_kernel_mount_of_the_daemon_sees_the_same_files(shortfuse, scratch):
         a = under(shortfuse, mp, ["cat", f"{mp}/from-kernel"])
         assert a.stdout == b"kernel data", a.stderr.decode()
         assert b("listdir", str(mp))["ok"] == ["from-kernel", "from-ring"]
+        # The kernel keeps what it looked up: stats of a cached name ask nothing.
+        (mp / "gone").write_text("x")
+        (mp / "gone").stat()  # the write left the size to ask for once
+        asked = d.count("GETATTR") + d.count("LOOKUP")
+        for _ in range(5):
+            assert (mp / "gone").stat().st_size == 1
+        assert d.count("GETATTR") + d.count("LOOKUP") == asked
+        assert not (mp / "late").exists()
+        # A ring client's removals, new names and appends reach the kernel's
+        # cache at once (through INVAL_ENTRY / INVAL_INODE).
+        a = under(shortfuse, mp, ["sh", "-c", f"rm {mp}/gone; echo hi > {mp}/late; printf ++ >> {mp}/from-ring"])
+        assert a.returncode == 0, a.stderr.decode()
+        assert not (mp / "gone").exists()
+        assert (mp / "late").read_text() == "hi\n"
+        assert (mp / "from-ring").read_text() == "ring data+more+kernel++"
         # One daemon, one set of statistics: both paths counted.
         transports = d.stats()["transports"]
         assert transports["ring"] > 0 and transports["dev"] > 0, transports

@@ -9,10 +9,12 @@
 //! ring client's calls fail with ENOTCONN.
 //!
 //! Coherence: ring clients hear of every change made through another
-//! client or through the kernel mount (FUSE notifications in their rings).
-//! The kernel is not told: its mount is made with zero entry, attribute and
-//! negative timeouts whatever `-o` says (those are the ring clients'), so it
-//! asks again each time.
+//! client or through the kernel mount (FUSE notifications in their rings),
+//! and the kernel hears of every change made through a ring client
+//! (INVAL_ENTRY / INVAL_INODE written to its /dev/fuse), so the kernel
+//! mount keeps its caches for the timeouts `-o` gives, as the ring clients
+//! do. What the file system notifies itself (through the notifier its
+//! `init` gets) reaches both.
 //!
 //! Statistics: one table for the kernel's requests and the rings'
 //! (`shortfuse stats MOUNTPOINT`, with the count per transport), and the
@@ -126,25 +128,24 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         server.stop();
         return finish(&*fs, cached.as_deref());
     }
-    // The kernel is never told of the rings' changes: it must ask each time.
-    let kopts = MountOptions {
-        attr_timeout: Duration::ZERO,
-        entry_timeout: Duration::ZERO,
-        negative_timeout: Duration::ZERO,
-        ..opts.clone()
-    };
     let session = SessionOptions {
         threads: args.threads.map(usize::from),
         ..SessionOptions::default()
     };
     let kernel_fs = Arc::new(Announcing::new(fs.clone()));
-    let dev = DevSession::mount(kernel_fs.clone(), mountpoint, kopts, session)?;
+    let dev = DevSession::mount(kernel_fs.clone(), mountpoint, opts.clone(), session)?;
     if let Some(c) = &cached {
         dev.stats().attach_cache(c.stats().clone());
     }
     // Before the ring threads start, so that they inherit the mask and the
     // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.
     let _signals = SignalSet::block()?;
+    // One notifier for the kernel mount and the rings: each side's changes
+    // reach the other's caches, and the file system's reach both.
+    let config = ServerConfig {
+        notifier: Some(dev.notifier().clone()),
+        ..config
+    };
     let mut server = Server::start(&ring_path, fs.clone(), opts, dev.stats().clone(), config)?;
     kernel_fs.attach(server.announcer());
     let name = args.fs.clone();

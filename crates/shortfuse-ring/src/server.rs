@@ -33,7 +33,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use shortfuse::{Dispatcher, Filesystem, MountOptions, Outcome, Stats, Transport};
+use shortfuse::{
+    Dispatcher, Filesystem, MountOptions, NodeId, Notification, Notifier, NotifySink, Outcome, Stats, Transport,
+};
 use shortfuse_abi::{self as abi, Operation};
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -63,6 +65,12 @@ pub struct ServerConfig {
     pub client_spin: Duration,
     /// Notification records per client.
     pub records: u32,
+    /// The daemon's notifier, when a kernel mount of the same file system
+    /// has one ([`shortfuse::DevSession::notifier`]): the server adds its
+    /// clients to it, so that what the file system notifies reaches them,
+    /// and tells the kernel of every change a client makes. `None`: a
+    /// notifier of the server's own, reaching the clients alone.
+    pub notifier: Option<Notifier>,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +82,7 @@ impl Default for ServerConfig {
             spin: Duration::from_micros(DEFAULT_SPIN_US),
             client_spin: Duration::from_micros(DEFAULT_SPIN_US),
             records: 256,
+            notifier: None,
         }
     }
 }
@@ -122,6 +131,8 @@ struct Shared {
     /// A retry of the parked requests runs; `retry_again`: run it once more.
     retrying: AtomicBool,
     retry_again: AtomicBool,
+    /// Given to every client's dispatcher (the file system's `init`).
+    notifier: Notifier,
 }
 
 /// One client's connection.
@@ -195,6 +206,7 @@ impl Server {
             std::fs::remove_file(path)?;
         }
         let listener = sys::listen(path)?;
+        let notifier = config.notifier.clone().unwrap_or_default();
         let shared = Arc::new(Shared {
             fs,
             opts,
@@ -211,7 +223,9 @@ impl Server {
             parked: Mutex::new(Vec::new()),
             retrying: AtomicBool::new(false),
             retry_again: AtomicBool::new(false),
+            notifier: notifier.clone(),
         });
+        notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);
         locks.on_change(Box::new(move || {
             if let Some(s) = weak.upgrade() {
@@ -264,6 +278,12 @@ impl Server {
     /// the same file system) to every client; see [`crate::Announcing`].
     pub fn announcer(&self) -> Announcer {
         Announcer(self.shared.clone())
+    }
+
+    /// The notifier the file system gets in `init`: every client, and the
+    /// kernel when [`ServerConfig::notifier`] came from a kernel session.
+    pub fn notifier(&self) -> &Notifier {
+        &self.shared.notifier
     }
 
     /// Stops accepting, tells every client the daemon is gone (their
@@ -459,7 +479,8 @@ impl Conn {
             shared.opts.clone(),
             shared.stats.clone(),
             pages as u32,
-        );
+        )
+        .with_notifier(shared.notifier.clone());
         let conn = Conn {
             id,
             region,
@@ -592,7 +613,10 @@ impl Conn {
             }
         }
         if ok {
-            changes(&parsed, |n| shared.announce(self.id, pid, n));
+            changes(&parsed, |n| {
+                shared.announce(self.id, pid, n);
+                shared.tell_kernel(n);
+            });
         }
     }
 
@@ -803,6 +827,63 @@ impl Shared {
     fn announce(&self, from: u64, pid: u32, notice: Notice<'_>) {
         for c in lock(&self.clients).iter() {
             c.push_notice(if c.id == from { pid } else { 0 }, notice);
+        }
+    }
+}
+
+impl Shared {
+    /// Tells the kernel mount of the same daemon, if any, that a client
+    /// changed something, so that it drops what it cached. Errors are
+    /// ignored: ENOENT means the kernel had nothing cached.
+    fn tell_kernel(&self, notice: Notice<'_>) {
+        if !self.notifier.has_kernel() {
+            return;
+        }
+        if let Some(n) = notification(notice) {
+            let _ = self.notifier.send_to_kernel(&n);
+        }
+    }
+}
+
+/// A ring notice as a FUSE notification (`Notice::All` has none).
+fn notification(notice: Notice<'_>) -> Option<Notification<'_>> {
+    use std::os::unix::ffi::OsStrExt;
+    match notice {
+        Notice::Inode(node) => Some(Notification::InvalInode {
+            node: NodeId(node),
+            offset: 0,
+            len: 0,
+        }),
+        Notice::Entry { parent, name } => Some(Notification::InvalEntry {
+            parent: NodeId(parent),
+            name: std::ffi::OsStr::from_bytes(name),
+        }),
+        Notice::All => None,
+    }
+}
+
+/// The clients of a server as a [`NotifySink`]: what the file system
+/// notifies becomes records in every client's notification ring. Weak: the
+/// notifier outlives neither the server nor its clients.
+struct ClientsSink(std::sync::Weak<Shared>);
+
+impl NotifySink for ClientsSink {
+    fn notify(&self, n: &Notification<'_>) {
+        use std::os::unix::ffi::OsStrExt;
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let notice = match *n {
+            Notification::InvalInode { node, .. } | Notification::Store { node, .. } => Notice::Inode(node.0),
+            Notification::InvalEntry { parent, name } | Notification::Delete { parent, name, .. } => Notice::Entry {
+                parent: parent.0,
+                name: name.as_bytes(),
+            },
+            // Only the kernel has pages to hand back or poll waiters.
+            Notification::Retrieve { .. } | Notification::PollWakeup { .. } => return,
+        };
+        for c in lock(&shared.clients).iter() {
+            c.push_notice(0, notice);
         }
     }
 }

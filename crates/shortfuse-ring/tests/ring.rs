@@ -187,6 +187,19 @@ fn requests_round_trip_and_largest_writes_fit() {
     assert_eq!(err, -libc::EPERM);
 }
 
+/// The notices pending for `c`, as words.
+fn notices(c: &RingClient) -> Vec<String> {
+    let mut seen = Vec::new();
+    c.notices(|n| {
+        seen.push(match n {
+            Notice::Inode(i) => format!("inode {i}"),
+            Notice::Entry { parent, name } => format!("entry {parent} {}", String::from_utf8_lossy(name)),
+            Notice::All => "all".into(),
+        })
+    });
+    seen
+}
+
 #[test]
 fn other_clients_are_told_what_changed() {
     let path = scratch("notify");
@@ -197,15 +210,7 @@ fn other_clients_are_told_what_changed() {
     init(&b);
     let (node, fh) = create(&a, b"shared");
     assert_eq!(write(&a, node, fh, b"x"), 0);
-    let mut seen = Vec::new();
-    b.notices(|n| {
-        seen.push(match n {
-            Notice::Inode(i) => format!("inode {i}"),
-            Notice::Entry { parent, name } => format!("entry {parent} {}", String::from_utf8_lossy(name)),
-            Notice::All => "all".into(),
-        })
-    });
-    assert_eq!(seen, ["entry 1 shared".to_string(), format!("inode {node}")]);
+    assert_eq!(notices(&b), ["entry 1 shared".to_string(), format!("inode {node}")]);
     // The writer is not told about its own changes.
     a.notices(|n| panic!("a was told {n:?}"));
     // More changes than records: b is told to drop everything, once.
@@ -219,6 +224,48 @@ fn other_clients_are_told_what_changed() {
     });
     assert_eq!(all, 1);
     b.notices(|n| panic!("b was told {n:?} twice"));
+}
+
+/// What the file system notifies through the notifier its `init` got (the
+/// server's) reaches every client's notification ring.
+#[test]
+fn the_file_systems_notifications_reach_every_client() {
+    /// `MemFs` that keeps the notifier it is given.
+    struct Keeps(MemFs, std::sync::OnceLock<shortfuse::Notifier>);
+    impl Filesystem for Keeps {
+        fn init(&self, config: &mut shortfuse::InitConfig) -> shortfuse::Result<()> {
+            let _ = self.1.set(config.notifier.clone());
+            self.0.init(config)
+        }
+    }
+    let path = scratch("fsnotify");
+    let fs = Arc::new(Keeps(MemFs::new(), std::sync::OnceLock::new()));
+    let s = Server::start(
+        &path,
+        fs.clone(),
+        MountOptions::default(),
+        Arc::new(Stats::new()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let a = RingClient::connect(&path).unwrap();
+    let b = RingClient::connect(&path).unwrap();
+    init(&a);
+    init(&b);
+    let n = fs.1.get().expect("init gave the notifier");
+    assert_eq!(
+        n,
+        s.notifier(),
+        "every client's dispatcher shares the server's notifier"
+    );
+    // No kernel behind this server: the clients hear, the kernel part says so.
+    let e = n.inval_inode(NodeId(7), 0, 0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotConnected);
+    let _ = n.delete(NodeId::ROOT, NodeId(7), std::ffi::OsStr::new("gone"));
+    let _ = n.store(NodeId(8), 0, b"data");
+    for c in [&a, &b] {
+        assert_eq!(notices(c), ["inode 7", "entry 1 gone", "inode 8"]);
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@
 use std::ffi::OsStr;
 
 use crate::errno::{Errno, Result};
+use crate::notify::{Notifier, PollHandle};
 use crate::types::*;
 
 /// What the file system may adjust while the connection is set up
@@ -36,6 +37,10 @@ pub struct InitConfig {
     pub congestion_threshold: u16,
     /// Granularity of timestamps in nanoseconds (1 = full precision).
     pub time_gran: u32,
+    /// Tells the kernel (and every ring client) that something changed
+    /// behind its cache; keep a clone to use from any method or thread.
+    /// See [`crate::notify`].
+    pub notifier: Notifier,
 }
 
 /// A user-space file system. See the module docs for the contract.
@@ -272,6 +277,23 @@ pub trait Filesystem: Send + Sync + 'static {
     /// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (the kernel handles the rest).
     /// `ENOSYS` makes the kernel use its generic answer (all data).
     fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+        Err(Errno::ENOSYS)
+    }
+
+    /// `poll(2)`, `select(2)` and `epoll` on an open file: returns the
+    /// ready events among `events` (`POLLIN`, `POLLOUT`...). When `handle` is
+    /// given the caller will wait: keep it and call
+    /// [`Notifier::poll_wakeup`] once the file becomes ready (the kernel then
+    /// asks again). `ENOSYS` is permanent: the kernel takes every file as
+    /// always readable and writable for the rest of the connection.
+    fn poll(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        handle: Option<PollHandle>,
+        events: u32,
+    ) -> Result<u32> {
         Err(Errno::ENOSYS)
     }
 

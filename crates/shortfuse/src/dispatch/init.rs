@@ -33,6 +33,7 @@
 use shortfuse_abi as abi;
 
 use crate::filesystem::InitConfig;
+use crate::notify::Notifier;
 use crate::options::{MountOptions, Readdirplus};
 
 /// Page size the kernel counts `max_pages` in.
@@ -154,6 +155,7 @@ pub(crate) fn initial_config(
         max_background: opts.max_background.unwrap_or(0),
         congestion_threshold: opts.congestion_threshold.unwrap_or(0),
         time_gran: 1,
+        notifier: Notifier::new(),
     }
 }
 

@@ -38,6 +38,7 @@ use shortfuse_abi::{self as abi, Operation};
 use crate::backing::Passthrough;
 use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
+use crate::notify::{Notifier, PollHandle};
 use crate::options::MountOptions;
 use crate::stats::{Stats, Transport};
 use crate::types::*;
@@ -66,6 +67,7 @@ pub struct Dispatcher {
     negotiated: OnceLock<Negotiated>,
     destroyed: AtomicBool,
     passthrough: Passthrough,
+    notifier: Notifier,
 }
 
 /// Result of serving one decoded request.
@@ -94,7 +96,21 @@ impl Dispatcher {
             negotiated: OnceLock::new(),
             destroyed: AtomicBool::new(false),
             passthrough: Passthrough::new(),
+            notifier: Notifier::new(),
         }
+    }
+
+    /// Shares `notifier` instead of a notifier of its own: every client of
+    /// one daemon (its kernel mount and each ring client) reaches the same
+    /// caches through one handle, the one the file system gets in `init`.
+    pub fn with_notifier(mut self, notifier: Notifier) -> Dispatcher {
+        self.notifier = notifier;
+        self
+    }
+
+    /// The notifier the file system gets in [`crate::InitConfig::notifier`].
+    pub fn notifier(&self) -> &Notifier {
+        &self.notifier
     }
 
     /// The session is over (unmounted, or the connection aborted): the
@@ -514,7 +530,18 @@ impl Dispatcher {
                 reply_struct(reply, unique, &abi::fuse_copy_file_range_out { bytes_copied: n as u64 });
                 Ok(Outcome::Reply)
             }
-            Operation::Interrupt { .. } | Operation::NotifyReply { .. } => Ok(Outcome::NoReply),
+            Operation::NotifyReply { arg, data } => {
+                // The kernel's answer to a FUSE_NOTIFY_RETRIEVE we sent.
+                self.notifier.retrieved(unique, arg.offset, data);
+                Ok(Outcome::NoReply)
+            }
+            Operation::Poll { arg } => {
+                let handle = (arg.flags & abi::FUSE_POLL_SCHEDULE_NOTIFY != 0).then_some(PollHandle(arg.kh));
+                let revents = fs.poll(&req, node, FileHandle(arg.fh), handle, arg.events)?;
+                reply_struct(reply, unique, &abi::fuse_poll_out { revents, padding: 0 });
+                Ok(Outcome::Reply)
+            }
+            Operation::Interrupt { .. } => Ok(Outcome::NoReply),
             Operation::Destroy => {
                 if !self.destroyed.swap(true, Ordering::Relaxed) {
                     fs.destroy();
@@ -525,7 +552,6 @@ impl Dispatcher {
             Operation::Init { .. } => Err(Errno::EIO),
             Operation::Bmap { .. }
             | Operation::Ioctl { .. }
-            | Operation::Poll { .. }
             | Operation::SetupMapping { .. }
             | Operation::RemoveMapping { .. }
             | Operation::Syncfs { .. }
@@ -561,6 +587,7 @@ impl Dispatcher {
             u64::from(arg.flags)
         };
         let mut cfg = init::initial_config(&self.opts, arg, kernel_flags, self.max_pages_limit);
+        cfg.notifier = self.notifier.clone();
         self.fs.init(&mut cfg)?;
         let (negotiated, out) = init::finish(&cfg, arg, kernel_flags, self.max_pages_limit);
         let passthrough = negotiated.has(abi::FUSE_PASSTHROUGH);

@@ -30,6 +30,7 @@ use crate::control::ControlServer;
 use crate::dispatch::{Dispatcher, Outcome};
 use crate::filesystem::Filesystem;
 use crate::mount::Mount;
+use crate::notify::Notifier;
 use crate::options::MountOptions;
 use crate::session::pool::{opcode_of, Backlog, Pool};
 use crate::session::{uring, SessionOptions};
@@ -63,7 +64,10 @@ impl DevSession {
         }
         let threads = if opts.uring { 1 } else { session.worker_threads(&opts) };
         let (mount, dev) = Mount::new(mount_point, &opts, session.method)?;
-        let dispatcher = Arc::new(Dispatcher::new(fs, opts, Arc::new(Stats::new())));
+        let dispatcher = Dispatcher::new(fs, opts, Arc::new(Stats::new()));
+        // Notifications go over /dev/fuse whatever carries the requests.
+        dispatcher.notifier().attach_kernel(dev.try_clone()?);
+        let dispatcher = Arc::new(dispatcher);
         Ok(DevSession {
             mount,
             dev,
@@ -79,6 +83,13 @@ impl DevSession {
 
     pub fn stats(&self) -> &Arc<Stats> {
         self.dispatcher.stats()
+    }
+
+    /// The notifier the file system gets in `init`: the kernel connection
+    /// of this mount, and whatever else is added to it (a ring server of
+    /// the same daemon).
+    pub fn notifier(&self) -> &Notifier {
+        self.dispatcher.notifier()
     }
 
     pub fn threads(&self) -> usize {

@@ -21,9 +21,12 @@ const PAYLOAD_SZ: usize = ENT_IN_OUT + core::mem::offset_of!(abi::fuse_uring_ent
 /// requests whose first argument is a name (LOOKUP, UNLINK, ...), which
 /// the kernel sends as a zero-sized argument followed by the name in the
 /// payload. SETXATTR's argument grows with `FUSE_SETXATTR_EXT`.
+/// NOTIFY_REPLY (the answer to a retrieve) is sent the same way: a zero
+/// first argument, then `fuse_notify_retrieve_in` and the data.
 pub(super) fn op_in_size(opcode: u32, setxattr_ext: bool) -> usize {
     let size = match opcode {
         abi::FUSE_SETXATTR if setxattr_ext => size_of::<abi::fuse_setxattr_in>(),
+        abi::FUSE_NOTIFY_REPLY => 0,
         _ => abi::op_info(opcode).map_or(0, |i| i.arg_size),
     };
     size.min(FUSE_URING_OP_IN_OUT_SZ)
