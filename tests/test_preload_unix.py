@@ -167,3 +167,118 @@ echo later > f && cat f
             mounted.daemon.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             pytest.fail("shortfuse serve did not stop on SIGTERM")
+
+
+# ------------------------------------- vfork and posix_spawn children
+
+SUBPROCESS = r"""
+import os, subprocess, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "sub"))
+with open(os.path.join(root, "sub", "prog.sh"), "w") as f:
+    f.write("#!/bin/sh\necho prog in $(pwd)\n")
+os.chmod(os.path.join(root, "sub", "prog.sh"), 0o755)
+sub = os.path.join(root, "sub")
+print(subprocess.run(["pwd"], cwd=sub, capture_output=True, text=True).stdout, end="")
+print(subprocess.run(["sh", "-c", "echo made > f; cat f; ls"], cwd=sub, capture_output=True, text=True).stdout, end="")
+print(subprocess.run(["./prog.sh"], cwd=sub, capture_output=True, text=True).stdout, end="")
+print(subprocess.run(["ls", "sub"], cwd=root, capture_output=True, text=True).stdout, end="")
+try:
+    subprocess.run(["pwd"], cwd=os.path.join(root, "missing"))
+except FileNotFoundError as e:
+    print("missing:", e.errno)
+print(os.path.exists(os.path.join(sub, "f")))
+"""
+
+
+def test_subprocess_with_cwd_on_the_mount(shortfuse, scratch, mounted):
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [sys.executable, "-c", SUBPROCESS, d])
+    assert "ROOT/sub\nmade\n" in n and "prog in ROOT/sub" in n
+    assert s == n
+
+
+WHEEL = r"""
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1] + "/tinypkg-1.0-py3-none-any.whl", "w") as z:
+    z.writestr("tinypkg/__init__.py", "VALUE = 42\n")
+    z.writestr("tinypkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n")
+    z.writestr(
+        "tinypkg-1.0.dist-info/WHEEL",
+        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    )
+    z.writestr("tinypkg-1.0.dist-info/RECORD", "")
+"""
+
+VENV = r"""
+set -e
+cd "$1"
+python3 -m venv v
+python3 -c "$2" .
+v/bin/pip install --no-index -q ./tinypkg-1.0-py3-none-any.whl
+v/bin/python -c "import sys, tinypkg; print(tinypkg.VALUE, sys.prefix)"
+v/bin/pip list --no-index 2>/dev/null | grep tinypkg
+"""
+
+
+def test_python_venv_and_pip_install_on_the_mount(shortfuse, scratch, mounted):
+    """venv runs ensurepip in a subprocess; pip's script names the venv's
+    python on the mount in its `#!` line."""
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", VENV, "venv", d, WHEEL])
+    assert "42 ROOT/v\n" in n and "tinypkg" in n
+    assert s == n
+
+
+SPAWN_C = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    /* argv[1]: the directory to spawn in; argv[2]: "open" also sends the
+       child's output to a file there, opened by a file action. */
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addchdir_np(&fa, argv[1]);
+    if (strcmp(argv[2], "open") == 0)
+        posix_spawn_file_actions_addopen(&fa, 1, "out", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char *args[] = {"sh", "-c", "pwd; echo spawned; ls", NULL};
+    pid_t pid;
+    int r = posix_spawn(&pid, "/bin/sh", &fa, NULL, args, environ);
+    if (r != 0) { printf("posix_spawn: %s\n", strerror(r)); return 1; }
+    int st;
+    waitpid(pid, &st, 0);
+    printf("status %d\n", WEXITSTATUS(st));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def spawn_prog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spawn")
+    (d / "spawn.c").write_text(SPAWN_C)
+    p = subprocess.run(["gcc", "-O1", "-o", str(d / "spawn"), str(d / "spawn.c")], capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    return d / "spawn"
+
+
+def spawn_in_sub(shortfuse, scratch, mounted, spawn_prog, action):
+    script = f'cd "$1" && mkdir sub && echo x > sub/file && {spawn_prog} "$1/sub" {action} && cat sub/out 2>/dev/null; true'
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", script, "spawn", d])
+    assert "ROOT/sub\nspawned\nfile\n" in n
+    assert s == n
+
+
+def test_posix_spawn_changes_directory_on_the_mount(shortfuse, scratch, mounted, spawn_prog):
+    spawn_in_sub(shortfuse, scratch, mounted, spawn_prog, "chdir")
+
+
+def test_posix_spawn_opens_a_file_of_a_passthrough_mount(shortfuse, scratch, spawn_prog):
+    """addopen of a mount path: the child gets the backing file. (A
+    daemon's file cannot be opened by a spawn child, which may not touch
+    the parent's tables; it fails with ENOENT as before.)"""
+    m = Mounted(shortfuse, scratch, "passthrough")
+    spawn_in_sub(shortfuse, scratch, m, spawn_prog, "open")

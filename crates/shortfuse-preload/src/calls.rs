@@ -18,6 +18,7 @@ mod kernel;
 mod locks;
 pub mod shared;
 pub mod spare;
+pub mod spawn;
 pub mod special;
 mod xattr;
 
@@ -372,6 +373,11 @@ fn file(fd: i64) -> Option<Arc<OpenFile>> {
 /// `shared`).
 pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     exec::vfork_exec(nr, a)
+}
+
+/// The other file calls of a vfork child: see `spawn`.
+pub fn vfork_call(nr: i64, a: [i64; 6]) -> Option<i64> {
+    spawn::call(nr, a)
 }
 
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {

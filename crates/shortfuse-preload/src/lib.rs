@@ -407,6 +407,9 @@ pub(crate) fn is_clone(nr: i64) -> bool {
 pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
     let vfork = i64::from(libc::CLONE_VM | libc::CLONE_VFORK);
     let vfork_like = nr == libc::SYS_vfork || nr == libc::SYS_clone && a[0] & vfork == vfork;
+    if vfork_like {
+        calls::spawn::reset();
+    }
     if vfork_like && sud::on() {
         // The child runs without Syscall User Dispatch: its exec must find
         // its site rewritten already.
@@ -533,7 +536,12 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
             }
             return calls::vfork_exec(nr, a);
         }
-        return None;
+        // Its chdir and its opens (posix_spawn's file actions) of mount
+        // paths; the file system's own calls meanwhile reach the kernel.
+        t.in_hook.store(true, Ordering::Relaxed);
+        let r = calls::vfork_call(nr, a);
+        t.in_hook.store(false, Ordering::Relaxed);
+        return r;
     }
     if matches!(nr, libc::SYS_execve | libc::SYS_execveat) {
         t.in_hook.store(true, Ordering::Relaxed);

@@ -164,14 +164,26 @@ pub fn rewrite_loaded() -> std::io::Result<usize> {
 }
 
 /// libc functions whose `syscall` a vfork child (posix_spawn, `system`,
-/// python's subprocess) may run to exec: their sites are rewritten before
-/// the first vfork-like clone. Syscall User Dispatch, which finds every
-/// other site the first time it runs, is not on in a vfork child (it
-/// shares our memory, not our task), and exec is all the shim serves there
-/// (`calls::vfork_exec`). Not at start-up: iced-x86 builds its decoder
-/// tables on first use, 1.1 ms that a process that never vforks (most)
-/// need not pay.
-const EXEC_FUNCTIONS: [&core::ffi::CStr; 4] = [c"execve", c"execveat", c"fexecve", c"syscall"];
+/// python's subprocess) may run to exec, and to change directory or open a
+/// file before it (python's `cwd=`, posix_spawn's file actions): their
+/// sites are rewritten before the first vfork-like clone. Syscall User
+/// Dispatch, which finds every other site the first time it runs, is not
+/// on in a vfork child (it shares our memory, not our task), and these are
+/// all the shim serves there (`calls::vfork_exec`, `calls::spawn`). Not at
+/// start-up: iced-x86 builds its decoder tables on first use, 1.1 ms that a
+/// process that never vforks (most) need not pay.
+const EXEC_FUNCTIONS: [&core::ffi::CStr; 9] = [
+    c"execve",
+    c"execveat",
+    c"fexecve",
+    c"syscall",
+    c"chdir",
+    c"fchdir",
+    c"open64",
+    c"openat64",
+    // posix_spawn's `addopen` (GLIBC_PRIVATE, absent from other libcs).
+    c"__open64_nocancel",
+];
 
 /// glibc's `RTLD_DL_SYMENT`: `dladdr1` also gives the symbol's entry.
 const RTLD_DL_SYMENT: i32 = 1;

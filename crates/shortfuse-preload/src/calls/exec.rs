@@ -25,12 +25,21 @@ use std::sync::Arc;
 use shortfuse::{Errno, FileType};
 use shortfuse_vfs::{OpenFile, Target, Vfs};
 
-use super::{err, resolve, Resolved, AT_FDCWD};
+use super::{err, resolve, with_nul, Resolved, AT_FDCWD};
 use crate::mounts::CWD_VAR;
 use crate::sys::raw;
 use crate::{state, user};
 
 pub fn execve(a: [i64; 6]) -> Option<i64> {
+    execve_script(a, 0)
+}
+
+/// How many `#!` interpreters on a mount one exec follows (the kernel's
+/// own limit for interpreters that are scripts themselves).
+const SCRIPT_DEPTH: u32 = 4;
+
+/// [`execve`], `depth` interpreters deep.
+fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
     let path = match user::cstr(a[0]) {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
@@ -39,6 +48,16 @@ pub fn execve(a: [i64; 6]) -> Option<i64> {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
+    if let Some(argv) = script_on_mount(&prog, path, a[1]) {
+        if let Prog::Copy(fd) = prog {
+            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        }
+        if depth >= SCRIPT_DEPTH {
+            return Some(err(Errno::ELOOP));
+        }
+        let b = [argv.pointers[0] as i64, argv.pointers.as_ptr() as i64, a[2], 0, 0, 0];
+        return execve_script(b, depth + 1);
+    }
     if let Prog::Copy(fd) = prog {
         return Some(exec_copy(fd, a[1], a[2]));
     }
@@ -99,6 +118,77 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
     Some(raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0))
 }
 
+/// The argument vector of a script's interpreter: the strings and the
+/// NULL-terminated pointers to them (and to the program's own).
+struct Argv {
+    pointers: Vec<*const libc::c_char>,
+    _own: Vec<CString>,
+}
+
+/// For a script whose `#!` interpreter lies on a mount (a virtual
+/// environment's `bin/pip` names `MOUNT/venv/bin/python3`), which the
+/// kernel cannot find: what the kernel would run, the interpreter with its
+/// optional argument, the script's path as exec'd and the script's
+/// arguments after `argv[0]`. `None` for anything else (the kernel reads
+/// the `#!` line itself).
+fn script_on_mount(prog: &Prog, path: &[u8], argv: i64) -> Option<Argv> {
+    let mut head = [0u8; 256];
+    let n = match prog {
+        Prog::Copy(fd) => raw(
+            libc::SYS_pread64,
+            *fd,
+            head.as_mut_ptr() as i64,
+            head.len() as i64,
+            0,
+            0,
+            0,
+        ),
+        Prog::Path(p) => {
+            let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
+            let fd = raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, 0, 0, 0);
+            if fd < 0 {
+                return None;
+            }
+            let n = raw(libc::SYS_read, fd, head.as_mut_ptr() as i64, head.len() as i64, 0, 0, 0);
+            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            n
+        }
+        Prog::Keep(_) => return None,
+    };
+    let line = head.get(..usize::try_from(n).ok()?)?.strip_prefix(b"#!")?;
+    let line = &line[..line.iter().position(|&b| b == b'\n')?];
+    let blank = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = line.iter().position(|b| !blank(b))?;
+    let line = &line[start..];
+    let end = line.iter().position(blank).unwrap_or(line.len());
+    let interp = &line[..end];
+    if !interp.starts_with(b"/") || super::mount_of(&shortfuse_vfs::normalize(interp)).is_none() {
+        return None;
+    }
+    // As Linux: the rest of the line, trimmed, is one argument.
+    let rest = &line[end..];
+    let rest = rest
+        .iter()
+        .position(|b| !blank(b))
+        .map(|i| &rest[i..rest.iter().rposition(|b| !blank(b)).map_or(rest.len(), |j| j + 1)]);
+    let mut own = vec![CString::new(interp).ok()?];
+    if let Some(arg) = rest {
+        own.push(CString::new(arg).ok()?);
+    }
+    own.push(CString::new(path).ok()?);
+    let mut pointers: Vec<*const libc::c_char> = own.iter().map(|c| c.as_ptr()).collect();
+    // A bad pointer: the kernel's exec of the script gives EFAULT.
+    for i in 1.. {
+        let p = if argv == 0 { 0 } else { user::pointer_at(argv, i).ok()? };
+        if p == 0 {
+            break;
+        }
+        pointers.push(p as *const libc::c_char);
+    }
+    pointers.push(std::ptr::null());
+    Some(Argv { pointers, _own: own })
+}
+
 /// The program to exec.
 enum Prog {
     /// The caller's path, relative to this directory descriptor.
@@ -153,9 +243,30 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let envp = if nr == libc::SYS_execve { a[2] } else { a[3] };
     let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
     let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
-    let (vfs, rest) = lexical(dirfd, path)?;
+    let abs = super::spawn::absolute(dirfd, path)?;
     let env = environment(envp);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    let Some((vfs, rest)) = super::mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
+        if path.starts_with(b"/") || super::spawn::mount_cwd().is_none() {
+            // The kernel finds it as it is (the environment may still
+            // have changed).
+            return env
+                .is_some()
+                .then(|| raw(libc::SYS_execveat, dirfd, a[i], argv, envp, flags, 0));
+        }
+        // Relative to a directory in a mount: the kernel's current
+        // directory is not there.
+        let p = with_nul(abs);
+        return Some(raw(
+            libc::SYS_execveat,
+            AT_FDCWD,
+            p.as_ptr() as i64,
+            argv,
+            envp,
+            flags,
+            0,
+        ));
+    };
     if let Some(src) = vfs.source() {
         let rest = if rest.is_empty() { b"/".to_vec() } else { rest };
         let p = backing_path(src, &rest);
@@ -176,34 +287,25 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     // allocates is freed before the exec. Descriptors are not handed over:
     // the child may have moved them (posix_spawn's file actions).
     let follow = flags as i32 & libc::AT_SYMLINK_NOFOLLOW == 0;
+    let abs = with_nul(abs);
+    let abs = &abs[..abs.len() - 1];
     let mut got = None;
-    crate::sys::on_own_stack(&mut || got = Some(program(dirfd, path, follow)));
+    crate::sys::on_own_stack(&mut || got = Some(program(AT_FDCWD, abs, follow)));
     match got? {
         Ok(Prog::Copy(fd)) => Some(exec_memfd(fd, argv, envp)),
-        Ok(_) => None,
+        // A symbolic link out of the mount (a virtual environment's python).
+        Ok(Prog::Path(p)) => Some(raw(
+            libc::SYS_execveat,
+            AT_FDCWD,
+            p.as_ptr() as i64,
+            argv,
+            envp,
+            flags,
+            0,
+        )),
+        Ok(Prog::Keep(_)) => None,
         Err(e) => Some(err(e)),
     }
-}
-
-/// The mount a path names lexically (`..` taken as written), and the
-/// path below its mount point: what a vfork child can find without
-/// walking the file system.
-fn lexical(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Vec<u8>)> {
-    let st = state();
-    let mut abs = if path.starts_with(b"/") {
-        Vec::new()
-    } else if dirfd as i32 == libc::AT_FDCWD {
-        match st.cwd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            Some((vfs, loc)) => vfs.host_path(loc),
-            None => st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-        }
-    } else {
-        return None;
-    };
-    abs.push(b'/');
-    abs.extend_from_slice(path);
-    let abs = shortfuse_vfs::normalize(&abs);
-    super::mount_of(&abs).map(|(vfs, rest)| (vfs, rest.to_vec()))
 }
 
 /// A memfd with the bytes of a program on a mount without a backing file,
@@ -344,8 +446,7 @@ const ARG_MAX: usize = 32 * 4096;
 /// current directory inside a mount, or removed when we are not in one.
 /// `None`: the program's own environment needs no change.
 fn environment(envp: i64) -> Option<Env> {
-    let st = state();
-    let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let cwd = super::spawn::mount_cwd();
     let prefix = format!("{CWD_VAR}=");
     let mut pointers = Vec::new();
     let mut had = false;
@@ -370,9 +471,9 @@ fn environment(envp: i64) -> Option<Env> {
     if cwd.is_none() && !had {
         return None;
     }
-    let own = cwd.and_then(|(vfs, loc)| {
+    let own = cwd.and_then(|cwd| {
         let mut s = prefix.into_bytes();
-        s.extend_from_slice(&vfs.host_path(&loc));
+        s.extend_from_slice(&cwd);
         CString::new(s).ok()
     });
     if let Some(c) = &own {

@@ -1,0 +1,194 @@
+//! The calls of a vfork or posix_spawn child before its exec: python's
+//! subprocess with `cwd=` (chdir), posix_spawn's file actions
+//! (`posix_spawn_file_actions_addchdir_np`, `addfchdir_np`, `addopen`).
+//!
+//! The child shares the parent's memory, so it must not change our tables
+//! (see `calls::vfork_exec`); what it changes is its own and goes with it
+//! to the exec:
+//!
+//! - a current directory inside a mount is remembered for this child alone
+//!   ([`Cwd`], in the thread's state, which the child has to itself while
+//!   the parent waits; reset before every vfork-like call) and handed to
+//!   the new image in `SHORTFUSE_CWD`. On a mount with a source directory
+//!   the kernel's current directory becomes the backing directory (which
+//!   also checks that it is one), elsewhere the mount walks the path on a
+//!   stack of its own;
+//! - relative paths of the child's later calls (opens, the exec's program)
+//!   start there;
+//! - an open of a path on a mount with a source directory opens the backing
+//!   file in the kernel, the descriptor the new image inherits (as the
+//!   parent's own opens of such a file do). A file of a mount without one
+//!   (mem, a daemon's) cannot be handed over from a child that may not
+//!   touch our tables: that open fails as it did (ENOENT).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use shortfuse::{Errno, FileType};
+use shortfuse_vfs::{Location, Vfs, Walk, WalkFlags};
+
+use super::{err, mount_of, state, with_nul, AT_FDCWD};
+use crate::sys::raw;
+
+/// The current directory of a vfork child.
+#[derive(Clone)]
+pub enum Cwd {
+    /// As the parent's (no chdir yet).
+    Parent,
+    /// This directory (absolute, normalised) inside a mount.
+    Mount(Vec<u8>),
+    /// The kernel's.
+    Kernel,
+}
+
+thread_local! {
+    static CWD: RefCell<Cwd> = const { RefCell::new(Cwd::Parent) };
+}
+
+/// Before a vfork-like call (in the parent): the child starts where the
+/// parent is.
+pub fn reset() {
+    CWD.with(|c| *c.borrow_mut() = Cwd::Parent);
+}
+
+/// The vfork child's own current directory; [`Cwd::Parent`] in any other
+/// process (what a child left behind in the thread's state is stale once
+/// the parent resumes).
+fn child_cwd() -> Cwd {
+    if crate::sys::thread().vforked.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        return Cwd::Parent;
+    }
+    CWD.with(|c| c.borrow().clone())
+}
+
+/// The current directory inside a mount (absolute), if it is in
+/// one: the parent's unless the child changed it.
+pub fn mount_cwd() -> Option<Vec<u8>> {
+    match child_cwd() {
+        Cwd::Mount(p) => Some(p),
+        Cwd::Kernel => None,
+        Cwd::Parent => {
+            let st = state();
+            let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner());
+            cwd.as_ref().map(|(vfs, loc)| vfs.host_path(loc))
+        }
+    }
+}
+
+/// The absolute, normalised form of `path` (relative to `dirfd`) as the
+/// child sees it, when that can be told without the kernel: `None` for a
+/// path relative to a kernel directory.
+pub fn absolute(dirfd: i64, path: &[u8]) -> Option<Vec<u8>> {
+    let mut abs = if path.starts_with(b"/") {
+        Vec::new()
+    } else if dirfd as i32 == libc::AT_FDCWD {
+        match mount_cwd() {
+            Some(p) => p,
+            None if matches!(child_cwd(), Cwd::Kernel) => return None,
+            None => state().host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    } else {
+        let f = state().fds.get(dirfd as i32)?;
+        f.vfs().host_path(f.location()?)
+    };
+    abs.push(b'/');
+    abs.extend_from_slice(path);
+    Some(shortfuse_vfs::normalize(&abs))
+}
+
+/// Serves call `nr` of a vfork child (see the module doc); `None` sends it
+/// to the kernel.
+pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
+    match nr {
+        libc::SYS_chdir => chdir(AT_FDCWD, crate::user::cstr(a[0]).ok()?),
+        libc::SYS_fchdir => {
+            let f = state().fds.get(a[0] as i32);
+            let Some(f) = f else {
+                let r = raw(nr, a[0], 0, 0, 0, 0, 0);
+                if r == 0 {
+                    CWD.with(|c| *c.borrow_mut() = Cwd::Kernel);
+                }
+                return Some(r);
+            };
+            let Some(loc) = f.location() else {
+                return Some(err(Errno::ENOTDIR));
+            };
+            let p = f.vfs().host_path(loc);
+            chdir(AT_FDCWD, &p)
+        }
+        libc::SYS_open => open(AT_FDCWD, crate::user::cstr(a[0]).ok()?, a[1], a[2]),
+        libc::SYS_openat => open(a[0], crate::user::cstr(a[1]).ok()?, a[2], a[3]),
+        // A bad pointer: the kernel's EFAULT (above, too). Every other
+        // call of the child reaches the kernel: relative
+        // paths there start at the kernel's current directory.
+        _ => None,
+    }
+}
+
+fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
+    let Some(abs) = absolute(dirfd, path) else {
+        let r = raw(libc::SYS_chdir, with_nul(path.to_vec()).as_ptr() as i64, 0, 0, 0, 0, 0);
+        return Some(r);
+    };
+    let Some((vfs, rest)) = mount_of(&abs) else {
+        let r = raw(libc::SYS_chdir, with_nul(abs).as_ptr() as i64, 0, 0, 0, 0, 0);
+        if r == 0 {
+            CWD.with(|c| *c.borrow_mut() = Cwd::Kernel);
+        }
+        return Some(r);
+    };
+    let r = match vfs.source() {
+        Some(src) => {
+            let p = super::exec::backing_path(src, &slash(rest));
+            raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0)
+        }
+        None => {
+            let rest = rest.to_vec();
+            let mut got = err(Errno::ENOMEM);
+            crate::sys::on_own_stack(&mut || got = directory(&vfs, &rest));
+            got
+        }
+    };
+    if r == 0 {
+        CWD.with(|c| *c.borrow_mut() = Cwd::Mount(abs));
+    }
+    Some(r)
+}
+
+/// `/rest`, or `/` for the mount point itself.
+fn slash(rest: &[u8]) -> Vec<u8> {
+    if rest.is_empty() {
+        b"/".to_vec()
+    } else {
+        rest.to_vec()
+    }
+}
+
+/// 0 when `rest` (below the mount point) walks to a directory, else the
+/// negated errno chdir gives.
+fn directory(vfs: &Arc<Vfs>, rest: &[u8]) -> i64 {
+    let flags = WalkFlags {
+        follow: true,
+        create: false,
+    };
+    match vfs.walk(&Location::root(), rest, flags, 0) {
+        Ok(Walk::Inside(t)) => match t.node {
+            Some((_, attr)) if attr.file_type() == FileType::Directory => 0,
+            Some(_) => err(Errno::ENOTDIR),
+            None => err(Errno::ENOENT),
+        },
+        // A walk that left the mount: the kernel decides.
+        Ok(Walk::Outside { .. }) => err(Errno::EXDEV),
+        Err(e) => err(e),
+    }
+}
+
+fn open(dirfd: i64, path: &[u8], flags: i64, mode: i64) -> Option<i64> {
+    let abs = absolute(dirfd, path)?;
+    let (vfs, rest) = mount_of(&abs)?;
+    let Some(src) = vfs.source() else {
+        return Some(err(Errno::ENOENT));
+    };
+    let p = super::exec::backing_path(src, &slash(rest));
+    Some(raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, mode, 0, 0))
+}
