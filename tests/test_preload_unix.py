@@ -282,3 +282,32 @@ def test_posix_spawn_opens_a_file_of_a_passthrough_mount(shortfuse, scratch, spa
     the parent's tables; it fails with ENOENT as before.)"""
     m = Mounted(shortfuse, scratch, "passthrough")
     spawn_in_sub(shortfuse, scratch, m, spawn_prog, "open")
+
+
+# ------------------------------------------------ the kernel's /proc links
+
+PROC_LINKS = r"""
+import os, sys
+root = sys.argv[1]
+os.chdir(root)
+os.mkdir("d")
+with open("f", "w") as f:
+    f.write("x")
+fd = os.open("f", os.O_RDONLY)
+d = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+print(os.readlink(f"/proc/self/fd/{fd}"))
+print(os.readlink(f"/dev/fd/{d}"))
+print(os.readlink("/proc/self/cwd"), os.readlink(f"/proc/{os.getpid()}/cwd"))
+os.chdir("d")
+print(os.readlink("/proc/thread-self/cwd"))
+os.unlink("../f")
+print(os.readlink(f"/proc/self/fd/{fd}"))
+sys.stdout.flush()
+os.system("readlink /proc/self/cwd")
+"""
+
+
+def test_proc_links_name_the_mount(shortfuse, scratch, mounted):
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [sys.executable, "-c", PROC_LINKS, d])
+    assert n == "ROOT/f\nROOT/d\nROOT ROOT\nROOT/d\nROOT/f (deleted)\nROOT/d\n"
+    assert s == n

@@ -771,10 +771,16 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             Some(res(r.map(|_| 0i64)))
         }
         libc::SYS_readlink => {
+            if let Some(r) = proc_link(a[0], a[1], a[2]) {
+                return Some(r);
+            }
             let (vfs, t) = resolve_or_pass!(nr, a, AT_FDCWD, 0, false, false);
             Some(readlink_out(&vfs, &t, a[1], a[2]))
         }
         libc::SYS_readlinkat => {
+            if let Some(r) = proc_link(a[1], a[2], a[3]) {
+                return Some(r);
+            }
             let (vfs, t) = resolve_or_pass!(nr, a, a[0], 1, true, false);
             Some(readlink_out(&vfs, &t, a[2], a[3]))
         }
@@ -1287,20 +1293,75 @@ fn stat(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, follow: bool, out: i64) ->
         .and_then(|at| user::put(out, &to_stat(&at, vfs.dev())).map(|()| 0i64))))
 }
 
+/// readlink of the kernel's links to a descriptor of ours
+/// (`/proc/self/fd/N`, `/dev/fd/N`) or to the current directory inside a
+/// mount (`/proc/self/cwd`): the path in the mount, as the kernel gives it
+/// for a file of a kernel mount (" (deleted)" after a removed file's). The
+/// kernel would name a placeholder, a backing file or a directory outside
+/// the mount. `None` for any other path (an absolute path only: a path
+/// relative to a descriptor of /proc is the kernel's).
+fn proc_link(path: i64, buf: i64, len: i64) -> Option<i64> {
+    let path = user::cstr(path).ok()?;
+    if !path.starts_with(b"/") {
+        return None;
+    }
+    let name = if let Some(f) = magic_link(path).and_then(|fd| state().fds.get(fd)) {
+        let mut p = match f.location() {
+            Some(loc) => f.vfs().host_path(loc),
+            None => {
+                let mut p = f.vfs().mountpoint().to_vec();
+                if p.ends_with(b"/") {
+                    p.pop();
+                }
+                p.extend_from_slice(f.path());
+                p
+            }
+        };
+        if f.stat().is_ok_and(|a| a.nlink == 0) {
+            p.extend_from_slice(b" (deleted)");
+        }
+        p
+    } else if is_cwd_link(path) {
+        let cwd = state().cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (vfs, loc) = cwd?;
+        vfs.host_path(&loc)
+    } else {
+        return None;
+    };
+    Some(link_out(&name, buf, len))
+}
+
+/// `/proc/self/cwd`, `/proc/thread-self/cwd` or `/proc/PID/cwd` with our pid.
+fn is_cwd_link(path: &[u8]) -> bool {
+    let Some(who) = path.strip_prefix(b"/proc/").and_then(|p| p.strip_suffix(b"/cwd")) else {
+        return false;
+    };
+    who == b"self"
+        || who == b"thread-self"
+        || std::str::from_utf8(who)
+            .ok()
+            .and_then(|w| w.parse::<i64>().ok())
+            .is_some_and(|pid| pid == raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0))
+}
+
 fn readlink_out(vfs: &Vfs, t: &Target, buf: i64, len: i64) -> i64 {
+    match vfs.readlink(t) {
+        Ok(target) => link_out(&target, buf, len),
+        Err(e) => err(e),
+    }
+}
+
+/// Copies a link's `target` to the program's buffer, as readlink does
+/// (truncated, no NUL).
+fn link_out(target: &[u8], buf: i64, len: i64) -> i64 {
     if len <= 0 {
         return err(Errno::EINVAL);
     }
-    match vfs.readlink(t) {
-        Ok(target) => {
-            let n = target.len().min(len as usize);
-            match user::slice_mut(buf, n) {
-                Ok(out) => {
-                    out.copy_from_slice(&target[..n]);
-                    n as i64
-                }
-                Err(e) => err(e),
-            }
+    let n = target.len().min(len as usize);
+    match user::slice_mut(buf, n) {
+        Ok(out) => {
+            out.copy_from_slice(&target[..n]);
+            n as i64
         }
         Err(e) => err(e),
     }
