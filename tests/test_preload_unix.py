@@ -311,3 +311,26 @@ def test_proc_links_name_the_mount(shortfuse, scratch, mounted):
     n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [sys.executable, "-c", PROC_LINKS, d])
     assert n == "ROOT/f\nROOT/d\nROOT ROOT\nROOT/d\nROOT/f (deleted)\nROOT/d\n"
     assert s == n
+
+
+# ------------------------------------------------- one identity per file
+
+IDENTITY = r"""
+cd "$1"
+echo hello > f
+timeout 20 cat f >> f
+echo "cat status $?"
+wc -c < f
+exec 3>>f
+python3 -c 'import os; a = os.fstat(3); b = os.stat("f"); print(a.st_dev == b.st_dev, a.st_ino == b.st_ino)'
+readlink /proc/self/fd/3 | sed "s|^$1|ROOT|"
+"""
+
+
+def test_a_file_has_one_identity_however_it_was_opened(shortfuse, scratch, mounted):
+    """A descriptor a shell opened and passed across exec, and the same
+    file opened by name in the new program: cat refuses to copy a file
+    onto itself (it ran away, filling the disk)."""
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", IDENTITY, "identity", d])
+    assert "input file is output file" in n and "cat status 1\n6\nTrue True\nROOT/f\n" in n
+    assert s == n

@@ -14,7 +14,7 @@ use crate::sys::raw;
 use crate::user;
 
 mod exec;
-mod kernel;
+pub mod kernel;
 mod locks;
 pub mod shared;
 pub mod spare;

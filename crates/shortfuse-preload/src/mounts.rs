@@ -188,6 +188,7 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     let cwd = std::env::var_os(CWD_VAR).and_then(|c| inherited_cwd(&mounts, c.as_encoded_bytes()));
     let fds = FdTable::new();
     crate::calls::shared::adopt(&mounts, &fds);
+    crate::calls::kernel::adopt(&mounts, &fds);
     Ok(State {
         mounts,
         fds,

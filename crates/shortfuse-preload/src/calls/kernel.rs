@@ -43,8 +43,8 @@
 
 use std::sync::Arc;
 
-use shortfuse::Errno;
-use shortfuse_vfs::OpenFile;
+use shortfuse::{Errno, FileType};
+use shortfuse_vfs::{FdTable, Location, OpenFile, Vfs, Walk, WalkFlags};
 
 use super::{err, file, res, to_stat, to_statx};
 use crate::sys::raw;
@@ -391,4 +391,76 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
     }
     Some(put)
+}
+
+/// Takes in the descriptors of backing files this image inherited from the
+/// one that exec'd it (a shell's `cmd >> /mnt/file`): a regular file or
+/// FIFO under a passthrough mount's source, still at its name there,
+/// becomes a kernel-backed descriptor of ours again, so that `fstat` gives
+/// the mount's device and inode however the file was opened (`cat f >> f`
+/// compares its input and output that way, and refuses to copy a file
+/// onto itself) and /proc/self/fd names it in the mount. A file of the
+/// source opened by its source path is taken for the mount's too: it is
+/// the same file.
+pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
+    if !mounts.iter().any(|m| m.source().is_some()) {
+        return;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let numbers: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in numbers {
+        let Ok(link) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else {
+            continue;
+        };
+        let link = link.as_os_str().as_encoded_bytes();
+        let Some((vfs, rest)) = mounts.iter().find_map(|m| {
+            let src = m.source()?;
+            let src = src.strip_suffix(b"/").unwrap_or(src);
+            let rest = link.strip_prefix(src)?;
+            (rest.first() == Some(&b'/')).then_some((m, rest))
+        }) else {
+            continue;
+        };
+        let mut st: libc::stat = user::zeroed();
+        if raw(
+            libc::SYS_fstat,
+            i64::from(fd),
+            &mut st as *mut libc::stat as i64,
+            0,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            continue;
+        }
+        let kind = FileType::from_mode(st.st_mode);
+        if !matches!(kind, FileType::Regular | FileType::Fifo) {
+            continue;
+        }
+        let flags = raw(libc::SYS_fcntl, i64::from(fd), i64::from(libc::F_GETFL), 0, 0, 0, 0);
+        if flags < 0 || flags as i32 & libc::O_PATH != 0 {
+            continue;
+        }
+        let walk = WalkFlags {
+            follow: false,
+            create: false,
+        };
+        let Ok(Walk::Inside(t)) = vfs.walk(&Location::root(), rest, walk, 0) else {
+            continue;
+        };
+        // The name may lead elsewhere by now.
+        let Some((node, attr)) = t.node.filter(|(_, a)| a.ino == st.st_ino) else {
+            continue;
+        };
+        let fdflags = raw(libc::SYS_fcntl, i64::from(fd), i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        let cloexec = fdflags > 0 && fdflags & i64::from(libc::FD_CLOEXEC) != 0;
+        let f = vfs.open_in_kernel(node, attr.file_type(), flags as i32, t.path());
+        fds.insert(fd, f, cloexec);
+    }
 }

@@ -130,14 +130,22 @@ pub fn describe<'a>(files: impl Iterator<Item = &'a Arc<OpenFile>> + Clone) {
 fn memfd(f: &OpenFile) -> Result<i64, i64> {
     let fh = f.handle().ok_or(-i64::from(libc::EINVAL))?;
     let mp = mount_hash(f.vfs().mountpoint());
-    // Written on the stack (see `anchor_all`); the rest stays NUL.
-    let mut name = [0u8; 96];
-    let mut w = &mut name[..95];
+    // Written on the stack (see `anchor_all`); the rest stays NUL. The
+    // kernel takes 249 bytes of a memfd's name.
+    let mut name = [0u8; 250];
+    let mut w = &mut name[..249];
     std::io::Write::write_fmt(
         &mut w,
         format_args!("sfofd:{mp:016x}:{}:{fh}:{}", f.node().0, f.flags()),
     )
     .map_err(|_| -i64::from(libc::ENAMETOOLONG))?;
+    // Then the path it was opened by, when it fits: what /proc/self/fd
+    // names in the image that adopts it.
+    let path = f.path();
+    if w.len() > path.len() && !path.contains(&0) {
+        w[0] = b':';
+        w[1..=path.len()].copy_from_slice(path);
+    }
     let mflags = libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC;
     let fd = raw(
         libc::SYS_memfd_create,
@@ -356,24 +364,32 @@ struct Found {
     node: u64,
     fh: u64,
     flags: i32,
+    path: Vec<u8>,
 }
 
-/// Parses `sfofd:MOUNT:NODE:FH:FLAGS` (MOUNT in hex) from a memfd's magic
-/// link target (`/memfd:NAME (deleted)`): (mount, node, fh, flags).
-fn parse_name(link: &[u8]) -> Option<(u64, u64, u64, i32)> {
+/// Parses `sfofd:MOUNT:NODE:FH:FLAGS[:PATH]` (MOUNT in hex) from a
+/// memfd's magic link target (`/memfd:NAME (deleted)`): (mount, node, fh,
+/// flags, path, empty when the name had no room for it).
+fn parse_name(link: &[u8]) -> Option<(u64, u64, u64, i32, Vec<u8>)> {
     let name = link.strip_prefix(b"/memfd:")?.strip_prefix(PREFIX)?;
     let name = name.strip_suffix(b" (deleted)").unwrap_or(name);
-    let mut it = std::str::from_utf8(name).ok()?.split(':');
-    let mount = u64::from_str_radix(it.next()?, 16).ok()?;
-    let node = it.next()?.parse().ok()?;
-    let fh = it.next()?.parse().ok()?;
-    let flags = it.next()?.parse().ok()?;
-    it.next().is_none().then_some((mount, node, fh, flags))
+    let mut it = name.splitn(5, |&b| b == b':');
+    let mut num = || std::str::from_utf8(it.next()?).ok().map(str::to_owned);
+    let mount = u64::from_str_radix(&num()?, 16).ok()?;
+    let node = num()?.parse().ok()?;
+    let fh = num()?.parse().ok()?;
+    let flags = num()?.parse().ok()?;
+    let path = match it.next() {
+        None => Vec::new(),
+        Some(p) if p.starts_with(b"/") => p.to_vec(),
+        Some(_) => return None,
+    };
+    Some((mount, node, fh, flags, path))
 }
 
 fn inspect(fd: i32) -> Option<Found> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-    let (mount, node, fh, flags) = parse_name(link.as_os_str().as_encoded_bytes())?;
+    let (mount, node, fh, flags, path) = parse_name(link.as_os_str().as_encoded_bytes())?;
     let mut st: libc::stat = crate::user::zeroed();
     let r = raw(
         libc::SYS_fstat,
@@ -391,6 +407,7 @@ fn inspect(fd: i32) -> Option<Found> {
         node,
         fh,
         flags,
+        path,
     })
 }
 
@@ -435,7 +452,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
                 if own < 0 {
                     continue;
                 }
-                let f = vfs.adopt(NodeId(d.node), d.fh, d.flags, Vec::new(), owned_file(own));
+                let f = vfs.adopt(NodeId(d.node), d.fh, d.flags, d.path, owned_file(own));
                 last = Some((d.ino, f.clone()));
                 f
             }
@@ -454,9 +471,13 @@ mod tests {
     fn names_parse_back_and_others_are_refused() {
         assert_eq!(
             parse_name(b"/memfd:sfofd:00000000000000ff:12:7:32769 (deleted)"),
-            Some((255, 12, 7, 32769))
+            Some((255, 12, 7, 32769, Vec::new()))
         );
-        assert_eq!(parse_name(b"/memfd:sfofd:a:12:7:-1"), Some((10, 12, 7, -1)));
+        assert_eq!(parse_name(b"/memfd:sfofd:a:12:7:-1"), Some((10, 12, 7, -1, Vec::new())));
+        assert_eq!(
+            parse_name(b"/memfd:sfofd:a:12:7:1:/d/a:b c (deleted)"),
+            Some((10, 12, 7, 1, b"/d/a:b c".to_vec()))
+        );
         for other in [
             &b"/memfd:shortfuse-placeholder (deleted)"[..],
             b"/memfd:sfofd:1:12:7 (deleted)",
