@@ -398,3 +398,85 @@ def test_mount_errors_are_clear(shortfuse, server, scratch):
         r = run([shortfuse, "run", "-m", f"{scratch}/m=sftp:{target}", "-o", ",".join(o), "--", "touch", marker])
         assert r.returncode == 2 and says in r.stderr, (target, r.stderr)
         assert not marker.exists()
+
+
+def as_sshfs_user(home: Path, extra_env: dict | None = None) -> dict:
+    """An environment whose HOME is `home` (its ~/.ssh is what ssh would
+    read) and without an agent unless `extra_env` names one."""
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+    env["HOME"] = str(home)
+    env.update(extra_env or {})
+    return env
+
+
+def mount_as(shortfuse: Path, target: str, mnt: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return sfmount.run([str(shortfuse), "mount", "sftp", target, str(mnt), *args], env=env, timeout=60)
+
+
+def test_ssh_config_alias_tilde_and_new_host_key(shortfuse, server, scratch):
+    """As sshfs does: `myhost:` names a Host of ~/.ssh/config (HostName,
+    User, Port, IdentityFile with ~), the host key is learnt into
+    ~/.ssh/known_hosts and that is said on stderr, once; `-p PORT` and
+    `-o IdentityFile=~/...` work too."""
+    home = scratch / "home"
+    (home / ".ssh").mkdir(parents=True)
+    key = home / ".ssh" / "test_key"
+    key.write_bytes(server.key.read_bytes())
+    key.chmod(0o600)
+    (home / ".ssh" / "config").write_text(
+        f"Host myhost\n    HostName 127.0.0.1\n    User root\n    Port {server.port}\n    IdentityFile ~/.ssh/test_key\n"
+    )
+    (scratch / "remote" / "f").write_text("via the alias\n")
+    mnt = scratch / "mnt"
+    mnt.mkdir()
+    env = as_sshfs_user(home)
+    r = mount_as(shortfuse, f"myhost:{scratch / 'remote'}", mnt, env)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert (mnt / "f").read_text() == "via the alias\n"
+        known = (home / ".ssh" / "known_hosts").read_text()
+        assert f"[127.0.0.1]:{server.port}" in known, known
+        assert "added the host key of 127.0.0.1" in r.stderr and "known_hosts" in r.stderr, r.stderr
+    finally:
+        assert sfmount.run([str(shortfuse), "umount", str(mnt)]).returncode == 0
+    # Known now: nothing to say. sshfs's spellings, no config file.
+    (home / ".ssh" / "config").unlink()
+    r = mount_as(
+        shortfuse, f"root@127.0.0.1:{scratch / 'remote'}", mnt, env, "-p", str(server.port), "-o", "IdentityFile=~/.ssh/test_key"
+    )
+    assert r.returncode == 0, r.stderr
+    try:
+        assert "added the host key" not in r.stderr, r.stderr
+        assert (mnt / "f").read_text() == "via the alias\n"
+    finally:
+        assert sfmount.run([str(shortfuse), "umount", str(mnt)]).returncode == 0
+
+
+def test_ssh_agent(shortfuse, server, scratch):
+    """With no key file at all, the key an ssh-agent holds (SSH_AUTH_SOCK)
+    logs in; without the agent the mount fails saying why."""
+    home = scratch / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (scratch / "remote" / "g").write_text("via the agent\n")
+    mnt = scratch / "mnt"
+    mnt.mkdir()
+    opts = ["-o", f"port={server.port},UserKnownHostsFile={server.dir / 'known_hosts'}"]
+    target = f"root@127.0.0.1:{scratch / 'remote'}"
+    r = mount_as(shortfuse, target, mnt, as_sshfs_user(home), *opts)
+    assert r.returncode != 0 and "SSH_AUTH_SOCK" in r.stderr, r.stderr
+    sock = scratch / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert sfmount.wait_until(sock.exists, 10), "ssh-agent did not start"
+        env = as_sshfs_user(home, {"SSH_AUTH_SOCK": str(sock)})
+        r = sfmount.run(["ssh-add", str(server.key)], env=env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        r = mount_as(shortfuse, target, mnt, env, *opts)
+        assert r.returncode == 0, r.stderr
+        try:
+            assert (mnt / "g").read_text() == "via the agent\n"
+        finally:
+            assert sfmount.run([str(shortfuse), "umount", str(mnt)]).returncode == 0
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)

@@ -44,6 +44,9 @@ enum Command {
         /// May be repeated. See the list below (--help).
         #[arg(short = 'o', value_name = "OPT[,OPT...]")]
         options: Vec<String>,
+        /// The server's port, as sshfs's -p: the same as -o port=PORT (sftp).
+        #[arg(short = 'p', value_name = "PORT")]
+        port: Option<u16>,
         /// Stay in the foreground (logs go to stderr; Ctrl-C unmounts).
         #[arg(short = 'f', long)]
         foreground: bool,
@@ -199,11 +202,18 @@ fn main() -> ExitCode {
         Command::Mount {
             fs,
             paths,
-            options,
+            mut options,
+            port,
             foreground,
             transport,
             threads,
-        } => mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from)),
+        } => {
+            // First, so that a port in -o wins as a later option does.
+            if let Some(p) = port {
+                options.insert(0, format!("port={p}"));
+            }
+            mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from))
+        }
         Command::Bench { mut args } => {
             if !args.iter().any(|a| a == "--shortfuse") {
                 if let Ok(me) = std::env::current_exe() {

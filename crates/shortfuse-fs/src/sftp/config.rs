@@ -48,6 +48,15 @@ fn home() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/root"))
 }
 
+/// `~` and `~/...` are the home directory, as in a shell or ssh_config.
+fn expand_tilde(path: &str) -> PathBuf {
+    match path.strip_prefix('~') {
+        Some("") => home(),
+        Some(rest) if rest.starts_with('/') => home().join(&rest[1..]),
+        _ => PathBuf::from(path),
+    }
+}
+
 fn login_name() -> String {
     if let Ok(u) = std::env::var("USER") {
         if !u.is_empty() {
@@ -102,26 +111,59 @@ impl Config {
     /// `UserKnownHostsFile=FILE`, `ConnectTimeout=S`, `timeout=S` (per
     /// request), `ServerAliveInterval=S`, `max_read=BYTES`/`chunk=BYTES`,
     /// `max_requests=N`, `user=NAME`.
+    ///
+    /// `~/.ssh/config` fills in what neither gives (see
+    /// [`super::sshconfig`]): a host alias's `HostName`, `User`, `Port`,
+    /// `IdentityFile` and `UserKnownHostsFile`. A leading `~/` in file names
+    /// is the home directory.
     pub fn parse(target: &str, opts: &[(String, Option<String>)]) -> std::io::Result<Config> {
+        let file = home().join(".ssh/config");
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("sftp: {}: {e}", file.display()))),
+        };
+        Self::parse_with(target, opts, &text)
+    }
+
+    /// [`Config::parse`] with `ssh_config` as the text of `~/.ssh/config`.
+    pub fn parse_with(target: &str, opts: &[(String, Option<String>)], ssh_config: &str) -> std::io::Result<Config> {
         let (userhost, path) =
             split_target(target).ok_or_else(|| bad(format!("sftp: {target:?} is not [user@]host:[path]")))?;
-        let (user, host) = match userhost.rsplit_once('@') {
-            Some((u, h)) if !u.is_empty() => (u.to_owned(), h),
+        let (user, alias) = match userhost.rsplit_once('@') {
+            Some((u, h)) if !u.is_empty() => (Some(u.to_owned()), h),
             Some(_) => return Err(bad(format!("sftp: empty user name in {target:?}"))),
-            None => (login_name(), userhost),
+            None => (None, userhost),
         };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
+        let alias = alias.trim_start_matches('[').trim_end_matches(']');
+        if alias.is_empty() {
             return Err(bad(format!("sftp: no host in {target:?}")));
         }
+        let from_file = super::sshconfig::lookup(ssh_config, alias);
+        if !from_file.unsupported.is_empty() {
+            return Err(bad(format!(
+                "sftp: ~/.ssh/config gives {alias} {}, which shortfuse does not support",
+                from_file.unsupported.join(", ")
+            )));
+        }
         let ssh_dir = home().join(".ssh");
+        let port = match &from_file.port {
+            Some(p) => p
+                .parse()
+                .ok()
+                .filter(|&p: &u16| p != 0)
+                .ok_or_else(|| bad(format!("sftp: ~/.ssh/config: Port {p} for {alias}: not a port number")))?,
+            None => 22,
+        };
         let mut c = Config {
-            user,
-            host: host.to_owned(),
-            port: 22,
+            user: user.or(from_file.user).unwrap_or_else(login_name),
+            host: from_file.hostname.unwrap_or_else(|| alias.to_owned()),
+            port,
             path: path.to_owned(),
             identities: Vec::new(),
-            known_hosts: ssh_dir.join("known_hosts"),
+            known_hosts: from_file
+                .known_hosts
+                .map_or_else(|| ssh_dir.join("known_hosts"), |f| expand_tilde(&f)),
             host_key_policy: HostKeyPolicy::AcceptNew,
             reconnect: false,
             connect_timeout: Duration::from_secs(10),
@@ -139,7 +181,7 @@ impl Config {
                         .filter(|&p| p != 0)
                         .ok_or_else(|| bad(format!("sftp: -o port={}: not a port number", v.unwrap_or(""))))?
                 }
-                "identity" | "IdentityFile" => c.identities.push(PathBuf::from(
+                "identity" | "IdentityFile" => c.identities.push(expand_tilde(
                     v.ok_or_else(|| bad("sftp: -o identity needs a key file".into()))?,
                 )),
                 "user" | "User" => c.user = v.ok_or_else(|| bad("sftp: -o user needs a name".into()))?.to_owned(),
@@ -159,7 +201,7 @@ impl Config {
                 }
                 "UserKnownHostsFile" => {
                     c.known_hosts =
-                        PathBuf::from(v.ok_or_else(|| bad("sftp: -o UserKnownHostsFile needs a file".into()))?)
+                        expand_tilde(v.ok_or_else(|| bad("sftp: -o UserKnownHostsFile needs a file".into()))?)
                 }
                 "ConnectTimeout" | "connect_timeout" => c.connect_timeout = secs(k, v)?,
                 "timeout" => c.request_timeout = secs(k, v)?,
@@ -188,6 +230,9 @@ impl Config {
         }
         if c.request_timeout.is_zero() || c.connect_timeout.is_zero() {
             return Err(bad("sftp: timeouts must be at least one second".into()));
+        }
+        if c.identities.is_empty() {
+            c.identities = from_file.identity_files.iter().map(|f| expand_tilde(f)).collect();
         }
         if c.identities.is_empty() {
             c.identities = ["id_ed25519", "id_ecdsa", "id_rsa"]
@@ -229,6 +274,26 @@ mod tests {
         assert_eq!(with_remote_path("u@h:rel", "/abs/x").as_deref(), Some("u@h:/abs/x"));
         assert_eq!(with_remote_path("[::1]:", "/r").as_deref(), Some("[::1]:/r"));
         assert_eq!(with_remote_path("nohost", "/r"), None);
+    }
+
+    #[test]
+    fn ssh_config_fills_in_what_the_command_line_does_not_say() {
+        let text = "Host myhost\n  HostName 127.0.0.1\n  User alice\n  Port 2222\n  IdentityFile ~/.ssh/k\n";
+        let c = Config::parse_with("myhost:/d", &[], text).unwrap();
+        assert_eq!((c.host.as_str(), c.user.as_str(), c.port), ("127.0.0.1", "alice", 2222));
+        assert_eq!(c.identities, vec![home().join(".ssh/k")]);
+        let c = Config::parse_with(
+            "bob@myhost:",
+            &[o("Port", Some("22")), o("IdentityFile", Some("~/x"))],
+            text,
+        )
+        .unwrap();
+        assert_eq!((c.user.as_str(), c.port), ("bob", 22));
+        assert_eq!(c.identities, vec![home().join("x")]);
+        let e = Config::parse_with("j:", &[], "Host j\n ProxyJump k\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxyjump"), "{e}");
     }
 
     #[test]

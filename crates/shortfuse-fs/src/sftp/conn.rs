@@ -54,6 +54,16 @@ impl client::Handler for HostKeys {
                     self.refuse(format!("cannot record the host key in {}: {e}", file.display()));
                     return Ok(false);
                 }
+                // As ssh's "Permanently added ... to the list of known
+                // hosts": the user should know a key was trusted unseen.
+                eprintln!(
+                    "sftp: added the host key of {}:{} ({} {}) to {} (StrictHostKeyChecking=accept-new)",
+                    self.host,
+                    self.port,
+                    key.algorithm(),
+                    key.fingerprint(Default::default()),
+                    file.display()
+                );
                 Ok(true)
             }
             Ok(false) => {
@@ -108,10 +118,14 @@ pub async fn connect(config: Arc<Config>, generation: u64) -> std::io::Result<Co
 async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<Conn> {
     use std::io::ErrorKind::*;
     let at = format!("{}@{}:{}", config.user, config.host, config.port);
-    if config.identities.is_empty() {
+    let agent_sock = std::env::var_os("SSH_AUTH_SOCK").filter(|s| !s.is_empty());
+    if config.identities.is_empty() && agent_sock.is_none() {
         return Err(err(
             NotFound,
-            format!("sftp: no identity for {at}: give -o identity=FILE (none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa exists)"),
+            format!(
+                "sftp: no identity for {at}: give -o identity=FILE (none of ~/.ssh/id_ed25519, id_ecdsa, id_rsa \
+                 exists, and no ssh-agent: SSH_AUTH_SOCK is unset)"
+            ),
         ));
     }
     let ssh_config = Arc::new(client::Config {
@@ -144,9 +158,15 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
             });
         }
     };
-    let mut authenticated = false;
     let mut reasons = Vec::new();
-    for path in &config.identities {
+    // The agent's keys first, as ssh does.
+    let mut authenticated = match &agent_sock {
+        Some(sock) => by_agent(&mut ssh, &config.user, std::path::Path::new(sock), &mut reasons)
+            .await
+            .map_err(|e| err(ConnectionAborted, format!("sftp: {at}: {e}")))?,
+        None => false,
+    };
+    for path in config.identities.iter().filter(|_| !authenticated) {
         let key = match keys::load_secret_key(path, None) {
             Ok(k) => k,
             Err(e) => {
@@ -216,6 +236,49 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
         read_len,
         write_len,
     })
+}
+
+/// Tries every key the ssh-agent at `sock` holds; a failure to reach the
+/// agent only adds to `reasons` (the key files come next).
+async fn by_agent(
+    ssh: &mut client::Handle<HostKeys>,
+    user: &str,
+    sock: &std::path::Path,
+    reasons: &mut Vec<String>,
+) -> Result<bool, russh::Error> {
+    let mut agent = match keys::agent::client::AgentClient::connect_uds(sock).await {
+        Ok(a) => a,
+        Err(e) => {
+            reasons.push(format!("ssh-agent at {}: {e}", sock.display()));
+            return Ok(false);
+        }
+    };
+    let ids = match agent.request_identities().await {
+        Ok(ids) => ids,
+        Err(e) => {
+            reasons.push(format!("ssh-agent at {}: {e}", sock.display()));
+            return Ok(false);
+        }
+    };
+    if ids.is_empty() {
+        reasons.push(format!("ssh-agent at {}: no keys", sock.display()));
+    }
+    for id in ids {
+        let key = id.public_key().into_owned();
+        let hash = ssh.best_supported_rsa_hash().await?.flatten();
+        match ssh
+            .authenticate_publickey_with(user, key.clone(), hash, &mut agent)
+            .await
+        {
+            Ok(r) if r.success() => return Ok(true),
+            Ok(_) => reasons.push(format!(
+                "agent key {}: refused by the server",
+                key.fingerprint(Default::default())
+            )),
+            Err(e) => reasons.push(format!("agent key {}: {e}", key.fingerprint(Default::default()))),
+        }
+    }
+    Ok(false)
 }
 
 /// True when the peer closed the connection or it failed (a killed

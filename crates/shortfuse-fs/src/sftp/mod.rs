@@ -47,6 +47,7 @@
 pub mod config;
 mod conn;
 pub mod nodes;
+pub mod sshconfig;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
