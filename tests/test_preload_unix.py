@@ -334,3 +334,32 @@ def test_a_file_has_one_identity_however_it_was_opened(shortfuse, scratch, mount
     n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: ["bash", "-c", IDENTITY, "identity", d])
     assert "input file is output file" in n and "cat status 1\n6\nTrue True\nROOT/f\n" in n
     assert s == n
+
+
+# ------------------------------------------------ copies in one call
+
+COPIES = r"""
+import os, sys
+os.chdir(sys.argv[1])
+data = bytes(range(256)) * 4096  # 1 MiB
+with open("src", "wb") as f:
+    f.write(data)
+s = os.open("src", os.O_RDONLY)
+d = os.open("sent", os.O_WRONLY | os.O_CREAT, 0o644)
+print("sendfile", os.sendfile(d, s, None, len(data)), os.lseek(s, 0, os.SEEK_CUR))
+c = os.open("copied", os.O_WRONLY | os.O_CREAT, 0o644)
+print("copy_file_range", os.copy_file_range(s, c, len(data), 0, 0))
+print("at the end", os.sendfile(d, s, None, 100))
+for name in ("sent", "copied"):
+    with open(name, "rb") as f:
+        print(name, f.read() == data)
+r, w = os.pipe()
+os.write(w, b"short")
+print("from a pipe", os.splice(r, d, len(data)))
+"""
+
+
+def test_sendfile_and_copy_file_range_move_a_mebibyte_in_one_call(shortfuse, scratch, mounted):
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [sys.executable, "-c", COPIES, d])
+    assert "sendfile 1048576 1048576\ncopy_file_range 1048576\n" in n
+    assert s == n

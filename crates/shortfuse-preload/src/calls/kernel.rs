@@ -304,6 +304,29 @@ impl Side {
         }
     }
 
+    /// Whether the side is a regular file (reads return less than asked
+    /// only at its end).
+    fn regular(&self) -> bool {
+        if let Some(f) = &self.file {
+            return f.file_type() == FileType::Regular;
+        }
+        let mut st: libc::stat = user::zeroed();
+        let r = raw(libc::SYS_fstat, self.fd, &mut st as *mut libc::stat as i64, 0, 0, 0, 0);
+        r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    /// Moves the side's own offset `n` bytes back.
+    fn seek_back(&self, n: i64) {
+        match &self.file {
+            Some(f) => {
+                let _ = f.lseek(-n, libc::SEEK_CUR);
+            }
+            None => {
+                raw(libc::SYS_lseek, self.fd, -n, i64::from(libc::SEEK_CUR), 0, 0, 0);
+            }
+        }
+    }
+
     fn write(&self, data: &[u8]) -> i64 {
         let r = match (&self.file, self.offset()) {
             (Some(f), Some(o)) => res(f.pwrite(data, o).map(|n| n as i64)),
@@ -334,8 +357,7 @@ impl Side {
     }
 }
 
-/// Largest piece one emulated copy call moves (callers loop, as they must
-/// for the real calls, which may move less than asked too).
+/// The buffer an emulated copy moves its bytes through, a piece at a time.
 const COPY_CHUNK: usize = 256 << 10;
 
 /// copy_file_range, sendfile and splice with a placeholder on one side or
@@ -369,28 +391,35 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
     }
     let mut buf = vec![0u8; (len as usize).min(COPY_CHUNK)];
-    let got = src.read(&mut buf);
-    if got <= 0 {
-        return Some(got);
-    }
-    let put = dst.write(&buf[..got as usize]);
-    if put < 0 {
-        return Some(put);
-    }
-    src.advance(put as usize);
-    dst.advance(put as usize);
-    if put < got && src.offset().is_none() {
-        // The source's own offset moved past bytes not written: put it back.
-        match &src.file {
-            Some(f) => {
-                let _ = f.lseek(put - got, libc::SEEK_CUR);
-            }
-            None => {
-                raw(libc::SYS_lseek, src.fd, put - got, i64::from(libc::SEEK_CUR), 0, 0, 0);
-            }
+    // As the kernel's calls between files, the whole length in one call
+    // (programs that copy a file with one sendfile do not loop); from
+    // anything else (a pipe, a socket), what one read gives, so as never
+    // to wait for more.
+    let whole = src.regular();
+    let mut total = 0i64;
+    while total < len {
+        let want = ((len - total) as usize).min(buf.len());
+        let got = src.read(&mut buf[..want]);
+        if got <= 0 {
+            return Some(if total > 0 { total } else { got });
+        }
+        let put = dst.write(&buf[..got as usize]);
+        let moved = put.max(0);
+        src.advance(moved as usize);
+        dst.advance(moved as usize);
+        if moved < got && src.offset().is_none() {
+            // The source's own offset moved past bytes not written: put it back.
+            src.seek_back(got - moved);
+        }
+        if put < 0 {
+            return Some(if total > 0 { total } else { put });
+        }
+        total += put;
+        if put < got || (got as usize) < want || !whole {
+            break;
         }
     }
-    Some(put)
+    Some(total)
 }
 
 /// Takes in the descriptors of backing files this image inherited from the
