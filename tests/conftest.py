@@ -71,6 +71,29 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i not in dropped]
 
 
+_CONFIGS_RUN: set[str] = set()
+
+
+def pytest_runtest_setup(item):
+    cs = getattr(item, "callspec", None)
+    if cs is not None and isinstance(cs.params.get("config"), sfmount.Config):
+        _CONFIGS_RUN.add(cs.params["config"].id)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # A plain `pytest tests/` mounts only the default configurations on
+    # /dev/fuse: say which ran and which were left out, so that a green run
+    # is not read as covering what it never mounted.
+    known = [f"{name}-{t}" for name in sfmount.FILE_SYSTEMS for t in sfmount.TRANSPORTS]
+    ran = [c for c in known if c in _CONFIGS_RUN] + sorted(_CONFIGS_RUN - set(known))
+    left = [c for c in known if c not in _CONFIGS_RUN]
+    terminalreporter.write_sep("-", "shortfuse configurations")
+    terminalreporter.write_line(f"ran: {', '.join(ran) or 'none'}")
+    terminalreporter.write_line(
+        f"not run (widen with SHORTFUSE_FS=NAME[@TRANSPORT],... SHORTFUSE_TRANSPORTS=dev,uring): {', '.join(left) or 'none'}"
+    )
+
+
 def _deadline(item) -> float:
     m = item.get_closest_marker("deadline")
     return float(m.args[0]) if m else DEFAULT_DEADLINE

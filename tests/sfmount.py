@@ -144,6 +144,8 @@ FILE_SYSTEMS: dict[str, FsSpec] = {
     ),
 }
 DEFAULT_FS = ("mem", "passthrough")
+# The transports a configuration can be mounted on.
+TRANSPORTS = ("dev", "uring")
 
 
 class HarnessError(Exception):

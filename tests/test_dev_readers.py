@@ -8,17 +8,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from sfmount import wait_until
 
+# Keeps the mount busy until the file `stop` (outside the mount) appears,
+# or for a minute at most.
 LOAD = r"""
 import os, sys, time
-d = sys.argv[1]
-end = time.time() + 3
+d, stop = sys.argv[1], sys.argv[2]
+end = time.time() + 60
 i = 0
-while time.time() < end:
+while time.time() < end and not os.path.exists(stop):
     p = os.path.join(d, f"f{os.getpid()}-{i % 50}")
     with open(p, "w") as f:
         f.write("x")
@@ -46,11 +49,17 @@ def test_readers_grow_under_parallel_load(config, mount_factory):
     assert m.daemon_pids, "no daemon found"
     pid = m.daemon_pids[0]
     assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
-    procs = [subprocess.Popen([sys.executable, "-c", LOAD, str(m.path)]) for _ in range(4)]
+    stop = m.base / "stop"
+    procs = [subprocess.Popen([sys.executable, "-c", LOAD, str(m.path), str(stop)]) for _ in range(4)]
     try:
         if config.transport == "dev":
-            grown = wait_until(lambda: len(readers(pid)) == 3, 15)
-            assert grown, f"4 programs in parallel for seconds, readers: {readers(pid)}"
+            # The load goes on until the readers have grown; the bound is
+            # against a hang only.
+            grown = wait_until(lambda: len(readers(pid)) == 3, 50)
+            assert grown, f"4 programs in parallel for 50 s, readers: {readers(pid)}"
+        else:
+            time.sleep(3)
+        stop.touch()
         for p in procs:
             assert p.wait(30) == 0
         if config.transport != "dev":

@@ -179,6 +179,8 @@ impl Config {
             "dist" => &["native"],
             // Cache structures in memory: no file system at all.
             "cache" => &["native"],
+            // Starts its own `shortfuse serve` daemons in native's directory.
+            "rings" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
             "thesis" => &[
                 "native",

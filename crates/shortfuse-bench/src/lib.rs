@@ -21,6 +21,7 @@ pub mod personalities;
 pub mod plot;
 pub mod programs;
 pub mod report;
+pub mod rings;
 mod samples;
 pub mod scale;
 pub mod sshd;
@@ -49,6 +50,7 @@ pub const SUITES: &[&str] = &[
     "dist",
     "programs",
     "cache",
+    "rings",
 ];
 
 /// What `shortfuse bench` was asked.
@@ -144,6 +146,7 @@ impl Plan {
             "dist" => dist::describe(s),
             "programs" => programs::describe(s),
             "cache" => cache::describe(s),
+            "rings" => rings::describe(s),
             _ => String::new(),
         }
     }
@@ -174,6 +177,8 @@ impl Plan {
             "programs" => programs::run(dir, s, progress),
             // In memory: the cache structures alone, no mount.
             "cache" => cache::run(s, progress),
+            // Its own `shortfuse serve` daemons, called over their rings.
+            "rings" => rings::run(dir, s, &self.bin, progress),
             other => Err(std::io::Error::other(format!("unknown suite {other}"))),
         }
     }

@@ -280,6 +280,7 @@ fn every_suite_is_covered() {
         "dist", // tests/dist.rs
         "programs",
         "cache",
+        "rings", // tests/test_ring.py (needs the shortfuse binary's `serve`)
     ];
     for s in SUITES {
         assert!(tested.contains(s), "suite {s} has no tiny-scale test");

@@ -281,7 +281,9 @@ fn a_stopped_daemon_fails_calls_with_enotconn() {
         c.call(&request(abi::FUSE_GETATTR, 1, &[0; 16], &[]), &mut reply),
         Err(Errno::ENOTCONN)
     );
-    assert!(t.elapsed() < Duration::from_secs(2));
+    // Against a hang only: how soon (the README's 50 ms) is measured by
+    // `shortfuse bench rings`.
+    assert!(t.elapsed() < Duration::from_secs(30));
     assert!(c.is_dead());
     assert!(RingClient::connect(&path).is_err());
 }
@@ -824,26 +826,38 @@ fn a_thread_slow_to_publish_is_waited_for_while_others_ring() {
 }
 
 /// The daemon's ring workers in this process (`sf-ring-c<client>q<queue>`),
-/// each with whether the kernel says it runs or wants to run.
-fn ring_threads() -> Vec<(String, bool)> {
+/// each with the system call it is blocked in (`/proc/.../syscall`'s first
+/// field, "running" when it runs or wants to) and how many times it has
+/// been given a CPU (`schedstat`'s third field).
+fn ring_threads() -> Vec<(String, String, u64)> {
     let mut out = Vec::new();
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // The state follows the parenthesised name, which may hold anything.
-        let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
         if name.strip_prefix("sf-ring-c").is_some_and(|n| n.contains('q')) {
-            out.push((name.trim().to_string(), state == Some('R')));
+            let call = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+            let sched = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            out.push((
+                name.trim().to_string(),
+                call.split_whitespace().next().unwrap_or_default().to_string(),
+                sched
+                    .split_whitespace()
+                    .nth(2)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0),
+            ));
         }
     }
+    out.sort();
     out
 }
 
-/// Polling is bounded: once the calls stop, the daemon's workers sleep.
-/// Runs in a child process of its own (`SF_RING_IDLE`), so that only this
-/// test's workers are looked at. A worker that kept polling (even one that
-/// yields its CPU between polls) is runnable whenever it is looked at; a
-/// sleeping one almost never.
+/// Polling is bounded: once the calls stop, the daemon's workers sleep on
+/// their futex and are not woken while nobody calls. Runs in a child
+/// process of its own (`SF_RING_IDLE`), so that only this test's workers
+/// are looked at. A worker that kept polling (even one that yields its CPU,
+/// or naps, between polls) is never seen blocked in futex, or is given a
+/// CPU again while nothing is asked of it. How little CPU an idle daemon
+/// takes is measured by `shortfuse bench rings`.
 #[test]
 fn idle_rings_use_no_cpu() {
     if std::env::var_os("SF_RING_IDLE").is_none() {
@@ -874,19 +888,32 @@ fn idle_rings_use_no_cpu() {
             });
         }
     });
-    // Past every spin budget (tens of µs).
-    std::thread::sleep(Duration::from_millis(100));
-    let mut running = std::collections::HashMap::<String, u32>::new();
-    const LOOKS: u32 = 40;
-    for _ in 0..LOOKS {
-        for (name, r) in ring_threads() {
-            *running.entry(name).or_default() += u32::from(r);
+    let futex = libc::SYS_futex.to_string();
+    let asleep = || {
+        let w = ring_threads();
+        (w.len() == 4 && w.iter().all(|(_, call, _)| *call == futex)).then_some(w)
+    };
+    let start = Instant::now();
+    let before = loop {
+        if let Some(w) = asleep() {
+            break w;
         }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "idle workers never all slept on their futex (two per client): {:?}",
+            ring_threads()
+        );
         std::thread::sleep(Duration::from_millis(10));
+    };
+    // A second with no calls. A sleeping worker wakes only to look for a
+    // request whose publisher was descheduled (twice a second); one that
+    // polled, even napping between polls, would be given a CPU hundreds of
+    // times.
+    std::thread::sleep(Duration::from_secs(1));
+    let after = ring_threads();
+    let names = |w: &[(String, String, u64)]| w.iter().map(|(n, ..)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&before), names(&after));
+    for ((name, _, was), (_, _, now)) in before.iter().zip(&after) {
+        assert!(now - was <= 10, "{name} ran {} times in an idle second", now - was);
     }
-    assert_eq!(running.len(), 4, "two workers per client: {running:?}");
-    assert!(
-        running.values().all(|&n| n <= LOOKS / 8),
-        "idle workers still polling (looks that found them runnable, of {LOOKS}): {running:?}"
-    );
 }
