@@ -4,8 +4,9 @@
 use std::ffi::OsStr;
 use std::sync::Arc;
 
-use shortfuse::session::{serve, SessionOptions};
-use shortfuse::{Attr, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, MountOptions, NodeId, Request};
+use shortfuse::{
+    serve, Attr, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, MountOptions, NodeId, Request, SessionOptions,
+};
 
 const TEXT: &[u8] = b"hello from shortfuse\n";
 const FILE: NodeId = NodeId(2);
@@ -13,18 +14,11 @@ const FILE: NodeId = NodeId(2);
 struct Hello;
 
 fn attr(node: NodeId) -> Attr {
-    let (mode, size, nlink) = match node {
-        NodeId::ROOT => (libc::S_IFDIR | 0o755, 0, 2),
-        _ => (libc::S_IFREG | 0o444, TEXT.len() as u64, 1),
+    let attr = match node {
+        NodeId::ROOT => Attr::new(FileType::Directory, 0o755),
+        _ => Attr::new(FileType::Regular, 0o444).with_size(TEXT.len() as u64),
     };
-    Attr {
-        ino: node.0,
-        mode,
-        size,
-        nlink,
-        blksize: 4096,
-        ..Attr::default()
-    }
+    Attr { ino: node.0, ..attr }
 }
 
 impl Filesystem for Hello {
@@ -47,10 +41,7 @@ impl Filesystem for Hello {
         off: u64,
         buf: &mut [u8],
     ) -> shortfuse::Result<usize> {
-        let rest = TEXT.get(off as usize..).unwrap_or_default();
-        let n = rest.len().min(buf.len());
-        buf[..n].copy_from_slice(&rest[..n]);
-        Ok(n)
+        Ok(shortfuse::read_slice(TEXT, off, buf))
     }
 
     fn readdir(

@@ -38,6 +38,11 @@ pub fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+pub fn getegid() -> u32 {
+    // SAFETY: as getuid.
+    unsafe { libc::getegid() }
+}
+
 /// `ioctl(new, FUSE_DEV_IOC_CLONE, &master)`: attaches the fresh /dev/fuse fd
 /// `new` to the connection of `master`.
 pub fn fuse_dev_clone(new: BorrowedFd<'_>, master: BorrowedFd<'_>) -> io::Result<()> {

@@ -114,7 +114,14 @@ impl FileType {
 
 /// Attributes of an inode (`struct fuse_attr`). `mode` holds type and
 /// permission bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+///
+/// `Attr::default()` is a regular file, mode 0644, owned by the daemon's
+/// user and group, one link, every timestamp the moment the daemon made its
+/// first `Attr` (about when it started: the same at every call, so that the
+/// kernel does not take each `getattr` for a change and drop its cached
+/// pages): fill in what differs (`Attr { size, ..Attr::default() }`), or
+/// start from [`Attr::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
     /// `st_ino` as the file system reports it.
     pub ino: u64,
@@ -132,7 +139,50 @@ pub struct Attr {
     pub blksize: u32,
 }
 
+impl Default for Attr {
+    fn default() -> Attr {
+        static STARTED: std::sync::OnceLock<Timestamp> = std::sync::OnceLock::new();
+        let now = *STARTED.get_or_init(Timestamp::now);
+        Attr {
+            ino: 0,
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            mode: libc::S_IFREG | 0o644,
+            nlink: 1,
+            uid: crate::sys::geteuid(),
+            gid: crate::sys::getegid(),
+            rdev: 0,
+            blksize: 4096,
+        }
+    }
+}
+
 impl Attr {
+    /// An inode of type `kind` with permission bits `perm` (`0o755`): two
+    /// links for a directory, one otherwise; the rest as
+    /// [`Attr::default`].
+    pub fn new(kind: FileType, perm: u32) -> Attr {
+        Attr {
+            mode: kind.mode_bits() | (perm & 0o7777),
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            ..Attr::default()
+        }
+    }
+
+    /// The same attributes with `size` bytes (and the 512-byte blocks they
+    /// fill).
+    pub fn with_size(self, size: u64) -> Attr {
+        Attr {
+            size,
+            blocks: size.div_ceil(512),
+            ..self
+        }
+    }
+
+    /// The type bits of `mode`.
     pub fn file_type(&self) -> FileType {
         FileType::from_mode(self.mode)
     }

@@ -176,6 +176,9 @@ impl Mounted {
         let dev = DevSession::mount(fs.clone(), &mp, opts, session).expect("mount");
         let stats = dev.stats().clone();
         let runner = thread::spawn(move || dev.run(|| {}));
+        // The notifier comes with INIT, which the first request waits for.
+        fs::metadata(&mp).unwrap();
+        assert!(fs.notifier.get().is_some(), "no notifier after INIT");
         Mounted {
             dir,
             mp,

@@ -1,13 +1,17 @@
-//! The README's file-system example is the compiled `examples/hello.rs`,
-//! word for word, so the README cannot drift from code that builds.
+//! The README's file-system examples are the compiled `examples/hello.rs`
+//! and `examples/hello_nodes.rs`, word for word, so the README cannot drift
+//! from code that builds (and that `examples_mount` mounts).
 
 #[test]
-fn readme_shows_the_hello_example() {
+fn readme_shows_the_hello_examples() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/hello.rs")).unwrap();
-    assert!(
-        readme.contains(example.trim_end()),
-        "README.md must quote examples/hello.rs verbatim"
-    );
+    for name in ["hello", "hello_nodes"] {
+        let path = format!("{}/examples/{name}.rs", env!("CARGO_MANIFEST_DIR"));
+        let example = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            readme.contains(example.trim_end()),
+            "README.md must quote examples/{name}.rs verbatim"
+        );
+    }
 }
