@@ -30,6 +30,8 @@ declare -A CMD_PKG=(
     # The scale-out tests' network namespaces (tests/netns.py).
     [ip]=iproute2
     [nsenter]=util-linux
+    # The shim's tests build a Go program linked against glibc.
+    [go]=golang-go
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do

@@ -1,14 +1,19 @@
 """Programs that used to crash, hang or write outside the mount under
-`shortfuse run`: a fork while another thread has a system-call site
-rewritten, `git clone` on a passthrough mount (a multi-threaded program
-that forks).
+`shortfuse run`: a Go program whose goroutines (stacks of a few
+kilobytes) do file I/O at once, a fork while another thread has a
+system-call site rewritten, `git clone` on a passthrough mount (a
+multi-threaded program that forks).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from test_run import output, run, scratch, shortfuse, under  # noqa: F401 (fixtures)
 
@@ -20,6 +25,54 @@ def cc(scratch: Path, name: str, *flags: str) -> Path:
     p = run(["gcc", "-O2", "-Wall", "-o", str(exe), str(PROGRAMS / f"{name}.c"), *flags])
     assert p.returncode == 0, p.stderr.decode()
     return exe
+
+
+@pytest.fixture(scope="module")
+def gofs():
+    """tests/programs/gofs built with cgo (dynamically linked against glibc,
+    so LD_PRELOAD reaches it), offline, its caches in a temporary directory."""
+    d = Path(tempfile.mkdtemp(prefix="shortfuse-gofs-"))
+    env = {
+        **os.environ,
+        "GOCACHE": str(d / "cache"),
+        "GOPATH": str(d / "gopath"),
+        "GOPROXY": "off",
+        "GOFLAGS": "",
+        "GOTOOLCHAIN": "local",
+        "CGO_ENABLED": "1",
+    }
+    exe = d / "gofs"
+    p = subprocess.run(
+        ["go", "build", "-o", str(exe), "."],
+        cwd=PROGRAMS / "gofs",
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr.decode()
+    assert b"program interpreter" in run(["readelf", "-l", str(exe)]).stdout
+    yield exe
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("fs", ["mem", "passthrough"])
+def test_go_program_with_many_goroutines_doing_file_io(shortfuse, scratch, gofs, fs):
+    # The hook used to run on the goroutine's stack and overflow it
+    # (fatal error: unknown caller pc, SIGSEGV, SIGBUS).
+    native = scratch / "native"
+    native.mkdir()
+    assert run([str(gofs), str(native)]).stdout == b"640\n"
+    mp = scratch / "mnt"
+    src = scratch / "src"
+    src.mkdir()
+    spec = f"{mp}=mem" if fs == "mem" else f"{mp}=passthrough:{src}"
+    for _ in range(4):
+        p = under(shortfuse, [spec], [str(gofs), str(mp)])
+        assert p.returncode == 0, output(p, str(scratch))
+        assert p.stdout == b"640\n"
+    if fs == "passthrough":
+        assert sorted(os.listdir(src)) == sorted(os.listdir(native))
+        assert (src / "g15-39").read_text() == "goroutine 15 file 39\n"
 
 
 def test_forks_while_another_thread_rewrites_sites(shortfuse, scratch):

@@ -46,6 +46,14 @@
 //! served with the program's mask and selector, since the new image
 //! inherits them.
 //!
+//! Stacks. The hook runs on a stack of its own per thread (4 MiB reserved,
+//! mapped on the thread's first call that leaves the fast path, with a
+//! guard page, unmapped at the thread's exit; see `sys::ThreadState`):
+//! the program's stack may be a goroutine's, with a few hundred bytes to
+//! spare. The SIGSYS handler's frame goes on the thread's signal stack
+//! when it has one (a Go thread's), and the handler's work on the hook
+//! stack.
+//!
 //! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
 //! as under seccomp sandboxes); clone with a new stack returns on that stack;
 //! vfork, and clone(CLONE_VM) without a stack, keep their return address off
@@ -107,7 +115,10 @@
 //! through an `$ORIGIN` run path of a program exec'd from a passthrough
 //! mount; dlopen() later is served.
 //!
-//! Not yet: programs that use clone3 with no
+//! Not yet: Go programs with Syscall User Dispatch alone
+//! (`SHORTFUSE_INTERCEPT=sud`, or without page 0): every system call is
+//! then a signal, and the Go runtime's signal-stack bookkeeping does not
+//! survive it; programs that use clone3 with no
 //! fallback to clone; threads created with CLONE_VM but without their own
 //! TLS (they would share our per-thread state); system-call numbers of 512
 //! and above (x32) in the zpoline path; the top 8 bytes of a red zone, which
@@ -198,8 +209,9 @@ fn mark_slow_calls() {
             sys::set_slow(nr);
         }
     }
-    // rt_sigaction: to know whether the program has signal handlers.
-    for nr in [13, 15, 56, 57, 58, 435] {
+    // rt_sigaction: to know whether the program has signal handlers;
+    // exit: a thread's hook stack goes with it (see `sys`).
+    for nr in [13, 15, 56, 57, 58, 60, 435] {
         sys::set_slow(nr);
     }
 }

@@ -88,7 +88,7 @@ pub fn on() -> bool {
 pub fn install(text: (usize, usize)) -> Result<(), i64> {
     let act = KSigaction {
         handler: sigsys as *const () as u64,
-        flags: (libc::SA_SIGINFO | libc::SA_NODEFER) as u64 | SA_RESTORER,
+        flags: (libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK) as u64 | SA_RESTORER,
         restorer: sys::shortfuse_restorer as *const () as u64,
         mask: ASYNC_MASK,
     };
@@ -344,8 +344,37 @@ fn is_special(nr: i64) -> bool {
     matches!(nr, 15 | 56 | 57 | 58 | 435)
 }
 
-/// The SIGSYS handler.
+/// The SIGSYS handler: its frame is on the signal stack when the thread
+/// has one (SA_ONSTACK: a Go thread's, whose goroutine stacks have no
+/// room for it), and otherwise it runs on the thread's hook stack (see
+/// `sys::ThreadState::hook_top`).
 extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: as in `handle_sigsys`.
+    let (code, g) = unsafe { ((*info).si_code, &(*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs) };
+    if code == SYS_USER_DISPATCH && g[libc::REG_RAX as usize] == libc::SYS_exit {
+        // A thread ends: its hook stack goes first (we are not on it yet).
+        let status = g[libc::REG_RDI as usize];
+        sys::free_hook_stack();
+        raw(libc::SYS_exit, status, 0, 0, 0, 0, 0);
+    }
+    // SAFETY: as above.
+    let alt = unsafe { (*(ctx as *const libc::ucontext_t)).uc_stack };
+    let start = alt.ss_sp as usize;
+    let frame_on_alt = alt.ss_flags & libc::SS_DISABLE == 0 && (start..start + alt.ss_size).contains(&(ctx as usize));
+    sys::on_hook_stack(&mut || {
+        if frame_on_alt {
+            // A signal that arrives while the handler waits with the
+            // program's mask (`program_mask`) would put its frame at the top
+            // of the signal stack, over ours: until rt_sigreturn installs
+            // the program's again, the signal stack is the free part of the
+            // hook stack.
+            sys::signal_stack_below_here();
+        }
+        handle_sigsys(sig, info, ctx)
+    });
+}
+
+fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let t = thread();
     t.selector.store(ALLOW, Ordering::SeqCst);
     // SAFETY: the kernel passes a valid siginfo and ucontext to an
@@ -393,6 +422,11 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
     // The kernel's sigset is the first 8 bytes of uc_sigmask.
     // SAFETY: uc_sigmask is at least 8 bytes, suitably aligned.
     let mask = unsafe { &mut *(&mut uc.uc_sigmask as *mut libc::sigset_t as *mut u64) };
+    if nr == libc::SYS_sigaltstack {
+        uc.uc_mcontext.gregs[libc::REG_RAX as usize] = sigaltstack(a, &mut uc.uc_stack);
+        t.selector.store(BLOCK, Ordering::SeqCst);
+        return;
+    }
     let r = match signal_call(nr, a, Some(&mut *mask)) {
         Some(r) => r,
         None => match crate::serve(nr, a, Some(*mask)) {
@@ -406,6 +440,32 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
     };
     uc.uc_mcontext.gregs[libc::REG_RAX as usize] = r;
     t.selector.store(BLOCK, Ordering::SeqCst);
+}
+
+/// sigaltstack inside the SIGSYS handler. rt_sigreturn installs the
+/// signal stack saved in the frame (`saved`, as it was when the call
+/// trapped, its flags as the program would have seen them): a new one is
+/// written there too, or it would be undone (a Go thread's first
+/// sigaltstack, which traps before the thread has a signal stack).
+fn sigaltstack(a: [i64; 6], saved: &mut libc::stack_t) -> i64 {
+    let old = *saved;
+    if a[0] != 0 {
+        if old.ss_flags & libc::SS_ONSTACK != 0 {
+            return -(libc::EPERM as i64);
+        }
+        // The kernel checks the new stack (our own stack is not on it).
+        let r = raw(libc::SYS_sigaltstack, a[0], 0, 0, 0, 0, 0);
+        if r < 0 {
+            return r;
+        }
+        // SAFETY: the program's stack_t, which the kernel just read.
+        *saved = unsafe { core::ptr::read_unaligned(a[0] as *const libc::stack_t) };
+    }
+    if a[1] != 0 {
+        // SAFETY: the program's output stack_t, as the kernel would write it.
+        unsafe { core::ptr::write_unaligned(a[1] as *mut libc::stack_t, old) };
+    }
+    0
 }
 
 /// A SIGSYS that is not a dispatch trap (seccomp, kill): what the program

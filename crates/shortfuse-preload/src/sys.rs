@@ -50,23 +50,29 @@ const OWN_STACK: usize = 8 << 20;
 /// (posix_spawn's is about 32 KiB) and must not grow it. Without memory
 /// for the stack, `f` does not run.
 pub fn on_own_stack(f: &mut dyn FnMut()) {
-    extern "C" fn trampoline(data: *mut u8) {
-        // SAFETY: `data` is the `&mut &mut dyn FnMut()` passed below, alive
-        // for the whole call.
-        let f = unsafe { &mut *(data as *mut &mut dyn FnMut()) };
-        f();
-    }
     let flags = i64::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE);
     let prot = i64::from(libc::PROT_READ | libc::PROT_WRITE);
     let base = raw(libc::SYS_mmap, 0, OWN_STACK as i64, prot, flags, -1, 0);
     if base < 0 {
         return;
     }
-    // 16-byte aligned before the call, as the ABI wants.
-    let top = (base + OWN_STACK as i64) & !15;
+    call_on_stack(base as usize + OWN_STACK, f);
+    raw(libc::SYS_munmap, base, OWN_STACK as i64, 0, 0, 0, 0);
+}
+
+/// Calls `f` with the stack pointer at `top` (rounded down to 16 bytes,
+/// as the ABI wants), and back.
+fn call_on_stack(top: usize, f: &mut dyn FnMut()) {
+    extern "C" fn trampoline(data: *mut u8) {
+        // SAFETY: `data` is the `&mut &mut dyn FnMut()` passed below, alive
+        // for the whole call.
+        let f = unsafe { &mut *(data as *mut &mut dyn FnMut()) };
+        f();
+    }
+    let top = top & !15;
     let mut f = f;
     let data = &mut f as *mut &mut dyn FnMut() as *mut u8;
-    // SAFETY: switches to the fresh stack for one call of `trampoline` and
+    // SAFETY: switches to the given stack for one call of `trampoline` and
     // back: r12 (callee-saved, so kept by the call) holds the old stack
     // pointer; every register the C ABI lets the callee change is marked
     // clobbered.
@@ -83,7 +89,93 @@ pub fn on_own_stack(f: &mut dyn FnMut()) {
             clobber_abi("C"),
         );
     }
-    raw(libc::SYS_munmap, base, OWN_STACK as i64, 0, 0, 0, 0);
+}
+
+/// Bytes of a thread's hook stack (below it, one guard page). Mapped
+/// with MAP_NORESERVE: only the pages the hook touches cost memory.
+pub const HOOK_STACK: usize = 4 << 20;
+const GUARD: usize = 4096;
+
+/// [`ThreadState::hook_top`] while the stack is being mapped.
+const MAPPING: u64 = 1;
+
+/// Maps this thread's hook stack (see [`ThreadState::hook_top`]); the top,
+/// or None (no memory, or being mapped by an outer call of this thread).
+/// The entry does the same in assembly.
+fn hook_stack_top(t: &ThreadState) -> Option<usize> {
+    match t.hook_top.load(Ordering::Relaxed) {
+        0 => {}
+        MAPPING => return None,
+        top => return Some(top as usize),
+    }
+    t.hook_top.store(MAPPING, Ordering::Relaxed);
+    let flags = i64::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE);
+    let prot = i64::from(libc::PROT_READ | libc::PROT_WRITE);
+    let base = raw(libc::SYS_mmap, 0, (HOOK_STACK + GUARD) as i64, prot, flags, -1, 0);
+    if base < 0 {
+        t.hook_top.store(0, Ordering::Relaxed);
+        return None;
+    }
+    raw(
+        libc::SYS_mprotect,
+        base,
+        GUARD as i64,
+        i64::from(libc::PROT_NONE),
+        0,
+        0,
+        0,
+    );
+    let top = base as usize + GUARD + HOOK_STACK;
+    t.hook_top.store(top as u64, Ordering::Relaxed);
+    Some(top)
+}
+
+/// Runs `f` on this thread's hook stack, unless an outer call of this
+/// thread is on it (a signal handler interrupted the hook), in a vfork
+/// child (which shares the stack of the thread that vforked and sends its
+/// calls to the kernel) or without memory for one: the program's stack may
+/// be a goroutine's few kilobytes, where the hook's frames do not fit.
+pub fn on_hook_stack(f: &mut dyn FnMut()) {
+    let t = thread();
+    if t.vforked.load(Ordering::Relaxed) != 0 || t.hook_depth.load(Ordering::Relaxed) != 0 {
+        return f();
+    }
+    let Some(top) = hook_stack_top(t) else { return f() };
+    // Counted before the switch and after the way back, so that a signal
+    // handler's call in between never takes the top of a stack in use.
+    t.hook_depth.fetch_add(1, Ordering::Relaxed);
+    call_on_stack(top, f);
+    t.hook_depth.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// When running on this thread's hook stack: makes its free part, below
+/// the caller's frame, the thread's signal stack.
+pub fn signal_stack_below_here() {
+    let top = thread().hook_top.load(Ordering::Relaxed) as usize;
+    let here = &top as *const usize as usize;
+    if top <= MAPPING as usize || !(top - HOOK_STACK..top).contains(&here) {
+        return;
+    }
+    let base = top - HOOK_STACK;
+    let st = libc::stack_t {
+        ss_sp: base as *mut libc::c_void,
+        ss_flags: 0,
+        ss_size: (here - 4096 - base) & !15,
+    };
+    raw(libc::SYS_sigaltstack, &st as *const libc::stack_t as i64, 0, 0, 0, 0, 0);
+}
+
+/// Before a thread exits: its hook stack goes (unless an outer call is on
+/// it, or it is the stack of the thread that vforked us).
+pub fn free_hook_stack() {
+    let t = thread();
+    let top = t.hook_top.load(Ordering::Relaxed) as usize;
+    if t.vforked.load(Ordering::Relaxed) != 0 || top <= MAPPING as usize || t.hook_depth.load(Ordering::Relaxed) != 0 {
+        return;
+    }
+    t.hook_top.store(0, Ordering::Relaxed);
+    let base = top - HOOK_STACK - GUARD;
+    raw(libc::SYS_munmap, base as i64, (HOOK_STACK + GUARD) as i64, 0, 0, 0, 0);
 }
 
 /// Takes ownership of descriptor `fd`, which the caller made and owns.
@@ -223,11 +315,31 @@ pub struct ThreadState {
     /// Inside `calls::dispatch`: the file system's own system calls go to
     /// the kernel.
     pub in_hook: AtomicBool,
+    /// The top of this thread's hook stack ([`HOOK_STACK`] bytes, mapped
+    /// by the entry or [`on_hook_stack`] on the thread's first call that
+    /// leaves the fast path, unmapped when the thread calls exit); 0: none
+    /// yet; [`MAPPING`]: being mapped. The hook runs there, not on the
+    /// program's stack: a goroutine's stack has a few hundred bytes to
+    /// spare below a system call, far less than the hook's frames and the
+    /// vector state the entry saves.
+    pub hook_top: AtomicU64,
+    /// Where the entry keeps the call's registers while it maps the hook
+    /// stack (rdi, rsi, rdx, r10, r8, r9, rax).
+    pub saved: [AtomicU64; 7],
+    /// Calls of this thread that switched to the hook stack and have not
+    /// left it (0 or 1; a `longjmp` out of a signal handler that
+    /// interrupted the hook leaves it at 1, and the thread's calls then
+    /// stay on their own stacks).
+    pub hook_depth: AtomicU64,
 }
 
 const _: () = {
     assert!(core::mem::offset_of!(ThreadState, vforked) == 8);
     assert!(core::mem::offset_of!(ThreadState, selector) == 9);
+    assert!(core::mem::offset_of!(ThreadState, hook_top) == 16);
+    assert!(core::mem::offset_of!(ThreadState, saved) == 24);
+    assert!(core::mem::offset_of!(ThreadState, hook_depth) == 80);
+    assert!(HOOK_STACK == 0x40_0000 && GUARD == 0x1000 && MAPPING == 1);
 };
 
 thread_local! {
@@ -237,6 +349,9 @@ thread_local! {
             vforked: AtomicU8::new(0),
             selector: AtomicU8::new(BLOCK),
             in_hook: AtomicBool::new(false),
+            hook_top: AtomicU64::new(0),
+            saved: [const { AtomicU64::new(0) }; 7],
+            hook_depth: AtomicU64::new(0),
         }
     };
 }
@@ -327,8 +442,10 @@ pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
 // here, every register as the program left it, unless a spare placeholder
 // is parked (`Cfg::spare`).
 //
-// Slow path: save arguments, rflags and vector state, call
-// `shortfuse_hook(a1..a6, nr)` on a 16-byte aligned stack, restore.
+// Slow path: switch to the thread's hook stack (the old stack pointer is
+// the first thing pushed there), save arguments, rflags and vector state,
+// call `shortfuse_hook(a1..a6, nr)` on a 16-byte aligned stack, restore.
+// exit (60) unmaps the thread's hook stack, then exits.
 //
 // rt_sigreturn (15) runs on the stack its signal frame is on. clone 56,
 // fork 57 and vfork 58 first take the slow path (the hook gives the
@@ -376,6 +493,38 @@ global_asm!(
     "je 20f",
     "cmp $435, %rax",
     "je 21f",
+    "cmp $60, %rax",
+    "je 40f",
+    // Onto this thread's hook stack (sizes: HOOK_STACK, GUARD; offsets:
+    // ThreadState), with nothing stored on the program's stack: r11 and rcx
+    // are free (a system call clobbers them). Stay where we are in a vfork
+    // child, while an outer call maps the stack, and while an outer call
+    // of this thread is on it (a signal handler's call, on the hook stack
+    // below the outer frames or on a signal stack). Pushed there: the old
+    // stack pointer, then 1 if we switched (the count of calls on the
+    // stack goes down by it on the way out, once off the stack).
+    "mov %fs:0, %r11",
+    "add shortfuse_cfg+64(%rip), %r11",
+    "cmpb $0, 8(%r11)",
+    "jne 31f",
+    "mov 16(%r11), %rcx",
+    "cmp $1, %rcx",
+    "jb 32f",
+    "je 31f",
+    "cmpq $0, 80(%r11)",
+    "jne 31f",
+    "34:",
+    "incq 80(%r11)",
+    "mov %rsp, %r11",
+    "mov %rcx, %rsp",
+    "push %r11",
+    "push $1",
+    "jmp 35f",
+    "31:",
+    "mov %rsp, %r11",
+    "push %r11",
+    "push $0",
+    "35:",
     "push %rbp",
     "mov %rsp, %rbp",
     "pushfq",
@@ -479,6 +628,11 @@ global_asm!(
     "lea -8(%rbp), %rsp",
     "popfq",
     "pop %rbp",
+    "pop %rcx",
+    "pop %rsp",
+    "mov %fs:0, %r11",
+    "add shortfuse_cfg+64(%rip), %r11",
+    "sub %rcx, 80(%r11)",
     "add $0x80, %rsp",
     "ret",
     // clone, fork, vfork: the hook has run; now the call itself
@@ -487,7 +641,78 @@ global_asm!(
     "lea -8(%rbp), %rsp",
     "popfq",
     "pop %rbp",
+    "pop %rcx",
+    "pop %rsp",
+    "mov %fs:0, %r11",
+    "add shortfuse_cfg+64(%rip), %r11",
+    "sub %rcx, 80(%r11)",
     "jmp 21f",
+    // The thread's first slow call: map its hook stack and a guard page
+    // below it, the call's registers kept in ThreadState meanwhile.
+    "32:",
+    "movq $1, 16(%r11)",
+    "mov %rdi, 24(%r11)",
+    "mov %rsi, 32(%r11)",
+    "mov %rdx, 40(%r11)",
+    "mov %r10, 48(%r11)",
+    "mov %r8, 56(%r11)",
+    "mov %r9, 64(%r11)",
+    "mov %rax, 72(%r11)",
+    "mov $9, %eax",
+    "xor %edi, %edi",
+    "mov $0x401000, %esi",
+    "mov $3, %edx",
+    "mov $0x24022, %r10d",
+    "mov $-1, %r8",
+    "xor %r9d, %r9d",
+    "syscall",
+    "xor %ecx, %ecx",
+    "cmp $-4096, %rax",
+    "ja 37f",
+    "mov %rax, %rdi",
+    "mov $0x1000, %esi",
+    "xor %edx, %edx",
+    "mov $10, %eax",
+    "syscall",
+    "lea 0x401000(%rdi), %rcx",
+    "37:",
+    "mov %fs:0, %r11",
+    "add shortfuse_cfg+64(%rip), %r11",
+    "mov %rcx, 16(%r11)",
+    "mov 24(%r11), %rdi",
+    "mov 32(%r11), %rsi",
+    "mov 40(%r11), %rdx",
+    "mov 48(%r11), %r10",
+    "mov 56(%r11), %r8",
+    "mov 64(%r11), %r9",
+    "mov 72(%r11), %rax",
+    "test %rcx, %rcx",
+    "jz 31b",
+    "jmp 34b",
+    // exit (of a thread): its hook stack goes first, unless this is a
+    // vfork child or an outer call is on that stack.
+    "40:",
+    "mov %fs:0, %r11",
+    "add shortfuse_cfg+64(%rip), %r11",
+    "cmpb $0, 8(%r11)",
+    "jne 41f",
+    "cmpq $0, 80(%r11)",
+    "jne 41f",
+    "mov 16(%r11), %rcx",
+    "cmp $1, %rcx",
+    "jbe 41f",
+    "movq $0, 16(%r11)",
+    "mov %rdi, %rdx",
+    "lea -0x401000(%rcx), %rdi",
+    "mov $0x401000, %esi",
+    "mov $11, %eax",
+    "syscall",
+    "mov %rdx, %rdi",
+    "mov $60, %eax",
+    "41:",
+    "syscall",
+    "add $0x80, %rsp",
+    "ret",
     // rt_sigreturn
     "20:",
     "add $0x88, %rsp",

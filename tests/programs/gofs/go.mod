@@ -1,2 +1,3 @@
 module gofs
-go 1.21
+
+go 1.19

@@ -1,4 +1,11 @@
+// Goroutines writing and reading back files at once in the directory given
+// as argument; prints the number of entries it ends with. The cgo import
+// links it against glibc, so that the preload shim is loaded into it: its
+// system calls then run on goroutine stacks of a few kilobytes.
 package main
+
+// #include <stdlib.h>
+import "C"
 
 import (
 	"fmt"
@@ -7,22 +14,19 @@ import (
 	"sync"
 )
 
-// #include <stdlib.h>
-import "C"
-
 func main() {
 	dir := os.Args[1]
-	n := 16
+	const goroutines, files = 16, 40
 	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for g := 0; g < n; g++ {
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
-			for i := 0; i < 40; i++ {
+			for i := 0; i < files; i++ {
 				p := filepath.Join(dir, fmt.Sprintf("g%d-%d", g, i))
-				want := []byte(fmt.Sprintf("goroutine %d file %d\n", g, i))
-				if err := os.WriteFile(p, want, 0o644); err != nil {
+				want := fmt.Sprintf("goroutine %d file %d\n", g, i)
+				if err := os.WriteFile(p, []byte(want), 0o644); err != nil {
 					errs <- err
 					return
 				}
@@ -31,7 +35,7 @@ func main() {
 					errs <- err
 					return
 				}
-				if string(got) != string(want) {
+				if string(got) != want {
 					errs <- fmt.Errorf("%s: got %q want %q", p, got, want)
 					return
 				}
