@@ -363,3 +363,63 @@ def test_sendfile_and_copy_file_range_move_a_mebibyte_in_one_call(shortfuse, scr
     n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [sys.executable, "-c", COPIES, d])
     assert "sendfile 1048576 1048576\ncopy_file_range 1048576\n" in n
     assert s == n
+
+
+# ------------------------------------------------------------- O_TMPFILE
+
+TMPFILE_C = r"""
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static int entries(void) {
+    int n = 0;
+    DIR *d = opendir(".");
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+int main(int argc, char **argv) {
+    if (chdir(argv[1])) return 2;
+    int fd = open(".", O_TMPFILE | O_RDWR, 0600);
+    if (fd < 0) { printf("open: %s\n", strerror(errno)); return 1; }
+    char buf[16] = {0};
+    ssize_t w = write(fd, "unnamed\n", 8);
+    printf("wrote %zd, read %zd ", w, pread(fd, buf, sizeof buf, 0));
+    printf("%s", buf);
+    printf("entries %d\n", entries());
+    char p[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    int r = linkat(AT_FDCWD, p, AT_FDCWD, "named", AT_SYMLINK_FOLLOW);
+    printf("linkat %s, entries %d\n", r ? strerror(errno) : "ok", entries());
+    r = open("named", O_TMPFILE | O_RDWR, 0600);
+    printf("in a file: %s\n", r < 0 ? strerror(errno) : "opened");
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tmpfile_prog(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tmpfile")
+    (d / "tmpfile.c").write_text(TMPFILE_C)
+    p = subprocess.run(["gcc", "-O1", "-o", str(d / "tmpfile"), str(d / "tmpfile.c")], capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    return d / "tmpfile"
+
+
+def test_o_tmpfile(shortfuse, scratch, mounted, tmpfile_prog):
+    """An unnamed file on every mount; on passthrough the kernel's own, which
+    linkat names in the mount. (A file system without TMPFILE in the trait
+    gets a file removed at once, which keeps no name to link again.)"""
+    n, s = native_and_shim(shortfuse, scratch, mounted, lambda d: [str(tmpfile_prog), d])
+    assert n == "wrote 8, read 8 unnamed\nentries 0\nlinkat ok, entries 1\nin a file: Not a directory\n"
+    if mounted.kind == "passthrough":
+        assert s == n
+    else:
+        assert s == n.replace("linkat ok, entries 1\nin a file: Not a directory", "linkat No such file or directory, entries 0\nin a file: No such file or directory")

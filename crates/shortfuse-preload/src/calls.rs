@@ -1084,6 +1084,23 @@ fn link(nr: i64, a: [i64; 6], d1: i64, i1: usize, d2: i64, i2: usize, flags: i32
         (Resolved::Ours(v1, t1), Resolved::Ours(v2, t2)) if Arc::ptr_eq(&v1, &v2) => {
             Some(res(v1.link(&t1, &t2).map(|_| 0i64)))
         }
+        // A kernel descriptor (an O_TMPFILE of a passthrough mount, see
+        // `tmpfile_open`) given a name in a mount with a source: the
+        // kernel links it in the backing directory, or says EXDEV.
+        (Resolved::Kernel(None), Resolved::Ours(v2, t2))
+            if v2.source().is_some() && (p1.is_empty() || magic_link(p1).is_some()) =>
+        {
+            let new = exec::backing_path(v2.source().unwrap_or_default(), &t2.path());
+            Some(raw(
+                libc::SYS_linkat,
+                d1,
+                a[i1],
+                AT_FDCWD,
+                new.as_ptr() as i64,
+                i64::from(flags),
+                0,
+            ))
+        }
         _ => Some(err(Errno::EXDEV)),
     }
 }
@@ -1172,8 +1189,16 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
     if let Some(fd) = open_special(&vfs, &t, flags) {
         return Some(fd);
     }
-    let mut opened = vfs.open(&t, flags, mode);
-    if t.unasked && opened.is_err() {
+    let tmpfile = flags & libc::O_TMPFILE == libc::O_TMPFILE;
+    let mut opened = if tmpfile {
+        match tmpfile_open(&vfs, &t, flags, mode) {
+            Tmpfile::Kernel(fd) => return Some(fd),
+            Tmpfile::Ours(r) => r,
+        }
+    } else {
+        vfs.open(&t, flags, mode)
+    };
+    if t.unasked && opened.is_err() && !tmpfile {
         let (v, t) = resolve_or_pass!(nr, a, dirfd, idx, idx == 1, follow);
         if let Some(fd) = open_special(&v, &t, flags) {
             return Some(fd);
@@ -1212,6 +1237,70 @@ fn open(nr: i64, a: [i64; 6], dirfd: i64, idx: usize, flags: i32, mode: u32) -> 
         shared::settle(&f, clock);
     }
     Some(fd)
+}
+
+/// What an O_TMPFILE open made.
+enum Tmpfile {
+    /// A kernel descriptor (or a negated errno).
+    Kernel(i64),
+    /// An open file of ours.
+    Ours(Result<Arc<OpenFile>, Errno>),
+}
+
+/// open(O_TMPFILE) in directory `t`: an unnamed file that linkat may give
+/// a name later. On a mount with a source directory the kernel makes it in
+/// the backing directory (and linkat of its descriptor into the mount
+/// links it there, see [`link`]); elsewhere (the trait has no TMPFILE) a
+/// file created under a name of its own and removed at once, which the
+/// open keeps: linkat of its descriptor gives it a name again.
+fn tmpfile_open(vfs: &Arc<Vfs>, t: &Target, flags: i32, mode: u32) -> Tmpfile {
+    match t.node {
+        Some((_, a)) if a.file_type() == shortfuse::FileType::Directory => {}
+        Some(_) => return Tmpfile::Kernel(err(Errno::ENOTDIR)),
+        None => return Tmpfile::Kernel(err(Errno::ENOENT)),
+    }
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Tmpfile::Kernel(err(Errno::EINVAL));
+    }
+    if let Some(src) = vfs.source() {
+        let dir = exec::backing_path(src, &t.path());
+        spare::flush();
+        let fd = raw(
+            libc::SYS_openat,
+            AT_FDCWD,
+            dir.as_ptr() as i64,
+            i64::from(flags),
+            i64::from(mode),
+            0,
+            0,
+        );
+        return Tmpfile::Kernel(fd);
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!(
+        ".sftmp.{}.{}",
+        raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let walk = WalkFlags {
+        follow: false,
+        create: false,
+    };
+    let dir = t.location().unwrap_or_default();
+    let named = match vfs.walk(&dir, name.as_bytes(), walk, 0) {
+        Ok(Walk::Inside(n)) => n,
+        Ok(Walk::Outside { .. }) => return Tmpfile::Kernel(err(Errno::EXDEV)),
+        Err(e) => return Tmpfile::Kernel(err(e)),
+    };
+    let create = (flags & !libc::O_TMPFILE) | libc::O_CREAT | libc::O_EXCL;
+    let f = vfs.open(&named, create, mode);
+    restore_umask(vfs);
+    if f.is_ok() {
+        if let Ok(Walk::Inside(n)) = vfs.walk(&dir, name.as_bytes(), walk, 0) {
+            let _ = vfs.unlink(&n);
+        }
+    }
+    Tmpfile::Ours(f)
 }
 
 /// An open of an existing FIFO, socket or device node: the kernel's (see
