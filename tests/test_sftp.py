@@ -15,10 +15,13 @@ that `SHORTFUSE_FS=sftp` runs over the kernel transports:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -316,6 +319,50 @@ def test_reconnect_after_the_session_is_killed_daemon(shortfuse, server, scratch
             os.close(fd)
         finally:
             assert run([shortfuse, "umount", mnt]).returncode == 0
+
+
+def test_a_stopped_server_fails_calls_with_eio_within_the_timeout(shortfuse, server, scratch):
+    """A server that is stopped (SIGSTOP), not dead, keeps its connection
+    open but answers nothing: a call fails with EIO once `timeout=` passes
+    without a reply, rather than waiting for ever."""
+    remote = scratch / "remote"
+    (remote / "f").write_bytes(b"x" * 100_000)
+    (remote / "g").write_bytes(b"y")
+    mnt = scratch / "mt"
+    mnt.mkdir()
+    opts = server.options() + ["cache=off", "timeout=1"]
+    r = run([shortfuse, "mount", "sftp", server.target(remote), mnt, "-o", ",".join(opts)])
+    assert r.returncode == 0, r.stderr
+    stopped = []
+    try:
+        fd = os.open(mnt / "f", os.O_RDONLY)
+        assert os.pread(fd, 4, 0) == b"xxxx"
+        stopped = server.sessions()
+        assert stopped, "no sshd session serves the mount"
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            # A name the kernel has not looked up yet: one LOOKUP, in
+            # flight when the timeout passes. (A read is retried by the
+            # kernel after its read-ahead failed, and that retry, a later
+            # call, finds the session given up: ENOTCONN.)
+            os.stat(mnt / "g")
+        waited = time.monotonic() - t0
+        assert e.value.errno == errno.EIO, (e.value, waited)
+        # Not before the timeout (the server is alive and connected), and
+        # before the default timeout (10 s) would have passed: it is the
+        # option's.
+        assert 1 <= waited < 10, waited
+        # Without `reconnect`, later calls fail at once.
+        with pytest.raises(OSError) as e:
+            os.pread(fd, 4, 90_000)
+        assert e.value.errno == errno.ENOTCONN, e.value
+        os.close(fd)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        assert run([shortfuse, "umount", "-l", mnt]).returncode == 0
 
 
 LOSS_PY = r"""
