@@ -102,6 +102,7 @@ pub struct Passthrough {
 }
 
 impl Passthrough {
+    /// No backing files yet, and no device until a kernel session attaches one.
     pub fn new() -> Passthrough {
         Passthrough::default()
     }
@@ -121,6 +122,7 @@ impl Passthrough {
         self.active.store(on, Ordering::Relaxed);
     }
 
+    /// Whether a kernel session attached its device (passthrough can be used).
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Relaxed)
     }

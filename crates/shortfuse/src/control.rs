@@ -257,6 +257,7 @@ impl ControlServer {
         })
     }
 
+    /// Where the socket listens.
     pub fn path(&self) -> &Path {
         &self.path
     }

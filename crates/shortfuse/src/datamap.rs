@@ -46,8 +46,11 @@ pub type BackingFile = Arc<OwnedFd>;
 /// One range of the file mapped onto a range of a backing file.
 #[derive(Clone, Debug)]
 pub struct Extent {
+    /// The file the bytes live in.
     pub backing: BackingFile,
+    /// Where the extent starts in the mapped file.
     pub file_offset: u64,
+    /// Where the extent starts in the backing file.
     pub backing_offset: u64,
     /// Length in bytes; `u64::MAX` for "to the end of the file, whatever
     /// its size" (allowed on the last extent only).
@@ -78,6 +81,7 @@ impl Extent {
 /// A file-to-file data map. See the module docs for what a valid map means.
 #[derive(Clone, Debug, Default)]
 pub struct DataMap {
+    /// The extents, in file order, without holes or overlaps.
     pub extents: Vec<Extent>,
 }
 
@@ -86,23 +90,59 @@ pub struct DataMap {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InvalidMap {
     /// More than [`DataMap::MAX_EXTENTS`] extents.
-    TooManyExtents { count: usize },
+    TooManyExtents {
+        /// How many the map had.
+        count: usize,
+    },
     /// An extent of length 0.
-    EmptyExtent { index: usize },
+    EmptyExtent {
+        /// The extent.
+        index: usize,
+    },
     /// An extent starts after the previous one ends (or the first one
     /// after 0): the bytes in between belong to no backing file.
-    Hole { index: usize, expected: u64, found: u64 },
+    Hole {
+        /// The extent.
+        index: usize,
+        /// Where it should start.
+        expected: u64,
+        /// Where it starts.
+        found: u64,
+    },
     /// An extent starts before the previous one ends.
-    Overlap { index: usize, expected: u64, found: u64 },
+    Overlap {
+        /// The extent.
+        index: usize,
+        /// Where it should start.
+        expected: u64,
+        /// Where it starts.
+        found: u64,
+    },
     /// An open-ended extent (`len == u64::MAX`) that is not the last one.
-    OpenEndedNotLast { index: usize },
+    OpenEndedNotLast {
+        /// The extent.
+        index: usize,
+    },
     /// `file_offset + len` or `backing_offset + len` does not fit in an
     /// `i64` file offset.
-    OutOfRange { index: usize },
+    OutOfRange {
+        /// The extent.
+        index: usize,
+    },
     /// The backing descriptor is not a regular file (`st_mode` given).
-    NotRegular { index: usize, mode: u32 },
+    NotRegular {
+        /// The extent.
+        index: usize,
+        /// The backing file's `st_mode`.
+        mode: u32,
+    },
     /// `fstat` on the backing descriptor failed.
-    Stat { index: usize, errno: Errno },
+    Stat {
+        /// The extent.
+        index: usize,
+        /// Why `fstat` failed.
+        errno: Errno,
+    },
 }
 
 impl fmt::Display for InvalidMap {

@@ -6,6 +6,22 @@
 //! some calls (e.g. `access`, `flush`, `fsync`, xattrs: the kernel stops
 //! asking and treats the call as succeeded or unsupported for the rest of the
 //! connection), so a file system that does not implement them costs nothing.
+//! For a tree of objects without this bookkeeping, see [`crate::node`].
+//!
+//! What to implement:
+//! - **read-only**: [`Filesystem::lookup`], [`Filesystem::getattr`],
+//!   [`Filesystem::readdir`] and [`Filesystem::read`] (and
+//!   [`Filesystem::readlink`] for symbolic links, [`Filesystem::forget`]
+//!   when nodes come and go). `open` and `opendir` succeed by default with
+//!   handle 0, `statfs` describes an empty file system.
+//! - **writable**: also [`Filesystem::setattr`] (truncate, chmod, chown,
+//!   utimes: `touch` of an existing file needs it), [`Filesystem::create`]
+//!   (`touch` of a new name, `>`), [`Filesystem::write`],
+//!   [`Filesystem::mkdir`], [`Filesystem::unlink`], [`Filesystem::rmdir`],
+//!   [`Filesystem::rename`], and as supported [`Filesystem::symlink`],
+//!   [`Filesystem::link`], [`Filesystem::mknod`], the xattr calls,
+//!   [`Filesystem::fsync`]. Their `ENOSYS` default reaches programs as
+//!   "Function not implemented".
 //!
 //! Lookup counting: every [`Entry`] handed back (lookup, create, mkdir,
 //! mknod, symlink, link, and each readdirplus entry other than "." and "..")
@@ -24,6 +40,7 @@ use crate::types::*;
 pub struct InitConfig {
     /// Protocol version the kernel speaks.
     pub kernel_major: u32,
+    /// Minor protocol version the kernel speaks.
     pub kernel_minor: u32,
     /// Every `FUSE_*` INIT flag the kernel offers (flags | flags2 << 32).
     pub kernel_flags: u64,
@@ -31,9 +48,13 @@ pub struct InitConfig {
     /// remove flags the kernel offers (e.g. `FUSE_POSIX_LOCKS` when it
     /// implements `getlk`/`setlk` itself).
     pub want: u64,
+    /// Largest WRITE payload the daemon accepts (capped by the kernel's page limit).
     pub max_write: u32,
+    /// Largest read-ahead the kernel may do.
     pub max_readahead: u32,
+    /// Background requests the kernel keeps in flight (0: its default).
     pub max_background: u16,
+    /// Background requests that mark the connection congested (0: its default).
     pub congestion_threshold: u16,
     /// Granularity of timestamps in nanoseconds (1 = full precision).
     pub time_gran: u32,
@@ -70,10 +91,16 @@ pub trait Filesystem: Send + Sync + 'static {
         }
     }
 
+    /// `stat(2)` and the kernel's checks of size and times: the node's
+    /// attributes, cached by the kernel for the attribute timeout. `fh` is
+    /// the open file when the caller has one (`fstat`).
     fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
         Err(Errno::ENOSYS)
     }
 
+    /// chmod, chown, truncate, utimensat: applies what `set` holds and
+    /// returns the attributes after the change. Needed by a writable file
+    /// system (`touch`, `O_TRUNC` opens and `truncate` come here).
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         Err(Errno::ENOSYS)
     }
@@ -83,22 +110,33 @@ pub trait Filesystem: Send + Sync + 'static {
         Err(Errno::ENOSYS)
     }
 
+    /// Makes the symbolic link `parent/name` pointing at `target`; the
+    /// entry counts as a lookup. `EEXIST` when the name exists.
     fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
         Err(Errno::ENOSYS)
     }
 
+    /// Makes a regular file, device, FIFO or socket `parent/name` (type in
+    /// `new.mode`); the entry counts as a lookup. The kernel also uses it
+    /// for files when `create` answered `ENOSYS`.
     fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
         Err(Errno::ENOSYS)
     }
 
+    /// Makes the directory `parent/name`; the entry counts as a lookup.
+    /// `EEXIST` when the name exists.
     fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
         Err(Errno::ENOSYS)
     }
 
+    /// Removes the name `parent/name` of a non-directory. The node lives on
+    /// while the kernel holds lookups of it or it is open (wait for
+    /// `forget` and `release` before freeing it).
     fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
         Err(Errno::ENOSYS)
     }
 
+    /// Removes the empty directory `parent/name` (`ENOTEMPTY` otherwise).
     fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
         Err(Errno::ENOSYS)
     }
@@ -166,6 +204,8 @@ pub trait Filesystem: Send + Sync + 'static {
         Err(Errno::ENOSYS)
     }
 
+    /// Opens a directory for listing. The default succeeds with handle 0;
+    /// return a handle to keep a snapshot of the listing per open.
     fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
         Ok(Opened::default())
     }
@@ -189,6 +229,8 @@ pub trait Filesystem: Send + Sync + 'static {
         Err(Errno::ENOSYS)
     }
 
+    /// The last descriptor of an open directory went away: free what
+    /// `opendir` set up for `fh`.
     fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
         Ok(())
     }
@@ -224,6 +266,8 @@ pub trait Filesystem: Send + Sync + 'static {
         Err(Errno::ENOSYS)
     }
 
+    /// Removes the extended attribute `name` (`ENODATA` when absent).
+    /// `ENOSYS` is permanent (EOPNOTSUPP afterwards).
     fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
         Err(Errno::ENOSYS)
     }

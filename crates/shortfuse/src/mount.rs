@@ -41,13 +41,18 @@ pub struct MountInfo {
     /// `st_dev` of the mounted file system; for FUSE the minor number is the
     /// connection id under /sys/fs/fuse/connections.
     pub major: u32,
+    /// Minor device number (the FUSE connection id).
     pub minor: u32,
+    /// Where it is mounted.
     pub mount_point: PathBuf,
+    /// File system type (`fuse.shortfuse-mem`).
     pub fstype: String,
+    /// Source (`fsname`).
     pub source: String,
 }
 
 impl MountInfo {
+    /// Whether this is a FUSE mount (`fuse`, `fuse.*`, `fuseblk`).
     pub fn is_fuse(&self) -> bool {
         self.fstype == "fuse" || self.fstype.starts_with("fuse.") || self.fstype == "fuseblk"
     }
@@ -237,6 +242,7 @@ impl Mount {
         ))
     }
 
+    /// Where the file system is mounted.
     pub fn mount_point(&self) -> &Path {
         &self.mount_point
     }

@@ -62,30 +62,56 @@ pub struct PollHandle(pub u64);
 /// One notification, as sent to every [`NotifySink`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Notification<'a> {
-    /// `FUSE_NOTIFY_INVAL_INODE`: attributes, and the cached data from
-    /// `offset` for `len` bytes (`len` 0: to the end; `offset` negative:
-    /// attributes only).
-    InvalInode { node: NodeId, offset: i64, len: i64 },
-    /// `FUSE_NOTIFY_INVAL_ENTRY`: the name `parent/name`.
-    InvalEntry { parent: NodeId, name: &'a OsStr },
-    /// `FUSE_NOTIFY_DELETE`: `parent/name`, which pointed at `child`, is gone.
-    Delete {
+    /// `FUSE_NOTIFY_INVAL_INODE`: drop the attributes and cached data.
+    InvalInode {
+        /// The node.
+        node: NodeId,
+        /// First byte of cached data to drop; negative: attributes only.
+        offset: i64,
+        /// Bytes to drop; 0: to the end of the file.
+        len: i64,
+    },
+    /// `FUSE_NOTIFY_INVAL_ENTRY`: drop the name `parent/name`.
+    InvalEntry {
+        /// The directory.
         parent: NodeId,
-        child: NodeId,
+        /// The name in it.
         name: &'a OsStr,
     },
-    /// `FUSE_NOTIFY_STORE`: `data` belongs at `offset` of `node`.
-    Store { node: NodeId, offset: u64, data: &'a [u8] },
-    /// `FUSE_NOTIFY_RETRIEVE`, answered by a `FUSE_NOTIFY_REPLY` carrying
-    /// `unique`.
-    Retrieve {
-        unique: u64,
+    /// `FUSE_NOTIFY_DELETE`: `parent/name`, which pointed at `child`, is gone.
+    Delete {
+        /// The directory.
+        parent: NodeId,
+        /// The node the name pointed at.
+        child: NodeId,
+        /// The name.
+        name: &'a OsStr,
+    },
+    /// `FUSE_NOTIFY_STORE`: put `data` in the page cache.
+    Store {
+        /// The file.
         node: NodeId,
+        /// Where `data` starts in it.
         offset: u64,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// `FUSE_NOTIFY_RETRIEVE`, answered by a `FUSE_NOTIFY_REPLY`.
+    Retrieve {
+        /// The id the kernel's answer carries.
+        unique: u64,
+        /// The file.
+        node: NodeId,
+        /// Where to start.
+        offset: u64,
+        /// Bytes asked for at most.
         size: u32,
     },
     /// `FUSE_NOTIFY_POLL`: wake the waiters on `handle`.
-    PollWakeup { handle: PollHandle },
+    PollWakeup {
+        /// The handle the POLL request carried.
+        handle: PollHandle,
+    },
 }
 
 /// Somewhere notifications go besides the kernel: the ring server

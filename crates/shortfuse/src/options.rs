@@ -21,38 +21,60 @@ pub enum Readdirplus {
 #[derive(Clone, Debug, PartialEq)]
 pub struct MountOptions {
     // --- given to mount(2) ---
+    /// Read-only mount (`ro`).
     pub ro: bool,
+    /// Users other than the mounting one may use the mount (`allow_other`).
     pub allow_other: bool,
+    /// The kernel checks permissions from the modes (`default_permissions`).
     pub default_permissions: bool,
+    /// Source shown in /proc/mounts.
     pub fsname: Option<String>,
+    /// Type shown as `fuse.SUBTYPE`.
     pub subtype: Option<String>,
+    /// Largest READ the kernel sends.
     pub max_read: Option<u32>,
     /// nosuid, nodev, noexec, noatime, ...: passed through as mount flags.
     pub nosuid: bool,
+    /// Device files refused (`nodev`).
     pub nodev: bool,
+    /// Programs may not be executed (`noexec`).
     pub noexec: bool,
+    /// Access times not updated (`noatime`).
     pub noatime: bool,
 
     // --- negotiated in FUSE_INIT ---
     /// Largest WRITE payload; above 128 KiB this also sets `max_pages`
     /// (capped by the kernel's `fs.fuse.max_pages_limit`).
     pub max_write: u32,
+    /// Largest read-ahead; `None`: the kernel's.
     pub max_readahead: Option<u32>,
+    /// Background requests in flight; `None`: the kernel's default (12).
     pub max_background: Option<u16>,
+    /// Background requests that mark the connection congested; `None`: the kernel's default.
     pub congestion_threshold: Option<u16>,
+    /// The kernel caches writes and sends them later (`FUSE_WRITEBACK_CACHE`).
     pub writeback_cache: bool,
+    /// Concurrent lookups and readdirs in one directory (`FUSE_PARALLEL_DIROPS`).
     pub parallel_dirops: bool,
+    /// Several READs of one file in flight (`FUSE_ASYNC_READ`).
     pub async_read: bool,
+    /// When the kernel uses READDIRPLUS.
     pub readdirplus: Readdirplus,
     /// Keep the page cache across opens (`FOPEN_KEEP_CACHE` on every open).
     pub keep_cache: bool,
     /// Bypass the page cache (`FOPEN_DIRECT_IO` on every open).
     pub direct_io: bool,
+    /// How long the kernel caches attributes (an `Entry` or `Attr` may say otherwise).
     pub attr_timeout: Duration,
+    /// How long the kernel caches names.
     pub entry_timeout: Duration,
+    /// How long the kernel caches missing names (0: not at all).
     pub negative_timeout: Duration,
+    /// Move READ data with splice(2) (`FUSE_SPLICE_READ`).
     pub splice_read: bool,
+    /// Move WRITE data with splice(2) (`FUSE_SPLICE_WRITE`).
     pub splice_write: bool,
+    /// Let splice move pages rather than copy them (`FUSE_SPLICE_MOVE`).
     pub splice_move: bool,
     /// Let the daemon clear suid/sgid bits (`FUSE_HANDLE_KILLPRIV_V2`),
     /// saving a getxattr round trip on every write.
@@ -123,6 +145,7 @@ impl Default for MountOptions {
 pub struct OptionError {
     /// The option as written (`max_write=9M`).
     pub option: String,
+    /// Why it was refused.
     pub message: String,
 }
 

@@ -27,8 +27,10 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// Every transport, in the order tables show them.
     pub const ALL: [Transport; 4] = [Transport::Dev, Transport::Uring, Transport::Ring, Transport::InProcess];
 
+    /// The transport's name in tables and JSON (`dev`, `uring`, `ring`, `inprocess`).
     pub fn name(self) -> &'static str {
         match self {
             Transport::Dev => "dev",
@@ -84,6 +86,7 @@ pub struct Stats {
 pub struct CacheStats {
     /// Pages found in the cache, and not.
     pub hits: AtomicU64,
+    /// Pages not in the cache, read from the file system.
     pub misses: AtomicU64,
     /// Pages evicted to make room.
     pub evictions: AtomicU64,
@@ -92,26 +95,37 @@ pub struct CacheStats {
     pub invalidations: AtomicU64,
     /// Bytes read from and written to the file system behind the cache.
     pub bytes_in: AtomicU64,
+    /// Bytes written to the file system behind the cache.
     pub bytes_out: AtomicU64,
     /// Bytes written into the cache and not yet to the file system (a
     /// level, not a count; 0 for a write-through cache).
     pub dirty_bytes: AtomicU64,
     /// Attributes and names served from the metadata cache, and not.
     pub meta_hits: AtomicU64,
+    /// Attributes and names the metadata cache did not hold.
     pub meta_misses: AtomicU64,
 }
 
 /// [`CacheStats`] at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheCounters {
+    /// See [`CacheStats::hits`].
     pub hits: u64,
+    /// See [`CacheStats::misses`].
     pub misses: u64,
+    /// See [`CacheStats::evictions`].
     pub evictions: u64,
+    /// See [`CacheStats::invalidations`].
     pub invalidations: u64,
+    /// See [`CacheStats::bytes_in`].
     pub bytes_in: u64,
+    /// See [`CacheStats::bytes_out`].
     pub bytes_out: u64,
+    /// See [`CacheStats::dirty_bytes`].
     pub dirty_bytes: u64,
+    /// See [`CacheStats::meta_hits`].
     pub meta_hits: u64,
+    /// See [`CacheStats::meta_misses`].
     pub meta_misses: u64,
 }
 
@@ -130,6 +144,7 @@ impl CacheStats {
         ]
     }
 
+    /// The counters now.
     pub fn snapshot(&self) -> CacheCounters {
         let v = self.fields().map(|(_, a)| a.load(Relaxed));
         CacheCounters {
@@ -156,6 +171,7 @@ impl CacheStats {
 }
 
 impl CacheCounters {
+    /// Each counter with its name, in the order tables show them.
     pub fn pairs(&self) -> [(&'static str, u64); 9] {
         [
             ("hits", self.hits),
@@ -204,6 +220,7 @@ pub fn bucket_range(b: usize) -> (u64, u64) {
 }
 
 impl Stats {
+    /// Empty counters, timing each request.
     pub fn new() -> Stats {
         Stats {
             ops: (0..=OPCODE_SLOTS).map(|_| OpCounters::default()).collect(),
@@ -234,6 +251,7 @@ impl Stats {
         let _ = self.cache.set(cache);
     }
 
+    /// The cache's counters, when one was attached.
     pub fn cache(&self) -> Option<&Arc<CacheStats>> {
         self.cache.get()
     }
@@ -303,9 +321,13 @@ impl Stats {
 pub struct OpStats {
     /// `None` for the slot shared by opcodes >= [`OPCODE_SLOTS`].
     pub opcode: Option<u32>,
+    /// Requests served.
     pub count: u64,
+    /// Their total time.
     pub sum_nanos: u64,
+    /// The longest one.
     pub max_nanos: u64,
+    /// Requests per log2 latency bucket (see [`bucket_range`]).
     pub buckets: [u64; BUCKETS],
 }
 
@@ -318,6 +340,7 @@ impl OpStats {
         }
     }
 
+    /// Mean time per request.
     pub fn mean_nanos(&self) -> u64 {
         self.sum_nanos.checked_div(self.count).unwrap_or(0)
     }
@@ -352,7 +375,9 @@ impl OpStats {
 /// Counters of a whole connection at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// Time since the counters started (or were reset).
     pub uptime: Duration,
+    /// Requests per transport.
     pub transports: [(Transport, u64); 4],
     /// Opcodes seen at least once, in opcode order.
     pub ops: Vec<OpStats>,
@@ -378,6 +403,7 @@ pub fn format_nanos(n: u64) -> String {
 }
 
 impl StatsSnapshot {
+    /// Requests over every transport.
     pub fn total_requests(&self) -> u64 {
         self.ops.iter().map(|o| o.count).sum()
     }

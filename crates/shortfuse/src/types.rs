@@ -23,20 +23,27 @@ pub struct FileHandle(pub u64);
 /// Who asks: the caller's credentials as the kernel reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// The request's id on the connection (0 for calls the daemon makes itself).
     pub unique: u64,
+    /// The caller's file-system user id.
     pub uid: u32,
+    /// The caller's file-system group id.
     pub gid: u32,
+    /// The caller's thread-group id (0 when the kernel does not know it).
     pub pid: u32,
 }
 
 /// Seconds and nanoseconds since the epoch, as the kernel carries them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
 pub struct Timestamp {
+    /// Seconds since the epoch (negative before 1970).
     pub sec: i64,
+    /// Nanoseconds within the second, below 1 000 000 000.
     pub nsec: u32,
 }
 
 impl Timestamp {
+    /// The current time.
     pub fn now() -> Timestamp {
         Timestamp::from(SystemTime::now())
     }
@@ -70,12 +77,19 @@ impl From<SystemTime> for Timestamp {
 /// The type bits of a mode (`S_IFMT`), as a Rust enum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileType {
+    /// A regular file (`S_IFREG`).
     Regular,
+    /// A directory (`S_IFDIR`).
     Directory,
+    /// A symbolic link (`S_IFLNK`).
     Symlink,
+    /// A character device (`S_IFCHR`).
     CharDevice,
+    /// A block device (`S_IFBLK`).
     BlockDevice,
+    /// A named pipe (`S_IFIFO`).
     Fifo,
+    /// A Unix socket (`S_IFSOCK`).
     Socket,
 }
 
@@ -125,17 +139,27 @@ impl FileType {
 pub struct Attr {
     /// `st_ino` as the file system reports it.
     pub ino: u64,
+    /// Size in bytes.
     pub size: u64,
     /// 512-byte blocks allocated.
     pub blocks: u64,
+    /// Last access.
     pub atime: Timestamp,
+    /// Last change of the content.
     pub mtime: Timestamp,
+    /// Last change of the inode (attributes or content).
     pub ctime: Timestamp,
+    /// Type and permission bits (`S_IFREG | 0o644`); see [`FileType::mode_bits`].
     pub mode: u32,
+    /// Hard links (2 and up for a directory).
     pub nlink: u32,
+    /// Owner.
     pub uid: u32,
+    /// Group.
     pub gid: u32,
+    /// Device number of a device file.
     pub rdev: u32,
+    /// Preferred I/O size (`st_blksize`).
     pub blksize: u32,
 }
 
@@ -193,8 +217,11 @@ impl Attr {
 /// readdirplus) counts as one lookup that a later `forget` gives back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
+    /// The kernel's id for the inode: the same inode must keep the same id as long as the kernel holds a lookup of it.
     pub node: NodeId,
+    /// Distinguishes inodes that reuse a node id over the life of the file system (for NFS export).
     pub generation: u64,
+    /// The inode's attributes.
     pub attr: Attr,
     /// How long the kernel may trust the name and attributes; `None` uses
     /// the mount's `entry_timeout`/`attr_timeout`.
@@ -202,6 +229,7 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry for `node` with `attr`, generation 0 and the mount's timeouts.
     pub fn new(node: NodeId, attr: Attr) -> Entry {
         Entry {
             node,
@@ -232,13 +260,16 @@ pub struct OpenFlags {
 /// What `open`, `opendir` and `create` return.
 #[derive(Debug, Default)]
 pub struct Opened {
+    /// The handle the kernel passes back on each request of this open (0 for none).
     pub fh: FileHandle,
+    /// How the kernel treats the open file.
     pub flags: OpenFlags,
     /// Where the file's data lives, when data I/O may skip the daemon.
     pub data_map: Option<DataMap>,
 }
 
 impl Opened {
+    /// An open with handle `fh` and no flags.
     pub fn handle(fh: u64) -> Opened {
         Opened {
             fh: FileHandle(fh),
@@ -250,26 +281,37 @@ impl Opened {
 /// What `create` returns: the new name and its open handle.
 #[derive(Debug)]
 pub struct Created {
+    /// The new name, counted as one lookup.
     pub entry: Entry,
+    /// The open file.
     pub opened: Opened,
 }
 
 /// A time to set in `setattr`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetTime {
+    /// The time of the request.
     Now,
+    /// This time.
     At(Timestamp),
 }
 
 /// The changes asked by `setattr` (chmod, chown, truncate, utimensat).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SetAttr {
+    /// New permission bits (chmod).
     pub mode: Option<u32>,
+    /// New owner (chown).
     pub uid: Option<u32>,
+    /// New group (chown).
     pub gid: Option<u32>,
+    /// New size (truncate).
     pub size: Option<u64>,
+    /// New access time.
     pub atime: Option<SetTime>,
+    /// New modification time.
     pub mtime: Option<SetTime>,
+    /// New change time.
     pub ctime: Option<Timestamp>,
     /// The open file this change comes through (ftruncate, fchmod), if any.
     pub fh: Option<FileHandle>,
@@ -289,6 +331,7 @@ pub struct RenameFlags {
 }
 
 impl RenameFlags {
+    /// Decodes `RENAME_*` bits.
     pub fn from_raw(flags: u32) -> RenameFlags {
         RenameFlags {
             noreplace: flags & libc::RENAME_NOREPLACE != 0,
@@ -297,6 +340,7 @@ impl RenameFlags {
         }
     }
 
+    /// The `RENAME_*` bits.
     pub fn raw(self) -> u32 {
         (if self.noreplace { libc::RENAME_NOREPLACE } else { 0 })
             | (if self.exchange { libc::RENAME_EXCHANGE } else { 0 })
@@ -319,33 +363,39 @@ pub struct NewNode {
 /// Arguments of `write`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct WriteArgs {
+    /// Where the data goes in the file.
     pub offset: u64,
     /// `FUSE_WRITE_*` flags (cache write, lock owner valid, kill suid/sgid).
     pub write_flags: u32,
     /// The open flags of the file (`O_APPEND`, ...).
     pub flags: u32,
+    /// The lock owner of the writer, when the kernel gives it.
     pub lock_owner: Option<u64>,
 }
 
 /// Arguments of `release`/`releasedir`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ReleaseArgs {
+    /// The open flags of the file.
     pub flags: u32,
     /// Set when the kernel asks to flush as part of release.
     pub flush: bool,
     /// Set when the kernel asks to drop flock locks held by `lock_owner`.
     pub flock_release: bool,
+    /// The lock owner of the closer, when the kernel gives it.
     pub lock_owner: Option<u64>,
 }
 
 /// A byte-range lock (`struct fuse_file_lock`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Lock {
+    /// First byte locked.
     pub start: u64,
     /// Last byte included; `u64::MAX` means to end of file.
     pub end: u64,
     /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
     pub typ: i32,
+    /// The process holding the lock (`F_GETLK`'s answer).
     pub pid: u32,
 }
 
@@ -376,33 +426,51 @@ impl From<Lock> for shortfuse_abi::fuse_lk_out {
 /// Arguments of `copy_file_range`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyRange {
+    /// The source file.
     pub node_in: NodeId,
+    /// The source's open handle.
     pub fh_in: FileHandle,
+    /// Where reading starts in the source.
     pub off_in: u64,
+    /// The destination file.
     pub node_out: NodeId,
+    /// The destination's open handle.
     pub fh_out: FileHandle,
+    /// Where writing starts in the destination.
     pub off_out: u64,
+    /// Bytes to copy at most.
     pub len: u64,
+    /// `copy_file_range(2)`'s flags (0 today).
     pub flags: u64,
 }
 
 /// `struct statvfs` as FUSE carries it (`struct fuse_kstatfs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Statfs {
+    /// Size of the file system in `frsize` units.
     pub blocks: u64,
+    /// Free blocks.
     pub bfree: u64,
+    /// Free blocks for unprivileged users.
     pub bavail: u64,
+    /// Inodes.
     pub files: u64,
+    /// Free inodes.
     pub ffree: u64,
+    /// Preferred block size.
     pub bsize: u32,
+    /// Longest name.
     pub namelen: u32,
+    /// Fragment size (the unit of `blocks`).
     pub frsize: u32,
 }
 
 /// One batch-forget item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Forget {
+    /// The node forgotten.
     pub node: NodeId,
+    /// Lookups given back.
     pub nlookup: u64,
 }
 

@@ -68,6 +68,7 @@ pub struct CacheConfig {
     pub page_size: usize,
     /// Bytes of cached data at most.
     pub capacity: usize,
+    /// Which entry to evict when the cache is full.
     pub policy: Policy,
     /// Pages fetched at once by a sequential miss (1 turns read-ahead off).
     pub readahead: usize,
@@ -212,6 +213,7 @@ fn name_hash(name: &[u8]) -> u64 {
 }
 
 impl MetaCache {
+    /// An empty cache of at most `entries` attributes and names.
     pub fn new(policy: Policy, entries: usize) -> MetaCache {
         MetaCache {
             attrs: Store::new(policy, entries),
@@ -240,10 +242,12 @@ impl MetaCache {
         }
     }
 
+    /// Keeps `attr` for `node` until `expires` (the cache's clock).
     pub fn set_attr(&mut self, node: u64, attr: Attr, expires: u64) {
         self.attrs.insert(node, (attr, expires));
     }
 
+    /// Forgets the attributes of `node`.
     pub fn drop_attr(&mut self, node: u64) {
         self.attrs.remove(&node);
     }
@@ -257,6 +261,7 @@ impl MetaCache {
         }
     }
 
+    /// Keeps `parent/name` -> `node` until `expires`.
     pub fn set_name(&mut self, parent: u64, name: &[u8], node: NodeId, generation: u64, expires: u64) {
         let value = Name {
             node,
@@ -363,6 +368,7 @@ fn req0() -> Request {
 }
 
 impl<F: Filesystem + ?Sized> CachedFs<F> {
+    /// Puts a cache configured by `config` in front of `inner`; an error says what in `config` is wrong.
     pub fn new(inner: Arc<F>, config: CacheConfig) -> std::result::Result<CachedFs<F>, String> {
         config.check()?;
         let pages = PageStore::new(config.policy, config.pages());
@@ -380,10 +386,12 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         })
     }
 
+    /// The file system behind the cache.
     pub fn inner(&self) -> &F {
         &self.inner
     }
 
+    /// The configuration the cache runs with.
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }

@@ -26,7 +26,9 @@ use crate::options::{seconds_value, size_value, FsOptions};
 /// `-o cache=`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CacheMode {
+    /// Cache pages and metadata.
     On,
+    /// No cache: every request goes to the file system.
     Off,
     /// On for network file systems, off otherwise.
     #[default]
@@ -34,6 +36,7 @@ pub enum CacheMode {
 }
 
 impl CacheMode {
+    /// The name `-o cache=` takes.
     pub fn name(self) -> &'static str {
         match self {
             CacheMode::On => "on",
@@ -46,12 +49,15 @@ impl CacheMode {
 /// Every cache option of a mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheOptions {
+    /// On, off, or on for network file systems only.
     pub mode: CacheMode,
+    /// Bytes per cached page.
     pub page_size: usize,
     /// Bytes of page data at most.
     pub page_cache_size: usize,
     /// Cached attributes and names at most (each).
     pub meta_cache_size: usize,
+    /// Which page to evict when the cache is full.
     pub policy: Policy,
     /// Pages fetched at once by a sequential miss (1: no read-ahead).
     pub readahead: usize,
@@ -224,7 +230,7 @@ impl CacheOptions {
         Ok(())
     }
 
-    /// Whether the cache is on for a file system that is (or is not) a
+    /// On, off, or on for network file systems only.for a file system that is (or is not) a
     /// network file system.
     pub fn enabled(&self, network: bool) -> bool {
         match self.mode {

@@ -21,11 +21,14 @@ use crate::types::FileHandle;
 /// Which entry leaves when the store is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
+    /// CLOCK (second chance): a hit only sets a bit.
     Clock,
+    /// Least recently used: a hit moves the entry to the front.
     Lru,
 }
 
 impl Policy {
+    /// The name `-o cache_policy=` takes.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Clock => "clock",
@@ -77,6 +80,7 @@ impl Hasher for FxHasher {
     }
 }
 
+/// The hasher of the cache's maps (fast, not DoS-resistant: keys are node ids and offsets).
 pub type FxBuild = BuildHasherDefault<FxHasher>;
 
 const NIL: usize = usize::MAX;
@@ -120,18 +124,22 @@ impl<K: Hash + Eq + Clone, V> Store<K, V> {
         }
     }
 
+    /// Entries held.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no entry is held.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    /// Most entries held at once.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
+    /// The eviction policy.
     pub fn policy(&self) -> Policy {
         self.policy
     }
@@ -197,6 +205,7 @@ impl<K: Hash + Eq + Clone, V> Store<K, V> {
         Some(&mut self.slot(i).value)
     }
 
+    /// Whether `key` is held (not counted as a use).
     pub fn contains(&self, key: &K) -> bool {
         self.map.contains_key(key)
     }
@@ -274,6 +283,7 @@ impl<K: Hash + Eq + Clone, V> Store<K, V> {
         self.take(i)
     }
 
+    /// Takes `key` out, returning its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
         let i = *self.map.get(key)?;
         self.take(i).map(|(_, v)| v)
@@ -299,6 +309,7 @@ impl<K: Hash + Eq + Clone, V> Store<K, V> {
         }
     }
 
+    /// Drops every entry.
     pub fn clear(&mut self) {
         self.map.clear();
         self.slots.clear();
@@ -315,7 +326,9 @@ pub type Key = (u64, u64);
 /// One cached page. `data` is shorter than the page size only for the last
 /// page of a file.
 pub struct Page {
+    /// Which file and page this is.
     pub key: Key,
+    /// The page's bytes (shorter than a page at the end of a file).
     pub data: Vec<u8>,
     /// Bytes changed since the page was last written back, and the open
     /// file to write them through.
@@ -323,6 +336,7 @@ pub struct Page {
 }
 
 impl Page {
+    /// A page of `data` at `key`.
     pub fn new(key: Key, data: Vec<u8>) -> Page {
         Page { key, data, dirty: None }
     }
@@ -345,14 +359,17 @@ impl PageStore {
         PageStore(Store::new(policy, capacity))
     }
 
+    /// Pages held.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether no page is held.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Most pages held at once.
     pub fn capacity(&self) -> usize {
         self.0.capacity()
     }
@@ -405,6 +422,7 @@ impl PageStore {
         n
     }
 
+    /// Drops every page.
     pub fn clear(&mut self) {
         self.0.clear()
     }

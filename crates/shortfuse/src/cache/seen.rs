@@ -34,6 +34,7 @@ impl Seen {
         Seen::at(attr, Timestamp::now())
     }
 
+    /// What `attr` says, looked at at time `at`.
     pub fn at(attr: &Attr, at: Timestamp) -> Seen {
         Seen {
             size: attr.size,
@@ -42,6 +43,7 @@ impl Seen {
         }
     }
 
+    /// The size seen.
     pub fn size(&self) -> u64 {
         self.size
     }

@@ -51,21 +51,28 @@ pub(crate) const DEFAULT_MAX_PAGES_LIMIT: u32 = 256;
 pub struct Negotiated {
     /// Protocol version in use (`7.min(kernel, 45)`).
     pub major: u32,
+    /// Minor protocol version in use.
     pub minor: u32,
     /// Every flag the kernel offered.
     pub kernel_flags: u64,
     /// The flags in effect (asked for and offered).
     pub flags: u64,
+    /// Largest WRITE payload.
     pub max_write: u32,
     /// Pages per request (`FUSE_MAX_PAGES`).
     pub max_pages: u16,
+    /// Largest read-ahead the kernel does.
     pub max_readahead: u32,
+    /// Background requests the kernel keeps in flight (0: the kernel's default).
     pub max_background: u16,
+    /// Background requests that mark the connection congested (0: the kernel's default).
     pub congestion_threshold: u16,
+    /// Granularity of timestamps in nanoseconds.
     pub time_gran: u32,
 }
 
 impl Negotiated {
+    /// Whether `flag` (a `FUSE_*` INIT flag) is in effect.
     pub fn has(&self, flag: u64) -> bool {
         self.flags & flag != 0
     }

@@ -140,14 +140,17 @@ impl Dispatcher {
         }
     }
 
+    /// The mount options this connection serves.
     pub fn options(&self) -> &MountOptions {
         &self.opts
     }
 
+    /// The connection's statistics.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.stats
     }
 
+    /// The file system served.
     pub fn filesystem(&self) -> &Arc<dyn Filesystem> {
         &self.fs
     }

@@ -1,7 +1,7 @@
 //! The /dev/fuse session: up to N worker threads, each blocked in read(2)
 //! on its own fd cloned with `FUSE_DEV_IOC_CLONE`, so replies go back on the
 //! fd that read the request and the kernel spreads requests over the
-//! readers. Readers start on demand ([`super::pool`]): one at first, more
+//! readers. Readers start on demand (the `pool` module): one at first, more
 //! while requests keep waiting. One thread is the "base" of To FUSE or Not to FUSE (FAST '17)
 //! configuration.
 //!
@@ -77,10 +77,12 @@ impl DevSession {
         })
     }
 
+    /// Where the file system is mounted.
     pub fn mount_point(&self) -> &Path {
         self.mount.mount_point()
     }
 
+    /// The session's statistics (`shortfuse stats`).
     pub fn stats(&self) -> &Arc<Stats> {
         self.dispatcher.stats()
     }
@@ -92,6 +94,7 @@ impl DevSession {
         self.dispatcher.notifier()
     }
 
+    /// Worker threads the session will run.
     pub fn threads(&self) -> usize {
         self.threads
     }

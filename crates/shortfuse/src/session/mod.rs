@@ -26,6 +26,7 @@ pub struct SessionOptions {
     /// Worker threads, each reading its own cloned /dev/fuse fd. `None`: what
     /// the mount options ask for (`-o base` means 1), else one per CPU.
     pub threads: Option<usize>,
+    /// How to mount: mount(2) as root, fusermount3 otherwise.
     pub method: MountMethod,
     /// Listen on the control socket (`shortfuse stats`).
     pub control_socket: bool,
