@@ -1,0 +1,111 @@
+"""Mount options whose promise only shows on a real mount: `allow_other`
+lets another user in, passthrough's `one_file_system` stops at mount points
+below the source, and the user-space cache's `meta_timeout` and
+close-to-open consistency when a file changes behind the daemon."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import time
+
+import pytest
+
+import sfmount
+import test_cache
+
+PASSTHROUGH = sfmount.Config("passthrough", "dev")
+
+
+def as_user(user: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("allow_other", [False, True], ids=["default", "allow_other"])
+def test_allow_other_lets_another_user_in(mount_factory, allow_other):
+    m = mount_factory(sfmount.Config("mem", "dev"), ["allow_other"] if allow_other else None)
+    # The way to the mount point is open to everyone (mkdtemp makes 0700).
+    m.base.chmod(0o755)
+    (m.path / "f").write_text("root's\n")
+    ls = as_user("nobody", "ls", str(m.path))
+    cat = as_user("nobody", "cat", str(m.path / "f"))
+    if allow_other:
+        assert ls.returncode == 0 and ls.stdout == "f\n", ls
+        assert cat.returncode == 0 and cat.stdout == "root's\n", cat
+        # The file modes still apply (no write bit for others).
+        w = as_user("nobody", "sh", "-c", f"echo x >> {m.path / 'f'}")
+        assert w.returncode != 0 and "Permission denied" in w.stderr, w
+    else:
+        # The kernel refuses any user but the one who mounted.
+        assert ls.returncode != 0 and "Permission denied" in ls.stderr, ls
+        assert cat.returncode != 0, cat
+
+
+@pytest.mark.parametrize("one_fs", [False, True], ids=["default", "one_file_system"])
+def test_one_file_system_stops_at_mount_points_below_the_source(mount_factory, one_fs):
+    m = mount_factory(PASSTHROUGH, ["one_file_system"] if one_fs else None)
+    inner = m.source / "inner"
+    inner.mkdir()
+    (m.source / "here").write_text("same fs\n")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(inner)], capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    try:
+        (inner / "there").write_text("other fs\n")
+        assert (m.path / "here").read_text() == "same fs\n"
+        if one_fs:
+            with pytest.raises(OSError) as e:
+                os.listdir(m.path / "inner")
+            assert e.value.errno == errno.EXDEV, e.value
+            with pytest.raises(OSError) as e:
+                (m.path / "inner" / "there").read_text()
+            assert e.value.errno == errno.EXDEV, e.value
+        else:
+            assert os.listdir(m.path / "inner") == ["there"]
+            assert (m.path / "inner" / "there").read_text() == "other fs\n"
+    finally:
+        m.unmount()
+        subprocess.run(["umount", "-l", str(inner)], timeout=30)
+
+
+def test_meta_timeout_shows_a_change_made_elsewhere_after_the_timeout_not_before(mount_factory):
+    # The kernel keeps no attributes, so every stat reaches the daemon's
+    # cache, which trusts what it cached for meta_timeout seconds.
+    timeout = 4
+    m = mount_factory(PASSTHROUGH, [f"cache=on,meta_timeout={timeout},attr_timeout=0,entry_timeout=0"])
+    (m.source / "f").write_text("x")
+    os.chmod(m.source / "f", 0o644)
+    t0 = time.monotonic()
+    assert os.stat(m.path / "f").st_mode & 0o7777 == 0o644
+    os.chmod(m.source / "f", 0o600)
+    seen = None
+    deadline = t0 + timeout + 60
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if os.stat(m.path / "f").st_mode & 0o7777 == 0o600:
+            seen = now
+            break
+        time.sleep(0.1)
+    assert seen is not None, "the change made in the source never showed"
+    # Cached at the first stat, after t0: not trusted past the timeout, and
+    # not dropped before it.
+    assert seen - t0 >= timeout, f"the change showed {seen - t0:.2f}s after the look that cached it"
+
+
+def test_close_to_open_sees_a_same_size_change_in_the_same_second(mount_factory):
+    m = mount_factory(PASSTHROUGH, [test_cache.OPTS])
+    src = m.source / "g"
+    for attempt in range(20):
+        (m.path / "g").write_bytes(b"A" * 40_000)
+        assert (m.path / "g").read_bytes() == b"A" * 40_000  # now cached
+        before = os.stat(src).st_mtime_ns
+        # Behind the daemon, the same size, within the same second of the
+        # mtime the cache saw (retried when the second ticked over).
+        with open(src, "r+b") as f:
+            f.write(b"C" * 40_000)
+        if os.stat(src).st_mtime_ns // 10**9 == before // 10**9:
+            break
+    else:
+        pytest.fail("could not change the file within one second of its last write")
+    assert os.stat(src).st_size == 40_000
+    assert (m.path / "g").read_bytes() == b"C" * 40_000
