@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use shortfuse::mount::MountMethod;
 use shortfuse::{
-    Attr, DevSession, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, MountOptions, NodeId,
-    Notifier, PollHandle, Request, SessionOptions, Transport,
+    Attr, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, MountOptions, NodeId, Notifier,
+    PollHandle, Request, Transport,
 };
+
+mod support;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -139,21 +140,12 @@ impl Filesystem for Changing {
 }
 
 struct Mounted {
-    dir: PathBuf,
-    mp: PathBuf,
+    m: support::Mounted,
     fs: Arc<Changing>,
-    stats: Arc<shortfuse::Stats>,
-    runner: Option<thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Mounted {
     fn new(tag: &str, uring: bool) -> Mounted {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(unsafe { libc::geteuid() }, 0, "mounting needs root");
-        let dir = std::env::temp_dir().join(format!("lib-notify-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        let mp = dir.join("mnt");
-        fs::create_dir_all(&mp).unwrap();
         let fs = Arc::new(Changing::default());
         fs.set("f", 2, b"old content");
         fs.set("g", 3, b"to be removed");
@@ -167,41 +159,13 @@ impl Mounted {
             uring,
             ..MountOptions::default()
         };
-        let session = SessionOptions {
-            threads: Some(2),
-            method: MountMethod::Auto,
-            control_socket: false,
-            handle_signals: false,
-        };
-        let dev = DevSession::mount(fs.clone(), &mp, opts, session).expect("mount");
-        let stats = dev.stats().clone();
-        let runner = thread::spawn(move || dev.run(|| {}));
-        // The notifier comes with INIT, which the first request waits for.
-        fs::metadata(&mp).unwrap();
+        let m = support::Mounted::new(&format!("notify-{tag}"), fs.clone(), opts);
         assert!(fs.notifier.get().is_some(), "no notifier after INIT");
-        Mounted {
-            dir,
-            mp,
-            fs,
-            stats,
-            runner: Some(runner),
-        }
+        Mounted { m, fs }
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.mp.join(name)
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let c = std::ffi::CString::new(self.mp.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-        if let Some(r) = self.runner.take() {
-            let _ = r.join();
-        }
-        let _ = fs::remove_dir_all(&self.dir);
+        self.m.mp.join(name)
     }
 }
 
@@ -307,7 +271,5 @@ fn notifications_over_dev() {
 fn notifications_over_uring() {
     let m = Mounted::new("uring", true);
     everything(&m);
-    let snap = m.stats.snapshot();
-    let over = |t: Transport| snap.transports.iter().find(|(x, _)| *x == t).map_or(0, |(_, n)| *n);
-    assert!(over(Transport::Uring) > 0, "nothing travelled over io_uring: {snap:?}");
+    assert!(m.m.served_over(Transport::Uring) > 0, "nothing travelled over io_uring");
 }
