@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -501,3 +502,47 @@ def test_prometheus_metrics_parse(scratch):
         s.listen()
         r = sf("mount", "mem", mnt, "-o", f"metrics=127.0.0.1:{s.getsockname()[1]}")
     assert r.returncode != 0 and "metrics=" in r.stderr and not is_mounted(mnt), r.stderr
+
+
+TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z +[A-Z]+ ")
+
+
+def test_logs_debug_and_rust_log(scratch):
+    """`-o debug` logs each request and its reply, as libfuse's -d does;
+    every line has a timestamp; `shortfuse logs` prints the daemon's log;
+    RUST_LOG chooses what is logged; -d stays in the foreground and logs to
+    stderr."""
+    mnt = scratch / "mnt"
+    mnt.mkdir()
+    assert sf("mount", "mem", mnt, "-o", "debug").returncode == 0
+    try:
+        (mnt / "f").write_text("x")
+        (pid,) = sfmount.pids_of_daemon(shortfuse_bin(), str(mnt))
+        os.kill(pid, signal.SIGUSR1)
+        assert wait_until(lambda: "statistics (SIGUSR1)" in sf("logs", mnt).stdout, 10)
+        log = sf("logs", mnt).stdout
+        assert re.search(r"opcode: CREATE \(35\), nodeid: 1, .*\n.*   unique: \d+, success, outsize: \d+", log), log
+        assert re.search(r"opcode: LOOKUP .*\n.*   unique: \d+, error: -2 \(No such file or directory\)", log), log
+        lines = [l for l in log.splitlines() if l.startswith("20")]
+        assert lines and all(TIMESTAMPED.match(l) for l in lines), log
+    finally:
+        assert sf("umount", mnt).returncode == 0
+    # RUST_LOG alone turns the request lines on, without -o debug.
+    r = run([shortfuse_bin(), "mount", "mem", str(mnt)], env={**os.environ, "RUST_LOG": "shortfuse=debug"}, timeout=30)
+    assert r.returncode == 0, r.stderr
+    try:
+        (mnt / "g").write_text("y")
+        log = sf("logs", mnt).stdout
+        assert "opcode: CREATE" in log.split("opcode: INIT")[-1], "RUST_LOG=shortfuse=debug did not log requests"
+    finally:
+        assert sf("umount", mnt).returncode == 0
+    p = subprocess.Popen([str(shortfuse_bin()), "mount", "mem", str(mnt), "-d"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stderr.readline()
+        assert TIMESTAMPED.match(first) and "opcode: INIT" in first, first
+        assert is_mounted(mnt)
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    r = sf("logs", scratch)
+    assert r.returncode != 0 and "no log" in r.stderr, r.stderr

@@ -317,6 +317,14 @@ def test_reconnect_after_the_session_is_killed_daemon(shortfuse, server, scratch
                         call()
                     assert e.value.errno == 107, e.value  # ENOTCONN
             os.close(fd)
+            # The daemon's log says what happened, with a timestamp.
+            log = run([shortfuse, "logs", mnt]).stdout
+            lost = [l for l in log.splitlines() if "connection to root@127.0.0.1" in l and " lost" in l]
+            assert lost and lost[0][:2] == "20", log
+            if reconnect:
+                assert "reconnected to root@127.0.0.1" in log, log
+            else:
+                assert "without -o reconnect every call now fails with ENOTCONN" in log, log
         finally:
             assert run([shortfuse, "umount", mnt]).returncode == 0
 

@@ -122,6 +122,7 @@ fn parse(args: &[OsString]) -> io::Result<HelperArgs> {
 /// `shortfuse mount` does.
 pub fn main(fs: &str, args: &[OsString]) -> ExitCode {
     let result = parse(args).and_then(|a| {
+        crate::logging::init(crate::logging::asks_debug(&a.options));
         let kind = filesystems::ALL
             .iter()
             .find(|k| k.name == fs)

@@ -119,3 +119,25 @@ pub fn main() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `shortfuse logs MOUNTPOINT`: the file the daemon's stderr goes to, as
+/// the daemon says (`info`), else the background log's name; printed whole.
+pub fn print_log(mount_point: &Path) -> io::Result<()> {
+    let mp = shortfuse::mount::canonical_mountpoint(mount_point)?;
+    let log = info(&shortfuse::control::socket_path(&mp))
+        .and_then(|i| i.get("log").cloned())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| shortfuse::control::log_path(&mp));
+    if !log.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "no log for {} ({} is not a file: the daemon runs in the foreground, or never ran)",
+                mp.display(),
+                log.display()
+            ),
+        ));
+    }
+    let mut f = std::fs::File::open(&log).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", log.display())))?;
+    io::copy(&mut f, &mut io::stdout().lock()).map(drop)
+}

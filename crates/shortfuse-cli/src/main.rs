@@ -3,6 +3,7 @@
 mod filesystems;
 mod helper;
 mod list;
+mod logging;
 mod metrics;
 mod run;
 mod serve;
@@ -50,6 +51,10 @@ enum Command {
         /// Stay in the foreground (logs go to stderr; Ctrl-C unmounts).
         #[arg(short = 'f', long)]
         foreground: bool,
+        /// Log every request and reply, as libfuse's -d (-o debug too);
+        /// implies -f.
+        #[arg(short = 'd')]
+        debug: bool,
         /// How requests reach the daemon: `dev` (/dev/fuse) or `uring`
         /// (FUSE over io_uring, per-CPU rings; root; falls back to `dev`
         /// when the kernel switch cannot be turned on).
@@ -98,6 +103,9 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = "/sbin")]
         dir: PathBuf,
     },
+    /// Print the log of the daemon serving MOUNTPOINT (where its stderr
+    /// goes: DIR/BASENAME-HASH.log in the background).
+    Logs { mountpoint: PathBuf },
     /// List every shortfuse mount and daemon: mount point, file system,
     /// source, transport, daemon pid and log (`-` where unknown: a dead
     /// daemon, or another user's).
@@ -196,6 +204,10 @@ fn main() -> ExitCode {
         return helper::main(&fs, &argv[1..]);
     }
     let cli = Cli::parse();
+    logging::init(match &cli.command {
+        Command::Mount { options, debug, .. } => *debug || logging::asks_debug(options),
+        _ => false,
+    });
     let result = match cli.command {
         Command::Run(args) => return run::main(args),
         Command::Serve(args) => serve::main(args),
@@ -205,6 +217,7 @@ fn main() -> ExitCode {
             mut options,
             port,
             foreground,
+            debug,
             transport,
             threads,
         } => {
@@ -212,7 +225,17 @@ fn main() -> ExitCode {
             if let Some(p) = port {
                 options.insert(0, format!("port={p}"));
             }
-            mount(&fs, &paths, &options, foreground, &transport, threads.map(usize::from))
+            if debug {
+                options.push("debug".to_string());
+            }
+            mount(
+                &fs,
+                &paths,
+                &options,
+                foreground || debug,
+                &transport,
+                threads.map(usize::from),
+            )
         }
         Command::Bench { mut args } => {
             if !args.iter().any(|a| a == "--shortfuse") {
@@ -251,6 +274,7 @@ fn main() -> ExitCode {
         ),
         Command::InstallHelpers { dir } => helper::install(&dir),
         Command::List => list::main(),
+        Command::Logs { mountpoint } => list::print_log(&mountpoint),
         Command::Umount { lazy, mountpoint } => shortfuse::mount::unmount(&mountpoint, lazy).inspect(|()| {
             // The daemon of a killed mount left its socket behind.
             shortfuse::control::remove_stale_socket(&mountpoint);
@@ -317,6 +341,8 @@ pub(crate) fn mount(
     }
     let cache = CacheOptions::take_from(&mut rest).map_err(filesystems::invalid)?;
     let metrics = metrics::take_from(&mut rest)?;
+    // Taken by logging::init already.
+    rest.retain(|(k, _)| k != "debug");
     let fs = filesystems::build(fs_name, source, &rest, &mut opts)?;
     let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(fs_name, fs, &cache)?;
     let session = SessionOptions {

@@ -393,7 +393,7 @@ impl Drop for Workdir {
             let _ = std::fs::remove_file(check_file(&self.path, i));
         }
         if let Err(e) = std::fs::remove_dir(&self.path) {
-            eprintln!("shortfuse dist check: removing {}: {e}", self.path.display());
+            tracing::warn!("shortfuse dist check: removing {}: {e}", self.path.display());
         }
     }
 }

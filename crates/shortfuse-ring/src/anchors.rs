@@ -118,7 +118,7 @@ impl Anchors {
             let n = match sys::read_events(self.inotify.as_raw_fd(), &mut buf, Duration::from_millis(200)) {
                 Ok(n) => n,
                 Err(e) => {
-                    eprintln!("shortfuse ring: inotify: {e}");
+                    tracing::warn!("shortfuse ring: inotify: {e}");
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }

@@ -351,7 +351,7 @@ fn accept_loop(shared: Arc<Shared>) {
             Ok(s) => s,
             Err(_) if shared.stopping.load(Ordering::SeqCst) => return,
             Err(e) => {
-                eprintln!("shortfuse ring: accept: {e}");
+                tracing::warn!("shortfuse ring: accept: {e}");
                 thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -366,7 +366,7 @@ fn accept_loop(shared: Arc<Shared>) {
             .name("sf-ring-client".into())
             .spawn(move || serve_client(s, sock));
         if let Err(e) = spawned {
-            eprintln!("shortfuse ring: cannot start a client thread: {e}");
+            tracing::warn!("shortfuse ring: cannot start a client thread: {e}");
         }
     }
 }
@@ -392,7 +392,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         Ok((conn, memfd)) => {
             let welcome = Welcome::new(&shared.geo, shared.config.client_spin);
             if let Err(e) = sys::send(sock.as_fd(), welcome.as_bytes(), Some(memfd.as_fd())) {
-                eprintln!("shortfuse ring: handshake: {e}");
+                tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }
             Arc::new(conn)
@@ -417,7 +417,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         {
             Ok(h) => lock(&conn.workers).push(h),
             Err(e) => {
-                eprintln!("shortfuse ring: cannot start a worker: {e}");
+                tracing::warn!("shortfuse ring: cannot start a worker: {e}");
                 break;
             }
         }

@@ -71,7 +71,7 @@ impl BackingId {
 impl Drop for BackingId {
     fn drop(&mut self) {
         if let Err(e) = sys::backing_close(self.device.as_fd(), self.id) {
-            eprintln!("shortfuse: FUSE_DEV_IOC_BACKING_CLOSE of backing id {}: {e}", self.id);
+            tracing::warn!("FUSE_DEV_IOC_BACKING_CLOSE of backing id {}: {e}", self.id);
         }
     }
 }
@@ -149,16 +149,14 @@ impl Passthrough {
                 Ok(id) => Mode::Kernel(id),
                 Err(e) => {
                     if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
-                        eprintln!(
-                            "shortfuse: FUSE_DEV_IOC_BACKING_OPEN failed ({e}); such files are served by the daemon"
-                        );
+                        tracing::warn!("FUSE_DEV_IOC_BACKING_OPEN failed ({e}); such files are served by the daemon");
                     }
                     Mode::Daemon
                 }
             },
             (Some(_), None) => {
                 if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
-                    eprintln!("shortfuse: passthrough negotiated but the session gave no /dev/fuse descriptor");
+                    tracing::warn!("passthrough negotiated but the session gave no /dev/fuse descriptor");
                 }
                 Mode::Daemon
             }

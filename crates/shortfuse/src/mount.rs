@@ -296,7 +296,7 @@ impl Drop for Mount {
     fn drop(&mut self) {
         if !self.unmounted && self.is_mounted() {
             if let Err(e) = self.unmount(true) {
-                eprintln!("shortfuse: unmounting {}: {e}", self.mount_point.display());
+                tracing::warn!("unmounting {}: {e}", self.mount_point.display());
             }
         }
     }

@@ -101,7 +101,7 @@ impl<S: Storage> MetaFs<S> {
 impl<S: Storage> Drop for MetaFs<S> {
     fn drop(&mut self) {
         if let Err(e) = self.flush_all() {
-            eprintln!("shortfuse: saving file sizes at shutdown: {e}");
+            tracing::warn!("saving file sizes at shutdown: {e}");
         }
     }
 }
@@ -222,7 +222,7 @@ fn set_time(t: SetTime) -> Timestamp {
 impl<S: Storage> Filesystem for MetaFs<S> {
     fn destroy(&self) {
         if let Err(e) = self.flush_all() {
-            eprintln!("shortfuse: saving file sizes at unmount: {e}");
+            tracing::warn!("saving file sizes at unmount: {e}");
         }
     }
 

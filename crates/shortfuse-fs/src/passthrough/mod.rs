@@ -233,8 +233,8 @@ impl PassthroughFs {
         let limit = opts.path_fds.unwrap_or((nofile / 2) as usize);
         let (budget, no_handles) = Budget::probe(root.as_fd(), st.st_dev, limit);
         if let Some(e) = no_handles {
-            eprintln!(
-                "shortfuse: passthrough {}: file handles do not work here ({e}): every inode the kernel keeps \
+            tracing::warn!(
+                "passthrough {}: file handles do not work here ({e}): every inode the kernel keeps \
                  holds a descriptor, at most {nofile}",
                 source.display()
             );

@@ -56,7 +56,7 @@ impl client::Handler for HostKeys {
                 }
                 // As ssh's "Permanently added ... to the list of known
                 // hosts": the user should know a key was trusted unseen.
-                eprintln!(
+                tracing::warn!(
                     "sftp: added the host key of {}:{} ({} {}) to {} (StrictHostKeyChecking=accept-new)",
                     self.host,
                     self.port,

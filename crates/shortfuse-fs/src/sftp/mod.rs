@@ -319,7 +319,7 @@ impl SftpFs {
                 .build()
         };
         let rt = rt.map_err(|e| {
-            eprintln!("sftp: cannot start the I/O runtime: {e}");
+            tracing::warn!("sftp: cannot start the I/O runtime: {e}");
             Errno::EIO
         })?;
         let io = Arc::new(Io { pid, rt });
@@ -351,9 +351,7 @@ impl SftpFs {
                 return Ok(c.clone());
             }
             *slot = None;
-            if !self.config.reconnect {
-                self.gave_up.store(true, Ordering::Relaxed);
-            }
+            self.say_lost();
         }
         if self.gave_up.load(Ordering::Relaxed) {
             return Err(Errno::ENOTCONN);
@@ -361,14 +359,34 @@ impl SftpFs {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
         match io.run(conn::connect(self.config.clone(), generation))? {
             Ok(c) => {
+                if generation > 1 {
+                    tracing::info!(
+                        "sftp: reconnected to {}@{}:{} (session {generation})",
+                        self.config.user,
+                        self.config.host,
+                        self.config.port
+                    );
+                }
                 let c = Arc::new(c);
                 *slot = Some(c.clone());
                 Ok(c)
             }
             Err(e) => {
-                eprintln!("{e}");
+                tracing::error!("{e}; the call fails with ENOTCONN (the next one tries again)");
                 Err(Errno::ENOTCONN)
             }
+        }
+    }
+
+    /// The session was lost: says so, and gives up for good without
+    /// `reconnect`.
+    fn say_lost(&self) {
+        let at = format!("{}@{}:{}", self.config.user, self.config.host, self.config.port);
+        if self.config.reconnect {
+            tracing::warn!("sftp: connection to {at} lost; reconnecting at the next call");
+        } else {
+            self.gave_up.store(true, Ordering::Relaxed);
+            tracing::error!("sftp: connection to {at} lost; without -o reconnect every call now fails with ENOTCONN");
         }
     }
 
@@ -378,9 +396,7 @@ impl SftpFs {
         let mut slot = lock(&self.conn);
         if slot.as_ref().is_some_and(|c| c.generation == conn.generation) {
             *slot = None;
-            if !self.config.reconnect {
-                self.gave_up.store(true, Ordering::Relaxed);
-            }
+            self.say_lost();
         }
     }
 

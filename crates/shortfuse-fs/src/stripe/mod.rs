@@ -136,7 +136,7 @@ impl Storage for StripeStore {
         for i in 0..self.dirs.len() {
             if let Err(e) = std::fs::remove_file(self.path(i, p.id)) {
                 if e.kind() != io::ErrorKind::NotFound {
-                    eprintln!("shortfuse: stripe: removing {}: {e}", self.path(i, p.id).display());
+                    tracing::warn!("stripe: removing {}: {e}", self.path(i, p.id).display());
                 }
             }
         }

@@ -21,8 +21,8 @@ const NAME_MAX: usize = 1024;
 
 fn name_ok(name: &[u8]) -> bool {
     if name.is_empty() || name.len() > NAME_MAX || name.contains(&b'/') || name.contains(&0) {
-        eprintln!(
-            "shortfuse: readdir: skipping invalid entry name {:?} (empty, too long, or holds '/' or NUL)",
+        tracing::warn!(
+            "readdir: skipping invalid entry name {:?} (empty, too long, or holds '/' or NUL)",
             String::from_utf8_lossy(name)
         );
         return false;

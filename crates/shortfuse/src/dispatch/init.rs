@@ -114,9 +114,7 @@ pub(crate) fn clamp_max_write(want: u32, max_pages_limit: u32) -> u32 {
     let limit = max_write_limit(max_pages_limit);
     let got = want.clamp(PAGE as u32, limit);
     if got != want {
-        eprintln!(
-            "shortfuse: max_write {want} clamped to {got} (1 MiB cap, fs.fuse.max_pages_limit = {max_pages_limit})"
-        );
+        tracing::warn!("max_write {want} clamped to {got} (1 MiB cap, fs.fuse.max_pages_limit = {max_pages_limit})");
     }
     got
 }
@@ -176,13 +174,13 @@ pub(crate) fn finish(
 ) -> (Negotiated, abi::fuse_init_out) {
     let mut flags = cfg.want & kernel_flags;
     if cfg.want & !kernel_flags != 0 {
-        eprintln!(
-            "shortfuse: INIT: the kernel does not offer flags {:#x}; not asked for",
+        tracing::warn!(
+            "INIT: the kernel does not offer flags {:#x}; not asked for",
             cfg.want & !kernel_flags
         );
     }
     if flags & abi::FUSE_PASSTHROUGH != 0 && flags & abi::FUSE_WRITEBACK_CACHE != 0 {
-        eprintln!("shortfuse: INIT: FUSE_PASSTHROUGH cannot go with FUSE_WRITEBACK_CACHE; passthrough not asked for");
+        tracing::warn!("INIT: FUSE_PASSTHROUGH cannot go with FUSE_WRITEBACK_CACHE; passthrough not asked for");
         flags &= !abi::FUSE_PASSTHROUGH;
     }
     if flags >> 32 != 0 {

@@ -172,10 +172,17 @@ impl Dispatcher {
         let (opcode, outcome) = match abi::parse_with(request, config) {
             Ok(req) => {
                 let unique = req.header.unique;
+                let debug = tracing::enabled!(target: REQUESTS, tracing::Level::DEBUG);
+                if debug {
+                    log_request(&req.header, request.len());
+                }
                 let outcome = match self.serve(&req, reply) {
                     Ok(o) => o,
                     Err(e) => self.error_reply(reply, req.header.opcode, unique, e),
                 };
+                if debug {
+                    log_reply(unique, &outcome, reply);
+                }
                 (req.header.opcode, outcome)
             }
             Err(err) => (err.header().map_or(0, |h| h.opcode), self.malformed(&err, reply)),
@@ -197,7 +204,7 @@ impl Dispatcher {
     }
 
     fn malformed(&self, err: &abi::ParseError, reply: &mut Vec<u8>) -> Outcome {
-        eprintln!("shortfuse: {err}");
+        tracing::warn!("{err}");
         match err.header() {
             Some(h) => {
                 let errno = if err.kind == abi::ParseErrorKind::UnknownOpcode {
@@ -217,11 +224,11 @@ impl Dispatcher {
         let negotiated = match (&r.op, self.negotiated.get()) {
             (Operation::Init { arg }, None) => return self.init(arg, unique, reply),
             (Operation::Init { .. }, Some(_)) => {
-                eprintln!("shortfuse: second FUSE_INIT refused");
+                tracing::warn!("second FUSE_INIT refused");
                 return Err(Errno::EIO);
             }
             (_, None) => {
-                eprintln!("shortfuse: {} before FUSE_INIT refused", abi::opcode_name(h.opcode));
+                tracing::warn!("{} before FUSE_INIT refused", abi::opcode_name(h.opcode));
                 return Err(Errno::EIO);
             }
             (_, Some(n)) => n,
@@ -576,8 +583,8 @@ impl Dispatcher {
             return Ok(Outcome::Reply);
         }
         if arg.major < abi::FUSE_KERNEL_VERSION || arg.minor < init::MIN_MINOR {
-            eprintln!(
-                "shortfuse: kernel FUSE protocol {}.{} is too old (need 7.{} or later)",
+            tracing::warn!(
+                "kernel FUSE protocol {}.{} is too old (need 7.{} or later)",
                 arg.major,
                 arg.minor,
                 init::MIN_MINOR
@@ -646,8 +653,8 @@ impl Dispatcher {
     ) -> Result<abi::fuse_open_out> {
         if let Some(map) = &opened.data_map {
             if let Err(e) = map.validate() {
-                eprintln!(
-                    "shortfuse: {}: open of node {} returned an invalid data map: {e}",
+                tracing::warn!(
+                    "{}: open of node {} returned an invalid data map: {e}",
                     self.fs_name(),
                     node.0
                 );
@@ -777,5 +784,39 @@ fn set_attr(arg: &abi::fuse_setattr_in) -> SetAttr {
         }),
         fh: has(abi::FATTR_FH).then_some(FileHandle(arg.fh)),
         kill_suidgid: has(abi::FATTR_KILL_SUIDGID),
+    }
+}
+
+/// The tracing target of `-o debug`: each request and its reply, one line
+/// each, as libfuse's `-d` prints them.
+pub const REQUESTS: &str = "shortfuse::requests";
+
+fn log_request(h: &abi::fuse_in_header, len: usize) {
+    tracing::debug!(
+        target: REQUESTS,
+        "unique: {}, opcode: {} ({}), nodeid: {}, insize: {len}, pid: {}",
+        h.unique,
+        abi::opcode_name(h.opcode),
+        h.opcode,
+        h.nodeid,
+        h.pid
+    );
+}
+
+fn log_reply(unique: u64, outcome: &Outcome, reply: &[u8]) {
+    if !matches!(outcome, Outcome::Reply | Outcome::Destroy) || reply.len() < 16 {
+        tracing::debug!(target: REQUESTS, "   unique: {unique}, no reply");
+        return;
+    }
+    let error = i32::from_ne_bytes([reply[4], reply[5], reply[6], reply[7]]);
+    if error == 0 {
+        tracing::debug!(target: REQUESTS, "   unique: {unique}, success, outsize: {}", reply.len());
+    } else {
+        tracing::debug!(
+            target: REQUESTS,
+            "   unique: {unique}, error: {error} ({}), outsize: {}",
+            std::io::Error::from_raw_os_error(-error).to_string().split(" (os error").next().unwrap_or(""),
+            reply.len()
+        );
     }
 }

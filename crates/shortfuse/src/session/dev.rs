@@ -58,7 +58,7 @@ impl DevSession {
         // switch is on when the mount sends INIT.
         if opts.uring {
             if let Err(why) = uring::enable_kernel_switch() {
-                eprintln!("shortfuse: --transport uring unavailable, serving over /dev/fuse: {why}");
+                tracing::warn!("--transport uring unavailable, serving over /dev/fuse: {why}");
                 opts.uring = false;
             }
         }
@@ -249,7 +249,7 @@ fn signal_loop(
     let _taker = match set.take_here() {
         Ok(t) => Some(t),
         Err(e) => {
-            eprintln!("shortfuse: taking signals from the file system's own threads: {e}");
+            tracing::warn!("taking signals from the file system's own threads: {e}");
             None
         }
     };
@@ -261,17 +261,17 @@ fn signal_loop(
         };
         let mut m = mount.lock().unwrap_or_else(|p| p.into_inner());
         match sig {
-            libc::SIGUSR1 => eprint!("{}", stats.snapshot().table()),
+            libc::SIGUSR1 => tracing::info!("statistics (SIGUSR1):\n{}", stats.snapshot().table()),
             _ if !stopping => {
                 stopping = true;
                 if let Err(e) = m.unmount(true) {
-                    eprintln!("shortfuse: unmounting {}: {e}", m.mount_point().display());
+                    tracing::warn!("unmounting {}: {e}", m.mount_point().display());
                     let _ = m.abort();
                 }
             }
             _ => {
                 if let Err(e) = m.abort() {
-                    eprintln!("shortfuse: aborting the connection: {e}");
+                    tracing::warn!("aborting the connection: {e}");
                 }
             }
         }
@@ -316,7 +316,7 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
                 // ENOENT: the request was interrupted and is gone.
                 Some(libc::ENOENT) => {}
                 Some(libc::ENODEV) => return Ok(()),
-                _ => eprintln!("shortfuse: writing a reply of {} bytes: {e}", reply.len()),
+                _ => tracing::warn!("writing a reply of {} bytes: {e}", reply.len()),
             },
         }
         if outcome == Outcome::Destroy {

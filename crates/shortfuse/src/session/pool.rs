@@ -197,7 +197,7 @@ impl Backlog {
         if self.streak >= GROW_AFTER {
             self.streak = 0;
             if let Err(e) = pool.grow() {
-                eprintln!("shortfuse: starting another /dev/fuse reader: {e}");
+                tracing::warn!("starting another /dev/fuse reader: {e}");
             }
         }
     }

@@ -145,7 +145,7 @@ pub fn enable_kernel_switch() -> Result<(), String> {
     }
     std::fs::write(ENABLE_URING_PARAM, "Y").map_err(|e| format!("cannot write Y to {ENABLE_URING_PARAM}: {e}"))?;
     static SAID: Once = Once::new();
-    SAID.call_once(|| eprintln!("shortfuse: switched FUSE over io_uring on (wrote Y to {ENABLE_URING_PARAM})"));
+    SAID.call_once(|| tracing::info!("switched FUSE over io_uring on (wrote Y to {ENABLE_URING_PARAM})"));
     Ok(())
 }
 
@@ -331,7 +331,7 @@ impl Drop for UringSession {
         if !self.workers.is_empty() {
             self.stop();
             if let Err(e) = self.join_all() {
-                eprintln!("shortfuse: uring: {e}");
+                tracing::warn!("uring: {e}");
             }
         }
     }
@@ -392,7 +392,7 @@ impl Worker {
         if let Err(e) = sys::pin_to_cpu(s.cpu) {
             // An offline CPU cannot be pinned to; its queue still needs an
             // entry for the rings to switch on, so serve it from anywhere.
-            eprintln!("shortfuse: uring: queue {} not pinned to CPU {}: {e}", s.qid, s.cpu);
+            tracing::warn!("uring: queue {} not pinned to CPU {}: {e}", s.qid, s.cpu);
         }
         let entries = u32::try_from(s.depth + 1).map_err(|_| io::Error::other("uring_depth too large"))?;
         let ring = Ring::builder()
@@ -647,8 +647,8 @@ impl Worker {
                 arrived.unique
             }
             Err((arrived, why)) => {
-                eprintln!(
-                    "shortfuse: uring: {} request {} malformed ({why:?}); answering EIO",
+                tracing::warn!(
+                    "uring: {} request {} malformed ({why:?}); answering EIO",
                     abi::opcode_name(arrived.opcode),
                     arrived.unique
                 );

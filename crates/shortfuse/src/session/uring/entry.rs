@@ -95,8 +95,8 @@ pub(super) fn store_reply(reply: &[u8], unique: u64, header: &mut [u8], payload:
             set_payload_sz(header, body.len() as u32);
         }
         _ => {
-            eprintln!(
-                "shortfuse: uring: reply of {} bytes does not fit the {}-byte payload buffer; answering EIO",
+            tracing::warn!(
+                "uring: reply of {} bytes does not fit the {}-byte payload buffer; answering EIO",
                 reply.len(),
                 payload.len()
             );
