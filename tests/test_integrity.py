@@ -15,6 +15,7 @@ import mmap
 import os
 import random
 import shutil
+import time
 from collections import deque
 
 import pytest
@@ -287,13 +288,70 @@ def test_fsx_harness_on_native(native_dir):
     Fsx(str(native_dir), FSX_SEED).run(20_000)
 
 
-@pytest.mark.deadline(240)
-def test_fsx(mnt):
-    ops = int(FSX_OPS_ENV) if FSX_OPS_ENV else (mnt.config.spec.fsx_ops or FSX_OPS)
+def _fsx(mnt, ops: int) -> None:
     no_fallocate = not mnt.config.is_shortfuse or "fallocate" in mnt.config.unsupported
     fsx = Fsx(str(mnt.path), FSX_SEED, fallocate_optional=no_fallocate)
     fsx.run(ops)
     assert fsx.opno == ops - 1
+
+
+@pytest.mark.deadline(240)
+def test_fsx(mnt):
+    _fsx(mnt, int(FSX_OPS_ENV) if FSX_OPS_ENV else (mnt.config.spec.fsx_ops or FSX_OPS))
+
+
+# -o writeback_cache: the kernel keeps written pages, size and mtime, and
+# writes back later (the README's `optimized` profile turns it on).
+WRITEBACK = pytest.mark.fs("mem", "passthrough")
+
+
+@WRITEBACK
+@pytest.mark.shortfuse_only
+@pytest.mark.deadline(240)
+def test_fsx_writeback_cache(config, mount_factory):
+    _fsx(mount_factory(config, ["writeback_cache"]), int(FSX_OPS_ENV) if FSX_OPS_ENV else 10_000)
+
+
+@WRITEBACK
+@pytest.mark.shortfuse_only
+@pytest.mark.deadline(600)
+def test_fio_verify_writeback_cache(config, mount_factory):
+    _fio_verify(mount_factory(config, ["writeback_cache"]))
+
+
+@pytest.mark.fs("passthrough")
+@pytest.mark.shortfuse_only
+def test_writeback_cache_size_and_mtime_after_close(config, mount_factory):
+    """The kernel keeps size and mtime of a file it caches writes of; at
+    close the daemon's file (the source, on passthrough) has both."""
+    m = mount_factory(config, ["writeback_cache"])
+    f = m.path / "f"
+    f.write_bytes(b"a" * 5000)
+    old = os.stat(f)
+    time.sleep(0.02)  # a later mtime than the first write's, on any clock
+    with open(f, "r+b") as h:
+        h.seek(10_000)
+        h.write(b"b" * 3000)
+    after = os.stat(f)
+    assert after.st_size == 13_000
+    assert after.st_mtime_ns > old.st_mtime_ns, (old.st_mtime_ns, after.st_mtime_ns)
+    src = os.stat(m.source / "f")
+    assert (src.st_size, src.st_mtime_ns) == (after.st_size, after.st_mtime_ns)
+    assert (m.source / "f").read_bytes() == b"a" * 5000 + bytes(5000) + b"b" * 3000
+    assert f.read_bytes() == (m.source / "f").read_bytes()
+    # A write-only descriptor's partial page (the kernel reads the rest of
+    # the page first) and appends (the kernel decides where the end is).
+    fd = os.open(f, os.O_WRONLY)
+    try:
+        assert os.pwrite(fd, b"W" * 10, 100) == 10
+    finally:
+        os.close(fd)
+    with open(f, "ab") as h:
+        h.write(b"c" * 100)
+        h.write(b"d" * 100)
+    want = b"a" * 100 + b"W" * 10 + b"a" * 4890 + bytes(5000) + b"b" * 3000 + b"c" * 100 + b"d" * 100
+    assert f.read_bytes() == want
+    assert (m.source / "f").read_bytes() == want
 
 
 def _fio(directory, *args: str, timeout: float = 600) -> dict:
@@ -314,6 +372,10 @@ def _fio(directory, *args: str, timeout: float = 600) -> dict:
 
 @pytest.mark.deadline(600)
 def test_fio_verify(mnt):
+    _fio_verify(mnt)
+
+
+def _fio_verify(mnt) -> None:
     size = mnt.config.spec.fio_mib << 20
     report = _fio(
         mnt.path,
