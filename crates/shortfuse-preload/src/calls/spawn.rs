@@ -20,6 +20,13 @@
 //!   parent's own opens of such a file do). A file of a mount without one
 //!   (mem, a daemon's) cannot be handed over from a child that may not
 //!   touch our tables: that open fails as it did (ENOENT).
+//!
+//! Only calls whose `syscall` instruction could be rewritten reach us here
+//! (Syscall User Dispatch is off in the child): glibc 2.36's
+//! `__open64_nocancel`, which posix_spawn's `addopen` calls, straddles a
+//! cache line and is left alone, so that open is the kernel's, relative
+//! to the kernel's current directory (the backing directory after a chdir
+//! into a passthrough mount).
 
 use std::cell::RefCell;
 use std::sync::Arc;
