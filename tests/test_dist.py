@@ -261,3 +261,29 @@ def test_server_killed_and_restarted_keeps_leases():
         clients.close()
         server.close()
         sfmount.remove_scratch(base)
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_server_stopped_by_signal_exits_zero(sig):
+    """SIGTERM (a service manager's stop) and SIGINT (Ctrl-C) shut the
+    server down: exit status 0, not death by the signal, and a server
+    started again over the same data serves what a client had fsync'd."""
+    base = sfmount.new_scratch("dist-sigterm")
+    addr = f"127.0.0.1:{free_port()}"
+    server = Server(base, addr)
+    clients = Clients(base, addr)
+    try:
+        a = clients.mount("a")
+        with open(a / "f", "wb") as f:
+            f.write(b"kept")
+            os.fsync(f.fileno())
+        server.proc.send_signal(sig)
+        assert server.proc.wait(timeout=30) == 0, server.proc.stderr.read()
+        server = Server(base, addr)
+        b = clients.mount("b")
+        assert (b / "f").read_bytes() == b"kept"
+    finally:
+        clients.close()
+        server.close()
+        sfmount.remove_scratch(base)

@@ -247,10 +247,21 @@ fn main() -> ExitCode {
         }
         Command::Dist {
             command: DistCommand::Up { data, etcd, listen, s3 },
-        } => shortfuse_dist::server::run_up(shortfuse_dist::server::ServerConfig {
-            s3,
-            ..shortfuse_dist::server::ServerConfig::agent(etcd, data, listen)
-        }),
+        } => {
+            // Blocked before the server's threads start (they inherit the
+            // mask), so SIGINT and SIGTERM reach the wait below and the
+            // server shuts down and exits 0 instead of dying of the signal.
+            match serve::SignalSet::block() {
+                Ok(signals) => shortfuse_dist::server::run_up(
+                    shortfuse_dist::server::ServerConfig {
+                        s3,
+                        ..shortfuse_dist::server::ServerConfig::agent(etcd, data, listen)
+                    },
+                    || signals.wait(),
+                ),
+                Err(e) => Err(e),
+            }
+        }
         Command::Dist {
             command:
                 DistCommand::Check {

@@ -180,11 +180,12 @@ fn finish(fs: &dyn Filesystem, cached: Option<&CachedFs<dyn Filesystem>>) -> io:
 
 /// SIGINT, SIGTERM and SIGUSR1, blocked in every thread (they inherit the
 /// mask) and taken by `wait` (SIGUSR1 by the kernel session's thread, which
-/// logs the statistics; with rings alone it stops the daemon too).
-struct SignalSet(libc::sigset_t);
+/// logs the statistics; with rings alone, and for `dist up`, it stops the
+/// daemon too).
+pub(crate) struct SignalSet(libc::sigset_t);
 
 impl SignalSet {
-    fn block() -> io::Result<SignalSet> {
+    pub(crate) fn block() -> io::Result<SignalSet> {
         // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is a valid sigset_t; pthread_sigmask only reads it.
@@ -201,7 +202,7 @@ impl SignalSet {
         Ok(SignalSet(set))
     }
 
-    fn wait(&self) {
+    pub(crate) fn wait(&self) {
         let mut sig = 0;
         // SAFETY: a valid set and out-pointer; retried on spurious errors.
         while unsafe { libc::sigwait(&self.0, &mut sig) } != 0 {}

@@ -286,13 +286,6 @@ impl DistServer {
             None => Err(Errno::ENOTCONN),
         }
     }
-
-    /// Serves until the process is stopped.
-    pub fn wait(self) {
-        if let Some(rt) = &self.rt {
-            rt.block_on(std::future::pending::<()>());
-        }
-    }
 }
 
 impl Drop for DistServer {
@@ -856,10 +849,11 @@ fn disk_space(dir: &std::path::Path, block_size: u32) -> (u64, u64) {
     (st.f_blocks * unit / bs, st.f_bavail * unit / bs)
 }
 
-/// `shortfuse dist up`: serves `cfg` in the foreground until the process is
-/// stopped. Prints the address it listens on (useful with port 0) once
-/// clients can connect.
-pub fn run_up(cfg: ServerConfig) -> std::io::Result<()> {
+/// `shortfuse dist up`: serves `cfg` in the foreground until `until`
+/// returns (the CLI waits there for SIGINT or SIGTERM), then shuts down as
+/// a dropped [`DistServer`] does. Prints the address it listens on (useful
+/// with port 0) once clients can connect.
+pub fn run_up(cfg: ServerConfig, until: impl FnOnce()) -> std::io::Result<()> {
     let mut what = match (&cfg.etcd[..], &cfg.data) {
         ([], Some(data)) => data.display().to_string(),
         ([], None) => String::new(),
@@ -872,6 +866,7 @@ pub fn run_up(cfg: ServerConfig) -> std::io::Result<()> {
     println!("distfs: serving {what} on {}", server.addr());
     use std::io::Write;
     std::io::stdout().flush()?;
-    server.wait();
+    until();
+    drop(server);
     Ok(())
 }
