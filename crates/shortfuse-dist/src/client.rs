@@ -1631,6 +1631,34 @@ impl Inner {
     }
 }
 
+impl DistFs {
+    /// Clears set-user-ID, and set-group-ID when group-executable, as a
+    /// native write by a user without CAP_FSETID does: the kernel asks for
+    /// it on such writes (`FUSE_WRITE_KILL_SUIDGID`, always set for direct
+    /// I/O, which distfs uses). Costs a round trip to the server per such
+    /// write; root's writes do not ask.
+    fn kill_suidgid(&self, node: NodeId) -> Result<()> {
+        let mode = node_reply(self.inner.call(Req::GetAttr { ino: node.0 })?)?.attr.mode;
+        let mut kill = libc::S_ISUID;
+        if mode & libc::S_IXGRP != 0 {
+            kill |= libc::S_ISGID;
+        }
+        if mode & libc::S_IFMT != libc::S_IFREG || mode & kill == 0 {
+            return Ok(());
+        }
+        let change = AttrChange {
+            mode: Some(mode & 0o7777 & !kill),
+            ..AttrChange::default()
+        };
+        node_reply(self.inner.call(Req::SetAttr {
+            ino: node.0,
+            change,
+            lease: None,
+        })?)
+        .map(|_| ())
+    }
+}
+
 impl Filesystem for DistFs {
     fn init(&self, config: &mut InitConfig) -> Result<()> {
         // Direct I/O keeps reads and writes under the leases; mmap still
@@ -1863,6 +1891,9 @@ impl Filesystem for DistFs {
         } else {
             At::Offset(args.offset)
         };
+        if args.write_flags & shortfuse::abi::FUSE_WRITE_KILL_SUIDGID != 0 {
+            self.kill_suidgid(node)?;
+        }
         let mut done = 0;
         while done < data.len() {
             match self.inner.write(node.0, at, &data[done..]) {

@@ -33,6 +33,29 @@ pub struct Request {
     pub pid: u32,
 }
 
+impl Request {
+    /// Whether the caller is in group `gid`: its gid, or one of its
+    /// supplementary groups. FUSE carries the former only, so the latter
+    /// are read from `/proc/PID/status` (as libfuse's
+    /// `fuse_req_getgroups`), and only when the gid does not already
+    /// answer. A caller gone meanwhile holds its gid alone.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || (self.pid != 0 && supplementary_groups(self.pid).contains(&gid))
+    }
+}
+
+/// The `Groups:` line of `/proc/PID/status` (empty when unreadable).
+fn supplementary_groups(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Vec::new();
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Seconds and nanoseconds since the epoch, as the kernel carries them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
 pub struct Timestamp {

@@ -170,7 +170,7 @@ impl State {
         }
         let bits = if req.uid == self.uid {
             self.mode >> 6
-        } else if req.gid == self.gid {
+        } else if req.in_group(self.gid) {
             self.mode >> 3
         } else {
             self.mode
@@ -712,7 +712,7 @@ impl Filesystem for MemFs {
             }
         }
         if let Some(gid) = set.gid {
-            if !root && (req.uid != st.uid || (gid != st.gid && gid != req.gid)) {
+            if !root && (req.uid != st.uid || (gid != st.gid && !req.in_group(gid))) {
                 return Err(Errno::EPERM);
             }
         }
@@ -738,7 +738,7 @@ impl Filesystem for MemFs {
         }
         if let Some(mode) = set.mode {
             let mut mode = mode & 0o7777;
-            if !root && req.gid != st.gid {
+            if !root && !req.in_group(st.gid) {
                 mode &= !libc::S_ISGID;
             }
             st.mode = (st.mode & libc::S_IFMT) | mode;

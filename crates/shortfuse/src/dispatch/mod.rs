@@ -36,6 +36,7 @@ use std::time::Instant;
 use shortfuse_abi::{self as abi, Operation};
 
 use crate::backing::Passthrough;
+use crate::datamap::DataMap;
 use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::notify::{Notifier, PollHandle};
@@ -667,11 +668,54 @@ impl Dispatcher {
             }
         }
         let mut out = self.open_out(opened, true);
-        if let Some(id) = self.passthrough.open(node, opened.data_map.as_ref()) {
+        let setid_writer = self.setid_writer(fs, req, node, opened, open_flags);
+        // A first open by such a writer puts the inode in daemon mode (no
+        // map): its writes then come here with FUSE_WRITE_KILL_SUIDGID.
+        let map = opened.data_map.as_ref().filter(|_| !setid_writer);
+        if let Some(id) = self.passthrough.open(node, map) {
+            if setid_writer {
+                // Another open already passes this inode through, so the
+                // writes of this one will never reach the daemon: clear
+                // the bits now, at open rather than at the first write.
+                let kill = SetAttr {
+                    fh: Some(opened.fh),
+                    kill_suidgid: true,
+                    ..SetAttr::default()
+                };
+                if let Err(e) = fs.setattr(req, node, &kill) {
+                    tracing::warn!(
+                        "{}: clearing set-id bits of node {} at a passthrough open: {e}",
+                        self.fs_name(),
+                        node.0
+                    );
+                }
+            }
             out.open_flags = Passthrough::open_flags(out.open_flags);
             out.backing_id = id;
         }
         Ok(out)
+    }
+
+    /// Whether this open, if passed through, would let a writer without
+    /// CAP_FSETID (taken as: not root) modify a set-user-ID or set-group-ID
+    /// file without clearing those bits. Kernel passthrough writes with
+    /// the credentials that registered the backing file (the daemon's,
+    /// which hold CAP_FSETID), so the backing file system keeps the bits
+    /// that a native write by this user would clear. Only asked under
+    /// passthrough, for writers other than root.
+    fn setid_writer(&self, fs: &dyn Filesystem, req: &Request, node: NodeId, opened: &Opened, flags: u32) -> bool {
+        let writes = flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32;
+        if !writes || req.uid == 0 || !self.passthrough.is_active() {
+            return false;
+        }
+        if opened.data_map.as_ref().and_then(DataMap::as_whole).is_none() {
+            return false;
+        }
+        fs.getattr(req, node, Some(opened.fh)).is_ok_and(|a| {
+            a.mode & libc::S_IFMT == libc::S_IFREG
+                && (a.mode & libc::S_ISUID != 0
+                    || a.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP)
+        })
     }
 
     /// How log lines name the file system: `fsname`, else `subtype`.
