@@ -71,13 +71,7 @@ class FsSpec:
 # stripe and pack share their namespace code (crates/shortfuse-fs/src/pack/metafs.rs),
 # and with it the list of what they do not do.
 _METAFS_UNSUPPORTED = {
-    "hardlink": Unsupported("EPERM", "every inode has exactly one (parent, name) in the journal (pack/tree.rs), as vfat"),
-    "rename_exchange": Unsupported("EINVAL", "RENAME_EXCHANGE is not implemented by the shared namespace (pack/metafs.rs)"),
-    "xattr": Unsupported("EOPNOTSUPP", "no extended attributes (the daemon answers ENOSYS, the kernel reports EOPNOTSUPP)"),
     "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP, glibc's posix_fallocate writes zeros)"),
-    "seek_hole": Unsupported(
-        "", "no LSEEK: the kernel's generic llseek reports the whole file as data, the one hole at EOF (POSIX allows it)"
-    ),
 }
 
 # What distfs does not do, embedded or on etcd.

@@ -237,53 +237,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Restartable:
+    """A server on a fixed port, so that its clients reconnect to it when
+    it is started again over the same data, and those clients."""
+
+    def __init__(self, tag: str):
+        self.base = sfmount.new_scratch(tag)
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.server = Server(self.base, self.addr)
+        self.clients = Clients(self.base, self.addr)
+
+    def restart(self) -> None:
+        self.server = Server(self.base, self.addr)
+
+    def close(self) -> None:
+        self.clients.close()
+        self.server.close()
+        sfmount.remove_scratch(self.base)
+
+
+@pytest.fixture
+def restartable(request):
+    r = Restartable(request.node.name.split("[")[0].removeprefix("test_")[:20])
+    yield r
+    r.close()
+
+
 @pytest.mark.deadline(120)
-def test_server_killed_and_restarted_keeps_leases():
-    base = sfmount.new_scratch("dist-restart")
-    addr = f"127.0.0.1:{free_port()}"
-    server = Server(base, addr)
-    clients = Clients(base, addr)
-    try:
-        a = clients.mount("a")
-        fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
-        os.pwrite(fd, b"only in a's cache", 0)
-        server.proc.send_signal(signal.SIGKILL)
-        server.proc.wait(timeout=30)
-        server = Server(base, addr)
-        # b's read revokes a's lease, which the restarted server still
-        # knows; a reconnects by itself, resumes its session and writes
-        # back before b may read.
-        b = clients.mount("b")
-        assert (b / "f").read_bytes() == b"only in a's cache"
-        os.fsync(fd)
-        os.close(fd)
-    finally:
-        clients.close()
-        server.close()
-        sfmount.remove_scratch(base)
+def test_server_killed_and_restarted_keeps_leases(restartable):
+    r = restartable
+    a = r.clients.mount("a")
+    fd = os.open(a / "f", os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"only in a's cache", 0)
+    r.server.proc.send_signal(signal.SIGKILL)
+    r.server.proc.wait(timeout=30)
+    r.restart()
+    # b's read revokes a's lease, which the restarted server still
+    # knows; a reconnects by itself, resumes its session and writes
+    # back before b may read.
+    b = r.clients.mount("b")
+    assert (b / "f").read_bytes() == b"only in a's cache"
+    os.fsync(fd)
+    os.close(fd)
 
 
 @pytest.mark.deadline(120)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_server_stopped_by_signal_exits_zero(sig):
+def test_server_stopped_by_signal_exits_zero(sig, restartable):
     """SIGTERM (a service manager's stop) and SIGINT (Ctrl-C) shut the
     server down: exit status 0, not death by the signal, and a server
     started again over the same data serves what a client had fsync'd."""
-    base = sfmount.new_scratch("dist-sigterm")
-    addr = f"127.0.0.1:{free_port()}"
-    server = Server(base, addr)
-    clients = Clients(base, addr)
-    try:
-        a = clients.mount("a")
-        with open(a / "f", "wb") as f:
-            f.write(b"kept")
-            os.fsync(f.fileno())
-        server.proc.send_signal(sig)
-        assert server.proc.wait(timeout=30) == 0, server.proc.stderr.read()
-        server = Server(base, addr)
-        b = clients.mount("b")
-        assert (b / "f").read_bytes() == b"kept"
-    finally:
-        clients.close()
-        server.close()
-        sfmount.remove_scratch(base)
+    r = restartable
+    a = r.clients.mount("a")
+    with open(a / "f", "wb") as f:
+        f.write(b"kept")
+        os.fsync(f.fileno())
+    r.server.proc.send_signal(sig)
+    assert r.server.proc.wait(timeout=30) == 0, r.server.proc.stderr.read()
+    r.restart()
+    b = r.clients.mount("b")
+    assert (b / "f").read_bytes() == b"kept"

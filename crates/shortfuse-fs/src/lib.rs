@@ -6,3 +6,4 @@ pub mod pack;
 pub mod passthrough;
 pub mod sftp;
 pub mod stripe;
+pub mod xattr;

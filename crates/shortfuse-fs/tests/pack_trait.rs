@@ -117,7 +117,14 @@ fn data_survives_rename_delete_compaction_and_restart() {
         let c = fs.compact().unwrap();
         assert!(c.bytes_reclaimed >= 300_000, "{c:?}");
         assert!(c.containers_removed >= 1, "{c:?}");
-        assert_eq!(fs.space().0, 0);
+        // What is left is the padding that starts each slot of 4 KiB or
+        // more on a block boundary (so that holes line up), under a block
+        // per file.
+        let left = fs.space().0;
+        assert!(
+            left < 4096 * SIZES.len() as u64,
+            "garbage left after compaction: {left}"
+        );
         assert_eq!(get(&fs, "f1"), bytes(8, SIZES[8]));
         assert_eq!(get(&fs, "f6"), bytes(6, SIZES[6]));
     }

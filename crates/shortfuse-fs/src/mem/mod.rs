@@ -38,7 +38,7 @@ mod data;
 mod dir;
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -51,6 +51,8 @@ use shortfuse::{
 use data::{FileData, BLOCK};
 use dir::{Dir, DOTDOT_COOKIE, DOT_COOKIE};
 
+use crate::xattr::{self, Xattrs};
+
 /// Longest name in a directory (ext4's `EXT4_NAME_LEN`).
 const NAME_MAX: usize = 255;
 /// Longest symbolic link target ext4 accepts with 4 KiB blocks.
@@ -59,8 +61,6 @@ const SYMLINK_MAX: usize = 4095;
 pub const MAX_FILE_SIZE: u64 = (1u64 << 32) * BLOCK - BLOCK;
 /// ext4's hard-link limit (`EXT4_LINK_MAX`).
 const LINK_MAX: u32 = 65000;
-/// Largest xattr value the VFS lets through (`XATTR_SIZE_MAX`).
-const XATTR_SIZE_MAX: usize = 65536;
 /// ext4 keeps symlink targets shorter than this in the inode (no block).
 const FAST_SYMLINK_MAX: usize = 60;
 /// How many directory entries readdirplus copies out per dir-lock hold.
@@ -109,8 +109,7 @@ struct State {
     ctime: Timestamp,
     lookups: u64,
     opens: u64,
-    /// In the order set, like ext4's in-inode xattrs.
-    xattrs: Vec<(OsString, Vec<u8>)>,
+    xattrs: Xattrs,
     content: Content,
 }
 
@@ -280,22 +279,6 @@ fn set_time(t: SetTime, now: Timestamp) -> Timestamp {
     }
 }
 
-/// Which xattr namespaces ext4 stores; anything else is EOPNOTSUPP.
-fn check_xattr_name(name: &OsStr) -> Result<()> {
-    let b = name.as_bytes();
-    if b.is_empty() || b.len() > NAME_MAX {
-        return Err(Errno::ERANGE);
-    }
-    let suffix = ["user.", "trusted.", "security."]
-        .iter()
-        .find_map(|p| b.strip_prefix(p.as_bytes()))
-        .ok_or(Errno::EOPNOTSUPP)?;
-    if suffix.is_empty() {
-        return Err(Errno::EINVAL);
-    }
-    Ok(())
-}
-
 fn read_guard(l: &RwLock<Table>) -> RwLockReadGuard<'_, Table> {
     l.read().unwrap_or_else(|e| e.into_inner())
 }
@@ -337,7 +320,7 @@ impl MemFs {
                 // The kernel never forgets the root.
                 lookups: 1,
                 opens: 0,
-                xattrs: Vec::new(),
+                xattrs: Xattrs::default(),
                 content: Content::Dir(Dir::new(NodeId::ROOT.0)),
             }),
         };
@@ -475,7 +458,7 @@ impl MemFs {
             ctime: now,
             lookups: 1,
             opens: u64::from(opened),
-            xattrs: Vec::new(),
+            xattrs: Xattrs::default(),
             content,
         };
         let entry = self.entry(ino, &st);
@@ -1200,59 +1183,38 @@ impl Filesystem for MemFs {
     }
 
     fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
-        check_xattr_name(name)?;
-        if value.len() > XATTR_SIZE_MAX {
-            return Err(Errno::E2BIG);
-        }
+        xattr::check_name(name)?;
         self.file_op(node, |st| {
-            if name.as_bytes().starts_with(b"user.") {
+            if xattr::is_user(name) {
                 st.check(req, libc::W_OK as u32)?;
             }
-            let pos = st.xattrs.iter().position(|(n, _)| n == name);
-            match pos {
-                Some(_) if flags & libc::XATTR_CREATE != 0 => return Err(Errno::EEXIST),
-                None if flags & libc::XATTR_REPLACE != 0 => return Err(Errno::ENODATA),
-                Some(i) => st.xattrs[i].1 = value.to_vec(),
-                None => st.xattrs.push((name.to_owned(), value.to_vec())),
-            }
+            st.xattrs.set(name, value, flags)?;
             st.ctime = Timestamp::now();
             Ok(())
         })
     }
 
     fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
-        check_xattr_name(name)?;
+        xattr::check_name(name)?;
         self.file_op(node, |st| {
-            if name.as_bytes().starts_with(b"user.") {
+            if xattr::is_user(name) {
                 st.check(req, libc::R_OK as u32)?;
             }
-            st.xattrs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .ok_or(Errno::ENODATA)
+            st.xattrs.get(name)
         })
     }
 
     fn listxattr(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
-        self.file_op(node, |st| {
-            let mut out = Vec::new();
-            for (n, _) in &st.xattrs {
-                out.extend_from_slice(n.as_bytes());
-                out.push(0);
-            }
-            Ok(out)
-        })
+        self.file_op(node, |st| Ok(st.xattrs.list()))
     }
 
     fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
-        check_xattr_name(name)?;
+        xattr::check_name(name)?;
         self.file_op(node, |st| {
-            if name.as_bytes().starts_with(b"user.") {
+            if xattr::is_user(name) {
                 st.check(req, libc::W_OK as u32)?;
             }
-            let i = st.xattrs.iter().position(|(n, _)| n == name).ok_or(Errno::ENODATA)?;
-            st.xattrs.remove(i);
+            st.xattrs.remove(name)?;
             st.ctime = Timestamp::now();
             Ok(())
         })

@@ -6,11 +6,14 @@
 //! maps (whose reads and writes are meant to skip the daemon), not a
 //! scalable daemon-side data path.
 //!
-//! Not supported, with the answer given: hard links (`EPERM`, as vfat),
-//! `RENAME_EXCHANGE`/`RENAME_WHITEOUT` (`EINVAL`), extended attributes
-//! (`ENOSYS`, which the kernel turns into `EOPNOTSUPP`). Permissions are not
-//! checked by the daemon: mount with `-o default_permissions` to have the
-//! kernel check them. Access times are not updated by reads.
+//! Hard links, `RENAME_EXCHANGE` and extended attributes (in the tree's
+//! journal, with the inode) are kept as ext4 keeps them; `SEEK_DATA` and
+//! `SEEK_HOLE` ask the backing files, whose holes are the file's.
+//! Not supported, with the answer given: `RENAME_WHITEOUT` (`EINVAL`),
+//! `fallocate` (`ENOSYS`, which the kernel turns into `EOPNOTSUPP`).
+//! Permissions are not checked by the daemon: mount with `-o
+//! default_permissions` to have the kernel check them. Access times are
+//! not updated by reads.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -40,6 +43,9 @@ pub trait Storage: Send + 'static {
     fn remove(&mut self, p: &Self::Payload);
     /// The map handed out at open.
     fn map(&mut self, p: &Self::Payload, size: u64) -> Result<DataMap>;
+    /// `SEEK_DATA` or `SEEK_HOLE` (`whence`) from `off < size`: where the
+    /// backing files have data, or a hole (the end of the file is one).
+    fn seek(&mut self, p: &Self::Payload, size: u64, off: u64, whence: i32) -> Result<u64>;
     /// The file's size when the backing files know better than the tree
     /// (data written through a map, past the daemon).
     fn size(&mut self, p: &Self::Payload) -> Option<u64>;
@@ -117,10 +123,7 @@ impl<S: Storage> Inner<S> {
             }
         }
         let n = self.tree.get(ino)?;
-        let nlink = match n.kind {
-            FileType::Directory => 2 + n.subdirs,
-            _ => u32::from(n.linked),
-        };
+        let nlink = n.nlink();
         Ok(Attr {
             ino,
             size: if n.kind == FileType::Symlink {
@@ -166,8 +169,10 @@ impl<S: Storage> Inner<S> {
         }
     }
 
-    fn unlink_node(&mut self, ino: u64) -> Result<()> {
-        if let Some(n) = self.tree.unlink(ino)? {
+    /// Takes the name `(parent, name)` of `ino` away, and its data with
+    /// its last name once nothing references it.
+    fn unlink_node(&mut self, ino: u64, parent: u64, name: &OsStr) -> Result<()> {
+        if let Some(n) = self.tree.unlink(ino, parent, name)? {
             self.dirty.remove(&ino);
             if n.kind == FileType::Regular {
                 self.store.remove(&n.payload);
@@ -316,7 +321,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         if g.tree.get(ino)?.kind == FileType::Directory {
             return Err(Errno::EISDIR);
         }
-        g.unlink_node(ino)
+        g.unlink_node(ino, parent.0, name)
     }
 
     fn rmdir(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
@@ -331,7 +336,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         if !g.tree.dir(ino)?.children.is_empty() {
             return Err(Errno::ENOTEMPTY);
         }
-        g.unlink_node(ino)
+        g.unlink_node(ino, parent.0, name)
     }
 
     fn rename(
@@ -343,7 +348,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> Result<()> {
-        if flags.exchange || flags.whiteout {
+        if flags.whiteout || (flags.exchange && flags.noreplace) {
             return Err(Errno::EINVAL);
         }
         if new_name.len() > 255 {
@@ -356,6 +361,16 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         if src_dir && g.tree.is_within(new_parent.0, src) {
             return Err(Errno::EINVAL);
         }
+        if flags.exchange {
+            let dst = g.tree.child(new_parent.0, new_name)?;
+            if dst == src {
+                return Ok(());
+            }
+            if g.tree.get(dst)?.kind == FileType::Directory && g.tree.is_within(parent.0, dst) {
+                return Err(Errno::EINVAL);
+            }
+            return g.tree.exchange(src, (parent.0, name), dst, (new_parent.0, new_name));
+        }
         match g.tree.child(new_parent.0, new_name) {
             Ok(dst) if dst == src => return Ok(()),
             Ok(_) if flags.noreplace => return Err(Errno::EEXIST),
@@ -367,17 +382,18 @@ impl<S: Storage> Filesystem for MetaFs<S> {
                     (true, true) if !d.children.is_empty() => return Err(Errno::ENOTEMPTY),
                     _ => {}
                 }
-                g.unlink_node(dst)?;
+                g.unlink_node(dst, new_parent.0, new_name)?;
             }
             Err(e) if e == Errno::ENOENT => {}
             Err(e) => return Err(e),
         }
-        g.tree.relink(src, new_parent.0, new_name)
+        g.tree.relink(src, (parent.0, name), (new_parent.0, new_name))
     }
 
-    fn link(&self, _req: &Request, _node: NodeId, _new_parent: NodeId, _new_name: &OsStr) -> Result<Entry> {
-        // Each inode keeps one (parent, name) in its journal record.
-        Err(Errno::EPERM)
+    fn link(&self, _req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
+        let mut g = self.lock();
+        g.tree.link(node.0, new_parent.0, new_name)?;
+        g.entry(node.0)
     }
 
     fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
@@ -395,7 +411,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         match g.store.create(ino) {
             Ok(p) => g.tree.get_mut(ino)?.payload = p,
             Err(e) => {
-                g.unlink_node(ino)?;
+                g.unlink_node(ino, parent.0, name)?;
                 return Err(e);
             }
         }
@@ -490,8 +506,8 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         offset: u64,
         sink: &mut dyn DirSink,
     ) -> Result<()> {
-        // Cookies: 1 for ".", 2 for "..", inode + 2 for a child (stable
-        // whatever is added or removed meanwhile).
+        // Cookies: 1 for ".", 2 for "..", then the one each name got when
+        // it was added (stable whatever is added or removed meanwhile).
         let g = self.lock();
         let d = g.tree.dir(node.0)?;
         if !d.linked && d.ino != ROOT {
@@ -503,10 +519,10 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         if offset < 2 && !sink.add(d.parent, 2, FileType::Directory, OsStr::new("..")) {
             return Ok(());
         }
-        let from = offset.saturating_sub(2);
-        for (&ino, name) in d.by_ino.range(from.saturating_add(1)..) {
-            let kind = g.tree.nodes.get(&ino).map_or(FileType::Regular, |c| c.kind);
-            if !sink.add(ino, ino + 2, kind, name) {
+        for (&cookie, name) in d.by_cookie.range(offset.max(2) + 1..) {
+            let Some(child) = d.children.get(name) else { continue };
+            let kind = g.tree.nodes.get(&child.ino).map_or(FileType::Regular, |c| c.kind);
+            if !sink.add(child.ino, cookie, kind, name) {
                 break;
             }
         }
@@ -515,6 +531,47 @@ impl<S: Storage> Filesystem for MetaFs<S> {
 
     fn fsyncdir(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _datasync: bool) -> Result<()> {
         Ok(())
+    }
+
+    fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(Errno::EINVAL);
+        }
+        let mut g = self.lock();
+        let n = g.regular(node.0)?;
+        let (p, size) = (n.payload.clone(), n.size);
+        let size = g.store.size(&p).unwrap_or(size);
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        g.store.seek(&p, size, offset, whence)
+    }
+
+    // Extended attributes: the daemon checks no permission (see the module
+    // docs), as for the rest; the VFS keeps `user.*` to files and
+    // directories.
+    fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        let mut g = self.lock();
+        let n = g.tree.get_mut(node.0)?;
+        n.xattrs.set(name, value, flags)?;
+        n.ctime = Timestamp::now();
+        g.tree.save(node.0)
+    }
+
+    fn getxattr(&self, _req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
+        self.lock().tree.get(node.0)?.xattrs.get(name)
+    }
+
+    fn listxattr(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
+        Ok(self.lock().tree.get(node.0)?.xattrs.list())
+    }
+
+    fn removexattr(&self, _req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
+        let mut g = self.lock();
+        let n = g.tree.get_mut(node.0)?;
+        n.xattrs.remove(name)?;
+        n.ctime = Timestamp::now();
+        g.tree.save(node.0)
     }
 
     fn statfs(&self, _req: &Request, _node: NodeId) -> Result<Statfs> {

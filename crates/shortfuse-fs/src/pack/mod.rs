@@ -18,6 +18,12 @@
 //! 1 MiB. Open files are never moved, so the map they were opened with
 //! stays right.
 //!
+//! Holes stay holes: the bytes a file skips (a write past its end, a
+//! truncation up) are punched in the container, not written, slots of 4
+//! KiB or more start on a 4 KiB boundary of their container, and a file
+//! moved copies its data ranges only, so the container's holes are the
+//! file's, block for block, and `SEEK_DATA`/`SEEK_HOLE` read them there.
+//!
 //! The map returned by `open` is one bounded extent (the file's bytes in its
 //! container, `len` = size), or no extent for an empty file: it is valid
 //! until the file grows past its capacity or is truncated. The kernel cannot
@@ -30,13 +36,15 @@ pub mod tree;
 use std::collections::{HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use shortfuse::{DataMap, Errno, Extent, FileType, Result};
 
 pub use metafs::MetaFs;
+
+use crate::passthrough::sys;
 use metafs::Storage;
 use tree::{Payload, Tree};
 
@@ -44,6 +52,9 @@ use tree::{Payload, Tree};
 pub const CONTAINER_TARGET: u64 = 64 << 20;
 /// Largest step by which a file's capacity grows.
 const GROW_STEP: u64 = 1 << 20;
+/// Slots of this size or more start on a multiple of it (the block size
+/// of the usual container file systems), so that their holes line up.
+const ALIGN: u64 = 4096;
 /// Garbage below this is never worth a compaction.
 const COMPACT_MIN_GARBAGE: u64 = 1 << 20;
 
@@ -125,18 +136,28 @@ impl PackStore {
     /// `cap` bytes at the end of the active container (a new one when it
     /// would pass the target size).
     fn allocate(&mut self, cap: u64) -> Result<Slot> {
-        if self.tail > 0 && self.tail + cap > CONTAINER_TARGET {
+        let align = |tail: u64| {
+            if cap >= ALIGN {
+                tail.next_multiple_of(ALIGN)
+            } else {
+                tail
+            }
+        };
+        if self.tail > 0 && align(self.tail) + cap > CONTAINER_TARGET {
             let next = self.containers.keys().max().map_or(0, |m| m + 1);
             self.open_container(next).map_err(Errno::from)?;
             self.active = next;
             self.tail = 0;
         }
+        let offset = align(self.tail);
+        // The padding is garbage until a compaction.
+        self.garbage += offset - self.tail;
         let slot = Slot {
             container: self.active,
-            offset: self.tail,
+            offset,
             cap,
         };
-        self.tail += cap;
+        self.tail = offset + cap;
         self.live += cap;
         Ok(slot)
     }
@@ -181,10 +202,7 @@ impl PackStore {
         }
         let old = *slot;
         let new = self.allocate(grow(need))?;
-        if size > 0 {
-            let data = self.read_slot(&old, size)?;
-            self.slot_map(&new, size)?.write_at(0, &data).map_err(Errno::from)?;
-        }
+        self.copy_slot(&old, &new, size)?;
         if old.cap > 0 {
             self.free(&old);
         }
@@ -192,26 +210,85 @@ impl PackStore {
         Ok(())
     }
 
-    fn read_slot(&self, slot: &Slot, size: u64) -> Result<Vec<u8>> {
-        let mut data = vec![0u8; usize::try_from(size).map_err(|_| Errno::EFBIG)?];
-        let n = self.slot_map(slot, size)?.read_at(0, &mut data).map_err(Errno::from)?;
-        data[n..].fill(0);
-        Ok(data)
+    /// The first `size` bytes of `old` into `new` (a fresh slot, a hole
+    /// until written): its data ranges only, so its holes stay holes.
+    fn copy_slot(&self, old: &Slot, new: &Slot, size: u64) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let (from, to) = (self.slot_map(old, size)?, self.slot_map(new, size)?);
+        let mut buf = vec![0u8; size.min(GROW_STEP) as usize];
+        let mut at = 0;
+        while at < size {
+            let start = match self.seek(old, size, at, libc::SEEK_DATA) {
+                Ok(x) => x,
+                Err(Errno::ENXIO) => break,
+                Err(e) => return Err(e),
+            };
+            let end = self.seek(old, size, start, libc::SEEK_HOLE)?;
+            let mut pos = start;
+            while pos < end {
+                let n = (end - pos).min(buf.len() as u64) as usize;
+                let got = from.read_at(pos, &mut buf[..n]).map_err(Errno::from)?;
+                buf[got..n].fill(0);
+                to.write_at(pos, &buf[..n]).map_err(Errno::from)?;
+                pos += n as u64;
+            }
+            at = end;
+        }
+        self.extend(new, size)
     }
 
+    /// Makes `[from, to)` of `slot` read as zeros: a hole punched in the
+    /// container (which zeroes the partial blocks at its edges), and the
+    /// container long enough to hold `to`.
     fn zero(&self, slot: &Slot, from: u64, to: u64) -> Result<()> {
         if to <= from {
             return Ok(());
         }
-        let map = self.slot_map(slot, to)?;
-        let zeros = vec![0u8; (to - from).min(GROW_STEP) as usize];
-        let mut at = from;
-        while at < to {
-            let n = (to - at).min(zeros.len() as u64) as usize;
-            map.write_at(at, &zeros[..n]).map_err(Errno::from)?;
-            at += n as u64;
+        let fd = self.fd(slot.container)?;
+        sys::fallocate(
+            fd.as_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            slot.offset + from,
+            to - from,
+        )?;
+        self.extend(slot, to)
+    }
+
+    /// Grows the container, with a hole, to hold the first `size` bytes
+    /// of `slot` (never shrinks it: later slots may lie beyond).
+    fn extend(&self, slot: &Slot, size: u64) -> Result<()> {
+        let f = file(self.fd(slot.container))?;
+        let end = slot.offset + size;
+        if f.metadata().map_err(Errno::from)?.len() < end {
+            f.set_len(end).map_err(Errno::from)?;
         }
         Ok(())
+    }
+
+    /// `SEEK_DATA`/`SEEK_HOLE` from `off < size` within `slot`, in the
+    /// container: data found past the file is none of its, a hole found
+    /// past it is its end, and a file running past the container's end
+    /// (never expected) is a hole there.
+    fn seek(&self, slot: &Slot, size: u64, off: u64, whence: i32) -> Result<u64> {
+        if slot.cap == 0 {
+            return if whence == libc::SEEK_DATA {
+                Err(Errno::ENXIO)
+            } else {
+                Ok(off)
+            };
+        }
+        let fd = self.fd(slot.container)?;
+        match sys::lseek(fd.as_fd(), (slot.offset + off) as i64, whence) {
+            Ok(x) if whence == libc::SEEK_DATA => match x - slot.offset {
+                x if x < size => Ok(x),
+                _ => Err(Errno::ENXIO),
+            },
+            Ok(x) => Ok((x - slot.offset).min(size)),
+            Err(Errno::ENXIO) if whence == libc::SEEK_HOLE => Ok(off),
+            Err(e) => Err(e),
+        }
     }
 
     /// Copies every file that is not open tightly into fresh containers and
@@ -236,9 +313,8 @@ impl PackStore {
             let new = if size == 0 {
                 Slot::default()
             } else {
-                let data = self.read_slot(&slot, size)?;
                 let new = self.allocate(size)?;
-                self.slot_map(&new, size)?.write_at(0, &data).map_err(Errno::from)?;
+                self.copy_slot(&slot, &new, size)?;
                 new
             };
             moved.push((ino, new));
@@ -356,6 +432,10 @@ impl Storage for PackStore {
 
     fn size(&mut self, _p: &Slot) -> Option<u64> {
         None
+    }
+
+    fn seek(&mut self, p: &Slot, size: u64, off: u64, whence: i32) -> Result<u64> {
+        PackStore::seek(self, p, size, off, whence)
     }
 
     fn sync(&mut self, p: &Slot) -> Result<()> {

@@ -6,13 +6,17 @@
 //! any byte is safe):
 //! - `P ino parent name kind mode uid gid rdev size atime mtime ctime target payload…`
 //!   (times as `sec.nsec`): the inode's whole state; the last one wins.
+//! - `L ino parent name parent name…`: the names of a non-directory
+//!   beyond the one in its `P` record (hard links);
+//! - `X ino name value name value…`: its extended attributes, in order;
 //! - `D ino`: the inode is gone.
 //!
-//! A torn last line (crash while appending) is ignored on load. Hard links
-//! are not supported, so every inode but the root has exactly one name,
-//! `(parent, name)`, stored in its record.
+//! A record is one `P` line followed, when there is something to say, by
+//! its `L` and `X` lines, written together: a `P` line starts the inode
+//! afresh, so the last record wins whole. A torn last line (crash while
+//! appending) is ignored on load.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
@@ -20,6 +24,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use shortfuse::{Errno, FileType, Result, Timestamp};
+
+use crate::xattr::Xattrs;
 
 /// What a file system keeps per regular file about where its data lives.
 pub trait Payload: Clone + Default + Send + 'static {
@@ -46,10 +52,16 @@ pub struct Node<P> {
     /// Symlink target.
     pub target: Vec<u8>,
     pub payload: P,
-    /// Directories: children by name, and by inode for stable readdir
-    /// cookies. Rebuilt on load.
-    pub children: BTreeMap<OsString, u64>,
-    pub by_ino: BTreeMap<u64, OsString>,
+    /// Non-directories: the names beyond `(parent, name)`.
+    pub links: Vec<(u64, OsString)>,
+    pub xattrs: Xattrs,
+    /// Directories: children by name (inode and readdir cookie), and names
+    /// by cookie. A cookie is given when a name is added and stays while
+    /// it exists, so a listing in progress neither repeats nor skips the
+    /// names that stay. Rebuilt on load.
+    pub children: BTreeMap<OsString, Child>,
+    pub by_cookie: BTreeMap<u64, OsString>,
+    next_cookie: u64,
     /// Directories: how many children are directories (each one's `..`
     /// is a link here), kept so that a stat does not count them.
     pub subdirs: u32,
@@ -79,8 +91,11 @@ impl<P: Payload> Node<P> {
             ctime: now,
             target: Vec::new(),
             payload: P::default(),
+            links: Vec::new(),
+            xattrs: Xattrs::default(),
             children: BTreeMap::new(),
-            by_ino: BTreeMap::new(),
+            by_cookie: BTreeMap::new(),
+            next_cookie: FIRST_COOKIE,
             subdirs: 0,
             lookups: 0,
             opens: 0,
@@ -88,7 +103,50 @@ impl<P: Payload> Node<P> {
         }
     }
 
+    /// Its hard links: names beyond `(parent, name)` count one each.
+    pub fn nlink(&self) -> u32 {
+        match (self.kind, self.linked) {
+            (FileType::Directory, _) => 2 + self.subdirs,
+            (_, true) => 1 + self.links.len() as u32,
+            (_, false) => 0,
+        }
+    }
+
+    /// Whether `(parent, name)` is one of this inode's names.
+    pub fn has_name(&self, parent: u64, name: &OsStr) -> bool {
+        (self.parent == parent && self.name == name) || self.links.iter().any(|(p, n)| *p == parent && n == name)
+    }
+
+    /// Changes its name `from` into `to`, in the inode only.
+    fn rename_link(&mut self, from: (u64, &OsStr), to: (u64, &OsStr)) {
+        if self.parent == from.0 && self.name == from.1 {
+            self.parent = to.0;
+            self.name = to.1.to_os_string();
+        } else if let Some(l) = self.links.iter_mut().find(|(p, n)| *p == from.0 && n == from.1) {
+            *l = (to.0, to.1.to_os_string());
+        }
+    }
+
     fn record(&self) -> String {
+        let mut out = self.main_record();
+        if !self.links.is_empty() {
+            out.push_str(&format!("L {}", self.ino));
+            for (p, n) in &self.links {
+                out.push_str(&format!(" {p} {}", hex(n.as_bytes())));
+            }
+            out.push('\n');
+        }
+        if !self.xattrs.is_empty() {
+            out.push_str(&format!("X {}", self.ino));
+            for (n, v) in &self.xattrs.0 {
+                out.push_str(&format!(" {} {}", hex(n.as_bytes()), hex(v)));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    fn main_record(&self) -> String {
         format!(
             "P {} {} {} {} {} {} {} {} {} {} {} {} {} {}\n",
             self.ino,
@@ -110,18 +168,45 @@ impl<P: Payload> Node<P> {
 
     /// Lists child `ino` (of kind `kind`) under `name` in this directory.
     fn attach(&mut self, name: OsString, ino: u64, kind: FileType) {
-        self.children.insert(name.clone(), ino);
-        self.by_ino.insert(ino, name);
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.by_cookie.insert(cookie, name.clone());
+        self.children.insert(name, Child { ino, cookie });
         if kind == FileType::Directory {
             self.subdirs += 1;
         }
     }
 
-    fn detach(&mut self, name: &OsStr, ino: u64, kind: FileType) {
-        if self.children.remove(name).is_some() && kind == FileType::Directory {
-            self.subdirs = self.subdirs.saturating_sub(1);
+    fn detach(&mut self, name: &OsStr, kind: FileType) {
+        if let Some(c) = self.children.remove(name) {
+            self.by_cookie.remove(&c.cookie);
+            if kind == FileType::Directory {
+                self.subdirs = self.subdirs.saturating_sub(1);
+            }
         }
-        self.by_ino.remove(&ino);
+    }
+
+    /// The `L` line's names.
+    fn parse_links(fields: &[&str]) -> Option<Vec<(u64, OsString)>> {
+        fields
+            .chunks(2)
+            .map(|c| match c {
+                [p, n] => Some((p.parse().ok()?, OsString::from_vec(unhex(n)?))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The `X` line's attributes.
+    fn parse_xattrs(fields: &[&str]) -> Option<Xattrs> {
+        fields
+            .chunks(2)
+            .map(|c| match c {
+                [n, v] => Some((OsString::from_vec(unhex(n)?), unhex(v)?)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Xattrs)
     }
 
     fn parse(fields: &[&str]) -> Option<Node<P>> {
@@ -178,6 +263,30 @@ fn untime(s: &str) -> Option<Timestamp> {
     })
 }
 
+/// The node an `L` or `X` line (`KIND ino fields…`) is about, and its
+/// fields parsed; `None` for a line that is torn or names no node.
+fn extra<'a, P, T>(
+    nodes: &'a mut HashMap<u64, Node<P>>,
+    fields: &[&str],
+    parse: fn(&[&str]) -> Option<T>,
+) -> Option<(&'a mut Node<P>, T)> {
+    let ino: u64 = fields.get(1)?.parse().ok()?;
+    let rest = fields.get(2..).filter(|r| !r.is_empty())?;
+    let value = parse(rest)?;
+    Some((nodes.get_mut(&ino)?, value))
+}
+
+/// An entry of a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Child {
+    pub ino: u64,
+    /// Its readdir cookie (`.` and `..` take 1 and 2).
+    pub cookie: u64,
+}
+
+/// The first cookie of a directory's entries.
+const FIRST_COOKIE: u64 = 3;
+
 /// Root inode number (the kernel's `FUSE_ROOT_ID`).
 pub const ROOT: u64 = 1;
 /// The longest name an entry can have (statfs reports it as namemax).
@@ -209,6 +318,16 @@ impl<P: Payload> Tree<P> {
                                 nodes.insert(node.ino, node);
                             }
                         }
+                        Some(&"L") => {
+                            if let Some((n, links)) = extra(&mut nodes, &fields, Node::<P>::parse_links) {
+                                n.links = links;
+                            }
+                        }
+                        Some(&"X") => {
+                            if let Some((n, xattrs)) = extra(&mut nodes, &fields, Node::<P>::parse_xattrs) {
+                                n.xattrs = xattrs;
+                            }
+                        }
                         Some(&"D") => {
                             if let Some(ino) = fields.get(1).and_then(|s| s.parse().ok()) {
                                 nodes.remove(&ino);
@@ -234,11 +353,25 @@ impl<P: Payload> Tree<P> {
         for ino in orphans {
             nodes.remove(&ino);
         }
-        let links: Vec<(u64, u64, OsString, FileType)> = nodes
+        // Extra names in directories that are gone go too.
+        let dirs: HashSet<u64> = nodes
+            .values()
+            .filter(|n| n.kind == FileType::Directory)
+            .map(|n| n.ino)
+            .collect();
+        for n in nodes.values_mut() {
+            n.links.retain(|(p, _)| dirs.contains(p));
+        }
+        let mut links: Vec<(u64, u64, OsString, FileType)> = nodes
             .values()
             .filter(|n| n.ino != ROOT)
-            .map(|n| (n.parent, n.ino, n.name.clone(), n.kind))
+            .flat_map(|n| {
+                std::iter::once((n.parent, n.ino, n.name.clone(), n.kind))
+                    .chain(n.links.iter().map(|(p, name)| (*p, n.ino, name.clone(), n.kind)))
+            })
             .collect();
+        // Cookies in inode order, as they were given.
+        links.sort_by_key(|l| l.1);
         for (parent, ino, name, kind) in links {
             if let Some(p) = nodes.get_mut(&parent) {
                 p.attach(name, ino, kind);
@@ -323,7 +456,7 @@ impl<P: Payload> Tree<P> {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        d.children.get(name).copied().ok_or(Errno::ENOENT)
+        d.children.get(name).map(|c| c.ino).ok_or(Errno::ENOENT)
     }
 
     /// Adds `node` (its `ino` is assigned here) under its parent.
@@ -350,24 +483,70 @@ impl<P: Payload> Tree<P> {
         Ok(ino)
     }
 
-    /// Takes `ino`'s name away; returns true when nothing references the
-    /// inode any more, so it has been dropped and its data may go.
-    pub fn unlink(&mut self, ino: u64) -> Result<Option<Node<P>>> {
-        let (parent, name, kind) = {
+    /// Takes `ino`'s name `(parent, name)` away; when that was its last,
+    /// and nothing references the inode any more, drops it and returns it,
+    /// so its data may go.
+    pub fn unlink(&mut self, ino: u64, parent: u64, name: &OsStr) -> Result<Option<Node<P>>> {
+        let now = Timestamp::now();
+        let (kind, last) = {
             let n = self.get_mut(ino)?;
-            n.linked = false;
-            n.ctime = Timestamp::now();
-            (n.parent, n.name.clone(), n.kind)
+            if !n.has_name(parent, name) {
+                return Err(Errno::ENOENT);
+            }
+            n.ctime = now;
+            if n.parent == parent && n.name == name {
+                match n.links.pop() {
+                    // Another name becomes the one in the `P` record.
+                    Some((p, other)) => {
+                        n.parent = p;
+                        n.name = other;
+                    }
+                    None => n.linked = false,
+                }
+            } else {
+                n.links.retain(|(p, other)| !(*p == parent && other == name));
+            }
+            (n.kind, !n.linked)
         };
         if let Ok(p) = self.get_mut(parent) {
-            p.detach(&name, ino, kind);
-            let now = Timestamp::now();
+            p.detach(name, kind);
             p.mtime = now;
             p.ctime = now;
         }
-        self.append(&format!("D {ino}\n"))?;
+        if last {
+            self.append(&format!("D {ino}\n"))?;
+        } else {
+            self.save(ino)?;
+        }
         self.save(parent)?;
         Ok(self.reap(ino))
+    }
+
+    /// Gives the non-directory `ino` one more name, `(parent, name)`.
+    pub fn link(&mut self, ino: u64, parent: u64, name: &OsStr) -> Result<()> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if self.dir(parent)?.children.contains_key(name) {
+            return Err(Errno::EEXIST);
+        }
+        let now = Timestamp::now();
+        let n = self.get_mut(ino)?;
+        match n.kind {
+            FileType::Directory => return Err(Errno::EPERM),
+            // A file unlinked while open cannot get a name back (ext4).
+            _ if !n.linked => return Err(Errno::ENOENT),
+            kind => {
+                n.links.push((parent, name.to_os_string()));
+                n.ctime = now;
+                let p = self.get_mut(parent)?;
+                p.attach(name.to_os_string(), ino, kind);
+                p.mtime = now;
+                p.ctime = now;
+            }
+        }
+        self.save(ino)?;
+        self.save(parent)
     }
 
     /// Drops an unlinked inode with no references left; returns it.
@@ -378,30 +557,55 @@ impl<P: Payload> Tree<P> {
         }
     }
 
-    /// Moves `ino` to `(parent, name)`; the target name must be free.
-    pub fn relink(&mut self, ino: u64, parent: u64, name: &OsStr) -> Result<()> {
-        let (old_parent, old_name, kind) = {
-            let n = self.get(ino)?;
-            (n.parent, n.name.clone(), n.kind)
-        };
+    /// Moves `ino`'s name `from` to `to`; the target name must be free.
+    pub fn relink(&mut self, ino: u64, from: (u64, &OsStr), to: (u64, &OsStr)) -> Result<()> {
+        let kind = self.get(ino)?.kind;
         let now = Timestamp::now();
-        if let Ok(p) = self.get_mut(old_parent) {
-            p.detach(&old_name, ino, kind);
+        if let Ok(p) = self.get_mut(from.0) {
+            p.detach(from.1, kind);
             p.mtime = now;
             p.ctime = now;
         }
-        let p = self.get_mut(parent)?;
-        p.attach(name.to_os_string(), ino, kind);
+        let p = self.get_mut(to.0)?;
+        p.attach(to.1.to_os_string(), ino, kind);
         p.mtime = now;
         p.ctime = now;
         let n = self.get_mut(ino)?;
-        n.parent = parent;
-        n.name = name.to_os_string();
+        n.rename_link(from, to);
         n.ctime = now;
         self.save(ino)?;
-        self.save(old_parent)?;
-        if parent != old_parent {
-            self.save(parent)?;
+        self.save(from.0)?;
+        if to.0 != from.0 {
+            self.save(to.0)?;
+        }
+        Ok(())
+    }
+
+    /// `RENAME_EXCHANGE`: `a`, named `a_at`, and `b`, named `b_at`, swap
+    /// names. The caller checked that neither directory would move below
+    /// itself.
+    pub fn exchange(&mut self, a: u64, a_at: (u64, &OsStr), b: u64, b_at: (u64, &OsStr)) -> Result<()> {
+        let (a_kind, b_kind) = (self.get(a)?.kind, self.get(b)?.kind);
+        let now = Timestamp::now();
+        for (at, kind) in [(a_at, a_kind), (b_at, b_kind)] {
+            let p = self.get_mut(at.0)?;
+            p.detach(at.1, kind);
+            p.mtime = now;
+            p.ctime = now;
+        }
+        self.get_mut(b_at.0)?.attach(b_at.1.to_os_string(), a, a_kind);
+        self.get_mut(a_at.0)?.attach(a_at.1.to_os_string(), b, b_kind);
+        let n = self.get_mut(a)?;
+        n.rename_link(a_at, b_at);
+        n.ctime = now;
+        let n = self.get_mut(b)?;
+        n.rename_link(b_at, a_at);
+        n.ctime = now;
+        self.save(a)?;
+        self.save(b)?;
+        self.save(a_at.0)?;
+        if b_at.0 != a_at.0 {
+            self.save(b_at.0)?;
         }
         Ok(())
     }
@@ -467,8 +671,9 @@ mod tests {
             let g = t
                 .insert(Node::new(0, ROOT, OsStr::new("g"), FileType::Regular, 0o600, 0, 0))
                 .unwrap();
-            assert!(t.unlink(g).unwrap().is_some());
-            t.relink(f, ROOT, OsStr::new("moved")).unwrap();
+            assert!(t.unlink(g, ROOT, OsStr::new("g")).unwrap().is_some());
+            t.relink(f, (d, OsStr::new("f\n")), (ROOT, OsStr::new("moved")))
+                .unwrap();
         }
         std::fs::OpenOptions::new()
             .append(true)
@@ -504,14 +709,56 @@ mod tests {
             let c = t.insert(node(a, "c", FileType::Directory)).unwrap();
             t.insert(node(a, "f", FileType::Regular)).unwrap();
             assert_eq!((subdirs(&t, ROOT), subdirs(&t, a), subdirs(&t, b)), (2, 1, 0));
-            t.relink(c, b, OsStr::new("c2")).unwrap();
+            t.relink(c, (a, OsStr::new("c")), (b, OsStr::new("c2"))).unwrap();
             assert_eq!((subdirs(&t, a), subdirs(&t, b)), (0, 1));
             let e = t.insert(node(a, "e", FileType::Directory)).unwrap();
-            t.unlink(e).unwrap();
+            t.unlink(e, a, OsStr::new("e")).unwrap();
             assert_eq!(subdirs(&t, a), 0);
         }
         let t: Tree<P> = Tree::open(&path).unwrap();
         assert_eq!((subdirs(&t, ROOT), subdirs(&t, a), subdirs(&t, b)), (2, 0, 1));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn hard_links_xattrs_and_exchanges_survive_reopen() {
+        let dir = scratch("sf-tree-links");
+        let path = dir.join("journal");
+        let node = |parent, name: &str, kind| Node::new(0, parent, OsStr::new(name), kind, 0o644, 0, 0);
+        let name = |s: &str| OsString::from(s);
+        let (d, f, g);
+        {
+            let mut t: Tree<P> = Tree::open(&path).unwrap();
+            d = t.insert(node(ROOT, "d", FileType::Directory)).unwrap();
+            f = t.insert(node(ROOT, "f", FileType::Regular)).unwrap();
+            g = t.insert(node(d, "g", FileType::Regular)).unwrap();
+            t.link(f, d, OsStr::new("f2")).unwrap();
+            t.link(f, ROOT, OsStr::new("f 3")).unwrap();
+            assert_eq!(t.link(f, d, OsStr::new("g")), Err(Errno::EEXIST));
+            assert_eq!(t.link(d, ROOT, OsStr::new("d2")), Err(Errno::EPERM));
+            // The name in the `P` record goes; another takes its place.
+            assert!(t.unlink(f, ROOT, OsStr::new("f")).unwrap().is_none());
+            let n = t.get_mut(f).unwrap();
+            n.xattrs.set(&name("user.k"), b"v v", 0).unwrap();
+            n.xattrs.set(&name("user.empty"), b"", 0).unwrap();
+            t.save(f).unwrap();
+            t.exchange(f, (d, OsStr::new("f2")), g, (d, OsStr::new("g"))).unwrap();
+            t.link(f, d, OsStr::new("f4")).unwrap();
+            assert_eq!(t.get(f).unwrap().nlink(), 3);
+        }
+        let t: Tree<P> = Tree::open(&path).unwrap();
+        assert_eq!(t.child(d, OsStr::new("g")), Ok(f));
+        assert_eq!(t.child(d, OsStr::new("f2")), Ok(g));
+        assert_eq!(t.child(ROOT, OsStr::new("f 3")), Ok(f));
+        assert_eq!(t.child(ROOT, OsStr::new("f")), Err(Errno::ENOENT));
+        let n = t.get(f).unwrap();
+        assert_eq!(n.nlink(), 3);
+        assert_eq!(n.xattrs.list(), b"user.k\0user.empty\0");
+        assert_eq!(n.xattrs.get(&name("user.k")), Ok(b"v v".to_vec()));
+        // Two names of one inode in one directory have cookies of their own.
+        assert_eq!(t.child(d, OsStr::new("f4")), Ok(f));
+        let cookies: Vec<u64> = t.dir(d).unwrap().by_cookie.keys().copied().collect();
+        assert_eq!(cookies.len(), 3);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -98,7 +98,7 @@ mod handles;
 pub mod inodes;
 mod pathfd;
 pub mod symlinks;
-mod sys;
+pub(crate) mod sys;
 
 use std::ffi::{CString, OsStr};
 use std::io;

@@ -32,6 +32,7 @@ use shortfuse::{DataMap, Errno, Extent, Result};
 
 use crate::pack::metafs::{MetaFs, Storage};
 use crate::pack::tree::{Payload, Tree};
+use crate::passthrough::sys;
 
 /// Which chunk files hold a file: `DIR_i/data/<id>`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -158,6 +159,41 @@ impl Storage for StripeStore {
             })
             .collect();
         Ok(DataMap { extents })
+    }
+
+    fn seek(&mut self, p: &Chunks, size: u64, off: u64, whence: i32) -> Result<u64> {
+        use std::os::fd::AsFd;
+        let fds = self.chunks(p)?;
+        let first = usize::try_from(off / self.stripe)
+            .unwrap_or(usize::MAX)
+            .min(fds.len() - 1);
+        for (i, fd) in fds.iter().enumerate().skip(first) {
+            let start = i as u64 * self.stripe;
+            let len = self.chunk_len(i, size);
+            let local = off.saturating_sub(start);
+            if local >= len {
+                // Past this chunk's bytes: the file ends here.
+                break;
+            }
+            match sys::lseek(fd.as_fd(), local as i64, whence) {
+                // Data within this chunk's bytes.
+                Ok(x) if whence == libc::SEEK_DATA && x < len => return Ok(start + x),
+                // A hole within them, or the end of a chunk the next does
+                // not continue (the last, or one not full).
+                Ok(x) if whence == libc::SEEK_HOLE && (x < len || len < self.stripe || i + 1 == fds.len()) => {
+                    return Ok((start + x).min(size));
+                }
+                // No data left in this chunk, or it is full of data to its
+                // end: the next chunk goes on.
+                Ok(_) | Err(Errno::ENXIO) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if whence == libc::SEEK_DATA {
+            Err(Errno::ENXIO)
+        } else {
+            Ok(size)
+        }
     }
 
     fn size(&mut self, p: &Chunks) -> Option<u64> {
