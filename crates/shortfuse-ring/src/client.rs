@@ -121,6 +121,31 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
+/// The daemon's answer to our hello: the region's shape, checked (every
+/// offset the client computes from it lies inside the region), and the
+/// daemon's spin budget in nanoseconds. Anything else is the daemon's
+/// refusal, whose text is passed on.
+pub fn decode_welcome(msg: &[u8]) -> io::Result<(Geometry, u64)> {
+    let w = match Welcome::read_from_prefix(msg) {
+        Ok((w, _)) if w.magic == MAGIC => w,
+        _ => {
+            return Err(invalid(format!(
+                "the daemon refused the connection: {}",
+                String::from_utf8_lossy(msg).trim()
+            )))
+        }
+    };
+    if w.version != VERSION {
+        return Err(invalid(format!("ring protocol {} (we speak {VERSION})", w.version)));
+    }
+    let geo = w.geometry();
+    geo.check().map_err(invalid)?;
+    if w.len != geo.bytes() as u64 {
+        return Err(invalid(format!("ring memory of {} bytes for geometry {geo:?}", w.len)));
+    }
+    Ok((geo, w.spin_ns))
+}
+
 impl RingClient {
     /// Connects to the daemon listening at `path` (see
     /// [`crate::socket_path`]) and maps the region it made for us.
@@ -138,24 +163,7 @@ impl RingClient {
         sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
         let mut buf = [0u8; 512];
         let (n, fd) = sys::recv(sock.as_fd(), &mut buf)?;
-        let msg = &buf[..n];
-        let w = match Welcome::read_from_prefix(msg) {
-            Ok((w, _)) if w.magic == MAGIC => w,
-            _ => {
-                return Err(invalid(format!(
-                    "the daemon refused the connection: {}",
-                    String::from_utf8_lossy(msg).trim()
-                )))
-            }
-        };
-        if w.version != VERSION {
-            return Err(invalid(format!("ring protocol {} (we speak {VERSION})", w.version)));
-        }
-        let geo = w.geometry();
-        geo.check().map_err(invalid)?;
-        if w.len != geo.bytes() as u64 {
-            return Err(invalid(format!("ring memory of {} bytes for geometry {geo:?}", w.len)));
-        }
+        let (geo, spin_ns) = decode_welcome(&buf[..n])?;
         let fd = fd.ok_or_else(|| invalid("the daemon passed no ring memory".into()))?;
         let region = Region::map(fd.as_fd(), geo.bytes())?;
         drop(fd);
@@ -165,7 +173,7 @@ impl RingClient {
         let spin = std::env::var("SHORTFUSE_RING_SPIN_US")
             .ok()
             .and_then(|s| s.parse::<u64>().ok())
-            .map_or(Duration::from_nanos(w.spin_ns), Duration::from_micros);
+            .map_or(Duration::from_nanos(spin_ns), Duration::from_micros);
         Ok(RingClient {
             region,
             geo,

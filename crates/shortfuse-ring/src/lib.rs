@@ -34,7 +34,7 @@ pub mod wait;
 
 pub use anchors::DESCRIPTION_OWNER;
 pub use announce::Announcing;
-pub use client::{after_fork, pid, Anchoring, Notice, RingClient, LIVENESS_PERIOD};
+pub use client::{after_fork, decode_welcome, pid, Anchoring, Notice, RingClient, LIVENESS_PERIOD};
 pub use locks::{Locks, POSIX_OWNER};
 pub use proto::{nodes_dir_name, socket_path};
 pub use region::Geometry;
