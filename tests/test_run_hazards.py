@@ -2,7 +2,8 @@
 `shortfuse run`: a Go program whose goroutines (stacks of a few
 kilobytes) do file I/O at once, a fork while another thread has a
 system-call site rewritten, `git clone` on a passthrough mount (a
-multi-threaded program that forks).
+multi-threaded program that forks), shells and a statically linked
+program (which the shim never reaches) after `cd` into a mount.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from test_ring import Daemon
 from test_run import output, run, scratch, shortfuse, under  # noqa: F401 (fixtures)
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -124,3 +126,117 @@ def test_git_clone_no_local_onto_a_passthrough_mount_repeated(shortfuse, scratch
         assert run(["git", "-C", str(clone), "rev-parse", "HEAD"], env=env).stdout == head
         assert run(["git", "-C", str(clone), "status", "--porcelain"], env=env).stdout == b""
         assert (clone / "d9" / "f29").read_text() == "dir 9 file 29\n" * 30
+
+
+@pytest.fixture
+def mount(shortfuse, scratch, request):
+    """(spec for run -m, mount point, source directory or None) of one
+    kind: in-process passthrough or mem, or a `serve` daemon over
+    passthrough or mem reached through the rings."""
+    kind = request.param
+    mp = scratch / "mnt"
+    src = scratch / "src"
+    src.mkdir()
+    daemon = None
+    if kind == "passthrough":
+        spec = f"{mp}=passthrough:{src}"
+    elif kind == "mem":
+        spec, src = f"{mp}=mem", None
+    else:
+        fs = kind.removeprefix("serve-")
+        args = [fs, str(src), str(mp)] if fs == "passthrough" else [fs, str(mp)]
+        daemon = Daemon(shortfuse, scratch, args, mp)
+        spec = str(mp)
+        if fs != "passthrough":
+            src = None
+    yield spec, mp, src
+    if daemon:
+        daemon.stop()
+
+
+def listing(shortfuse, spec, mp, src, rel=""):
+    """The names in directory rel of the mount, as its source has them or
+    as a program under the shim sees them."""
+    if src is not None:
+        return sorted(os.listdir(src / rel))
+    p = under(shortfuse, [spec], ["ls", "-A", f"{mp}/{rel}"])
+    assert p.returncode == 0, p.stderr.decode()
+    return sorted(p.stdout.decode().split())
+
+
+SHELLS = [
+    # dash: `touch` used to run in the directory `run` started in.
+    ("sh", "-c", "cd MP && touch a"),
+    # A nested shell's later `cd`: x used to land in the mount's root.
+    ("bash", "-c", 'cd MP && sh -c "mkdir d; cd d; touch x"'),
+]
+
+
+@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "serve-mem"], indirect=True)
+def test_shells_after_cd_into_the_mount_create_files_there(shortfuse, scratch, mount):
+    spec, mp, src = mount
+    start = scratch / "start"
+    start.mkdir()
+    for argv in SHELLS:
+        p = under(shortfuse, [spec], [a.replace("MP", str(mp)) for a in argv], cwd=start)
+        assert p.returncode == 0, output(p, str(scratch))
+    assert os.listdir(start) == []
+    assert listing(shortfuse, spec, mp, src) == ["a", "d"]
+    assert listing(shortfuse, spec, mp, src, "d") == ["x"]
+
+
+@pytest.fixture(scope="module")
+def static_touch():
+    d = Path(tempfile.mkdtemp(prefix="shortfuse-static-"))
+    exe = d / "static_touch"
+    p = run(["gcc", "-static", "-O2", "-o", str(exe), str(PROGRAMS / "static_touch.c")])
+    assert p.returncode == 0, p.stderr.decode()
+    assert b"program interpreter" not in run(["readelf", "-l", str(exe)]).stdout
+    yield exe
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "mem", "serve-mem"], indirect=True)
+def test_programs_the_shim_cannot_reach_never_write_outside_the_mount(shortfuse, scratch, mount, static_touch):
+    # The kernel's current directory used to stay where `run` started: a
+    # static program (LD_PRELOAD never reaches it) or one whose environment
+    # lost the shim, after `cd` into the mount, wrote there.
+    spec, mp, src = mount
+    start = scratch / "start"
+    start.mkdir()
+    script = (
+        f"cd {mp} && {static_touch} s1; mkdir -p e && cd e && {static_touch} s2; "
+        f"env -i /bin/sh -c 'echo x > t'; echo done"
+    )
+    p = under(shortfuse, [spec], ["sh", "-c", script], cwd=start)
+    assert p.returncode == 0 and p.stdout.endswith(b"done\n"), output(p, str(scratch))
+    # Python's subprocess with cwd= (a vfork child's chdir).
+    code = (
+        "import subprocess\n"
+        "try:\n"
+        f"    subprocess.run([{str(static_touch)!r}, 's3'], cwd={str(mp)!r})\n"
+        "except PermissionError as e:\n"
+        "    print('refused', e.errno)\n"
+    )
+    q = under(shortfuse, [spec], ["python3", "-c", code], cwd=start)
+    assert q.returncode == 0, output(q, str(scratch))
+    # A static program given a path in the mount, from outside it.
+    r = under(shortfuse, [spec], [str(static_touch), f"{mp}/s4"], cwd=start)
+    assert os.listdir(start) == []
+    if spec.endswith(f"=passthrough:{src}"):
+        # The kernel's directory is the backing one: both work there.
+        assert sorted(os.listdir(src)) == ["e", "s1", "s3"]
+        assert sorted(os.listdir(src / "e")) == ["s2", "t"]
+    else:
+        # Refused, with the reason. (On an in-process mem mount, `mkdir`
+        # made e in a mount of its own, so `cd e` failed and s2 never ran.)
+        own_mem = spec.endswith("=mem")
+        err = p.stderr.decode()
+        assert err.count("refused: the program is statically linked") == (1 if own_mem else 2), err
+        assert "refused: the program runs without LD_PRELOAD or SHORTFUSE_MOUNTS" in err, err
+        assert q.stdout == b"refused 13\n", output(q, str(scratch))
+        if not own_mem:
+            assert listing(shortfuse, spec, mp, src, "e") == []
+    assert r.returncode != 0
+    assert b"refused: the program is statically linked" in r.stderr
+    assert f"its argument {mp}/s4 is in a mount".encode() in r.stderr

@@ -120,6 +120,10 @@ pub fn main(args: RunArgs) -> ExitCode {
     if args.zero_page || std::env::var_os("SHORTFUSE_ZERO_PAGE").is_some_and(|v| v == "1") {
         page_zero();
     }
+    if let Some(msg) = unreachable_argument(&args.program, &specs) {
+        eprintln!("shortfuse run: {msg}");
+        return ExitCode::from(126);
+    }
     let mut cmd = Command::new(&args.program[0]);
     cmd.args(&args.program[1..]);
     cmd.env("SHORTFUSE_MOUNTS", format_mounts(&specs));
@@ -138,6 +142,59 @@ pub fn main(args: RunArgs) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Why PROGRAM cannot be run: it is linked statically (the shim never
+/// loads into it, so only the kernel serves its calls) and an argument
+/// names a path in a mount whose mount point is not a kernel mount, where
+/// it would reach whatever the kernel has at that path.
+fn unreachable_argument(program: &[OsString], specs: &[MountSpec]) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileExt;
+    let prog = Path::new(&program[0]);
+    let found = if prog.as_os_str().as_bytes().contains(&b'/') {
+        Some(prog.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(prog))
+                .find(|p| p.is_file())
+        })
+    };
+    let file = std::fs::File::open(found?).ok()?;
+    if !shortfuse_vfs::elf::is_static_elf(&mut |off, buf| file.read_at(buf, off).unwrap_or(0)) {
+        return None;
+    }
+    let arg = program[1..].iter().find(|a| {
+        let a = shortfuse_vfs::normalize(a.as_bytes());
+        specs.iter().any(|m| {
+            let mp = shortfuse_vfs::normalize(m.mountpoint.as_bytes());
+            let inside = a
+                .strip_prefix(mp.as_slice())
+                .is_some_and(|r| r.is_empty() || r[0] == b'/');
+            a.starts_with(b"/") && inside && !kernel_mount(Path::new(&m.mountpoint))
+        })
+    })?;
+    Some(format!(
+        "{}: refused: the program is statically linked, so the mounts cannot be served in it, and its argument {} \
+         is in a mount that the kernel cannot reach",
+        prog.display(),
+        Path::new(arg).display()
+    ))
+}
+
+/// Whether `mp` is a FUSE mount in the kernel (a `shortfuse serve` daemon
+/// mounted beside its rings).
+fn kernel_mount(mp: &Path) -> bool {
+    const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+    let Ok(c) = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a statfs buffer of the right size.
+    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    // SAFETY: filled in by a successful statfs (zeroed otherwise).
+    r == 0 && unsafe { st.assume_init() }.f_type == FUSE_SUPER_MAGIC
 }
 
 /// The mounts of the command line, with `-o` applied to each, checked as

@@ -20,6 +20,7 @@ pub mod shared;
 pub mod spare;
 pub mod spawn;
 pub mod special;
+mod unserved;
 mod xattr;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
@@ -1136,10 +1137,95 @@ fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
     let st = state();
     if let Some((vfs, loc)) = &new {
         vfs.pin_location(loc);
+        kernel_cwd_inside(vfs, loc);
     }
     let old = std::mem::replace(&mut *st.cwd.lock().unwrap_or_else(|e| e.into_inner()), new);
     if let Some((vfs, loc)) = old {
         vfs.unpin_location(&loc);
+    }
+}
+
+/// Points the kernel's current directory, which relative paths of calls we
+/// do not serve start at (a program the shim does not reach, a statically
+/// linked one, all of its calls), at a safe place while ours is `loc` in
+/// `vfs`: the backing directory of a mount that has one (a static program
+/// then works in the mount's source), the directory itself where a
+/// daemon's mount point is mounted in the kernel too, else an empty
+/// directory where nothing can be created ([`enter_dead_directory`]). Never the directory
+/// the program left to enter the mount.
+pub(crate) fn kernel_cwd_inside(vfs: &Vfs, loc: &shortfuse_vfs::Location) {
+    if let Some(src) = vfs.source() {
+        let rest = if loc.is_root() {
+            b"/".to_vec()
+        } else {
+            loc.path().to_vec()
+        };
+        let p = exec::backing_path(src, &rest);
+        if raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0) == 0 {
+            return;
+        }
+    } else if unserved::kernel_mounted(vfs) {
+        // A daemon's mount in the kernel: the very directory.
+        let p = with_nul(vfs.host_path(loc));
+        if raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0) == 0 {
+            return;
+        }
+    }
+    enter_dead_directory();
+}
+
+/// Makes the kernel's current directory an empty directory that has been
+/// removed, below two more removed ones: creating anything there, or one
+/// or two levels up, fails (ENOENT, for root too), and it lists empty.
+/// Raw system calls and a stack buffer only (a vfork child calls it).
+pub(crate) fn enter_dead_directory() {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut buf = [0u8; 96];
+    let mut len = 0;
+    fn put(buf: &mut [u8], len: &mut usize, b: &[u8]) {
+        buf[*len..*len + b.len()].copy_from_slice(b);
+        *len += b.len();
+    }
+    put(&mut buf, &mut len, b"/tmp/.shortfuse-cwd-");
+    let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64;
+    for (i, n) in [pid, NEXT.fetch_add(1, Ordering::Relaxed)].into_iter().enumerate() {
+        if i > 0 {
+            put(&mut buf, &mut len, b"-");
+        }
+        let mut digits = [0u8; 20];
+        let mut k = digits.len();
+        let mut n = n;
+        loop {
+            k -= 1;
+            digits[k] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        put(&mut buf, &mut len, &digits[k..]);
+    }
+    let mut ends = [0usize; 3];
+    for (level, end) in ends.iter_mut().enumerate() {
+        if level > 0 {
+            put(&mut buf, &mut len, b"/d");
+        }
+        *end = len;
+        buf[len] = 0;
+        if raw(libc::SYS_mkdir, buf.as_ptr() as i64, 0o500, 0, 0, 0, 0) < 0 {
+            // Nothing to stand in (no /tmp): take back what was made.
+            for &e in ends[..level].iter().rev() {
+                buf[e] = 0;
+                raw(libc::SYS_rmdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
+            }
+            return;
+        }
+    }
+    raw(libc::SYS_chdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
+    for &e in ends.iter().rev() {
+        buf[e] = 0;
+        raw(libc::SYS_rmdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
     }
 }
 

@@ -105,7 +105,10 @@
 //! passthrough files that are placeholders (the reopen failed) are replaced
 //! by kernel descriptors of their backing files, descriptors of a daemon's
 //! files are adopted from the descriptors themselves, the current directory
-//! travels in `SHORTFUSE_CWD`, a program on a passthrough mount is exec'd
+//! travels in `SHORTFUSE_CWD` (and the kernel's follows it to a safe place,
+//! for programs the shim will not reach: `calls::kernel_cwd_inside`; those
+//! that would meet a mount they cannot reach are refused,
+//! `calls::unserved`), a program on a passthrough mount is exec'd
 //! from its backing file and one on a mount without a source from a memfd
 //! copy (also from a vfork/posix_spawn child, on a stack of its own). A
 //! `mem` mount is private to each process image (fork copies it, exec

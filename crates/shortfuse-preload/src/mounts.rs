@@ -216,6 +216,7 @@ fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, Location
     };
     let loc = vfs.chdir(&t).ok()?;
     vfs.pin_location(&loc);
+    crate::calls::kernel_cwd_inside(vfs, &loc);
     Some((vfs.clone(), loc))
 }
 

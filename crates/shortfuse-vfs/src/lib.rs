@@ -29,6 +29,7 @@
 mod backend;
 mod cache;
 mod client;
+pub mod elf;
 mod file;
 mod maps;
 mod pages;

@@ -58,6 +58,12 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
         let b = [argv.pointers[0] as i64, argv.pointers.as_ptr() as i64, a[2], 0, 0, 0];
         return execve_script(b, depth + 1);
     }
+    if let Some(r) = super::unserved::refuse(&prog, path, a[1], a[2], super::unserved::cwd_mount()) {
+        if let Prog::Copy(fd) = prog {
+            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        }
+        return Some(r);
+    }
     if let Prog::Copy(fd) = prog {
         return Some(exec_copy(fd, a[1], a[2]));
     }
@@ -106,8 +112,18 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
         (a[0], None)
     } else {
         match program(a[0], path, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
-            Ok(Prog::Copy(fd)) => return Some(exec_copy(fd, a[2], a[3])),
-            Ok(p) => p.into_path(),
+            Ok(p) => {
+                if let Some(r) = super::unserved::refuse(&p, path, a[2], a[3], super::unserved::cwd_mount()) {
+                    if let Prog::Copy(fd) = p {
+                        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+                    }
+                    return Some(r);
+                }
+                match p {
+                    Prog::Copy(fd) => return Some(exec_copy(fd, a[2], a[3])),
+                    p => p.into_path(),
+                }
+            }
             Err(e) => return Some(err(e)),
         }
     };
@@ -190,7 +206,7 @@ fn script_on_mount(prog: &Prog, path: &[u8], argv: i64) -> Option<Argv> {
 }
 
 /// The program to exec.
-enum Prog {
+pub(super) enum Prog {
     /// The caller's path, relative to this directory descriptor.
     Keep(i64),
     /// This absolute path (NUL-terminated) instead.
@@ -244,6 +260,18 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
     let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
     let abs = super::spawn::absolute(dirfd, path)?;
+    // What the kernel will run, when it can be read here: a program of a
+    // mount without a source is copied below, and never static in practice.
+    let kernel_prog = match super::mount_of(&abs) {
+        None => Some(with_nul(abs.clone())),
+        Some((vfs, rest)) => vfs.source().map(|src| backing_path(src, &super::spawn::slash(rest))),
+    };
+    if let Some(p) = kernel_prog {
+        let cwd = super::spawn::mount_cwd().and_then(|c| super::mount_of(&c).map(|(v, _)| v));
+        if let Some(r) = super::unserved::refuse(&Prog::Path(p), path, argv, envp, cwd) {
+            return Some(r);
+        }
+    }
     let env = environment(envp);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     let Some((vfs, rest)) = super::mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {

@@ -153,6 +153,12 @@ fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
             let rest = rest.to_vec();
             let mut got = err(Errno::ENOMEM);
             crate::sys::on_own_stack(&mut || got = directory(&vfs, &rest));
+            if got == 0 {
+                // The child's own kernel directory (posix_spawn does not
+                // share it): never the parent's, where a program the shim
+                // does not reach would put what was meant for the mount.
+                super::enter_dead_directory();
+            }
             got
         }
     };
@@ -163,7 +169,7 @@ fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
 }
 
 /// `/rest`, or `/` for the mount point itself.
-fn slash(rest: &[u8]) -> Vec<u8> {
+pub(super) fn slash(rest: &[u8]) -> Vec<u8> {
     if rest.is_empty() {
         b"/".to_vec()
     } else {
