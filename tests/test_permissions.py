@@ -81,7 +81,7 @@ def mode_of(fd: int) -> str:
     return oct(stat.S_IMODE(os.fstat(fd).st_mode))
 
 
-SETID_MODES = (0o4777, 0o2777, 0o6777)
+SETID_MODES = (0o4777, 0o2777, 0o6777, 0o2767)
 
 
 def write_and_fstat(r: Rec, name: str) -> None:

@@ -1632,18 +1632,16 @@ impl Inner {
 }
 
 impl DistFs {
-    /// Clears set-user-ID, and set-group-ID when group-executable, as a
-    /// native write by a user without CAP_FSETID does: the kernel asks for
+    /// Clears set-user-ID and set-group-ID as a native write by a user
+    /// without CAP_FSETID does ([`Request::setid_bits_to_clear`]): the kernel asks for
     /// it on such writes (`FUSE_WRITE_KILL_SUIDGID`, always set for direct
     /// I/O, which distfs uses). Costs a round trip to the server per such
     /// write; root's writes do not ask.
-    fn kill_suidgid(&self, node: NodeId) -> Result<()> {
-        let mode = node_reply(self.inner.call(Req::GetAttr { ino: node.0 })?)?.attr.mode;
-        let mut kill = libc::S_ISUID;
-        if mode & libc::S_IXGRP != 0 {
-            kill |= libc::S_ISGID;
-        }
-        if mode & libc::S_IFMT != libc::S_IFREG || mode & kill == 0 {
+    fn kill_suidgid(&self, req: &Request, node: NodeId) -> Result<()> {
+        let attr = node_reply(self.inner.call(Req::GetAttr { ino: node.0 })?)?.attr;
+        let mode = attr.mode;
+        let kill = req.setid_bits_to_clear(mode, attr.gid);
+        if mode & libc::S_IFMT != libc::S_IFREG || kill == 0 {
             return Ok(());
         }
         let change = AttrChange {
@@ -1882,7 +1880,7 @@ impl Filesystem for DistFs {
         Ok(done)
     }
 
-    fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+    fn write(&self, req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         // An append goes where the file ends when it is written, which
         // others may change meanwhile (the kernel's idea of the end is
         // stale with direct I/O); the rest of a long one follows it.
@@ -1892,7 +1890,7 @@ impl Filesystem for DistFs {
             At::Offset(args.offset)
         };
         if args.write_flags & shortfuse::abi::FUSE_WRITE_KILL_SUIDGID != 0 {
-            self.kill_suidgid(node)?;
+            self.kill_suidgid(req, node)?;
         }
         let mut done = 0;
         while done < data.len() {

@@ -152,13 +152,18 @@ impl State {
 
     /// Clears set-user-id, and set-group-id when group execution is on (a
     /// set-group-id bit without it marks mandatory locking), as the kernel
-    /// does on chown, on write by an unprivileged user, and for
-    /// `FATTR_KILL_SUIDGID`.
+    /// does on chown.
     fn kill_suidgid(&mut self) {
         self.mode &= !libc::S_ISUID;
         if self.mode & (libc::S_ISGID | libc::S_IXGRP) == (libc::S_ISGID | libc::S_IXGRP) {
             self.mode &= !libc::S_ISGID;
         }
+    }
+
+    /// What a write by an unprivileged user, or `FATTR_KILL_SUIDGID`,
+    /// clears ([`Request::setid_bits_to_clear`]).
+    fn kill_suidgid_for(&mut self, req: &Request) {
+        self.mode &= !req.setid_bits_to_clear(self.mode, self.gid);
     }
 
     /// Would `req` get `mask` (R_OK/W_OK/X_OK bits) on this inode?
@@ -602,7 +607,7 @@ impl MemFs {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn write_locked(&self, st: &mut State, data: &[u8], args: &WriteArgs) -> Result<usize> {
+    fn write_locked(&self, req: &Request, st: &mut State, data: &[u8], args: &WriteArgs) -> Result<usize> {
         let Content::File(f) = &mut st.content else {
             return Err(Errno::EBADF);
         };
@@ -622,7 +627,7 @@ impl MemFs {
         st.size = st.size.max(offset + len as u64);
         st.touch_modified(Timestamp::now());
         if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
-            st.kill_suidgid();
+            st.kill_suidgid_for(req);
         }
         Ok(len)
     }
@@ -735,7 +740,7 @@ impl Filesystem for MemFs {
             }
         }
         if set.kill_suidgid && !st.is_dir() {
-            st.kill_suidgid();
+            st.kill_suidgid_for(req);
         }
         if let Some(t) = set.atime {
             st.atime = set_time(t, now);
@@ -1054,8 +1059,8 @@ impl Filesystem for MemFs {
         })
     }
 
-    fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
-        self.file_op(node, |st| self.write_locked(st, data, args))
+    fn write(&self, req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+        self.file_op(node, |st| self.write_locked(req, st, data, args))
     }
 
     fn flush(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _lock_owner: u64) -> Result<()> {
@@ -1299,7 +1304,7 @@ impl Filesystem for MemFs {
         })
     }
 
-    fn copy_file_range(&self, _req: &Request, range: &CopyRange) -> Result<usize> {
+    fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {
         if range.flags != 0 {
             return Err(Errno::EINVAL);
         }
@@ -1329,7 +1334,7 @@ impl Filesystem for MemFs {
                 offset: range.off_out + done,
                 ..WriteArgs::default()
             };
-            let written = self.write_locked(&mut dst.lock(), &buf[..n], &args)?;
+            let written = self.write_locked(req, &mut dst.lock(), &buf[..n], &args)?;
             done += written as u64;
             if written < n {
                 break;

@@ -249,7 +249,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         self.lock().attr(node.0)
     }
 
-    fn setattr(&self, _req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         let mut g = self.lock();
         let ino = node.0;
         if let Some(size) = set.size {
@@ -266,7 +266,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
             n.gid = gid;
         }
         if set.kill_suidgid {
-            n.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            n.mode &= !req.setid_bits_to_clear(n.mode, n.gid);
         }
         if let Some(t) = set.atime {
             n.atime = set_time(t);
@@ -436,7 +436,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         Ok(want)
     }
 
-    fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+    fn write(&self, req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         let mut g = self.lock();
         let n = g.regular(node.0)?;
         let (mut p, size) = (n.payload.clone(), n.size);
@@ -453,7 +453,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         n.mtime = now;
         n.ctime = now;
         if args.write_flags & shortfuse::abi::FUSE_WRITE_KILL_SUIDGID != 0 {
-            n.mode &= !(libc::S_ISUID | libc::S_ISGID);
+            n.mode &= !req.setid_bits_to_clear(n.mode, n.gid);
         }
         g.dirty.insert(node.0);
         Ok(data.len())

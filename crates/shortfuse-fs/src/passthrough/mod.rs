@@ -332,16 +332,13 @@ impl PassthroughFs {
         flags
     }
 
-    /// Clears set-user-id and set-group-id (when group-executable), as the
-    /// kernel does for unprivileged writers; a root daemon's own writes and
-    /// truncates would not.
-    fn kill_suidgid(&self, fd: std::os::fd::BorrowedFd<'_>, st: &libc::stat, open: bool) -> Result<()> {
+    /// Clears set-user-id and set-group-id as the kernel does for
+    /// unprivileged writers ([`Request::setid_bits_to_clear`]); a root
+    /// daemon's own writes and truncates would not.
+    fn kill_suidgid(&self, req: &Request, fd: std::os::fd::BorrowedFd<'_>, st: &libc::stat, open: bool) -> Result<()> {
         let mode = st.st_mode & 0o7777;
-        let mut kill = libc::S_ISUID;
-        if mode & libc::S_IXGRP != 0 {
-            kill |= libc::S_ISGID;
-        }
-        if mode & kill == 0 {
+        let kill = req.setid_bits_to_clear(mode, st.st_gid);
+        if kill == 0 {
             return Ok(());
         }
         if open {
@@ -615,7 +612,7 @@ impl Filesystem for PassthroughFs {
         Ok(attr_of(&st))
     }
 
-    fn setattr(&self, _req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         let inode = self.inodes.get(node)?;
         let file = match set.fh {
             Some(fh) if fh.0 != 0 => Some(self.file(node, fh)?),
@@ -652,7 +649,7 @@ impl Filesystem for PassthroughFs {
         }
         if set.kill_suidgid && set.mode.is_none() {
             let st = sys::fstat(inode.fd()?.as_fd())?;
-            self.kill_suidgid(inode.fd()?.as_fd(), &st, false)?;
+            self.kill_suidgid(req, inode.fd()?.as_fd(), &st, false)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
             let times = [timespec(set.atime), timespec(set.mtime)];
@@ -832,11 +829,11 @@ impl Filesystem for PassthroughFs {
         read_full(&file, buf, offset)
     }
 
-    fn write(&self, _req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
+    fn write(&self, req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         let file = self.file(node, fh)?;
         if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
             let st = sys::fstat(file.fd())?;
-            self.kill_suidgid(file.fd(), &st, true)?;
+            self.kill_suidgid(req, file.fd(), &st, true)?;
         }
         if file.direct && !aligned(data.as_ptr()) {
             return with_aligned(data.len(), |bounce| {

@@ -711,11 +711,8 @@ impl Dispatcher {
         if opened.data_map.as_ref().and_then(DataMap::as_whole).is_none() {
             return false;
         }
-        fs.getattr(req, node, Some(opened.fh)).is_ok_and(|a| {
-            a.mode & libc::S_IFMT == libc::S_IFREG
-                && (a.mode & libc::S_ISUID != 0
-                    || a.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP)
-        })
+        fs.getattr(req, node, Some(opened.fh))
+            .is_ok_and(|a| a.mode & libc::S_IFMT == libc::S_IFREG && req.setid_bits_to_clear(a.mode, a.gid) != 0)
     }
 
     /// How log lines name the file system: `fsname`, else `subtype`.
