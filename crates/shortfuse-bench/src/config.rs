@@ -222,10 +222,69 @@ impl Config {
             .collect()
     }
 
+    /// What this configuration is, in a few words for the report's legend:
+    /// the transport, the file system and the options.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Native => "ext4 itself, no FUSE: the baseline every ratio is taken against".into(),
+            Kind::Shortfuse {
+                fs,
+                transport,
+                opts,
+                threads,
+            } => {
+                let via = match transport.as_str() {
+                    "uring" => "FUSE over io_uring",
+                    "dev" => "FUSE over /dev/fuse",
+                    t => t,
+                };
+                let opts = match opts.as_str() {
+                    "" => "its defaults".to_string(),
+                    "base" => "-o base (1 thread, 4 KiB writes, no write-back cache, no splice: StackfsBase of To FUSE or Not to FUSE (FAST '17))".into(),
+                    "optimized" => "-o optimized (write-back cache, 128 KiB writes, splice, a thread per CPU: StackfsOpt of To FUSE or Not to FUSE (FAST '17))".into(),
+                    "passthrough" => "-o passthrough (the kernel reads and writes the backing file itself; opens and metadata still go to the daemon)".into(),
+                    o => format!("-o {o}"),
+                };
+                let threads = threads.map(|t| format!(", --threads {t}")).unwrap_or_default();
+                format!("`shortfuse mount {fs}` {via}, {opts}{threads}")
+            }
+            Kind::Bindfs { args } if args.is_empty() => "Debian's bindfs, its defaults".into(),
+            Kind::Bindfs { args } => format!("Debian's bindfs {}", args.join(" ")),
+            Kind::PassthroughLl => {
+                "libfuse's passthrough_ll example, built with cc -O2 from libfuse3-dev, -o cache=always,writeback as its authors suggest for speed"
+                    .into()
+            }
+            Kind::Preload { maps: true } => {
+                "no kernel mount: the preload shim serves passthrough inside the process (`shortfuse run`), with data maps".into()
+            }
+            Kind::Preload { maps: false } => "as preload, with the data maps off (SHORTFUSE_MAPS=off)".into(),
+            Kind::Shim { fs, ring: true } => {
+                format!("no kernel mount: the shim sends each call to a `shortfuse serve {fs}` daemon over shared-memory rings")
+            }
+            Kind::Shim { fs, ring: false } => format!("no kernel mount: the shim serves {fs} inside the process"),
+            Kind::Sftp => "`shortfuse mount sftp` over /dev/fuse from a loopback sshd, its defaults".into(),
+            Kind::SftpShim { cache } => format!(
+                "sftp served inside the process by the shim from a loopback sshd, user-space cache {}",
+                if *cache { "on" } else { "off" }
+            ),
+            Kind::Sshfs { direct_io: false } => "Debian's sshfs from the same kind of loopback sshd, its defaults".into(),
+            Kind::Sshfs { direct_io: true } => "Debian's sshfs with -o direct_io (no kernel page cache)".into(),
+        }
+    }
+
     /// Whether files written here can be read back: `null` forgets every
     /// name, so only the `transport` suite's empty operations run on it.
     pub fn holds_files(&self) -> bool {
         !matches!(&self.kind, Kind::Shortfuse { fs, .. } | Kind::Shim { fs, .. } if fs == "null")
+    }
+
+    /// Whether this configuration runs its workload under the preload shim
+    /// (`libshortfuse_preload.so` beside the `shortfuse` binary).
+    pub fn needs_shim(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. }
+        )
     }
 
     /// Whether this configuration asked for FUSE over io_uring.

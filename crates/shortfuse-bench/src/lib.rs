@@ -118,7 +118,57 @@ struct Plan {
     n: usize,
 }
 
+/// Progress on stderr: one line rewritten in place on a terminal; plain
+/// lines, without carriage returns or escape codes, when stderr is a file
+/// or a pipe (a log must read as text).
+struct Progress {
+    terminal: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        use std::io::IsTerminal;
+        Progress {
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn step(&mut self, label: &str, started: std::time::Instant, step: &str) {
+        if self.terminal {
+            eprint!("\r\x1b[2K{label} ({:.0}s): {step}", started.elapsed().as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn done(&mut self, label: &str, started: std::time::Instant, ok: bool) {
+        let line = format!(
+            "{label}: {} in {:.1}s",
+            if ok { "done" } else { "failed" },
+            started.elapsed().as_secs_f64()
+        );
+        if self.terminal {
+            eprintln!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// How many times a suite runs on each configuration: every figure is the
+/// median of these runs, shown with their range. `dist` repeats its rows
+/// itself (its modes take turns inside one run), so the runner runs it once.
+pub fn repeats(suite: &str, scale: Scale) -> usize {
+    match suite {
+        "dist" => 1,
+        _ => scale.pick(2, 3, 5),
+    }
+}
+
 impl Plan {
+    fn repeats(&self, suite: &str) -> usize {
+        repeats(suite, self.scale)
+    }
+
     fn describe(&self, suite: &str) -> String {
         let s = self.scale;
         match suite {
@@ -211,42 +261,77 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         n: opts.threads.unwrap_or(2 * cores()).max(2),
     };
     let mut suites = Vec::new();
+    let mut log = Progress::new();
     for suite in &opts.suites {
         let configs = opts.configs.clone().unwrap_or_else(|| Config::defaults(suite));
-        let mut results = Vec::new();
+        let repeats = plan.repeats(suite);
+        // Each configuration's runs so far, or why it stopped.
+        let mut runs: Vec<Result<Vec<Vec<Figure>>, String>> = vec![Ok(Vec::new()); configs.len()];
         for (i, config) in configs.iter().enumerate() {
             if !config.holds_files() && suite != "transport" {
-                results.push(ConfigResult {
-                    config: config.name.clone(),
-                    error: Some(format!(
-                        "not applicable: {} keeps no files, and {suite} needs them (only transport runs on it)",
-                        config.name
-                    )),
-                    figures: vec![],
-                });
-                continue;
+                runs[i] = Err(format!(
+                    "not applicable: {} keeps no files, and {suite} needs them (only transport runs on it)",
+                    config.name
+                ));
             }
-            let label = format!("[{}/{}] {suite} on {}", i + 1, configs.len(), config.name);
-            let started = std::time::Instant::now();
-            let mut progress = |step: &str| {
-                eprint!("\r\x1b[2K{label} ({:.0}s): {step}", started.elapsed().as_secs_f64());
-                let _ = std::io::stderr().flush();
-            };
-            progress("preparing");
-            let raw = opts.out.join("raw").join(suite).join(&config.name);
-            let outcome = config.prepare(&env).and_then(|p| {
-                let figures = plan
-                    .run(suite, config, &p.dir, &raw, &mut progress)
-                    .map_err(|e| format!("workload failed: {e}"))?;
-                p.check_transport(&env)?;
-                Ok(figures)
-            });
-            eprintln!(
-                "\r\x1b[2K{label}: {} in {:.1}s",
-                if outcome.is_ok() { "done" } else { "failed" },
-                started.elapsed().as_secs_f64()
-            );
-            results.push(match outcome {
+        }
+        // Rounds: every configuration once per round, the first of a round
+        // rotating, so that a slow spell of this shared machine hits every
+        // configuration alike rather than all runs of one.
+        for round in 0..repeats {
+            for k in 0..configs.len() {
+                let i = (k + round) % configs.len();
+                let config = &configs[i];
+                if runs[i].is_err() {
+                    continue;
+                }
+                let label = format!(
+                    "[{}/{}] {suite} on {}, run {}/{repeats}",
+                    k + 1,
+                    configs.len(),
+                    config.name,
+                    round + 1
+                );
+                let started = std::time::Instant::now();
+                let mut progress = |step: &str| log.step(&label, started, step);
+                progress("preparing");
+                let raw = opts
+                    .out
+                    .join("raw")
+                    .join(suite)
+                    .join(&config.name)
+                    .join(format!("run-{}", round + 1));
+                let outcome = config.prepare(&env).and_then(|p| {
+                    let figures = plan
+                        .run(suite, config, &p.dir, &raw, &mut progress)
+                        .map_err(|e| format!("workload failed: {e}"))?;
+                    p.check_transport(&env)?;
+                    if figures.is_empty() {
+                        return Err("the workload gave no figures".to_string());
+                    }
+                    Ok(figures)
+                });
+                log.done(&label, started, outcome.is_ok());
+                match outcome {
+                    Ok(figures) => {
+                        if let Ok(r) = &mut runs[i] {
+                            r.push(figures);
+                        }
+                    }
+                    Err(e) => {
+                        runs[i] = Err(if round == 0 {
+                            e
+                        } else {
+                            format!("run {}: {e}", round + 1)
+                        })
+                    }
+                }
+            }
+        }
+        let results: Vec<ConfigResult> = configs
+            .iter()
+            .zip(runs)
+            .map(|(config, r)| match r.and_then(|r| report::merge_runs(r)) {
                 Ok(figures) => ConfigResult {
                     config: config.name.clone(),
                     error: None,
@@ -257,11 +342,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
                     error: Some(e),
                     figures: vec![],
                 },
-            });
-        }
+            })
+            .collect();
         suites.push(SuiteResult {
             suite: suite.clone(),
             scale: plan.describe(suite),
+            repeats,
             comparisons: report::comparisons(&results),
             results,
         });
@@ -329,14 +415,12 @@ pub fn cli_main(args: &[String]) -> i32 {
             if let Some(e) = &report.plot_error {
                 eprintln!("no plots: {e}");
             }
-            let failed = report
-                .suites
-                .iter()
-                .flat_map(|s| &s.results)
-                .filter(|r| r.error.is_some())
-                .count();
+            let failed = report.incomplete().len();
             if failed > 0 {
+                // A demo that lost a configuration must not pass for a
+                // complete one (make stops here).
                 eprintln!("{failed} suite run(s) did not complete; see the report for why");
+                return 1;
             }
             0
         }

@@ -176,20 +176,30 @@ fn latency_bars(suite: &SuiteResult, path: &PathBuf) -> Result<bool, String> {
 struct Line {
     config: String,
     unit: String,
-    points: Vec<(f64, f64)>,
+    points: Vec<(u32, f64)>,
+}
+
+/// The label of thread count `x` on the axis: the count where one was
+/// measured, nothing between.
+fn thread_label(measured: &[u32], x: u32) -> String {
+    if measured.contains(&x) {
+        x.to_string()
+    } else {
+        String::new()
+    }
 }
 
 /// One line per configuration: the series' value against the thread count.
 fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), String> {
     let lines: Vec<Line> = ran(suite)
         .map(|r| {
-            let mut pts: Vec<(f64, f64)> = r
+            let mut pts: Vec<(u32, f64)> = r
                 .figures
                 .iter()
                 .filter(|f| f.series.as_deref() == Some(series))
-                .filter_map(|f| Some((f.threads? as f64, f.value)))
+                .filter_map(|f| Some((f.threads?, f.value)))
                 .collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            pts.sort_by_key(|p| p.0);
             let unit = r
                 .figures
                 .iter()
@@ -204,10 +214,12 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
         })
         .filter(|l| !l.points.is_empty())
         .collect();
-    let xmax = lines
-        .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.0))
-        .fold(1.0, f64::max);
+    // The axis is integral and labelled only at the measured thread counts:
+    // a continuous axis rounded its ticks (0.5, 1.5, ...) to repeated labels.
+    let mut measured: Vec<u32> = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)).collect();
+    measured.sort_unstable();
+    measured.dedup();
+    let xmax = measured.last().copied().unwrap_or(1);
     let ymax = lines
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
@@ -222,7 +234,7 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(80)
-        .build_cartesian_2d(0.5..xmax + 0.5, 0.0..ymax)
+        .build_cartesian_2d(0u32..xmax + 1, 0.0..ymax)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -230,7 +242,8 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
         .y_desc(unit)
         .label_style((FONT, 15))
         .axis_desc_style((FONT, 17))
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels(xmax as usize + 2)
+        .x_label_formatter(&|x| thread_label(&measured, *x))
         .draw()
         .map_err(err)?;
     for (
@@ -242,7 +255,7 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
     {
         let color = Palette99::pick(c).to_rgba();
         chart
-            .draw_series(LineSeries::new(pts.iter().cloned(), color.stroke_width(3)))
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(3)))
             .map_err(err)?
             .label(config.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3)));
@@ -260,4 +273,19 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_axis_labels_each_measured_count_once() {
+        let measured = [1, 2, 4, 8];
+        let labels: Vec<String> = (0..10)
+            .map(|x| thread_label(&measured, x))
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(labels, ["1", "2", "4", "8"]);
+    }
 }

@@ -83,6 +83,49 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// Folds the runs of one configuration (each a list of figures, in the
+/// same order) into one list: each figure's value is the median of its runs,
+/// which are kept with it; p50, p99 and the mean are the medians of theirs.
+/// A figure that some run lacks is an error (a run that silently measured
+/// less must not pass). A single run is returned as it is (a suite that
+/// repeats inside, like `dist`, already gave medians).
+pub fn merge_runs(runs: Vec<Vec<Figure>>) -> Result<Vec<Figure>, String> {
+    let mut runs = runs.into_iter();
+    let Some(first) = runs.next() else {
+        return Err("no run completed".into());
+    };
+    let rest: Vec<Vec<Figure>> = runs.collect();
+    if rest.is_empty() {
+        return Ok(first);
+    }
+    let mut out = Vec::with_capacity(first.len());
+    for f in first {
+        let mut same = vec![f.clone()];
+        for (i, run) in rest.iter().enumerate() {
+            let g = run
+                .iter()
+                .find(|g| g.op == f.op)
+                .ok_or_else(|| format!("run {} has no figure for {}", i + 2, f.op))?;
+            same.push(g.clone());
+        }
+        let of = |pick: &dyn Fn(&Figure) -> Option<f64>| -> Option<f64> {
+            let v: Option<Vec<f64>> = same.iter().map(pick).collect();
+            v.map(|v| median(&v))
+        };
+        let runs: Vec<f64> = same.iter().map(|g| g.value).collect();
+        out.push(Figure {
+            value: median(&runs),
+            mean: of(&|g| g.mean),
+            p50: of(&|g| g.p50),
+            p99: of(&|g| g.p99),
+            samples: same.iter().map(|g| g.samples).sum(),
+            runs,
+            ..f
+        });
+    }
+    Ok(out)
+}
+
 /// The outcome of one configuration in one suite.
 #[derive(Clone, Debug, Serialize)]
 pub struct ConfigResult {
@@ -96,8 +139,10 @@ pub struct ConfigResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct SuiteResult {
     pub suite: String,
-    /// What was scaled from the papers' definitions, in words.
+    /// What was scaled from the published workloads, in words.
     pub scale: String,
+    /// Runs per configuration; every figure is their median.
+    pub repeats: usize,
     /// Pairings reported next to the ratios to native (see [`comparisons`]).
     pub comparisons: Vec<Comparison>,
     pub results: Vec<ConfigResult>,
@@ -205,7 +250,29 @@ pub struct Report {
     pub plot_error: Option<String>,
 }
 
-/// The classes of To FUSE or Not to FUSE (FAST '17) of the relative difference to native (positive is
+/// How much better than native a figure must be to be flagged: closer
+/// than this is the same speed on this machine.
+pub const FASTER: f64 = 0.05;
+
+/// Why a configuration can legitimately beat native: the ones served inside
+/// the calling process skip the system call native pays.
+fn in_process_reason(config: &str) -> Option<&'static str> {
+    let in_process =
+        ["preload", "ring", "null-ring", "null-preload"].contains(&config) || config.starts_with("sftp-preload");
+    in_process.then_some(
+        "served inside the calling process by the preload shim, without the system call native makes (a real difference, not a measuring error)",
+    )
+}
+
+/// Whether two figures' runs overlap (a figure of one run overlaps
+/// nothing but equal values).
+fn ranges_overlap(a: &Figure, b: &Figure) -> bool {
+    let (alo, ahi) = a.range().unwrap_or((a.value, a.value));
+    let (blo, bhi) = b.range().unwrap_or((b.value, b.value));
+    alo <= bhi && blo <= ahi
+}
+
+/// The classes of To FUSE or Not to FUSE (FAST '17) for the relative difference to native (positive is
 /// better than native).
 pub fn class(rel: f64) -> &'static str {
     if rel >= -0.05 {
@@ -264,17 +331,20 @@ impl SuiteResult {
             for r in &self.results {
                 let cell = match r.figures.iter().find(|g| g.op == f.op) {
                     None => "n/a".to_string(),
-                    Some(g) => match base {
-                        Some(b) if r.config != "native" => {
-                            let ratio = g.value / b.value;
-                            let rel = relative(g.value, b.value, g.lower_is_better);
-                            format!("{} ({:.2}x, {})", fmt_value(g.value), ratio, class(rel))
+                    Some(g) => {
+                        let mut cell = fmt_value(g.value);
+                        if let Some((lo, hi)) = g.range() {
+                            cell += &format!(" [{}-{}]", fmt_value(lo), fmt_value(hi));
                         }
-                        _ => match g.range() {
-                            Some((lo, hi)) => format!("{} [{}-{}]", fmt_value(g.value), fmt_value(lo), fmt_value(hi)),
-                            None => fmt_value(g.value),
-                        },
-                    },
+                        if let Some(b) = base.filter(|_| r.config != "native") {
+                            let rel = relative(g.value, b.value, g.lower_is_better);
+                            cell += &format!(" ({:.2}x, {})", g.value / b.value, class(rel));
+                            if rel > FASTER {
+                                cell += " **faster than native**";
+                            }
+                        }
+                        cell
+                    }
                 };
                 s.push_str(&format!(" {cell} |"));
             }
@@ -287,22 +357,88 @@ impl SuiteResult {
                 r.error.as_deref().unwrap_or("")
             ));
         }
-        s.push_str("\n\nCells: value (ratio to native; class of the relative difference as in To FUSE or Not to FUSE (FAST '17): green better than -5%, yellow -5..-25%, orange -25..-50%, red worse).");
-        if self
-            .results
-            .iter()
-            .flat_map(|r| &r.figures)
-            .any(|f| f.range().is_some())
-        {
-            s.push_str(
-                " A value with [min-max] is the median of several runs, with the range (every run in the JSON).",
-            );
+        s.push_str(&format!(
+            "\n\nCells: the median of {} run(s) [smallest-largest] (ratio to native; class of the relative difference as in To FUSE or Not to FUSE (FAST '17): green better than -5%, yellow -5..-25%, orange -25..-50%, red worse). Every run is in the JSON.\n",
+            self.repeats
+        ));
+        let faster = self.faster_than_native();
+        if !faster.is_empty() {
+            s.push_str("\nFaster than native by more than 5% (a measuring error unless explained):\n\n");
+            for x in &faster {
+                s.push_str(&format!("- {x}\n"));
+            }
         }
-        s.push('\n');
         if !self.comparisons.is_empty() {
             s.push_str(&self.comparison_table());
         }
         s
+    }
+
+    /// Figures of other configurations that beat native by more than
+    /// [`FASTER`], each with why (or that nothing explains it).
+    pub fn faster_than_native(&self) -> Vec<String> {
+        let Some(native) = self.results.iter().find(|r| r.config == "native" && r.error.is_none()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for r in self
+            .results
+            .iter()
+            .filter(|r| r.config != "native" && r.error.is_none())
+        {
+            for g in &r.figures {
+                let Some(b) = native.figures.iter().find(|b| b.op == g.op) else {
+                    continue;
+                };
+                if relative(g.value, b.value, g.lower_is_better) <= FASTER {
+                    continue;
+                }
+                let why = if let Some(reason) = in_process_reason(&r.config) {
+                    reason.to_string()
+                } else if ranges_overlap(g, b) {
+                    "the runs' ranges overlap: within this machine's noise".to_string()
+                } else {
+                    "not explained: treat it as a measuring error".to_string()
+                };
+                out.push(format!(
+                    "`{}` {}: {} {} against native's {}: {why}",
+                    r.config,
+                    g.op,
+                    fmt_value(g.value),
+                    g.unit,
+                    fmt_value(b.value)
+                ));
+            }
+        }
+        out
+    }
+
+    /// Each configuration's speed relative to native over the rows both
+    /// measured (geometric mean of native's time over its time, so 1.0 is as
+    /// fast as native and 0.5 half as fast), fastest first.
+    pub fn speed_to_native(&self) -> Vec<(String, f64)> {
+        let Some(native) = self.results.iter().find(|r| r.config == "native" && r.error.is_none()) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, f64)> = self
+            .results
+            .iter()
+            .filter(|r| r.config != "native" && r.error.is_none())
+            .filter_map(|r| {
+                let logs: Vec<f64> = r
+                    .figures
+                    .iter()
+                    .filter_map(|g| {
+                        let b = native.figures.iter().find(|b| b.op == g.op)?;
+                        let x = 1.0 + relative(g.value, b.value, g.lower_is_better);
+                        (x.is_finite() && x > 0.0).then(|| x.ln())
+                    })
+                    .collect();
+                (!logs.is_empty()).then(|| (r.config.clone(), (logs.iter().sum::<f64>() / logs.len() as f64).exp()))
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
     }
 
     /// Every operation some configuration measured, in order of first
@@ -374,10 +510,13 @@ impl SuiteResult {
 impl Report {
     pub fn markdown(&self) -> String {
         let e = &self.environment;
-        let mut s = format!(
-            "# shortfuse bench\n\nkernel {}, {} x {}, commit {}\n\n",
+        let mut s = String::from("# shortfuse bench\n\n");
+        s.push_str(&self.summary());
+        s.push_str(&self.legend());
+        s.push_str(&format!(
+            "Run on kernel {}, {} x {}, commit {}. This machine is shared: compare figures within one run, not across runs.\n\n",
             e.kernel, e.cpus, e.cpu, e.commit
-        );
+        ));
         for suite in &self.suites {
             s.push_str(&suite.markdown());
             s.push('\n');
@@ -391,6 +530,96 @@ impl Report {
         if let Some(e) = &self.plot_error {
             s.push_str(&format!("\nNo plots: {e}\n"));
         }
+        s
+    }
+
+    /// Configurations that did not complete a suite, as "suite on config:
+    /// why" (the run's exit status says so too).
+    pub fn incomplete(&self) -> Vec<String> {
+        self.suites
+            .iter()
+            .flat_map(|s| {
+                s.results
+                    .iter()
+                    .filter_map(move |r| match (&r.error, r.figures.is_empty()) {
+                        (Some(e), _) => Some(format!("{} on {}: {e}", s.suite, r.config)),
+                        (None, true) => Some(format!("{} on {}: no figures", s.suite, r.config)),
+                        (None, false) => None,
+                    })
+            })
+            .collect()
+    }
+
+    /// The opening: what was measured and what it shows, in plain words.
+    fn summary(&self) -> String {
+        let names: Vec<&str> = self.suites.iter().map(|s| s.suite.as_str()).collect();
+        let mut configs: Vec<&str> = Vec::new();
+        for r in self.suites.iter().flat_map(|s| &s.results) {
+            if !configs.contains(&r.config.as_str()) {
+                configs.push(&r.config);
+            }
+        }
+        let runs: Vec<String> = self.suites.iter().map(|s| s.repeats.to_string()).collect();
+        let mut runs_said = runs.clone();
+        runs_said.dedup();
+        let mut s = format!(
+            "What was measured: the {} suite(s) on {} configurations (see the legend below), every configuration over a fresh directory or mount of the same ext4 file system; every figure is the median of {} runs, with the smallest and largest run beside it, and each ratio is to native ext4 in the same run.\n\n",
+            names.join(" and "),
+            configs.len(),
+            runs_said.join(" or ")
+        );
+        s.push_str("What it shows:\n\n");
+        for suite in &self.suites {
+            let speeds = suite.speed_to_native();
+            if speeds.is_empty() {
+                continue;
+            }
+            let list: Vec<String> = speeds.iter().map(|(c, x)| format!("{c} {x:.2}x")).collect();
+            s.push_str(&format!(
+                "- {}: speed relative to native (geometric mean over its rows; 1.00x is native's speed, 0.50x half of it), fastest first: {}.",
+                suite.suite,
+                list.join(", ")
+            ));
+            let faster = suite.faster_than_native().len();
+            if faster > 0 {
+                s.push_str(&format!(
+                    " {faster} figure(s) beat native by more than 5%; each is flagged under the table with why."
+                ));
+            }
+            s.push('\n');
+        }
+        let incomplete = self.incomplete();
+        if incomplete.is_empty() {
+            s.push_str("- Every configuration completed every suite.\n");
+        } else {
+            s.push_str(&format!(
+                "- {} suite run(s) did not complete (the run exits with a failure): {}.\n",
+                incomplete.len(),
+                incomplete.join("; ")
+            ));
+        }
+        s.push('\n');
+        s
+    }
+
+    /// Every configuration of the run with what it is.
+    fn legend(&self) -> String {
+        let all = crate::Config::all();
+        let mut s = String::from("| configuration | what it is |\n|---|---|\n");
+        let mut seen: Vec<&str> = Vec::new();
+        for r in self.suites.iter().flat_map(|s| &s.results) {
+            if seen.contains(&r.config.as_str()) {
+                continue;
+            }
+            seen.push(&r.config);
+            let what = all
+                .iter()
+                .find(|c| c.name == r.config)
+                .map(crate::Config::describe)
+                .unwrap_or_else(|| "a configuration given by the caller".into());
+            s.push_str(&format!("| {} | {what} |\n", r.config));
+        }
+        s.push('\n');
         s
     }
 
@@ -423,6 +652,7 @@ mod tests {
         let suite = SuiteResult {
             suite: "dist".into(),
             scale: String::new(),
+            repeats: 1,
             comparisons: Vec::new(),
             results: vec![ConfigResult {
                 config: "native".into(),
@@ -432,7 +662,7 @@ mod tests {
         };
         let md = suite.markdown();
         assert!(md.contains("| rnd lease | MB/s | 10.0 [3.00-12.0] |"), "{md}");
-        assert!(md.contains("median of several runs"), "{md}");
+        assert!(md.contains("the median of 1 run(s) [smallest-largest]"), "{md}");
     }
 
     #[test]
@@ -458,6 +688,7 @@ mod tests {
         let suite = SuiteResult {
             suite: "latency".into(),
             scale: "tiny".into(),
+            repeats: 1,
             comparisons: vec![],
             results: vec![
                 ConfigResult {
@@ -513,6 +744,7 @@ mod tests {
         let suite = SuiteResult {
             suite: "transport".into(),
             scale: String::new(),
+            repeats: 1,
             comparisons: cmp,
             results,
         };
@@ -543,6 +775,7 @@ mod tests {
         let suite = SuiteResult {
             suite: "data".into(),
             scale: String::new(),
+            repeats: 1,
             comparisons: comparisons(&data),
             results: data,
         };
@@ -555,5 +788,83 @@ mod tests {
             md.contains("| rd | 3.88x (green) | 3.92x (green) | 1.01x (green) |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn runs_merge_to_medians_and_a_missing_figure_fails() {
+        let lat = |op: &str, v| Figure {
+            op: op.into(),
+            unit: "us".into(),
+            value: v,
+            p50: Some(v),
+            p99: Some(2.0 * v),
+            samples: 10,
+            lower_is_better: true,
+            ..Figure::default()
+        };
+        let merged = merge_runs(vec![
+            vec![lat("stat", 3.0), lat("create", 9.0)],
+            vec![lat("stat", 1.0), lat("create", 30.0)],
+            vec![lat("create", 10.0), lat("stat", 2.0)],
+        ])
+        .unwrap();
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].op.as_str(), merged[0].value), ("stat", 2.0));
+        assert_eq!(merged[0].runs, [3.0, 1.0, 2.0]);
+        assert_eq!((merged[0].p99, merged[0].samples), (Some(4.0), 30));
+        assert_eq!((merged[1].value, merged[1].range()), (10.0, Some((9.0, 30.0))));
+        let err = merge_runs(vec![vec![lat("stat", 1.0), lat("create", 2.0)], vec![lat("stat", 1.0)]]).unwrap_err();
+        assert!(err.contains("run 2 has no figure for create"), "{err}");
+        assert!(merge_runs(vec![]).is_err());
+    }
+
+    #[test]
+    fn the_report_opens_with_a_summary_and_a_legend_and_flags_faster_than_native() {
+        let rate = |v: f64, runs: Vec<f64>| Figure {
+            runs,
+            ..Figure::rate("seq-read", "GB/s", v, 1)
+        };
+        let results = vec![
+            result("native", vec![rate(8.0, vec![7.5, 8.0, 8.5])]),
+            result("dev-passthrough", vec![rate(20.0, vec![19.0, 20.0, 25.0])]),
+            result("dev", vec![rate(4.0, vec![3.0, 4.0, 5.0])]),
+            ConfigResult {
+                config: "preload".into(),
+                error: Some("libshortfuse_preload.so is missing".into()),
+                figures: vec![],
+            },
+        ];
+        let report = Report {
+            environment: Environment::probe(),
+            suites: vec![SuiteResult {
+                suite: "latency".into(),
+                scale: String::new(),
+                repeats: 3,
+                comparisons: vec![],
+                results,
+            }],
+            plots: vec![],
+            plot_error: None,
+        };
+        let md = report.markdown();
+        let head = &md[..md.find("### latency").unwrap()];
+        assert!(head.contains("What was measured"), "{head}");
+        assert!(head.contains("median of 3 runs"), "{head}");
+        assert!(head.contains("dev-passthrough 2.50x, dev 0.50x"), "{head}");
+        assert!(
+            head.contains("| dev | `shortfuse mount passthrough` FUSE over /dev/fuse, its defaults |"),
+            "{head}"
+        );
+        assert!(head.contains("| native | ext4 itself"), "{head}");
+        assert!(head.contains("1 suite run(s) did not complete"), "{head}");
+        assert!(
+            md.contains("20.0 [19.0-25.0] (2.50x, green) **faster than native**"),
+            "{md}"
+        );
+        assert!(
+            md.contains("`dev-passthrough` seq-read: 20.0 GB/s against native's 8.00: not explained"),
+            "{md}"
+        );
+        assert_eq!(report.incomplete().len(), 1);
     }
 }

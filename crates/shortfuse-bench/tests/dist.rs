@@ -40,7 +40,7 @@ fn tiny_dist() {
     assert_eq!(ratios, rows);
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| rnd r0w100 c0 n4 lease | MB/s |"), "{md}");
-    assert!(md.contains("median of several runs"), "{md}");
+    assert!(md.contains("[smallest-largest]"), "{md}");
     let json = std::fs::read_to_string(out.join("report.json")).unwrap();
     assert!(json.contains("\"runs\""), "the runs are not in the JSON");
     for mode in dist::MODES {

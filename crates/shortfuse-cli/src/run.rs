@@ -348,8 +348,9 @@ fn shim_path() -> Result<PathBuf, String> {
     let so = dir.join(SHIM);
     if !so.is_file() {
         return Err(format!(
-            "the preload shim {} is missing: build it next to shortfuse (cargo build -p shortfuse-preload, or make build)",
-            so.display()
+            "the preload shim {} is missing: build it next to shortfuse ({})",
+            so.display(),
+            build_hint(dir)
         ));
     }
     let s = so.to_string_lossy();
@@ -359,6 +360,24 @@ fn shim_path() -> Result<PathBuf, String> {
         ));
     }
     Ok(so)
+}
+
+/// The command that builds the shim where a `shortfuse` in `dir` looks for
+/// it: cargo puts each profile in its own directory, so a release binary
+/// needs a release build of the shim (a plain `cargo build` makes a debug
+/// copy it never finds).
+fn build_hint(dir: &Path) -> String {
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "cargo build -p shortfuse-preload".into(),
+        Some("release") => "cargo build --release -p shortfuse-preload".into(),
+        Some(profile) if dir.parent().is_some_and(|p| p.join("CACHEDIR.TAG").is_file()) => {
+            format!("cargo build --profile {profile} -p shortfuse-preload")
+        }
+        _ => format!(
+            "cargo build --release -p shortfuse-preload, then copy target/release/{SHIM} to {}",
+            dir.display()
+        ),
+    }
 }
 
 /// LD_PRELOAD with the shim first (the program's own preloads follow).
@@ -408,6 +427,20 @@ fn page_zero() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hint_builds_the_shim_in_the_binary_s_own_profile() {
+        assert_eq!(
+            build_hint(Path::new("/w/target/debug")),
+            "cargo build -p shortfuse-preload"
+        );
+        assert_eq!(
+            build_hint(Path::new("/w/target/release")),
+            "cargo build --release -p shortfuse-preload"
+        );
+        assert!(build_hint(Path::new("/usr/local/bin"))
+            .contains("copy target/release/libshortfuse_preload.so to /usr/local/bin"));
+    }
 
     #[test]
     fn the_shim_goes_first_in_ld_preload() {
