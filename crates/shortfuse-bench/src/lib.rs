@@ -175,7 +175,7 @@ impl Plan {
             "latency" => {
                 let z = latency::Sizes::of(s);
                 format!(
-                    "Scale {}: {} metadata operations, {} data operations per row, {} MiB sequential read (mean latency in µs; p50/p99 in the JSON).",
+                    "Scale {}: {} metadata operations, {} data operations per row, {} MiB sequential read (the median latency of each run in µs; the mean and p99 in the JSON).",
                     s.name(),
                     z.meta_ops,
                     z.data_ops,
@@ -331,7 +331,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         let results: Vec<ConfigResult> = configs
             .iter()
             .zip(runs)
-            .map(|(config, r)| match r.and_then(|r| report::merge_runs(r)) {
+            .map(|(config, r)| match r.and_then(report::merge_runs) {
                 Ok(figures) => ConfigResult {
                     config: config.name.clone(),
                     error: None,
