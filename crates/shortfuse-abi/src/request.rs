@@ -203,6 +203,27 @@ wire! { pub struct fuse_secctx { pub size: u32, pub padding: u32 } }
 wire! { pub struct fuse_secctx_header { pub size: u32, pub nr_secctx: u32 } }
 wire! { pub struct fuse_supp_groups { pub nr_groups: u32 } }
 
+/// The supplementary group ids a request's extensions carry (the
+/// FUSE_EXT_GROUPS extension; native-endian u32s, empty without it), or
+/// None when the extensions are malformed.
+pub fn supp_groups(mut extensions: &[u8]) -> Option<&[u8]> {
+    let mut groups: &[u8] = &[];
+    while !extensions.is_empty() {
+        let (e, _) = fuse_ext_header::read_from_prefix(extensions).ok()?;
+        let size = e.size as usize;
+        if size < core::mem::size_of::<fuse_ext_header>() || size > extensions.len() {
+            return None;
+        }
+        if e.typ == crate::FUSE_EXT_GROUPS {
+            let body = &extensions[8..size];
+            let (g, rest) = fuse_supp_groups::read_from_prefix(body).ok()?;
+            groups = rest.get(..(g.nr_groups as usize).checked_mul(4)?)?;
+        }
+        extensions = &extensions[size..];
+    }
+    Some(groups)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

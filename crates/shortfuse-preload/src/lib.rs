@@ -54,6 +54,14 @@
 //! when it has one (a Go thread's), and the handler's work on the hook
 //! stack.
 //!
+//! Credentials. Every request carries the calling thread's fsuid, fsgid
+//! and supplementary groups as they are now (`creds`: read again after the
+//! program's setuid, setgroups, setresgid... calls), and every walk checks
+//! that the caller may search each directory it looks a name up in, cached
+//! names included, as the kernel's `default_permissions` does. A mount that
+//! cannot be built or reached (no daemon, a daemon that refuses this user)
+//! stops the program with exit status 2 before it runs.
+//!
 //! Threads and processes. clone3 answers ENOSYS (glibc falls back to clone,
 //! as under seccomp sandboxes); clone with a new stack returns on that stack;
 //! vfork, and clone(CLONE_VM) without a stack, keep their return address off
@@ -136,6 +144,7 @@
 #![deny(unsafe_code)]
 
 mod calls;
+mod creds;
 mod mounts;
 mod sud;
 mod sys;
@@ -217,6 +226,10 @@ fn mark_slow_calls() {
     for nr in [13, 15, 56, 57, 58, 60, 435] {
         sys::set_slow(nr);
     }
+    // Credential changes: requests carry the caller's current ones.
+    for nr in creds::CALLS {
+        sys::set_slow(nr);
+    }
 }
 
 /// The LD_PRELOAD constructor.
@@ -227,7 +240,10 @@ extern "C" fn init() {
     let state = match mounts::build(&spec) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("shortfuse-preload: {e}; running without mounts");
+            // Never run a program without the mounts it asked for: its
+            // calls would reach whatever the kernel has at those paths.
+            eprintln!("shortfuse-preload: {e}; not running without the mounts");
+            sys::raw(libc::SYS_exit_group, 2, 0, 0, 0, 0, 0);
             return;
         }
     };
@@ -405,8 +421,11 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
 /// (`calls::spare::keeps`). The file system's own calls leave it: their
 /// descriptors go above the program's.
 pub(crate) fn before_serving(nr: i64) {
-    if !calls::spare::keeps(nr) && !sys::thread().in_hook.load(Ordering::Relaxed) {
-        calls::spare::before_kernel(nr);
+    if !sys::thread().in_hook.load(Ordering::Relaxed) {
+        if !calls::spare::keeps(nr) {
+            calls::spare::before_kernel(nr);
+        }
+        creds::before_call(nr);
     }
 }
 

@@ -72,6 +72,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
         let ring = shortfuse_vfs::Ring::connect(&mp).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        vfs.client().set_caller(crate::creds::current);
         vfs.set_umask(umask);
         vfs.set_read_only(run.ro);
         return Ok(vfs);
@@ -132,6 +133,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::untimed()));
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+    vfs.client().set_caller(crate::creds::current);
     if let Some(maps) = maps {
         vfs.set_maps(maps);
     }

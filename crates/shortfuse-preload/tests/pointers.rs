@@ -3,7 +3,7 @@
 //! path is EFAULT too, although the shim's trampoline is mapped at address
 //! 0, and nothing is made from the trampoline's bytes (a symbolic link
 //! `rel` to them in the current directory, outside the mount, say).
-//! tests/pointers/badptr.c runs natively on a directory of ext4 and under
+//! tests/c/badptr.c runs natively on a directory of ext4 and under
 //! the shim on in-process mounts; the outputs must be the same. Runs as
 //! root, which maps the trampoline at address 0 whatever vm.mmap_min_addr
 //! says.
@@ -17,7 +17,7 @@ use std::process::Command;
 use support::{scratch, shim};
 
 fn badptr() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pointers/badptr.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/badptr.c");
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("badptr");
     let o = Command::new("cc")
         .args(["-O1", "-Wall", "-o"])

@@ -109,6 +109,20 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     shortfuse::control::socket_path(mountpoint).with_extension("ring")
 }
 
+/// Where a client looks for the daemon serving `mountpoint`: its own
+/// user's daemon ([`socket_path`]), then root's (which serves other users
+/// with `-o allow_other`, as a kernel mount does).
+pub fn socket_paths(mountpoint: &Path) -> Vec<PathBuf> {
+    let own = socket_path(mountpoint);
+    let root = shortfuse::control::socket_path_in(Path::new(shortfuse::control::ROOT_SOCKET_DIR), mountpoint)
+        .with_extension("ring");
+    if root == own {
+        vec![own]
+    } else {
+        vec![own, root]
+    }
+}
+
 /// The name of the directory where programs of the daemon listening on
 /// ring socket `socket` make the kernel nodes that stand for its FIFOs and
 /// device nodes (the preload shim opens those, never the daemon): the

@@ -46,8 +46,10 @@ use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
 
+mod caller;
 mod ownership;
 
+use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
 
 /// How the daemon shapes and polls its rings.
@@ -71,6 +73,11 @@ pub struct ServerConfig {
     /// and tells the kernel of every change a client makes. `None`: a
     /// notifier of the server's own, reaching the clients alone.
     pub notifier: Option<Notifier>,
+    /// Serve each request with the caller's credentials (see
+    /// `server::caller`): for a daemon running as root whose file system
+    /// works on the host's files, so that the kernel checks permissions as
+    /// for the caller and the caller owns what it creates.
+    pub impersonate: bool,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +90,7 @@ impl Default for ServerConfig {
             client_spin: Duration::from_micros(DEFAULT_SPIN_US),
             records: 256,
             notifier: None,
+            impersonate: false,
         }
     }
 }
@@ -113,6 +121,8 @@ pub struct Server {
 
 struct Shared {
     fs: Arc<dyn Filesystem>,
+    /// The daemon's user: without `allow_other`, the only one served.
+    owner: u32,
     opts: MountOptions,
     stats: Arc<Stats>,
     config: ServerConfig,
@@ -138,6 +148,8 @@ struct Shared {
 /// One client's connection.
 struct Conn {
     id: u64,
+    /// What the client's process may claim to be.
+    peer: Peer,
     region: Region,
     geo: Geometry,
     dispatcher: Dispatcher,
@@ -207,8 +219,12 @@ impl Server {
         }
         let listener = sys::listen(path)?;
         let notifier = config.notifier.clone().unwrap_or_default();
+        // Anybody may connect: the handshake tells another user why it is
+        // refused (without `allow_other`), or serves it.
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let shared = Arc::new(Shared {
             fs,
+            owner: sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32,
             opts,
             stats,
             config,
@@ -388,7 +404,25 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         );
         return;
     }
-    let conn = match Conn::new(&shared) {
+    let peer = match Peer::of(sock.as_fd()) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = sys::send(sock.as_fd(), format!("error: who is connecting: {e}").as_bytes(), None);
+            return;
+        }
+    };
+    let owner = shared.owner;
+    if peer.uid() != owner && !shared.opts.allow_other {
+        // As the kernel refuses other users a FUSE mount without allow_other.
+        let msg = format!(
+            "error: this daemon runs as uid {owner} and serves only its own user's programs (uid {} asked); start it \
+             with `shortfuse serve -o allow_other` to serve every user",
+            peer.uid()
+        );
+        let _ = sys::send(sock.as_fd(), msg.as_bytes(), None);
+        return;
+    }
+    let conn = match Conn::new(&shared, peer) {
         Ok((conn, memfd)) => {
             let welcome = Welcome::new(&shared.geo, shared.config.client_spin);
             if let Err(e) = sys::send(sock.as_fd(), welcome.as_bytes(), Some(memfd.as_fd())) {
@@ -454,7 +488,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
 }
 
 impl Conn {
-    fn new(shared: &Shared) -> io::Result<(Conn, OwnedFd)> {
+    fn new(shared: &Shared, peer: Peer) -> io::Result<(Conn, OwnedFd)> {
         let geo = shared.geo;
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let memfd = sys::sealed_memfd(&format!("shortfuse-ring-{id}"), geo.bytes())?;
@@ -483,6 +517,7 @@ impl Conn {
         .with_notifier(shared.notifier.clone());
         let conn = Conn {
             id,
+            peer,
             region,
             geo,
             dispatcher,
@@ -593,7 +628,35 @@ impl Conn {
             error_reply(reply, h.unique, 0);
             return;
         }
-        if self.dispatcher.handle(req, reply, Transport::Ring) == Outcome::NoReply {
+        // Who asks, and whether the client may say so (see `caller`).
+        let Some(who) = Who::of(req, &h) else {
+            error_reply(reply, h.unique, libc::EINVAL);
+            return;
+        };
+        if !self.peer.may_be(&who) {
+            error_reply(reply, h.unique, libc::EPERM);
+            return;
+        }
+        let letting_go = matches!(
+            h.opcode,
+            abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET | abi::FUSE_FLUSH | abi::FUSE_RELEASE | abi::FUSE_RELEASEDIR
+        );
+        if who.uid != shared.owner && !shared.opts.allow_other && !letting_go {
+            // A program that left the daemon's user (setuid) is another
+            // user now: as for a kernel mount without allow_other.
+            error_reply(reply, h.unique, libc::EACCES);
+            return;
+        }
+        let acting = match Acting::start(&who, shared.config.impersonate) {
+            Ok(a) => a,
+            Err(e) => {
+                error_reply(reply, h.unique, e);
+                return;
+            }
+        };
+        let outcome = self.dispatcher.handle(req, reply, Transport::Ring);
+        drop(acting);
+        if outcome == Outcome::NoReply {
             reply.clear();
         }
         let ok = reply.len() >= 16 && abi::fuse_out_header::read_from_prefix(reply).is_ok_and(|(o, _)| o.error == 0);

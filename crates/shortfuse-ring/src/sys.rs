@@ -340,3 +340,60 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<O
     }
     Ok((n, passed))
 }
+
+/// The credentials of the process at the other end of a Unix socket, as
+/// they were when it connected (SO_PEERCRED): (pid, uid, gid).
+pub fn peer_creds(sock: BorrowedFd<'_>) -> io::Result<(u32, u32, u32)> {
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are valid out-pointers for one ucred.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((c.pid as u32, c.uid, c.gid))
+}
+
+/// This thread's file-system ids and supplementary groups become `uid`,
+/// `gid` and `groups` (the raw calls act on the calling thread alone;
+/// glibc's wrappers would change every thread of the daemon). The order
+/// keeps the capabilities each step needs: groups and gid while the fsuid
+/// is still 0. Returns false if one did not take.
+pub fn set_thread_creds(uid: u32, gid: u32, groups: &[u32]) -> bool {
+    let g = raw(
+        libc::SYS_setgroups,
+        groups.len() as i64,
+        groups.as_ptr() as i64,
+        0,
+        0,
+        0,
+        0,
+    );
+    raw(libc::SYS_setfsgid, i64::from(gid), 0, 0, 0, 0, 0);
+    raw(libc::SYS_setfsuid, i64::from(uid), 0, 0, 0, 0, 0);
+    // setfsuid and setfsgid return the previous id, never an error: ask
+    // again with an invalid one, which changes nothing.
+    g == 0
+        && raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) == i64::from(uid)
+        && raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) == i64::from(gid)
+}
+
+/// The calling thread's supplementary groups.
+pub fn thread_groups() -> Vec<u32> {
+    let n = raw(libc::SYS_getgroups, 0, 0, 0, 0, 0, 0);
+    if n <= 0 {
+        return Vec::new();
+    }
+    let mut g = vec![0u32; n as usize];
+    let got = raw(libc::SYS_getgroups, n, g.as_mut_ptr() as i64, 0, 0, 0, 0);
+    g.truncate(got.max(0) as usize);
+    g
+}

@@ -68,6 +68,24 @@ pub struct Creds {
     pub pid: u32,
 }
 
+/// The credentials of the thread that makes a request, now: its fsuid and
+/// fsgid (the request header's uid and gid) and its supplementary groups
+/// (sent as the FUSE_EXT_GROUPS request extension when there are any).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Caller {
+    /// Whether `gid` is the caller's group or one of its supplementary
+    /// groups (the kernel's in_group_p).
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
 /// Arguments of SETATTR in the kernel's form.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SetAttrIn {
@@ -113,6 +131,9 @@ pub struct Client {
     backend: Box<dyn Backend>,
     unique: AtomicU64,
     creds: std::sync::RwLock<Creds>,
+    /// Where the caller's current credentials come from (the preload
+    /// shim's per-thread ones); without it, `creds` for every request.
+    caller: std::sync::OnceLock<fn() -> std::sync::Arc<Caller>>,
     /// The file system answered FLUSH with ENOSYS: as the kernel does, and
     /// as the trait promises, it is never sent again.
     no_flush: AtomicBool,
@@ -178,6 +199,7 @@ impl Client {
             backend,
             unique: AtomicU64::new(1),
             creds: std::sync::RwLock::new(creds),
+            caller: std::sync::OnceLock::new(),
             no_flush: AtomicBool::new(false),
         }
     }
@@ -188,6 +210,27 @@ impl Client {
 
     pub fn creds(&self) -> Creds {
         *self.creds.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every request from now on carries the credentials `source` gives
+    /// for the thread that makes it (read at each request).
+    pub fn set_caller(&self, source: fn() -> std::sync::Arc<Caller>) {
+        let _ = self.caller.set(source);
+    }
+
+    /// Who makes a request on this thread now.
+    pub fn caller(&self) -> std::sync::Arc<Caller> {
+        match self.caller.get() {
+            Some(source) => source(),
+            None => {
+                let c = self.creds();
+                std::sync::Arc::new(Caller {
+                    uid: c.uid,
+                    gid: c.gid,
+                    groups: Vec::new(),
+                })
+            }
+        }
     }
 
     /// Sends `opcode` for `node` with `parts` concatenated as its body; each
@@ -222,6 +265,8 @@ impl Client {
         names: &[&[u8]],
     ) -> Result<u64, Errno> {
         let creds = self.creds();
+        let caller = self.caller.get().map(|source| source());
+        let (uid, gid) = caller.as_ref().map_or((creds.uid, creds.gid), |c| (c.uid, c.gid));
         let unique = self.unique.fetch_add(1, Ordering::Relaxed);
         req.clear();
         let header = abi::fuse_in_header {
@@ -229,8 +274,8 @@ impl Client {
             opcode,
             unique,
             nodeid: node.0,
-            uid: creds.uid,
-            gid: creds.gid,
+            uid,
+            gid,
             pid: creds.pid,
             total_extlen: 0,
             padding: 0,
@@ -242,6 +287,24 @@ impl Client {
         for n in names {
             req.extend_from_slice(n);
             req.push(0);
+        }
+        if let Some(c) = caller.filter(|c| !c.groups.is_empty()) {
+            // FUSE_EXT_GROUPS: header, count, groups, padded to 8 bytes.
+            let start = req.len();
+            let size = (8 + 4 + 4 * c.groups.len()).next_multiple_of(8);
+            let units = u16::try_from(size / 8).map_err(|_| Errno::E2BIG)?;
+            let ext = abi::fuse_ext_header {
+                size: size as u32,
+                typ: abi::FUSE_EXT_GROUPS,
+            };
+            req.extend_from_slice(ext.as_bytes());
+            req.extend_from_slice(&(c.groups.len() as u32).to_ne_bytes());
+            for g in &c.groups {
+                req.extend_from_slice(&g.to_ne_bytes());
+            }
+            req.resize(start + size, 0);
+            let at = std::mem::offset_of!(abi::fuse_in_header, total_extlen);
+            req[at..at + 2].copy_from_slice(&units.to_ne_bytes());
         }
         let len = u32::try_from(req.len()).map_err(|_| Errno::E2BIG)?;
         req[..4].copy_from_slice(&len.to_ne_bytes());

@@ -892,7 +892,7 @@ impl Vfs {
         if acc != libc::O_RDONLY && self.is_read_only() {
             return None;
         }
-        if !permits(&attr, self.client().creds(), acc) {
+        if !permits(&attr, &self.client().caller(), acc) {
             return None;
         }
         let mut map = self.maps()?.cached(node)?;
@@ -998,15 +998,15 @@ impl Vfs {
     }
 }
 
-/// Whether `attr`'s owner, group and mode bits let `creds` open with
+/// Whether `attr`'s owner, group and mode bits let `caller` open with
 /// access mode `acc` (root may always).
-fn permits(attr: &Attr, creds: crate::client::Creds, acc: i32) -> bool {
-    if creds.uid == 0 {
+fn permits(attr: &Attr, caller: &crate::client::Caller, acc: i32) -> bool {
+    if caller.uid == 0 {
         return true;
     }
-    let shift = if attr.uid == creds.uid {
+    let shift = if attr.uid == caller.uid {
         6
-    } else if attr.gid == creds.gid {
+    } else if caller.in_group(attr.gid) {
         3
     } else {
         0

@@ -22,14 +22,23 @@ impl Ring {
     /// Connects to the daemon that serves `mountpoint` (normalised here).
     pub fn connect(mountpoint: &[u8]) -> Result<Ring, String> {
         let mp = crate::normalize(mountpoint);
-        let path = shortfuse_ring::socket_path(Path::new(OsStr::from_bytes(&mp)));
-        let client = RingClient::connect(&path).map_err(|e| {
-            format!(
-                "{e} (is `shortfuse serve FS {}` running?)",
-                String::from_utf8_lossy(&mp)
-            )
-        })?;
-        Ok(Ring { client })
+        let paths = shortfuse_ring::socket_paths(Path::new(OsStr::from_bytes(&mp)));
+        let mut first = None;
+        for path in &paths {
+            match RingClient::connect(path) {
+                Ok(client) => return Ok(Ring { client }),
+                // Nobody there: root's daemon may be.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    first.get_or_insert(e);
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let e = first.map_or_else(String::new, |e| e.to_string());
+        Err(format!(
+            "{e} (is `shortfuse serve FS {}` running?)",
+            String::from_utf8_lossy(&mp)
+        ))
     }
 
     pub fn client(&self) -> &RingClient {

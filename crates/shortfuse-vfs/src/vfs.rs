@@ -486,6 +486,31 @@ impl Vfs {
         self.getattr_fresh(node, None)
     }
 
+    /// Whether the caller may search directory `dir` (look a name up in
+    /// it): its execute bit for the caller's class, as the kernel's
+    /// generic_permission sees it (the supplementary groups count; root
+    /// may always). Checked on every walk, cached names included: the file
+    /// system's LOOKUP, which may check too, is not asked for those.
+    pub fn may_search(&self, dir: NodeId) -> Result<(), Errno> {
+        let caller = self.client.caller();
+        if caller.uid == 0 {
+            return Ok(());
+        }
+        let a = self.getattr(dir)?;
+        let shift = if a.uid == caller.uid {
+            6
+        } else if caller.in_group(a.gid) {
+            3
+        } else {
+            0
+        };
+        if (a.mode >> shift) & 0o1 != 0 {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        }
+    }
+
     /// GETATTR, bypassing the cache (and refreshing it).
     pub fn getattr_fresh(&self, node: NodeId, fh: Option<u64>) -> Result<Attr, Errno> {
         let (a, ttl) = self.client.getattr(node, fh)?;
@@ -580,6 +605,9 @@ impl Vfs {
                     unasked: false,
                 }));
             }
+            // As the kernel's may_lookup: every name, dots included, is
+            // looked up in a directory the caller may search.
+            self.may_search(loc.node())?;
             if comp == b"." || comp == b".." {
                 if comp == b".." {
                     if loc.is_root() {

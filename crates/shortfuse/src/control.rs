@@ -26,7 +26,7 @@ use crate::sys;
 /// directory otherwise.
 pub fn socket_dir() -> PathBuf {
     if sys::geteuid() == 0 {
-        return PathBuf::from("/run/shortfuse");
+        return PathBuf::from(ROOT_SOCKET_DIR);
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("shortfuse"),
@@ -124,6 +124,14 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// The control socket of the mount at `mount_point` (canonical): a readable
 /// tail of the path plus a hash of all of it, short enough for sun_path.
 pub fn socket_path(mount_point: &Path) -> PathBuf {
+    socket_path_in(&socket_dir(), mount_point)
+}
+
+/// Where root's daemons put their sockets ([`socket_dir`] of root).
+pub const ROOT_SOCKET_DIR: &str = "/run/shortfuse";
+
+/// [`socket_path`] in directory `dir` (another user's [`socket_dir`]).
+pub fn socket_path_in(dir: &Path, mount_point: &Path) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
     let bytes = mount_point.as_os_str().as_bytes();
     let name: String = mount_point
@@ -140,7 +148,7 @@ pub fn socket_path(mount_point: &Path) -> PathBuf {
         })
         .take(32)
         .collect();
-    socket_dir().join(format!("{name}-{:016x}.sock", fnv1a(bytes)))
+    dir.join(format!("{name}-{:016x}.sock", fnv1a(bytes)))
 }
 
 /// Sends one request to the daemon serving `mount_point` and returns its

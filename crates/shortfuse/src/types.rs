@@ -33,14 +33,56 @@ pub struct Request {
     pub pid: u32,
 }
 
+thread_local! {
+    /// The supplementary groups the request this thread serves carried
+    /// (see [`Request::in_group`]): `None` when it carried none.
+    static CARRIED: std::cell::RefCell<Option<Vec<u32>>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Request {
     /// Whether the caller is in group `gid`: its gid, or one of its
-    /// supplementary groups. FUSE carries the former only, so the latter
-    /// are read from `/proc/PID/status` (as libfuse's
+    /// supplementary groups (the kernel's in_group_p). The preload shim
+    /// sends each request with the calling thread's current supplementary
+    /// groups (the FUSE_EXT_GROUPS extension), which count while the
+    /// dispatcher serves it, on its thread; the kernel sends none, so they
+    /// are read from `/proc/PID/status` then (as libfuse's
     /// `fuse_req_getgroups`), and only when the gid does not already
     /// answer. A caller gone meanwhile holds its gid alone.
     pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || (self.pid != 0 && supplementary_groups(self.pid).contains(&gid))
+        if self.gid == gid {
+            return true;
+        }
+        let carried = CARRIED
+            .try_with(|c| c.try_borrow().ok().and_then(|c| c.as_ref().map(|g| g.contains(&gid))))
+            .ok()
+            .flatten();
+        carried.unwrap_or_else(|| self.pid != 0 && supplementary_groups(self.pid).contains(&gid))
+    }
+}
+
+/// While alive, [`Request::in_group`] on this thread sees the groups a
+/// request carried (FUSE_EXT_GROUPS ids, native-endian u32s; `None`: it
+/// carried none).
+pub(crate) struct ServingGroups(());
+
+impl ServingGroups {
+    pub(crate) fn set(groups: Option<&[u8]>) -> ServingGroups {
+        let _ = CARRIED.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                *c = groups.map(|g| {
+                    g.chunks_exact(4)
+                        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect()
+                });
+            }
+        });
+        ServingGroups(())
+    }
+}
+
+impl Drop for ServingGroups {
+    fn drop(&mut self) {
+        let _ = CARRIED.try_with(|c| c.try_borrow_mut().map(|mut c| *c = None));
     }
 
     /// The set-id bits that a write or truncation by this caller, who

@@ -7,12 +7,14 @@
 //! the thread, so permission checks are the caller's; they come back when
 //! the guard restores fsuid 0.
 //!
-//! Limitation: FUSE tells us the caller's uid and gid, not its
+//! Limitation: the kernel tells us the caller's uid and gid, not its
 //! supplementary groups, and the thread keeps the daemon's own group list.
 //! An operation that the caller may do only through a supplementary group
 //! (creating a file in a directory writable by a secondary group) fails
 //! with `EACCES` here even when the kernel's `default_permissions` check
-//! let it through.
+//! let it through. (Requests of the preload shim carry the groups: a ring
+//! daemon's worker thread takes all of the caller's credentials before
+//! this runs.)
 
 use std::cell::Cell;
 

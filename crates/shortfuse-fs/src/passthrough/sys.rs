@@ -115,10 +115,12 @@ pub fn openat(dir: RawFd, name: &CStr, flags: i32) -> Result<OwnedFd> {
     owned(fd)
 }
 
-/// `openat(dir, ".", O_RDONLY | O_DIRECTORY)`: a readable descriptor for
-/// the directory an `O_PATH` descriptor names, without going through `/proc`.
+/// A readable descriptor for the directory an `O_PATH` descriptor names.
 pub fn open_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd> {
-    openat(dir.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY)
+    // Through the magic link, not `openat(dir, ".")`: looking up "." needs
+    // search permission on the directory, and a caller may list a
+    // directory it can read but not search (mode 0600, as on ext4).
+    reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)
 }
 
 /// Opens the inode behind `fd` again with `flags` through its

@@ -244,6 +244,8 @@ impl Dispatcher {
             gid: h.gid,
             pid: h.pid,
         };
+        let carried = abi::supp_groups(r.extensions).filter(|g| !g.is_empty());
+        let _groups = crate::types::ServingGroups::set(carried);
         let node = NodeId(h.nodeid);
         let o = &self.opts;
         match r.op {

@@ -16,15 +16,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "report.h"
+
 #define BAD ((const char *)0xDEADC0DEUL)
 
-static void show(const char *what, long r) {
-    if (r < 0)
-        printf("%s: %s\n", what, strerrorname_np(errno));
-    else
-        printf("%s: ok\n", what);
-    fflush(stdout);
-}
 
 int main(int argc, char **argv) {
     if (argc != 2)
