@@ -6,7 +6,8 @@ them.
 - crates/shortfuse-preload/tests/c/perm_drop.c builds a tree as root, then drops to uid/gid 65534 with
   supplementary groups 65532 and 65531 (setgroups, setresgid, setresuid)
   and prints what opens, creates, removes, renames, chmod, chown, truncate
-  and utimensat give, and who owns what it made. Its output on each path
+  and utimensat give, who owns what it made, and whether chmod, link,
+  rename and utimensat move the inode's ctime. Its output on each path
   must be the one it gives natively on ext4: in-process passthrough and
   mem, `serve passthrough` and `serve mem` (-o allow_other, the daemon's
   permission to serve users other than its own, which a program that drops

@@ -38,6 +38,25 @@ static void owner(const char *what, const char *rel) {
     fflush(stdout);
 }
 
+/* Whether `rel`'s ctime moved across `op` (given as the call's result,
+ * made after the first stat: see the macro). */
+static struct timespec before;
+static void ctime_before(const char *rel) {
+    struct stat st;
+    before.tv_sec = before.tv_nsec = -1;
+    if (lstat(P(rel), &st) == 0)
+        before = st.st_ctim;
+    usleep(10000);
+}
+static void ctime_after(const char *what, const char *rel, long r) {
+    struct stat st;
+    int moved = lstat(P(rel), &st) == 0 &&
+                (st.st_ctim.tv_sec != before.tv_sec || st.st_ctim.tv_nsec != before.tv_nsec);
+    printf("ctime moves on %s: %s (%s)\n", what, moved ? "yes" : "no", r < 0 ? strerrorname_np(errno) : "ok");
+    fflush(stdout);
+}
+#define ctime_moves(what, rel, call) (ctime_before(rel), ctime_after(what, rel, call))
+
 static int mkfile(const char *rel, mode_t mode, uid_t u, gid_t g) {
     int fd = open(P(rel), O_CREAT | O_WRONLY | O_TRUNC, 0600);
     if (fd < 0 || write(fd, "data\n", 5) != 5 || fchown(fd, u, g) < 0 || fchmod(fd, mode) < 0)
@@ -128,5 +147,11 @@ int main(int argc, char **argv) {
     show("utimensat now on worldw", utimensat(AT_FDCWD, P("worldw"), now, 0));
     show("utimensat a time on worldw", utimensat(AT_FDCWD, P("worldw"), then, 0));
     show("utimensat a time on own file", utimensat(AT_FDCWD, P("own/mine"), then, 0));
+    /* Changes of the inode move its ctime (10 ms apart: far above the
+     * timestamps' granularity). */
+    ctime_moves("chmod", "own/mine", chmod(P("own/mine"), 0640));
+    ctime_moves("link", "own/mine", link(P("own/mine"), P("own/hard2")));
+    ctime_moves("rename", "own/mine", rename(P("own/hard2"), P("own/hard3")));
+    ctime_moves("utimensat", "own/mine", utimensat(AT_FDCWD, P("own/mine"), then, 0));
     return 0;
 }
