@@ -58,6 +58,20 @@ impl Request {
             .flatten();
         carried.unwrap_or_else(|| self.pid != 0 && supplementary_groups(self.pid).contains(&gid))
     }
+
+    /// The set-id bits that a write or truncation by this caller, who
+    /// lacks CAP_FSETID (the kernel's `FUSE_WRITE_KILL_SUIDGID` and
+    /// `FATTR_KILL_SUIDGID` say so), clears in a regular file of `mode`
+    /// and group `gid`, as the kernel's `setattr_should_drop_suidgid`:
+    /// set-user-ID always; set-group-ID when group-executable, and without
+    /// group execution too unless the caller is in the file's group.
+    pub fn setid_bits_to_clear(&self, mode: u32, gid: u32) -> u32 {
+        let mut kill = mode & libc::S_ISUID;
+        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !self.in_group(gid)) {
+            kill |= libc::S_ISGID;
+        }
+        kill
+    }
 }
 
 /// While alive, [`Request::in_group`] on this thread sees the groups a
@@ -83,20 +97,6 @@ impl ServingGroups {
 impl Drop for ServingGroups {
     fn drop(&mut self) {
         let _ = CARRIED.try_with(|c| c.try_borrow_mut().map(|mut c| *c = None));
-    }
-
-    /// The set-id bits that a write or truncation by this caller, who
-    /// lacks CAP_FSETID (the kernel's `FUSE_WRITE_KILL_SUIDGID` and
-    /// `FATTR_KILL_SUIDGID` say so), clears in a regular file of `mode`
-    /// and group `gid`, as the kernel's `setattr_should_drop_suidgid`:
-    /// set-user-ID always; set-group-ID when group-executable, and without
-    /// group execution too unless the caller is in the file's group.
-    pub fn setid_bits_to_clear(&self, mode: u32, gid: u32) -> u32 {
-        let mut kill = mode & libc::S_ISUID;
-        if mode & libc::S_ISGID != 0 && (mode & libc::S_IXGRP != 0 || !self.in_group(gid)) {
-            kill |= libc::S_ISGID;
-        }
-        kill
     }
 }
 
