@@ -11,6 +11,9 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,16 +26,20 @@ class Server:
     arguments after the data directory (`--etcd URL`: an agent)."""
 
     def __init__(self, base: Path, listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()):
-        self.proc = subprocess.Popen(
-            [str(sfmount.shortfuse_bin()), "dist", "up", "--data", str(base / "data"), "--listen", listen, *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # Its log in a file: a pipe nobody reads would fill up and stall it.
+        fd, log = tempfile.mkstemp(prefix="dist-up-", suffix=".log", dir=base)
+        self.log = Path(log)
+        with os.fdopen(fd, "w") as err:
+            self.proc = subprocess.Popen(
+                [str(sfmount.shortfuse_bin()), "dist", "up", "--data", str(base / "data"), "--listen", listen, *extra],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
         line = self.proc.stdout.readline()
         if " on " not in line:
             self.proc.kill()
-            raise AssertionError(f"dist up did not start: {line!r} {self.proc.stderr.read()}")
+            raise AssertionError(f"dist up did not start: {line!r} {self.log.read_text()}")
         self.addr = line.rsplit(" on ", 1)[1].strip()
 
     def close(self) -> None:
@@ -295,7 +302,43 @@ def test_server_stopped_by_signal_exits_zero(sig, restartable):
     u = sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(a)], timeout=30)
     assert u.returncode == 0, u.stderr
     r.server.proc.send_signal(sig)
-    assert r.server.proc.wait(timeout=30) == 0, r.server.proc.stderr.read()
+    assert r.server.proc.wait(timeout=30) == 0, r.server.log.read_text()
     r.restart()
     b = r.clients.mount("b")
     assert (b / "d").is_dir()
+
+
+def kill(r: "Restartable") -> str:
+    """SIGKILLs the server; returns what it logged."""
+    r.server.proc.send_signal(signal.SIGKILL)
+    r.server.proc.wait(timeout=30)
+    return r.server.log.read_text()
+
+
+@pytest.mark.deadline(150)
+def test_a_call_waits_for_a_restarting_server_and_both_sides_log_it(restartable):
+    """A server that is down is waited for (boundedly) instead of failing
+    the call at once: a mkdir made while it is down completes once it is
+    back. The client's log says the connection was lost and restored, the
+    server's who connected and that the session was resumed; a server away
+    longer than the wait fails the call with ENOTCONN, and that is logged."""
+    a = restartable.clients.mount("a")
+    addr = restartable.addr
+    (a / "before").write_bytes(b"x")
+    assert "connected from" in kill(restartable)
+    mkdir = "import os, sys\nos.mkdir(sys.argv[1])\nprint('made')"
+    probe = subprocess.Popen([sys.executable, "-c", mkdir, str(a / "during")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The mkdir is on its way while nothing listens.
+    time.sleep(1)
+    restartable.restart()
+    out, err = probe.communicate(timeout=60)
+    assert out.strip() == "made", err
+    log = sfmount.run([str(sfmount.shortfuse_bin()), "logs", str(a)]).stdout
+    assert f"connection to the server at {addr} lost" in log and "reconnected to the server" in log, log
+
+    assert "session resumed" in kill(restartable)
+    r = sfmount.run([sys.executable, "-c", mkdir, str(a / "too-late")], timeout=60)
+    assert "Transport endpoint is not connected" in r.stderr, r.stderr
+    log = sfmount.run([str(sfmount.shortfuse_bin()), "logs", str(a)]).stdout
+    assert "is unreachable" in log and "fails with ENOTCONN" in log, log
+    restartable.restart()

@@ -203,6 +203,10 @@ impl std::str::FromStr for Consistency {
     }
 }
 
+/// How long a call waits for an unreachable server (down, restarting)
+/// before it fails with `ENOTCONN`.
+pub const RECONNECT_WAIT: Duration = Duration::from_secs(10);
+
 /// How a client is set up.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -665,6 +669,48 @@ impl Inner {
                 return Ok(c.clone());
             }
         }
+        // A server that is down or restarting: wait for it, bounded, before
+        // failing the call (as sftp's reconnect), saying so once.
+        let lost = slot.is_some();
+        let deadline = Instant::now() + RECONNECT_WAIT;
+        let mut said = false;
+        loop {
+            match self.open_conn(&mut slot) {
+                Ok(c) => {
+                    if lost || said {
+                        tracing::info!(
+                            "distfs: reconnected to the server at {} (session {:?})",
+                            self.cfg.addr,
+                            c.client
+                        );
+                    }
+                    return Ok(c);
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    tracing::error!(
+                        "distfs: the server at {} is unreachable ({e}) after {RECONNECT_WAIT:?}: the call fails with \
+                         ENOTCONN (the next one tries again)",
+                        self.cfg.addr
+                    );
+                    return Err(Errno::ENOTCONN);
+                }
+                Err(e) => {
+                    if !said {
+                        tracing::warn!(
+                            "distfs: cannot reach the server at {} ({e}); retrying for up to {RECONNECT_WAIT:?}",
+                            self.cfg.addr
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// One attempt at a new connection (resuming the lease session), put in
+    /// `slot`.
+    fn open_conn(&self, slot: &mut MutexGuard<'_, Option<Arc<Conn>>>) -> std::io::Result<Arc<Conn>> {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         let me = self.me.clone();
         let resume = match self.session.load(Ordering::Acquire) {
@@ -685,14 +731,16 @@ impl Inner {
                         let revokers = inner.revokers.clone();
                         revokers.run(Box::new(move || inner.revoke(gfi, lease, step_down, generation)))
                     }
-                    Event::Closed => std::thread::Builder::new()
-                        .name("distfs-reconnect".into())
-                        .spawn(move || inner.reconnect())
-                        .map(|_| ()),
+                    Event::Closed => {
+                        tracing::warn!("distfs: connection to the server at {} lost", inner.cfg.addr);
+                        std::thread::Builder::new()
+                            .name("distfs-reconnect".into())
+                            .spawn(move || inner.reconnect())
+                            .map(|_| ())
+                    }
                 };
             }),
-        )
-        .map_err(|_| Errno::ENOTCONN)?;
+        )?;
         if resume.is_some() {
             // A new session's open files were closed with the old one, and
             // a server that restarted kept only the openers of orphans: tell
@@ -712,9 +760,12 @@ impl Inner {
         if bs == 0 {
             self.block_size.store(conn.block_size, Ordering::Release);
         } else if bs != conn.block_size {
-            return Err(Errno::EIO);
+            return Err(std::io::Error::other(format!(
+                "the server's block size changed from {bs} to {}",
+                conn.block_size
+            )));
         }
-        *slot = Some(conn.clone());
+        **slot = Some(conn.clone());
         Ok(conn)
     }
 

@@ -307,6 +307,7 @@ async fn read_msg(rd: &mut OwnedReadHalf) -> std::io::Result<ClientMsg> {
 
 async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
     let _ = sock.set_nodelay(true);
+    let peer = sock.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
     let (mut rd, wr) = sock.into_split();
     let (tx, mut rx) = mpsc::unbounded_channel::<ServerMsg>();
     let writer = tokio::spawn(async move {
@@ -325,15 +326,24 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
     let client = match read_msg(&mut rd).await {
         Ok(ClientMsg {
             id,
-            req: Request::Hello { version, resume, .. },
+            req: Request::Hello { version, resume, name },
         }) if version == PROTOCOL_VERSION => {
             let session = match resume {
                 Some(c) => shared.leases.resume(c, tx.clone()).await,
                 None => shared.leases.open_session(tx.clone()).await,
             };
             let client = match session {
-                Ok(c) => c,
+                Ok(c) => {
+                    let how = match resume {
+                        Some(r) if r == c => "session resumed",
+                        Some(_) => "its session had expired: a new one",
+                        None => "new session",
+                    };
+                    tracing::info!("distfs: client {} ({name}) connected from {peer}: {how}", c.0);
+                    c
+                }
                 Err(e) => {
+                    tracing::warn!("distfs: client ({name}) from {peer} refused: {e}");
                     let _ = tx.send(ServerMsg::Reply {
                         id,
                         reply: Reply::Err(e.raw()),
@@ -358,6 +368,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
             client
         }
         Ok(ClientMsg { id, .. }) => {
+            tracing::warn!("distfs: a client from {peer} speaks another protocol version (ours: {PROTOCOL_VERSION})");
             let _ = tx.send(ServerMsg::Reply {
                 id,
                 reply: Reply::Err(Errno::EPROTO.raw()),
@@ -408,6 +419,7 @@ async fn serve_conn(shared: Arc<Shared>, sock: TcpStream) {
     // The opens and closes that came before the end are done first.
     drop(oc_tx);
     let _ = opens.await;
+    tracing::info!("distfs: client {} from {peer} disconnected", client.0);
     shared.leases.end_connection(client, &tx).await;
     let _ = reap_closed(&shared).await;
     drop(tx);
