@@ -155,11 +155,12 @@ impl Progress {
 }
 
 /// How many times a suite runs on each configuration: every figure is the
-/// median of these runs, shown with their range. `dist` repeats its rows
-/// itself (its modes take turns inside one run), so the runner runs it once.
+/// median of these runs, shown with their range. `dist` (its modes take
+/// turns inside one run) and `rings` (a fresh daemon per run) repeat their
+/// rows themselves, so the runner runs them once.
 pub fn repeats(suite: &str, scale: Scale) -> usize {
     match suite {
-        "dist" => 1,
+        "dist" | "rings" => 1,
         _ => scale.pick(2, 3, 5),
     }
 }
