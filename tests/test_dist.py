@@ -342,3 +342,54 @@ def test_a_call_waits_for_a_restarting_server_and_both_sides_log_it(restartable)
     log = sfmount.run([str(sfmount.shortfuse_bin()), "logs", str(a)]).stdout
     assert "is unreachable" in log and "fails with ENOTCONN" in log, log
     restartable.restart()
+
+
+def lease_figures(text: str, mp: Path) -> dict:
+    """The `shortfuse_lease_*` samples of `mp` in a Prometheus text, by
+    name, parsed by the Prometheus client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        s.name: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name.startswith("shortfuse_lease_")
+        for s in f.samples
+        if s.labels.get("mountpoint") == str(mp)
+    }
+
+
+@pytest.mark.deadline(90)
+def test_metrics_show_lease_figures(dist):
+    """`stats --prometheus` and a scrape of `-o metrics=ADDR:PORT` of a
+    distfs mount show its leases: a writer whose file another client
+    reads has its write lease revoked and writes its data back, and both
+    show in the counts."""
+    import urllib.request
+
+    port = free_port()
+    a = dist.mount("a", f"metrics=127.0.0.1:{port}")
+    b = dist.mount("b")
+    (a / "f").write_bytes(b"written under a write lease")
+    # b's read needs a read lease, which revokes a's write lease.
+    assert (b / "f").read_bytes() == b"written under a write lease"
+
+    def scrape() -> list[dict]:
+        r = sfmount.run([str(sfmount.shortfuse_bin()), "stats", "--prometheus", str(a)], timeout=30)
+        assert r.returncode == 0, r.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return [lease_figures(r.stdout, a), lease_figures(resp.read().decode(), a)]
+
+    # The write-back's count is added once the server has the data, which
+    # b's read may see first.
+    assert sfmount.wait_until(
+        lambda: all(f.get("shortfuse_lease_revocation_write_backs_total", 0) >= 1 for f in scrape()), 10
+    ), scrape()
+    for figures in scrape():
+        assert figures["shortfuse_lease_granted_write_total"] >= 1, figures
+        assert figures["shortfuse_lease_revocations_total"] >= 1, figures
+        assert figures["shortfuse_lease_reconnections_total"] == 0, figures
+        assert "shortfuse_lease_granted_direct_total" in figures and "shortfuse_lease_direct_spells_total" in figures
+    # b was never revoked; its table shows its lease line too.
+    r = sfmount.run([str(sfmount.shortfuse_bin()), "stats", str(b)], timeout=30)
+    assert r.returncode == 0 and "lease: granted_read=" in r.stdout, r.stdout
+    assert "revocations=0" in r.stdout, r.stdout

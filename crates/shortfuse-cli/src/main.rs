@@ -360,9 +360,13 @@ pub(crate) fn mount(
         threads,
         ..SessionOptions::default()
     };
+    let figures = fs.figures();
     let dev = DevSession::mount(fs, mountpoint, opts, session)?;
     if let Some(c) = &cached {
         dev.stats().attach_cache(c.stats().clone());
+    }
+    if let Some(f) = figures {
+        dev.stats().attach_figures(f);
     }
     // Unmounted (umount, SIGINT/SIGTERM): what the cache still holds dirty
     // goes to the file system before the daemon exits.

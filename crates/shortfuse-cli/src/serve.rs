@@ -113,6 +113,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         if let Some(c) = &cached {
             stats.attach_cache(c.stats().clone());
         }
+        if let Some(f) = fs.figures() {
+            stats.attach_figures(f);
+        }
         let about = shortfuse::control::About {
             fs: args.fs.clone(),
             source: opts.fsname.clone().unwrap_or_default(),
@@ -140,6 +143,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     let dev = DevSession::mount(kernel_fs.clone(), mountpoint, opts.clone(), session)?;
     if let Some(c) = &cached {
         dev.stats().attach_cache(c.stats().clone());
+    }
+    if let Some(f) = fs.figures() {
+        dev.stats().attach_figures(f);
     }
     // Before the ring threads start, so that they inherit the mask and the
     // session's signal thread takes every SIGINT, SIGTERM and SIGUSR1.

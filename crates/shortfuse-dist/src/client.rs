@@ -432,8 +432,71 @@ struct Inner {
     revokers: Arc<Revokers>,
     /// Origin of [`FileState::used`].
     epoch: Instant,
-    /// Direct leases granted to this client (a diagnostic).
-    direct_grants: AtomicU64,
+    /// What `shortfuse stats` shows of the leases.
+    figures: Arc<LeaseFigures>,
+}
+
+/// Counts of this client's lease work, for `shortfuse stats` and
+/// `-o metrics` (group `lease`).
+#[derive(Default)]
+struct LeaseFigures {
+    granted_read: AtomicU64,
+    granted_write: AtomicU64,
+    granted_direct: AtomicU64,
+    revocations: AtomicU64,
+    step_downs: AtomicU64,
+    revocation_write_backs: AtomicU64,
+    direct_spells: AtomicU64,
+    reconnections: AtomicU64,
+}
+
+impl shortfuse::stats::Figures for LeaseFigures {
+    fn group(&self) -> &'static str {
+        "lease"
+    }
+
+    fn figures(&self) -> Vec<shortfuse::stats::Figure> {
+        let f = |name, v: &AtomicU64, help| shortfuse::stats::Figure {
+            name,
+            value: v.load(Ordering::Relaxed),
+            gauge: false,
+            help,
+        };
+        vec![
+            f("granted_read", &self.granted_read, "Read leases the server granted."),
+            f("granted_write", &self.granted_write, "Write leases the server granted."),
+            f(
+                "granted_direct",
+                &self.granted_direct,
+                "Direct (uncached) leases the server granted.",
+            ),
+            f(
+                "revocations",
+                &self.revocations,
+                "Revocations the server sent, of leases held here or already given back.",
+            ),
+            f(
+                "step_downs",
+                &self.step_downs,
+                "Write leases revoked for a reader that stepped down to read leases.",
+            ),
+            f(
+                "revocation_write_backs",
+                &self.revocation_write_backs,
+                "Revocations that wrote dirty data back before the lease moved.",
+            ),
+            f(
+                "direct_spells",
+                &self.direct_spells,
+                "Times a contended file went to direct leases for a spell.",
+            ),
+            f(
+                "reconnections",
+                &self.reconnections,
+                "Connections to the server lost and made again.",
+            ),
+        ]
+    }
 }
 
 /// How long an idle revocation thread waits for more work before it ends.
@@ -591,7 +654,7 @@ impl DistFs {
                 files: Mutex::new(HashMap::new()),
                 me: me.clone(),
                 epoch: Instant::now(),
-                direct_grants: AtomicU64::new(0),
+                figures: Arc::default(),
                 revokers: Arc::default(),
             }),
         }
@@ -618,7 +681,7 @@ impl DistFs {
     /// docs, "Contention"): tests and diagnostics tell from it that
     /// contention was noticed.
     pub fn direct_grants(&self) -> u64 {
-        self.inner.direct_grants.load(Ordering::Relaxed)
+        self.inner.figures.granted_direct.load(Ordering::Relaxed)
     }
 
     /// This client's lease session, once connected.
@@ -677,6 +740,9 @@ impl Inner {
         loop {
             match self.open_conn(&mut slot) {
                 Ok(c) => {
+                    if lost {
+                        self.figures.reconnections.fetch_add(1, Ordering::Relaxed);
+                    }
                     if lost || said {
                         tracing::info!(
                             "distfs: reconnected to the server at {} (session {:?})",
@@ -993,6 +1059,7 @@ impl Inner {
         if recent(slot.granted) || in_use {
             let until = (now + self.cfg.direct_spell).saturating_duration_since(self.epoch);
             f.direct_until.store(until.as_nanos().max(1) as u64, Ordering::Release);
+            self.figures.direct_spells.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -1094,8 +1161,13 @@ impl Inner {
             // write it meanwhile. (Nothing is dirty: a write lease, the
             // only one with dirty blocks, serves direct requests itself.)
             c.clear();
-            self.direct_grants.fetch_add(1, Ordering::Relaxed);
         }
+        let granted = match mode {
+            LeaseMode::Read => &self.figures.granted_read,
+            LeaseMode::Write => &self.figures.granted_write,
+            LeaseMode::Direct => &self.figures.granted_direct,
+        };
+        granted.fetch_add(1, Ordering::Relaxed);
         c.meta_dirty = false;
         c.size = attr.size;
         c.mtime = attr.mtime;
@@ -1161,6 +1233,7 @@ impl Inner {
         let Some(conn) = conn.filter(|c| c.generation == generation) else {
             return;
         };
+        self.figures.revocations.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = f {
             // The revocation waits here, not holding the slot, so this
             // client's I/O goes on.
@@ -1184,12 +1257,16 @@ impl Inner {
                         // restart): say so again.
                         Some(LeaseMode::Read) => conn.call(Req::StepDown { gfi, lease }).is_ok(),
                         _ => match self.write_back_then(&f, &conn, lease, false, Then::StepDown) {
-                            Ok(true) => true,
+                            Ok(true) => {
+                                self.figures.revocation_write_backs.fetch_add(1, Ordering::Relaxed);
+                                true
+                            }
                             Ok(false) => conn.call(Req::StepDown { gfi, lease }).is_ok(),
                             Err(_) => false,
                         },
                     };
                     if kept {
+                        self.figures.step_downs.fetch_add(1, Ordering::Relaxed);
                         g.mode = Some(LeaseMode::Read);
                         return;
                     }
@@ -1204,6 +1281,9 @@ impl Inner {
                 };
                 let released = match written {
                     Ok(released) => {
+                        if released {
+                            self.figures.revocation_write_backs.fetch_add(1, Ordering::Relaxed);
+                        }
                         lock(&f.cache).keep();
                         released
                     }
@@ -1719,6 +1799,10 @@ impl Filesystem for DistFs {
 
     fn destroy(&self) {
         let _ = self.inner.shutdown();
+    }
+
+    fn figures(&self) -> Option<Arc<dyn shortfuse::stats::Figures>> {
+        Some(self.inner.figures.clone())
     }
 
     fn lookup(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {

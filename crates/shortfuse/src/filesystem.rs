@@ -75,6 +75,13 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Called once when the connection ends (unmount or shutdown).
     fn destroy(&self) {}
 
+    /// Figures of the file system's own work that `shortfuse stats` and
+    /// `-o metrics` show beside the requests (see
+    /// [`crate::stats::Figures`]); none by default.
+    fn figures(&self) -> Option<std::sync::Arc<dyn crate::stats::Figures>> {
+        None
+    }
+
     /// Looks up `name` in directory `parent`. `ENOENT` becomes a negative
     /// entry cached by the kernel for the entry timeout.
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {

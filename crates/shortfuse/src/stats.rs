@@ -76,8 +76,79 @@ pub struct Stats {
     started: Instant,
     /// The user-space cache in front of the file system, when there is one.
     cache: OnceLock<Arc<CacheStats>>,
+    /// Figures the file system itself reports (see [`Figures`]).
+    figures: OnceLock<Arc<dyn Figures>>,
     /// Latencies are measured (see [`Stats::untimed`]).
     timed: bool,
+}
+
+/// One named figure a file system reports beside the requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Figure {
+    /// Lower case with underscores (`revocations`).
+    pub name: &'static str,
+    /// Its value now.
+    pub value: u64,
+    /// A level that goes down as well as up; otherwise a count that only
+    /// grows (`_total` in the Prometheus format).
+    pub gauge: bool,
+    /// One sentence for the Prometheus `# HELP` line.
+    pub help: &'static str,
+}
+
+/// Figures a file system counts of its own work (a distributed file
+/// system's leases, say), shown by `shortfuse stats` in every format
+/// beside the requests and the cache, under the name of their group
+/// (see [`crate::Filesystem::figures`]).
+pub trait Figures: Send + Sync {
+    /// The group's name, lower case (`lease`): the table line's and the
+    /// JSON key, and the Prometheus names' prefix after `shortfuse_`.
+    fn group(&self) -> &'static str;
+    /// The figures now, in the order tables show them.
+    fn figures(&self) -> Vec<Figure>;
+}
+
+/// A group of figures at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FigureGroup {
+    /// See [`Figures::group`].
+    pub group: &'static str,
+    /// See [`Figures::figures`].
+    pub figures: Vec<Figure>,
+}
+
+impl FigureGroup {
+    /// One line: `GROUP: name=.. name=..`.
+    pub fn line(&self) -> String {
+        let parts: Vec<String> = self.figures.iter().map(|f| format!("{}={}", f.name, f.value)).collect();
+        format!("{}: {}\n", self.group, parts.join(" "))
+    }
+
+    /// One JSON object.
+    pub fn json(&self) -> String {
+        let parts: Vec<String> = self
+            .figures
+            .iter()
+            .map(|f| format!("\"{}\":{}", f.name, f.value))
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+
+    /// The Prometheus families, each labelled with `labels`: a gauge as
+    /// `shortfuse_GROUP_NAME`, a count as `shortfuse_GROUP_NAME_total`.
+    fn prometheus(&self, s: &mut String, labels: &str) {
+        for f in &self.figures {
+            let (name, kind) = match f.gauge {
+                true => (format!("{}_{}", self.group, f.name), "gauge"),
+                false => (format!("{}_{}_total", self.group, f.name), "counter"),
+            };
+            let _ = writeln!(
+                s,
+                "# HELP shortfuse_{name} {}\n# TYPE shortfuse_{name} {kind}\nshortfuse_{name}{{{labels}}} {}",
+                f.help, f.value
+            );
+        }
+    }
 }
 
 /// Counters of a user-space cache (`shortfuse::cache`), shown by
@@ -188,14 +259,43 @@ impl CacheCounters {
 
     /// One line: `cache: hits=.. misses=.. ...`.
     pub fn line(&self) -> String {
-        let parts: Vec<String> = self.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!("cache: {}\n", parts.join(" "))
+        self.group().line()
     }
 
     /// One JSON object.
     pub fn json(&self) -> String {
-        let parts: Vec<String> = self.pairs().iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-        format!("{{{}}}", parts.join(","))
+        self.group().json()
+    }
+
+    /// The counters as the figures of group `cache`.
+    pub fn group(&self) -> FigureGroup {
+        const HELP: [&str; 9] = [
+            "Pages found in the user-space cache.",
+            "Pages the user-space cache did not hold, read from the file system.",
+            "Pages the user-space cache evicted to make room.",
+            "Files whose pages the user-space cache dropped.",
+            "Bytes read into the user-space cache from the file system.",
+            "Bytes the user-space cache wrote to the file system.",
+            "Bytes written into the user-space cache and not yet to the file system.",
+            "Attributes and names served from the metadata cache.",
+            "Attributes and names the metadata cache did not hold.",
+        ];
+        let figures = self
+            .pairs()
+            .iter()
+            .zip(HELP)
+            .map(|(&(name, value), help)| Figure {
+                name,
+                value,
+                // dirty_bytes is a level; the rest only grow.
+                gauge: name == "dirty_bytes",
+                help,
+            })
+            .collect();
+        FigureGroup {
+            group: "cache",
+            figures,
+        }
     }
 }
 
@@ -227,6 +327,7 @@ impl Stats {
             transports: Default::default(),
             started: Instant::now(),
             cache: OnceLock::new(),
+            figures: OnceLock::new(),
             timed: true,
         }
     }
@@ -249,6 +350,12 @@ impl Stats {
     /// Shows `cache`'s counters with these (the first one attached wins).
     pub fn attach_cache(&self, cache: Arc<CacheStats>) {
         let _ = self.cache.set(cache);
+    }
+
+    /// Shows the file system's own figures with these (the first one
+    /// attached wins).
+    pub fn attach_figures(&self, figures: Arc<dyn Figures>) {
+        let _ = self.figures.set(figures);
     }
 
     /// The cache's counters, when one was attached.
@@ -312,6 +419,10 @@ impl Stats {
             transports: Transport::ALL.map(|t| (t, self.transports[t.index()].load(Relaxed))),
             ops,
             cache: self.cache.get().map(|c| c.snapshot()),
+            figures: self.figures.get().map(|f| FigureGroup {
+                group: f.group(),
+                figures: f.figures(),
+            }),
         }
     }
 }
@@ -383,6 +494,8 @@ pub struct StatsSnapshot {
     pub ops: Vec<OpStats>,
     /// The user-space cache's counters, when the daemon has one.
     pub cache: Option<CacheCounters>,
+    /// The file system's own figures, when it reports any.
+    pub figures: Option<FigureGroup>,
 }
 
 /// `1234` ns as `1.23µs`, and so on: three significant digits.
@@ -445,13 +558,17 @@ impl StatsSnapshot {
         if let Some(c) = &self.cache {
             s.push_str(&c.line());
         }
+        if let Some(f) = &self.figures {
+            s.push_str(&f.line());
+        }
         s
     }
 
     /// The snapshot in the Prometheus text exposition format (version
     /// 0.0.4), every series labelled with `mountpoint`: requests by
     /// transport, a latency histogram per operation (seconds; the log2
-    /// buckets up to about a minute, then `+Inf`), the cache's counters.
+    /// buckets up to about a minute, then `+Inf`), the cache's counters,
+    /// the file system's own figures.
     pub fn prometheus(&self, mount_point: &str) -> String {
         /// The last bucket given its own `le`: 2^36 ns, about 69 s.
         const LAST_LE_BUCKET: usize = 36;
@@ -511,21 +628,9 @@ impl StatsSnapshot {
             );
             let _ = writeln!(s, "shortfuse_request_duration_seconds_count{{{labels}}} {}", o.count);
         }
-        if let Some(c) = &self.cache {
-            for (k, v) in c.pairs() {
-                // dirty_bytes is a level; the rest only grow.
-                let (name, kind) = match k {
-                    "dirty_bytes" => ("cache_dirty_bytes".to_string(), "gauge"),
-                    k => (format!("cache_{k}_total"), "counter"),
-                };
-                family(
-                    &mut s,
-                    &name,
-                    kind,
-                    &format!("The user-space cache's {}.", k.replace('_', " ")),
-                );
-                let _ = writeln!(s, "shortfuse_{name}{{mountpoint=\"{mp}\"}} {v}");
-            }
+        let labels = format!("mountpoint=\"{mp}\"");
+        for g in self.cache.map(|c| c.group()).iter().chain(&self.figures) {
+            g.prometheus(&mut s, &labels);
         }
         s
     }
@@ -566,6 +671,9 @@ impl StatsSnapshot {
         s.push(']');
         if let Some(c) = &self.cache {
             let _ = write!(s, ",\"cache\":{}", c.json());
+        }
+        if let Some(f) = &self.figures {
+            let _ = write!(s, ",\"{}\":{}", f.group, f.json());
         }
         s.push('}');
         s

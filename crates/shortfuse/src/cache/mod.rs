@@ -612,6 +612,10 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         self.inner.destroy();
     }
 
+    fn figures(&self) -> Option<Arc<dyn crate::stats::Figures>> {
+        self.inner.figures()
+    }
+
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         let now = MetaCache::now();
         let cached = {
