@@ -7,6 +7,7 @@ client's cached writes reach the next reader)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -335,6 +336,8 @@ def test_a_call_waits_for_a_restarting_server_and_both_sides_log_it(restartable)
     assert out.strip() == "made", err
     log = sfmount.run([str(sfmount.shortfuse_bin()), "logs", str(a)]).stdout
     assert f"connection to the server at {addr} lost" in log and "reconnected to the server" in log, log
+    stats = sfmount.run([str(sfmount.shortfuse_bin()), "stats", "--json", str(a)], timeout=30)
+    assert json.loads(stats.stdout)["lease"]["reconnections"] >= 1, stats.stdout
 
     assert "session resumed" in kill(restartable)
     r = sfmount.run([sys.executable, "-c", mkdir, str(a / "too-late")], timeout=60)
