@@ -158,7 +158,7 @@ impl Config {
     /// `passthrough`), `data` compares kernel passthrough with the same file
     /// system without maps, the others take every configuration holding
     /// files except DeFUSE's uring-passthrough pairing and the network
-    /// rows; `thesis` is the comparison of the Prefuse-SSHFS caching thesis (native, dev, Debian's sshfs
+    /// rows; `sshfs-read` is the comparison of the Prefuse-SSHFS caching thesis (native, dev, Debian's sshfs
     /// with and without the kernel page cache, our sftp in the daemon and
     /// in process without and with the user-space cache); `latency` and
     /// `meta` (the fxmark workloads: run it with `--threads 1` and
@@ -182,7 +182,7 @@ impl Config {
             // Starts its own `shortfuse serve` daemons in native's directory.
             "rings" => &["native"],
             "data" => &["native", "dev", "dev-passthrough", "uring-passthrough"],
-            "thesis" => &[
+            "sshfs-read" => &[
                 "native",
                 "dev",
                 "sshfs",

@@ -15,7 +15,7 @@ use crate::personalities::{self, Persona};
 use crate::report::Figure;
 use crate::scale::Scale;
 use crate::sys;
-use crate::table2;
+use crate::workloads;
 
 /// DeFUSE's four I/O sizes.
 pub const IOS: &[(usize, &str)] = &[(4 << 10, "4K"), (32 << 10, "32K"), (128 << 10, "128K"), (1 << 20, "1M")];
@@ -49,7 +49,7 @@ fn fileserver_time(scale: Scale) -> Duration {
 }
 
 pub fn describe(scale: Scale) -> String {
-    let t = table2::Sizes::of(scale);
+    let t = workloads::Sizes::of(scale);
     format!(
         "Scale {}: single stream over a {} MiB file (paper: 60 GiB), read after dropping caches; DeFUSE's data rows with 1 and {THREADS} threads (paper: 32) on one {} MiB file or {THREADS} files of half that (paper: 60 GiB / 32 x 2 GiB), {:.2} s each or until the files are covered, reads after dropping caches; fileserver with {:?} threads, {:.2} s each. Values in MB/s and ops/s.",
         scale.name(),
@@ -103,7 +103,13 @@ fn stream(dir: &Path, size: u64) -> io::Result<Vec<Figure>> {
 pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     progress("single stream");
     let mut out = stream(dir, stream_size(scale))?;
-    out.extend(table2::data_rows(dir, &table2::Sizes::of(scale), ROWS, IOS, progress)?);
+    out.extend(workloads::data_rows(
+        dir,
+        &workloads::Sizes::of(scale),
+        ROWS,
+        IOS,
+        progress,
+    )?);
     let base = Persona::all(scale)[0];
     for &threads in FILESERVER_THREADS {
         progress(&format!("fileserver {threads} threads"));

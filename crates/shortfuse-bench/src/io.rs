@@ -1,4 +1,4 @@
-//! Data and small-file workloads shared by `table2` and `data`: threads
+//! Data and small-file workloads shared by `workloads` and `data`: threads
 //! that start together, run until their share is done or the time is up, and
 //! report throughput.
 

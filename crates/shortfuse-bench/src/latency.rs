@@ -152,10 +152,12 @@ pub fn suite_worker_main(args: &[String]) -> Option<i32> {
     let figures = match parsed {
         Some(("transport", dir, scale, _, holds)) => crate::transport::run(dir, scale, holds, &mut |_| {}),
         Some(("meta", dir, scale, workers, _)) => crate::meta::run(dir, scale, workers, &mut |_| {}),
-        Some(("thesis", dir, scale, _, _)) => crate::thesis::run(dir, scale, &mut |_| {}),
+        Some(("sshfs-read", dir, scale, _, _)) => crate::sshfs_read::run(dir, scale, &mut |_| {}),
         Some(("personalities", dir, scale, _, _)) => crate::personalities::suite(dir, scale, &mut |_| {}),
         _ => {
-            eprintln!("usage: {SUITE_FLAG} transport|meta|thesis|personalities DIR tiny|quick|full WORKERS true|false");
+            eprintln!(
+                "usage: {SUITE_FLAG} transport|meta|sshfs-read|personalities DIR tiny|quick|full WORKERS true|false"
+            );
             return Some(2);
         }
     };

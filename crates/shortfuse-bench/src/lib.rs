@@ -25,10 +25,10 @@ pub mod rings;
 mod samples;
 pub mod scale;
 pub mod sshd;
+pub mod sshfs_read;
 mod sys;
-pub mod table2;
-pub mod thesis;
 pub mod transport;
+pub mod workloads;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -42,9 +42,9 @@ pub const SUITES: &[&str] = &[
     "latency",
     "fio",
     "meta",
-    "table2",
+    "workloads",
     "personalities",
-    "thesis",
+    "sshfs-read",
     "data",
     "transport",
     "dist",
@@ -52,6 +52,21 @@ pub const SUITES: &[&str] = &[
     "cache",
     "rings",
 ];
+
+/// Former suite names, still accepted on the command line and by [`run`] so
+/// that scripts written for them keep working; `--help` lists only
+/// [`SUITES`].
+const OLD_NAMES: &[(&str, &str)] = &[("table2", "workloads"), ("thesis", "sshfs-read")];
+
+/// The suite `name` selects: one of [`SUITES`], or the suite a former name
+/// now stands for.
+pub fn suite_named(name: &str) -> Option<&'static str> {
+    SUITES
+        .iter()
+        .copied()
+        .find(|s| *s == name)
+        .or_else(|| OLD_NAMES.iter().find(|(old, _)| *old == name).map(|(_, new)| *new))
+}
 
 /// What `shortfuse bench` was asked.
 #[derive(Clone, Debug)]
@@ -66,7 +81,7 @@ pub struct BenchOptions {
     pub tiny: bool,
     pub out: PathBuf,
     pub shortfuse_bin: PathBuf,
-    /// Workers for `meta` (default: one per core) and N for `table2`'s
+    /// Workers for `meta` (default: one per core) and N for `workloads`'
     /// N-thread rows (default: two per core).
     pub threads: Option<usize>,
 }
@@ -185,13 +200,13 @@ impl Plan {
             }
             "fio" => fio::describe(s),
             "meta" => meta::describe(s, self.meta_workers),
-            "table2" => table2::describe(s, self.n),
+            "workloads" => workloads::describe(s, self.n),
             "personalities" => format!(
                 "Scale {}: {}. Flow ops/s, and per-step latency in µs (mean; p50/p99 in the JSON).",
                 s.name(),
                 personalities::Persona::describe(s, personalities::duration(s))
             ),
-            "thesis" => thesis::describe(s),
+            "sshfs-read" => sshfs_read::describe(s),
             "data" => data::describe(s),
             "transport" => transport::describe(s),
             "dist" => dist::describe(s),
@@ -211,7 +226,7 @@ impl Plan {
         progress: &mut dyn FnMut(&str),
     ) -> std::io::Result<Vec<Figure>> {
         let s = self.scale;
-        if let (Some(w), "meta" | "transport" | "thesis" | "personalities") = (config::preload_worker(dir), suite) {
+        if let (Some(w), "meta" | "transport" | "sshfs-read" | "personalities") = (config::preload_worker(dir), suite) {
             let holds = config.holds_files();
             return latency::suite_in_worker(&w, suite, dir, s, self.meta_workers, holds, progress);
         }
@@ -219,9 +234,9 @@ impl Plan {
             "latency" => latency::run(dir, latency::Sizes::of(s), progress),
             "fio" => fio::run(dir, raw, s, progress),
             "meta" => meta::run(dir, s, self.meta_workers, progress),
-            "table2" => table2::run(dir, s, self.n, progress),
+            "workloads" => workloads::run(dir, s, self.n, progress),
             "personalities" => personalities::suite(dir, s, progress),
-            "thesis" => thesis::run(dir, s, progress),
+            "sshfs-read" => sshfs_read::run(dir, s, progress),
             "data" => data::run(dir, s, progress),
             "transport" => transport::run(dir, s, config.holds_files(), progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
@@ -238,11 +253,14 @@ impl Plan {
 /// Runs every asked suite on every asked configuration, then writes
 /// `report.md`, `report.json` and the plots under `opts.out`.
 pub fn run(opts: &BenchOptions) -> Result<Report, String> {
-    for s in &opts.suites {
-        if !SUITES.contains(&s.as_str()) {
-            return Err(format!("unknown suite {s:?}; this build has: {}", SUITES.join(", ")));
+    let mut opts = opts.clone();
+    for s in &mut opts.suites {
+        match suite_named(s) {
+            Some(name) => *s = name.to_string(),
+            None => return Err(format!("unknown suite {s:?}; this build has: {}", SUITES.join(", "))),
         }
     }
+    let opts = &opts;
     if opts.configs.as_ref().is_some_and(|c| c.is_empty()) {
         return Err("no configuration to run".into());
     }
@@ -376,6 +394,20 @@ Runs the workloads of the FUSE research it builds on on native ext4, shortfuse a
 systems, and writes report.md, report.json and plots/*.png to DIR
 (default: bench-results).";
 
+/// What `--help` prints: the usage, the suites (current names only), the
+/// configurations and each suite's defaults.
+fn help() -> String {
+    let mut out = format!("{USAGE}\n\nsuites: {}\n", SUITES.join(", "));
+    let names: Vec<_> = Config::all().into_iter().map(|c| c.name).collect();
+    out += &format!("configurations: {}\n", names.join(", "));
+    out += "\nwithout --configs, each suite runs on its defaults:\n";
+    for s in SUITES {
+        let names: Vec<_> = Config::defaults(s).into_iter().map(|c| c.name).collect();
+        out += &format!("  {s}: {}\n", names.join(", "));
+    }
+    out
+}
+
 /// `shortfuse bench ARGS...` (ARGS without the `bench` word): parses, runs,
 /// prints the report and where the plots are. Returns the exit status.
 pub fn cli_main(args: &[String]) -> i32 {
@@ -388,14 +420,7 @@ pub fn cli_main(args: &[String]) -> i32 {
     let opts = match parse_args(args) {
         Ok(Some(o)) => o,
         Ok(None) => {
-            println!("{USAGE}\n\nsuites: {}", SUITES.join(", "));
-            let names: Vec<_> = Config::all().into_iter().map(|c| c.name).collect();
-            println!("configurations: {}", names.join(", "));
-            println!("\nwithout --configs, each suite runs on its defaults:");
-            for s in SUITES {
-                let names: Vec<_> = Config::defaults(s).into_iter().map(|c| c.name).collect();
-                println!("  {s}: {}", names.join(", "));
-            }
+            print!("{}", help());
             return 0;
         }
         Err(e) => {
@@ -464,8 +489,10 @@ pub fn parse_args(args: &[String]) -> Result<Option<BenchOptions>, String> {
                 opts.threads = Some(n);
             }
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
-            s if SUITES.contains(&s) => suites.push(s.to_string()),
-            s => return Err(format!("unknown suite {s:?}; suites: {}", SUITES.join(", "))),
+            s => match suite_named(s) {
+                Some(name) => suites.push(name.to_string()),
+                None => return Err(format!("unknown suite {s:?}; suites: {}", SUITES.join(", "))),
+            },
         }
     }
     if !suites.is_empty() {
@@ -514,6 +541,27 @@ mod tests {
         }
         let d: Vec<_> = Config::defaults("data").into_iter().map(|c| c.name).collect();
         assert_eq!(d, ["native", "dev", "dev-passthrough", "uring-passthrough"]);
+    }
+
+    #[test]
+    fn former_names_select_the_renamed_suites() {
+        let o = parse_args(&args("table2 thesis latency")).unwrap().unwrap();
+        assert_eq!(o.suites, ["workloads", "sshfs-read", "latency"]);
+        assert_eq!(suite_named("thesis"), Some("sshfs-read"));
+        assert_eq!(suite_named("table2"), Some("workloads"));
+        assert_eq!(suite_named("workloads"), Some("workloads"));
+        assert_eq!(suite_named("nosuch"), None);
+    }
+
+    #[test]
+    fn help_lists_only_the_current_names() {
+        let h = help();
+        for s in SUITES {
+            assert!(h.contains(&format!("  {s}: native")), "{s} missing: {h}");
+        }
+        for (old, _) in OLD_NAMES {
+            assert!(!h.contains(old), "help names {old}: {h}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The network rows at a tiny scale: `sftp` (shortfuse's client) and
 //! `sshfs` (Debian's) on the loopback sshd the bench starts itself. The
-//! thesis and latency suites give figures for both and the "sftp vs sshfs"
+//! sshfs-read and latency suites give figures for both and the "sftp vs sshfs"
 //! comparison; afterwards no mount, no server or session process and no
 //! scratch directory is left, also when a mount fails after the server
 //! started and when the bench is interrupted.
@@ -73,9 +73,9 @@ fn nothing_left(out: &Path) {
 }
 
 #[test]
-fn thesis_and_latency_on_sftp_and_sshfs() {
+fn sshfs_read_and_latency_on_sftp_and_sshfs() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let opts = options("run", &["thesis", "latency"], &["native", "sftp", "sshfs"]);
+    let opts = options("run", &["sshfs-read", "latency"], &["native", "sftp", "sshfs"]);
     let report = shortfuse_bench::run(&opts).expect("run");
     let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
     let json: serde_json::Value =
@@ -120,12 +120,12 @@ fn thesis_and_latency_on_sftp_and_sshfs() {
         }
         assert!(md.contains(&format!("### {}", suite.suite)));
     }
-    let thesis: Vec<_> = report.suites[0].results[1]
+    let reads: Vec<_> = report.suites[0].results[1]
         .figures
         .iter()
         .map(|f| f.op.as_str())
         .collect();
-    assert_eq!(thesis, ["100x1MiB-read", "100x1MiB-read-odirect"]);
+    assert_eq!(reads, ["100x1MiB-read", "100x1MiB-read-odirect"]);
     nothing_left(&opts.out);
     std::fs::remove_dir_all(&opts.out).unwrap();
 }
@@ -150,7 +150,7 @@ fn ctrl_c_stops_the_server_and_unmounts() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = out_dir("int");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shortfuse-bench"))
-        .args(["thesis", "--tiny", "--configs", "sshfs", "--shortfuse"])
+        .args(["sshfs-read", "--tiny", "--configs", "sshfs", "--shortfuse"])
         .arg(shortfuse_bin())
         .arg("--out")
         .arg(&out)
@@ -174,11 +174,11 @@ fn ctrl_c_stops_the_server_and_unmounts() {
 }
 
 #[test]
-fn thesis_in_process_with_the_cache_and_sshfs_without_page_cache() {
+fn sshfs_read_in_process_with_the_cache_and_sshfs_without_page_cache() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // sftp served inside a worker under `shortfuse run` (its own sshd),
     // and sshfs with -o direct_io: the remaining rows of the Prefuse-SSHFS caching thesis.
-    let opts = options("pre", &["thesis"], &["sshfs", "sshfs-direct", "sftp-preload-cache"]);
+    let opts = options("pre", &["sshfs-read"], &["sshfs", "sshfs-direct", "sftp-preload-cache"]);
     let report = shortfuse_bench::run(&opts).expect("run");
     let suite = &report.suites[0];
     for r in &suite.results {

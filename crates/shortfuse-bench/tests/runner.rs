@@ -132,25 +132,25 @@ fn comparison_cell(suite: &shortfuse_bench::SuiteResult, title: &str, op: &str) 
 }
 
 #[test]
-fn tiny_latency_fio_meta_thesis() {
+fn tiny_latency_fio_meta_sshfs_read() {
     well_formed(
         "a",
-        &["latency", "fio", "meta", "thesis"],
+        &["latency", "fio", "meta", "sshfs-read"],
         &[
             "plots/latency-latency.png",
             "plots/fio-seq-read.png",
             "plots/fio-rand-write.png",
             "plots/fio-latency.png",
-            "plots/thesis-latency.png",
+            "plots/sshfs-read-latency.png",
         ],
     );
 }
 
 #[test]
-fn tiny_table2_personalities_data() {
+fn tiny_workloads_personalities_data() {
     well_formed(
         "b",
-        &["table2", "personalities", "data"],
+        &["workloads", "personalities", "data"],
         &["plots/personalities-latency.png", "plots/data-fileserver.png"],
     );
 }
@@ -272,8 +272,8 @@ fn every_suite_is_covered() {
         "latency",
         "fio",
         "meta",
-        "thesis",
-        "table2",
+        "sshfs-read",
+        "workloads",
         "personalities",
         "data",
         "transport",
@@ -285,6 +285,41 @@ fn every_suite_is_covered() {
     for s in SUITES {
         assert!(tested.contains(s), "suite {s} has no tiny-scale test");
     }
+}
+
+#[test]
+fn former_suite_names_still_run_and_help_shows_the_new_ones() {
+    let bench = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shortfuse-bench"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let help = bench(&["--help"]);
+    let listed = help.lines().find_map(|l| l.strip_prefix("suites: ")).expect(&help);
+    let listed: Vec<_> = listed.split(", ").collect();
+    assert_eq!(listed, SUITES, "{help}");
+    for old in ["table2", "thesis"] {
+        assert!(!help.contains(old), "help names {old}: {help}");
+    }
+    // A script written for the former name runs the renamed suite.
+    let out = std::env::temp_dir().join(format!("sfbench-old-{}", std::process::id()));
+    let shortfuse = shortfuse_bin();
+    let md = bench(&[
+        "thesis",
+        "--tiny",
+        "--configs",
+        "native",
+        "--out",
+        out.to_str().unwrap(),
+        "--shortfuse",
+        shortfuse.to_str().unwrap(),
+    ]);
+    assert!(md.contains("### sshfs-read"), "{md}");
+    assert!(md.contains("| 100x1MiB-read |"), "{md}");
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]

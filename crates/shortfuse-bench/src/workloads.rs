@@ -1,4 +1,4 @@
-//! The `table2` suite: the rows of "To FUSE or Not to FUSE" (FAST '17,
+//! The `workloads` suite: the rows of "To FUSE or Not to FUSE" (FAST '17,
 //! Table 2), scaled: data rows with 4 KiB, 128 KiB and 1 MiB I/O on one
 //! thread and N threads, small-file create/read/delete, and the three
 //! filebench personalities. Read rows start with cold caches.
@@ -41,7 +41,7 @@ impl Sizes {
 pub fn describe(scale: Scale, n: usize) -> String {
     let s = Sizes::of(scale);
     format!(
-        "Scale {}: N = {n} threads (paper: 32); one {} MiB file or N files of {} MiB (paper: 60 GiB / 32 x 2 GiB); each data row runs for {:.2} s or until its files are covered, reads after dropping caches; up to {} small files in directories of {} (paper: 4 M in directories of 1000); personalities: {}. Values in MB/s and ops/s.",
+        "Scale {}: the workloads of Table 2 of To FUSE or Not to FUSE (FAST '17); N = {n} threads (paper: 32); one {} MiB file or N files of {} MiB (paper: 60 GiB / 32 x 2 GiB); each data row runs for {:.2} s or until its files are covered, reads after dropping caches; up to {} small files in directories of {} (paper: 4 M in directories of 1000); personalities: {}. Values in MB/s and ops/s.",
         scale.name(),
         s.file >> 20,
         (s.file / n as u64) >> 20,

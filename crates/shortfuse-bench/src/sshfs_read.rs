@@ -1,4 +1,4 @@
-//! The `thesis` suite: the read test of the Prefuse-SSHFS caching thesis. 100 reads of 1 MiB over a big
+//! The `sshfs-read` suite: the read test of the Prefuse-SSHFS caching thesis. 100 reads of 1 MiB over a big
 //! file, each starting 1024 bytes further than the last, timed as one run
 //! (open, the reads, close: a fresh open is where sshfs drops its cached
 //! pages); runs repeated, through the page cache and with O_DIRECT. Its
@@ -31,7 +31,7 @@ fn repeats(scale: Scale) -> usize {
 
 pub fn describe(scale: Scale) -> String {
     format!(
-        "Scale {}: a {} MiB file (thesis: 1 GiB), runs of {READS} reads of 1 MiB moving {STEP} bytes, repeated {} times (thesis: 100); value = mean time of one run in µs. The thesis measured sshfs on localhost at 8513 µs through the page cache and 372620 µs with O_DIRECT.",
+        "Scale {}: the read test of the Prefuse-SSHFS caching thesis: a {} MiB file (thesis: 1 GiB), runs of {READS} reads of 1 MiB moving {STEP} bytes, repeated {} times (thesis: 100); value = mean time of one run in µs. The thesis measured sshfs on localhost at 8513 µs through the page cache and 372620 µs with O_DIRECT.",
         scale.name(),
         file_size(scale) >> 20,
         repeats(scale)
@@ -51,7 +51,7 @@ fn one_run(path: &std::ffi::CString, flags: i32, buf: &mut [u8]) -> io::Result<(
 }
 
 pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
-    let file = dir.join("thesis");
+    let file = dir.join("sshfs-read");
     progress("laying out");
     prealloc(&file, file_size(scale))?;
     let path = sys::cpath(&file);
