@@ -99,12 +99,19 @@ pub fn log_path(mount_point: &Path) -> PathBuf {
     socket_path(mount_point).with_extension("log")
 }
 
+/// A log found larger than this when a mount starts is kept as `.log.old`
+/// (replacing the one before) and a new one begun, so each mount point
+/// holds at most about twice this on disk across any number of mounts.
+pub const LOG_KEEP_BYTES: u64 = 8 << 20;
+
 /// Opens (appending, created 0600) the log of the daemon serving
 /// `mount_point` in the checked [`runtime_dir`]; a symbolic link in its
-/// place is refused (O_NOFOLLOW), never followed to a file it names.
+/// place is refused (O_NOFOLLOW), never followed to a file it names. A log
+/// larger than [`LOG_KEEP_BYTES`] is first moved aside.
 pub fn open_log(mount_point: &Path) -> io::Result<std::fs::File> {
     runtime_dir()?;
     let path = log_path(mount_point);
+    retire_large_log(&path, LOG_KEEP_BYTES)?;
     std::fs::File::options()
         .create(true)
         .append(true)
@@ -112,6 +119,21 @@ pub fn open_log(mount_point: &Path) -> io::Result<std::fs::File> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)
         .map_err(|e| io::Error::new(e.kind(), format!("opening the log {}: {e}", path.display())))
+}
+
+/// Moves `path` to `path.old` when it is larger than `limit` (only a
+/// regular file: the runtime directory is the owner's alone, so nobody can
+/// swap it between the check and the rename).
+fn retire_large_log(path: &Path, limit: u64) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() && m.len() > limit => {
+            let mut old = path.as_os_str().to_owned();
+            old.push(".old");
+            std::fs::rename(path, &old)
+                .map_err(|e| io::Error::new(e.kind(), format!("moving the log {} aside: {e}", path.display())))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// 64-bit FNV-1a: stable across runs and builds, unlike std's hasher.
@@ -321,6 +343,25 @@ pub fn remove_stale_socket(mount_point: &Path) -> bool {
 mod tests {
     use super::*;
     use crate::stats::Transport;
+
+    #[test]
+    fn a_large_log_is_moved_aside_and_a_small_one_kept() {
+        let dir = std::env::temp_dir().join(format!("shortfuse-log-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("m-1.log");
+        std::fs::write(&log, vec![b'a'; 100]).unwrap();
+        retire_large_log(&log, 100).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap().len(), 100, "a log at the limit stays");
+        std::fs::write(&log, vec![b'b'; 101]).unwrap();
+        retire_large_log(&log, 100).unwrap();
+        assert!(!log.exists(), "a log over the limit is moved aside");
+        assert_eq!(std::fs::read(dir.join("m-1.log.old")).unwrap(), vec![b'b'; 101]);
+        // A second large log replaces the one kept before.
+        std::fs::write(&log, vec![b'c'; 200]).unwrap();
+        retire_large_log(&log, 100).unwrap();
+        assert_eq!(std::fs::read(dir.join("m-1.log.old")).unwrap(), vec![b'c'; 200]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn socket_names_are_short_and_distinct() {
