@@ -274,6 +274,8 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     }
     let env = environment(envp);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
+    // `p` is NUL-terminated.
+    let exec_path = |p: &[u8]| raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0);
     let Some((vfs, rest)) = super::mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
         if path.starts_with(b"/") || super::spawn::mount_cwd().is_none() {
             // The kernel finds it as it is (the environment may still
@@ -284,29 +286,11 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         // Relative to a directory in a mount: the kernel's current
         // directory is not there.
-        let p = with_nul(abs);
-        return Some(raw(
-            libc::SYS_execveat,
-            AT_FDCWD,
-            p.as_ptr() as i64,
-            argv,
-            envp,
-            flags,
-            0,
-        ));
+        return Some(exec_path(&with_nul(abs)));
     };
     if let Some(src) = vfs.source() {
         let rest = if rest.is_empty() { b"/".to_vec() } else { rest };
-        let p = backing_path(src, &rest);
-        return Some(raw(
-            libc::SYS_execveat,
-            AT_FDCWD,
-            p.as_ptr() as i64,
-            argv,
-            envp,
-            flags,
-            0,
-        ));
+        return Some(exec_path(&backing_path(src, &rest)));
     }
     // A mount without a source (mem, a daemon's): the program is copied to
     // a memfd, which takes the file system's code, too much for the child's
