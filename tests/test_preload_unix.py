@@ -256,13 +256,18 @@ int main(int argc, char **argv) {
 """
 
 
+def compile_c(tmp_path_factory, name: str, source: str):
+    """Builds the C program `source` as `name` in a fresh directory."""
+    d = tmp_path_factory.mktemp(name)
+    (d / f"{name}.c").write_text(source)
+    p = subprocess.run(["gcc", "-O1", "-o", str(d / name), str(d / f"{name}.c")], capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    return d / name
+
+
 @pytest.fixture(scope="module")
 def spawn_prog(tmp_path_factory):
-    d = tmp_path_factory.mktemp("spawn")
-    (d / "spawn.c").write_text(SPAWN_C)
-    p = subprocess.run(["gcc", "-O1", "-o", str(d / "spawn"), str(d / "spawn.c")], capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode()
-    return d / "spawn"
+    return compile_c(tmp_path_factory, "spawn", SPAWN_C)
 
 
 def spawn_in_sub(shortfuse, scratch, mounted, spawn_prog, action):
@@ -406,11 +411,7 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def tmpfile_prog(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tmpfile")
-    (d / "tmpfile.c").write_text(TMPFILE_C)
-    p = subprocess.run(["gcc", "-O1", "-o", str(d / "tmpfile"), str(d / "tmpfile.c")], capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode()
-    return d / "tmpfile"
+    return compile_c(tmp_path_factory, "tmpfile", TMPFILE_C)
 
 
 def test_o_tmpfile(shortfuse, scratch, mounted, tmpfile_prog):
