@@ -24,7 +24,7 @@
 //! `lease` and `writethrough` mounts and the suite fails if it finds a
 //! violation.
 //!
-//! The test's tiny scale runs only the rows the goal is judged on,
+//! The test's tiny scale runs only the rows the write-back goal is judged on,
 //! so that it takes seconds: write-only random I/O without contention on
 //! four clients, and 50:50 random I/O at 50% contention on two and four
 //! clients; every mode and the checker still run. `--quick` and the full

@@ -16,15 +16,11 @@
 //!
 //! Files are named everywhere by their global identifier [`proto::Gfi`].
 //!
-//! Not here yet: the scale-out deployment (leases and metadata on etcd,
-//! blocks on an S3-compatible store, hosts as network namespaces). The
-//! seams are in place: [`lease::LeaseManager`] and [`meta::Meta`] are used
-//! only through their public methods, and [`blocks::BlockStore::new`] takes
-//! any `object_store` store; what remains is an etcd-backed manager and
-//! metadata service with those methods (sessions as etcd leases, holders as
-//! keys attached to them, grants as transactions, revocations through a
-//! watch), `object_store`'s `aws` feature for the blocks, and tests that
-//! start etcd and an S3 server in network namespaces.
+//! Two deployments share these roles: the embedded one ([`server`], one
+//! process on TCP) and the scale-out one (leases and metadata on etcd,
+//! blocks on an S3-compatible store: `shortfuse dist up --etcd URL --s3 URL`);
+//! [`lease::LeaseManager`] and [`meta::Meta`] are the interfaces both
+//! implement.
 
 #![deny(unsafe_code)]
 

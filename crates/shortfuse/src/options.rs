@@ -1,6 +1,6 @@
 //! Mount options, spelled like mount(8)/fusermount3 (`-o ro,allow_other,...`).
-//! One struct holds what goes to mount(2) and what INIT negotiates.
-//! OWNER: session/mount helper (parsing); dispatch reads the INIT fields.
+//! One struct holds what goes to mount(2) and what INIT negotiates: the
+//! mount helper parses it, the dispatcher reads the INIT fields.
 
 use std::fmt;
 use std::time::Duration;
@@ -79,7 +79,9 @@ pub struct MountOptions {
     /// Let the daemon clear suid/sgid bits (`FUSE_HANDLE_KILLPRIV_V2`),
     /// saving a getxattr round trip on every write.
     pub handle_killpriv_v2: bool,
-    /// Kernel passthrough for whole-file data maps (later issue).
+    /// Kernel passthrough (`FUSE_PASSTHROUGH`): a file opened with a
+    /// whole-file data map has its reads and writes sent by the kernel
+    /// straight to the backing file.
     pub passthrough: bool,
 
     // --- for the session ---

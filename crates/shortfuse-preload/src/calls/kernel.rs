@@ -30,7 +30,7 @@
 //! drop the node's cached attributes, and fstat takes size and times from
 //! the backing file, so the program sees its own writes at once.
 //!
-//! The alternative the issue suggests, an open-file-description table in
+//! The alternative, an open-file-description table in
 //! shared memory handed over in the environment, would have to re-implement
 //! all of the above (offset sharing, lock tables, the dynamic loader's maps)
 //! and still could not follow a vfork child that the kernel execs. For files
