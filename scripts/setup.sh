@@ -23,6 +23,8 @@ declare -A CMD_PKG=(
     [git]=git
     [sqlite3]=sqlite3
     [make]=make
+    # bench programs: rsync -a of a tree (tar, find and xargs are essential).
+    [rsync]=rsync
     # distfs scale-out: metadata and leases on etcd; etcd-client's build
     # runs protoc.
     [etcd]=etcd-server

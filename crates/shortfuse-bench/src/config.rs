@@ -154,8 +154,8 @@ impl Config {
     }
 
     /// What a suite runs on when `--configs` is not given: `transport`
-    /// compares the two transports (empty operations on `null`, files on
-    /// `passthrough`), `data` compares kernel passthrough with the same file
+    /// compares the two transports and the shim in process and over the
+    /// rings (empty operations on `null`, files on `passthrough`), `data` compares kernel passthrough with the same file
     /// system without maps, the others take every configuration holding
     /// files except DeFUSE's uring-passthrough pairing and the network
     /// rows; `sshfs-read` is the comparison of the Prefuse-SSHFS caching thesis (native, dev, Debian's sshfs
@@ -168,6 +168,8 @@ impl Config {
         let names: &[&str] = match suite {
             "transport" => &[
                 "native",
+                "preload",
+                "ring",
                 "dev",
                 "uring",
                 "null-dev",
@@ -191,7 +193,7 @@ impl Config {
                 "sftp-preload",
                 "sftp-preload-cache",
             ],
-            "programs" => &["native", "preload", "preload-nomaps", "ring", "dev", "uring"],
+            "programs" => &["native", "preload", "ring", "dev", "uring"],
             "latency" | "meta" => &[
                 "native",
                 "preload",

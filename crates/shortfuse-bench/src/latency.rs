@@ -234,6 +234,9 @@ pub(crate) fn run_worker(w: &crate::config::PreloadWorker, args: &[String]) -> i
             p99: f["p99"].as_f64(),
             samples: f["samples"].as_u64().unwrap_or(0),
             lower_is_better: f["lower_is_better"].as_bool().unwrap_or(true),
+            // The point of a scaling curve (transport's threaded rows).
+            series: f["series"].as_str().map(str::to_string),
+            threads: f["threads"].as_u64().map(|t| t as u32),
             ..Figure::default()
         })
         .collect::<Vec<_>>();

@@ -46,6 +46,15 @@ pub fn draw(report: &Report, out: &Path) -> Result<Vec<String>, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut made = Vec::new();
     for suite in &report.suites {
+        // Rows of whole programs, in ms and µs alike: their times relative
+        // to native share one axis.
+        if suite.suite == "programs" {
+            let name = "plots/programs-ratio.png".to_string();
+            if ratio_bars(suite, &out.join(&name))? {
+                made.push(name);
+            }
+            continue;
+        }
         let name = format!("plots/{}-latency.png", suite.suite);
         if latency_bars(suite, &out.join(&name))? {
             made.push(name);
@@ -67,7 +76,7 @@ fn ran(suite: &SuiteResult) -> impl Iterator<Item = &crate::report::ConfigResult
 }
 
 fn is_latency(f: &Figure) -> bool {
-    f.unit == "us" && f.series.is_none()
+    f.unit == "us" && f.series.is_none() && f.error.is_none()
 }
 
 fn series_of(suite: &SuiteResult) -> Vec<String> {
@@ -99,76 +108,219 @@ fn latency_bars(suite: &SuiteResult, path: &PathBuf) -> Result<bool, String> {
             }
         }
     }
-    if ops.is_empty() {
-        return Ok(false);
-    }
     let values: Vec<f64> = configs
         .iter()
         .flat_map(|r| r.figures.iter().filter(|f| is_latency(f)).map(|f| f.value))
         .filter(|v| *v > 0.0 && v.is_finite())
         .collect();
+    if ops.is_empty() || values.is_empty() {
+        return Ok(false);
+    }
     let lo = values.iter().cloned().fold(f64::INFINITY, f64::min).max(1e-3) / 2.0;
     let hi = values.iter().cloned().fold(0.0, f64::max).max(lo * 4.0) * 2.0;
-    let label_len = ops.iter().map(|o| o.len()).max().unwrap_or(4) as u32;
-    let row = (configs.len() as u32 * 14 + 14).max(34);
-    let height = 130 + row * ops.len() as u32 + 22 * configs.len() as u32;
-    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let n = ops.len() as f64;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}: latency per operation (µs, log scale)", suite.suite),
-            (FONT, 24),
-        )
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(30 + label_len * 9)
-        .build_cartesian_2d((lo..hi).log_scale(), -0.5..n - 0.5)
-        .map_err(err)?;
-    let label = |y: &f64| {
-        let i = y.round();
-        if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < ops.len() {
-            ops[ops.len() - 1 - i as usize].clone()
-        } else {
-            String::new()
-        }
-    };
-    chart
-        .configure_mesh()
-        .y_labels(ops.len() * 2 + 1)
-        .y_label_formatter(&label)
-        .x_desc("µs")
-        .label_style((FONT, 15))
-        .disable_y_mesh()
-        .draw()
-        .map_err(err)?;
-    let band = 0.8 / configs.len() as f64;
-    for (c, r) in configs.iter().enumerate() {
-        let color = Palette99::pick(c).to_rgba();
-        let bars: Vec<_> = ops
-            .iter()
-            .enumerate()
-            .filter_map(|(i, op)| {
-                let f = r.figures.iter().find(|f| &f.op == op && is_latency(f))?;
-                let y = (ops.len() - 1 - i) as f64 + 0.4 - band * c as f64;
-                Some(Rectangle::new([(lo, y - band), (f.value.max(lo), y)], color.filled()))
-            })
-            .collect();
-        chart
-            .draw_series(bars)
-            .map_err(err)?
-            .label(r.config.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    let bars = configs
+        .iter()
+        .map(|r| {
+            let values = ops
+                .iter()
+                .map(|op| {
+                    r.figures
+                        .iter()
+                        .find(|f| &f.op == op && is_latency(f))
+                        .map(|f| (f.value, None))
+                })
+                .collect();
+            (r.config.clone(), values)
+        })
+        .collect();
+    Bars {
+        caption: format!("{}: latency per operation (µs, log scale)", suite.suite),
+        x_desc: "µs",
+        ops,
+        range: (lo, hi),
+        configs: bars,
+        reference: None,
     }
+    .draw(path)?;
+    Ok(true)
+}
+
+/// Per operation: a bar's value and its whisker's (low, high), if any.
+type BarValues = Vec<Option<(f64, Option<(f64, f64)>)>>;
+
+/// Draws the legend at `at` and writes the picture.
+fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+) -> Result<(), String> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(at)
         .label_font((FONT, 15))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
+    chart.plotting_area().present().map_err(err)
+}
+
+/// A chart of horizontal bars on a log axis: one group per operation, one
+/// bar per configuration, each with an optional whisker.
+struct Bars {
+    caption: String,
+    x_desc: &'static str,
+    ops: Vec<String>,
+    /// The axis, (low, high).
+    range: (f64, f64),
+    /// Per configuration, per operation: the bar's value and the whisker's
+    /// (low, high), if any.
+    configs: Vec<(String, BarValues)>,
+    /// Where to draw a vertical line (1 for ratios).
+    reference: Option<f64>,
+}
+
+impl Bars {
+    fn draw(&self, path: &PathBuf) -> Result<(), String> {
+        let (lo, hi) = self.range;
+        let ops = &self.ops;
+        let label_len = ops.iter().map(|o| o.len()).max().unwrap_or(4) as u32;
+        let row = (self.configs.len() as u32 * 14 + 14).max(34);
+        let height = 130 + row * ops.len() as u32 + 22 * self.configs.len() as u32;
+        let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let n = ops.len() as f64;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&self.caption, (FONT, 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(30 + label_len * 9)
+            .build_cartesian_2d((lo..hi).log_scale(), -0.5..n - 0.5)
+            .map_err(err)?;
+        let label = |y: &f64| {
+            let i = y.round();
+            if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < ops.len() {
+                ops[ops.len() - 1 - i as usize].clone()
+            } else {
+                String::new()
+            }
+        };
+        chart
+            .configure_mesh()
+            .y_labels(ops.len() * 2 + 1)
+            .y_label_formatter(&label)
+            .x_desc(self.x_desc)
+            .label_style((FONT, 15))
+            .disable_y_mesh()
+            .draw()
+            .map_err(err)?;
+        let band = 0.8 / self.configs.len() as f64;
+        for (c, (name, values)) in self.configs.iter().enumerate() {
+            let color = Palette99::pick(c).to_rgba();
+            let mut bars = Vec::new();
+            let mut whiskers = Vec::new();
+            for (i, v) in values.iter().enumerate() {
+                let Some((value, whisker)) = *v else { continue };
+                let y = (ops.len() - 1 - i) as f64 + 0.4 - band * c as f64;
+                bars.push(Rectangle::new(
+                    [(lo, y - band), (value.max(lo), y - band * 0.15)],
+                    color.filled(),
+                ));
+                if let Some((wlo, whi)) = whisker {
+                    let mid = y - band * 0.55;
+                    whiskers.push(PathElement::new(
+                        vec![(wlo.max(lo), mid), (whi.max(lo), mid)],
+                        BLACK.stroke_width(2),
+                    ));
+                }
+            }
+            chart
+                .draw_series(bars)
+                .map_err(err)?
+                .label(name.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+            chart.draw_series(whiskers).map_err(err)?;
+        }
+        if let Some(x) = self.reference {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(x, -0.5), (x, n - 0.5)],
+                    BLACK.mix(0.6).stroke_width(1),
+                )))
+                .map_err(err)?;
+        }
+        legend_and_present(&mut chart, SeriesLabelPosition::LowerRight)
+    }
+}
+
+/// A row's time on a configuration over native's, for lower-is-better
+/// figures: (median, smallest run, largest run), each over native's median.
+fn ratio_to(f: &Figure, native: &Figure) -> Option<(f64, f64, f64)> {
+    let ok = |v: f64| v.is_finite() && v > 0.0;
+    if f.error.is_some() || native.error.is_some() || !ok(f.value) || !ok(native.value) {
+        return None;
+    }
+    let (lo, hi) = f.range().unwrap_or((f.value, f.value));
+    let x = |v: f64| {
+        if f.lower_is_better {
+            v / native.value
+        } else {
+            native.value / v
+        }
+    };
+    let (a, b) = (x(lo), x(hi));
+    Some((x(f.value), a.min(b), a.max(b)))
+}
+
+/// Horizontal bars, one group per row, one bar per configuration: the
+/// median time over native's median (1 is native; log scale), with a
+/// whisker from the smallest to the largest run. Returns whether there was
+/// anything to draw (native must have run).
+fn ratio_bars(suite: &SuiteResult, path: &PathBuf) -> Result<bool, String> {
+    let Some(native) = ran(suite).find(|r| r.config == "native") else {
+        return Ok(false);
+    };
+    let ops: Vec<String> = native
+        .figures
+        .iter()
+        .filter(|f| f.error.is_none())
+        .map(|f| f.op.clone())
+        .collect();
+    let configs: Vec<(String, BarValues)> = ran(suite)
+        .map(|r| {
+            let values = ops
+                .iter()
+                .map(|op| {
+                    let f = r.figures.iter().find(|f| &f.op == op)?;
+                    let (m, lo, hi) = ratio_to(f, native.figures.iter().find(|f| &f.op == op)?)?;
+                    Some((m, Some((lo, hi))))
+                })
+                .collect();
+            (r.config.clone(), values)
+        })
+        .collect();
+    let values: Vec<f64> = configs
+        .iter()
+        .flat_map(|(_, v)| v.iter().flatten())
+        .flat_map(|(m, w)| [*m, w.map_or(*m, |w| w.0), w.map_or(*m, |w| w.1)])
+        .collect();
+    if values.is_empty() {
+        return Ok(false);
+    }
+    Bars {
+        caption: format!(
+            "{}: time over native's (median of {} runs, whisker: smallest to largest; log scale)",
+            suite.suite, suite.repeats
+        ),
+        x_desc: "time over native's (1 = native)",
+        ops,
+        range: (
+            values.iter().cloned().fold(1.0, f64::min) / 1.5,
+            values.iter().cloned().fold(1.0, f64::max) * 1.5,
+        ),
+        configs,
+        reference: Some(1.0),
+    }
+    .draw(path)?;
     Ok(true)
 }
 
@@ -196,7 +348,7 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
             let mut pts: Vec<(u32, f64)> = r
                 .figures
                 .iter()
-                .filter(|f| f.series.as_deref() == Some(series))
+                .filter(|f| f.series.as_deref() == Some(series) && f.error.is_none())
                 .filter_map(|f| Some((f.threads?, f.value)))
                 .collect();
             pts.sort_by_key(|p| p.0);
@@ -263,21 +415,38 @@ fn scaling(suite: &SuiteResult, series: &str, path: &PathBuf) -> Result<(), Stri
             .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 15))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    legend_and_present(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_to_native_carry_the_range_of_runs() {
+        let time = |v: f64, runs: Vec<f64>| Figure {
+            value: v,
+            runs,
+            lower_is_better: true,
+            ..Figure::default()
+        };
+        let native = time(10.0, vec![9.0, 10.0, 12.0]);
+        assert_eq!(
+            ratio_to(&time(20.0, vec![15.0, 20.0, 40.0]), &native),
+            Some((2.0, 1.5, 4.0))
+        );
+        let failed = Figure {
+            error: Some("rsync: not found".into()),
+            ..time(f64::NAN, vec![])
+        };
+        assert_eq!(ratio_to(&failed, &native), None);
+        // A throughput: half native's rate is twice its time.
+        let rate = Figure::rate("r", "MB/s", 50.0, 1);
+        assert_eq!(
+            ratio_to(&rate, &Figure::rate("r", "MB/s", 100.0, 1)),
+            Some((2.0, 2.0, 2.0))
+        );
+    }
 
     #[test]
     fn thread_axis_labels_each_measured_count_once() {

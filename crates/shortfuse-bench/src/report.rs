@@ -28,6 +28,10 @@ pub struct Figure {
     /// order run (`value` is their median; the Markdown shows the range).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<f64>,
+    /// Why this row has no value on this configuration (the other rows of
+    /// the configuration measured); `value` is NaN then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl Figure {
@@ -112,9 +116,16 @@ pub fn merge_runs(runs: Vec<Vec<Figure>>) -> Result<Vec<Figure>, String> {
             let v: Option<Vec<f64>> = same.iter().map(pick).collect();
             v.map(|v| median(&v))
         };
-        let runs: Vec<f64> = same.iter().map(|g| g.value).collect();
+        // One failed run fails the row: a program that fails now and then
+        // is not a figure.
+        let error = same
+            .iter()
+            .enumerate()
+            .find_map(|(i, g)| g.error.as_ref().map(|e| format!("run {}: {e}", i + 1)));
+        let runs: Vec<f64> = same.iter().filter(|g| g.error.is_none()).map(|g| g.value).collect();
         out.push(Figure {
-            value: median(&runs),
+            value: if error.is_some() { f64::NAN } else { median(&runs) },
+            error,
             mean: of(&|g| g.mean),
             p50: of(&|g| g.p50),
             p99: of(&|g| g.p99),
@@ -345,12 +356,13 @@ impl SuiteResult {
             for r in &self.results {
                 let cell = match r.figures.iter().find(|g| g.op == f.op) {
                     None => "n/a".to_string(),
+                    Some(g) if g.error.is_some() => "failed (why: below)".to_string(),
                     Some(g) => {
                         let mut cell = fmt_value(g.value);
                         if let Some((lo, hi)) = g.range() {
                             cell += &format!(" [{}-{}]", fmt_value(lo), fmt_value(hi));
                         }
-                        if let Some(b) = base.filter(|_| r.config != "native") {
+                        if let Some(b) = base.filter(|b| r.config != "native" && b.error.is_none()) {
                             let rel = relative(g.value, b.value, g.lower_is_better);
                             cell += &format!(" ({:.2}x, {})", g.value / b.value, class(rel));
                             if rel > FASTER {
@@ -370,6 +382,16 @@ impl SuiteResult {
                 r.config,
                 r.error.as_deref().unwrap_or("")
             ));
+        }
+        for r in &self.results {
+            for g in r.figures.iter().filter(|g| g.error.is_some()) {
+                s.push_str(&format!(
+                    "\n- `{}` {} failed: {}",
+                    r.config,
+                    g.op,
+                    g.error.as_deref().unwrap_or("")
+                ));
+            }
         }
         s.push_str(&format!(
             "\n\nCells: the median of {} run(s) [smallest-largest] (ratio to native; class of the relative difference as in To FUSE or Not to FUSE (FAST '17): green better than -5%, yellow -5..-25%, orange -25..-50%, red worse). Every run is in the JSON.\n",
@@ -400,8 +422,8 @@ impl SuiteResult {
             .iter()
             .filter(|r| r.config != "native" && r.error.is_none())
         {
-            for g in &r.figures {
-                let Some(b) = native.figures.iter().find(|b| b.op == g.op) else {
+            for g in r.figures.iter().filter(|g| g.error.is_none()) {
+                let Some(b) = native.figures.iter().find(|b| b.op == g.op && b.error.is_none()) else {
                     continue;
                 };
                 if relative(g.value, b.value, g.lower_is_better) <= FASTER {
@@ -557,10 +579,16 @@ impl Report {
             .flat_map(|s| {
                 s.results
                     .iter()
-                    .filter_map(move |r| match (&r.error, r.figures.is_empty()) {
-                        (Some(e), _) => Some(format!("{} on {}: {e}", s.suite, r.config)),
-                        (None, true) => Some(format!("{} on {}: no figures", s.suite, r.config)),
-                        (None, false) => None,
+                    .flat_map(move |r| match (&r.error, r.figures.is_empty()) {
+                        (Some(e), _) => vec![format!("{} on {}: {e}", s.suite, r.config)],
+                        (None, true) => vec![format!("{} on {}: no figures", s.suite, r.config)],
+                        (None, false) => r
+                            .figures
+                            .iter()
+                            .filter_map(|g| {
+                                Some(format!("{} on {}: {}: {}", s.suite, r.config, g.op, g.error.as_ref()?))
+                            })
+                            .collect(),
                     })
             })
             .collect()
@@ -679,6 +707,61 @@ mod tests {
         let md = suite.markdown();
         assert!(md.contains("| rnd lease | MB/s | 10.0 [3.00-12.0] |"), "{md}");
         assert!(md.contains("the median of 1 run(s) [smallest-largest]"), "{md}");
+    }
+
+    #[test]
+    fn a_row_that_failed_says_why_and_fails_the_run() {
+        let time = |op: &str, v: f64| Figure {
+            op: op.into(),
+            unit: "ms".into(),
+            value: v,
+            lower_is_better: true,
+            ..Figure::default()
+        };
+        let failed = Figure {
+            error: Some("rsync: command not found".into()),
+            ..time("rsync-a", f64::NAN)
+        };
+        // One failed run of three fails the row, with the run named.
+        let merged = merge_runs(vec![
+            vec![time("tar-xf", 3.0), time("rsync-a", 5.0)],
+            vec![time("tar-xf", 4.0), failed.clone()],
+            vec![time("tar-xf", 5.0), time("rsync-a", 6.0)],
+        ])
+        .unwrap();
+        assert_eq!((merged[0].value, merged[0].error.as_deref()), (4.0, None));
+        assert!(merged[1].value.is_nan());
+        assert_eq!(merged[1].error.as_deref(), Some("run 2: rsync: command not found"));
+        let report = Report {
+            environment: Environment::probe(),
+            suites: vec![SuiteResult {
+                suite: "programs".into(),
+                scale: String::new(),
+                repeats: 3,
+                comparisons: vec![],
+                results: vec![
+                    result("native", vec![time("tar-xf", 2.0), time("rsync-a", 4.0)]),
+                    result("ring", merged),
+                ],
+            }],
+            plots: vec![],
+            plot_error: None,
+        };
+        let md = report.markdown();
+        assert!(md.contains("| rsync-a | ms | 4.00 | failed (why: below) |"), "{md}");
+        assert!(
+            md.contains("- `ring` rsync-a failed: run 2: rsync: command not found"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| tar-xf | ms | 2.00 | 4.00 [3.00-5.00] (2.00x, orange) |"),
+            "{md}"
+        );
+        assert_eq!(
+            report.incomplete(),
+            ["programs on ring: rsync-a: run 2: rsync: command not found"]
+        );
+        assert!(report.suites[0].faster_than_native().is_empty());
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! a create (open with O_CREAT, then close), a stat of a missing name and an
 //! open+close of the mount's root directory. On configurations that hold
 //! files it runs the `passthrough` rows: 4 KiB random reads, buffered (from
-//! cold caches) and O_DIRECT, on 1, 2, 4 and 8 threads, and empty-file
-//! creates on 1 and 2 threads.
+//! cold caches) and O_DIRECT, and empty-file creates in one shared directory
+//! and in one directory per thread, each on 1 to 2x the machine's cores
+//! ([`thread_counts`]): where the transports stop scaling shows.
 
 use std::io;
 use std::path::Path;
@@ -19,8 +20,24 @@ use crate::samples::Samples;
 use crate::scale::Scale;
 use crate::sys;
 
-pub const READ_THREADS: &[usize] = &[1, 2, 4, 8];
-pub const CREATE_THREADS: &[usize] = &[1, 2];
+/// The thread counts of the threaded rows on a machine of `cores` CPUs:
+/// the powers of two up to twice the cores, the cores and twice the cores
+/// (1, 2, 4 on 2 cores; 1, 2, 4, 8, 16, 32 on 16).
+pub fn thread_counts(cores: usize) -> Vec<usize> {
+    let top = 2 * cores.max(1);
+    let mut v: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))
+        .take_while(|n| *n <= top)
+        .chain([cores.max(1), top])
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// [`thread_counts`] of this machine (the CPUs this process may run on).
+pub fn machine_thread_counts() -> Vec<usize> {
+    thread_counts(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
 /// Names the null workload creates over and over (none of them persists).
 const NAMES: usize = 64;
 /// Untimed operations before each timed loop, so that connection and ring
@@ -54,13 +71,14 @@ fn sizes(scale: Scale) -> Sizes {
 pub fn describe(scale: Scale) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows: 4 KiB random reads over a {} MiB file on {READ_THREADS:?} threads, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory on {CREATE_THREADS:?} threads, {:.2} s or {} files each, in ops/s.",
+        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows on {threads:?} threads (1 to 2x this machine's cores): 4 KiB random reads over a {} MiB file, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory (`create`) and in one directory per thread (`create-own-dir`), {:.2} s or {} files each, in ops/s. On preload and ring the rows run in one process under `shortfuse run`, its threads sharing the shim (and, for ring, the connection to the daemon).",
         scale.name(),
         s.empty_ops,
         s.file >> 20,
         s.row.as_secs_f64(),
         s.row.as_secs_f64(),
         s.max_creates,
+        threads = machine_thread_counts(),
     )
 }
 
@@ -135,8 +153,9 @@ fn files(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
     progress("laying out");
     prealloc(&file[0], s.file)?;
     let mut out = Vec::new();
+    let counts = machine_thread_counts();
     for (series, flags) in [("rand-read-4K", 0), ("rand-read-4K-direct", libc::O_DIRECT)] {
-        for &threads in READ_THREADS {
+        for &threads in &counts {
             let op = format!("{series}-{threads}th");
             progress(&op);
             if flags == 0 {
@@ -155,25 +174,43 @@ fn files(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
         }
     }
     std::fs::remove_file(&file[0])?;
-    for &threads in CREATE_THREADS {
-        let op = format!("create-{threads}th");
-        progress(&op);
-        out.push(creates(&dir.join(&op), threads, s)?.at("create", threads));
+    for series in ["create", "create-own-dir"] {
+        for &threads in &counts {
+            let op = format!("{series}-{threads}th");
+            progress(&op);
+            let own = series == "create-own-dir";
+            out.push(creates(&dir.join(&op), &op, threads, own, s)?.at(series, threads));
+        }
     }
     Ok(out)
 }
 
-/// Empty-file creates in one shared directory, removed (untimed) afterwards.
-fn creates(dir: &Path, threads: usize, s: &Sizes) -> io::Result<Figure> {
+/// Empty-file creates in one shared directory, or with `own_dirs` in one
+/// directory per thread (made before the clock starts), removed (untimed)
+/// afterwards.
+fn creates(dir: &Path, op: &str, threads: usize, own_dirs: bool, s: &Sizes) -> io::Result<Figure> {
     std::fs::create_dir_all(dir)?;
+    let sub = |t: usize| {
+        if own_dirs {
+            dir.join(format!("t{t}"))
+        } else {
+            dir.to_path_buf()
+        }
+    };
+    if own_dirs {
+        for t in 0..threads {
+            std::fs::create_dir(sub(t))?;
+        }
+    }
     let made = std::sync::Mutex::new(Vec::new());
     let result = together(threads, |t| {
         let deadline = std::time::Instant::now() + s.row;
         let mut mine = Vec::new();
         let mut i = t;
         let mut outcome = Ok(());
+        let here = sub(t);
         while i < s.max_creates && std::time::Instant::now() < deadline {
-            let p = sys::cpath(&dir.join(format!("c{i}")));
+            let p = sys::cpath(&here.join(format!("c{i}")));
             outcome = sys::open(&p, libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644).and_then(sys::close);
             if outcome.is_err() {
                 break;
@@ -190,6 +227,11 @@ fn creates(dir: &Path, threads: usize, s: &Sizes) -> io::Result<Figure> {
         for p in made.into_inner().unwrap_or_else(|e| e.into_inner()) {
             sys::unlink(&p)?;
         }
+        if own_dirs {
+            for t in 0..threads {
+                std::fs::remove_dir(sub(t))?;
+            }
+        }
         std::fs::remove_dir(dir)
     };
     let cleaned = cleanup();
@@ -197,14 +239,23 @@ fn creates(dir: &Path, threads: usize, s: &Sizes) -> io::Result<Figure> {
     // may hold a file nobody recorded (the daemon made it, then the call
     // failed), and the removal's ENOTEMPTY would hide why.
     let (n, elapsed) = result?;
-    cleaned.map_err(|e| io::Error::new(e.kind(), format!("create-{threads}th: removing the files: {e}")))?;
+    cleaned.map_err(|e| io::Error::new(e.kind(), format!("{op}: removing the files: {e}")))?;
     if n == 0 {
-        return Err(io::Error::other(format!("create-{threads}th: no file created")));
+        return Err(io::Error::other(format!("{op}: no file created")));
     }
-    Ok(Figure::rate(
-        format!("create-{threads}th"),
-        "ops/s",
-        n as f64 / elapsed.as_secs_f64(),
-        n,
-    ))
+    Ok(Figure::rate(op, "ops/s", n as f64 / elapsed.as_secs_f64(), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_go_from_one_to_twice_the_cores() {
+        assert_eq!(thread_counts(1), [1, 2]);
+        assert_eq!(thread_counts(2), [1, 2, 4]);
+        assert_eq!(thread_counts(3), [1, 2, 3, 4, 6]);
+        assert_eq!(thread_counts(16), [1, 2, 4, 8, 16, 32]);
+        assert_eq!(thread_counts(0), [1, 2]);
+    }
 }

@@ -172,10 +172,31 @@ fn tiny_cache_is_table_4_beside_moka() {
 
 #[test]
 fn tiny_programs_on_its_defaults() {
-    // git and sqlite3 on native, the shim with and without maps, dev, uring.
-    let (report, _) = well_formed_on("p", &["programs"], None, &[]);
-    for r in &report.suites[0].results {
-        assert_eq!(ops_of(&report.suites[0], &r.config), ["git-status", "sqlite-insert"]);
+    // Every program on native, the shim in process and over the rings,
+    // dev and uring: each row on each, with the range of its runs.
+    let (report, md) = well_formed_on("p", &["programs"], None, &["plots/programs-ratio.png"]);
+    let suite = &report.suites[0];
+    let configs: Vec<&str> = suite.results.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(configs, ["native", "preload", "ring", "dev", "uring"]);
+    for r in &suite.results {
+        assert_eq!(
+            ops_of(suite, &r.config),
+            shortfuse_bench::programs::ROWS,
+            "{}",
+            r.config
+        );
+        for f in &r.figures {
+            assert!(f.error.is_none(), "{} {}: {:?}", r.config, f.op, f.error);
+            assert_eq!(f.runs.len(), suite.repeats, "{} {}", r.config, f.op);
+        }
+    }
+    // Each cell is the median with the smallest and largest run.
+    for op in shortfuse_bench::programs::ROWS {
+        let line = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {op} |")))
+            .unwrap_or_else(|| panic!("no row {op}: {md}"));
+        assert_eq!(line.matches(" [").count(), configs.len(), "{line}");
     }
 }
 
@@ -190,15 +211,22 @@ fn tiny_transport_on_its_defaults() {
             "plots/transport-rand-read-4K.png",
             "plots/transport-rand-read-4K-direct.png",
             "plots/transport-create.png",
+            "plots/transport-create-own-dir.png",
         ],
     );
     let suite = &report.suites[0];
     let empty = ["empty-create", "empty-stat-missing", "empty-open+close-root"];
+    // Every threaded row on 1 to 2x this machine's cores.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let counts = shortfuse_bench::transport::thread_counts(cores);
+    assert!(
+        counts.first() == Some(&1) && counts.last() == Some(&(2 * cores)),
+        "{counts:?}"
+    );
     let mut files: Vec<String> = Vec::new();
-    for series in ["rand-read-4K", "rand-read-4K-direct"] {
-        files.extend([1, 2, 4, 8].map(|t| format!("{series}-{t}th")));
+    for series in ["rand-read-4K", "rand-read-4K-direct", "create", "create-own-dir"] {
+        files.extend(counts.iter().map(|t| format!("{series}-{t}th")));
     }
-    files.extend(["create-1th".to_string(), "create-2th".to_string()]);
     for c in ["null-dev", "null-uring"] {
         assert_eq!(ops_of(suite, c), empty, "{c}");
         // Latencies are medians, with the mean beside them.
@@ -208,8 +236,14 @@ fn tiny_transport_on_its_defaults() {
             assert!(f.mean.is_some_and(|m| m > 0.0), "{c} {}", f.op);
         }
     }
-    for c in ["native", "dev", "uring"] {
+    for c in ["native", "preload", "ring", "dev", "uring"] {
         assert_eq!(ops_of(suite, c), files, "{c}");
+        // The shim's figures come back from its worker as points of the
+        // curves, as the others' do.
+        let r = suite.results.iter().find(|r| r.config == c).unwrap();
+        for f in &r.figures {
+            assert!(f.series.is_some() && f.threads.is_some(), "{c}: {f:?}");
+        }
     }
     // Every row has its dev-vs-uring speed-up, from the matching pair.
     for op in empty {
