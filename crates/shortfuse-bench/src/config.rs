@@ -516,9 +516,9 @@ fn sftp_options(server: &Sshd) -> String {
 }
 
 /// Whether `shortfuse mount FS` takes a SOURCE (`null` and `mem` keep
-/// everything, or nothing, in the daemon).
+/// everything, or nothing, in the daemon; distfs is not measured here).
 fn takes_source(fs: &str) -> bool {
-    !matches!(fs, "null" | "mem")
+    shortfuse_fs::registry::FsKind::find(fs).is_none_or(|k| k.source != shortfuse_fs::registry::Source::None)
 }
 
 /// Requests the daemon serving `mnt` received over each transport, from

@@ -123,14 +123,13 @@ fn parse(args: &[OsString]) -> io::Result<HelperArgs> {
 pub fn main(fs: &str, args: &[OsString]) -> ExitCode {
     let result = parse(args).and_then(|a| {
         crate::logging::init(crate::logging::asks_debug(&a.options));
-        let kind = filesystems::ALL
-            .iter()
+        let kind = filesystems::all()
             .find(|k| k.name == fs)
             .ok_or_else(|| filesystems::invalid(format!("no bundled file system is called {fs:?}")))?;
         if a.fake {
             return Ok(());
         }
-        if kind.source.is_some() {
+        if kind.source.describe().is_some() {
             let paths = [PathBuf::from(&a.source), a.mountpoint];
             return crate::mount(fs, &paths, &a.options, false, "dev", None);
         }
@@ -157,7 +156,7 @@ pub fn main(fs: &str, args: &[OsString]) -> ExitCode {
 /// those names (and nothing else).
 pub fn install(dir: &Path) -> io::Result<()> {
     let me = std::env::current_exe()?.canonicalize()?;
-    for kind in filesystems::ALL {
+    for kind in filesystems::all() {
         let link = dir.join(format!("{PREFIX}{}", kind.name));
         match std::fs::symlink_metadata(&link) {
             Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&link)?,

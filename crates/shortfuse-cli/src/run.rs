@@ -16,7 +16,8 @@ use std::process::{Command, ExitCode};
 
 use shortfuse::cache::{CacheOptions, CACHE_KEYS};
 use shortfuse::MountOptions;
-use shortfuse_vfs::spec::{check_distinct, format_mounts, MountSpec, IN_PROCESS_FS, RUN_MOUNT_OPTIONS};
+use shortfuse_fs::registry::{FsKind, Source, BUNDLED};
+use shortfuse_vfs::spec::{check_distinct, format_mounts, MountSpec, RUN_MOUNT_OPTIONS};
 
 use crate::filesystems;
 
@@ -71,9 +72,13 @@ pub struct RunArgs {
 
 pub fn after_help() -> String {
     let mut s = String::from("File systems served in process:\n");
-    for (name, source) in IN_PROCESS_FS {
-        let src = source.map(|s| format!(" (SOURCE = {s})")).unwrap_or_default();
-        s.push_str(&format!("  {name}{src}\n"));
+    for kind in BUNDLED.iter().filter(|k| k.in_process) {
+        let src = kind
+            .source
+            .describe()
+            .map(|s| format!(" (SOURCE = {s})"))
+            .unwrap_or_default();
+        s.push_str(&format!("  {}{src}\n", kind.name));
     }
     s.push_str("\nOptions (-o):\n");
     for (k, v) in RUN_MOUNT_OPTIONS {
@@ -230,29 +235,30 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
             options: options.clone(),
         };
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
-        if spec.fs == "sftp" {
+        let kind = in_process_kind(&spec.fs).map_err(|e| format!("-m {m}: {e}"))?;
+        match (kind.source, &spec.source) {
             // Connected once now, for a clear error before the program
             // runs; the shim gets the absolute remote path, so that each
             // process image connects only when it uses the mount.
-            spec.source = Some(sftp_resolved(&spec).map_err(|e| format!("-m {m}: {e}"))?);
-        } else if let Some(src) = &spec.source {
-            spec.source = Some(if spec.fs == "stripe" {
-                // Several directories, created by the file system when missing.
+            (Source::Remote(_), _) => spec.source = Some(remote_resolved(&spec).map_err(|e| format!("-m {m}: {e}"))?),
+            // Several directories, created by the file system when missing.
+            (Source::Dirs(_), Some(src)) => {
                 let dirs: Vec<String> = src.split(',').map(|d| absolute(&cwd, Path::new(d))).collect();
-                dirs.join(",")
-            } else {
+                spec.source = Some(dirs.join(","));
+            }
+            (_, Some(src)) => {
                 let src = std::fs::canonicalize(absolute(&cwd, Path::new(src)))
                     .map_err(|e| format!("-m {m}: source {src}: {e}"))?;
-                src.to_string_lossy().into_owned()
-            });
+                spec.source = Some(src.to_string_lossy().into_owned());
+            }
+            (_, None) => {}
         }
         spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
-        if spec.fs != "sftp" {
+        if !matches!(kind.source, Source::Remote(_)) {
             check_fs(&spec).map_err(|e| format!("-m {m}: {e}"))?;
         }
         let run = spec.run_options()?;
-        let network = shortfuse_vfs::spec::NETWORK_FS.contains(&spec.fs.as_str());
-        if let Some(line) = run.cache.describe(&spec.fs, network) {
+        if let Some(line) = run.cache.describe(&spec.fs, kind.network) {
             eprintln!("shortfuse run: {}: {line}", spec.mountpoint);
         }
         specs.push(spec);
@@ -286,8 +292,8 @@ fn expand_cache_config(options: &str) -> Result<String, String> {
     Ok(out.join(","))
 }
 
-/// The sftp SOURCE with its remote path made absolute on the server.
-fn sftp_resolved(spec: &MountSpec) -> Result<String, String> {
+/// The remote (sftp) SOURCE with its path made absolute on the server.
+fn remote_resolved(spec: &MountSpec) -> Result<String, String> {
     let target = spec
         .source
         .as_deref()
@@ -305,22 +311,27 @@ pub fn absolute(cwd: &Path, p: &Path) -> String {
     String::from_utf8_lossy(&norm).into_owned()
 }
 
-/// The file system is one the shim builds, and builds here too: the source
-/// exists and is a directory, the file system knows its options.
-fn check_fs(spec: &MountSpec) -> Result<(), String> {
-    if !IN_PROCESS_FS.iter().any(|(n, _)| *n == spec.fs) {
-        let served: Vec<&str> = IN_PROCESS_FS.iter().map(|f| f.0).collect();
-        let hint = if filesystems::ALL.iter().any(|k| k.name == spec.fs) {
-            format!(" (mount {} with `shortfuse mount` instead)", spec.fs)
-        } else {
-            String::new()
-        };
-        return Err(format!(
-            "unknown file system {:?} for run: choose {}{hint}",
-            spec.fs,
-            served.join(", ")
-        ));
+/// The file system called `name`, when the shim builds it in process.
+fn in_process_kind(name: &str) -> Result<&'static FsKind, String> {
+    match filesystems::all().find(|k| k.name == name) {
+        Some(kind) if kind.in_process => Ok(kind),
+        known => {
+            let served: Vec<&str> = BUNDLED.iter().filter(|k| k.in_process).map(|k| k.name).collect();
+            let hint = match known {
+                Some(_) => format!(" (mount {name} with `shortfuse mount` instead)"),
+                None => String::new(),
+            };
+            Err(format!(
+                "unknown file system {name:?} for run: choose {}{hint}",
+                served.join(", ")
+            ))
+        }
     }
+}
+
+/// The shim builds the file system here too: the source exists and is a
+/// directory, the file system knows its options.
+fn check_fs(spec: &MountSpec) -> Result<(), String> {
     let run = spec.run_options()?;
     let mut scratch = MountOptions::default();
     // Building a passthrough raises RLIMIT_NOFILE (as a daemon wants); the

@@ -101,10 +101,10 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         slots: args.slots,
         spin: Duration::from_micros(args.spin_us),
         client_spin: Duration::from_micros(args.client_spin_us.unwrap_or(args.spin_us)),
-        // passthrough works on the host's files: as root the daemon acts
-        // with each caller's credentials, so the kernel checks them on the
+        // A mirror works on the host's files: as root the daemon acts with
+        // each caller's credentials, so the kernel checks them on the
         // source and the caller owns what it creates.
-        impersonate: args.fs == "passthrough" && crate::sys::effective_ids().0 == 0,
+        impersonate: filesystems::find(&args.fs)?.mirror && crate::sys::effective_ids().0 == 0,
         ..ServerConfig::default()
     };
     let ring_path = shortfuse_ring::socket_path(&client_mp);

@@ -39,3 +39,32 @@ pub mod proto;
 pub mod server;
 pub mod testutil;
 pub mod versions;
+
+use std::sync::Arc;
+
+use shortfuse_fs::registry::{FsKind, Source};
+
+/// distfs in the registry of file systems the command line builds.
+pub static KIND: FsKind = FsKind {
+    name: "dist",
+    source: Source::Address("ADDR (host:port) of a `shortfuse dist up` server"),
+    about: "distfs client: write-back cache kept strongly consistent by per-file leases",
+    options: "consistency=lease|writethrough|weak",
+    kernel_permissions: true,
+    // Not `network` for the cache: distfs caches in its client under
+    // leases; pages kept in front of it would outlive a revoked lease.
+    network: false,
+    mirror: false,
+    // Not built by the preload shim: its client runs a multi-threaded
+    // runtime of its own inside the program.
+    in_process: false,
+    build: |b| {
+        let addr = b
+            .source
+            .ok_or_else(|| shortfuse_fs::registry::invalid("dist needs SOURCE: ADDR".into()))?;
+        let cfg = client::ClientConfig::from_options(addr.to_string_lossy(), b.options)?;
+        let fs = client::DistFs::new(cfg)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("dist {}: {e}", addr.display())))?;
+        Ok(Arc::new(fs))
+    },
+};

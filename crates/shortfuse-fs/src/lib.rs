@@ -4,6 +4,7 @@ pub mod mem;
 pub mod null;
 pub mod pack;
 pub mod passthrough;
+pub mod registry;
 pub mod sftp;
 pub mod stripe;
 pub mod xattr;

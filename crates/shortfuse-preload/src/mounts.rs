@@ -6,7 +6,8 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use shortfuse::{Filesystem, Stats};
+use shortfuse::Stats;
+use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
 use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, PageCache, Vfs, Walk, WalkFlags, MCACHE_NODES};
 
@@ -20,43 +21,15 @@ pub const MAPS_VAR: &str = "SHORTFUSE_MAPS";
 /// when the exec'ing image was in one.
 pub const CWD_VAR: &str = "SHORTFUSE_CWD";
 
-fn build_fs(spec: &MountSpec, fs_opts: &shortfuse::options::FsOptions) -> Result<Arc<dyn Filesystem>, String> {
-    match (spec.fs.as_str(), spec.source.as_deref()) {
-        ("mem", None) => match fs_opts.first() {
-            None => Ok(Arc::new(shortfuse_fs::mem::MemFs::new())),
-            Some((k, _)) => Err(format!("-o {k}: not an option of mem")),
-        },
-        ("mem", Some(s)) => Err(format!("mem takes no SOURCE (got {s})")),
-        // Keeps nothing: the in-process row of the bench's empty operations.
-        ("null", None) => match fs_opts.first() {
-            None => Ok(Arc::new(shortfuse_fs::null::NullFs::new())),
-            Some((k, _)) => Err(format!("-o {k}: not an option of null")),
-        },
-        ("passthrough", Some(src)) => shortfuse_fs::passthrough::PassthroughFs::with_options(Path::new(src), fs_opts)
-            .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
-            .map_err(|e| e.to_string()),
-        ("passthrough", None) => Err("passthrough needs a SOURCE: MOUNTPOINT=passthrough:/dir".into()),
-        // The 1-to-M and M-to-1 maps of DeFUSE, served by the shim's fast path.
-        ("stripe", Some(src)) => shortfuse_fs::stripe::StripeFs::with_options(src, fs_opts)
-            .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
-            .map_err(|e| e.to_string()),
-        ("pack", Some(src)) => match fs_opts.first() {
-            None => shortfuse_fs::pack::PackFs::new(src)
-                .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
-                .map_err(|e| format!("pack {src}: {e}")),
-            Some((k, _)) => Err(format!("-o {k}: not an option of pack")),
-        },
-        ("stripe" | "pack", None) => Err(format!("{} needs a SOURCE", spec.fs)),
-        // No threads of its own, connects on first use, reconnects in a
-        // forked child (see SftpFs::in_process).
-        ("sftp", Some(src)) => shortfuse_fs::sftp::SftpFs::in_process(src, fs_opts)
-            .map(|fs| Arc::new(fs) as Arc<dyn Filesystem>)
-            .map_err(|e| e.to_string()),
-        ("sftp", None) => Err("sftp needs a SOURCE: MOUNTPOINT=sftp:[user@]host:[path]".into()),
-        (other, _) => {
-            let known: Vec<&str> = shortfuse_vfs::spec::IN_PROCESS_FS.iter().map(|f| f.0).collect();
+/// The file system a spec names, when the shim builds it in process.
+fn in_process_kind(spec: &MountSpec) -> Result<&'static FsKind, String> {
+    match FsKind::find(&spec.fs) {
+        Some(kind) if kind.in_process => Ok(kind),
+        _ => {
+            let known: Vec<&str> = BUNDLED.iter().filter(|k| k.in_process).map(|k| k.name).collect();
             Err(format!(
-                "file system {other:?} is not served in process (these are: {})",
+                "file system {:?} is not served in process (these are: {})",
+                spec.fs,
                 known.join(", ")
             ))
         }
@@ -77,10 +50,11 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         vfs.set_read_only(run.ro);
         return Ok(vfs);
     }
+    let kind = in_process_kind(spec)?;
     // The passthrough raises RLIMIT_NOFILE as a daemon would and holds
     // inode descriptors up to half of it. In process the limit is the
     // program's: keep it as it was, and the inode descriptors to a quarter.
-    if spec.fs == "passthrough" {
+    if kind.mirror {
         // Every process image caches names and attributes of its own, and
         // other processes of the program change the source behind it (make
         // checks the object a compiler process just wrote, and a name it
@@ -94,11 +68,13 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         }
     }
     let saved = nofile();
-    if spec.fs == "passthrough" && !run.fs.iter().any(|(k, _)| k == "path_fds") {
+    if kind.mirror && !run.fs.iter().any(|(k, _)| k == "path_fds") {
         let quarter = saved.map_or(256, |l| (l[0] / 4).max(16));
         run.fs.push(("path_fds".into(), Some(quarter.to_string())));
     }
-    let fs = build_fs(spec, &run.fs);
+    let fs = kind
+        .build(spec.source.as_deref().map(Path::new), &run.fs, Host::InProcess)
+        .map_err(|e| e.to_string());
     if let Some(l) = saved {
         sys::raw(
             libc::SYS_prlimit64,
@@ -119,7 +95,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     // With the page cache on, the data must pass through it: the mount
     // gives up its maps (the Prefuse-SSHFS caching thesis: over local backing files that only
     // doubles the kernel's caching, which is why `auto` leaves it off).
-    let cache = if run.cache_on(&spec.fs) {
+    let cache = if run.cache.enabled(kind.network) {
         Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)
     } else {
         None
@@ -142,7 +118,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     }
     vfs.set_umask(umask);
     vfs.set_read_only(run.ro);
-    if spec.fs == "passthrough" {
+    if kind.mirror {
         if let Some(src) = &spec.source {
             let abs = std::fs::canonicalize(src).map_err(|e| format!("passthrough {src}: {e}"))?;
             vfs.set_source(abs.as_os_str().as_encoded_bytes());

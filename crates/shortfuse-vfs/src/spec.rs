@@ -47,21 +47,6 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
     ),
 ];
 
-/// File systems whose reads cost a round trip: `-o cache=auto` turns the
-/// shim's page and metadata cache on for them (the Prefuse-SSHFS caching thesis).
-pub const NETWORK_FS: &[&str] = &["sftp"];
-
-/// The file systems the preload shim builds in process, with what their
-/// SOURCE is (`None`: they take none).
-pub const IN_PROCESS_FS: &[(&str, Option<&str>)] = &[
-    ("mem", None),
-    ("passthrough", Some("the directory to mirror")),
-    ("null", None),
-    ("stripe", Some("DIR1,DIR2,... the directories to stripe over")),
-    ("pack", Some("the directory holding containers and index")),
-    ("sftp", Some("[user@]host:[path] on an SSH server")),
-];
-
 const ALLOWED_KEYS: &[&str] = &["ro", "rw", "attr_timeout", "entry_timeout", "negative_timeout"];
 // Cache options (CACHE_KEYS) are taken apart before these are checked.
 
@@ -88,13 +73,6 @@ pub struct RunOptions {
     pub fs: FsOptions,
     /// The in-process page and metadata cache (`-o cache=...`).
     pub cache: CacheOptions,
-}
-
-impl RunOptions {
-    /// Whether the shim caches file data of a mount of `fs` in process.
-    pub fn cache_on(&self, fs: &str) -> bool {
-        self.cache.enabled(NETWORK_FS.contains(&fs))
-    }
 }
 
 impl RunOptions {
@@ -333,12 +311,15 @@ mod tests {
         assert_eq!(o.attr_timeout, Some(Duration::from_secs(5)));
         assert_eq!(o.fs, vec![("symlinks".to_string(), Some("beneath".to_string()))]);
         assert_eq!(o.mount_options().attr_timeout, Duration::from_secs(5));
-        assert!(!o.cache_on("passthrough") && o.cache_on("sftp"), "auto");
+        assert!(
+            !o.cache.enabled(false) && o.cache.enabled(true),
+            "auto: on for a network file system"
+        );
         let c = MountSpec::parse("/m=passthrough:/x#cache=on,page_size=64K,symlinks=raw")
             .unwrap()
             .run_options()
             .unwrap();
-        assert!(c.cache_on("passthrough"));
+        assert!(c.cache.enabled(false));
         assert_eq!(c.cache.page_size, 65536);
         assert_eq!(c.fs.len(), 1, "the cache's options are not the file system's");
         assert!(MountSpec::parse("/m=mem#page_size=3").is_err());

@@ -1,0 +1,301 @@
+//! The bundled file systems by name: what each takes and how it is built.
+//!
+//! Every front end reads this one table: `shortfuse mount`, `serve` and
+//! mount(8)'s helpers build a daemon's file system from it
+//! ([`Host::Daemon`]), `shortfuse run` and the preload shim build one in
+//! the program's own process ([`Host::InProcess`], only where
+//! [`FsKind::in_process`] says so), and the caches ask it whether reads
+//! cost a round trip ([`FsKind::network`]). What sets one file system apart
+//! from another (a local directory mirrored name for name, a list of
+//! directories, a remote host) is a property here, never a comparison of
+//! its name elsewhere.
+//!
+//! Adding a file system: its module in this crate and one [`BUNDLED`] line.
+//! A file system of another crate (distfs) declares its [`FsKind`] there;
+//! the command line lists it after these.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use shortfuse::options::FsOptions;
+use shortfuse::Filesystem;
+
+/// What a file system's SOURCE is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// It takes none.
+    None,
+    /// A directory of the local file system (made absolute by `run`).
+    Dir(&'static str),
+    /// Comma-separated local directories (each made absolute by `run`).
+    Dirs(&'static str),
+    /// `[user@]host:[path]` on an SSH server (`run` resolves the path on
+    /// the server before the program starts).
+    Remote(&'static str),
+    /// The network address of a server.
+    Address(&'static str),
+}
+
+impl Source {
+    /// What SOURCE means, for help and errors; `None` when it takes none.
+    pub fn describe(self) -> Option<&'static str> {
+        match self {
+            Source::None => None,
+            Source::Dir(s) | Source::Dirs(s) | Source::Remote(s) | Source::Address(s) => Some(s),
+        }
+    }
+}
+
+/// Where the file system is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// A daemon (`shortfuse mount`, `serve`) running with these effective
+    /// ids: they own the root of a file system that starts empty.
+    Daemon { uid: u32, gid: u32 },
+    /// The program's own process (the preload shim): no threads of the
+    /// file system's own, no connection before first use.
+    InProcess,
+}
+
+/// What a builder gets.
+pub struct Build<'a> {
+    /// Present exactly when the kind takes one (checked by [`FsKind::build`]).
+    pub source: Option<&'a Path>,
+    /// The `-o` options no mount option claimed, for the file system.
+    pub options: &'a FsOptions,
+    pub host: Host,
+}
+
+/// One file system a front end can build by name.
+pub struct FsKind {
+    pub name: &'static str,
+    pub source: Source,
+    /// One line for `--help`.
+    pub about: &'static str,
+    /// Its own `-o` options, for `--help` (empty: none).
+    pub options: &'static str,
+    /// The daemon does not check permissions itself (it relies on the
+    /// kernel's `default_permissions`), so the mount always asks for them.
+    pub kernel_permissions: bool,
+    /// Reads cost a round trip and nothing below caches them: `-o
+    /// cache=auto` puts the user-space cache in front (the Prefuse-SSHFS
+    /// caching thesis).
+    pub network: bool,
+    /// SOURCE is a local directory mirrored name for name: other processes
+    /// change it behind the mount (the shim caches no attributes of it),
+    /// a daemon running as root acts with each caller's credentials on it,
+    /// and the shim can hand out descriptors of its backing files.
+    pub mirror: bool,
+    /// The preload shim can build it inside the program (`shortfuse run`).
+    pub in_process: bool,
+    /// Makes it; called through [`FsKind::build`], which checks SOURCE.
+    pub build: fn(&Build<'_>) -> io::Result<Arc<dyn Filesystem>>,
+}
+
+/// Every file system of this crate, in help order.
+pub static BUNDLED: &[FsKind] = &[
+    FsKind {
+        name: "null",
+        source: Source::None,
+        about: "NullFS from RFUSE (FAST '24): lookups fail, create succeeds, nothing is kept",
+        options: "",
+        kernel_permissions: false,
+        network: false,
+        mirror: false,
+        in_process: true,
+        build: |b| {
+            no_options("null", b.options)?;
+            Ok(Arc::new(crate::null::NullFs::new()))
+        },
+    },
+    FsKind {
+        name: "mem",
+        source: Source::None,
+        about: "in-memory POSIX file system",
+        options: "",
+        kernel_permissions: false,
+        network: false,
+        mirror: false,
+        in_process: true,
+        build: |b| {
+            no_options("mem", b.options)?;
+            Ok(Arc::new(match b.host {
+                Host::Daemon { uid, gid } => crate::mem::MemFs::with_root_owner(uid, gid),
+                Host::InProcess => crate::mem::MemFs::new(),
+            }))
+        },
+    },
+    FsKind {
+        name: "passthrough",
+        source: Source::Dir("the directory to mirror"),
+        about: "mirrors SOURCE",
+        options: "symlinks=raw|beneath, one_file_system, path_fds=N",
+        kernel_permissions: true,
+        network: false,
+        mirror: true,
+        in_process: true,
+        build: |b| {
+            let src = source(b)?;
+            // In process the shim reports what the file system says; a
+            // daemon checks first, for a message naming the source.
+            if matches!(b.host, Host::Daemon { .. }) {
+                existing_dir(src)?;
+            }
+            let fs = crate::passthrough::PassthroughFs::with_options(src, b.options)
+                .map_err(|e| io::Error::new(e.kind(), format!("passthrough {}: {e}", src.display())))?;
+            Ok(Arc::new(fs))
+        },
+    },
+    FsKind {
+        name: "stripe",
+        // The 1-to-M map of DeFUSE, served by the shim's fast path.
+        source: Source::Dirs("DIR1,DIR2,... (1 to 16 directories)"),
+        about: "each file split over the SOURCE directories, one chunk each",
+        options: "stripe_size=N, default 1M",
+        kernel_permissions: true,
+        network: false,
+        mirror: false,
+        in_process: true,
+        build: |b| {
+            if let Some((k, v)) = b.options.iter().find(|(k, _)| k != "stripe_size") {
+                return Err(unknown("stripe", k, v));
+            }
+            let src = source(b)?;
+            Ok(Arc::new(crate::stripe::StripeFs::with_options(
+                &src.to_string_lossy(),
+                b.options,
+            )?))
+        },
+    },
+    FsKind {
+        name: "pack",
+        // The M-to-1 map of DeFUSE.
+        source: Source::Dir("the directory holding containers and index"),
+        about: "small files packed into container files with an index",
+        options: "",
+        kernel_permissions: true,
+        network: false,
+        mirror: false,
+        in_process: true,
+        build: |b| {
+            no_options("pack", b.options)?;
+            let src = source(b)?;
+            if matches!(b.host, Host::Daemon { .. }) {
+                existing_dir(src)?;
+            }
+            let fs = crate::pack::PackFs::new(src)
+                .map_err(|e| io::Error::new(e.kind(), format!("pack {}: {e}", src.display())))?;
+            Ok(Arc::new(fs))
+        },
+    },
+    FsKind {
+        name: "sftp",
+        source: Source::Remote("[user@]host:[path] on an SSH server"),
+        about: "a remote directory over SFTP, like sshfs",
+        options: "port=,identity=,reconnect,StrictHostKeyChecking=,...",
+        kernel_permissions: false,
+        network: true,
+        mirror: false,
+        in_process: true,
+        build: |b| {
+            let target = source(b)?.to_string_lossy();
+            Ok(Arc::new(match b.host {
+                Host::Daemon { .. } => crate::sftp::SftpFs::connect(&target, b.options)?,
+                // No threads of its own, connects on first use, reconnects
+                // in a forked child.
+                Host::InProcess => crate::sftp::SftpFs::in_process(&target, b.options)?,
+            }))
+        },
+    },
+];
+
+impl FsKind {
+    /// The bundled file system called `name`.
+    pub fn find(name: &str) -> Option<&'static FsKind> {
+        BUNDLED.iter().find(|k| k.name == name)
+    }
+
+    /// Builds it over `source` with `options` for `host`, after checking
+    /// that SOURCE is given exactly when it takes one.
+    pub fn build(&self, source: Option<&Path>, options: &FsOptions, host: Host) -> io::Result<Arc<dyn Filesystem>> {
+        let name = self.name;
+        match (self.source.describe(), source) {
+            (Some(what), None) => {
+                return Err(invalid(format!(
+                    "{name} needs a SOURCE ({what}): shortfuse mount {name} SOURCE MOUNTPOINT"
+                )))
+            }
+            (None, Some(s)) => {
+                return Err(invalid(format!(
+                    "{name} takes no SOURCE (got {}): shortfuse mount {name} MOUNTPOINT",
+                    s.display()
+                )))
+            }
+            _ => {}
+        }
+        (self.build)(&Build { source, options, host })
+    }
+
+    /// `about` with the options, for `--help`.
+    pub fn help(&self) -> String {
+        if self.options.is_empty() {
+            self.about.to_string()
+        } else {
+            format!("{} (-o {})", self.about, self.options)
+        }
+    }
+}
+
+fn source<'a>(b: &Build<'a>) -> io::Result<&'a Path> {
+    b.source.ok_or_else(|| invalid("SOURCE is missing".into()))
+}
+
+fn existing_dir(src: &Path) -> io::Result<()> {
+    match std::fs::metadata(src) {
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(invalid(format!("source {} is not a directory", src.display()))),
+        Err(e) => Err(io::Error::new(e.kind(), format!("source {}: {e}", src.display()))),
+    }
+}
+
+/// Refuses any option: the file system called `name` takes none.
+pub fn no_options(name: &str, rest: &FsOptions) -> io::Result<()> {
+    match rest.first() {
+        None => Ok(()),
+        Some((k, v)) => Err(unknown(name, k, v)),
+    }
+}
+
+fn unknown(name: &str, k: &str, v: &Option<String>) -> io::Error {
+    invalid(format!(
+        "-o {k}{}: unknown option (neither a mount option nor one of the {name} file system)",
+        v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
+    ))
+}
+
+/// An `InvalidInput` error saying `msg`.
+pub fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_sources_are_checked() {
+        for (i, k) in BUNDLED.iter().enumerate() {
+            assert!(BUNDLED[i + 1..].iter().all(|o| o.name != k.name), "{} twice", k.name);
+            assert_eq!(FsKind::find(k.name).map(|f| f.name), Some(k.name));
+            let opts = FsOptions::new();
+            let wrong = match k.source {
+                Source::None => Some(Path::new("/tmp")),
+                _ => None,
+            };
+            let e = k.build(wrong, &opts, Host::InProcess).err().unwrap();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{}: {e}", k.name);
+        }
+        assert!(FsKind::find("ext9").is_none());
+    }
+}
