@@ -6,6 +6,7 @@ mod list;
 mod logging;
 mod metrics;
 mod run;
+mod foreign;
 mod serve;
 mod sys;
 

@@ -353,7 +353,7 @@ fn check_fs(spec: &MountSpec) -> Result<(), String> {
 }
 
 /// `libshortfuse_preload.so` next to this binary.
-fn shim_path() -> Result<PathBuf, String> {
+pub(crate) fn shim_path() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the shortfuse binary: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
     let so = dir.join(SHIM);
@@ -392,7 +392,7 @@ fn build_hint(dir: &Path) -> String {
 }
 
 /// LD_PRELOAD with the shim first (the program's own preloads follow).
-fn ld_preload(shim: &Path, existing: Option<OsString>) -> OsString {
+pub(crate) fn ld_preload(shim: &Path, existing: Option<OsString>) -> OsString {
     let mut v = OsString::from(shim);
     if let Some(old) = existing {
         let rest: Vec<_> = old

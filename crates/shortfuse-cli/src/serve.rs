@@ -38,31 +38,42 @@ use crate::filesystems;
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// File system: as for mount (null, mem, passthrough, stripe, pack, sftp, dist).
-    fs: String,
+    #[arg(required_unless_present = "command")]
+    fs: Option<String>,
     /// [SOURCE] MOUNTPOINT: SOURCE is what the file system serves; programs
     /// reach the daemon by MOUNTPOINT (`shortfuse run -m MOUNTPOINT`).
-    #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required = true)]
+    #[arg(value_name = "[SOURCE] MOUNTPOINT", num_args = 1..=2, required_unless_present = "command")]
     paths: Vec<PathBuf>,
+    /// `-- COMMAND ARGS...`: an unmodified FUSE daemon (sshfs, bindfs, a
+    /// libfuse, go-fuse or fuser file system) run in the foreground; its
+    /// kernel mount stays, and programs under `shortfuse run -m
+    /// MOUNTPOINT` reach the same daemon over the rings.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+    /// With COMMAND: the daemon's mount point, when it is not one of its
+    /// arguments as written.
+    #[arg(long, value_name = "DIR", requires = "command")]
+    pub(crate) mountpoint: Option<PathBuf>,
     /// Mount options, comma-separated, as for `shortfuse mount`. May be repeated.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
-    options: Vec<String>,
+    pub(crate) options: Vec<String>,
     /// Also mount in the kernel at MOUNTPOINT: `dev` (/dev/fuse) or `uring`
     /// (FUSE over io_uring); `none` serves the rings alone.
     #[arg(long, default_value = "none", value_parser = ["none", "dev", "uring"])]
-    transport: String,
+    pub(crate) transport: String,
     /// Worker threads of the kernel mount (as for mount).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
-    threads: Option<u16>,
+    pub(crate) threads: Option<u16>,
     /// How long (µs) an idle ring worker spins before it sleeps on a futex.
     #[arg(long, value_name = "US", default_value_t = DEFAULT_SPIN_US)]
-    spin_us: u64,
+    pub(crate) spin_us: u64,
     /// How long (µs) a client spins for its reply before it sleeps [default:
     /// --spin-us]. SHORTFUSE_RING_SPIN_US in a client's environment overrides it.
     #[arg(long, value_name = "US")]
-    client_spin_us: Option<u64>,
+    pub(crate) client_spin_us: Option<u64>,
     /// Request slots per CPU queue (requests in flight per CPU).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=992))]
-    slots: u32,
+    pub(crate) slots: u32,
 }
 
 /// The mount point as clients name it: absolute, lexically normalised.
@@ -72,6 +83,10 @@ pub fn client_mountpoint(mp: &Path) -> io::Result<PathBuf> {
 }
 
 pub fn main(args: ServeArgs) -> io::Result<()> {
+    if !args.command.is_empty() {
+        return crate::foreign::main(&args);
+    }
+    let fs_name = args.fs.clone().unwrap_or_default();
     let (source, mountpoint) = match args.paths.as_slice() {
         [mp] => (None, mp),
         [src, mp] => (Some(src.as_path()), mp),
@@ -87,15 +102,15 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         opts.apply(o, Some(&mut rest))?;
     }
     if opts.fsname.is_none() {
-        opts.fsname = Some(source.map_or(args.fs.clone(), |s| s.display().to_string()));
+        opts.fsname = Some(source.map_or(fs_name.clone(), |s| s.display().to_string()));
     }
     if opts.subtype.is_none() {
-        opts.subtype = Some(format!("shortfuse-{}", args.fs));
+        opts.subtype = Some(format!("shortfuse-{fs_name}"));
     }
     let cache = CacheOptions::take_from(&mut rest).map_err(filesystems::invalid)?;
-    let fs = filesystems::build(&args.fs, source, &rest, &mut opts)?;
+    let fs = filesystems::build(&fs_name, source, &rest, &mut opts)?;
     // One cache tier for every client: the rings and the kernel mount.
-    let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(&args.fs, fs, &cache)?;
+    let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(&fs_name, fs, &cache)?;
     let client_mp = client_mountpoint(mountpoint)?;
     let config = ServerConfig {
         slots: args.slots,
@@ -104,7 +119,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         // A mirror works on the host's files: as root the daemon acts with
         // each caller's credentials, so the kernel checks them on the
         // source and the caller owns what it creates.
-        impersonate: filesystems::find(&args.fs)?.mirror && crate::sys::effective_ids().0 == 0,
+        impersonate: filesystems::find(&fs_name)?.mirror && crate::sys::effective_ids().0 == 0,
         ..ServerConfig::default()
     };
     let ring_path = shortfuse_ring::socket_path(&client_mp);
@@ -117,7 +132,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
             stats.attach_figures(f);
         }
         let about = shortfuse::control::About {
-            fs: args.fs.clone(),
+            fs: fs_name.clone(),
             source: opts.fsname.clone().unwrap_or_default(),
             transport: "rings".to_string(),
         };
@@ -126,7 +141,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         let mut server = Server::start(&ring_path, fs.clone(), opts, stats, config)?;
         eprintln!(
             "shortfuse serve: {} at {} (rings: {})",
-            args.fs,
+            fs_name,
             client_mp.display(),
             ring_path.display()
         );
@@ -158,7 +173,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     };
     let mut server = Server::start(&ring_path, fs.clone(), opts, dev.stats().clone(), config)?;
     kernel_fs.attach(server.announcer());
-    let name = args.fs.clone();
+    let name = fs_name.clone();
     let result = dev.run(|| {
         crate::sys::notify_ready();
         eprintln!(

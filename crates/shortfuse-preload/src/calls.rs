@@ -382,6 +382,11 @@ pub fn vfork_call(nr: i64, a: [i64; 6]) -> Option<i64> {
 }
 
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
+    if crate::daemon::on() {
+        if let Some(r) = crate::daemon::call(nr, a) {
+            return Some(r);
+        }
+    }
     // Where a daemon's descriptions may reach another process (see `shared`).
     match nr {
         libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork => {

@@ -145,6 +145,7 @@
 
 mod calls;
 mod creds;
+mod daemon;
 mod mounts;
 mod sud;
 mod sys;
@@ -230,12 +231,19 @@ fn mark_slow_calls() {
     for nr in creds::CALLS {
         sys::set_slow(nr);
     }
+    // A daemon's /dev/fuse descriptor may come from fusermount3.
+    if daemon::wants(libc::SYS_recvmsg) {
+        sys::set_slow(libc::SYS_recvmsg);
+    }
 }
 
 /// The LD_PRELOAD constructor.
 extern "C" fn init() {
-    let Ok(spec) = std::env::var("SHORTFUSE_MOUNTS") else {
-        return;
+    // A FUSE daemon under `shortfuse serve --` may have no mounts of its own.
+    let spec = match std::env::var("SHORTFUSE_MOUNTS") {
+        Ok(spec) => spec,
+        Err(_) if daemon::setup() => String::new(),
+        Err(_) => return,
     };
     let state = match mounts::build(&spec) {
         Ok(s) => s,
@@ -540,7 +548,7 @@ mod fork_gate {
 /// execve/execveat are served with the program's mask and selector. A
 /// handler that interrupts them finds `in_hook` set and reaches the kernel.
 pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
-    if !(calls::is_file_call(nr) || is_clone(nr)) || !ACTIVE.load(Ordering::Acquire) {
+    if !(calls::is_file_call(nr) || is_clone(nr) || daemon::wants(nr)) || !ACTIVE.load(Ordering::Acquire) {
         return None;
     }
     if calls::shared::sends(nr) && !calls::shared::passes_descriptors(nr, a) {

@@ -25,6 +25,7 @@
 mod anchors;
 mod announce;
 mod client;
+pub mod foreign;
 pub mod locks;
 mod proto;
 pub mod region;

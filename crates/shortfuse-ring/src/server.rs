@@ -41,6 +41,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::anchors::Anchors;
 use crate::client::{encode_record, Notice};
+use crate::foreign::{Forward, ForwardFs};
 use crate::locks::{Locks, Reaper};
 use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
@@ -121,6 +122,9 @@ pub struct Server {
 
 struct Shared {
     fs: Arc<dyn Filesystem>,
+    /// An unmodified daemon that takes the requests as bytes (see
+    /// [`crate::foreign`]); `fs` then only forwards the server's own calls.
+    forward: Option<Arc<dyn Forward>>,
     /// The daemon's user: without `allow_other`, the only one served.
     owner: u32,
     opts: MountOptions,
@@ -202,6 +206,32 @@ impl Server {
         stats: Arc<Stats>,
         config: ServerConfig,
     ) -> io::Result<Server> {
+        Server::start_inner(path, fs, None, locks, opts, stats, config)
+    }
+
+    /// Serves the requests of every client that connects at `path` with
+    /// `forward`, which takes them as bytes: an unmodified FUSE daemon
+    /// (see [`crate::foreign`]).
+    pub fn start_forward(
+        path: &Path,
+        forward: Arc<dyn Forward>,
+        opts: MountOptions,
+        stats: Arc<Stats>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
+        let fs: Arc<dyn Filesystem> = Arc::new(ForwardFs(forward.clone()));
+        Server::start_inner(path, fs, Some(forward), Arc::new(Locks::new()), opts, stats, config)
+    }
+
+    fn start_inner(
+        path: &Path,
+        fs: Arc<dyn Filesystem>,
+        forward: Option<Arc<dyn Forward>>,
+        locks: Arc<Locks>,
+        opts: MountOptions,
+        stats: Arc<Stats>,
+        config: ServerConfig,
+    ) -> io::Result<Server> {
         let geo = config.geometry();
         geo.check()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -224,6 +254,7 @@ impl Server {
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let shared = Arc::new(Shared {
             fs,
+            forward,
             owner: sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32,
             opts,
             stats,
@@ -654,7 +685,7 @@ impl Conn {
                 return;
             }
         };
-        let outcome = self.dispatcher.handle(req, reply, Transport::Ring);
+        let outcome = self.handle(shared, req, reply);
         drop(acting);
         if outcome == Outcome::NoReply {
             reply.clear();
@@ -743,7 +774,7 @@ impl Conn {
         let mut reply = Vec::new();
         let mut unique = u64::MAX;
         for ((fh, dir), h) in t.handles {
-            self.release_for(&mut req, &mut reply, unique, fh, dir, h.node);
+            self.release_for(shared, &mut req, &mut reply, unique, fh, dir, h.node);
             unique -= 1;
         }
         let forgets: Vec<abi::fuse_forget_one> = t
@@ -768,13 +799,23 @@ impl Conn {
                 &[arg.as_bytes(), chunk.as_bytes()],
             );
             unique -= 1;
-            self.dispatcher.handle(&req, &mut reply, Transport::Ring);
+            self.handle(shared, &req, &mut reply);
         }
     }
 
     /// RELEASE (or RELEASEDIR) of handle `fh` on `node` on behalf of the
     /// client, which can no longer send it.
-    fn release_for(&self, req: &mut Vec<u8>, reply: &mut Vec<u8>, unique: u64, fh: u64, dir: bool, node: u64) {
+    #[allow(clippy::too_many_arguments)]
+    fn release_for(
+        &self,
+        shared: &Shared,
+        req: &mut Vec<u8>,
+        reply: &mut Vec<u8>,
+        unique: u64,
+        fh: u64,
+        dir: bool,
+        node: u64,
+    ) {
         let arg = abi::fuse_release_in {
             fh,
             flags: 0,
@@ -783,12 +824,26 @@ impl Conn {
         };
         let op = if dir { abi::FUSE_RELEASEDIR } else { abi::FUSE_RELEASE };
         build(req, op, unique, node, &[arg.as_bytes()]);
-        self.dispatcher.handle(req, reply, Transport::Ring);
+        self.handle(shared, req, reply);
+    }
+
+    /// One request to the file system: through the dispatcher, or as bytes
+    /// to an unmodified daemon.
+    fn handle(&self, shared: &Shared, req: &[u8], reply: &mut Vec<u8>) -> Outcome {
+        let Some(f) = &shared.forward else {
+            return self.dispatcher.handle(req, reply, Transport::Ring);
+        };
+        let start = shared.stats.timed().then(Instant::now);
+        let outcome = f.forward(req, reply);
+        let opcode = abi::parse_header(req).map_or(0, |h| h.opcode);
+        let nanos = start.map_or(0, |s| u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        shared.stats.record(opcode, Transport::Ring, nanos);
+        outcome
     }
 
     /// Gives back the file handles process `pid` opened through this
     /// connection and never gave to a description (see [`Handle`]).
-    fn release_pid(&self, pid: u32) {
+    fn release_pid(&self, shared: &Shared, pid: u32) {
         let mine: Vec<((u64, bool), Handle)> = {
             let mut t = lock(&self.track);
             let keys: Vec<(u64, bool)> = t
@@ -803,7 +858,7 @@ impl Conn {
         };
         let (mut req, mut reply) = (Vec::new(), Vec::new());
         for (i, ((fh, dir), h)) in mine.into_iter().enumerate() {
-            self.release_for(&mut req, &mut reply, u64::MAX - i as u64, fh, dir, h.node);
+            self.release_for(shared, &mut req, &mut reply, u64::MAX - i as u64, fh, dir, h.node);
         }
     }
 
@@ -880,7 +935,7 @@ impl Shared {
         self.locks.release_owner(crate::locks::POSIX_OWNER | u64::from(pid));
         let clients: Vec<Arc<Conn>> = lock(&self.clients).clone();
         for c in clients {
-            c.release_pid(pid);
+            c.release_pid(self, pid);
         }
     }
 

@@ -296,6 +296,25 @@ pub fn send(sock: BorrowedFd<'_>, data: &[u8], pass: Option<BorrowedFd<'_>>) -> 
     Ok(())
 }
 
+/// Sends one message gathered from `iov`.
+pub fn sendv(sock: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<()> {
+    // SAFETY: zeroed msghdr is valid; `iov` outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    loop {
+        // SAFETY: msg describes live buffers.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Receives one message into `buf` and the descriptor passed with it;
 /// returns the length (0: the peer closed).
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {

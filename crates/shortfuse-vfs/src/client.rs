@@ -560,7 +560,9 @@ impl Client {
         umask: u32,
     ) -> Result<(EntryOut, OpenOut), Errno> {
         let arg = abi::fuse_create_in {
-            flags: flags as u32,
+            // With O_CREAT, as the kernel sends it: daemons that open the
+            // backing file with these flags (bindfs) need it.
+            flags: (flags | libc::O_CREAT) as u32,
             mode,
             umask,
             open_flags: 0,

@@ -233,6 +233,11 @@ pub fn set_program_mask(m: Option<u64>) {
     PROGRAM_MASK.with(|c| c.set(m));
 }
 
+/// The program's signal mask recorded for the call this thread serves.
+pub fn program_mask() -> Option<u64> {
+    PROGRAM_MASK.with(Cell::get)
+}
+
 /// Runs `f` (a system call that may wait for another process) with the
 /// program's signal mask, so that a signal stops or restarts the wait as
 /// it would natively.

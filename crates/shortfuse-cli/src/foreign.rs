@@ -1,0 +1,200 @@
+//! `shortfuse serve [OPTIONS] -- COMMAND ARGS...`: an unmodified FUSE
+//! daemon served to programs under `shortfuse run -m MOUNTPOINT` over the
+//! shared-memory rings, its kernel mount kept for everybody else.
+//!
+//! COMMAND runs with the preload shim in daemon mode (see
+//! `shortfuse_ring::foreign`): it mounts as it always does (mount(2) as
+//! root, fusermount3 otherwise), and its /dev/fuse descriptor then carries
+//! the ring clients' requests beside the kernel's. Once the daemon has
+//! answered the kernel's INIT, its mount point is known (`--mountpoint`, or
+//! the argument of COMMAND that names a FUSE mount now) and the rings open
+//! there. SIGINT and SIGTERM are passed on to the daemon (which unmounts
+//! as usual); when it exits the rings close, clients' calls fail with
+//! ENOTCONN, and `serve` exits with the daemon's status.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shortfuse::control::{About, ControlServer};
+use shortfuse::options::FsOptions;
+use shortfuse::{MountOptions, Stats};
+use shortfuse_ring::foreign::{Bridge, DAEMON_FD_VAR};
+use shortfuse_ring::{Server, ServerConfig};
+
+use crate::serve::{client_mountpoint, ServeArgs, SignalSet};
+
+/// How long the daemon may take to mount (sshfs connects first).
+const MOUNT_WAIT: Duration = Duration::from_secs(120);
+
+pub fn main(args: &ServeArgs) -> io::Result<()> {
+    let command = &args.command;
+    let mut opts = MountOptions::default();
+    let mut rest = FsOptions::new();
+    for o in &args.options {
+        opts.apply(o, Some(&mut rest))?;
+    }
+    let shim = crate::run::shim_path().map_err(io::Error::other)?;
+    let (ours, theirs) = socket_pair()?;
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .env("LD_PRELOAD", crate::run::ld_preload(&shim, std::env::var_os("LD_PRELOAD")))
+        .env(DAEMON_FD_VAR, theirs.as_raw_fd().to_string())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", command[0].to_string_lossy())))?;
+    drop(theirs);
+    let pid = child.id() as libc::pid_t;
+    // After the spawn: the daemon starts with the signals we found.
+    let signals = SignalSet::block()?;
+    std::thread::Builder::new().name("sf-serve-signals".into()).spawn(move || loop {
+        signals.wait();
+        // SAFETY: a signal to our own child, which we have not reaped yet
+        // (the main thread reaps it only after it exits).
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    })?;
+    let config = ServerConfig {
+        slots: args.slots,
+        spin: Duration::from_micros(args.spin_us),
+        client_spin: Duration::from_micros(args.client_spin_us.unwrap_or(args.spin_us)),
+        ..ServerConfig::default()
+    };
+    let bridge = Bridge::new(ours, config.max_io);
+    let b = bridge.clone();
+    std::thread::Builder::new().name("sf-serve-daemon".into()).spawn(move || b.run())?;
+    let start = Instant::now();
+    while !bridge.wait_init(Duration::from_millis(100)) {
+        if let Some(status) = child.try_wait()? {
+            return Err(io::Error::other(format!(
+                "{} exited ({status}) before it mounted",
+                command[0].to_string_lossy()
+            )));
+        }
+        if start.elapsed() > MOUNT_WAIT {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let _ = child.wait();
+            return Err(io::Error::other(format!(
+                "{} did not mount within {} s (is it a FUSE daemon, run in the foreground with -f?)",
+                command[0].to_string_lossy(),
+                MOUNT_WAIT.as_secs()
+            )));
+        }
+    }
+    let mountpoint = match &args.mountpoint {
+        Some(m) => client_mountpoint(m)?,
+        None => find_mountpoint(&command[1..]).ok_or_else(|| {
+            io::Error::other(format!(
+                "none of the arguments of {} names its FUSE mount: say which with --mountpoint",
+                command[0].to_string_lossy()
+            ))
+        })?,
+    };
+    let stats = Arc::new(Stats::new());
+    let name = Path::new(&command[0])
+        .file_name()
+        .map_or_else(|| "daemon".into(), |n| n.to_string_lossy().into_owned());
+    let about = About {
+        fs: name.clone(),
+        source: name.clone(),
+        transport: "rings+kernel".to_string(),
+    };
+    let control = ControlServer::start_described(&mountpoint, stats.clone(), about);
+    let ring_path = shortfuse_ring::socket_path(&mountpoint);
+    let mut server = Server::start_forward(&ring_path, bridge.clone(), opts, stats, config)?;
+    bridge.attach(server.announcer());
+    eprintln!(
+        "shortfuse serve: {name} at {} (its kernel mount, and rings: {})",
+        mountpoint.display(),
+        ring_path.display()
+    );
+    crate::sys::notify_ready();
+    let status = child.wait()?;
+    server.stop();
+    drop(control);
+    if status.success() {
+        return Ok(());
+    }
+    Err(io::Error::other(match status.signal() {
+        Some(sig) => format!("{} was killed by signal {sig}", command[0].to_string_lossy()),
+        None => format!("{} exited with {status}", command[0].to_string_lossy()),
+    }))
+}
+
+/// A SOCK_SEQPACKET pair: ours (close-on-exec) and the daemon's (inherited).
+fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are ours alone.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: plain fcntl on a descriptor we own.
+    if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((ours, theirs))
+}
+
+/// The last of `args` that names a FUSE mount point now (the daemon has
+/// just mounted), as clients name it.
+fn find_mountpoint(args: &[OsString]) -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let fuse: Vec<String> = mounts
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let fstype = right.split(' ').next()?;
+            let is_fuse = fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.");
+            is_fuse.then(|| unescape(left.split(' ').nth(4).unwrap_or("")))
+        })
+        .collect();
+    args.iter()
+        .rev()
+        .filter(|a| !a.as_bytes().starts_with(b"-"))
+        .filter_map(|a| client_mountpoint(Path::new(a)).ok())
+        .find(|p| fuse.iter().any(|m| Path::new(m) == p))
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+        assert_eq!(unescape("/end\\04"), "/end\\04");
+    }
+}

@@ -1,0 +1,519 @@
+//! Daemon mode: an unmodified FUSE daemon under `shortfuse serve --
+//! COMMAND` (see `shortfuse_ring::foreign` for the other side).
+//!
+//! The daemon opens /dev/fuse (or gets the descriptor from fusermount3
+//! over `_FUSE_COMMFD`, a recvmsg) and mounts as it always does; we note
+//! that descriptor and make it carry the ring clients' requests beside the
+//! kernel's:
+//!
+//! - a read (read, readv, or splice into a pipe, which libfuse 3 uses)
+//!   returns the next request of either: ring requests come as messages on
+//!   the socket to `shortfuse serve`; the descriptor is non-blocking
+//!   underneath, and a reader with nothing to read waits in ppoll on both,
+//!   with the program's signal mask (a SIGTERM ends the wait as it would
+//!   end a read of /dev/fuse);
+//! - a write (write, writev, or splice from a pipe) is routed by its
+//!   `unique`: ring ids (`RING_UNIQUE`) go back over the socket, the rest
+//!   to the kernel; notifications (unique 0) go to the kernel and, copied
+//!   over the socket, to the ring clients' caches; the reply to the
+//!   kernel's INIT is copied over the socket, and answers the ring
+//!   clients' INITs.
+//!
+//! A cloned descriptor (FUSE_DEV_IOC_CLONE on a new open of /dev/fuse) is
+//! one more descriptor of ours, so libfuse's `clone_fd` works; every
+//! thread's read may return a ring request. Not handled: poll or epoll on
+//! the descriptor (every daemon we know of reads it in blocking loops),
+//! FUSE over io_uring (libfuse then stays on /dev/fuse).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
+
+use shortfuse_ring::foreign::{DAEMON_FD_VAR, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE};
+
+use crate::sys::raw;
+use crate::user;
+
+/// Our descriptor of the socket to `shortfuse serve`; -1 when not a daemon.
+static CHANNEL: AtomicI32 = AtomicI32::new(-1);
+/// The socket has closed: `shortfuse serve` went; the kernel alone is served.
+static CHANNEL_GONE: AtomicU8 = AtomicU8::new(0);
+/// Descriptors below this number may be /dev/fuse descriptors of ours.
+const MAX_FD: usize = 4096;
+static DEVS: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
+/// A /dev/fuse descriptor of the daemon.
+const DEV: u8 = 1;
+/// ... which the daemon itself made non-blocking: a read never waits.
+const DEV_NONBLOCK: u8 = 2;
+/// The `unique` of the kernel's INIT, until the daemon answers it.
+static INIT_UNIQUE: AtomicU64 = AtomicU64::new(0);
+/// Where our socket goes: above the numbers daemons use.
+const CHANNEL_FLOOR: i64 = 700;
+
+/// Whether this process is a daemon under `shortfuse serve --`.
+pub fn on() -> bool {
+    CHANNEL.load(Ordering::Relaxed) >= 0
+}
+
+/// At start-up: takes the socket [`DAEMON_FD_VAR`] names, if it is one (a
+/// program the daemon starts inherits the variable, not the descriptor).
+pub fn setup() -> bool {
+    let Some(fd) = std::env::var(DAEMON_FD_VAR).ok().and_then(|v| v.parse::<i64>().ok()) else {
+        return false;
+    };
+    let mut ty = 0i32;
+    let mut len = 4u32;
+    let r = raw(
+        libc::SYS_getsockopt,
+        fd,
+        i64::from(libc::SOL_SOCKET),
+        i64::from(libc::SO_TYPE),
+        &mut ty as *mut i32 as i64,
+        &mut len as *mut u32 as i64,
+        0,
+    );
+    if r != 0 || ty != libc::SOCK_SEQPACKET {
+        return false;
+    }
+    // Out of the daemon's way, and not inherited by what it runs (ssh).
+    let high = raw(
+        libc::SYS_fcntl,
+        fd,
+        i64::from(libc::F_DUPFD_CLOEXEC),
+        CHANNEL_FLOOR,
+        0,
+        0,
+        0,
+    );
+    if high < 0 {
+        return false;
+    }
+    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    CHANNEL.store(high as i32, Ordering::Relaxed);
+    true
+}
+
+/// The calls daemon mode serves that are not file calls.
+pub fn wants(nr: i64) -> bool {
+    nr == libc::SYS_recvmsg && on()
+}
+
+fn dev(fd: i64) -> u8 {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|i| DEVS.get(i))
+        .map_or(0, |d| d.load(Ordering::Relaxed))
+}
+
+fn set_dev(fd: i64, v: u8) {
+    if let Some(d) = usize::try_from(fd).ok().and_then(|i| DEVS.get(i)) {
+        d.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Notes `fd` as a /dev/fuse descriptor of the daemon, non-blocking
+/// underneath (see the module doc).
+fn register(fd: i64) {
+    if fd < 0 || fd as usize >= MAX_FD {
+        return;
+    }
+    let flags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFL), 0, 0, 0, 0);
+    if flags < 0 {
+        return;
+    }
+    let wished = flags & i64::from(libc::O_NONBLOCK) != 0;
+    raw(
+        libc::SYS_fcntl,
+        fd,
+        i64::from(libc::F_SETFL),
+        flags | i64::from(libc::O_NONBLOCK),
+        0,
+        0,
+        0,
+    );
+    set_dev(fd, DEV | if wished { DEV_NONBLOCK } else { 0 });
+}
+
+/// Whether `fd` is a descriptor of /dev/fuse (char device 10:229).
+fn is_fuse_device(fd: i64) -> bool {
+    let mut st: libc::stat = user::zeroed();
+    raw(libc::SYS_fstat, fd, &mut st as *mut libc::stat as i64, 0, 0, 0, 0) == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        && st.st_rdev == libc::makedev(10, 229)
+}
+
+/// Serves `nr` when it concerns a /dev/fuse descriptor of the daemon or
+/// our socket; None: the call goes on as usual.
+pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let ch = i64::from(CHANNEL.load(Ordering::Relaxed));
+    match nr {
+        libc::SYS_open | libc::SYS_openat => {
+            let p = if nr == libc::SYS_open { a[0] } else { a[1] };
+            if user::cstr(p).ok()? != b"/dev/fuse" {
+                return None;
+            }
+            let r = crate::sys::raw6(nr, a);
+            register(r);
+            Some(r)
+        }
+        libc::SYS_recvmsg => {
+            let r = crate::sys::raw6(nr, a);
+            if r >= 0 {
+                if let Ok(msg) = user::get::<libc::msghdr>(a[1]) {
+                    let mut fds = Vec::new();
+                    user::passed_fds(&msg, &mut fds);
+                    for fd in fds {
+                        if is_fuse_device(i64::from(fd)) {
+                            register(i64::from(fd));
+                        }
+                    }
+                }
+            }
+            Some(r)
+        }
+        libc::SYS_close if a[0] == ch => Some(0),
+        libc::SYS_close => {
+            set_dev(a[0], 0);
+            None
+        }
+        libc::SYS_dup2 | libc::SYS_dup3 if a[1] == ch => Some(-i64::from(libc::EBUSY)),
+        libc::SYS_dup | libc::SYS_dup2 | libc::SYS_dup3 => {
+            let from = dev(a[0]);
+            if nr != libc::SYS_dup {
+                set_dev(a[1], 0);
+            }
+            if from == 0 {
+                return None;
+            }
+            let r = crate::sys::raw6(nr, a);
+            if r >= 0 {
+                set_dev(r, from);
+            }
+            Some(r)
+        }
+        libc::SYS_fcntl if dev(a[0]) != 0 => fcntl(a),
+        libc::SYS_read if dev(a[0]) != 0 => {
+            let iov = [libc::iovec {
+                iov_base: a[1] as *mut libc::c_void,
+                iov_len: a[2] as usize,
+            }];
+            Some(read(a[0], &iov))
+        }
+        libc::SYS_readv if dev(a[0]) != 0 => Some(match user::iovecs(a[1], a[2]) {
+            Ok(iov) => read(a[0], iov),
+            Err(e) => -(e.raw() as i64),
+        }),
+        libc::SYS_write if dev(a[0]) != 0 => {
+            let iov = [libc::iovec {
+                iov_base: a[1] as *mut libc::c_void,
+                iov_len: a[2] as usize,
+            }];
+            Some(write(a[0], &iov))
+        }
+        libc::SYS_writev if dev(a[0]) != 0 => Some(match user::iovecs(a[1], a[2]) {
+            Ok(iov) => write(a[0], iov),
+            Err(e) => -(e.raw() as i64),
+        }),
+        libc::SYS_splice if dev(a[0]) != 0 => Some(splice_out(a[0], a[2], a[4] as usize)),
+        libc::SYS_splice if dev(a[2]) != 0 => Some(splice_in(a[0], a[2], a[4] as usize)),
+        _ => None,
+    }
+}
+
+/// fcntl on a /dev/fuse descriptor: it stays non-blocking underneath,
+/// while the daemon sees (and sets) the flag it asked for.
+fn fcntl(a: [i64; 6]) -> Option<i64> {
+    let nb = i64::from(libc::O_NONBLOCK);
+    match a[1] as i32 {
+        libc::F_GETFL => {
+            let r = crate::sys::raw6(libc::SYS_fcntl, a);
+            if r < 0 || dev(a[0]) & DEV_NONBLOCK != 0 {
+                return Some(r);
+            }
+            Some(r & !nb)
+        }
+        libc::F_SETFL => {
+            let r = raw(libc::SYS_fcntl, a[0], a[1], a[2] | nb, 0, 0, 0);
+            if r == 0 {
+                set_dev(a[0], DEV | if a[2] & nb != 0 { DEV_NONBLOCK } else { 0 });
+            }
+            Some(r)
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            let from = dev(a[0]);
+            let r = crate::sys::raw6(libc::SYS_fcntl, a);
+            if r >= 0 {
+                set_dev(r, from);
+            }
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+/// The first 16 bytes the iovecs hold (a FUSE header's start), if readable.
+fn head(iov: &[libc::iovec]) -> Option<[u8; 16]> {
+    let mut out = [0u8; 16];
+    let mut got = 0;
+    for v in iov {
+        if got == 16 {
+            break;
+        }
+        let n = v.iov_len.min(16 - got);
+        let b = user::slice(v.iov_base as i64, n).ok()?;
+        out[got..got + n].copy_from_slice(b);
+        got += n;
+    }
+    (got == 16).then_some(out)
+}
+
+fn u64_at(b: &[u8; 16], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// Sends `kind` then the bytes of `iov` over the socket.
+fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
+    let kind = kind.to_ne_bytes();
+    let mut all = Vec::with_capacity(iov.len() + 1);
+    all.push(libc::iovec {
+        iov_base: kind.as_ptr() as *mut libc::c_void,
+        iov_len: 4,
+    });
+    all.extend_from_slice(iov);
+    let mut msg: libc::msghdr = user::zeroed();
+    msg.msg_iov = all.as_mut_ptr();
+    msg.msg_iovlen = all.len();
+    raw(
+        libc::SYS_sendmsg,
+        i64::from(CHANNEL.load(Ordering::Relaxed)),
+        &msg as *const libc::msghdr as i64,
+        i64::from(libc::MSG_NOSIGNAL),
+        0,
+        0,
+        0,
+    )
+}
+
+fn ring_alive() -> bool {
+    on() && CHANNEL_GONE.load(Ordering::Relaxed) == 0
+}
+
+/// The next request for the daemon, from a ring client or the kernel,
+/// into `iov`.
+fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
+    loop {
+        if ring_alive() {
+            if let Some(r) = ring_request(iov) {
+                return r;
+            }
+        }
+        let r = raw(libc::SYS_readv, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+        if r >= 0 {
+            if let Some(h) = head(iov) {
+                let opcode = u32::from_ne_bytes([h[4], h[5], h[6], h[7]]);
+                if opcode == shortfuse_abi::FUSE_INIT {
+                    INIT_UNIQUE.store(u64_at(&h, 8), Ordering::Relaxed);
+                }
+            }
+            return r;
+        }
+        if r != -i64::from(libc::EAGAIN) || dev(fd) & DEV_NONBLOCK != 0 {
+            return r;
+        }
+        let w = wait(fd);
+        if w < 0 {
+            return w;
+        }
+    }
+}
+
+/// A ring request waiting on the socket, taken into `iov`: its length, or
+/// None when there is none.
+fn ring_request(iov: &[libc::iovec]) -> Option<i64> {
+    let ch = i64::from(CHANNEL.load(Ordering::Relaxed));
+    let mut kind = [0u8; 4];
+    let mut all = Vec::with_capacity(iov.len() + 1);
+    all.push(libc::iovec {
+        iov_base: kind.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 4,
+    });
+    all.extend_from_slice(iov);
+    loop {
+        let mut msg: libc::msghdr = user::zeroed();
+        msg.msg_iov = all.as_mut_ptr();
+        msg.msg_iovlen = all.len();
+        let r = raw(
+            libc::SYS_recvmsg,
+            ch,
+            &mut msg as *mut libc::msghdr as i64,
+            i64::from(libc::MSG_DONTWAIT),
+            0,
+            0,
+            0,
+        );
+        if r == 0 {
+            // `shortfuse serve` went: the kernel alone is left.
+            CHANNEL_GONE.store(1, Ordering::Relaxed);
+            return None;
+        }
+        if r < 0 {
+            return None;
+        }
+        if u32::from_ne_bytes(kind) != MSG_REQUEST || r < 4 + 40 {
+            continue;
+        }
+        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            // Larger than the daemon's buffer: that call fails, not the ring.
+            if let Some(h) = head(iov) {
+                refuse(u64_at(&h, 8), libc::EIO);
+            }
+            continue;
+        }
+        return Some(r - 4);
+    }
+}
+
+/// Answers ring request `unique` with `errno` ourselves.
+fn refuse(unique: u64, errno: i32) {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(&16u32.to_ne_bytes());
+    h[4..8].copy_from_slice(&(-errno).to_ne_bytes());
+    h[8..].copy_from_slice(&unique.to_ne_bytes());
+    let iov = [libc::iovec {
+        iov_base: h.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 16,
+    }];
+    send(MSG_REPLY, &iov);
+}
+
+/// Waits until the kernel or the rings have a request for `fd`, with the
+/// program's signal mask: 0, or -EINTR.
+fn wait(fd: i64) -> i64 {
+    let ch = CHANNEL.load(Ordering::Relaxed);
+    let mut fds = [
+        libc::pollfd {
+            fd: fd as i32,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: ch,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let n = if ring_alive() { 2 } else { 1 };
+    let mask = crate::calls::special::program_mask().map(|m| m & !crate::sud::SIGSYS_BIT);
+    let maskp = mask.as_ref().map_or(0, |m| m as *const u64 as i64);
+    let r = raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0);
+    if r == -i64::from(libc::EINTR) {
+        return r;
+    }
+    0
+}
+
+/// A reply or notification from the daemon, routed by its `unique`.
+fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
+    let Some(h) = head(iov) else {
+        return raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+    };
+    let unique = u64_at(&h, 8);
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    if unique & RING_UNIQUE != 0 {
+        if !ring_alive() || send(MSG_REPLY, iov) < 0 {
+            // As the kernel answers a reply nobody waits for.
+            return -i64::from(libc::ENOENT);
+        }
+        return total as i64;
+    }
+    let r = raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+    if ring_alive() {
+        if unique == 0 && (r >= 0 || r == -i64::from(libc::ENOENT)) {
+            send(MSG_NOTIFY, iov);
+        } else if unique != 0 && r >= 0 && INIT_UNIQUE.load(Ordering::Relaxed) == unique {
+            INIT_UNIQUE.store(0, Ordering::Relaxed);
+            send(MSG_INIT, iov);
+        }
+    }
+    r
+}
+
+thread_local! {
+    /// A buffer per thread for splice, which libfuse 3 reads requests with.
+    static SPLICE_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SPLICE_BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        f(&mut b[..len])
+    })
+}
+
+/// splice from a /dev/fuse descriptor into a pipe: the request, read as
+/// [`read`] does, written to the pipe (which libfuse sized for it).
+fn splice_out(fd: i64, pipe: i64, len: usize) -> i64 {
+    with_buf(len.min(16 << 20), |b| {
+        let iov = [libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        }];
+        let n = read(fd, &iov);
+        if n <= 0 {
+            return n;
+        }
+        let mut done = 0usize;
+        while done < n as usize {
+            let w = raw(
+                libc::SYS_write,
+                pipe,
+                b[done..].as_ptr() as i64,
+                (n as usize - done) as i64,
+                0,
+                0,
+                0,
+            );
+            if w <= 0 {
+                // The request is lost for the daemon: its call fails.
+                return if w < 0 { w } else { -i64::from(libc::EIO) };
+            }
+            done += w as usize;
+        }
+        n
+    })
+}
+
+/// splice from a pipe into a /dev/fuse descriptor: a reply, `len` bytes
+/// taken from the pipe and routed as [`write`] does.
+fn splice_in(pipe: i64, fd: i64, len: usize) -> i64 {
+    with_buf(len.min(16 << 20), |b| {
+        let mut got = 0usize;
+        while got < b.len() {
+            let r = raw(
+                libc::SYS_read,
+                pipe,
+                b[got..].as_mut_ptr() as i64,
+                (b.len() - got) as i64,
+                0,
+                0,
+                0,
+            );
+            if r <= 0 {
+                break;
+            }
+            got += r as usize;
+        }
+        let iov = [libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: got,
+        }];
+        let r = write(fd, &iov);
+        if r < 0 {
+            r
+        } else {
+            got as i64
+        }
+    })
+}

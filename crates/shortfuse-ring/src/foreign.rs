@@ -1,0 +1,434 @@
+//! Unmodified FUSE daemons on the rings (`shortfuse serve -- COMMAND`).
+//!
+//! The daemon (sshfs, bindfs, a go-fuse or fuser file system...) runs with
+//! the preload shim in daemon mode: [`DAEMON_FD_VAR`] names its end of a
+//! SOCK_SEQPACKET socket pair whose other end is the [`Bridge`] here. The
+//! shim makes the daemon's /dev/fuse descriptor carry two streams: the
+//! kernel's requests, and the ring clients' requests that the bridge sends
+//! (their `unique` ids carry [`RING_UNIQUE`], which the kernel's never do).
+//! The daemon's replies to those come back here by their id; its
+//! notifications reach the kernel and, copied here, the ring clients'
+//! caches; its reply to the kernel's INIT is copied here too, and answers
+//! every ring client's INIT: one daemon, one negotiation, one set of node
+//! ids (the server forgets, for clients that go, the lookups they made).
+//!
+//! Every message on the socket starts with a `u32` kind ([`MSG_REQUEST`]
+//! one way; [`MSG_REPLY`], [`MSG_NOTIFY`], [`MSG_INIT`] the other), then
+//! the FUSE message.
+//!
+//! A daemon that dies closes its end: every call waiting for it fails with
+//! ENOTCONN at once, and so do the calls after. A reply that is not a
+//! well-formed FUSE reply fails the call it answers with EIO, nothing else.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use shortfuse::{FileHandle, Filesystem, NodeId, Outcome, ReleaseArgs, Request};
+use shortfuse_abi as abi;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::client::Notice;
+use crate::server::Announcer;
+use crate::sys;
+
+/// The environment variable that puts the shim in daemon mode: the number
+/// of the daemon's descriptor of its socket to the bridge.
+pub const DAEMON_FD_VAR: &str = "SHORTFUSE_DAEMON_FD";
+/// Marks the `unique` of a ring client's request on the daemon's descriptor.
+pub const RING_UNIQUE: u64 = 1 << 63;
+/// Bridge to daemon: a request of a ring client.
+pub const MSG_REQUEST: u32 = 1;
+/// Daemon to bridge: its reply to a ring request.
+pub const MSG_REPLY: u32 = 2;
+/// Daemon to bridge: a notification it wrote to the kernel.
+pub const MSG_NOTIFY: u32 = 3;
+/// Daemon to bridge: its reply to the kernel's INIT.
+pub const MSG_INIT: u32 = 4;
+
+/// Something that serves FUSE request bytes as they are (see
+/// [`crate::Server::start_forward`]).
+pub trait Forward: Send + Sync + 'static {
+    /// Serves one request of a ring client, INIT included; `reply` gets the
+    /// whole reply, or stays empty with [`Outcome::NoReply`] (FORGET).
+    fn forward(&self, req: &[u8], reply: &mut Vec<u8>) -> Outcome;
+}
+
+/// One call waiting for the daemon's reply.
+#[derive(Default)]
+struct Waiter {
+    reply: Mutex<Option<Result<Vec<u8>, i32>>>,
+    ready: Condvar,
+}
+
+impl Waiter {
+    fn give(&self, r: Result<Vec<u8>, i32>) {
+        *lock(&self.reply) = Some(r);
+        self.ready.notify_one();
+    }
+
+    fn wait(&self) -> Result<Vec<u8>, i32> {
+        let mut g = lock(&self.reply);
+        loop {
+            if let Some(r) = g.take() {
+                return r;
+            }
+            g = self.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The serving side of the socket to a daemon under the shim.
+pub struct Bridge {
+    sock: OwnedFd,
+    next: AtomicU64,
+    pending: Mutex<HashMap<u64, Arc<Waiter>>>,
+    init: Mutex<Option<abi::fuse_init_out>>,
+    init_seen: Condvar,
+    gone: AtomicBool,
+    /// The largest READ/WRITE payload the rings carry.
+    max_io: u32,
+    announcer: Mutex<Option<Announcer>>,
+}
+
+impl Bridge {
+    /// A bridge on `sock` (the other end goes to the daemon); `max_io` as
+    /// the server's [`crate::ServerConfig::max_io`].
+    pub fn new(sock: OwnedFd, max_io: u32) -> Arc<Bridge> {
+        Arc::new(Bridge {
+            sock,
+            next: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            init: Mutex::new(None),
+            init_seen: Condvar::new(),
+            gone: AtomicBool::new(false),
+            max_io,
+            announcer: Mutex::new(None),
+        })
+    }
+
+    /// Where the daemon's notifications go once the server runs.
+    pub fn attach(&self, announcer: Announcer) {
+        *lock(&self.announcer) = Some(announcer);
+    }
+
+    /// Whether the daemon has gone (its end of the socket closed).
+    pub fn gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the daemon has answered the kernel's INIT (true), or has
+    /// gone, or `timeout` passed (false).
+    pub fn wait_init(&self, timeout: Duration) -> bool {
+        let g = lock(&self.init);
+        let (g, _) = self
+            .init_seen
+            .wait_timeout_while(g, timeout, |i| i.is_none() && !self.gone())
+            .unwrap_or_else(|e| e.into_inner());
+        g.is_some()
+    }
+
+    /// Reads the daemon's messages until it goes; run it on a thread of its
+    /// own. Then every waiting call fails with ENOTCONN.
+    pub fn run(&self) {
+        let mut buf = vec![0u8; self.max_io as usize + 2 * 4096];
+        loop {
+            let n = match sys::recv(self.sock.as_fd(), &mut buf) {
+                Ok((0, _)) | Err(_) => break,
+                Ok((n, _)) => n,
+            };
+            if n < 4 {
+                continue;
+            }
+            let kind = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            let msg = &buf[4..n];
+            match kind {
+                MSG_REPLY => self.reply(msg),
+                MSG_NOTIFY => self.notified(msg),
+                MSG_INIT => {
+                    if let Some(out) = msg.get(16..).and_then(|b| init_out(b)) {
+                        *lock(&self.init) = Some(out);
+                        self.init_seen.notify_all();
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.gone.store(true, Ordering::SeqCst);
+        let waiting = std::mem::take(&mut *lock(&self.pending));
+        for w in waiting.values() {
+            w.give(Err(libc::ENOTCONN));
+        }
+        let _g = lock(&self.init);
+        self.init_seen.notify_all();
+    }
+
+    fn reply(&self, msg: &[u8]) {
+        let Ok((h, _)) = abi::fuse_out_header::read_from_prefix(msg) else {
+            return;
+        };
+        if let Some(w) = lock(&self.pending).remove(&h.unique) {
+            w.give(Ok(msg.to_vec()));
+        }
+    }
+
+    /// A notification the daemon sent the kernel: the ring clients drop
+    /// what they cached of the node or name.
+    fn notified(&self, msg: &[u8]) {
+        let Some(a) = lock(&self.announcer).clone() else {
+            return;
+        };
+        let Ok((h, body)) = abi::fuse_out_header::read_from_prefix(msg) else {
+            return;
+        };
+        match h.error as u32 {
+            abi::FUSE_NOTIFY_INVAL_INODE => {
+                if let Ok((n, _)) = abi::fuse_notify_inval_inode_out::read_from_prefix(body) {
+                    a.notify_all(Notice::Inode(n.ino));
+                }
+            }
+            abi::FUSE_NOTIFY_STORE => {
+                if let Ok((n, _)) = abi::fuse_notify_store_out::read_from_prefix(body) {
+                    a.notify_all(Notice::Inode(n.nodeid));
+                }
+            }
+            abi::FUSE_NOTIFY_INVAL_ENTRY => {
+                if let Ok((n, name)) = abi::fuse_notify_inval_entry_out::read_from_prefix(body) {
+                    if let Some(name) = name.get(..n.namelen as usize) {
+                        a.notify_all(Notice::Entry { parent: n.parent, name });
+                    }
+                }
+            }
+            abi::FUSE_NOTIFY_DELETE => {
+                if let Ok((n, name)) = abi::fuse_notify_delete_out::read_from_prefix(body) {
+                    if let Some(name) = name.get(..n.namelen as usize) {
+                        a.notify_all(Notice::Entry { parent: n.parent, name });
+                        a.notify_all(Notice::Inode(n.child));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A ring client's INIT, answered with what the daemon negotiated with
+    /// the kernel, within what the client offers and the rings carry.
+    fn init(&self, req: &[u8], unique: u64, reply: &mut Vec<u8>) -> Outcome {
+        let Some(daemon) = *lock(&self.init) else {
+            error(reply, unique, libc::ENOTCONN);
+            return Outcome::Reply;
+        };
+        let offered = req
+            .get(std::mem::size_of::<abi::fuse_in_header>()..)
+            .and_then(|b| abi::fuse_init_in::read_from_prefix(b).ok())
+            .map_or(0, |(i, _)| u64::from(i.flags) | (u64::from(i.flags2) << 32));
+        // What the clients implement and the daemon may have agreed to.
+        let known = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT;
+        let daemon_flags = u64::from(daemon.flags) | (u64::from(daemon.flags2) << 32);
+        let flags = daemon_flags & offered & known;
+        let max_write = daemon.max_write.clamp(4096, self.max_io);
+        let out = abi::fuse_init_out {
+            major: abi::FUSE_KERNEL_VERSION,
+            minor: daemon.minor.min(abi::FUSE_KERNEL_MINOR_VERSION),
+            max_readahead: daemon.max_readahead,
+            flags: flags as u32,
+            max_background: daemon.max_background,
+            congestion_threshold: daemon.congestion_threshold,
+            max_write,
+            time_gran: daemon.time_gran,
+            max_pages: (max_write / 4096).max(1) as u16,
+            map_alignment: 0,
+            flags2: (flags >> 32) as u32,
+            ..abi::fuse_init_out::default()
+        };
+        reply.clear();
+        let h = abi::fuse_out_header {
+            len: (16 + std::mem::size_of::<abi::fuse_init_out>()) as u32,
+            error: 0,
+            unique,
+        };
+        reply.extend_from_slice(h.as_bytes());
+        reply.extend_from_slice(out.as_bytes());
+        Outcome::Reply
+    }
+
+    /// Sends `req` with the ring id `id` in place of its own.
+    fn send(&self, req: &[u8], id: u64) -> io::Result<()> {
+        let kind = MSG_REQUEST.to_ne_bytes();
+        let id = id.to_ne_bytes();
+        // fuse_in_header: len, opcode (8 bytes), then unique.
+        let iov = [
+            libc::iovec {
+                iov_base: kind.as_ptr() as *mut libc::c_void,
+                iov_len: 4,
+            },
+            libc::iovec {
+                iov_base: req.as_ptr() as *mut libc::c_void,
+                iov_len: 8,
+            },
+            libc::iovec {
+                iov_base: id.as_ptr() as *mut libc::c_void,
+                iov_len: 8,
+            },
+            libc::iovec {
+                iov_base: req[16..].as_ptr() as *mut libc::c_void,
+                iov_len: req.len() - 16,
+            },
+        ];
+        sys::sendv(self.sock.as_fd(), &iov)
+    }
+}
+
+/// A daemon's init reply body (short ones, from older protocol minors,
+/// are zero-extended).
+fn init_out(b: &[u8]) -> Option<abi::fuse_init_out> {
+    if b.len() < 8 {
+        return None;
+    }
+    let mut out = abi::fuse_init_out::default();
+    let n = b.len().min(std::mem::size_of::<abi::fuse_init_out>());
+    out.as_mut_bytes()[..n].copy_from_slice(&b[..n]);
+    Some(out)
+}
+
+fn error(reply: &mut Vec<u8>, unique: u64, errno: i32) {
+    reply.clear();
+    let h = abi::fuse_out_header {
+        len: 16,
+        error: -errno,
+        unique,
+    };
+    reply.extend_from_slice(h.as_bytes());
+}
+
+/// Whether `msg` is a well-formed reply: its length as it says, an error
+/// the kernel would accept, and nothing after an error.
+fn well_formed(msg: &[u8]) -> bool {
+    let Ok((h, _)) = abi::fuse_out_header::read_from_prefix(msg) else {
+        return false;
+    };
+    h.len as usize == msg.len() && h.error <= 0 && h.error > -4096 && (h.error == 0 || msg.len() == 16)
+}
+
+impl Forward for Bridge {
+    fn forward(&self, req: &[u8], reply: &mut Vec<u8>) -> Outcome {
+        reply.clear();
+        let Ok(h) = abi::parse_header(req) else {
+            return Outcome::NoReply;
+        };
+        if h.opcode == abi::FUSE_INIT {
+            return self.init(req, h.unique, reply);
+        }
+        let replies = abi::op_info(h.opcode).is_none_or(|i| i.reply);
+        if self.gone() || req.len() < std::mem::size_of::<abi::fuse_in_header>() {
+            if replies {
+                error(reply, h.unique, libc::ENOTCONN);
+                return Outcome::Reply;
+            }
+            return Outcome::NoReply;
+        }
+        let id = RING_UNIQUE | self.next.fetch_add(1, Ordering::Relaxed);
+        let waiter = replies.then(|| {
+            let w = Arc::new(Waiter::default());
+            lock(&self.pending).insert(id, w.clone());
+            w
+        });
+        if self.send(req, id).is_err() {
+            lock(&self.pending).remove(&id);
+            if replies {
+                error(reply, h.unique, libc::ENOTCONN);
+                return Outcome::Reply;
+            }
+            return Outcome::NoReply;
+        }
+        // The reader may have failed everyone just before we were listed.
+        if self.gone() {
+            if let Some(w) = lock(&self.pending).remove(&id) {
+                w.give(Err(libc::ENOTCONN));
+            }
+        }
+        let Some(w) = waiter else {
+            return Outcome::NoReply;
+        };
+        match w.wait() {
+            Ok(msg) if well_formed(&msg) => {
+                reply.extend_from_slice(&msg);
+                reply[8..16].copy_from_slice(&h.unique.to_ne_bytes());
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    "the daemon's reply to {} is not a well-formed FUSE reply: that call fails with EIO",
+                    abi::opcode_name(h.opcode)
+                );
+                error(reply, h.unique, libc::EIO);
+            }
+            Err(e) => error(reply, h.unique, e),
+        }
+        Outcome::Reply
+    }
+}
+
+/// The calls the server makes on its own (releases and forgets for clients
+/// that went, and for descriptions that closed), as requests to a
+/// [`Forward`].
+pub(crate) struct ForwardFs(pub Arc<dyn Forward>);
+
+impl ForwardFs {
+    fn call(&self, opcode: u32, node: NodeId, arg: &[u8]) {
+        let mut req = Vec::new();
+        let h = abi::fuse_in_header {
+            len: (std::mem::size_of::<abi::fuse_in_header>() + arg.len()) as u32,
+            opcode,
+            unique: 1,
+            nodeid: node.0,
+            uid: 0,
+            gid: 0,
+            pid: 0,
+            total_extlen: 0,
+            padding: 0,
+        };
+        req.extend_from_slice(h.as_bytes());
+        req.extend_from_slice(arg);
+        let mut reply = Vec::new();
+        self.0.forward(&req, &mut reply);
+    }
+}
+
+impl Filesystem for ForwardFs {
+    fn forget(&self, node: NodeId, nlookup: u64) {
+        self.call(abi::FUSE_FORGET, node, abi::fuse_forget_in { nlookup }.as_bytes());
+    }
+
+    fn release(&self, _req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> shortfuse::Result<()> {
+        let arg = abi::fuse_release_in {
+            fh: fh.0,
+            flags: args.flags,
+            release_flags: if args.flock_release {
+                abi::FUSE_RELEASE_FLOCK_UNLOCK
+            } else {
+                0
+            },
+            lock_owner: args.lock_owner.unwrap_or(0),
+        };
+        self.call(abi::FUSE_RELEASE, node, arg.as_bytes());
+        Ok(())
+    }
+
+    fn releasedir(&self, _req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> shortfuse::Result<()> {
+        let arg = abi::fuse_release_in {
+            fh: fh.0,
+            flags,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        self.call(abi::FUSE_RELEASEDIR, node, arg.as_bytes());
+        Ok(())
+    }
+}
