@@ -44,7 +44,10 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     let (ours, theirs) = socket_pair()?;
     let mut child = Command::new(&command[0])
         .args(&command[1..])
-        .env("LD_PRELOAD", crate::run::ld_preload(&shim, std::env::var_os("LD_PRELOAD")))
+        .env(
+            "LD_PRELOAD",
+            crate::run::ld_preload(&shim, std::env::var_os("LD_PRELOAD")),
+        )
         .env(DAEMON_FD_VAR, theirs.as_raw_fd().to_string())
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", command[0].to_string_lossy())))?;
@@ -52,12 +55,14 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     let pid = child.id() as libc::pid_t;
     // After the spawn: the daemon starts with the signals we found.
     let signals = SignalSet::block()?;
-    std::thread::Builder::new().name("sf-serve-signals".into()).spawn(move || loop {
-        signals.wait();
-        // SAFETY: a signal to our own child, which we have not reaped yet
-        // (the main thread reaps it only after it exits).
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    })?;
+    std::thread::Builder::new()
+        .name("sf-serve-signals".into())
+        .spawn(move || loop {
+            signals.wait();
+            // SAFETY: a signal to our own child, which we have not reaped yet
+            // (the main thread reaps it only after it exits).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        })?;
     let config = ServerConfig {
         slots: args.slots,
         spin: Duration::from_micros(args.spin_us),
@@ -66,7 +71,9 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     };
     let bridge = Bridge::new(ours, config.max_io);
     let b = bridge.clone();
-    std::thread::Builder::new().name("sf-serve-daemon".into()).spawn(move || b.run())?;
+    std::thread::Builder::new()
+        .name("sf-serve-daemon".into())
+        .spawn(move || b.run())?;
     let start = Instant::now();
     while !bridge.wait_init(Duration::from_millis(100)) {
         if let Some(status) = child.try_wait()? {
@@ -153,48 +160,9 @@ fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// The last of `args` that names a FUSE mount point now (the daemon has
 /// just mounted), as clients name it.
 fn find_mountpoint(args: &[OsString]) -> Option<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let fuse: Vec<String> = mounts
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let fstype = right.split(' ').next()?;
-            let is_fuse = fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.");
-            is_fuse.then(|| unescape(left.split(' ').nth(4).unwrap_or("")))
-        })
-        .collect();
     args.iter()
         .rev()
         .filter(|a| !a.as_bytes().starts_with(b"-"))
         .filter_map(|a| client_mountpoint(Path::new(a)).ok())
-        .find(|p| fuse.iter().any(|m| Path::new(m) == p))
-}
-
-/// A mountinfo field with its octal escapes (`\040` for a space) undone.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape("/tmp/a\\040b"), "/tmp/a b");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/end\\04"), "/end\\04");
-    }
+        .find(|p| shortfuse::mount::fuse_mount_at(p).ok().flatten().is_some())
 }

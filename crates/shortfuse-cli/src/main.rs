@@ -1,12 +1,12 @@
 //! `shortfuse`: mount, unmount and inspect shortfuse file systems.
 
 mod filesystems;
+mod foreign;
 mod helper;
 mod list;
 mod logging;
 mod metrics;
 mod run;
-mod foreign;
 mod serve;
 mod sys;
 

@@ -32,7 +32,7 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::client::Notice;
-use crate::server::Announcer;
+use crate::server::{build, error_reply as error, Announcer};
 use crate::sys;
 
 /// The environment variable that puts the shim in daemon mode: the number
@@ -153,7 +153,7 @@ impl Bridge {
                 MSG_REPLY => self.reply(msg),
                 MSG_NOTIFY => self.notified(msg),
                 MSG_INIT => {
-                    if let Some(out) = msg.get(16..).and_then(|b| init_out(b)) {
+                    if let Some(out) = msg.get(16..).and_then(init_out) {
                         *lock(&self.init) = Some(out);
                         self.init_seen.notify_all();
                     }
@@ -298,16 +298,6 @@ fn init_out(b: &[u8]) -> Option<abi::fuse_init_out> {
     Some(out)
 }
 
-fn error(reply: &mut Vec<u8>, unique: u64, errno: i32) {
-    reply.clear();
-    let h = abi::fuse_out_header {
-        len: 16,
-        error: -errno,
-        unique,
-    };
-    reply.extend_from_slice(h.as_bytes());
-}
-
 /// Whether `msg` is a well-formed reply: its length as it says, an error
 /// the kernel would accept, and nothing after an error.
 fn well_formed(msg: &[u8]) -> bool {
@@ -383,19 +373,7 @@ pub(crate) struct ForwardFs(pub Arc<dyn Forward>);
 impl ForwardFs {
     fn call(&self, opcode: u32, node: NodeId, arg: &[u8]) {
         let mut req = Vec::new();
-        let h = abi::fuse_in_header {
-            len: (std::mem::size_of::<abi::fuse_in_header>() + arg.len()) as u32,
-            opcode,
-            unique: 1,
-            nodeid: node.0,
-            uid: 0,
-            gid: 0,
-            pid: 0,
-            total_extlen: 0,
-            padding: 0,
-        };
-        req.extend_from_slice(h.as_bytes());
-        req.extend_from_slice(arg);
+        build(&mut req, opcode, 1, node.0, &[arg]);
         let mut reply = Vec::new();
         self.0.forward(&req, &mut reply);
     }

@@ -1083,7 +1083,7 @@ pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
     }
 }
 
-fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {
+pub(crate) fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {
     reply.clear();
     let h = abi::fuse_out_header {
         len: 16,
@@ -1094,7 +1094,7 @@ fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {
 }
 
 /// Encodes a request the daemon makes on a departed client's behalf.
-fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8]]) {
+pub(crate) fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8]]) {
     req.clear();
     let len = std::mem::size_of::<abi::fuse_in_header>() + parts.iter().map(|p| p.len()).sum::<usize>();
     let h = abi::fuse_in_header {
