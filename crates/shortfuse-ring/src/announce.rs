@@ -4,15 +4,15 @@
 //! ring clients send each other), so programs under the shim see at once
 //! what programs without it did; the kernel's locks go to the daemon's lock
 //! table (see `crate::locks`), shared with the ring clients. Everything
-//! else is passed through.
+//! else is passed through (a [`shortfuse::layer::Layer`]).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
 
 use shortfuse::{
-    Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, FileHandle, Filesystem, Forget, InitConfig, Lock, NewNode,
-    NodeId, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, Statfs, WriteArgs,
+    Attr, CopyRange, Created, Entry, FileHandle, Filesystem, InitConfig, Lock, NewNode, NodeId, Opened, ReleaseArgs,
+    RenameFlags, Request, Result, SetAttr, WriteArgs,
 };
 
 use shortfuse_abi as abi;
@@ -58,7 +58,12 @@ impl Announcing {
     }
 }
 
-impl Filesystem for Announcing {
+impl shortfuse::layer::Layer for Announcing {
+    type Inner = dyn Filesystem;
+
+    fn inner(&self) -> &dyn Filesystem {
+        &*self.inner
+    }
     fn init(&self, config: &mut InitConfig) -> Result<()> {
         self.inner.init(config)?;
         // The daemon's lock table serves the kernel's locks too, so that
@@ -72,28 +77,8 @@ impl Filesystem for Announcing {
     /// the file system once both have stopped.
     fn destroy(&self) {}
 
-    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
-        self.inner.lookup(req, parent, name)
-    }
-
-    fn forget(&self, node: NodeId, nlookup: u64) {
-        self.inner.forget(node, nlookup)
-    }
-
-    fn batch_forget(&self, forgets: &[Forget]) {
-        self.inner.batch_forget(forgets)
-    }
-
-    fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
-        self.inner.getattr(req, node, fh)
-    }
-
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         self.inode(node, self.inner.setattr(req, node, set))
-    }
-
-    fn readlink(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
-        self.inner.readlink(req, node)
     }
 
     fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
@@ -148,10 +133,6 @@ impl Filesystem for Announcing {
         self.entry(parent, name, self.inner.create(req, parent, name, new, flags))
     }
 
-    fn read(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.inner.read(req, node, fh, offset, buf)
-    }
-
     fn write(&self, req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         self.inode(node, self.inner.write(req, node, fh, data, args))
     }
@@ -170,59 +151,12 @@ impl Filesystem for Announcing {
         self.inner.release(req, node, fh, args)
     }
 
-    fn fsync(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
-        self.inner.fsync(req, node, fh, datasync)
-    }
-
-    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
-        self.inner.opendir(req, node, flags)
-    }
-
-    fn readdir(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
-        self.inner.readdir(req, node, fh, offset, sink)
-    }
-
-    fn readdirplus(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        offset: u64,
-        sink: &mut dyn DirPlusSink,
-    ) -> Result<()> {
-        self.inner.readdirplus(req, node, fh, offset, sink)
-    }
-
-    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
-        self.inner.releasedir(req, node, fh, flags)
-    }
-
-    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
-        self.inner.fsyncdir(req, node, fh, datasync)
-    }
-
-    fn statfs(&self, req: &Request, node: NodeId) -> Result<Statfs> {
-        self.inner.statfs(req, node)
-    }
-
     fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         self.inode(node, self.inner.setxattr(req, node, name, value, flags))
     }
 
-    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
-        self.inner.getxattr(req, node, name)
-    }
-
-    fn listxattr(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
-        self.inner.listxattr(req, node)
-    }
-
     fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
         self.inode(node, self.inner.removexattr(req, node, name))
-    }
-
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
-        self.inner.access(req, node, mask)
     }
 
     fn getlk(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, lock: &Lock) -> Result<Lock> {
@@ -266,10 +200,6 @@ impl Filesystem for Announcing {
         mode: i32,
     ) -> Result<()> {
         self.inode(node, self.inner.fallocate(req, node, fh, offset, length, mode))
-    }
-
-    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
-        self.inner.lseek(req, node, fh, offset, whence)
     }
 
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {

@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shortfuse::{
-    Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, Filesystem, Forget, InitConfig,
-    Lock, NewNode, NodeId, Opened, ReleaseArgs, RenameFlags, Request, SetAttr, Statfs, WriteArgs,
+    Attr, CopyRange, Created, DataMap, Errno, FileHandle, Filesystem, Forget, NewNode, NodeId, Opened, ReleaseArgs,
+    Request, SetAttr, WriteArgs,
 };
 
 /// Default number of nodes whose maps the M-Cache keeps (each holds its
@@ -168,7 +168,7 @@ impl MapTable {
 }
 
 /// A file system wrapped so that the maps it returns reach a [`MapTable`].
-/// Every call is passed on unchanged.
+/// Every other call is passed on unchanged (a [`shortfuse::layer::Layer`]).
 pub struct MapTap {
     fs: Arc<dyn Filesystem>,
     table: Arc<MapTable>,
@@ -186,17 +186,11 @@ impl MapTap {
     }
 }
 
-impl Filesystem for MapTap {
-    fn init(&self, config: &mut InitConfig) -> shortfuse::Result<()> {
-        self.fs.init(config)
-    }
+impl shortfuse::layer::Layer for MapTap {
+    type Inner = dyn Filesystem;
 
-    fn destroy(&self) {
-        self.fs.destroy()
-    }
-
-    fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<Entry> {
-        self.fs.lookup(req, parent, name)
+    fn inner(&self) -> &dyn Filesystem {
+        &*self.fs
     }
 
     fn forget(&self, node: NodeId, nlookup: u64) {
@@ -211,55 +205,11 @@ impl Filesystem for MapTap {
         self.fs.batch_forget(forgets)
     }
 
-    fn getattr(&self, req: &Request, node: NodeId, fh: Option<FileHandle>) -> shortfuse::Result<Attr> {
-        self.fs.getattr(req, node, fh)
-    }
-
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> shortfuse::Result<Attr> {
         if set.size.is_some() {
             self.table.changed(node);
         }
         self.fs.setattr(req, node, set)
-    }
-
-    fn readlink(&self, req: &Request, node: NodeId) -> shortfuse::Result<Vec<u8>> {
-        self.fs.readlink(req, node)
-    }
-
-    fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> shortfuse::Result<Entry> {
-        self.fs.symlink(req, parent, name, target)
-    }
-
-    fn mknod(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> shortfuse::Result<Entry> {
-        self.fs.mknod(req, parent, name, new)
-    }
-
-    fn mkdir(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> shortfuse::Result<Entry> {
-        self.fs.mkdir(req, parent, name, new)
-    }
-
-    fn unlink(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<()> {
-        self.fs.unlink(req, parent, name)
-    }
-
-    fn rmdir(&self, req: &Request, parent: NodeId, name: &OsStr) -> shortfuse::Result<()> {
-        self.fs.rmdir(req, parent, name)
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: NodeId,
-        name: &OsStr,
-        new_parent: NodeId,
-        new_name: &OsStr,
-        flags: RenameFlags,
-    ) -> shortfuse::Result<()> {
-        self.fs.rename(req, parent, name, new_parent, new_name, flags)
-    }
-
-    fn link(&self, req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> shortfuse::Result<Entry> {
-        self.fs.link(req, node, new_parent, new_name)
     }
 
     fn open(&self, req: &Request, node: NodeId, flags: i32) -> shortfuse::Result<Opened> {
@@ -285,17 +235,6 @@ impl Filesystem for MapTap {
         Ok(created)
     }
 
-    fn read(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> shortfuse::Result<usize> {
-        self.fs.read(req, node, fh, offset, buf)
-    }
-
     fn write(
         &self,
         req: &Request,
@@ -308,102 +247,9 @@ impl Filesystem for MapTap {
         self.fs.write(req, node, fh, data, args)
     }
 
-    fn flush(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64) -> shortfuse::Result<()> {
-        self.fs.flush(req, node, fh, lock_owner)
-    }
-
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> shortfuse::Result<()> {
         self.table.released(node, fh);
         self.fs.release(req, node, fh, args)
-    }
-
-    fn fsync(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> shortfuse::Result<()> {
-        self.fs.fsync(req, node, fh, datasync)
-    }
-
-    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> shortfuse::Result<Opened> {
-        self.fs.opendir(req, node, flags)
-    }
-
-    fn readdir(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        offset: u64,
-        sink: &mut dyn DirSink,
-    ) -> shortfuse::Result<()> {
-        self.fs.readdir(req, node, fh, offset, sink)
-    }
-
-    fn readdirplus(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        offset: u64,
-        sink: &mut dyn DirPlusSink,
-    ) -> shortfuse::Result<()> {
-        self.fs.readdirplus(req, node, fh, offset, sink)
-    }
-
-    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> shortfuse::Result<()> {
-        self.fs.releasedir(req, node, fh, flags)
-    }
-
-    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> shortfuse::Result<()> {
-        self.fs.fsyncdir(req, node, fh, datasync)
-    }
-
-    fn statfs(&self, req: &Request, node: NodeId) -> shortfuse::Result<Statfs> {
-        self.fs.statfs(req, node)
-    }
-
-    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> shortfuse::Result<()> {
-        self.fs.setxattr(req, node, name, value, flags)
-    }
-
-    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> shortfuse::Result<Vec<u8>> {
-        self.fs.getxattr(req, node, name)
-    }
-
-    fn listxattr(&self, req: &Request, node: NodeId) -> shortfuse::Result<Vec<u8>> {
-        self.fs.listxattr(req, node)
-    }
-
-    fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> shortfuse::Result<()> {
-        self.fs.removexattr(req, node, name)
-    }
-
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> shortfuse::Result<()> {
-        self.fs.access(req, node, mask)
-    }
-
-    fn getlk(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        lock_owner: u64,
-        lock: &Lock,
-    ) -> shortfuse::Result<Lock> {
-        self.fs.getlk(req, node, fh, lock_owner, lock)
-    }
-
-    fn setlk(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        lock_owner: u64,
-        lock: &Lock,
-        sleep: bool,
-    ) -> shortfuse::Result<()> {
-        self.fs.setlk(req, node, fh, lock_owner, lock, sleep)
-    }
-
-    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> shortfuse::Result<()> {
-        self.fs.flock(req, node, fh, lock_owner, op)
     }
 
     fn fallocate(
@@ -417,10 +263,6 @@ impl Filesystem for MapTap {
     ) -> shortfuse::Result<()> {
         self.table.changed(node);
         self.fs.fallocate(req, node, fh, offset, length, mode)
-    }
-
-    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> shortfuse::Result<u64> {
-        self.fs.lseek(req, node, fh, offset, whence)
     }
 
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> shortfuse::Result<usize> {

@@ -70,6 +70,7 @@ pub mod datamap;
 pub mod dispatch;
 pub mod errno;
 pub mod filesystem;
+pub mod layer;
 pub mod mount;
 pub mod node;
 pub mod notify;

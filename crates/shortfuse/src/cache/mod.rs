@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::errno::{Errno, Result};
-use crate::filesystem::{Filesystem, InitConfig};
+use crate::filesystem::Filesystem;
 pub use crate::stats::{CacheCounters, CacheStats};
 use crate::types::*;
 
@@ -602,18 +602,16 @@ fn dirty_len(p: &Page) -> usize {
     p.dirty.map_or(0, |(s, e, _)| e.saturating_sub(s))
 }
 
-impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
-    fn init(&self, config: &mut InitConfig) -> Result<()> {
-        self.inner.init(config)
+impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
+    type Inner = F;
+
+    fn inner(&self) -> &F {
+        &self.inner
     }
 
     fn destroy(&self) {
         let _ = self.flush_all();
         self.inner.destroy();
-    }
-
-    fn figures(&self) -> Option<Arc<dyn crate::stats::Figures>> {
-        self.inner.figures()
     }
 
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
@@ -733,10 +731,6 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
         }
         self.with_dirty(node.0, &mut a);
         Ok(a)
-    }
-
-    fn readlink(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
-        self.inner.readlink(req, node)
     }
 
     fn symlink(&self, req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
@@ -1045,77 +1039,6 @@ impl<F: Filesystem + ?Sized> Filesystem for CachedFs<F> {
             Err(e) if e == Errno::ENOSYS => Ok(()),
             r => r,
         }
-    }
-
-    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
-        self.inner.opendir(req, node, flags)
-    }
-
-    fn readdir(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
-        self.inner.readdir(req, node, fh, offset, sink)
-    }
-
-    fn readdirplus(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        offset: u64,
-        sink: &mut dyn DirPlusSink,
-    ) -> Result<()> {
-        self.inner.readdirplus(req, node, fh, offset, sink)
-    }
-
-    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
-        self.inner.releasedir(req, node, fh, flags)
-    }
-
-    fn fsyncdir(&self, req: &Request, node: NodeId, fh: FileHandle, datasync: bool) -> Result<()> {
-        self.inner.fsyncdir(req, node, fh, datasync)
-    }
-
-    fn statfs(&self, req: &Request, node: NodeId) -> Result<Statfs> {
-        self.inner.statfs(req, node)
-    }
-
-    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
-        self.inner.setxattr(req, node, name, value, flags)
-    }
-
-    fn getxattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
-        self.inner.getxattr(req, node, name)
-    }
-
-    fn listxattr(&self, req: &Request, node: NodeId) -> Result<Vec<u8>> {
-        self.inner.listxattr(req, node)
-    }
-
-    fn removexattr(&self, req: &Request, node: NodeId, name: &OsStr) -> Result<()> {
-        self.inner.removexattr(req, node, name)
-    }
-
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
-        self.inner.access(req, node, mask)
-    }
-
-    fn getlk(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, lock: &Lock) -> Result<Lock> {
-        self.inner.getlk(req, node, fh, lock_owner, lock)
-    }
-
-    fn setlk(
-        &self,
-        req: &Request,
-        node: NodeId,
-        fh: FileHandle,
-        lock_owner: u64,
-        lock: &Lock,
-        sleep: bool,
-    ) -> Result<()> {
-        self.inner.setlk(req, node, fh, lock_owner, lock, sleep)
-    }
-
-    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
-        self.inner.flock(req, node, fh, lock_owner, op)
     }
 
     fn fallocate(
