@@ -120,6 +120,11 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         // each caller's credentials, so the kernel checks them on the
         // source and the caller owns what it creates.
         impersonate: filesystems::find(&fs_name)?.mirror && crate::sys::effective_ids().0 == 0,
+        // Clients use the source as the kernel's view of the mount (see
+        // `ServerConfig::source`), unless a cache here holds newer data.
+        source: source
+            .filter(|_| filesystems::find(&fs_name).is_ok_and(|f| f.mirror) && cached.is_none())
+            .map(Path::to_path_buf),
         ..ServerConfig::default()
     };
     let ring_path = shortfuse_ring::socket_path(&client_mp);

@@ -15,6 +15,8 @@ use crate::user;
 
 mod exec;
 pub mod kernel;
+mod lent;
+pub mod libpath;
 mod locks;
 pub mod shared;
 pub mod spare;

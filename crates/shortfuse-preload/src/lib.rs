@@ -258,6 +258,7 @@ extern "C" fn init() {
     if STATE.set(state).is_err() {
         return;
     }
+    calls::libpath::restore();
     let mode = mode();
     let debug = std::env::var_os("SHORTFUSE_DEBUG").is_some();
     sys::init_cfg();

@@ -44,10 +44,18 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     if spec.is_daemon() {
         let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
         let ring = shortfuse_vfs::Ring::connect(&mp).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        // A daemon mirroring a host directory we can reach: the kernel's
+        // view of the mount where a kernel path is needed (watches, sockets,
+        // the programs and libraries the dynamic loader opens, the kernel's
+        // current directory), as for passthrough in process.
+        let source = ring.client().source().map(<[u8]>::to_vec);
         let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         vfs.client().set_caller(crate::creds::current);
         vfs.set_umask(umask);
         vfs.set_read_only(run.ro);
+        if let Some(src) = source {
+            vfs.set_source(&src);
+        }
         return Ok(vfs);
     }
     let kind = in_process_kind(spec)?;

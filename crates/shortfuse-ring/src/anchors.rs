@@ -105,6 +105,14 @@ impl Anchors {
         }
     }
 
+    /// Whether the description whose lock owner is `owner` (see
+    /// [`Anchors::owner_of`]) holds handle `fh` on `node`.
+    pub fn holds(&self, owner: u64, node: u64, fh: u64) -> bool {
+        self.lock()
+            .values()
+            .any(|h| h.owner == owner && h.node == node && h.fh == fh && !h.dir)
+    }
+
     /// Descriptions watched now.
     pub fn len(&self) -> usize {
         self.lock().len()

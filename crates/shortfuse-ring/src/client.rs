@@ -29,7 +29,7 @@ use shortfuse::Errno;
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
+use crate::proto::{AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, Welcome, ANCHOR_MAGIC, BACKING_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
 
@@ -115,6 +115,14 @@ pub struct RingClient {
     /// Next notification record to read, and overflows seen (see `notices`).
     notify_head: AtomicU32,
     overflows: AtomicU32,
+    /// The host directory the daemon's file system mirrors, when the
+    /// daemon named one and we find it at that path (see
+    /// [`crate::proto::SourceDir`]).
+    source: Option<Vec<u8>>,
+}
+
+fn errno(e: io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -161,9 +169,12 @@ impl RingClient {
         watch_forks();
         let pid = std::process::id();
         sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
-        let mut buf = [0u8; 512];
+        let mut buf = vec![0u8; 512 + libc::PATH_MAX as usize];
         let (n, fd) = sys::recv(sock.as_fd(), &mut buf)?;
         let (geo, spin_ns) = decode_welcome(&buf[..n])?;
+        let source = crate::proto::decode_source(&buf[..n])
+            .filter(|&(path, dev, ino)| sys::same_dir(path, dev, ino))
+            .map(|(path, _, _)| path.to_vec());
         let fd = fd.ok_or_else(|| invalid("the daemon passed no ring memory".into()))?;
         let region = Region::map(fd.as_fd(), geo.bytes())?;
         drop(fd);
@@ -182,7 +193,14 @@ impl RingClient {
             dead: AtomicBool::new(false),
             notify_head: AtomicU32::new(0),
             overflows: AtomicU32::new(0),
+            source,
         })
+    }
+
+    /// The host directory the daemon's file system mirrors, as this
+    /// process finds it (passthrough), if any.
+    pub fn source(&self) -> Option<&[u8]> {
+        self.source.as_deref()
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -341,36 +359,74 @@ impl RingClient {
         if batch.is_empty() {
             return Ok(());
         }
+        self.on_socket(|cookie| {
+            for (n, a) in batch.iter().enumerate() {
+                let msg = AnchorMsg {
+                    magic: ANCHOR_MAGIC,
+                    node: a.node,
+                    fh: a.fh,
+                    dir: u32::from(a.dir),
+                    ack: if n + 1 == batch.len() { cookie } else { 0 },
+                };
+                sys::send(self.sock.as_fd(), msg.as_bytes(), Some(a.description)).map_err(errno)?;
+            }
+            self.answer(|msg, _| match AnchorAck::read_from_prefix(msg) {
+                Ok((a, _)) if a.magic == ANCHOR_MAGIC && a.ack == cookie => Some(Ok(())),
+                _ => None,
+            })
+        })
+    }
+
+    /// The daemon's descriptor of the backing file of open handle `fh` on
+    /// `node` (see [`crate::proto::BackingMsg`]), for a shared memory map;
+    /// `description`: the memfd of the open file description holding the
+    /// handle, when it was given one. ENODEV when the file has no single
+    /// backing file (a file system without one, or a cache in the daemon).
+    pub fn backing_file(&self, node: u64, fh: u64, description: Option<BorrowedFd<'_>>) -> Result<OwnedFd, Errno> {
+        self.on_socket(|cookie| {
+            let msg = BackingMsg {
+                magic: BACKING_MAGIC,
+                node,
+                fh,
+                cookie,
+                padding: 0,
+            };
+            sys::send(self.sock.as_fd(), msg.as_bytes(), description).map_err(errno)?;
+            self.answer(|msg, fd| match BackingReply::read_from_prefix(msg) {
+                Ok((r, _)) if r.magic == BACKING_MAGIC && r.cookie == cookie => Some(match (r.errno, fd) {
+                    (0, Some(fd)) => Ok(fd),
+                    (0, None) => Err(Errno::EIO),
+                    (e, _) => Err(Errno::from_raw(e as i32)),
+                }),
+                _ => None,
+            })
+        })
+    }
+
+    /// Runs one exchange on the socket, alone (the answer read is ours),
+    /// with a fresh non-zero cookie.
+    fn on_socket<T>(&self, exchange: impl FnOnce(u32) -> Result<T, Errno>) -> Result<T, Errno> {
         if self.is_dead() {
             return Err(Errno::ENOTCONN);
         }
-        // One batch at a time: the acknowledgement read here is ours.
         while ANCHORING.swap(true, Ordering::Acquire) {
             sys::sched_yield();
         }
-        let r = self.anchor_locked(batch);
-        ANCHORING.store(false, Ordering::Release);
-        r
-    }
-
-    fn anchor_locked(&self, batch: &[Anchoring<'_>]) -> Result<(), Errno> {
-        let errno = |e: io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
         let cookie = loop {
             let c = COOKIE.fetch_add(1, Ordering::Relaxed);
             if c != 0 {
                 break c;
             }
         };
-        for (n, a) in batch.iter().enumerate() {
-            let msg = AnchorMsg {
-                magic: ANCHOR_MAGIC,
-                node: a.node,
-                fh: a.fh,
-                dir: u32::from(a.dir),
-                ack: if n + 1 == batch.len() { cookie } else { 0 },
-            };
-            sys::send(self.sock.as_fd(), msg.as_bytes(), Some(a.description)).map_err(errno)?;
-        }
+        let r = exchange(cookie);
+        ANCHORING.store(false, Ordering::Release);
+        r
+    }
+
+    /// Reads the daemon's messages until `take` recognises its answer
+    /// (earlier answers that their callers gave up waiting for are
+    /// skipped), for at most [`ANCHOR_WAIT`].
+    fn answer<T>(&self, mut take: impl FnMut(&[u8], Option<OwnedFd>) -> Option<Result<T, Errno>>) -> Result<T, Errno> {
         let deadline = std::time::Instant::now() + ANCHOR_WAIT;
         let mut buf = [0u8; 64];
         loop {
@@ -384,16 +440,13 @@ impl RingClient {
                 }
                 continue;
             }
-            let (n, _) = sys::recv(self.sock.as_fd(), &mut buf).map_err(errno)?;
+            let (n, fd) = sys::recv(self.sock.as_fd(), &mut buf).map_err(errno)?;
             if n == 0 {
                 self.dead.store(true, Ordering::Relaxed);
                 return Err(Errno::ENOTCONN);
             }
-            // An earlier batch's answer that its caller gave up waiting for.
-            if let Ok((a, _)) = AnchorAck::read_from_prefix(&buf[..n]) {
-                if a.magic == ANCHOR_MAGIC && a.ack == cookie {
-                    return Ok(());
-                }
+            if let Some(r) = take(&buf[..n], fd) {
+                return r;
             }
         }
     }

@@ -67,6 +67,68 @@ pub struct AnchorAck {
 /// `AnchorMsg::magic` and `AnchorAck::magic`.
 pub const ANCHOR_MAGIC: u64 = 0x5346_414e_4348_4f52;
 
+/// The client's other message: "give me the backing file of open handle
+/// `fh` on `node`", for a shared memory map of it. The daemon answers with
+/// a [`BackingReply`] carrying the same `cookie`, with the descriptor
+/// (SCM_RIGHTS) when `errno` is 0. The handle must be this connection's, or
+/// belong to the open file description whose memfd comes with the message
+/// (a description anchored by another process of the program).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BackingMsg {
+    pub magic: u64,
+    pub node: u64,
+    pub fh: u64,
+    pub cookie: u32,
+    pub padding: u32,
+}
+
+/// The daemon's answer to a [`BackingMsg`].
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct BackingReply {
+    pub magic: u64,
+    pub cookie: u32,
+    /// 0 with a descriptor, else why there is none (ENODEV: the file has
+    /// no single backing file; EPERM: the handle is not the asker's).
+    pub errno: u32,
+}
+
+/// `BackingMsg::magic` and `BackingReply::magic`.
+pub const BACKING_MAGIC: u64 = 0x5346_4241_434b_494e;
+
+/// Follows the [`Welcome`] when the file system mirrors a host directory
+/// (passthrough): the directory, as the daemon names it, and its device and
+/// inode. A client that finds that same directory at that path (same mount
+/// namespace, a directory it may reach) uses it as the kernel's view of the
+/// mount where a kernel path is needed: watches (inotify), sockets bound in
+/// the mount, programs and libraries the dynamic loader opens.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct SourceDir {
+    pub magic: u64,
+    pub dev: u64,
+    pub ino: u64,
+    /// Bytes of path that follow.
+    pub len: u32,
+    pub padding: u32,
+}
+
+/// `SourceDir::magic`.
+pub const SOURCE_MAGIC: u64 = 0x5346_534f_5552_4345;
+
+/// The source directory a [`Welcome`] message carries after it, if any:
+/// (path, device, inode), unchecked.
+pub fn decode_source(msg: &[u8]) -> Option<(&[u8], u64, u64)> {
+    let rest = msg.get(std::mem::size_of::<Welcome>()..)?;
+    let (s, path) = SourceDir::read_from_prefix(rest).ok()?;
+    if s.magic != SOURCE_MAGIC {
+        return None;
+    }
+    let path = path.get(..s.len as usize)?;
+    (path.first() == Some(&b'/') && !path.contains(&0)).then_some((path, s.dev, s.ino))
+}
+
 impl Hello {
     pub fn new(pid: u32) -> Hello {
         Hello {

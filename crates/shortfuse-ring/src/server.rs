@@ -47,8 +47,11 @@ use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
 
+mod backings;
 mod caller;
 mod ownership;
+
+use backings::Backings;
 
 use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
@@ -79,6 +82,9 @@ pub struct ServerConfig {
     /// works on the host's files, so that the kernel checks permissions as
     /// for the caller and the caller owns what it creates.
     pub impersonate: bool,
+    /// The host directory the file system mirrors (passthrough), told to
+    /// each client after the welcome (see [`crate::proto::SourceDir`]).
+    pub source: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +98,7 @@ impl Default for ServerConfig {
             records: 256,
             notifier: None,
             impersonate: false,
+            source: None,
         }
     }
 }
@@ -147,6 +154,8 @@ struct Shared {
     retry_again: AtomicBool,
     /// Given to every client's dispatcher (the file system's `init`).
     notifier: Notifier,
+    /// The backing files of open handles (for clients' shared maps).
+    backings: Arc<Backings>,
 }
 
 /// One client's connection.
@@ -271,6 +280,7 @@ impl Server {
             retrying: AtomicBool::new(false),
             retry_again: AtomicBool::new(false),
             notifier: notifier.clone(),
+            backings: Arc::default(),
         });
         notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);
@@ -455,8 +465,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
     }
     let conn = match Conn::new(&shared, peer) {
         Ok((conn, memfd)) => {
-            let welcome = Welcome::new(&shared.geo, shared.config.client_spin);
-            if let Err(e) = sys::send(sock.as_fd(), welcome.as_bytes(), Some(memfd.as_fd())) {
+            let mut welcome = Welcome::new(&shared.geo, shared.config.client_spin).as_bytes().to_vec();
+            if let Some(src) = &shared.config.source {
+                source_dir(&mut welcome, src);
+            }
+            if let Err(e) = sys::send(sock.as_fd(), &welcome, Some(memfd.as_fd())) {
                 tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }
@@ -494,6 +507,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         match sys::recv(sock.as_fd(), &mut buf) {
             Ok((0, _)) | Err(_) => break,
             Ok((n, fd)) => {
+                if let Some(m) = Backings::parse(&buf[..n]) {
+                    let owns = conn.owns(&m, fd.as_ref().map(|f| f.as_fd()), &shared);
+                    shared.backings.answer(sock.as_fd(), &m, owns);
+                    continue;
+                }
                 let Ok((m, _)) = AnchorMsg::read_from_prefix(&buf[..n]) else {
                     continue;
                 };
@@ -545,7 +563,8 @@ impl Conn {
             shared.stats.clone(),
             pages as u32,
         )
-        .with_notifier(shared.notifier.clone());
+        .with_notifier(shared.notifier.clone())
+        .with_map_tap(shared.backings.tap());
         let conn = Conn {
             id,
             peer,
@@ -561,6 +580,27 @@ impl Conn {
             workers: Mutex::new(Vec::new()),
         };
         Ok((conn, memfd))
+    }
+
+    /// Whether handle `m.fh` on `m.node` is this client's to map: opened
+    /// through this connection, or held by the description whose memfd
+    /// came with the message.
+    fn owns(
+        &self,
+        m: &crate::proto::BackingMsg,
+        description: Option<std::os::fd::BorrowedFd<'_>>,
+        shared: &Shared,
+    ) -> bool {
+        if lock(&self.track)
+            .handles
+            .get(&(m.fh, false))
+            .is_some_and(|h| h.node == m.node)
+        {
+            return true;
+        }
+        description
+            .and_then(Anchors::owner_of)
+            .is_some_and(|owner| shared.anchors.holds(owner, m.node, m.fh))
     }
 
     /// Waits for the workers that [`Conn::halt`] told to end.
@@ -1081,6 +1121,24 @@ pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
         }
         _ => {}
     }
+}
+
+/// Appends the [`crate::proto::SourceDir`] of `dir` to a welcome, when
+/// the daemon can name and stat it.
+fn source_dir(welcome: &mut Vec<u8>, dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(abs) = std::fs::canonicalize(dir) else { return };
+    let Ok(md) = std::fs::metadata(&abs) else { return };
+    let path = abs.as_os_str().as_encoded_bytes();
+    let head = crate::proto::SourceDir {
+        magic: crate::proto::SOURCE_MAGIC,
+        dev: md.dev(),
+        ino: md.ino(),
+        len: path.len() as u32,
+        padding: 0,
+    };
+    welcome.extend_from_slice(head.as_bytes());
+    welcome.extend_from_slice(path);
 }
 
 pub(crate) fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {

@@ -416,3 +416,12 @@ pub fn thread_groups() -> Vec<u32> {
     g.truncate(got.max(0) as usize);
     g
 }
+
+/// Whether `path` names, for this process, the directory with device `dev`
+/// and inode `ino` (the daemon's source, as the daemon saw it).
+pub fn same_dir(path: &[u8], dev: u64, ino: u64) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let p = std::path::Path::new(std::ffi::OsStr::from_bytes(path));
+    std::fs::metadata(p).is_ok_and(|m| m.is_dir() && m.dev() == dev && m.ino() == ino)
+}

@@ -10,7 +10,7 @@
 //! microseconds a kernel round trip costs); the dispatcher's decoding is
 //! zero-copy.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use shortfuse::{Dispatcher, Errno, Filesystem, MountOptions, NodeId, Stats, Transport};
@@ -57,6 +57,15 @@ pub trait Backend: Send + Sync {
     fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
         let _ = anchors;
         Err(Errno::ENOSYS)
+    }
+
+    /// A descriptor of the backing file of open handle `fh` on `node`, for
+    /// a shared memory map (`description`: the kernel file of the open
+    /// file description holding the handle, if it has one). In process the
+    /// open's data map already gives it: ENODEV.
+    fn backing_file(&self, node: NodeId, fh: u64, description: Option<BorrowedFd<'_>>) -> Result<OwnedFd, Errno> {
+        let _ = (node, fh, description);
+        Err(Errno::ENODEV)
     }
 }
 

@@ -745,6 +745,16 @@ impl Client {
         self.backend.anchor(anchors)
     }
 
+    /// See [`Backend::backing_file`].
+    pub fn backing_file(
+        &self,
+        node: NodeId,
+        fh: u64,
+        description: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.backend.backing_file(node, fh, description)
+    }
+
     /// FUSE_GETLK: the first lock that would conflict with `lock` taken by
     /// `owner` (`typ` F_UNLCK when none).
     pub fn getlk(

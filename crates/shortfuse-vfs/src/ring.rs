@@ -81,6 +81,15 @@ impl Backend for Ring {
         Ok(())
     }
 
+    fn backing_file(
+        &self,
+        node: NodeId,
+        fh: u64,
+        description: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.client.backing_file(node.0, fh, description)
+    }
+
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
         self.client.notices(|n| {
             apply(match n {

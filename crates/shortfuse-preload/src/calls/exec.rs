@@ -402,8 +402,9 @@ fn hand_over_descriptors() {
             continue;
         }
         let Some(f) = st.fds.get(fd) else { continue };
-        if f.kernel_backed() {
-            // Already the backing file's own descriptor.
+        if f.kernel_backed() || f.vfs().client().shared() {
+            // Already the backing file's own descriptor, or a daemon's
+            // description, which the new image adopts (see `shared`).
             continue;
         }
         if let Some((_, kfd)) = done.iter().find(|(g, _)| Arc::ptr_eq(g, &f)) {
@@ -444,23 +445,26 @@ fn hand_over_descriptors() {
     }
 }
 
-/// A rewritten environment: the pointers (NULL-terminated) and the one
-/// string we own.
+/// A rewritten environment: the pointers (NULL-terminated) and the
+/// strings we own.
 struct Env {
     pointers: Vec<*const libc::c_char>,
-    _cwd: Option<CString>,
+    _own: Vec<CString>,
 }
 
 /// The longest environment string exec takes (MAX_ARG_STRLEN: 32 pages).
 const ARG_MAX: usize = 32 * 4096;
 
 /// The environment for the new image with `SHORTFUSE_CWD` set to our
-/// current directory inside a mount, or removed when we are not in one.
+/// current directory inside a mount, or removed when we are not in one,
+/// and LD_LIBRARY_PATH made fit for the dynamic loader (`libpath`).
 /// `None`: the program's own environment needs no change.
 fn environment(envp: i64) -> Option<Env> {
     let cwd = super::spawn::mount_cwd();
     let prefix = format!("{CWD_VAR}=");
+    let saved = format!("{}=", super::libpath::SAVED_VAR);
     let mut pointers = Vec::new();
+    let mut own = Vec::new();
     let mut had = false;
     if envp != 0 {
         let mut i = 0;
@@ -473,24 +477,32 @@ fn environment(envp: i64) -> Option<Env> {
                 break;
             }
             i += 1;
-            if user::cstr_max(p, ARG_MAX).is_ok_and(|s| s.starts_with(prefix.as_bytes())) {
+            let s = user::cstr_max(p, ARG_MAX).unwrap_or_default();
+            if s.starts_with(prefix.as_bytes()) || s.starts_with(saved.as_bytes()) {
                 had = true;
                 continue;
+            }
+            if let Some((for_loader, keep)) = super::libpath::for_loader(s) {
+                if let (Ok(a), Ok(b)) = (CString::new(for_loader), CString::new(keep)) {
+                    own.push(a);
+                    own.push(b);
+                    continue;
+                }
             }
             pointers.push(p as *const libc::c_char);
         }
     }
-    if cwd.is_none() && !had {
+    if cwd.is_none() && !had && own.is_empty() {
         return None;
     }
-    let own = cwd.and_then(|cwd| {
+    if let Some(c) = cwd.and_then(|cwd| {
         let mut s = prefix.into_bytes();
         s.extend_from_slice(&cwd);
         CString::new(s).ok()
-    });
-    if let Some(c) = &own {
-        pointers.push(c.as_ptr());
+    }) {
+        own.push(c);
     }
+    pointers.extend(own.iter().map(|c| c.as_ptr()));
     pointers.push(std::ptr::null());
-    Some(Env { pointers, _cwd: own })
+    Some(Env { pointers, _own: own })
 }

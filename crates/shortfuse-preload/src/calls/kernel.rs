@@ -195,7 +195,8 @@ pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
 }
 
 /// mmap of a placeholder descriptor (no kernel-backed one). A 1-to-1 map
-/// maps its backing file; otherwise MAP_PRIVATE gets a private copy of the
+/// maps its backing file, as does a daemon's file with one (`lent`);
+/// otherwise MAP_PRIVATE gets a private copy of the
 /// bytes (anonymous memory filled by reads, then given the asked
 /// protection), and MAP_SHARED fails with ENODEV: there is no single file
 /// the kernel could write the pages back to.
@@ -204,6 +205,9 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     if let Some(backing) = f.data_map().and_then(|m| m.whole()) {
         let b = std::os::fd::AsRawFd::as_raw_fd(&**backing) as i64;
         return raw(libc::SYS_mmap, addr, len, prot, a[3], b, off);
+    }
+    if let Some(r) = super::lent::mmap(f, a) {
+        return r;
     }
     let kind = flags & (libc::MAP_SHARED | libc::MAP_PRIVATE | libc::MAP_SHARED_VALIDATE);
     if kind != libc::MAP_PRIVATE {

@@ -69,7 +69,12 @@ pub struct Dispatcher {
     destroyed: AtomicBool,
     passthrough: Passthrough,
     notifier: Notifier,
+    map_tap: Option<MapTap>,
 }
+
+/// Sees the data map of every successful OPEN and CREATE (see
+/// [`Dispatcher::with_map_tap`]).
+pub type MapTap = Arc<dyn Fn(NodeId, FileHandle, &DataMap) + Send + Sync>;
 
 /// Result of serving one decoded request.
 type Served = Result<Outcome>;
@@ -98,7 +103,17 @@ impl Dispatcher {
             destroyed: AtomicBool::new(false),
             passthrough: Passthrough::new(),
             notifier: Notifier::new(),
+            map_tap: None,
         }
+    }
+
+    /// Hands `tap` the data map of every open this dispatcher answers
+    /// (after it was validated): a transport that cannot carry the map in
+    /// its reply (the shared-memory rings) keeps what it needs of it, to
+    /// give a client the backing file for a shared memory map.
+    pub fn with_map_tap(mut self, tap: MapTap) -> Dispatcher {
+        self.map_tap = Some(tap);
+        self
     }
 
     /// Shares `notifier` instead of a notifier of its own: every client of
@@ -668,6 +683,9 @@ impl Dispatcher {
                 let _ = fs.release(req, node, opened.fh, &args);
                 return Err(Errno::EINVAL);
             }
+        }
+        if let (Some(tap), Some(map)) = (&self.map_tap, &opened.data_map) {
+            tap(node, opened.fh, map);
         }
         let mut out = self.open_out(opened, true);
         let setid_writer = self.setid_writer(fs, req, node, opened, open_flags);
