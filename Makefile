@@ -40,10 +40,13 @@ test-mounted: build
 # The main job: native ext4 against shortfuse (passthrough over /dev/fuse
 # base/default/optimized, kernel passthrough, io_uring, the preload shim in
 # process and over rings) and the peers bindfs and libfuse's passthrough_ll,
-# in one run, as ratios to native. The shim (libshortfuse_preload.so) is
+# in one run, as ratios to native; then real programs (git, make, tar,
+# find|grep, rsync, python3, sqlite3) at the sizes of `bench programs
+# --quick` on native, the shim in process and over rings, dev and uring.
+# The shim (libshortfuse_preload.so) is
 # built in release too: the release shortfuse looks for it beside itself.
 # The bench exits with a failure when any configuration did not complete.
 DEMO_OUT ?= $(CURDIR)/bench-out
 demo: setup
 	$(CARGO) build --release -p shortfuse-cli -p shortfuse-preload
-	$(TARGET_DIR)/release/shortfuse bench --quick latency fio --out $(DEMO_OUT)
+	$(TARGET_DIR)/release/shortfuse bench --quick latency fio programs --out $(DEMO_OUT)

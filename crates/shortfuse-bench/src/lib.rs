@@ -131,6 +131,9 @@ struct Plan {
     bin: PathBuf,
     meta_workers: usize,
     n: usize,
+    /// The run's scratch directory (not measured): inputs that suites
+    /// read, made once per run.
+    work: PathBuf,
 }
 
 /// Progress on stderr: one line rewritten in place on a terminal; plain
@@ -240,7 +243,7 @@ impl Plan {
             "data" => data::run(dir, s, progress),
             "transport" => transport::run(dir, s, config.holds_files(), progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
-            "programs" => programs::run(dir, s, progress),
+            "programs" => programs::run(dir, &self.work.join("programs-input"), s, progress),
             // In memory: the cache structures alone, no mount.
             "cache" => cache::run(s, progress),
             // Its own `shortfuse serve` daemons, called over their rings.
@@ -278,6 +281,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         bin: opts.shortfuse_bin.clone(),
         meta_workers: opts.threads.unwrap_or_else(cores),
         n: opts.threads.unwrap_or(2 * cores()).max(2),
+        work: env.work.clone(),
     };
     let mut suites = Vec::new();
     let mut log = Progress::new();

@@ -110,9 +110,21 @@ struct Inputs {
 }
 
 impl Inputs {
+    /// The inputs under `root`, made there unless a run before made them
+    /// for the same sizes (they are only read).
     fn make(root: &Path, s: &Sizes) -> io::Result<Inputs> {
+        let inputs = Inputs {
+            root: root.to_path_buf(),
+            needles: s.tree_files.div_ceil(NEEDLE_EVERY),
+        };
+        let ready = root.join("ready");
+        let stamp = format!("{s:?}");
+        if std::fs::read_to_string(&ready).is_ok_and(|r| r == stamp) {
+            return Ok(inputs);
+        }
         let _ = std::fs::remove_dir_all(root);
         std::fs::create_dir_all(root)?;
+        crate::cleanup::remember_scratch(root);
         // The repository: numbered files in directories of PER_DIR.
         for i in 0..s.repo_files {
             let d = root.join(format!("repo/d{:03}", i / PER_DIR));
@@ -144,7 +156,6 @@ impl Inputs {
         )?;
         // The tree: files of 1-4 KiB of text, one in NEEDLE_EVERY with the
         // word grep looks for.
-        let mut needles = 0;
         for i in 0..s.tree_files {
             let d = root.join(format!("tree/d{:03}", i / PER_DIR));
             std::fs::create_dir_all(&d)?;
@@ -159,7 +170,6 @@ impl Inputs {
             }
             if i % NEEDLE_EVERY == 0 {
                 text += "shortfuseneedle\n";
-                needles += 1;
             }
             std::fs::write(d.join(format!("f{i:05}.txt")), text)?;
         }
@@ -198,10 +208,8 @@ impl Inputs {
         )
         .ok();
         std::fs::write(pkg.join("__init__.py"), top)?;
-        Ok(Inputs {
-            root: root.to_path_buf(),
-            needles,
-        })
+        std::fs::write(ready, stamp)?;
+        Ok(inputs)
     }
 }
 
@@ -224,18 +232,15 @@ fn python() -> String {
         .unwrap_or_else(|| "python3".into())
 }
 
-pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+/// Runs every row in `dir`, reading the inputs from `input_root` (outside
+/// the measured file system; made by the first run, kept for the others;
+/// the caller removes it).
+pub fn run(dir: &Path, input_root: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     let s = Sizes::of(scale);
     let w = preload_worker(dir);
     let w = w.as_ref();
-    // Beside the measured directory: outside the mount (a preload mount
-    // point's parent is a real directory too), removed with the run.
-    let input_root = dir
-        .parent()
-        .ok_or_else(|| io::Error::other("the measured directory has no parent"))?
-        .join("programs-input");
     progress("making the inputs");
-    let inputs = Inputs::make(&input_root, &s)?;
+    let inputs = Inputs::make(input_root, &s)?;
     let i = quote(&inputs.root);
     let d = quote(dir);
     let py = quote(Path::new(&python()));
@@ -354,7 +359,6 @@ pub fn run(dir: &Path, scale: Scale, progress: &mut dyn FnMut(&str)) -> io::Resu
         });
         out.push(row(op, step.unit, value, step.samples));
     }
-    let _ = std::fs::remove_dir_all(&inputs.root);
     Ok(out)
 }
 

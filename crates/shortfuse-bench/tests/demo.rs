@@ -49,7 +49,10 @@ fn make_demo_builds_what_its_configurations_need() {
     };
     assert!(built("shortfuse-cli"), "shortfuse is not built in {profile}: {recipe}");
     let suites: Vec<&str> = bench.split_whitespace().filter(|w| SUITES.contains(w)).collect();
-    assert!(!suites.is_empty(), "{bench}");
+    // The demo shows real programs beside the per-operation figures.
+    for want in ["latency", "programs"] {
+        assert!(suites.contains(&want), "the demo does not run {want}: {bench}");
+    }
     assert!(
         !bench.contains("--configs"),
         "the demo runs each suite on its defaults: {bench}"
