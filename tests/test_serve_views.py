@@ -9,6 +9,7 @@ runs. Each is compared with the same program on a real directory.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -172,3 +173,102 @@ def test_the_dynamic_loader_finds_libraries_in_the_mount(shortfuse, scratch, mou
     # The program sees the value it set, not the loader's.
     assert output(p, str(mp)) == "42\n42\n42\n/nowhere:ROOT unset\n"
     assert p.returncode == 0
+
+
+SOCKETS = r"""
+import os, socket, stat, sys
+d = sys.argv[1]
+os.chdir(d)
+for name in ("rel.sock", d + "/abs.sock"):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(name)
+    except OSError as e:
+        print("bind", e.errno)
+        continue
+    s.listen(1)
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(name)
+    a, _ = s.accept()
+    c.sendall(b"hi")
+    print("bound, connected", a.recv(2), stat.S_ISSOCK(os.stat(name).st_mode))
+os.mknod("nod.sock", stat.S_IFSOCK | 0o644)
+print("mknod", stat.S_ISSOCK(os.stat("nod.sock").st_mode), sorted(os.listdir(".")))
+"""
+
+BIND_C = r"""
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <errno.h>
+int main(int argc, char **argv) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    strcpy(a.sun_path, argv[1]);
+    int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+    if (bind(s, (struct sockaddr *)&a, sizeof a)) { printf("bind %d\n", errno); return 0; }
+    int c = socket(AF_UNIX, SOCK_DGRAM, 0);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) || write(c, "ok", 2) != 2) { printf("connect %d\n", errno); return 1; }
+    char buf[3] = {0};
+    printf("datagram %zd %s\n", read(s, buf, 2), buf);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "serve-mem"], indirect=True)
+def test_unix_sockets_bound_in_the_mount(shortfuse, scratch, mount):
+    spec, mp, src = mount
+    exe = scratch / "bind"
+    (scratch / "bind.c").write_text(BIND_C)
+    c = run(["gcc", "-O1", "-o", str(exe), str(scratch / "bind.c")])
+    assert c.returncode == 0, c.stderr.decode()
+    if src is None:
+        # The mount point is a real directory too: nothing may land there.
+        mp.mkdir()
+    script = scratch / "sock.py"
+    script.write_text(SOCKETS)
+    start = scratch / "start"
+    start.mkdir()
+    n, s = native_and_shim(shortfuse, scratch, spec, mp, lambda root: [sys.executable, str(script), root])
+    assert n == "bound, connected b'hi' True\n" * 2 + "mknod True ['abs.sock', 'nod.sock', 'rel.sock']\n"
+    c = under(shortfuse, [spec], [str(exe), f"{mp}/c.sock"], cwd=start)
+    assert c.returncode == 0, output(c, str(mp))
+    assert os.listdir(start) == []
+    if src is None:
+        # No kernel directory holds a socket of a mem mount: refused.
+        assert s == "bind 95\nbind 95\nmknod True ['nod.sock']\n"
+        assert c.stdout == b"bind 95\n"
+        assert os.listdir(mp) == []
+    else:
+        assert s == n
+        assert c.stdout == b"datagram 2 ok\n"
+        # In the source: a program without the shim connects there.
+        assert sorted(os.listdir(src)) == ["abs.sock", "c.sock", "nod.sock", "rel.sock"]
+        x = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with pytest.raises(ConnectionRefusedError):
+            x.connect(str(src / "abs.sock"))
+
+
+DEVICES = r"""
+import os, stat, sys
+d = sys.argv[1]
+for kind, name, mode in (("chr", "null", stat.S_IFCHR), ("blk", "blk", stat.S_IFBLK)):
+    os.mknod(d + "/" + name, mode | 0o666, os.makedev(1, 3))
+    st = os.stat(d + "/" + name)
+    print(kind, oct(stat.S_IFMT(st.st_mode)), os.major(st.st_rdev), os.minor(st.st_rdev))
+with open(d + "/null", "w") as f:
+    print("write to null", f.write("xyz"))
+with open(d + "/null") as f:
+    print("read null", repr(f.read()))
+"""
+
+
+@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "mem", "serve-mem"], indirect=True)
+def test_device_nodes_made_and_opened_in_the_mount(shortfuse, scratch, mount):
+    # As root on ext4: mknod of a character or block device, then an open
+    # of the character device reaches the device (here /dev/null's).
+    n, s, _ = python_both(shortfuse, scratch, mount, DEVICES)
+    assert n == "chr 0o20000 1 3\nblk 0o60000 1 3\nwrite to null 3\nread null ''\n"
+    assert s == n

@@ -19,6 +19,7 @@ mod lent;
 pub mod libpath;
 mod locks;
 pub mod shared;
+mod sockets;
 pub mod spare;
 pub mod spawn;
 pub mod special;
@@ -120,6 +121,8 @@ pub fn is_file_call(nr: i64) -> bool {
             | libc::SYS_execveat
             | libc::SYS_flock
             | libc::SYS_inotify_add_watch
+            | libc::SYS_bind
+            | libc::SYS_connect
             | libc::SYS_sendmsg
             | libc::SYS_sendmmsg
     )
@@ -400,6 +403,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             return None;
         }
         libc::SYS_execve | libc::SYS_execveat => shared::anchor_all(),
+        libc::SYS_bind | libc::SYS_connect => return sockets::call(nr, a),
         _ => {}
     }
     let st = state();

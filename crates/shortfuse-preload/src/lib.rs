@@ -92,15 +92,19 @@
 //! descriptor is a placeholder (an O_PATH duplicate of a private memfd)
 //! standing for an open file of this process image. On both kinds reads and
 //! writes go to the file system, or straight to the backing files of a
-//! 1-to-M or M-to-1 map (the DataMap fast path); MAP_PRIVATE maps get a copy
-//! of the bytes, MAP_SHARED fails with ENODEV; locks of placeholders are
+//! 1-to-M or M-to-1 map (the DataMap fast path); maps of a daemon's file
+//! with a single backing file are the kernel's maps of it (`calls::lent`),
+//! other MAP_PRIVATE maps get a copy of the bytes and MAP_SHARED fails
+//! with ENODEV; locks of placeholders are
 //! taken on a per-node anonymous file (`OpenFile::lock_fd`), and a process's
 //! POSIX locks go at any close of one of its descriptors of the file;
 //! copy_file_range, sendfile and splice copy through a buffer; FIONREAD is
 //! answered. Extended attributes go to the file
-//! system. inotify_add_watch on a passthrough path watches its backing file
-//! or directory (events name entries relative to it, as on the mount); on a
-//! mount without a source it fails with ENOSYS.
+//! system. inotify_add_watch on a passthrough path (a daemon's too, which
+//! tells its clients its source) watches its backing file or directory
+//! (events name entries relative to it, as on the mount); on a mount
+//! without a source it fails with ENOSYS. bind and connect of a Unix
+//! socket to a mount path use the backing path (`calls::sockets`).
 //!
 //! Process exit (Prefuse's open problem, with memory maps): nothing is lost,
 //! since no data waits in user space: writes reach the file system or the
@@ -122,9 +126,10 @@
 //! `mem` mount is private to each process image (fork copies it, exec
 //! starts an empty one): its descriptors, data and locks are not shared with
 //! other processes; sharing them needs the daemon (`shortfuse serve`). Libraries a program needs at start-up (DT_NEEDED) are loaded by
-//! the dynamic loader before the shim runs: from a mount they are found only
+//! the dynamic loader before the shim runs: from a mount they are found
 //! through an `$ORIGIN` run path of a program exec'd from a passthrough
-//! mount; dlopen() later is served.
+//! mount, or LD_LIBRARY_PATH where the mount has a backing directory
+//! (`calls::libpath`); dlopen() later is served.
 //!
 //! Not yet: Go programs with Syscall User Dispatch alone
 //! (`SHORTFUSE_INTERCEPT=sud`, or without page 0): every system call is
