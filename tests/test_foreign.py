@@ -9,6 +9,11 @@ programs under `shortfuse run -m MOUNTPOINT`, their kernel mount kept.
   hang.
 - A malformed reply from the daemon fails that call (EIO), and the next
   calls on the same rings are served.
+- The POSIX scenarios of test_posix on bindfs and on sshfs (against the
+  session's loopback sshd) through the rings give what the same daemon
+  gives through its kernel mount (or, where the kernel answers from its
+  own cache, what ext4 gives); EXCLUDED lists the pairs that differ, and
+  why.
 """
 
 from __future__ import annotations
@@ -195,3 +200,86 @@ def test_a_malformed_reply_fails_that_call_only(shortfuse, scratch):
         d.stop()
         for m in sfmount.mounts_at(mp):
             sfmount.run(["umount", "-l", m.mountpoint])
+
+
+# ------------------------------------------------ the behaviour suite on them
+
+DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER
+
+
+def sshfs_command(src: Path, mp: Path) -> list[str]:
+    server = sfmount.sshd_server()
+    opts = [f"port={server.port}", f"IdentityFile={server.key}"] + server.options()[2:]
+    return [sfmount.require_tool("sshfs"), "-f", "-o", ",".join(opts), server.target(src), str(mp)]
+
+
+@pytest.fixture(scope="module")
+def served(request, shortfuse):
+    base = sfmount.new_scratch(f"foreign-{request.param}")
+    base.chmod(0o755)
+    src, mp = base / "src", base / "mnt"
+    src.mkdir()
+    src.chmod(0o755)
+    mp.mkdir()
+    if request.param == "bindfs":
+        cmd = [sfmount.require_tool("bindfs"), "-f", str(src), str(mp)]
+    else:
+        cmd = sshfs_command(src, mp)
+    d = Daemon(shortfuse, base, ["--", *cmd], mp)
+    yield request.param, d
+    d.stop()
+    for m in sfmount.mounts_at(mp):
+        sfmount.run(["umount", "-l", m.mountpoint])
+    sfmount.remove_scratch(base)
+
+
+# Scenarios whose answers depend on whose cache answers, and when: the
+# kernel mount keeps a hard link's nlink, another name's data and a chmod's
+# ctime for the daemon's timeouts, the rings keep theirs, and sshfs keeps
+# its own below both; and what is not the same yet.
+EXCLUDED = {
+    ("hard_links", "bindfs"): "the kernel mount's and the rings' caches of nlink and data under another name differ",
+    ("hard_links", "sshfs"): "as for bindfs, and sshfs's own attribute cache below both",
+    ("chmod_chown_utimens", "sshfs"): "sshfs's attribute cache answers both sides at different moments",
+    ("mkdir_rmdir_nlink", "sshfs"): "sshfs's attribute cache answers both sides at different moments",
+    ("create_modes", "bindfs"): "access(X_OK) as root: the kernel mount checks the mode (default_permissions), the rings ask bindfs",
+    ("locks", "bindfs"): "flock: a second descriptor of the same process still conflicts after the first's close",
+    ("locks", "sshfs"): "flock: a second descriptor of the same process still conflicts after the first's close",
+    # 70 s on sshfs; bindfs runs it.
+    ("readdir_10000_concurrent", "sshfs"): "slow over loopback SFTP: bindfs runs it",
+}
+
+
+def test_exclusions_name_real_scenarios():
+    assert {n for n, _ in EXCLUDED} <= set(test_run.SCENARIO_NAMES), EXCLUDED
+
+
+@pytest.mark.parametrize(
+    "served,name",
+    [(fs, n) for fs in ("bindfs", "sshfs") for n in test_run.SCENARIO_NAMES if (n, fs) not in EXCLUDED],
+    indirect=["served"],
+)
+def test_posix_scenario_over_the_rings_matches_the_kernel_mount(shortfuse, served, name):
+    which, d = served
+    argv = [sys.executable, "-c", DRIVER, str(TESTS), name]
+    kernel = f"{d.mp}/kernel-{name}"
+    want = test_run.observe(argv + [kernel], kernel)
+    assert want, f"{name} observed nothing through {which}'s kernel mount"
+    rings = f"{d.mp}/rings-{name}"
+    got = test_run.observe([str(shortfuse), "run", "-m", str(d.mp), "--", *argv, rings], rings)
+    diff = test_posix.compare([tuple(o) for o in want], [tuple(o) for o in got])
+    if diff is None:
+        return
+    # Where the kernel mount's answer is its own cache's (a hard link's
+    # nlink, data written under another name, kept for the daemon's 1 s
+    # timeouts) the rings may give the file system's: then they must give
+    # what ext4 gives.
+    native = Path(sfmount.new_scratch("foreign-native"))
+    try:
+        ref = test_run.observe(argv + [str(native / "s")], str(native / "s"))
+    finally:
+        sfmount.remove_scratch(native)
+    also = test_posix.compare([tuple(o) for o in ref], [tuple(o) for o in got])
+    assert also is None, (
+        f"{name} on {which} over the rings differs from its kernel mount:\n{diff}\nand from ext4:\n{also}"
+    )

@@ -69,6 +69,10 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         client_spin: Duration::from_micros(args.client_spin_us.unwrap_or(args.spin_us)),
         ..ServerConfig::default()
     };
+    let config = ServerConfig {
+        max_io: message_room(&ours, config.max_io),
+        ..config
+    };
     let bridge = Bridge::new(ours, config.max_io);
     let b = bridge.clone();
     std::thread::Builder::new()
@@ -154,7 +158,54 @@ fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     if unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_SETFD, 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
+    // A message is one request or reply whole (a READ's or WRITE's payload
+    // up to max_io): each end's send buffer must hold it. Root may pass
+    // net.core.wmem_max; others get what it allows (`message_room`).
+    for fd in [&ours, &theirs] {
+        let want: libc::c_int = SEND_BUFFER;
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            // SAFETY: an int option of the right size on a socket we own.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&want as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+        }
+    }
     Ok((ours, theirs))
+}
+
+/// The send buffer asked for each end of the socket to the daemon.
+const SEND_BUFFER: libc::c_int = 4 << 20;
+
+/// The largest READ/WRITE payload that fits one message on `sock`, within
+/// `max_io`: the kernel keeps about half a send buffer for data.
+fn message_room(sock: &OwnedFd, max_io: u32) -> u32 {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int out-parameter of the right size on a socket we own.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    let room = if r == 0 {
+        (v.max(0) as u32 / 2).saturating_sub(64 << 10)
+    } else {
+        0
+    };
+    (room & !4095).clamp(4096, max_io)
 }
 
 /// The last of `args` that names a FUSE mount point now (the daemon has

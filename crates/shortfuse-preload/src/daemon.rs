@@ -419,9 +419,15 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
     let unique = u64_at(&h, 8);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     if unique & RING_UNIQUE != 0 {
-        if !ring_alive() || send(MSG_REPLY, iov) < 0 {
+        if !ring_alive() {
             // As the kernel answers a reply nobody waits for.
             return -i64::from(libc::ENOENT);
+        }
+        let r = send(MSG_REPLY, iov);
+        if r < 0 {
+            // Too large for the socket: that call fails, not the daemon.
+            refuse(unique, libc::EIO);
+            return r;
         }
         return total as i64;
     }

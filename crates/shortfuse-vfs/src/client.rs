@@ -674,10 +674,14 @@ impl Client {
         };
         self.call(abi::FUSE_READDIR, node, &[arg.as_bytes()], &[], |mut p| {
             let mut count = 0;
-            while !p.is_empty() {
-                let d: abi::fuse_dirent = decode(p)?;
+            // An entry cut short at the end is left for the next call, as
+            // the kernel does: libfuse's high-level readdir slices its buffer
+            // at the size asked, mid-entry.
+            while let Ok((d, _)) = abi::fuse_dirent::read_from_prefix(p) {
                 let end = abi::FUSE_NAME_OFFSET + d.namelen as usize;
-                let name = p.get(abi::FUSE_NAME_OFFSET..end).ok_or(Errno::EIO)?;
+                let Some(name) = p.get(abi::FUSE_NAME_OFFSET..end) else {
+                    break;
+                };
                 each(d.ino, d.off, d.typ, name);
                 count += 1;
                 p = p
