@@ -1794,6 +1794,11 @@ impl Filesystem for DistFs {
         // works through the kernel's pages (coherent across clients only
         // as far as close-to-open, as on NFS).
         config.want |= config.kernel_flags & shortfuse::abi::flags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        // Set-id bits are cleared here (setattr and write): the kernel's
+        // own clearing for file systems without HANDLE_KILLPRIV_V2 keeps a
+        // set-group-ID bit without group execution, which ext4 clears when
+        // the truncating caller is not in the file's group.
+        config.want |= config.kernel_flags & shortfuse::abi::FUSE_HANDLE_KILLPRIV_V2;
         self.inner.conn().map(|_| ())
     }
 
@@ -1835,11 +1840,29 @@ impl Filesystem for DistFs {
         Ok(to_attr(node.0, &attr, inner.bs() as u32))
     }
 
-    fn setattr(&self, _req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+    fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
         let inner = &self.inner;
         let f = inner.file(node.0)?;
+        let chown = set.uid.is_some() || set.gid.is_some() || set.is_empty();
+        let mut mode = set.mode;
+        if mode.is_none() && (set.kill_suidgid || chown) {
+            let attr = node_reply(inner.call(Req::GetAttr { ino: node.0 })?)?.attr;
+            let bits = attr.mode & 0o7777;
+            let kill = if attr.mode & libc::S_IFMT == libc::S_IFDIR {
+                0
+            } else if chown {
+                // chown, even by root and to the same owner: set-user-ID,
+                // and set-group-ID when group-executable.
+                bits & (libc::S_ISUID | if bits & libc::S_IXGRP != 0 { libc::S_ISGID } else { 0 })
+            } else {
+                req.setid_bits_to_clear(bits, attr.gid)
+            };
+            if kill != 0 {
+                mode = Some(bits & !kill);
+            }
+        }
         let mut change = AttrChange {
-            mode: set.mode,
+            mode,
             uid: set.uid,
             gid: set.gid,
             size: set.size,

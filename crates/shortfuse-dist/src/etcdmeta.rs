@@ -686,13 +686,14 @@ impl EtcdMeta {
             NewKind::Dir => Body::Dir { parent },
             NewKind::Symlink { target } => Body::Symlink(target.clone()),
         };
-        let rec = Rec { attr, body };
         let keys = &self.keys;
         transact!(self, t => {
             t.prefetch(vec![keys.inode(parent), keys.entry(parent, name)]).await?;
             t.idempotent = true;
             let mut p = t.rec(keys, parent).await?;
             dir_of(&p)?;
+            let attr = crate::meta::in_dir(attr, &p.attr);
+            let rec = Rec { attr, body: body.clone() };
             match t.ent(keys, parent, name).await? {
                 // This very create, applied before etcd gave up on it.
                 Some(e) if e.ino == ino => return Ok(self.info(ino, attr)),

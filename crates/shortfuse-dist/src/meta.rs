@@ -549,7 +549,7 @@ impl Meta {
     pub fn create(&self, parent: u64, name: &[u8], kind: NewKind, mode: u32, uid: u32, gid: u32) -> Result<NodeInfo> {
         let mut inner = self.lock();
         let ino = inner.tree.next_ino;
-        let attr = new_attr(&kind, mode, uid, gid);
+        let attr = in_dir(new_attr(&kind, mode, uid, gid), &inner.tree.node(parent)?.attr);
         Self::change(
             &mut inner,
             Op::Create {
@@ -723,6 +723,20 @@ pub(crate) fn new_attr(kind: &NewKind, mode: u32, uid: u32, gid: u32) -> NodeAtt
         gid,
         rdev,
     }
+}
+
+/// The attributes of a node made in a directory of `parent`'s: in a
+/// set-group-ID directory it takes the directory's group, and a directory
+/// the set-group-ID bit too (as ext4's inode_init_owner; the kernel has
+/// already dropped a set-group-ID bit the creator may not keep).
+pub(crate) fn in_dir(mut attr: NodeAttr, parent: &NodeAttr) -> NodeAttr {
+    if parent.mode & libc::S_ISGID != 0 {
+        attr.gid = parent.gid;
+        if attr.mode & libc::S_IFMT == libc::S_IFDIR {
+            attr.mode |= libc::S_ISGID;
+        }
+    }
+    attr
 }
 
 /// [`Meta::extend`] on attributes (both metadata services apply it);

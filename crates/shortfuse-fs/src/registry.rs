@@ -114,7 +114,12 @@ pub static BUNDLED: &[FsKind] = &[
         source: Source::None,
         about: "in-memory POSIX file system",
         options: "",
-        kernel_permissions: false,
+        // mem checks permissions itself (for the preload paths), but a
+        // kernel mount asks it nothing about names it has cached: the
+        // search permission of the directories on a path, the
+        // protected_hardlinks rule and the other checks of the kernel's VFS
+        // come only from default_permissions.
+        kernel_permissions: true,
         network: false,
         mirror: false,
         in_process: true,

@@ -425,6 +425,12 @@ impl Client {
         if let Some(s) = set.size {
             arg.valid |= abi::FATTR_SIZE;
             arg.size = s;
+            // As the kernel's FUSE client: a truncation by a caller
+            // without CAP_FSETID clears the set-id bits (the file system
+            // decides which, from the mode and the caller's groups).
+            if self.caller().uid != 0 {
+                arg.valid |= abi::FATTR_KILL_SUIDGID;
+            }
         }
         if let Some(fh) = set.fh {
             arg.valid |= abi::FATTR_FH;
@@ -603,6 +609,13 @@ impl Client {
             offset,
             size: u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?,
             flags: flags as u32,
+            // A write by a caller without CAP_FSETID clears the set-id
+            // bits, as the kernel's FUSE client asks.
+            write_flags: if self.caller().uid != 0 {
+                abi::FUSE_WRITE_KILL_SUIDGID
+            } else {
+                0
+            },
             ..Default::default()
         };
         self.call(abi::FUSE_WRITE, node, &[arg.as_bytes(), data], &[], |p| {

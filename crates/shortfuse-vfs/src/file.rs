@@ -754,7 +754,7 @@ impl Vfs {
                 self.writable()?;
                 let parent = t.dir.node();
                 let umask = self.umask();
-                let fmode = libc::S_IFREG | (mode & 0o7777 & !umask);
+                let fmode = self.create_mode(parent, libc::S_IFREG | (mode & 0o7777 & !umask))?;
                 let mut open_flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
                 if t.unasked {
                     // The name may exist: only create.
@@ -811,7 +811,9 @@ impl Vfs {
             Some(fh)
         } else {
             let is_dir = kind == FileType::Directory;
-            let trunc = flags & libc::O_TRUNC != 0 && kind == FileType::Regular && acc != libc::O_RDONLY;
+            // O_RDONLY|O_TRUNC truncates too (Linux; the open asked for
+            // write permission).
+            let trunc = flags & libc::O_TRUNC != 0 && kind == FileType::Regular;
             let mut oflags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
             if !self.atomic_o_trunc() {
                 oflags &= !libc::O_TRUNC;

@@ -493,22 +493,34 @@ impl Vfs {
     /// system's LOOKUP, which may check too, is not asked for those.
     pub fn may_search(&self, dir: NodeId) -> Result<(), Errno> {
         let caller = self.client.caller();
-        if caller.uid == 0 {
-            return Ok(());
-        }
-        let a = self.getattr(dir)?;
-        let shift = if a.uid == caller.uid {
-            6
-        } else if caller.in_group(a.gid) {
-            3
-        } else {
-            0
-        };
-        if (a.mode >> shift) & 0o1 != 0 {
+        if caller.uid == 0 || permits(&caller, &self.getattr(dir)?, 0o1) {
             Ok(())
         } else {
             Err(Errno::EACCES)
         }
+    }
+
+    /// The set-group-ID bit a new non-directory of `mode` made in `parent`
+    /// keeps, as the kernel's mode_strip_sgid: it is dropped when the
+    /// file would inherit the directory's group (a set-group-ID directory)
+    /// and the caller is neither in that group nor root.
+    fn strip_sgid(&self, parent: NodeId, mode: u32) -> Result<u32, Errno> {
+        if mode & (libc::S_ISGID | libc::S_IXGRP) != (libc::S_ISGID | libc::S_IXGRP)
+            || mode & libc::S_IFMT == libc::S_IFDIR
+        {
+            return Ok(mode);
+        }
+        let dir = self.getattr(parent)?;
+        let caller = self.client.caller();
+        if dir.mode & libc::S_ISGID == 0 || caller.uid == 0 || caller.in_group(dir.gid) {
+            return Ok(mode);
+        }
+        Ok(mode & !libc::S_ISGID)
+    }
+
+    /// [`Vfs::strip_sgid`] for a file that `open(2)` creates in `parent`.
+    pub(crate) fn create_mode(&self, parent: NodeId, mode: u32) -> Result<u32, Errno> {
+        self.strip_sgid(parent, mode)
     }
 
     /// GETATTR, bypassing the cache (and refreshing it).
@@ -773,13 +785,17 @@ impl Vfs {
         } else {
             mode
         };
-        let e = self.client.mknod(
-            parent,
-            OsStr::from_bytes(name),
-            mode & (libc::S_IFMT | (0o7777 & !umask)),
-            rdev,
-            umask,
-        )?;
+        if matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) && self.client.caller().uid != 0 {
+            // Devices need CAP_MKNOD (vfs_mknod), asked after the
+            // permission to create in the directory.
+            let caller = self.client.caller();
+            if !permits(&caller, &self.getattr(parent)?, 0o3) {
+                return Err(Errno::EACCES);
+            }
+            return Err(Errno::EPERM);
+        }
+        let mode = self.strip_sgid(parent, mode & (libc::S_IFMT | (0o7777 & !umask)))?;
+        let e = self.client.mknod(parent, OsStr::from_bytes(name), mode, rdev, umask)?;
         self.remember(parent, name, &e);
         Ok(e.attr)
     }
@@ -820,11 +836,35 @@ impl Vfs {
             return Err(Errno::ENOENT);
         }
         self.writable()?;
+        self.may_link(&attr)?;
         let parent = new.dir.node();
         let e = self.client.link(node, parent, OsStr::from_bytes(name))?;
         self.remember(parent, name, &e);
         self.invalidate_attr(node);
         Ok(e.attr)
+    }
+
+    /// The kernel's may_linkat under `fs.protected_hardlinks` (on in
+    /// every common distribution): a caller who neither owns the file nor
+    /// is root may link only a regular file it may read and write that is
+    /// not set-user-ID or executable set-group-ID; EPERM otherwise.
+    fn may_link(&self, attr: &Attr) -> Result<(), Errno> {
+        static PROTECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let protected = *PROTECTED
+            .get_or_init(|| std::fs::read_to_string("/proc/sys/fs/protected_hardlinks").is_ok_and(|v| v.trim() != "0"));
+        let caller = self.client.caller();
+        if !protected || caller.uid == 0 || caller.uid == attr.uid {
+            return Ok(());
+        }
+        let safe = attr.file_type() == FileType::Regular
+            && attr.mode & libc::S_ISUID == 0
+            && attr.mode & (libc::S_ISGID | libc::S_IXGRP) != (libc::S_ISGID | libc::S_IXGRP)
+            && permits(&caller, attr, 0o6);
+        if safe {
+            Ok(())
+        } else {
+            Err(Errno::EPERM)
+        }
     }
 
     pub fn readlink(&self, t: &Target) -> Result<Vec<u8>, Errno> {
@@ -1005,4 +1045,19 @@ impl Vfs {
     pub(crate) fn max_io(&self) -> usize {
         self.init.max_io as usize
     }
+}
+
+/// Whether `caller` (not root) has all of `mask`'s permission bits
+/// (0o4 read, 0o2 write, 0o1 execute) on an inode of `attr`: the owner's,
+/// the group's (its supplementary groups count) or the others' class, as
+/// the kernel's generic_permission picks one.
+fn permits(caller: &crate::client::Caller, attr: &Attr, mask: u32) -> bool {
+    let shift = if attr.uid == caller.uid {
+        6
+    } else if caller.in_group(attr.gid) {
+        3
+    } else {
+        0
+    };
+    (attr.mode >> shift) & mask == mask
 }

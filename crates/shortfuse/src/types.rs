@@ -59,6 +59,23 @@ impl Request {
         carried.unwrap_or_else(|| self.pid != 0 && supplementary_groups(self.pid).contains(&gid))
     }
 
+    /// The caller's supplementary groups: those the request carried
+    /// (FUSE_EXT_GROUPS, from the preload shim), else, as [`Request::in_group`]
+    /// reads them, from `/proc/PID/status` (the kernel sends none).
+    pub fn groups(&self) -> Vec<u32> {
+        let carried = CARRIED
+            .try_with(|c| c.try_borrow().ok().and_then(|c| c.clone()))
+            .ok()
+            .flatten();
+        carried.unwrap_or_else(|| {
+            if self.pid != 0 {
+                supplementary_groups(self.pid)
+            } else {
+                Vec::new()
+            }
+        })
+    }
+
     /// The set-id bits that a write or truncation by this caller, who
     /// lacks CAP_FSETID (the kernel's `FUSE_WRITE_KILL_SUIDGID` and
     /// `FATTR_KILL_SUIDGID` say so), clears in a regular file of `mode`
@@ -396,6 +413,20 @@ pub struct SetAttr {
     pub fh: Option<FileHandle>,
     /// The kernel asks the file system to clear suid/sgid (`FATTR_KILL_SUIDGID`).
     pub kill_suidgid: bool,
+}
+
+impl SetAttr {
+    /// Whether nothing is asked: what the kernel sends for `chown(f, -1,
+    /// -1)` and for the removal of set-id bits before a change it does
+    /// itself (both clear set-user-ID, and set-group-ID when
+    /// group-executable, and move ctime, on ext4).
+    pub fn is_empty(&self) -> bool {
+        *self
+            == SetAttr {
+                fh: self.fh,
+                ..SetAttr::default()
+            }
+    }
 }
 
 /// Flags of `rename` (`renameat2(2)`).

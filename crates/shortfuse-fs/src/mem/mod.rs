@@ -495,13 +495,13 @@ impl MemFs {
         }
         match &mut st.content {
             Content::File(f) => {
-                if size != st.size {
-                    if size < st.size {
-                        self.usage.add(f.truncate(size));
-                    }
-                    st.size = size;
-                    st.touch_modified(now);
+                if size < st.size {
+                    self.usage.add(f.truncate(size));
                 }
+                st.size = size;
+                // ext4 moves mtime and ctime at every truncation, to the
+                // same size too.
+                st.touch_modified(now);
                 Ok(())
             }
             Content::Dir(_) => Err(Errno::EISDIR),
@@ -713,11 +713,16 @@ impl Filesystem for MemFs {
                 _ => return Err(Errno::EINVAL),
             }
         }
-        for t in [set.atime, set.mtime].into_iter().flatten() {
-            match t {
-                SetTime::At(_) if !owner => return Err(Errno::EPERM),
-                SetTime::Now if !owner && !st.permits(req, libc::W_OK as u32) => return Err(Errno::EACCES),
-                _ => {}
+        // utimensat(2): setting both times to now (or NULL times) needs
+        // write permission; anything else (a time given, or one of them
+        // left alone) needs ownership, as the kernel's ATTR_TIMES_SET.
+        if (set.atime.is_some() || set.mtime.is_some()) && !owner {
+            let touch = matches!((set.atime, set.mtime), (Some(SetTime::Now), Some(SetTime::Now)));
+            if !touch {
+                return Err(Errno::EPERM);
+            }
+            if !st.permits(req, libc::W_OK as u32) {
+                return Err(Errno::EACCES);
             }
         }
         let now = Timestamp::now();
@@ -742,20 +747,24 @@ impl Filesystem for MemFs {
         if set.kill_suidgid && !st.is_dir() {
             st.kill_suidgid_for(req);
         }
+        if set.is_empty() && !st.is_dir() {
+            // chown(-1, -1), or the kernel removing set-id bits.
+            st.kill_suidgid();
+        }
         if let Some(t) = set.atime {
             st.atime = set_time(t, now);
         }
         if let Some(t) = set.mtime {
             st.mtime = set_time(t, now);
         }
-        // truncate(2) to the same size changes nothing (ext4); any other
-        // change moves ctime (the size change did it in truncate_locked).
+        // Any change moves ctime (a truncation did it in truncate_locked).
         let meta = set.mode.is_some()
             || set.uid.is_some()
             || set.gid.is_some()
             || set.atime.is_some()
             || set.mtime.is_some()
-            || set.kill_suidgid;
+            || set.kill_suidgid
+            || set.is_empty();
         if meta {
             st.ctime = now;
         }

@@ -43,6 +43,9 @@ pub fn ensure_zero_umask() -> Result<()> {
 /// previous ids on drop.
 pub struct CredGuard {
     old: Option<(u32, u32)>,
+    /// The thread's supplementary groups before the switch, when it
+    /// changed them.
+    old_groups: Option<Vec<u32>>,
 }
 
 impl CredGuard {
@@ -50,8 +53,35 @@ impl CredGuard {
     /// the caller is not root already.
     pub fn switch(req: &Request, enabled: bool) -> Result<CredGuard> {
         if !enabled || (req.uid == 0 && req.gid == 0) {
-            return Ok(CredGuard { old: None });
+            return Ok(CredGuard {
+                old: None,
+                old_groups: None,
+            });
         }
+        // The caller's supplementary groups count in the source's checks
+        // (a directory writable by one of them) and decide whether a file
+        // made in a set-group-ID directory keeps its set-group-ID bit.
+        // Set on this thread only (the raw call: glibc's setgroups changes
+        // every thread of the daemon); before setfsuid, while the thread
+        // still holds CAP_SETGID for certain.
+        // In process (the preload shim's passthrough) the thread is the
+        // caller's own and already holds its groups: nothing to change, and
+        // a program that dropped root could not.
+        let old_groups = if req.uid != 0 {
+            let old = sys::thread_groups()?;
+            let mut want = req.groups();
+            let mut have = old.clone();
+            want.sort_unstable();
+            have.sort_unstable();
+            if want != have {
+                sys::set_thread_groups(&want)?;
+                Some(old)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
         // gid first: setfsgid needs CAP_SETGID, which the thread keeps
         // after setfsuid (it is not a file-system capability), but doing it
         // first keeps the order the exact reverse of the restore.
@@ -59,6 +89,7 @@ impl CredGuard {
         let old_uid = sys::setfsuid(req.uid);
         let guard = CredGuard {
             old: Some((old_uid, old_gid)),
+            old_groups,
         };
         // The calls report the previous id, never an error: ask again with
         // an invalid id (-1 changes nothing) to check that they took.
@@ -74,6 +105,10 @@ impl Drop for CredGuard {
         if let Some((uid, gid)) = self.old.take() {
             sys::setfsuid(uid);
             sys::setfsgid(gid);
+        }
+        if let Some(groups) = self.old_groups.take() {
+            // The daemon's own groups, which it could set a moment ago.
+            let _ = sys::set_thread_groups(&groups);
         }
     }
 }

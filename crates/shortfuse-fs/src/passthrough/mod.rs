@@ -338,7 +338,11 @@ impl PassthroughFs {
     fn kill_suidgid(&self, req: &Request, fd: std::os::fd::BorrowedFd<'_>, st: &libc::stat, open: bool) -> Result<()> {
         let mode = st.st_mode & 0o7777;
         let kill = req.setid_bits_to_clear(mode, st.st_gid);
-        if kill == 0 {
+        // A thread acting as the caller (the ring server's workers, or the
+        // caller's own thread in process) has no CAP_FSETID: the source
+        // clears the bits itself at the write or truncation, and the
+        // caller, often not the owner, could not chmod.
+        if kill == 0 || sys::setfsuid(u32::MAX) != 0 {
             return Ok(());
         }
         if open {
@@ -624,7 +628,8 @@ impl Filesystem for PassthroughFs {
                 None => sys::fchmod_path(inode.fd()?.as_fd(), mode & 0o7777)?,
             }
         }
-        if set.uid.is_some() || set.gid.is_some() {
+        // chown(-1, -1) on the source does what it does on ext4.
+        if set.uid.is_some() || set.gid.is_some() || set.is_empty() {
             sys::fchown_path(
                 inode.fd()?.as_fd(),
                 set.uid.unwrap_or(u32::MAX),

@@ -449,6 +449,34 @@ pub fn setfsuid(uid: u32) -> u32 {
 }
 
 /// `setfsgid(2)`; returns the previous fsgid.
+/// This thread's supplementary groups (the raw getgroups: per thread).
+pub fn thread_groups() -> Result<Vec<u32>> {
+    // SAFETY: a size of 0 asks only for the count; nothing is written.
+    let count = unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) };
+    if count < 0 {
+        return Err(Errno::last());
+    }
+    let mut groups = vec![0u32; count as usize];
+    // SAFETY: the buffer holds as many gid_t as the size passed says.
+    let n = unsafe { libc::syscall(libc::SYS_getgroups, groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+/// Sets this thread's supplementary groups alone (the raw setgroups; glibc's
+/// wrapper sets every thread's).
+pub fn set_thread_groups(groups: &[u32]) -> Result<()> {
+    // SAFETY: the pointer and length describe `groups`, which the kernel only reads.
+    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
 pub fn setfsgid(gid: u32) -> u32 {
     // SAFETY: no memory is involved.
     unsafe { libc::setfsgid(gid) as u32 }
