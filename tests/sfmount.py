@@ -69,10 +69,8 @@ class FsSpec:
 
 
 # stripe and pack share their namespace code (crates/shortfuse-fs/src/pack/metafs.rs),
-# and with it the list of what they do not do.
-_METAFS_UNSUPPORTED = {
-    "fallocate": Unsupported("EOPNOTSUPP", "no FALLOCATE (ENOSYS; the kernel reports EOPNOTSUPP, glibc's posix_fallocate writes zeros)"),
-}
+# and with it the list of what they do not do: nothing the suites test.
+_METAFS_UNSUPPORTED: dict[str, Unsupported] = {}
 
 # What distfs does not do, embedded or on etcd.
 _DIST_UNSUPPORTED = {

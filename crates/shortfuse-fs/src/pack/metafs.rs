@@ -39,6 +39,9 @@ pub trait Storage: Send + 'static {
     fn write(&mut self, p: &mut Self::Payload, size: u64, off: u64, data: &[u8]) -> Result<()>;
     /// Changes the size from `size` to `new`; new bytes read as zeros.
     fn truncate(&mut self, p: &mut Self::Payload, size: u64, new: u64) -> Result<()>;
+    /// Makes `[off, off + len)`, within `size`, read as zeros: a hole in
+    /// the backing files (`fallocate` PUNCH_HOLE and ZERO_RANGE).
+    fn punch(&mut self, p: &Self::Payload, size: u64, off: u64, len: u64) -> Result<()>;
     /// The file is gone: free its space.
     fn remove(&mut self, p: &Self::Payload);
     /// The map handed out at open.
@@ -531,6 +534,63 @@ impl<S: Storage> Filesystem for MetaFs<S> {
 
     fn fsyncdir(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _datasync: bool) -> Result<()> {
         Ok(())
+    }
+
+    /// `fallocate(2)` as on ext4 for what a caller sees: the default mode
+    /// and ZERO_RANGE grow the file (unless KEEP_SIZE), PUNCH_HOLE (with
+    /// KEEP_SIZE, the VFS rule) and ZERO_RANGE make the range read as
+    /// zeros, with holes in the backing files; every success moves mtime
+    /// and ctime (ext4's file_modified). Space is not reserved ahead: the
+    /// backing files get it when written. COLLAPSE_RANGE, INSERT_RANGE and
+    /// UNSHARE_RANGE are refused (EOPNOTSUPP).
+    fn fallocate(
+        &self,
+        _req: &Request,
+        node: NodeId,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<()> {
+        const KNOWN: i32 = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !KNOWN != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        if punch && zero {
+            return Err(Errno::EINVAL);
+        }
+        if punch && !keep {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        if length == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        if end > i64::MAX as u64 {
+            return Err(Errno::EFBIG);
+        }
+        let mut g = self.lock();
+        let n = g.regular(node.0)?;
+        let (mut p, size) = (n.payload.clone(), n.size);
+        let size = g.store.size(&p).unwrap_or(size);
+        if (punch || zero) && offset < size {
+            g.store.punch(&p, size, offset, end.min(size) - offset)?;
+        }
+        let new = if keep { size } else { size.max(end) };
+        if new > size {
+            g.store.truncate(&mut p, size, new)?;
+        }
+        let n = g.tree.get_mut(node.0)?;
+        n.payload = p;
+        n.size = new;
+        let now = Timestamp::now();
+        n.mtime = now;
+        n.ctime = now;
+        g.dirty.remove(&node.0);
+        g.tree.save(node.0)
     }
 
     fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {

@@ -420,6 +420,10 @@ impl Storage for PackStore {
         Ok(())
     }
 
+    fn punch(&mut self, p: &Slot, _size: u64, off: u64, len: u64) -> Result<()> {
+        self.zero(p, off, off + len)
+    }
+
     fn remove(&mut self, p: &Slot) {
         if p.cap > 0 {
             self.free(p);

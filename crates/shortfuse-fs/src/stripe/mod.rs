@@ -132,6 +132,26 @@ impl Storage for StripeStore {
         Ok(())
     }
 
+    fn punch(&mut self, p: &Chunks, _size: u64, off: u64, len: u64) -> Result<()> {
+        use std::os::fd::AsFd;
+        let fds = self.chunks(p)?;
+        let end = off + len;
+        for (i, fd) in fds.iter().enumerate() {
+            let start = i as u64 * self.stripe;
+            let stop = if i + 1 == fds.len() {
+                u64::MAX
+            } else {
+                start + self.stripe
+            };
+            let (from, to) = (off.max(start), end.min(stop));
+            if from < to {
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                sys::fallocate(fd.as_fd(), mode, from - start, to - from)?;
+            }
+        }
+        Ok(())
+    }
+
     fn remove(&mut self, p: &Chunks) {
         self.open.remove(&p.id);
         for i in 0..self.dirs.len() {
