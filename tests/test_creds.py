@@ -61,16 +61,33 @@ def run_under(shortfuse: Path, mount: str, argv: list[str]) -> subprocess.Comple
     return subprocess.run([str(shortfuse), "run", "-m", mount, "--", *argv], capture_output=True, timeout=120)
 
 
-@pytest.mark.parametrize("fs", ["passthrough", "mem"])
-def test_a_program_that_drops_root_gets_ext4_results_in_process(shortfuse, perm, scratch, fs):
-    want = native(perm, scratch)
+def in_process(scratch: Path, fs: str) -> tuple[Path, str]:
+    """The mount point and `run -m` argument of an in-process `fs`
+    (passthrough over scratch/src, or mem)."""
     mp = scratch / "mp"
     if fs == "passthrough":
         src = scratch / "src"
         src.mkdir(mode=0o755)
-        mount = f"{mp}=passthrough:{src}"
-    else:
-        mount = f"{mp}=mem"
+        return mp, f"{mp}=passthrough:{src}"
+    return mp, f"{mp}=mem"
+
+
+def served(scratch: Path, fs: str) -> tuple[Path, list[str]]:
+    """The mount point and `serve` arguments (without options) of `fs`
+    (passthrough over scratch/src, or mem)."""
+    mp = scratch / "mp"
+    args = [fs]
+    if fs == "passthrough":
+        src = scratch / "src"
+        src.mkdir(mode=0o755)
+        args.append(str(src))
+    return mp, [*args, str(mp)]
+
+
+@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+def test_a_program_that_drops_root_gets_ext4_results_in_process(shortfuse, perm, scratch, fs):
+    want = native(perm, scratch)
+    mp, mount = in_process(scratch, fs)
     p = run_under(shortfuse, mount, [str(perm), str(mp)])
     assert p.returncode == 0, p
     assert p.stdout.decode() == want, p.stderr.decode()
@@ -86,13 +103,8 @@ def test_a_program_that_drops_root_gets_ext4_results_in_process(shortfuse, perm,
 )
 def test_a_program_that_drops_root_gets_ext4_results_over_the_ring(shortfuse, perm, scratch, fs, options):
     want = native(perm, scratch)
-    mp = scratch / "mp"
-    args = [fs]
-    if fs == "passthrough":
-        src = scratch / "src"
-        src.mkdir(mode=0o755)
-        args.append(str(src))
-    daemon = test_ring.Daemon(shortfuse, scratch, [*args, str(mp), "-o", options], mp)
+    mp, args = served(scratch, fs)
+    daemon = test_ring.Daemon(shortfuse, scratch, [*args, "-o", options], mp)
     try:
         p = run_under(shortfuse, str(mp), [str(perm), str(mp)])
     finally:

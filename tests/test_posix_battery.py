@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import sfmount
+import test_creds
 import test_ring
 import test_run
 
@@ -129,25 +130,14 @@ def test_kernel_mount(path, battery, ext4, mount_factory):
 
 @pytest.mark.parametrize("fs", ["passthrough", "mem"])
 def test_in_process(fs, shortfuse, battery, ext4, scratch):
-    mp = scratch / "mp"
-    if fs == "passthrough":
-        src = scratch / "src"
-        src.mkdir(mode=0o755)
-        mount = f"{mp}={fs}:{src}"
-    else:
-        mount = f"{mp}=mem"
+    mp, mount = test_creds.in_process(scratch, fs)
     compare(f"in-process {fs}", ext4, run_battery([str(shortfuse), "run", "-m", mount, "--"], battery, mp))
 
 
 @pytest.mark.parametrize("fs", ["passthrough", "mem"])
 def test_serve(fs, shortfuse, battery, ext4, scratch):
-    mp = scratch / "mp"
-    args = [fs]
-    if fs == "passthrough":
-        src = scratch / "src"
-        src.mkdir(mode=0o755)
-        args.append(str(src))
-    daemon = test_ring.Daemon(shortfuse, scratch, [*args, str(mp), "-o", "allow_other"], mp)
+    mp, args = test_creds.served(scratch, fs)
+    daemon = test_ring.Daemon(shortfuse, scratch, [*args, "-o", "allow_other"], mp)
     try:
         got = run_battery([str(shortfuse), "run", "-m", str(mp), "--"], battery, mp)
     finally:

@@ -1,5 +1,6 @@
 //! File systems bundled with shortfuse.
 
+pub mod falloc;
 pub mod mem;
 pub mod null;
 pub mod pack;

@@ -1252,24 +1252,12 @@ impl Filesystem for MemFs {
         length: u64,
         mode: i32,
     ) -> Result<()> {
-        const SUPPORTED: i32 = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if mode & !SUPPORTED != 0 {
-            return Err(Errno::EOPNOTSUPP);
-        }
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        if punch && zero {
-            return Err(Errno::EINVAL);
-        }
-        // The VFS rule: a punched hole never changes the size.
-        if punch && !keep_size {
-            return Err(Errno::EOPNOTSUPP);
-        }
-        if length == 0 {
-            return Err(Errno::EINVAL);
-        }
-        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        let crate::falloc::Falloc {
+            punch,
+            zero,
+            keep_size,
+            end,
+        } = crate::falloc::Falloc::parse(offset, length, mode)?;
         self.file_op(node, |st| {
             let size = st.size;
             let Content::File(f) = &mut st.content else {

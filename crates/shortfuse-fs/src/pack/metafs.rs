@@ -552,23 +552,12 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         length: u64,
         mode: i32,
     ) -> Result<()> {
-        const KNOWN: i32 = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if mode & !KNOWN != 0 {
-            return Err(Errno::EOPNOTSUPP);
-        }
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        if punch && zero {
-            return Err(Errno::EINVAL);
-        }
-        if punch && !keep {
-            return Err(Errno::EOPNOTSUPP);
-        }
-        if length == 0 {
-            return Err(Errno::EINVAL);
-        }
-        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        let crate::falloc::Falloc {
+            punch,
+            zero,
+            keep_size: keep,
+            end,
+        } = crate::falloc::Falloc::parse(offset, length, mode)?;
         if end > i64::MAX as u64 {
             return Err(Errno::EFBIG);
         }
