@@ -192,15 +192,19 @@ const RTLD_DL_SYMENT: i32 = 1;
 /// there).
 pub fn rewrite_exec_functions_once() {
     static DONE: AtomicBool = AtomicBool::new(false);
-    if active() && !DONE.swap(true, Ordering::AcqRel) {
-        rewrite_exec_functions();
+    // Again while a site is left (one straddling a cache line, in a
+    // process with threads then): the next vfork may find it alone.
+    if active() && !DONE.swap(true, Ordering::AcqRel) && !rewrite_exec_functions() {
+        DONE.store(false, Ordering::Release);
     }
 }
 
 /// Rewrites the sites of [`EXEC_FUNCTIONS`] (after [`install`]), each
 /// decoded from its symbol's start over its size (true instruction
-/// boundaries).
-fn rewrite_exec_functions() {
+/// boundaries). Returns whether it is done: every site now calls the
+/// trampoline, or those left never will (see [`alone`]).
+fn rewrite_exec_functions() -> bool {
+    let mut all = true;
     for name in EXEC_FUNCTIONS {
         // SAFETY: a lookup by a NUL-terminated name; a null result is checked.
         let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
@@ -222,10 +226,12 @@ fn rewrite_exec_functions() {
         let code = unsafe { core::slice::from_raw_parts(addr as *const u8, size) };
         for ins in Decoder::with_ip(64, code, addr as u64, DecoderOptions::NONE) {
             if ins.code() == Code::Syscall {
-                rewrite_site(ins.ip() as usize);
+                all &= rewrite_site(ins.ip() as usize);
             }
         }
     }
+    // With threads, a left site stays so: no need to look again.
+    all || THREADED.load(Ordering::Relaxed)
 }
 
 /// The trampoline page is mapped: a rewritten site has somewhere to go.
@@ -279,33 +285,87 @@ fn lock_rewrites(me: u64) -> bool {
 /// other threads possibly running that very code. Returns whether the site
 /// now holds `call *%rax`.
 ///
-/// The two bytes are stored with one instruction inside one cache line
-/// (a pair that straddles a line is left alone and keeps being served by
-/// Syscall User Dispatch), so another CPU executes either instruction,
-/// never a mix. The page is made writable while staying executable, then
+/// The two bytes are stored with one instruction inside one cache line,
+/// so another CPU executes either instruction, never a mix. A pair that
+/// straddles a line is rewritten only while this thread is the process's
+/// only one ([`alone`]: nobody can run it meanwhile); otherwise it is left
+/// alone and keeps being served by Syscall User Dispatch (in a vfork
+/// child, which runs without it, it reaches the kernel unserved). The page is made writable while staying executable, then
 /// given back its protection from /proc/self/maps. Called from the SIGSYS
 /// handler: no allocation, raw system calls only. The spin lock is safe
 /// across fork and re-entry (see [`REWRITING`]).
 pub fn rewrite_site(site: usize) -> bool {
-    if site % 64 == 63 || !active() {
+    if !active() || site % 64 == 63 && !alone() {
         return false;
     }
     let Some((start, end, prot)) = mapping_of(site) else {
         return false;
     };
-    if site + 2 > end || site < start || prot & libc::PROT_READ == 0 {
+    if site < start || prot & libc::PROT_READ == 0 {
         return false;
     }
+    // A pair on the last byte of a mapping goes on in the next one (the
+    // pages of an object split into mappings as their sites are
+    // rewritten), whose protection is given back to it.
+    let next = if site + 2 > end {
+        match mapping_of(end) {
+            Some((s, _, p)) if s == end && p & libc::PROT_READ != 0 => p,
+            _ => return false,
+        }
+    } else {
+        prot
+    };
     let me = rewriter_id();
     if !lock_rewrites(me) {
         return false;
     }
-    let done = rewrite_locked(site, prot);
+    let done = rewrite_locked(site, prot, next);
     REWRITING.store(0, Ordering::Release);
     done
 }
 
-fn rewrite_locked(site: usize, prot: i32) -> bool {
+/// Set once the process was seen with more than one thread: from then on
+/// straddling sites are not rewritten (threads rarely all end, and the
+/// check costs three system calls).
+static THREADED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the calling thread is the only one of the process (field 20 of
+/// /proc/self/stat). Raw system calls and a stack buffer only.
+fn alone() -> bool {
+    if THREADED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let fd = open_read(b"/proc/self/stat\0");
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 1024];
+    let n = raw3(libc::SYS_read, fd, buf.as_mut_ptr() as i64, buf.len() as i64);
+    raw3(libc::SYS_close, fd, 0, 0);
+    let Ok(n) = usize::try_from(n) else { return false };
+    let stat = &buf[..n];
+    // The command name may hold spaces and parentheses: count from the last ')'.
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    let threads = stat[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|f| !f.is_empty())
+        .nth(17)
+        .and_then(|f| {
+            f.iter()
+                .try_fold(0u64, |v, &d| d.is_ascii_digit().then(|| v * 10 + u64::from(d - b'0')))
+        });
+    if threads != Some(1) {
+        THREADED.store(true, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
+/// `next`: the protection of the page after `site`'s, when the pair
+/// reaches into it.
+fn rewrite_locked(site: usize, prot: i32, next: i32) -> bool {
     let p = site as *mut u8;
     // SAFETY: the mapping is readable (checked above) for both bytes.
     let cur = unsafe { [core::ptr::read_volatile(p), core::ptr::read_volatile(p.add(1))] };
@@ -323,15 +383,19 @@ fn rewrite_locked(site: usize, prot: i32) -> bool {
     }
     // SAFETY: both bytes are in the page range just made writable.
     unsafe { crate::sys::store2(p, [0xff, 0xd0]) };
-    raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64);
+    if next == prot {
+        raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64);
+    } else {
+        raw3(SYS_MPROTECT, page as i64, PAGE as i64, prot as i64);
+        raw3(SYS_MPROTECT, (page + PAGE) as i64, PAGE as i64, next as i64);
+    }
     true
 }
 
-/// The mapping holding `addr`, from /proc/self/maps, read with raw system
-/// calls into a stack buffer.
-fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
-    let path = b"/proc/self/maps\0";
-    let fd = raw(
+/// Opens NUL-terminated `path` for reading (raw system call): the
+/// descriptor or a negated errno.
+fn open_read(path: &[u8]) -> i64 {
+    raw(
         libc::SYS_openat,
         libc::AT_FDCWD as i64,
         path.as_ptr() as i64,
@@ -339,7 +403,13 @@ fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
         0,
         0,
         0,
-    );
+    )
+}
+
+/// The mapping holding `addr`, from /proc/self/maps, read with raw system
+/// calls into a stack buffer.
+fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
+    let fd = open_read(b"/proc/self/maps\0");
     if fd < 0 {
         return None;
     }
