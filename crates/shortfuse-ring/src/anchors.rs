@@ -113,6 +113,11 @@ impl Anchors {
             .any(|h| h.owner == owner && h.node == node && h.fh == fh && !h.dir)
     }
 
+    /// Whether some description holds a handle on `node`.
+    pub fn holds_node(&self, node: u64) -> bool {
+        self.lock().values().any(|h| h.node == node)
+    }
+
     /// Descriptions watched now.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -718,6 +718,18 @@ impl Conn {
             error_reply(reply, h.unique, libc::EACCES);
             return;
         }
+        if !self.peer.may_name_any_node(shared.owner) && !self.names_given_nodes(shared, req, &h) {
+            // Node ids are not capabilities the file system checks (mem
+            // trusts them): another user's program could name a file
+            // below a directory it may not search. The kernel hands a
+            // daemon only the nodes it looked up; so does this server.
+            if matches!(h.opcode, abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET) {
+                reply.clear();
+            } else {
+                error_reply(reply, h.unique, libc::ESTALE);
+            }
+            return;
+        }
         let acting = match Acting::start(&who, shared.config.impersonate) {
             Ok(a) => a,
             Err(e) => {
@@ -752,6 +764,31 @@ impl Conn {
                 shared.tell_kernel(n);
             });
         }
+    }
+
+    /// Whether every node `req` names is the root, one this client holds a
+    /// lookup of, or one an open file description holds (a program's
+    /// descriptions outlive the connection that opened them, see
+    /// [`crate::anchors`]). A malformed request passes: the dispatcher
+    /// refuses it.
+    fn names_given_nodes(&self, shared: &Shared, req: &[u8], h: &abi::fuse_in_header) -> bool {
+        let Ok(parsed) = abi::parse(req) else {
+            return true;
+        };
+        let mut nodes = vec![h.nodeid];
+        match &parsed.op {
+            Operation::Link { arg, .. } => nodes.push(arg.oldnodeid),
+            Operation::Rename { arg, .. } => nodes.push(arg.newdir),
+            Operation::Rename2 { arg, .. } => nodes.push(arg.newdir),
+            Operation::CopyFileRange { arg } => nodes.push(arg.nodeid_out),
+            Operation::BatchForget { nodes: list, .. } => nodes.extend(list.iter().map(|f| f.nodeid)),
+            _ => {}
+        }
+        let t = lock(&self.track);
+        // 0 names no node (INIT, INTERRUPT); the root is everybody's.
+        nodes
+            .iter()
+            .all(|&n| n == 0 || n == abi::FUSE_ROOT_ID || t.lookups.contains_key(&n) || shared.anchors.holds_node(n))
     }
 
     /// Records handles and lookups handed out to this client, and their

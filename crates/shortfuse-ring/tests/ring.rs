@@ -7,6 +7,7 @@
 //! and positions reserved and published late or never.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -916,4 +917,89 @@ fn idle_rings_use_no_cpu() {
     for ((name, _, was), (_, _, now)) in before.iter().zip(&after) {
         assert!(now - was <= 10, "{name} ran {} times in an idle second", now - was);
     }
+}
+
+/// A request of `uid`/`gid` (the header's fsuid and fsgid).
+fn request_as(uid: u32, gid: u32, opcode: u32, nodeid: u64, arg: &[u8], names: &[&[u8]]) -> Vec<u8> {
+    let mut r = request(opcode, nodeid, arg, names);
+    r[24..28].copy_from_slice(&uid.to_ne_bytes());
+    r[28..32].copy_from_slice(&gid.to_ne_bytes());
+    r
+}
+
+/// With allow_other, a client of another user is served, but only on the
+/// nodes it was given: a node id it never looked up (here a file below a
+/// directory of mode 0700 it may not search) is refused with ESTALE, and
+/// that refusal gives it no lookup either; nodes it looked up work.
+#[test]
+fn a_client_of_another_user_names_only_nodes_it_was_given() {
+    const NOBODY: u32 = 65534;
+    if let Some(path) = std::env::var_os("SF_RING_STRANGER") {
+        // The child, uid and gid 65534 (set by the parent's Command).
+        let secret: u64 = std::env::var("SF_RING_SECRET").unwrap().parse().unwrap();
+        let c = RingClient::connect(Path::new(&path)).unwrap();
+        let mut hello = init_request();
+        hello[24..32].copy_from_slice(&[NOBODY.to_ne_bytes(), NOBODY.to_ne_bytes()].concat());
+        assert_eq!(call(&c, &hello).unwrap().0, 0, "init");
+        let getattr = abi::fuse_getattr_in::default();
+        let ask = |node: u64| {
+            call(
+                &c,
+                &request_as(NOBODY, NOBODY, abi::FUSE_GETATTR, node, getattr.as_bytes(), &[]),
+            )
+        };
+        assert_eq!(ask(secret).unwrap().0, -libc::ESTALE, "a node never looked up");
+        assert_eq!(ask(secret).unwrap().0, -libc::ESTALE, "the refusal gave nothing");
+        let (err, p) = call(&c, &request_as(NOBODY, NOBODY, abi::FUSE_LOOKUP, 1, &[], &[b"open"])).unwrap();
+        assert_eq!(err, 0, "lookup of a public file");
+        let (e, _) = abi::fuse_entry_out::read_from_prefix(&p).unwrap();
+        assert_eq!(ask(e.nodeid).unwrap().0, 0, "a node looked up");
+        assert_eq!(ask(1).unwrap().0, 0, "the root");
+        return;
+    }
+    let path = scratch("stranger");
+    std::fs::set_permissions(
+        path.parent().unwrap(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let stats = Arc::new(Stats::new());
+    let opts = MountOptions {
+        allow_other: true,
+        ..MountOptions::default()
+    };
+    let s = Server::start(&path, Arc::new(MemFs::new()), opts, stats, ServerConfig::default()).unwrap();
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let mkdir = abi::fuse_mkdir_in { mode: 0o700, umask: 0 };
+    let (err, p) = call(&c, &request(abi::FUSE_MKDIR, 1, mkdir.as_bytes(), &[b"private"])).unwrap();
+    assert_eq!(err, 0);
+    let (dir, _) = abi::fuse_entry_out::read_from_prefix(&p).unwrap();
+    let mknod = abi::fuse_mknod_in {
+        mode: libc::S_IFREG | 0o644,
+        ..Default::default()
+    };
+    let (err, p) = call(
+        &c,
+        &request(abi::FUSE_MKNOD, dir.nodeid, mknod.as_bytes(), &[b"secret"]),
+    )
+    .unwrap();
+    assert_eq!(err, 0);
+    let (secret, _) = abi::fuse_entry_out::read_from_prefix(&p).unwrap();
+    let (err, _) = call(&c, &request(abi::FUSE_MKNOD, 1, mknod.as_bytes(), &[b"open"])).unwrap();
+    assert_eq!(err, 0);
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_client_of_another_user_names_only_nodes_it_was_given",
+            "--nocapture",
+        ])
+        .env("SF_RING_STRANGER", &path)
+        .env("SF_RING_SECRET", secret.nodeid.to_string())
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the other user's client: {status}");
+    drop(s);
 }

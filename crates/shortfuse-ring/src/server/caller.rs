@@ -63,6 +63,13 @@ impl Peer {
         self.uids[0]
     }
 
+    /// Whether the process may name any node: root (it can become
+    /// anybody) or the daemon's own user `owner` (it could read the
+    /// daemon's memory). Others name only the nodes they were given.
+    pub fn may_name_any_node(&self, owner: u32) -> bool {
+        self.root || self.uid() == owner
+    }
+
     /// Whether the process could hold `who`'s credentials.
     pub fn may_be(&self, who: &Who<'_>) -> bool {
         self.root
