@@ -34,6 +34,8 @@ declare -A CMD_PKG=(
     [nsenter]=util-linux
     # The shim's tests build a Go program linked against glibc.
     [go]=golang-go
+    # The POSIX battery's reference: a fresh ext4 image, loop-mounted.
+    [mkfs.ext4]=e2fsprogs
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do
