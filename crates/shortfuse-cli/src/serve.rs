@@ -125,6 +125,10 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         source: source
             .filter(|_| filesystems::find(&fs_name).is_ok_and(|f| f.mirror) && cached.is_none())
             .map(Path::to_path_buf),
+        // Clients of our own user serve reading path calls in the kernel
+        // beneath the source (none when a cache sits in front: it may
+        // hold what the source does not show yet).
+        names: fs.namespace_map(),
         ..ServerConfig::default()
     };
     let ring_path = shortfuse_ring::socket_path(&client_mp);

@@ -150,7 +150,7 @@ enum Resolved {
 /// Finds the mount an absolute path enters: the remainder after the mount
 /// point (a suffix of `abs`). `..` before the mount point is taken
 /// lexically.
-fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, &[u8])> {
+pub(crate) fn mount_of(abs: &[u8]) -> Option<(Arc<Vfs>, &[u8])> {
     let st = state();
     // Fast answer for the common path that needs no normalising (no "//",
     // "." or ".." components) and names no mount: every kernel path call
@@ -405,6 +405,9 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_execve | libc::SYS_execveat => shared::anchor_all(),
         libc::SYS_bind | libc::SYS_connect => return sockets::call(nr, a),
         _ => {}
+    }
+    if let Some(r) = crate::nsmap::call(nr, a) {
+        return Some(r);
     }
     let st = state();
     if let Some(r) = kernel::call(nr, a) {

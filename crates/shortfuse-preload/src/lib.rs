@@ -152,6 +152,7 @@ mod calls;
 mod creds;
 mod daemon;
 mod mounts;
+mod nsmap;
 mod sud;
 mod sys;
 mod user;

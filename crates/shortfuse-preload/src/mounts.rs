@@ -9,13 +9,19 @@ use std::sync::{Arc, Mutex};
 use shortfuse::Stats;
 use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
-use shortfuse_vfs::{Creds, FdTable, InProcess, Location, MapTap, PageCache, Vfs, Walk, WalkFlags, MCACHE_NODES};
+use shortfuse_vfs::{
+    Creds, FdTable, InProcess, Location, MapTap, Namespace, PageCache, Vfs, Walk, WalkFlags, MCACHE_NODES,
+};
 
 use crate::{sys, State};
 
 /// `SHORTFUSE_MAPS=off`: the file systems' data maps are not used (nor
 /// when a mount's page cache is on).
 pub const MAPS_VAR: &str = "SHORTFUSE_MAPS";
+
+/// `SHORTFUSE_NAMES=off`: the file systems' namespace maps are not used
+/// (every path call walks the mount; for measuring what the maps are worth).
+pub const NAMES_VAR: &str = "SHORTFUSE_NAMES";
 
 /// The environment variable naming the current directory inside a mount
 /// when the exec'ing image was in one.
@@ -49,12 +55,18 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         // the programs and libraries the dynamic loader opens, the kernel's
         // current directory), as for passthrough in process.
         let source = ring.client().source().map(<[u8]>::to_vec);
+        let names = ring.namespace_map();
         let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         vfs.client().set_caller(crate::creds::current);
         vfs.set_umask(umask);
         vfs.set_read_only(run.ro);
         if let Some(src) = source {
             vfs.set_source(&src);
+        }
+        if std::env::var_os(NAMES_VAR).is_none_or(|v| v != "off") {
+            if let Some((map, uid)) = names {
+                vfs.set_namespace(Namespace::new(map, run.mount_options().entry_timeout, Some(uid)));
+            }
         }
         return Ok(vfs);
     }
@@ -100,6 +112,10 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     // the maps are worth; fork, exec, locks and shared maps then fall back
     // to what placeholders can do).
     let fs = fs?;
+    // A tree that is an image of a backing directory (passthrough): path
+    // calls that only read go to the kernel beneath it (see `nsmap`), and
+    // directories resolved there are kept as long as names are.
+    let names = fs.namespace_map();
     // With the page cache on, the data must pass through it: the mount
     // gives up its maps (the Prefuse-SSHFS caching thesis: over local backing files that only
     // doubles the kernel's caching, which is why `auto` leaves it off).
@@ -114,7 +130,12 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         let (fs, maps) = MapTap::wrap(fs, MCACHE_NODES);
         (fs, Some(maps))
     };
-    let backend = InProcess::new(fs, run.mount_options(), Arc::new(Stats::untimed()));
+    let opts = run.mount_options();
+    // With the page cache on, attributes are the cache's to answer.
+    let names = names
+        .filter(|_| cache.is_none() && std::env::var_os(NAMES_VAR).is_none_or(|v| v != "off"))
+        .map(|map| Namespace::new(map, opts.entry_timeout, None));
+    let backend = InProcess::new(fs, opts, Arc::new(Stats::untimed()));
     let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
     let vfs = Vfs::new(Box::new(backend), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
     vfs.client().set_caller(crate::creds::current);
@@ -123,6 +144,9 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     }
     if let Some(cache) = cache {
         vfs.set_page_cache(cache);
+    }
+    if let Some(names) = names {
+        vfs.set_namespace(names);
     }
     vfs.set_umask(umask);
     vfs.set_read_only(run.ro);

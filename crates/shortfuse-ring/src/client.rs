@@ -29,7 +29,9 @@ use shortfuse::Errno;
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
-use crate::proto::{AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, Welcome, ANCHOR_MAGIC, BACKING_MAGIC};
+use crate::proto::{
+    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, BACKING_MAGIC, NAMES_MAGIC,
+};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
 
@@ -119,6 +121,9 @@ pub struct RingClient {
     /// daemon named one and we find it at that path (see
     /// [`crate::proto::SourceDir`]).
     source: Option<Vec<u8>>,
+    /// The daemon's namespace map, if it granted it, and the only fsuid
+    /// it serves (see [`NamesMsg`]).
+    names: Option<(shortfuse::NamespaceMap, u32)>,
 }
 
 fn errno(e: io::Error) -> Errno {
@@ -181,6 +186,20 @@ impl RingClient {
         if region.u64_at(header::MAGIC).load(Ordering::Relaxed) != MAGIC {
             return Err(invalid("ring memory without the ring header".into()));
         }
+        let (n, root) = sys::recv(sock.as_fd(), &mut buf)?;
+        let names = match NamesMsg::read_from_prefix(&buf[..n]) {
+            Ok((m, _)) if m.magic == NAMES_MAGIC => match (m.granted, root) {
+                (1, Some(root)) => Some((
+                    shortfuse::NamespaceMap {
+                        root: std::sync::Arc::new(root),
+                        no_xdev: m.no_xdev != 0,
+                    },
+                    m.uid,
+                )),
+                _ => None,
+            },
+            _ => return Err(invalid("the daemon sent no namespace answer".into())),
+        };
         let spin = std::env::var("SHORTFUSE_RING_SPIN_US")
             .ok()
             .and_then(|s| s.parse::<u64>().ok())
@@ -194,6 +213,7 @@ impl RingClient {
             notify_head: AtomicU32::new(0),
             overflows: AtomicU32::new(0),
             source,
+            names,
         })
     }
 
@@ -201,6 +221,12 @@ impl RingClient {
     /// process finds it (passthrough), if any.
     pub fn source(&self) -> Option<&[u8]> {
         self.source.as_deref()
+    }
+
+    /// The namespace map the daemon granted this client, with the only
+    /// fsuid it may serve calls for.
+    pub fn namespace_map(&self) -> Option<&(shortfuse::NamespaceMap, u32)> {
+        self.names.as_ref()
     }
 
     pub fn geometry(&self) -> &Geometry {

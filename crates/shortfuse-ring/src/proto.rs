@@ -1,7 +1,9 @@
 //! The handshake over the daemon's Unix socket (SOCK_SEQPACKET, so each
 //! message arrives whole): the client says hello, the daemon answers with
 //! the geometry and passes the memfd of a region made for this client
-//! alone. Afterwards the socket carries only the client's [`AnchorMsg`]s
+//! alone, then sends a [`NamesMsg`] (with the backing directory of the
+//! file system's namespace map, for a client it may have it). Afterwards
+//! the socket carries only the client's [`AnchorMsg`]s
 //! (and the daemon's acknowledgements of them); it stays open so that each
 //! side sees the other go away (EOF), however it ends.
 
@@ -34,6 +36,28 @@ pub struct Welcome {
     /// How long a client spins for its reply before sleeping.
     pub spin_ns: u64,
 }
+
+/// Right after the [`Welcome`]: whether this client may serve path calls
+/// itself beneath the file system's backing directory (see
+/// `shortfuse::namespace`), passed with this message (SCM_RIGHTS) when
+/// `granted`. Only a client of the daemon's own user gets it, and uses it
+/// only while its calls are made as `uid`: anyone else could reach through
+/// the descriptor what the daemon's permissions keep from them.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct NamesMsg {
+    pub magic: u64,
+    /// 1: the descriptor is passed; 0: path calls go to the daemon.
+    pub granted: u32,
+    /// 1: mount points below the directory are not part of the image.
+    pub no_xdev: u32,
+    /// The only fsuid the map serves.
+    pub uid: u32,
+    pub padding: u32,
+}
+
+/// `NamesMsg::magic`.
+pub const NAMES_MAGIC: u64 = 0x5346_4e41_4d45_5331;
 
 /// After the handshake, the client's only message: "this open handle
 /// now belongs to the open file description of the descriptor passed with

@@ -43,7 +43,7 @@ use crate::anchors::Anchors;
 use crate::client::{encode_record, Notice};
 use crate::foreign::{Forward, ForwardFs};
 use crate::locks::{Locks, Reaper};
-use crate::proto::{AnchorAck, AnchorMsg, Hello, Welcome, ANCHOR_MAGIC};
+use crate::proto::{AnchorAck, AnchorMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, NAMES_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
 
@@ -85,6 +85,10 @@ pub struct ServerConfig {
     /// The host directory the file system mirrors (passthrough), told to
     /// each client after the welcome (see [`crate::proto::SourceDir`]).
     pub source: Option<PathBuf>,
+    /// The file system's namespace map, handed to clients of the daemon's
+    /// own user (see [`crate::proto::NamesMsg`]); `None` when the file
+    /// system declares none or must see every call (a cache in front).
+    pub names: Option<shortfuse::NamespaceMap>,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             notifier: None,
             impersonate: false,
             source: None,
+            names: None,
         }
     }
 }
@@ -463,6 +468,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
         let _ = sys::send(sock.as_fd(), msg.as_bytes(), None);
         return;
     }
+    let peer_uid = peer.uid();
     let conn = match Conn::new(&shared, peer) {
         Ok((conn, memfd)) => {
             let mut welcome = Welcome::new(&shared.geo, shared.config.client_spin).as_bytes().to_vec();
@@ -470,6 +476,19 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 source_dir(&mut welcome, src);
             }
             if let Err(e) = sys::send(sock.as_fd(), &welcome, Some(memfd.as_fd())) {
+                tracing::warn!("shortfuse ring: handshake: {e}");
+                return;
+            }
+            // The backing directory, to the daemon's own user alone.
+            let grant = shared.config.names.as_ref().filter(|_| peer_uid == owner);
+            let names = NamesMsg {
+                magic: NAMES_MAGIC,
+                granted: u32::from(grant.is_some()),
+                no_xdev: u32::from(grant.is_some_and(|m| m.no_xdev)),
+                uid: owner,
+                padding: 0,
+            };
+            if let Err(e) = sys::send(sock.as_fd(), names.as_bytes(), grant.map(|m| m.root.as_fd())) {
                 tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }

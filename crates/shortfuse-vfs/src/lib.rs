@@ -18,6 +18,10 @@
 //! valid. Byte-range and flock locks of open files without a backing file
 //! live on a per-node anonymous kernel file ([`OpenFile::lock_fd`]).
 //!
+//! Namespace maps ([`Namespace`]): a file system whose tree is a 1-to-1
+//! image of a backing directory lets the shim serve path calls beneath the
+//! mount in the kernel, beneath that directory.
+//!
 //! Page cache ([`PageCache`], `-o cache=on`, on by default for network
 //! file systems): pages of files without a data map kept in process,
 //! write-through, with read-ahead and reads clipped at the end of file;
@@ -32,6 +36,7 @@ mod client;
 pub mod elf;
 mod file;
 mod maps;
+pub mod names;
 mod pages;
 mod ring;
 pub mod spec;
@@ -41,6 +46,7 @@ pub use backend::{Anchor, Backend, InProcess, Invalidation};
 pub use client::{Caller, Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn, XattrOut};
 pub use file::{anchor_files, FdTable, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};
+pub use names::Namespace;
 pub use pages::PageCache;
 pub use ring::Ring;
 pub use spec::{MountSpec, RunOptions};

@@ -44,6 +44,12 @@ impl Ring {
     pub fn client(&self) -> &RingClient {
         &self.client
     }
+
+    /// The daemon's namespace map, when it granted it to this client, and
+    /// the only fsuid it serves (see [`crate::Namespace`]).
+    pub fn namespace_map(&self) -> Option<(shortfuse::NamespaceMap, u32)> {
+        self.client.namespace_map().cloned()
+    }
 }
 
 impl Backend for Ring {

@@ -19,10 +19,11 @@ use std::time::Instant;
 use shortfuse::{Attr, Errno, FileType, NodeId, Statfs};
 use shortfuse_abi as abi;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Invalidation};
 use crate::cache::{Cache, Cached, Forgets};
 use crate::client::{Client, Creds, EntryOut, InitOut, Lookup, SetAttrIn};
 use crate::maps::MapTable;
+use crate::names::Namespace;
 use crate::pages::PageCache;
 
 /// Symbolic links followed in one resolution before `ELOOP` (the kernel's
@@ -219,6 +220,9 @@ pub struct Vfs {
     pub(crate) lock_inodes: Mutex<HashMap<NodeId, Weak<std::fs::File>>>,
     /// The in-process page cache, when the mount has one.
     pages: OnceLock<PageCache>,
+    /// The file system's namespace map, when it declared one and the
+    /// transport may use it (see [`crate::names`]).
+    names: OnceLock<Namespace>,
 }
 
 impl Vfs {
@@ -252,6 +256,7 @@ impl Vfs {
             maps: OnceLock::new(),
             lock_inodes: Mutex::new(HashMap::new()),
             pages: OnceLock::new(),
+            names: OnceLock::new(),
         })
     }
 
@@ -323,6 +328,26 @@ impl Vfs {
         self.pages.get()
     }
 
+    /// Lets path calls beneath the mount go to the kernel beneath the
+    /// file system's backing directory (only the first call counts).
+    pub fn set_namespace(&self, names: Namespace) {
+        let _ = self.names.set(names);
+    }
+
+    pub fn namespace(&self) -> Option<&Namespace> {
+        self.names.get()
+    }
+
+    /// [`Vfs::namespace`], after taking in what other clients of a shared
+    /// daemon changed (which may forget kept directories).
+    pub fn namespace_current(&self) -> Option<&Namespace> {
+        let names = self.names.get()?;
+        if names.shared() {
+            drop(self.lock());
+        }
+        Some(names)
+    }
+
     /// The cached attributes of `node`, when still valid (no request).
     pub fn cached_attr(&self, node: NodeId) -> Option<Attr> {
         self.lock().attr(node, Instant::now())
@@ -367,7 +392,14 @@ impl Vfs {
     fn lock(&self) -> MutexGuard<'_, Cache> {
         let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         // What other clients of a shared daemon changed, before we trust the cache.
-        self.client.invalidations(&mut |inv| c.invalidate(inv, Instant::now()));
+        let names = self.names.get();
+        self.client.invalidations(&mut |inv| {
+            // A name changed through the daemon: a kept directory may be gone.
+            if let (Some(n), Invalidation::Entry { .. } | Invalidation::All) = (names, inv) {
+                n.forget_dirs();
+            }
+            c.invalidate(inv, Instant::now())
+        });
         c
     }
 

@@ -82,6 +82,19 @@ pub trait Filesystem: Send + Sync + 'static {
         None
     }
 
+    /// Declares the whole tree a 1-to-1 image of a backing directory (see
+    /// [`crate::namespace`]): every name beneath the root is the same name
+    /// beneath `root`, every node reports the attributes the kernel reports
+    /// for the backing inode ([`crate::Attr::from_stat`], `st_ino`
+    /// unchanged), READLINK returns the stored target, and the file system
+    /// does not need to see path calls that only read (lookups, GETATTR,
+    /// ACCESS, READLINK). Transports next to the caller then serve those in
+    /// the kernel, beneath `root`, with the caller's credentials. `None`
+    /// (the default): every call reaches the file system.
+    fn namespace_map(&self) -> Option<crate::NamespaceMap> {
+        None
+    }
+
     /// Looks up `name` in directory `parent`. `ENOENT` becomes a negative
     /// entry cached by the kernel for the entry timeout.
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {

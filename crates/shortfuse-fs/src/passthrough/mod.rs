@@ -114,7 +114,7 @@ use shortfuse::abi::{
 use shortfuse::{
     Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, Forget,
     InitConfig, NewNode, NodeId, OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime,
-    Statfs, Timestamp, WriteArgs,
+    Statfs, WriteArgs,
 };
 
 use creds::CredGuard;
@@ -200,6 +200,8 @@ pub struct PassthroughFs {
     /// Writeback cache negotiated: the kernel may read a file opened
     /// write-only and handles `O_APPEND` itself.
     writeback: AtomicBool,
+    /// The source root again, for the namespace map.
+    map_root: Arc<OwnedFd>,
 }
 
 impl PassthroughFs {
@@ -226,6 +228,7 @@ impl PassthroughFs {
         let root =
             sys::openat(libc::AT_FDCWD, &csource, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| context(e.into()))?;
         let st = sys::fstat(root.as_fd()).map_err(|e| context(e.into()))?;
+        let map_root = Arc::new(root.try_clone().map_err(context)?);
         let root_path =
             sys::readlink_path(sys::ProcPath::new(root.as_fd()).as_cstr()).map_err(|e| context(e.into()))?;
         // Not fatal: the limit only bounds how many inodes keep a descriptor.
@@ -251,6 +254,7 @@ impl PassthroughFs {
             root_path,
             switch_creds: sys::geteuid() == 0,
             writeback: AtomicBool::new(false),
+            map_root,
         })
     }
 
@@ -374,32 +378,7 @@ fn component(name: &OsStr) -> Result<CString> {
 }
 
 fn attr_of(st: &libc::stat) -> Attr {
-    let major = libc::major(st.st_rdev);
-    let minor = libc::minor(st.st_rdev);
-    Attr {
-        ino: st.st_ino,
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        atime: Timestamp {
-            sec: st.st_atime,
-            nsec: st.st_atime_nsec as u32,
-        },
-        mtime: Timestamp {
-            sec: st.st_mtime,
-            nsec: st.st_mtime_nsec as u32,
-        },
-        ctime: Timestamp {
-            sec: st.st_ctime,
-            nsec: st.st_ctime_nsec as u32,
-        },
-        mode: st.st_mode,
-        nlink: st.st_nlink.min(u32::MAX as u64) as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        // The kernel decodes this with new_decode_dev().
-        rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
-        blksize: st.st_blksize as u32,
-    }
+    Attr::from_stat(st)
 }
 
 /// The `dev_t` of a FUSE `rdev` (new_encode_dev format).
@@ -592,6 +571,17 @@ impl Filesystem for PassthroughFs {
         self.writeback
             .store(config.want & FUSE_WRITEBACK_CACHE != 0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The tree is the source's, name for name and attribute for
+    /// attribute, and nothing is kept here that the source does not show
+    /// at once. Not with `symlinks=beneath`, whose READLINK rewrites
+    /// targets (the kernel would follow the stored ones).
+    fn namespace_map(&self) -> Option<shortfuse::NamespaceMap> {
+        (self.opts.symlinks == SymlinkMode::Raw).then(|| shortfuse::NamespaceMap {
+            root: self.map_root.clone(),
+            no_xdev: self.opts.one_file_system,
+        })
     }
 
     fn lookup(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {

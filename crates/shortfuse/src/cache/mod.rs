@@ -614,6 +614,13 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         self.inner.destroy();
     }
 
+    /// None: the cache may hold what the inner file system's backing
+    /// directory does not show yet (dirty pages, sizes), so path calls must
+    /// come here.
+    fn namespace_map(&self) -> Option<crate::NamespaceMap> {
+        None
+    }
+
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         let now = MetaCache::now();
         let cached = {

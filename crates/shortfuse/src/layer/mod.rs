@@ -60,6 +60,7 @@ layer! {
     fn init(&self, config: &mut InitConfig) -> Result<()>;
     fn destroy(&self);
     fn figures(&self) -> Option<Arc<dyn Figures>>;
+    fn namespace_map(&self) -> Option<crate::NamespaceMap>;
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry>;
     fn forget(&self, node: NodeId, nlookup: u64);
     fn batch_forget(&self, forgets: &[Forget]);

@@ -36,6 +36,11 @@ impl Filesystem for Recording {
         None
     }
 
+    fn namespace_map(&self) -> Option<crate::NamespaceMap> {
+        self.hit("namespace_map");
+        None
+    }
+
     fn lookup(&self, _req: &Request, _parent: NodeId, _name: &OsStr) -> Result<Entry> {
         self.hit("lookup");
         Err(Errno::EIO)
@@ -334,6 +339,7 @@ fn call_every_method(fs: &dyn Filesystem) {
     let _ = fs.init(&mut config);
     fs.destroy();
     let _ = fs.figures();
+    let _ = fs.namespace_map();
     let _ = fs.lookup(&req, NodeId(1), OsStr::new("n"));
     fs.forget(NodeId(2), 1);
     fs.batch_forget(&[]);

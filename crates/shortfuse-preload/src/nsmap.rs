@@ -1,0 +1,329 @@
+//! Path calls served by the kernel beneath a mount's backing directory,
+//! for mounts whose file system declared a namespace map (see
+//! `shortfuse::namespace`; passthrough does).
+//!
+//! stat, lstat, fstatat, statx, access, faccessat and readlink of a path
+//! beneath such a mount become one `*at` call on the directory that holds
+//! the last name, with the program's own credentials (so the kernel checks
+//! every permission), presented as the file system presents them (the
+//! mount's device number, the backing inode's attributes and number). The
+//! directory is the backing root for a name at the top, else one found by
+//! `openat2(RESOLVE_BENEATH)` and kept for the entry timeout
+//! ([`shortfuse_vfs::Namespace`]). The file system sees none of it.
+//!
+//! Whatever the kernel cannot decide beneath the backing directory the
+//! same way the walk would goes the usual way (`None`): a symbolic link to
+//! follow as the last name, a directory path that leaves the backing
+//! directory through a symbolic link (`EXDEV` from `RESOLVE_BENEATH`), `.`
+//! or `..` components, the mount's root itself, a mount inside the mount,
+//! a relative path from a kernel descriptor.
+
+use std::borrow::Cow;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use shortfuse::{Attr, Errno};
+use shortfuse_vfs::{Namespace, Vfs};
+
+use crate::calls::{mount_of, nested, to_stat, to_statx};
+use crate::state;
+use crate::sys::raw;
+use crate::user;
+
+const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
+
+/// Calls that can move a directory or change who may search one: every
+/// kept directory is forgotten before they run, wherever their path leads.
+fn moves_or_guards_directories(nr: i64, a: &[i64; 6]) -> bool {
+    match nr {
+        libc::SYS_rename
+        | libc::SYS_renameat
+        | libc::SYS_renameat2
+        | libc::SYS_rmdir
+        | libc::SYS_chmod
+        | libc::SYS_fchmod
+        | libc::SYS_fchmodat
+        | libc::SYS_fchmodat2
+        | libc::SYS_chown
+        | libc::SYS_fchown
+        | libc::SYS_lchown
+        | libc::SYS_fchownat
+        | libc::SYS_setxattr
+        | libc::SYS_lsetxattr
+        | libc::SYS_fsetxattr
+        | libc::SYS_removexattr
+        | libc::SYS_lremovexattr
+        | libc::SYS_fremovexattr => true,
+        libc::SYS_unlinkat => a[2] as i32 & libc::AT_REMOVEDIR != 0,
+        _ => false,
+    }
+}
+
+/// Serves `nr` through a namespace map, or `None` for the usual way.
+pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let st = state();
+    if moves_or_guards_directories(nr, &a) {
+        for m in &st.mounts {
+            if let Some(ns) = m.namespace() {
+                ns.forget_dirs();
+            }
+        }
+        return None;
+    }
+    // (dirfd, path argument, follow the last name, what to do)
+    let (dirfd, path, follow, op) = match nr {
+        libc::SYS_stat => (AT_FDCWD, a[0], true, Op::Stat(a[1])),
+        libc::SYS_lstat => (AT_FDCWD, a[0], false, Op::Stat(a[1])),
+        libc::SYS_newfstatat => {
+            let flags = a[3] as i32;
+            if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT) != 0 {
+                return None;
+            }
+            (a[0], a[1], flags & libc::AT_SYMLINK_NOFOLLOW == 0, Op::Stat(a[2]))
+        }
+        libc::SYS_statx => {
+            let flags = a[2] as i32;
+            let known = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_TYPE;
+            if flags & !known != 0 {
+                return None;
+            }
+            (a[0], a[1], flags & libc::AT_SYMLINK_NOFOLLOW == 0, Op::Statx(a[4]))
+        }
+        libc::SYS_access => (AT_FDCWD, a[0], true, Op::Access(a[1] as i32, 0)),
+        libc::SYS_faccessat => (a[0], a[1], true, Op::Access(a[2] as i32, 0)),
+        libc::SYS_faccessat2 => {
+            let flags = a[3] as i32;
+            if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EACCESS) != 0 {
+                return None;
+            }
+            let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+            (a[0], a[1], follow, Op::Access(a[2] as i32, flags & libc::AT_EACCESS))
+        }
+        libc::SYS_readlink => (AT_FDCWD, a[0], false, Op::Readlink(a[1], a[2])),
+        libc::SYS_readlinkat => (a[0], a[1], false, Op::Readlink(a[2], a[3])),
+        _ => return None,
+    };
+    let path = user::cstr(path).ok()?;
+    // The kernel's links to descriptors are the usual way's to answer.
+    if matches!(op, Op::Readlink(..)) && (path.starts_with(b"/proc/") || path.starts_with(b"/dev/fd/")) {
+        return None;
+    }
+    let (vfs, rel) = beneath(dirfd, path)?;
+    let ns = vfs.namespace_current()?;
+    if let Op::Access(mode, _) = op {
+        if mode & libc::W_OK != 0 && vfs.is_read_only() {
+            return None;
+        }
+    }
+    let caller = crate::creds::current();
+    if !ns.serves(&caller) {
+        return None;
+    }
+    let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&rel[..0], &rel[..]),
+    };
+    let held;
+    let dirfd = if dir.is_empty() {
+        ns.root().as_raw_fd()
+    } else {
+        held = match ns.dir(dir, &caller, || open_dir(ns, dir)) {
+            Ok(fd) => fd,
+            // Decided beneath the backing directory as the walk decides.
+            Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::EACCES | Errno::ENAMETOOLONG)) => return Some(err(e)),
+            // A symbolic link out of it, a mount point, anything else.
+            Err(_) => return None,
+        };
+        held.as_raw_fd()
+    };
+    let mut cname = [0u8; 256];
+    if name.len() >= cname.len() {
+        return Some(err(Errno::ENAMETOOLONG));
+    }
+    cname[..name.len()].copy_from_slice(name);
+    let cname = cname.as_ptr() as i64;
+    let dirfd = i64::from(dirfd);
+    let lstat = || -> Result<libc::stat, Errno> {
+        let mut k: libc::stat = user::zeroed();
+        let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
+        let r = raw(
+            libc::SYS_newfstatat,
+            dirfd,
+            cname,
+            &mut k as *mut libc::stat as i64,
+            nofollow,
+            0,
+            0,
+        );
+        if r < 0 {
+            return Err(Errno::from_raw(-r as i32));
+        }
+        Ok(k)
+    };
+    let is_link = |k: &libc::stat| k.st_mode & libc::S_IFMT == libc::S_IFLNK;
+    Some(match op {
+        Op::Stat(out) | Op::Statx(out) => match lstat() {
+            // The walk follows it (it may lead anywhere).
+            Ok(k) if follow && is_link(&k) => return None,
+            Ok(k) => {
+                let attr = Attr::from_stat(&k);
+                let put = match op {
+                    Op::Statx(_) => user::put(out, &to_statx(&attr, vfs.dev())),
+                    _ => user::put(out, &to_stat(&attr, vfs.dev())),
+                };
+                put.map_or_else(err, |()| 0)
+            }
+            Err(e) => err(e),
+        },
+        Op::Access(mode, eaccess) => match lstat() {
+            Ok(k) if follow && is_link(&k) => return None,
+            Ok(_) => raw(
+                libc::SYS_faccessat2,
+                dirfd,
+                cname,
+                i64::from(mode),
+                i64::from(eaccess | libc::AT_SYMLINK_NOFOLLOW),
+                0,
+                0,
+            ),
+            Err(e) => err(e),
+        },
+        Op::Readlink(buf, len) => {
+            if len <= 0 {
+                return Some(err(Errno::EINVAL));
+            }
+            match user::slice_mut(buf, len as usize) {
+                Ok(b) => raw(libc::SYS_readlinkat, dirfd, cname, b.as_mut_ptr() as i64, len, 0, 0),
+                Err(e) => err(e),
+            }
+        }
+    })
+}
+
+enum Op {
+    /// stat/lstat/fstatat into a `struct stat` at this address.
+    Stat(i64),
+    /// statx into a `struct statx` at this address.
+    Statx(i64),
+    /// access(mode) with `AT_EACCESS` or 0.
+    Access(i32, i32),
+    /// readlink into (buffer, length).
+    Readlink(i64, i64),
+}
+
+fn err(e: Errno) -> i64 {
+    -(e.raw() as i64)
+}
+
+/// The mount `path` (from `dirfd`) leads into and the path below its root,
+/// when that mount has a namespace map and the path is one the kernel can
+/// follow beneath the backing directory: no `.`, `..` or empty components,
+/// not the root itself, no other mount inside.
+fn beneath(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Cow<'_, [u8]>)> {
+    let st = state();
+    let dirfd = dirfd as i32 as i64;
+    if path.is_empty() {
+        return None;
+    }
+    let (vfs, rel): (Arc<Vfs>, Cow<'_, [u8]>) = if path.starts_with(b"/") {
+        let (vfs, rest) = mount_of(path)?;
+        vfs.namespace()?;
+        (vfs, Cow::Borrowed(rest.strip_prefix(b"/").unwrap_or(rest)))
+    } else {
+        let (vfs, base) = if dirfd == AT_FDCWD {
+            let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner());
+            match &*cwd {
+                Some((vfs, loc)) => {
+                    vfs.namespace()?;
+                    (vfs.clone(), loc.path())
+                }
+                None => {
+                    drop(cwd);
+                    let host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut abs = host.clone();
+                    drop(host);
+                    abs.push(b'/');
+                    abs.extend_from_slice(path);
+                    let (vfs, rest) = mount_of(&abs)?;
+                    vfs.namespace()?;
+                    let rest = rest.strip_prefix(b"/").unwrap_or(rest).to_vec();
+                    return plain(&rest).then_some((vfs, Cow::Owned(rest)));
+                }
+            }
+        } else {
+            let f = st.fds.get(dirfd as i32)?;
+            f.vfs().namespace()?;
+            (f.vfs().clone(), f.location()?.path())
+        };
+        let mut rel = base;
+        if rel != b"/" {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(path);
+        rel.remove(0);
+        (vfs, Cow::Owned(rel))
+    };
+    if !plain(&rel) {
+        return None;
+    }
+    // A mount inside this one takes its paths: the walk knows where.
+    let mp = vfs.mountpoint();
+    let inner = st.mounts.iter().any(|m| {
+        let p = m.mountpoint();
+        p.len() > mp.len() && p.starts_with(mp) && (mp == b"/" || p[mp.len()] == b'/')
+    });
+    (!inner).then_some((vfs, rel))
+}
+
+/// A relative path of names alone: no empty, `.` or `..` component (so no
+/// leading, doubled or trailing slash).
+fn plain(rel: &[u8]) -> bool {
+    !rel.is_empty()
+        && rel
+            .split(|&b| b == b'/')
+            .all(|c| !c.is_empty() && c != b"." && c != b"..")
+}
+
+/// `openat2(root, dir, O_PATH | O_DIRECTORY, RESOLVE_BENEATH ...)`, the
+/// descriptor kept above the program's numbers.
+fn open_dir(ns: &Namespace, dir: &[u8]) -> Result<OwnedFd, Errno> {
+    let mut c = Vec::with_capacity(dir.len() + 1);
+    c.extend_from_slice(dir);
+    c.push(0);
+    // struct open_how: flags, mode, resolve.
+    let how: [u64; 3] = [
+        (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        0,
+        ns.resolve(),
+    ];
+    let fd = nested(
+        libc::SYS_openat2,
+        [
+            i64::from(ns.root().as_raw_fd()),
+            c.as_ptr() as i64,
+            how.as_ptr() as i64,
+            std::mem::size_of_val(&how) as i64,
+            0,
+            0,
+        ],
+    );
+    if fd < 0 {
+        return Err(Errno::from_raw(-fd as i32));
+    }
+    Ok(OwnedFd::from(crate::sys::owned_file(fd)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_are_plain() {
+        for ok in [&b"a"[..], b"a/b", b".hidden/x", b"a/..b", b"a/b.c"] {
+            assert!(plain(ok), "{}", String::from_utf8_lossy(ok));
+        }
+        for bad in [&b""[..], b"/a", b"a/", b"a//b", b"./a", b"a/.", b"a/../b", b".."] {
+            assert!(!plain(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}

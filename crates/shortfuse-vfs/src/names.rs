@@ -1,0 +1,143 @@
+//! A mount's namespace map in the client (see `shortfuse::namespace`): the
+//! backing directory its tree is an image of, and the directories the
+//! client resolved beneath it.
+//!
+//! A path call beneath such a mount goes to the kernel as one `*at` call
+//! on the directory that holds the last name. That directory is found by
+//! `openat2(RESOLVE_BENEATH)` from the backing root and kept (an `O_PATH`
+//! descriptor per directory path, [`NAMED_DIRS`] at most) for the entry
+//! timeout, as the kernel keeps a FUSE mount's names: a directory renamed
+//! or removed by another process is seen after it, one renamed by this
+//! process at once (the shim calls [`Namespace::forget_dirs`] for every
+//! call that can move a directory or change who may search it). The
+//! directories are kept for one set of credentials, since the kernel
+//! checked search permission on the way to them for those alone.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use shortfuse::{Errno, NamespaceMap};
+
+use crate::Caller;
+
+/// Directories a mount keeps descriptors of at most.
+pub const NAMED_DIRS: usize = 64;
+
+/// A mount's namespace map as the client uses it.
+pub struct Namespace {
+    map: NamespaceMap,
+    /// How long a resolved directory is trusted (the entry timeout).
+    valid_for: Duration,
+    /// Over the rings: the only fsuid the map serves (the daemon's user);
+    /// other callers go to the daemon, which decides for them. `None` in
+    /// process.
+    only_uid: Option<u32>,
+    dirs: Mutex<Dirs>,
+}
+
+#[derive(Default)]
+struct Dirs {
+    /// Whose search permissions the kept directories were reached with.
+    caller: Option<Arc<Caller>>,
+    by_path: HashMap<Box<[u8]>, (Arc<OwnedFd>, Instant)>,
+}
+
+impl Namespace {
+    pub fn new(map: NamespaceMap, valid_for: Duration, only_uid: Option<u32>) -> Namespace {
+        Namespace {
+            map,
+            valid_for,
+            only_uid,
+            dirs: Mutex::new(Dirs::default()),
+        }
+    }
+
+    /// The backing directory (the mount's root).
+    pub fn root(&self) -> &Arc<OwnedFd> {
+        &self.map.root
+    }
+
+    /// The `openat2` resolve flags that keep a walk beneath the root and
+    /// within what the file system serves.
+    pub fn resolve(&self) -> u64 {
+        let mut r = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+        if self.map.no_xdev {
+            r |= libc::RESOLVE_NO_XDEV;
+        }
+        r
+    }
+
+    /// Whether the map came from a shared daemon (whose notifications the
+    /// client must take in before it trusts kept directories).
+    pub fn shared(&self) -> bool {
+        self.only_uid.is_some()
+    }
+
+    /// Whether calls of `caller` may use the map.
+    pub fn serves(&self, caller: &Caller) -> bool {
+        self.only_uid.is_none_or(|u| u == caller.uid)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Dirs> {
+        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The directory at `path` (relative to the root, no `.` or `..`
+    /// components) as `caller` reaches it: a kept one while valid, else
+    /// `open` finds it (and it is kept).
+    pub fn dir(
+        &self,
+        path: &[u8],
+        caller: &Arc<Caller>,
+        open: impl FnOnce() -> Result<OwnedFd, Errno>,
+    ) -> Result<Arc<OwnedFd>, Errno> {
+        let now = Instant::now();
+        {
+            let mut d = self.lock();
+            let same = d
+                .caller
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(c, caller) || **c == **caller);
+            if !same {
+                d.by_path.clear();
+                d.caller = Some(caller.clone());
+            }
+            if let Some((fd, at)) = d.by_path.get(path) {
+                if now.duration_since(*at) < self.valid_for {
+                    return Ok(fd.clone());
+                }
+            }
+        }
+        let fd = Arc::new(open()?);
+        if self.valid_for.is_zero() {
+            return Ok(fd);
+        }
+        let mut d = self.lock();
+        if d.caller.as_deref() == Some(&**caller) {
+            if d.by_path.len() >= NAMED_DIRS && !d.by_path.contains_key(path) {
+                // The oldest goes (a linear scan of a small table).
+                if let Some(old) = d.by_path.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone()) {
+                    d.by_path.remove(&old);
+                }
+            }
+            d.by_path.insert(path.into(), (fd.clone(), now));
+        }
+        Ok(fd)
+    }
+
+    /// Drops every kept directory: something may have moved one, or
+    /// changed who may search it.
+    pub fn forget_dirs(&self) {
+        let mut d = self.lock();
+        if !d.by_path.is_empty() {
+            d.by_path.clear();
+        }
+    }
+
+    /// How many directories are kept now.
+    pub fn kept_dirs(&self) -> usize {
+        self.lock().by_path.len()
+    }
+}

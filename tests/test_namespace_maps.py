@@ -1,0 +1,204 @@
+"""Namespace maps: a file system whose tree is a 1-to-1 image of a backing
+directory (passthrough) lets the shim serve reading path calls (stat,
+access, readlink) in the kernel beneath that directory, in process
+(`shortfuse run -m MP=passthrough:SRC`) and over the rings (`shortfuse
+serve passthrough` + `run -m MP`, for clients of the daemon's own user).
+
+- The map is used: a daemon sees no LOOKUP for paths beneath the mount,
+  and in process the file system's per-name lookups (openat2 with
+  RESOLVE_NO_SYMLINKS, one per component) do not reach the kernel.
+- It is not used where the file system did not declare one
+  (`-o symlinks=beneath`, whose READLINK rewrites targets) nor with
+  SHORTFUSE_NAMES=off.
+- What a program sees does not change: the mount's device number and the
+  backing inode numbers; symbolic links leading out of the mount followed
+  as the walk follows them; a directory the program renames is seen at
+  once; a program that drops root gets the kernel's EACCES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sfmount
+import test_ring
+import test_run
+
+shortfuse = test_run.shortfuse
+Daemon = test_ring.Daemon
+
+DEEP = "a/b/c/d/e"
+
+
+@pytest.fixture
+def tree():
+    base = sfmount.new_scratch("nsmap")
+    base.chmod(0o755)
+    src = base / "src"
+    (src / DEEP).mkdir(parents=True)
+    (src / DEEP / "f").write_text("deep\n")
+    (base / "m" / "outside").mkdir(parents=True)
+    (base / "m" / "outside" / "g").write_text("out\n")
+    # From the mount point's a/ (base/m/mnt/a): ../../outside is
+    # base/m/outside; from the source's a/ it would be base/outside,
+    # which does not exist.
+    (src / "a" / "up").symlink_to("../../outside")
+    (src / "a" / "rel").symlink_to("b")
+    (src / "abs").symlink_to("/etc")
+    yield base
+    sfmount.remove_scratch(base)
+
+
+# Stats paths and answers one JSON line: per path the (dev, ino) or errno.
+PROBE = r"""
+import errno, json, os, sys
+out = {}
+for p in sys.argv[1:]:
+    if p.startswith("rename:"):
+        a, b = p[7:].split(",")
+        os.rename(a, b)
+        continue
+    if p.startswith("drop:"):
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+        continue
+    try:
+        st = os.stat(p)
+        out[p] = [st.st_dev, st.st_ino]
+    except OSError as e:
+        out[p] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+
+def mounted(shortfuse: Path, base: Path, transport: str, opts: list[str]):
+    """The mount point, the mount arguments of `run`, and the daemon (for
+    the ring)."""
+    mp = base / "m" / "mnt"
+    if transport == "preload":
+        spec = ["-m", f"{mp}=passthrough:{base / 'src'}"]
+        if opts:
+            spec += ["-o", ",".join(opts)]
+        return mp, spec, None
+    args = ["passthrough", str(base / "src"), str(mp)]
+    if opts:
+        args += ["-o", ",".join(opts)]
+    return mp, ["-m", str(mp)], Daemon(shortfuse, base, args, mp)
+
+
+def probe(shortfuse: Path, spec: list[str], paths: list[str], env=None, prefix=()) -> dict:
+    p = subprocess.run(
+        [*prefix, str(shortfuse), "run", *spec, "--", sys.executable, "-c", PROBE, *paths],
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    return json.loads(p.stdout.decode().splitlines()[-1])
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_paths_beneath_the_map_look_as_through_the_file_system(shortfuse, tree, transport):
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    try:
+        paths = [
+            f"{mp}",
+            f"{mp}/{DEEP}/f",
+            f"{mp}/{DEEP}/missing",
+            f"{mp}/a/rel/c",
+            f"{mp}/a/up/g",
+            f"{mp}/abs/hostname",
+            f"{mp}/{DEEP}/f/x",
+            # The program renames a directory it has been through: the old
+            # path is gone and the new one is there, at once.
+            f"rename:{mp}/a/b,{mp}/a/B",
+            f"{mp}/{DEEP}/f",
+            f"{mp}/a/B/c/d/e/f",
+            f"{mp}/a/rel/c",
+        ]
+        got = probe(shortfuse, spec, paths)
+        src = tree / "src"
+        dev = got[str(mp)][0]
+        assert got[str(mp)][1] == src.stat().st_ino
+        # One identity: the mount's device, the backing inode.
+        assert got[f"{mp}/a/B/c/d/e/f"] == [dev, (src / "a/B/c/d/e/f").stat().st_ino]
+        assert got[f"{mp}/{DEEP}/missing"] == "ENOENT"
+        assert got[f"{mp}/{DEEP}/f/x"] == "ENOTDIR"
+        # After the rename (the dictionary keeps the last answer per path).
+        assert got[f"{mp}/{DEEP}/f"] == "ENOENT"
+        assert got[f"{mp}/a/rel/c"] == "ENOENT"
+        # Links that lead out of the mount, followed from the mount point.
+        g = tree / "m" / "outside" / "g"
+        assert got[f"{mp}/a/up/g"] == [g.stat().st_dev, g.stat().st_ino]
+        h = Path("/etc/hostname")
+        assert got[f"{mp}/abs/hostname"] == [h.stat().st_dev, h.stat().st_ino]
+        if daemon:
+            # The rename went to the daemon.
+            assert daemon.count("RENAME") == 1
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_a_program_that_drops_root_gets_the_kernels_eacces(shortfuse, tree, transport):
+    (tree / "src" / "a" / "b").chmod(0o700)
+    mp, spec, daemon = mounted(shortfuse, tree, transport, ["allow_other"] if transport == "ring" else [])
+    try:
+        f = f"{mp}/{DEEP}/f"
+        got = probe(shortfuse, spec, [f, "drop:", f, f"{mp}/a/rel/c", f"{mp}/a/rel"])
+        assert got[f] == "EACCES"
+        assert got[f"{mp}/a/rel/c"] == "EACCES"
+        # b itself needs no search of b.
+        assert got[f"{mp}/a/rel"][1] == (tree / "src/a/b").stat().st_ino
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+def lookups_in_process(shortfuse: Path, spec: list[str], paths: list[str], base: Path, env=None) -> list[str]:
+    """The openat2 calls of the in-process passthrough's lookups (one per
+    name, RESOLVE_NO_SYMLINKS) that reached the kernel while `paths` were
+    stat'ed, from strace."""
+    log = base / "strace.log"
+    probe(shortfuse, spec, paths, env=env, prefix=["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)])
+    return [l for l in log.read_text().splitlines() if "RESOLVE_NO_SYMLINKS" in l and '"e"' in l]
+
+
+def test_in_process_the_file_system_sees_no_lookup_beneath_the_map(shortfuse, tree):
+    mp, spec, _ = mounted(shortfuse, tree, "preload", [])
+    paths = [f"{mp}/{DEEP}/f"] * 3
+    assert lookups_in_process(shortfuse, spec, paths, tree) == []
+    # Where the map is not used, the same stats walk name by name.
+    env = dict(os.environ, SHORTFUSE_NAMES="off")
+    assert lookups_in_process(shortfuse, spec, paths, tree, env=env)
+    _, beneath, _ = mounted(shortfuse, tree, "preload", ["symlinks=beneath"])
+    assert lookups_in_process(shortfuse, beneath, paths, tree)
+
+
+def test_over_the_ring_the_daemon_sees_no_lookup_beneath_the_map(shortfuse, tree):
+    mp, spec, daemon = mounted(shortfuse, tree, "ring", [])
+    try:
+        paths = [f"{mp}/{DEEP}/f", f"{mp}/{DEEP}/missing", f"{mp}/a/rel/c/d"]
+        got = probe(shortfuse, spec, paths)
+        assert got[f"{mp}/{DEEP}/missing"] == "ENOENT"
+        assert got[f"{mp}/a/rel/c/d"][1] == (tree / "src/a/b/c/d").stat().st_ino
+        assert daemon.count("LOOKUP") == 0
+        probe(shortfuse, spec, paths, env=dict(os.environ, SHORTFUSE_NAMES="off"))
+        assert daemon.count("LOOKUP") > 0
+    finally:
+        daemon.stop()
+    # A file system that did not declare a map sees every name.
+    mp, spec, daemon = mounted(shortfuse, tree, "ring", ["symlinks=beneath"])
+    try:
+        probe(shortfuse, spec, [f"{mp}/{DEEP}/f"])
+        assert daemon.count("LOOKUP") >= 6
+    finally:
+        daemon.stop()
