@@ -15,7 +15,8 @@ preload shim share one daemon over shared-memory rings.
   holder exits, closes, or is killed with -9.
 - A child made by a raw clone(2) system call (no libc fork handlers) is
   known to the daemon as itself: the parent hears of its changes.
-- The POSIX scenarios of test_posix, driven as in test_run, over the ring.
+- The POSIX scenarios of test_posix, driven as in test_run, over the ring
+  (mem, and passthrough with its namespace map).
 
 The fuzzed client (garbage written into its own ring) is in
 crates/shortfuse-ring/tests/ring.rs.
@@ -802,12 +803,18 @@ def test_bench_rings_measures_enotconn_and_idle_cpu(shortfuse, scratch):
 
 DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER
 
-@pytest.fixture(scope="module")
-def posix_daemon(shortfuse):
+# passthrough's daemon passes its namespace map to the client (stat,
+# access and readlink served in the kernel beneath the source).
+@pytest.fixture(scope="module", params=["mem", "passthrough"])
+def posix_daemon(shortfuse, request):
     base = sfmount.new_scratch("ring-posix")
     base.chmod(0o755)
     mp = base / "mnt"
-    d = Daemon(shortfuse, base, ["mem", str(mp)], mp)
+    if request.param == "passthrough":
+        (base / "src").mkdir()
+        d = Daemon(shortfuse, base, ["passthrough", str(base / "src"), str(mp)], mp)
+    else:
+        d = Daemon(shortfuse, base, ["mem", str(mp)], mp)
     yield d
     d.stop()
     shutil.rmtree(base, ignore_errors=True)

@@ -70,6 +70,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         return None;
     }
+    let mut statx_flags = 0;
     // (dirfd, path argument, follow the last name, what to do)
     let (dirfd, path, follow, op) = match nr {
         libc::SYS_stat => (AT_FDCWD, a[0], true, Op::Stat(a[1])),
@@ -83,6 +84,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         libc::SYS_statx => {
             let flags = a[2] as i32;
+            statx_flags = flags;
             let known = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_TYPE;
             if flags & !known != 0 {
                 return None;
@@ -161,20 +163,44 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         Ok(k)
     };
     let is_link = |k: &libc::stat| k.st_mode & libc::S_IFMT == libc::S_IFLNK;
+    let dev = vfs.dev();
     Some(match op {
-        Op::Stat(out) | Op::Statx(out) => match lstat() {
-            // The walk follows it (it may lead anywhere).
-            Ok(k) if follow && is_link(&k) => return None,
-            Ok(k) => {
-                let attr = Attr::from_stat(&k);
-                let put = match op {
-                    Op::Statx(_) => user::put(out, &to_statx(&attr, vfs.dev())),
-                    _ => user::put(out, &to_stat(&attr, vfs.dev())),
-                };
-                put.map_or_else(err, |()| 0)
+        // The kernel fills the program's struct (and says EFAULT for a bad
+        // one); then it is made what the file system would have reported.
+        Op::Stat(out) => {
+            let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
+            let r = raw(libc::SYS_newfstatat, dirfd, cname, out, nofollow, 0, 0);
+            if r < 0 {
+                return Some(r);
             }
-            Err(e) => err(e),
-        },
+            let mut link = false;
+            user::amend::<libc::stat>(out, |s| {
+                link = follow && is_link(s);
+                *s = to_stat(&Attr::from_stat(s), dev);
+            });
+            // The walk follows it (it may lead anywhere).
+            if link {
+                return None;
+            }
+            0
+        }
+        Op::Statx(out) => {
+            let flags = i64::from(libc::AT_SYMLINK_NOFOLLOW | (statx_flags & libc::AT_STATX_SYNC_TYPE));
+            let mask = i64::from(libc::STATX_BASIC_STATS);
+            let r = raw(libc::SYS_statx, dirfd, cname, flags, mask, out, 0);
+            if r < 0 {
+                return Some(r);
+            }
+            let mut link = false;
+            user::amend::<libc::statx>(out, |s| {
+                link = follow && u32::from(s.stx_mode) & libc::S_IFMT == libc::S_IFLNK;
+                *s = to_statx(&Attr::from_statx(s), dev);
+            });
+            if link {
+                return None;
+            }
+            0
+        }
         Op::Access(mode, eaccess) => match lstat() {
             Ok(k) if follow && is_link(&k) => return None,
             Ok(_) => raw(
@@ -188,15 +214,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             ),
             Err(e) => err(e),
         },
-        Op::Readlink(buf, len) => {
-            if len <= 0 {
-                return Some(err(Errno::EINVAL));
-            }
-            match user::slice_mut(buf, len as usize) {
-                Ok(b) => raw(libc::SYS_readlinkat, dirfd, cname, b.as_mut_ptr() as i64, len, 0, 0),
-                Err(e) => err(e),
-            }
-        }
+        // The kernel writes the program's buffer itself.
+        Op::Readlink(buf, len) => raw(libc::SYS_readlinkat, dirfd, cname, buf, len, 0, 0),
     })
 }
 

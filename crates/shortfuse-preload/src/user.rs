@@ -173,6 +173,18 @@ pub fn put<T: Copy>(p: i64, v: &T) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Lets `fix` change in place the program's `T` at `p` that the kernel
+/// has just filled in for a call of ours (a stat struct): the kernel found
+/// it mapped and writable, so it is not probed again.
+pub fn amend<T: Copy>(p: i64, fix: impl FnOnce(&mut T)) {
+    // SAFETY: `p` is the program's output struct of type T, which the
+    // kernel has just written (a concurrent munmap faults, as after a probe).
+    let mut v = unsafe { std::ptr::read_unaligned(p as *const T) };
+    fix(&mut v);
+    // SAFETY: as above.
+    unsafe { std::ptr::write_unaligned(p as *mut T, v) };
+}
+
 /// Copies the program's `T` at `p` (a struct flock, say).
 pub fn get<T: Copy>(p: i64) -> Result<T, Errno> {
     check(p, std::mem::size_of::<T>(), readable_page)?;

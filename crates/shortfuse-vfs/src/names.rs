@@ -141,3 +141,64 @@ impl Namespace {
         self.lock().by_path.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> Result<OwnedFd, Errno> {
+        Ok(OwnedFd::from(std::fs::File::open("/").map_err(Errno::from)?))
+    }
+
+    fn ns(valid_for: Duration) -> Namespace {
+        let map = NamespaceMap {
+            root: Arc::new(dir().unwrap()),
+            no_xdev: false,
+        };
+        Namespace::new(map, valid_for, None)
+    }
+
+    fn caller(uid: u32) -> Arc<Caller> {
+        Arc::new(Caller {
+            uid,
+            gid: uid,
+            groups: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn directories_are_kept_for_one_caller_until_forgotten() {
+        let n = ns(Duration::from_secs(60));
+        let root = caller(0);
+        let opens = std::cell::Cell::new(0);
+        let open = || {
+            opens.set(opens.get() + 1);
+            dir()
+        };
+        let a = n.dir(b"a/b", &root, open).unwrap();
+        let again = n.dir(b"a/b", &root, open).unwrap();
+        assert!(Arc::ptr_eq(&a, &again));
+        assert_eq!(opens.get(), 1);
+        // Another caller's search permissions were never checked on the way.
+        n.dir(b"a/b", &caller(65534), open).unwrap();
+        assert_eq!(opens.get(), 2);
+        n.forget_dirs();
+        assert_eq!(n.kept_dirs(), 0);
+        n.dir(b"a/b", &caller(65534), open).unwrap();
+        assert_eq!(opens.get(), 3);
+        // Errors are not kept.
+        assert_eq!(n.dir(b"x", &root, || Err(Errno::ENOENT)).unwrap_err(), Errno::ENOENT);
+    }
+
+    #[test]
+    fn kept_directories_expire_and_are_bounded() {
+        let n = ns(Duration::ZERO);
+        n.dir(b"a", &caller(0), dir).unwrap();
+        assert_eq!(n.kept_dirs(), 0);
+        let n = ns(Duration::from_secs(60));
+        for i in 0..NAMED_DIRS + 10 {
+            n.dir(format!("d{i}").as_bytes(), &caller(0), dir).unwrap();
+        }
+        assert_eq!(n.kept_dirs(), NAMED_DIRS);
+    }
+}

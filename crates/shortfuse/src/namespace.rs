@@ -59,4 +59,58 @@ impl Attr {
             blksize: st.st_blksize as u32,
         }
     }
+
+    /// [`Attr::from_stat`] for what `statx` reports (its basic fields).
+    pub fn from_statx(st: &libc::statx) -> Attr {
+        let (major, minor) = (st.stx_rdev_major, st.stx_rdev_minor);
+        let ts = |t: libc::statx_timestamp| Timestamp {
+            sec: t.tv_sec,
+            nsec: t.tv_nsec,
+        };
+        Attr {
+            ino: st.stx_ino,
+            size: st.stx_size,
+            blocks: st.stx_blocks,
+            atime: ts(st.stx_atime),
+            mtime: ts(st.stx_mtime),
+            ctime: ts(st.stx_ctime),
+            mode: u32::from(st.stx_mode),
+            nlink: st.stx_nlink,
+            uid: st.stx_uid,
+            gid: st.stx_gid,
+            rdev: (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12),
+            blksize: st.stx_blksize,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    #[test]
+    fn stat_and_statx_give_one_attr() {
+        for path in ["/proc/self/exe", "/dev/null", "/tmp"] {
+            let c = CString::new(path).unwrap();
+            // SAFETY: zeroed plain C structs, filled by the kernel.
+            let (mut st, mut stx): (libc::stat, libc::statx) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+            // SAFETY: valid path and out pointers.
+            assert_eq!(unsafe { libc::stat(c.as_ptr(), &mut st) }, 0);
+            // SAFETY: as above.
+            let r = unsafe { libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_BASIC_STATS, &mut stx) };
+            assert_eq!(r, 0);
+            let (a, b) = (Attr::from_stat(&st), Attr::from_statx(&stx));
+            // atime may move between the two calls; the rest may not.
+            assert_eq!(Attr { atime: b.atime, ..a }, b, "{path}");
+            assert_eq!(a.ino, st.st_ino);
+        }
+        // A device number survives the 32-bit encoding (/dev/null is 1:3).
+        // SAFETY: a zeroed plain C struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let c = CString::new("/dev/null").unwrap();
+        // SAFETY: valid path and out pointer.
+        assert_eq!(unsafe { libc::stat(c.as_ptr(), &mut st) }, 0);
+        assert_eq!(u64::from(Attr::from_stat(&st).rdev), st.st_rdev);
+    }
 }
