@@ -59,10 +59,28 @@ fn moves_or_guards_directories(nr: i64, a: &[i64; 6]) -> bool {
     }
 }
 
+/// A call that would close or replace descriptor numbers, among them
+/// perhaps a kept directory's (a program that closes every descriptor, a
+/// `dup2` onto a high number): the directories are forgotten (closed)
+/// before it runs, so that no number of the program's is taken for one.
+fn takes_numbers(nr: i64, a: &[i64; 6], st: &crate::State) -> bool {
+    let fd = match nr {
+        libc::SYS_close_range => return true,
+        libc::SYS_close => a[0],
+        libc::SYS_dup2 | libc::SYS_dup3 => a[1],
+        _ => return false,
+    };
+    fd as i32 >= crate::calls::OWN_FD_FLOOR as i32
+        && st
+            .mounts
+            .iter()
+            .any(|m| m.namespace().is_some_and(|ns| ns.holds(fd as i32)))
+}
+
 /// Serves `nr` through a namespace map, or `None` for the usual way.
 pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     let st = state();
-    if moves_or_guards_directories(nr, &a) {
+    if moves_or_guards_directories(nr, &a) || takes_numbers(nr, &a, st) {
         for m in &st.mounts {
             if let Some(ns) = m.namespace() {
                 ns.forget_dirs();

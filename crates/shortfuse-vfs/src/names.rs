@@ -136,6 +136,12 @@ impl Namespace {
         }
     }
 
+    /// Whether `fd` is the number of a kept directory.
+    pub fn holds(&self, fd: std::os::fd::RawFd) -> bool {
+        use std::os::fd::AsRawFd;
+        self.lock().by_path.values().any(|(d, _)| d.as_raw_fd() == fd)
+    }
+
     /// How many directories are kept now.
     pub fn kept_dirs(&self) -> usize {
         self.lock().by_path.len()
