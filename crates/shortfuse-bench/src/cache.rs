@@ -19,6 +19,7 @@
 //! `policy_hits` rows compare the eviction policies' hit ratios on a
 //! skewed trace with sequential scans mixed in.
 
+use shortfuse::sync::Unpoison;
 use std::hint::black_box;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -77,7 +78,7 @@ impl Pages {
 
 impl Bench for Pages {
     fn reset(&mut self) {
-        let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.store.lock().unpoison();
         for k in s.keys() {
             if let Some(p) = s.remove(k) {
                 self.pool.push(p.data);
@@ -89,11 +90,7 @@ impl Bench for Pages {
     #[inline]
     fn write(&mut self, key: usize) {
         let data = self.pool.pop().unwrap_or_else(|| vec![0u8; PAGE]);
-        let evicted = self
-            .store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(Page::new((1, key as u64), data));
+        let evicted = self.store.lock().unpoison().insert(Page::new((1, key as u64), data));
         if let Some(p) = evicted {
             self.pool.push(p.data);
         }
@@ -101,7 +98,7 @@ impl Bench for Pages {
 
     #[inline]
     fn read(&mut self, key: usize) -> bool {
-        let mut s = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.store.lock().unpoison();
         s.get((1, key as u64)).map(|p| black_box(p.data.len())).is_some()
     }
 }
@@ -204,13 +201,13 @@ impl Meta {
 
 impl Bench for Meta {
     fn reset(&mut self) {
-        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = MetaCache::new(self.policy, ENTRIES);
+        *self.cache.lock().unpoison() = MetaCache::new(self.policy, ENTRIES);
     }
 
     #[inline]
     fn write(&mut self, key: usize) {
         let a = attr(key);
-        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cache.lock().unpoison();
         c.set_name(1, self.names[key].as_bytes(), NodeId(a.ino), 0, self.expires);
         c.set_attr(a.ino, a, self.expires);
     }
@@ -218,7 +215,7 @@ impl Bench for Meta {
     #[inline]
     fn read(&mut self, key: usize) -> bool {
         let now = MetaCache::now();
-        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cache.lock().unpoison();
         let Some((node, _)) = c.name(1, self.names[key].as_bytes(), now) else {
             return false;
         };

@@ -3,6 +3,7 @@
 //! hold files open inside the mounts) and then unmounts everything before
 //! the process exits.
 
+use shortfuse::sync::Unpoison;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Once};
@@ -14,14 +15,11 @@ static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// Notes a scratch directory to delete on interruption (after the unmounts,
 /// so the deletion never walks into a live mount).
 pub fn remember_scratch(dir: &Path) {
-    SCRATCH
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(dir.to_path_buf());
+    SCRATCH.lock().unpoison().push(dir.to_path_buf());
 }
 
 pub fn forget_scratch(dir: &Path) {
-    SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
+    SCRATCH.lock().unpoison().retain(|d| d != dir);
 }
 static WATCH: Once = Once::new();
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -31,7 +29,7 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// it dies, before the unmounts.
 pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
-    let mut children = CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut children = CHILDREN.lock().unpoison();
     let child = cmd.process_group(0).spawn()?;
     children.push(child.id());
     Ok(child)
@@ -41,10 +39,7 @@ pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<std::process::C
 pub fn reap(child: &mut std::process::Child) {
     kill_group(child.id());
     let _ = child.wait();
-    CHILDREN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|&p| p != child.id());
+    CHILDREN.lock().unpoison().retain(|&p| p != child.id());
 }
 
 fn kill_group(pid: u32) {
@@ -55,12 +50,12 @@ fn kill_group(pid: u32) {
 
 /// Notes a mount that must be undone on interruption.
 pub fn remember(mnt: &Path) {
-    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).push(mnt.to_path_buf());
+    ACTIVE.lock().unpoison().push(mnt.to_path_buf());
 }
 
 /// The mount was undone normally.
 pub fn forget(mnt: &Path) {
-    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|m| m != mnt);
+    ACTIVE.lock().unpoison().retain(|m| m != mnt);
 }
 
 /// Starts the thread that waits for SIGINT/SIGTERM. Must run before other
@@ -76,7 +71,7 @@ pub fn install() {
             // SAFETY: `set` and `sig` are valid for the duration of the call.
             unsafe { libc::sigwait(&set, &mut sig) };
             INTERRUPTED.store(true, Ordering::SeqCst);
-            let children = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
+            let children = std::mem::take(&mut *CHILDREN.lock().unpoison());
             for &pid in &children {
                 kill_group(pid);
             }
@@ -84,7 +79,7 @@ pub fn install() {
                 // SAFETY: waiting for our own child; a null status pointer is allowed.
                 unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
             }
-            let mounts = std::mem::take(&mut *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()));
+            let mounts = std::mem::take(&mut *ACTIVE.lock().unpoison());
             eprintln!("\ninterrupted: unmounting {} file system(s)", mounts.len());
             let mut all_gone = true;
             for m in mounts {
@@ -92,7 +87,7 @@ pub fn install() {
                 all_gone &= !crate::config::is_mounted(&m);
             }
             if all_gone {
-                for d in std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|e| e.into_inner())) {
+                for d in std::mem::take(&mut *SCRATCH.lock().unpoison()) {
                     let _ = std::fs::remove_dir_all(d);
                 }
             }

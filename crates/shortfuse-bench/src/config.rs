@@ -2,6 +2,7 @@
 //! peer FUSE file systems from Debian, each prepared over a fresh source
 //! directory and torn down afterwards (also on failure or Ctrl-C).
 
+use shortfuse::sync::Unpoison;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -366,7 +367,7 @@ static PRELOAD: std::sync::Mutex<Vec<(PathBuf, PreloadWorker)>> = std::sync::Mut
 /// The worker to start when `dir` is the mount point of a prepared
 /// `preload` configuration.
 pub fn preload_worker(dir: &Path) -> Option<PreloadWorker> {
-    let list = PRELOAD.lock().unwrap_or_else(|e| e.into_inner());
+    let list = PRELOAD.lock().unpoison();
     list.iter().find(|(d, _)| d == dir).map(|(_, w)| w.clone())
 }
 
@@ -392,10 +393,7 @@ impl Prepared {
 impl Drop for Prepared {
     fn drop(&mut self) {
         if self.preload {
-            PRELOAD
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|(d, _)| d != &self.dir);
+            PRELOAD.lock().unpoison().retain(|(d, _)| d != &self.dir);
         }
         if let Some(mnt) = self.mountpoint.take() {
             unmount(&mnt);
@@ -641,10 +639,7 @@ impl Config {
                     },
                     options,
                 };
-                PRELOAD
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((mnt.clone(), worker));
+                PRELOAD.lock().unpoison().push((mnt.clone(), worker));
                 prepared.dir = mnt;
                 prepared.preload = true;
                 return Ok(prepared);

@@ -2,6 +2,7 @@
 //! that start together, run until their share is done or the time is up, and
 //! report throughput.
 
+use shortfuse::sync::Unpoison;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
@@ -199,13 +200,10 @@ impl SmallFiles {
                 i += threads;
             }
             let n = mine.len() as u64;
-            *made[t].lock().unwrap_or_else(|e| e.into_inner()) = mine;
+            *made[t].lock().unpoison() = mine;
             Ok(n)
         })?;
-        self.made = made
-            .into_iter()
-            .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-            .collect();
+        self.made = made.into_iter().map(|m| m.into_inner().unpoison()).collect();
         ops_figure(op, n, elapsed)
     }
 

@@ -6,6 +6,7 @@
 //! count, so "create picks a file that does not exist yet" and "open picks
 //! one that does" hold without locks between threads.
 
+use shortfuse::sync::Unpoison;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -221,8 +222,8 @@ pub fn run(dir: &Path, p: Persona, duration: Duration) -> io::Result<Outcome> {
     let owned: Vec<std::sync::Mutex<Owned>> = owned.into_iter().map(std::sync::Mutex::new).collect();
     let steps: Vec<std::sync::Mutex<Steps>> = (0..p.threads).map(|_| std::sync::Mutex::new(Steps::new())).collect();
     let (_, elapsed) = wio::together(p.threads, |t| {
-        let mut own = owned[t].lock().unwrap_or_else(|e| e.into_inner());
-        let mut st = steps[t].lock().unwrap_or_else(|e| e.into_inner());
+        let mut own = owned[t].lock().unpoison();
+        let mut st = steps[t].lock().unpoison();
         let mut rng = Rng::new(1000 + t as u64);
         let mut buf = vec![0u8; IO_SIZE];
         let wbuf = vec![0x42u8; IO_SIZE];
@@ -245,7 +246,7 @@ pub fn run(dir: &Path, p: Persona, duration: Duration) -> io::Result<Outcome> {
     let mut order: Vec<&'static str> = Vec::new();
     let mut merged: BTreeMap<&'static str, Samples> = BTreeMap::new();
     for s in steps {
-        let s = s.into_inner().unwrap_or_else(|e| e.into_inner());
+        let s = s.into_inner().unpoison();
         for name in &s.order {
             if !order.contains(name) {
                 order.push(name);

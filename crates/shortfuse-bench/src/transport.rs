@@ -10,6 +10,7 @@
 //! and in one directory per thread, each on 1 to 2x the machine's cores
 //! ([`thread_counts`]): where the transports stop scaling shows.
 
+use shortfuse::sync::Unpoison;
 use std::io;
 use std::path::Path;
 use std::time::Duration;
@@ -220,11 +221,11 @@ fn creates(dir: &Path, op: &str, threads: usize, own_dirs: bool, s: &Sizes) -> i
         }
         let n = mine.len() as u64;
         // Kept even on failure, so that the files are removed below.
-        made.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
+        made.lock().unpoison().extend(mine);
         outcome.map(|()| n)
     });
     let cleanup = || -> io::Result<()> {
-        for p in made.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        for p in made.into_inner().unpoison() {
             sys::unlink(&p)?;
         }
         if own_dirs {

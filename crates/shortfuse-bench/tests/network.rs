@@ -7,6 +7,7 @@
 
 mod support;
 
+use shortfuse::sync::Unpoison;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -74,7 +75,7 @@ fn nothing_left(out: &Path) {
 
 #[test]
 fn sshfs_read_and_latency_on_sftp_and_sshfs() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock().unpoison();
     let opts = options("run", &["sshfs-read", "latency"], &["native", "sftp", "sshfs"]);
     let report = shortfuse_bench::run(&opts).expect("run");
     let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
@@ -132,7 +133,7 @@ fn sshfs_read_and_latency_on_sftp_and_sshfs() {
 
 #[test]
 fn failed_mount_stops_the_server() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock().unpoison();
     // The server starts, then the client cannot: its binary is missing.
     let mut opts = options("fail", &["latency"], &["sftp"]);
     opts.shortfuse_bin = opts.out.join("no-such-shortfuse");
@@ -147,7 +148,7 @@ fn failed_mount_stops_the_server() {
 
 #[test]
 fn ctrl_c_stops_the_server_and_unmounts() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock().unpoison();
     let out = out_dir("int");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shortfuse-bench"))
         .args(["sshfs-read", "--tiny", "--configs", "sshfs", "--shortfuse"])
@@ -175,7 +176,7 @@ fn ctrl_c_stops_the_server_and_unmounts() {
 
 #[test]
 fn sshfs_read_in_process_with_the_cache_and_sshfs_without_page_cache() {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = SERIAL.lock().unpoison();
     // sftp served inside a worker under `shortfuse run` (its own sshd),
     // and sshfs with -o direct_io: the remaining rows of the Prefuse-SSHFS caching thesis.
     let opts = options("pre", &["sshfs-read"], &["sshfs", "sshfs-direct", "sftp-preload-cache"]);

@@ -118,6 +118,8 @@
 //! `opens` then, so nothing asks for a connection while holding `opens`.
 //! Per file: the lease slot, then the block cache; never two files at once.
 
+use shortfuse::sync::lock;
+use shortfuse::sync::Unpoison;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -411,10 +413,6 @@ struct FileState {
     direct_until: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 struct Inner {
     cfg: ClientConfig,
     conn: Mutex<Option<Arc<Conn>>>,
@@ -545,10 +543,7 @@ impl Revokers {
                 continue;
             }
             q.1 += 1;
-            let (g, wait) = self
-                .wake
-                .wait_timeout(q, REVOKER_IDLE)
-                .unwrap_or_else(|p| p.into_inner());
+            let (g, wait) = self.wake.wait_timeout(q, REVOKER_IDLE).unpoison();
             q = g;
             q.1 -= 1;
             if wait.timed_out() && q.0.is_empty() {
@@ -954,7 +949,7 @@ impl Inner {
             let conn = self.conn()?;
             let mode = self.wanted(f, mode);
             {
-                let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+                let g = f.lease.read().unpoison();
                 if Self::suffices(&g, mode, &conn) {
                     let r = io(&conn, &g);
                     self.mark_used(f);
@@ -995,13 +990,13 @@ impl Inner {
         let fresh = |s: &Slot| s.since.is_some_and(|t| t.elapsed() < WEAK_CACHE_TTL);
         let conn = self.conn()?;
         {
-            let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+            let g = f.lease.read().unpoison();
             if fresh(&g) {
                 return io(&conn, &g);
             }
         }
         {
-            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            let mut g = f.lease.write().unpoison();
             if !fresh(&g) {
                 if g.mode.is_some() {
                     // A failure leaves the blocks dirty: `clear` below
@@ -1023,7 +1018,7 @@ impl Inner {
                 };
             }
         }
-        let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+        let g = f.lease.read().unpoison();
         io(&conn, &g)
     }
 
@@ -1091,7 +1086,7 @@ impl Inner {
 
     /// Algorithm 1, AcquireLease.
     fn acquire(&self, f: &FileState, mode: LeaseMode, want: Option<(u64, u64)>, conn: &Conn) -> Result<()> {
-        let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+        let mut g = f.lease.write().unpoison();
         if Self::suffices(&g, mode, conn) {
             return Ok(());
         }
@@ -1238,7 +1233,7 @@ impl Inner {
             // The revocation waits here, not holding the slot, so this
             // client's I/O goes on.
             let granted = {
-                let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+                let g = f.lease.read().unpoison();
                 if g.id == lease && g.session == conn.client.0 {
                     self.note_revocation(&f, &g);
                 }
@@ -1247,7 +1242,7 @@ impl Inner {
             if let Some(granted) = granted {
                 self.hold(&f, granted);
             }
-            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            let mut g = f.lease.write().unpoison();
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
                 // Only caching leases step down (the manager asks no
                 // direct holder to).
@@ -1699,7 +1694,7 @@ impl Inner {
     fn fsync(&self, ino: u64) -> Result<()> {
         let f = self.file(ino)?;
         let conn = self.conn()?;
-        let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+        let g = f.lease.read().unpoison();
         let lost = std::mem::take(&mut lock(&f.cache).lost);
         if g.mode == Some(LeaseMode::Write) && (g.session == conn.client.0 || g.id == NO_LEASE) {
             match self.write_back(&f, &conn, g.id, true) {
@@ -1709,7 +1704,7 @@ impl Inner {
                 Err(Errno::ESTALE) if g.id != NO_LEASE => {
                     let (id, session) = (g.id, g.session);
                     drop(g);
-                    let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+                    let mut g = f.lease.write().unpoison();
                     if g.id == id && g.session == session {
                         lock(&f.cache).clear();
                         *g = Slot::default();
@@ -1736,7 +1731,7 @@ impl Inner {
         };
         let mut result = Ok(());
         for f in files {
-            let mut g = f.lease.write().unwrap_or_else(|p| p.into_inner());
+            let mut g = f.lease.write().unpoison();
             let held = g.mode.is_some() && (g.session == conn.client.0 || g.id == NO_LEASE);
             let synced = if held && g.mode == Some(LeaseMode::Write) {
                 self.write_back(&f, &conn, g.id, true)
@@ -2072,7 +2067,7 @@ impl Filesystem for DistFs {
         let f = self.inner.file(node.0)?;
         if self.inner.cfg.consistency == Consistency::Weak {
             let conn = self.inner.conn()?;
-            let g = f.lease.read().unwrap_or_else(|p| p.into_inner());
+            let g = f.lease.read().unpoison();
             if g.mode.is_some() {
                 self.inner.write_back(&f, &conn, NO_LEASE, false)?;
             }

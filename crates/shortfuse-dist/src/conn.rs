@@ -15,12 +15,13 @@
 //! writes through meanwhile, so that little dirty data is left to lose if
 //! it cannot renew in time.
 
+use shortfuse::sync::lock;
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use shortfuse::{Errno, Result};
@@ -61,10 +62,6 @@ pub struct Conn {
     frozen: AtomicBool,
     /// Test hook: the heartbeat's renewals count for nothing here.
     unconfirmed: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Conn {

@@ -50,6 +50,7 @@
 //! Durability: etcd answers a transaction once it is in the log of a
 //! quorum, fsync'd, so [`EtcdMeta::sync`] has nothing left to do.
 
+use shortfuse::sync::Unpoison;
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -533,7 +534,7 @@ impl EtcdMeta {
 
     async fn alloc_ino(&self) -> Result<u64> {
         {
-            let mut r = self.inos.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.inos.lock().unpoison();
             if r.0 < r.1 {
                 r.0 += 1;
                 return Ok(r.0 - 1);
@@ -549,7 +550,7 @@ impl EtcdMeta {
             t.put(keys.next(), (next + INO_BATCH).to_be_bytes().to_vec());
             Ok::<_, Abort>(next)
         })?;
-        let mut r = self.inos.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.inos.lock().unpoison();
         // A concurrent refill may have won: either batch serves.
         *r = (first + 1, first + INO_BATCH);
         Ok(first)

@@ -53,6 +53,7 @@
 //! (sessions as etcd leases, holders as keys attached to them, grants as
 //! transactions, revocations through a watch).
 
+use shortfuse::sync::Unpoison;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -303,7 +304,7 @@ impl LeaseManager {
             return Ok(());
         }
         let frame = crate::proto::encode(&Self::saved(st))?;
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock().unpoison();
         let appended = match log.as_mut() {
             Some((f, len)) if *len + frame.len() as u64 <= LOG_MAX => {
                 use std::io::Write;
@@ -350,7 +351,7 @@ impl LeaseManager {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent maps (every
         // update is a single insert/remove), so poisoning is not fatal.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unpoison()
     }
 
     /// Starts a session; revocations for it are sent to `revokes`.

@@ -97,6 +97,7 @@
 //! leases and dirty cache ([`EtcdLeases::resume`]); revocations that
 //! waited for it are sent again.
 
+use shortfuse::sync::Unpoison;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -466,7 +467,7 @@ impl EtcdLeases {
         }
         let watch = tokio::spawn(Self::watch_loop(Arc::downgrade(&mgr)));
         let keeper = tokio::spawn(Self::keep_loop(Arc::downgrade(&mgr)));
-        *mgr.tasks.lock().unwrap_or_else(|p| p.into_inner()) = vec![watch.abort_handle(), keeper.abort_handle()];
+        *mgr.tasks.lock().unpoison() = vec![watch.abort_handle(), keeper.abort_handle()];
         Ok(mgr)
     }
 
@@ -482,7 +483,7 @@ impl EtcdLeases {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update is a few inserts and removes: a panic leaves maps
         // that are consistent enough to go on.
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+        self.st.lock().unpoison()
     }
 
     /// Runs one etcd request, `EIO` when etcd did not answer within the
@@ -537,7 +538,7 @@ impl EtcdLeases {
     /// its successor (a crash would leave them too).
     pub fn freeze(&self) {
         self.frozen.store(true, Ordering::Release);
-        for t in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for t in self.tasks.lock().unpoison().drain(..) {
             t.abort();
         }
     }
@@ -1382,7 +1383,7 @@ impl EtcdLeases {
 
 impl Drop for EtcdLeases {
     fn drop(&mut self) {
-        for t in self.tasks.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for t in self.tasks.get_mut().unpoison().drain(..) {
             t.abort();
         }
     }

@@ -24,6 +24,7 @@
 //! an etcd-backed service keeps inodes and directory entries as keys and
 //! applies the same operations in transactions.
 
+use shortfuse::sync::Unpoison;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, Read, Write};
@@ -462,7 +463,7 @@ impl Meta {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unpoison()
     }
 
     pub fn node_id(&self) -> u32 {

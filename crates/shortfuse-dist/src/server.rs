@@ -20,6 +20,7 @@
 //! knowingly, and mixing them with leased clients on one file gives the
 //! leased ones no guarantee about the unleased writes.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -119,9 +120,7 @@ struct Shared {
 
 impl Shared {
     fn versions(&self) -> Option<MutexGuard<'_, DataVersions>> {
-        self.versions
-            .as_ref()
-            .map(|v| v.lock().unwrap_or_else(|p| p.into_inner()))
+        self.versions.as_ref().map(|v| v.lock().unpoison())
     }
 
     /// The lock of `gfi`'s direct I/O: several direct holders read and

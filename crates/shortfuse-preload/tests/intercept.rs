@@ -6,6 +6,7 @@
 
 mod support;
 
+use shortfuse::sync::Unpoison;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{OnceLock, RwLock};
@@ -65,7 +66,7 @@ fn mountpoint(name: &str) -> String {
 /// under the shim with DIR a mem mount and `SHORTFUSE_INTERCEPT=mode`
 /// ("" for the default). Killed after 60 s, so that a hang fails.
 fn prog(mode: Option<&str>, cmd: &str, dir: &str, args: &[&str]) -> Output {
-    let _page0 = PAGE_ZERO.read().unwrap_or_else(|e| e.into_inner());
+    let _page0 = PAGE_ZERO.read().unpoison();
     let mut c = Command::new("timeout");
     c.args(["-s", "KILL", "60"])
         .arg(programs().join("prog"))
@@ -233,7 +234,7 @@ fn python_gives_the_same_results_with_dispatch_alone() {
     let script = real.join("t.py");
     std::fs::write(&script, PY).unwrap();
     let run = |mode: Option<&str>, dir: &str| {
-        let _page0 = PAGE_ZERO.read().unwrap_or_else(|e| e.into_inner());
+        let _page0 = PAGE_ZERO.read().unpoison();
         let mut c = Command::new("timeout");
         c.args(["-s", "KILL", "120", "python3"]).arg(&script).arg(dir);
         if let Some(m) = mode {
@@ -273,7 +274,7 @@ impl Drop for MinAddr {
 /// one see page 0 mapped and no warning.
 #[test]
 fn without_page_zero_dispatch_alone_serves_and_says_so_once() {
-    let _only_us = PAGE_ZERO.write().unwrap_or_else(|e| e.into_inner());
+    let _only_us = PAGE_ZERO.write().unpoison();
     let knob = "/proc/sys/vm/mmap_min_addr";
     let _restore = MinAddr(std::fs::read_to_string(knob).unwrap().trim().to_string());
     std::fs::write(knob, "65536").expect("setting vm.mmap_min_addr needs root");

@@ -24,6 +24,7 @@
 //! shim serves those paths itself for its descriptors): its close reads
 //! as the last one.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -63,7 +64,7 @@ impl Anchors {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Held>> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
+        self.held.lock().unpoison()
     }
 
     /// The lock owner of the description `fd` stands for, when `fd` is a

@@ -20,6 +20,8 @@
 //! ENOTCONN at once, and so do the calls after. A reply that is not a
 //! well-formed FUSE reply fails the call it answers with EIO, nothing else.
 
+use shortfuse::sync::lock;
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -76,13 +78,9 @@ impl Waiter {
             if let Some(r) = g.take() {
                 return r;
             }
-            g = self.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = self.ready.wait(g).unpoison();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The serving side of the socket to a daemon under the shim.
@@ -131,7 +129,7 @@ impl Bridge {
         let (g, _) = self
             .init_seen
             .wait_timeout_while(g, timeout, |i| i.is_none() && !self.gone())
-            .unwrap_or_else(|e| e.into_inner());
+            .unpoison();
         g.is_some()
     }
 

@@ -28,6 +28,7 @@
 //! (advisory locks protect cooperating programs, not against a hostile one);
 //! nothing it sends can make the daemon fault or block.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
@@ -79,7 +80,7 @@ impl Locks {
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<u64, NodeLocks>> {
-        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+        self.nodes.lock().unpoison()
     }
 
     /// Registers what runs after each release (once).
@@ -279,7 +280,7 @@ impl Reaper {
     }
 
     fn pids(&self) -> MutexGuard<'_, HashMap<u32, std::os::fd::OwnedFd>> {
-        self.pids.lock().unwrap_or_else(|e| e.into_inner())
+        self.pids.lock().unpoison()
     }
 
     /// Watches process `pid` (see [`Reaper::run`]); false when it has

@@ -24,12 +24,13 @@
 //! releases the handles it left open and forgets the nodes it looked up,
 //! then unmaps its region.
 
+use shortfuse::sync::lock;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -191,10 +192,6 @@ struct Track {
     handles: HashMap<(u64, bool), Handle>,
     /// node -> lookups handed out and not forgotten.
     lookups: HashMap<u64, u64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Server {

@@ -4,6 +4,7 @@
 //! Buffers are per thread and reused; a nested call on the same thread
 //! (a file system calling back into its own mount) gets fresh ones.
 
+use shortfuse::sync::Unpoison;
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -205,11 +206,11 @@ impl Client {
     }
 
     pub fn set_creds(&self, creds: Creds) {
-        *self.creds.write().unwrap_or_else(|e| e.into_inner()) = creds;
+        *self.creds.write().unpoison() = creds;
     }
 
     pub fn creds(&self) -> Creds {
-        *self.creds.read().unwrap_or_else(|e| e.into_inner())
+        *self.creds.read().unpoison()
     }
 
     /// Every request from now on carries the credentials `source` gives

@@ -7,6 +7,7 @@
 //! descriptor sends FLUSH (as the kernel does); the last reference going
 //! away sends RELEASE.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -217,7 +218,7 @@ impl OpenFile {
             return Ok(f.as_raw_fd());
         }
         let inode = {
-            let mut table = self.vfs.lock_inodes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.vfs.lock_inodes.lock().unpoison();
             table.retain(|_, w| w.strong_count() > 0);
             match table.get(&self.node).and_then(Weak::upgrade) {
                 Some(f) => f,
@@ -255,7 +256,7 @@ impl OpenFile {
     /// one (see [`OpenFile::lock_fd`]): unlocking through it drops the
     /// process's POSIX locks on the node.
     pub fn lock_inode_fd(&self) -> Option<i32> {
-        let table = self.vfs.lock_inodes.lock().unwrap_or_else(|e| e.into_inner());
+        let table = self.vfs.lock_inodes.lock().unpoison();
         table.get(&self.node).and_then(Weak::upgrade).map(|f| f.as_raw_fd())
     }
 
@@ -288,7 +289,7 @@ impl OpenFile {
     }
 
     fn pos(&self) -> MutexGuard<'_, DirPos> {
-        self.pos.lock().unwrap_or_else(|e| e.into_inner())
+        self.pos.lock().unpoison()
     }
 
     /// The handle for a read (`None`: an M-Cache open, served by its map).
@@ -1080,7 +1081,7 @@ impl FdTable {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<i32, Slot, FdHash>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+        self.slots.lock().unpoison()
     }
 
     fn mark(&self, fd: i32, on: bool) {

@@ -22,6 +22,7 @@
 //! expire (as the kernel's own attribute cache, nothing more is promised
 //! without a daemon that notifies).
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -80,7 +81,7 @@ impl MapTable {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     fn leave(&self, node: NodeId, fh: u64, map: DataMap) {

@@ -24,6 +24,7 @@
 //! records the node's generation, and its pages are kept only when no
 //! write, truncation or invalidation of the node came in between.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -82,7 +83,7 @@ impl PageCache {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     fn ps(&self) -> u64 {

@@ -9,6 +9,7 @@
 //! absolute path outside the mount point. Symbolic links count towards
 //! `MAXSYMLINKS` (40) across such hand-overs.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -390,7 +391,7 @@ impl Vfs {
     }
 
     fn lock(&self) -> MutexGuard<'_, Cache> {
-        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cache.lock().unpoison();
         // What other clients of a shared daemon changed, before we trust the cache.
         let names = self.names.get();
         self.client.invalidations(&mut |inv| {

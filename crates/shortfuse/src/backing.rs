@@ -32,6 +32,7 @@
 //! The cost is one mutex-protected hash lookup per OPEN, CREATE and RELEASE,
 //! and none at all when passthrough was not negotiated.
 
+use crate::sync::Unpoison;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -136,7 +137,7 @@ impl Passthrough {
         if !self.is_active() {
             return None;
         }
-        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut nodes = self.nodes.lock().unpoison();
         if let Some(open) = nodes.get_mut(&node) {
             open.opens += 1;
             return match &open.mode {
@@ -177,7 +178,7 @@ impl Passthrough {
             return;
         }
         let closed = {
-            let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut nodes = self.nodes.lock().unpoison();
             match nodes.get_mut(&node) {
                 Some(open) if open.opens > 1 => {
                     open.opens -= 1;
@@ -193,7 +194,7 @@ impl Passthrough {
 
     /// Inodes with open files, and how many of them are in passthrough.
     pub fn open_inodes(&self) -> (usize, usize) {
-        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = self.nodes.lock().unpoison();
         let kernel = nodes.values().filter(|o| matches!(o.mode, Mode::Kernel(_))).count();
         (nodes.len(), kernel)
     }

@@ -78,6 +78,7 @@ pub mod notify;
 pub mod options;
 pub mod session;
 pub mod stats;
+pub mod sync;
 mod sys;
 pub mod types;
 

@@ -33,6 +33,7 @@
 //! held while a [`Node`] method runs, so nodes may take their own locks in
 //! any order and may call back into [`NodeFs`].
 
+use crate::sync::Unpoison;
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -250,7 +251,7 @@ impl NodeFs {
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.lock().unpoison()
     }
 
     fn node(&self, id: NodeId) -> Result<Arc<dyn Node>> {

@@ -37,6 +37,8 @@
 //! The kernel answers `ENOENT` when it has nothing cached for the node or
 //! the name: the `Result` says so, and callers usually ignore it.
 
+use crate::sync::lock;
+use crate::sync::Unpoison;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
@@ -193,10 +195,6 @@ impl Drop for Retrieval {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn not_connected() -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, "no kernel connection to notify")
 }
@@ -210,12 +208,12 @@ impl Notifier {
     /// The kernel connection to notify: a session calls this with (a clone
     /// of) its /dev/fuse fd before it serves requests.
     pub fn attach_kernel(&self, dev: File) {
-        *self.hub.kernel.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(dev));
+        *self.hub.kernel.write().unpoison() = Some(Arc::new(dev));
     }
 
     /// Another place notifications go (the ring server's clients).
     pub fn add_sink(&self, sink: Arc<dyn NotifySink>) {
-        self.hub.sinks.write().unwrap_or_else(|e| e.into_inner()).push(sink);
+        self.hub.sinks.write().unpoison().push(sink);
     }
 
     /// Whether a kernel connection is attached.
@@ -227,7 +225,7 @@ impl Notifier {
     /// answer (`NotConnected` without a kernel connection, `ENOENT` when
     /// the kernel had nothing cached).
     pub fn send(&self, n: &Notification<'_>) -> io::Result<()> {
-        for s in self.hub.sinks.read().unwrap_or_else(|e| e.into_inner()).iter() {
+        for s in self.hub.sinks.read().unpoison().iter() {
             s.notify(n);
         }
         self.send_to_kernel(n)
@@ -237,13 +235,7 @@ impl Notifier {
     /// already know of the change (the rings announce a client's changes to
     /// the others themselves).
     pub fn send_to_kernel(&self, n: &Notification<'_>) -> io::Result<()> {
-        let dev = self
-            .hub
-            .kernel
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(not_connected)?;
+        let dev = self.hub.kernel.read().unpoison().clone().ok_or_else(not_connected)?;
         let mut msg = Vec::with_capacity(64);
         encode(n, &mut msg)?;
         // One write(2) per message: the kernel takes a message per call.

@@ -37,6 +37,7 @@
 mod data;
 mod dir;
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -217,13 +218,13 @@ impl Inode {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves consistent data (every
         // change is a few assignments), so keep serving.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 }
 
 impl Drop for Inode {
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        let st = self.state.get_mut().unpoison();
         if let Content::File(f) = &st.content {
             self.usage.add(-(f.block_count() as i64));
         }
@@ -285,11 +286,11 @@ fn set_time(t: SetTime, now: Timestamp) -> Timestamp {
 }
 
 fn read_guard(l: &RwLock<Table>) -> RwLockReadGuard<'_, Table> {
-    l.read().unwrap_or_else(|e| e.into_inner())
+    l.read().unpoison()
 }
 
 fn write_guard(l: &RwLock<Table>) -> RwLockWriteGuard<'_, Table> {
-    l.write().unwrap_or_else(|e| e.into_inner())
+    l.write().unpoison()
 }
 
 fn node_of(table: &Table, ino: u64) -> Result<Arc<Inode>> {

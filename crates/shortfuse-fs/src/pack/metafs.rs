@@ -15,6 +15,7 @@
 //! default_permissions` to have the kernel check them. Access times are
 //! not updated by reads.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::sync::{Mutex, MutexGuard};
@@ -85,7 +86,7 @@ impl<S: Storage> MetaFs<S> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<S>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     /// Runs `f` on the storage and the tree (for file-system specific

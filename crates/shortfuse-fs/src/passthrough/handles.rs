@@ -4,6 +4,7 @@
 //! and each handle remembers its node so a handle sent with the wrong node
 //! is refused too.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,7 +71,7 @@ impl OpenFile {
     /// contended; it only makes the state safe to share.
     pub fn dir_stream(&self) -> Result<MutexGuard<'_, DirStream>> {
         let dir = self.dir.as_ref().ok_or(Errno::ENOTDIR)?;
-        let mut guard = dir.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = dir.lock().unpoison();
         if guard.buf.is_empty() {
             guard.buf = vec![0u8; DIR_BUF];
         }
@@ -96,16 +97,13 @@ impl Default for HandleTable {
 impl HandleTable {
     pub fn insert(&self, file: OpenFile) -> FileHandle {
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
-        self.map
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(fh, Arc::new(file));
+        self.map.write().unpoison().insert(fh, Arc::new(file));
         FileHandle(fh)
     }
 
     /// The open file behind `fh`, checked against the node it was opened on.
     pub fn get(&self, node: NodeId, fh: FileHandle) -> Result<Arc<OpenFile>> {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.read().unpoison();
         match map.get(&fh.0) {
             Some(f) if f.node == node => Ok(f.clone()),
             _ => Err(Errno::EBADF),
@@ -113,7 +111,7 @@ impl HandleTable {
     }
 
     pub fn remove(&self, node: NodeId, fh: FileHandle) -> Result<Arc<OpenFile>> {
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.write().unpoison();
         match map.get(&fh.0) {
             Some(f) if f.node == node => Ok(map.remove(&fh.0).ok_or(Errno::EBADF)?),
             _ => Err(Errno::EBADF),
@@ -121,6 +119,6 @@ impl HandleTable {
     }
 
     pub fn count(&self) -> usize {
-        self.map.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.map.read().unpoison().len()
     }
 }

@@ -17,6 +17,7 @@
 //! its increment keeps it alive) or finds no entry and publishes a new inode
 //! with a new node id: a freed inode is never handed out again.
 
+use shortfuse::sync::Unpoison;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,11 +125,11 @@ impl InodeTable {
         // A panic while holding the lock cannot leave the maps half-updated
         // (each update is a pair of inserts/removes that cannot panic), so a
         // poisoned lock is still consistent.
-        self.maps.read().unwrap_or_else(|e| e.into_inner())
+        self.maps.read().unpoison()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Maps> {
-        self.maps.write().unwrap_or_else(|e| e.into_inner())
+        self.maps.write().unpoison()
     }
 
     /// The inode for a node id the kernel sent. `ESTALE` for an id we never

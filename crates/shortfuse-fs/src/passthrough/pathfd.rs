@@ -26,6 +26,7 @@
 //! by [`super::inodes::InodeTable::shed`] and never held while another lock
 //! is taken.
 
+use shortfuse::sync::Unpoison;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -146,7 +147,7 @@ impl PathSlot {
 
     fn lock(&self) -> MutexGuard<'_, SlotState> {
         // Every update leaves the state consistent: a poisoned lock is fine.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     /// The descriptor, reopened by handle if it was given up. `ESTALE` when

@@ -1,5 +1,6 @@
 //! One SSH connection carrying one SFTP session, and how it is made.
 
+use shortfuse::sync::Unpoison;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -94,7 +95,7 @@ impl client::Handler for HostKeys {
 
 impl HostKeys {
     fn refuse(&self, why: String) {
-        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        *self.refused.lock().unpoison() = Some(why);
     }
 }
 
@@ -151,7 +152,7 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
     let mut ssh = match client::connect_stream(ssh_config, socket, handler).await {
         Ok(h) => h,
         Err(e) => {
-            let why = refused.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let why = refused.lock().unpoison().take();
             return Err(match why {
                 Some(why) => err(PermissionDenied, format!("sftp: {at}: {why}")),
                 None => err(ConnectionAborted, format!("sftp: {at}: SSH handshake: {e}")),

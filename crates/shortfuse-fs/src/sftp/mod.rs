@@ -49,12 +49,13 @@ mod conn;
 pub mod nodes;
 pub mod sshconfig;
 
+use shortfuse::sync::lock;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures_util::stream::{self, StreamExt};
 use russh_sftp::client::error::Error as SftpError;
@@ -147,10 +148,6 @@ impl Io {
 
 fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build()
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn utf8(name: &OsStr) -> Result<&str> {

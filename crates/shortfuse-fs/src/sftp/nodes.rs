@@ -10,6 +10,7 @@
 //! says of a removed directory used as the current one), while its
 //! open handles keep working on the server.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -69,7 +70,7 @@ impl Nodes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unpoison()
     }
 
     /// The server path of `node`.

@@ -15,6 +15,7 @@
 //! descriptor, and a released handle leaves a dead entry that the next
 //! insert prunes (so the table stays the size of the open handles).
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
@@ -46,7 +47,7 @@ impl Backings {
             let (Some(me), Some(file)) = (me.upgrade(), map.as_whole()) else {
                 return;
             };
-            let mut t = me.table.lock().unwrap_or_else(|e| e.into_inner());
+            let mut t = me.table.lock().unpoison();
             t.files.insert((node.0, fh.0), Arc::downgrade(file));
             if t.files.len() > 2 * t.pruned_at.max(32) {
                 t.files.retain(|_, w| w.strong_count() > 0);
@@ -56,7 +57,7 @@ impl Backings {
     }
 
     fn get(&self, node: u64, fh: u64) -> Option<Arc<OwnedFd>> {
-        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        let t = self.table.lock().unpoison();
         t.files.get(&(node, fh)).and_then(Weak::upgrade)
     }
 

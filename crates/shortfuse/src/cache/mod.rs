@@ -44,6 +44,7 @@ pub mod options;
 pub mod page;
 pub mod seen;
 
+use crate::sync::Unpoison;
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::hash::BuildHasher;
@@ -409,11 +410,11 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unpoison()
     }
 
     fn meta(&self) -> MutexGuard<'_, MetaCache> {
-        self.meta.lock().unwrap_or_else(|e| e.into_inner())
+        self.meta.lock().unpoison()
     }
 
     fn ps(&self) -> u64 {

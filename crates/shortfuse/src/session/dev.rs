@@ -18,6 +18,7 @@
 //! rings ([`super::uring`]) once INIT is answered; one /dev/fuse worker
 //! stays for INIT, FORGET, INTERRUPT and notifications.
 
+use crate::sync::Unpoison;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -166,7 +167,7 @@ impl DevSession {
             let m = mount.clone();
             let on_error: uring::OnError = Arc::new(move |_| {
                 // Requests routed to a dead queue would wait forever.
-                let m = m.lock().unwrap_or_else(|p| p.into_inner());
+                let m = m.lock().unpoison();
                 let _ = m.abort();
             });
             match start_rings(ring_dev, &dispatcher, &pool, on_error) {
@@ -177,7 +178,7 @@ impl DevSession {
         drop(ring_dev);
         if spawn_error.is_some() {
             // The workers already running end when the connection does.
-            let m = mount.lock().unwrap_or_else(|p| p.into_inner());
+            let m = mount.lock().unpoison();
             let _ = m.abort();
         } else {
             ready();
@@ -259,7 +260,7 @@ fn signal_loop(
         let Some(sig) = set.wait(Duration::from_millis(100)) else {
             continue;
         };
-        let mut m = mount.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = mount.lock().unpoison();
         match sig {
             libc::SIGUSR1 => tracing::info!("statistics (SIGUSR1):\n{}", stats.snapshot().table()),
             _ if !stopping => {

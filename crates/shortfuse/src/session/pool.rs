@@ -23,6 +23,7 @@
 //! Readers never retire: a daemon that has seen parallel load keeps its
 //! readers.
 
+use crate::sync::Unpoison;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
@@ -96,7 +97,7 @@ impl Pool {
         })();
         match started {
             Ok(h) => {
-                self.handles.lock().unwrap_or_else(|p| p.into_inner()).push(h);
+                self.handles.lock().unpoison().push(h);
                 Ok(true)
             }
             Err(e) => {
@@ -108,11 +109,7 @@ impl Pool {
 
     /// Whether all readers started so far have ended.
     pub fn all_finished(&self) -> bool {
-        self.handles
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .all(|h| h.is_finished())
+        self.handles.lock().unpoison().iter().all(|h| h.is_finished())
     }
 
     /// Waits for every reader, including those started while waiting (a
@@ -121,7 +118,7 @@ impl Pool {
     pub fn join(&self) -> io::Result<()> {
         let mut result = Ok(());
         loop {
-            let next = self.handles.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let next = self.handles.lock().unpoison().pop();
             let Some(h) = next else {
                 return result;
             };
