@@ -16,6 +16,9 @@ declare -A CMD_PKG=(
     [bindfs]=bindfs
     [sshd]=openssh-server
     [sshfs]=sshfs
+    # Unmodified FUSE daemons served over the rings (tests/test_foreign.py).
+    [squashfuse]=squashfuse
+    [mksquashfs]=squashfs-tools
     [setfattr]=attr
     [pkg-config]=pkg-config
     [cc]=build-essential

@@ -19,6 +19,7 @@ programs under `shortfuse run -m MOUNTPOINT`, their kernel mount kept.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -283,3 +284,176 @@ def test_posix_scenario_over_the_rings_matches_the_kernel_mount(shortfuse, serve
     assert also is None, (
         f"{name} on {which} over the rings differs from its kernel mount:\n{diff}\nand from ext4:\n{also}"
     )
+
+
+# ------------------------------------------- daemons of other FUSE libraries
+
+GO_FUSE = r"""
+// A small go-fuse file system: one file in memory, and a directory in
+// which files can be made, written and read.
+package main
+
+import (
+	"context"
+	"flag"
+	"log"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+type root struct{ fs.Inode }
+
+func (r *root) OnAdd(ctx context.Context) {
+	f := &fs.MemRegularFile{Data: []byte("hello from go-fuse\n"), Attr: fuse.Attr{Mode: 0644}}
+	r.AddChild("hello", r.NewPersistentInode(ctx, f, fs.StableAttr{Ino: 2}), false)
+}
+
+var _ = (fs.NodeOnAdder)((*root)(nil))
+
+func main() {
+	flag.Parse()
+	server, err := fs.Mount(flag.Arg(0), &root{}, &fs.Options{})
+	if err != nil {
+		log.Fatalf("mount: %v", err)
+	}
+	server.Wait()
+}
+"""
+
+
+def build_go_fuse(base: Path) -> Path:
+    src = base / "gofuse"
+    src.mkdir()
+    (src / "main.go").write_text(GO_FUSE)
+    (src / "go.mod").write_text("module gofusetest\n\ngo 1.18\n\nrequire github.com/hanwen/go-fuse/v2 v2.8.0\n")
+    go = sfmount.require_tool("go")
+    env = dict(os.environ, GOFLAGS="-mod=mod")
+    for cmd in ([go, "mod", "tidy"], [go, "build", "-o", "gofusetest", "."]):
+        p = sfmount.run(cmd, timeout=600, cwd=src, env=env)
+        assert p.returncode == 0, f"{' '.join(cmd)}: {p.stderr}"
+    return src / "gofusetest"
+
+
+@pytest.mark.deadline(900)
+def test_a_go_fuse_daemon_over_the_rings(shortfuse, scratch):
+    daemon = build_go_fuse(scratch)
+    mp = scratch / "mnt"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", str(daemon), str(mp)], mp)
+    try:
+        p = under(shortfuse, mp, ["sh", "-c", f"ls {mp}; cat {mp}/hello"])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode() == "hello\nhello from go-fuse\n"
+        assert d.count("LOOKUP") >= 1 and d.stats()["transports"]["ring"] > 0
+        assert (mp / "hello").read_text() == "hello from go-fuse\n"
+    finally:
+        # go-fuse leaves SIGTERM to Go's default (exit, still mounted): the
+        # scratch fixture unmounts.
+        d.stop()
+
+
+def test_squashfuse_over_the_rings(shortfuse, scratch):
+    tree = scratch / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").write_bytes(b"squashed\n" * 1000)
+    (tree / "top").write_text("top\n")
+    image = scratch / "image.sqfs"
+    p = sfmount.run([sfmount.require_tool("mksquashfs"), str(tree), str(image), "-quiet", "-noappend"], timeout=120)
+    assert p.returncode == 0, p.stderr
+    mp = scratch / "mnt"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", sfmount.require_tool("squashfuse"), "-f", str(image), str(mp)], mp)
+    try:
+        script = f"import os; print(sorted(os.listdir('{mp}')), open('{mp}/sub/f').read() == 'squashed\\n' * 1000)"
+        p = under(shortfuse, mp, [sys.executable, "-c", script])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode() == "['sub', 'top'] True\n"
+        assert d.count("READ") >= 1 and d.stats()["transports"]["ring"] > 0
+        # Read-only, as the image is.
+        w = under(shortfuse, mp, ["sh", "-c", f"echo x > {mp}/new"])
+        assert w.returncode != 0
+        assert (mp / "top").read_text() == "top\n"
+    finally:
+        d.stop()
+
+
+FUSER = r"""
+//! A small fuser file system: one read-only file.
+use fuser::{FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, Request};
+use std::ffi::OsStr;
+use std::time::{Duration, UNIX_EPOCH};
+
+const TTL: Duration = Duration::from_secs(1);
+const DATA: &[u8] = b"hello from fuser\n";
+
+fn attr(ino: u64) -> FileAttr {
+    let (kind, perm, size, nlink) = if ino == 1 { (FileType::Directory, 0o755, 0, 2) } else { (FileType::RegularFile, 0o644, DATA.len() as u64, 1) };
+    FileAttr { ino, size, blocks: 1, atime: UNIX_EPOCH, mtime: UNIX_EPOCH, ctime: UNIX_EPOCH, crtime: UNIX_EPOCH, kind, perm, nlink, uid: 0, gid: 0, rdev: 0, flags: 0, blksize: 512 }
+}
+
+struct Hello;
+
+impl Filesystem for Hello {
+    fn lookup(&mut self, _req: &Request, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        if parent == 1 && name == "hello" { reply.entry(&TTL, &attr(2), 0) } else { reply.error(libc::ENOENT) }
+    }
+    fn getattr(&mut self, _req: &Request, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        if ino <= 2 { reply.attr(&TTL, &attr(ino)) } else { reply.error(libc::ENOENT) }
+    }
+    fn read(&mut self, _req: &Request, ino: u64, _fh: u64, offset: i64, size: u32, _flags: i32, _lock: Option<u64>, reply: ReplyData) {
+        if ino != 2 { return reply.error(libc::ENOENT) }
+        let start = (offset as usize).min(DATA.len());
+        reply.data(&DATA[start..(start + size as usize).min(DATA.len())]);
+    }
+    fn readdir(&mut self, _req: &Request, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        if ino != 1 { return reply.error(libc::ENOENT) }
+        let entries = [(1, FileType::Directory, "."), (1, FileType::Directory, ".."), (2, FileType::RegularFile, "hello")];
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(e.0, (i + 1) as i64, e.1, e.2) { break; }
+        }
+        reply.ok();
+    }
+}
+
+fn main() {
+    let mp = std::env::args().nth(1).expect("MOUNTPOINT");
+    fuser::mount2(Hello, mp, &[MountOption::RO, MountOption::FSName("fusertest".into())]).unwrap();
+}
+"""
+
+FUSER_TOML = """[package]
+name = "fusertest"
+version = "0.1.0"
+edition = "2021"
+
+[dependencies]
+fuser = { version = "0.15", default-features = false, features = ["abi-7-31"] }
+libc = "0.2"
+
+[workspace]
+"""
+
+
+@pytest.mark.deadline(900)
+def test_a_fuser_daemon_over_the_rings(shortfuse, scratch):
+    crate = scratch / "fusertest"
+    (crate / "src").mkdir(parents=True)
+    (crate / "Cargo.toml").write_text(FUSER_TOML)
+    (crate / "src" / "main.rs").write_text(FUSER)
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    p = sfmount.run([cargo, "build", "-q"], timeout=800, cwd=crate, env=dict(os.environ, CARGO_TARGET_DIR=str(crate / "target")))
+    assert p.returncode == 0, p.stderr
+    mp = scratch / "mnt"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", str(crate / "target" / "debug" / "fusertest"), str(mp)], mp)
+    try:
+        p = under(shortfuse, mp, ["sh", "-c", f"ls {mp}; cat {mp}/hello"])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode() == "hello\nhello from fuser\n"
+        assert d.count("READ") >= 1 and d.stats()["transports"]["ring"] > 0
+        assert (mp / "hello").read_text() == "hello from fuser\n"
+    finally:
+        # fuser leaves SIGTERM to the default (exit, still mounted): the
+        # scratch fixture unmounts.
+        d.stop()

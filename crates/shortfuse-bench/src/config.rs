@@ -51,6 +51,12 @@ pub enum Kind {
     /// kernel page cache is bypassed (`-o direct_io`, the Prefuse-SSHFS caching thesis's "SSHFS
     /// with O_DIRECT").
     Sshfs { direct_io: bool },
+    /// Debian's bindfs (`sshfs`: Debian's sshfs from a loopback sshd) run
+    /// unmodified under `shortfuse serve -- DAEMON`: the workload runs in a
+    /// worker under `shortfuse run -m MNT` (as for [`Kind::Preload`]) whose
+    /// calls reach that daemon over shared-memory rings, its kernel mount
+    /// beside.
+    ServedDaemon { sshfs: bool },
 }
 
 /// A named configuration.
@@ -146,6 +152,14 @@ impl Config {
             Config {
                 name: "sftp-preload".into(),
                 kind: Kind::SftpShim { cache: false },
+            },
+            Config {
+                name: "bindfs-ring".into(),
+                kind: Kind::ServedDaemon { sshfs: false },
+            },
+            Config {
+                name: "sshfs-ring".into(),
+                kind: Kind::ServedDaemon { sshfs: true },
             },
             Config {
                 name: "sftp-preload-cache".into(),
@@ -272,6 +286,10 @@ impl Config {
             ),
             Kind::Sshfs { direct_io: false } => "Debian's sshfs from the same kind of loopback sshd, its defaults".into(),
             Kind::Sshfs { direct_io: true } => "Debian's sshfs with -o direct_io (no kernel page cache)".into(),
+            Kind::ServedDaemon { sshfs } => format!(
+                "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve --`, each call sent to it over shared-memory rings",
+                if *sshfs { "sshfs from a loopback sshd" } else { "bindfs" }
+            ),
         }
     }
 
@@ -286,7 +304,7 @@ impl Config {
     pub fn needs_shim(&self) -> bool {
         matches!(
             self.kind,
-            Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. }
+            Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. } | Kind::ServedDaemon { .. }
         )
     }
 
@@ -418,15 +436,22 @@ impl Drop for Prepared {
 /// Starts `shortfuse serve FS [SRC] MNT` (rings only) and waits until it
 /// says it serves; its output goes to `root/serve.log`.
 fn start_daemon(env: &Env, fs: &str, src: &Path, mnt: &Path, root: &Path) -> Result<std::process::Child, String> {
+    let mut args: Vec<std::ffi::OsString> = vec![fs.into()];
+    if takes_source(fs) {
+        args.push(src.into());
+    }
+    args.push(mnt.into());
+    start_serve(env, &args, root)
+}
+
+/// Starts `shortfuse serve ARGS` and waits until it says it serves; its
+/// output goes to `root/serve.log`.
+fn start_serve(env: &Env, args: &[std::ffi::OsString], root: &Path) -> Result<std::process::Child, String> {
     let log_path = root.join("serve.log");
     let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
     let mut c = Command::new(&env.shortfuse_bin);
-    c.args(["serve", fs]);
-    if takes_source(fs) {
-        c.arg(src);
-    }
+    c.arg("serve").args(args);
     let mut child = c
-        .arg(mnt)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -600,6 +625,37 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
+            Kind::ServedDaemon { sshfs } => {
+                let mut args: Vec<std::ffi::OsString> = vec!["--".into()];
+                if *sshfs {
+                    let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
+                    let bin = find_in_path("sshfs").ok_or("sshfs is not installed (apt-get install sshfs)")?;
+                    args.extend([bin.into(), "-f".into(), "-o".into()]);
+                    args.push(format!("{},BatchMode=yes", sftp_options(&server)).into());
+                    args.push(server.target().into());
+                    prepared.server = Some(server);
+                } else {
+                    let bin = find_in_path("bindfs").ok_or("bindfs is not installed (apt-get install bindfs)")?;
+                    args.extend([bin.into(), "-f".into(), src.clone().into()]);
+                }
+                args.push(mnt.clone().into());
+                cleanup::remember(&mnt);
+                prepared.mountpoint = Some(mnt.clone());
+                prepared.daemon = Some(start_serve(env, &args, &prepared.root)?);
+                let worker = PreloadWorker {
+                    shortfuse_bin: env.shortfuse_bin.clone(),
+                    mount: mnt.display().to_string(),
+                    env: vec![],
+                    options: String::new(),
+                };
+                PRELOAD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((mnt.clone(), worker));
+                prepared.dir = mnt;
+                prepared.preload = true;
+                return Ok(prepared);
+            }
             Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. } => {
                 // The mount point exists only for the worker's shim.
                 std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
