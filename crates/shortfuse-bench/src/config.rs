@@ -648,10 +648,7 @@ impl Config {
                     env: vec![],
                     options: String::new(),
                 };
-                PRELOAD
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((mnt.clone(), worker));
+                PRELOAD.lock().unpoison().push((mnt.clone(), worker));
                 prepared.dir = mnt;
                 prepared.preload = true;
                 return Ok(prepared);
