@@ -153,6 +153,7 @@ mod creds;
 mod daemon;
 mod mounts;
 mod nsmap;
+mod page0;
 mod sud;
 mod sys;
 mod user;
@@ -235,6 +236,10 @@ fn mark_slow_calls() {
     }
     // Credential changes: requests carry the caller's current ones.
     for nr in creds::CALLS {
+        sys::set_slow(nr);
+    }
+    // Calls given page 0 where they need memory fail as natively.
+    for nr in page0::calls() {
         sys::set_slow(nr);
     }
     // A daemon's /dev/fuse descriptor may come from fusermount3.
@@ -425,6 +430,9 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
         // The file system's own call: its descriptors go above the
         // program's numbers.
         return calls::nested(nr, a);
+    }
+    if page0::faults(nr, &a) {
+        return -i64::from(libc::EFAULT);
     }
     calls::spare::before_kernel(nr);
     sys::raw6(nr, a)

@@ -431,6 +431,7 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         Some(r) => r,
         None => match crate::serve(nr, a, Some(*mask)) {
             Some(r) => r,
+            None if crate::page0::faults(nr, &a) => -i64::from(libc::EFAULT),
             None => {
                 program_mask(*mask);
                 crate::calls::spare::before_kernel(nr);

@@ -27,7 +27,7 @@ const SYS_MMAP: i64 = 9;
 const SYS_MPROTECT: i64 = 10;
 /// Every system-call number below this lands in the sled.
 const SLED: usize = 512;
-const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// Why the rewrite did not happen.
 #[derive(Debug)]

@@ -68,6 +68,16 @@ int main(int argc, char **argv) {
         CASE("pread buffer", syscall(SYS_pread64, fd, bad[i], 5, 0));
         CASE("pwrite buffer", syscall(SYS_pwrite64, fd, bad[i], 5, 0));
         CASE("readlink buffer", syscall(SYS_readlink, f, bad[i], 10));
+        /* Calls the shim does not serve: the kernel must not read the
+         * trampoline at address 0 in place of the program's memory. */
+        CASE("memfd_create name", syscall(SYS_memfd_create, bad[i], 0));
+        CASE("mq_unlink name", syscall(SYS_mq_unlink, bad[i]));
+        CASE("chroot path", syscall(SYS_chroot, bad[i]));
+        CASE("mount target", syscall(SYS_mount, "none", bad[i], "tmpfs", 0, NULL));
+        CASE("add_key type", syscall(SYS_add_key, bad[i], "d", NULL, 0, -2));
+        CASE("nanosleep request", syscall(SYS_nanosleep, bad[i], NULL));
+        CASE("uname buffer", syscall(SYS_uname, bad[i]));
+        CASE("sysinfo buffer", syscall(SYS_sysinfo, bad[i]));
     }
     /* Nothing was made outside the mount, nothing but f inside it. */
     show("rel exists", syscall(SYS_access, "rel", F_OK));
