@@ -39,7 +39,8 @@ declare -A CMD_PKG=(
     [go]=golang-go
     # The POSIX battery's reference: a fresh ext4 image, loop-mounted.
     [mkfs.ext4]=e2fsprogs
-    # test_namespace_maps counts the system calls of in-process lookups.
+    # test_namespace_maps counts the system calls of in-process lookups;
+    # test_run what the shim does at a process's start.
     [strace]=strace
 )
 missing=()

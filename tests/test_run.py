@@ -253,6 +253,42 @@ def test_mem_is_per_process_image_and_passthrough_is_shared(shortfuse, scratch):
     assert (src / "f").read_text() == "b\n"
 
 
+def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
+    """What the shim does as each process starts, as strace sees it. No
+    image reads /proc/self/maps: a rewritten page gets its protection back
+    from the loaded object's program headers. Only an image that may have
+    inherited a descriptor of a mount looks at /proc/self/fd to adopt it: the
+    first image of the run, and one exec'd while a mount descriptor is open
+    across exec; a /bin/true exec'd with none skips it (and still sees the
+    mount)."""
+    src = scratch / "src"
+    src.mkdir()
+    (src / "f").write_text("x\n")
+    mp = f"{scratch}/p"
+    log = scratch / "strace.log"
+    script = f"/bin/true; test -e {mp}/f && /bin/true; exec 3< {mp}/f; /bin/true"
+    argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,openat"]
+    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", script]
+    r = subprocess.run(argv, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    # Per process image (a pid's lines from one execve to the next): its
+    # program and the /proc files it opened.
+    images: list[tuple[str, set[str]]] = []
+    current: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()  # strace pads short pids
+        if call.startswith("execve(") and not call.endswith("= -1 ENOENT (No such file or directory)"):
+            images.append((call.split('"')[1], set()))
+            current[pid] = len(images) - 1
+        elif call.startswith("openat(") and pid in current and '"/proc/self/' in call:
+            images[current[pid]][1].add(call.split('"')[1])
+    shimmed = [(prog, opened) for prog, opened in images if not prog.endswith("/shortfuse")]
+    assert [os.path.basename(p) for p, _ in shimmed] == ["bash", "true", "true", "true"], images
+    assert all("/proc/self/maps" not in opened for _, opened in shimmed), shimmed
+    assert ["/proc/self/fd" in opened for _, opened in shimmed] == [True, False, False, True], shimmed
+
+
 MMAP_MIN_ADDR = Path("/proc/sys/vm/mmap_min_addr")
 
 

@@ -27,6 +27,14 @@ pub const NAMES_VAR: &str = "SHORTFUSE_NAMES";
 /// when the exec'ing image was in one.
 pub const CWD_VAR: &str = "SHORTFUSE_CWD";
 
+/// Set (to 1) by the shim of an image that execs with no descriptor of a
+/// mount open across the exec: the new image skips the look at every
+/// descriptor it has (/proc/self/fd, a readlink each) that adopting them
+/// takes. Without it (the first image of `shortfuse run`, an exec from a
+/// spawn's child) the image looks, as it always may.
+pub const NOTHING_INHERITED_VAR: &str = "SHORTFUSE_NOTHING_INHERITED";
+pub const NOTHING_INHERITED: &std::ffi::CStr = c"SHORTFUSE_NOTHING_INHERITED=1";
+
 /// The file system a spec names, when the shim builds it in process.
 fn in_process_kind(spec: &MountSpec) -> Result<&'static FsKind, String> {
     match FsKind::find(&spec.fs) {
@@ -186,7 +194,11 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     // The file systems open descriptors while they are built (passthrough:
     // its source), before the hook can move them out of the program's way
     // (`calls::nested`): keep the low numbers taken meanwhile.
-    let fence = Fence::low_numbers();
+    // mem and null open none: spare them the hundred calls.
+    let fence = specs
+        .iter()
+        .any(|m| m.is_daemon() || !matches!(m.fs.as_str(), "mem" | "null"))
+        .then(Fence::low_numbers);
     let mut mounts = Vec::new();
     for (i, m) in specs.iter().enumerate() {
         mounts.push(Arc::new(build_one(m, i, creds, umask as u32)?));
@@ -197,8 +209,14 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
         .unwrap_or_else(|_| b"/".to_vec());
     let cwd = std::env::var_os(CWD_VAR).and_then(|c| inherited_cwd(&mounts, c.as_encoded_bytes()));
     let fds = FdTable::new();
-    crate::calls::shared::adopt(&mounts, &fds);
-    crate::calls::kernel::adopt(&mounts, &fds);
+    // Read and forgotten: the program's own execs must not pass it on
+    // (the shim's set it anew, `calls::exec`).
+    let inherits = std::env::var_os(NOTHING_INHERITED_VAR).is_none();
+    std::env::remove_var(NOTHING_INHERITED_VAR);
+    if inherits {
+        crate::calls::shared::adopt(&mounts, &fds);
+        crate::calls::kernel::adopt(&mounts, &fds);
+    }
     Ok(State {
         mounts,
         fds,
@@ -268,8 +286,22 @@ impl Fence {
 
 impl Drop for Fence {
     fn drop(&mut self) {
-        for &fd in &self.0 {
-            sys::raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        // The numbers are mostly one run (3 to 99): one close_range a run
+        // instead of a close each (a hundred system calls at every start).
+        self.0.sort_unstable();
+        let mut i = 0;
+        while i < self.0.len() {
+            let mut j = i;
+            while j + 1 < self.0.len() && self.0[j + 1] == self.0[j] + 1 {
+                j += 1;
+            }
+            let (first, last) = (self.0[i], self.0[j]);
+            if sys::raw(libc::SYS_close_range, first, last, 0, 0, 0, 0) != 0 {
+                for fd in first..=last {
+                    sys::raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+                }
+            }
+            i = j + 1;
         }
     }
 }

@@ -357,6 +357,12 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
         sys::free_hook_stack();
         raw(libc::SYS_exit, status, 0, 0, 0, 0, 0);
     }
+    if code == SYS_USER_DISPATCH && g[libc::REG_RAX as usize] == libc::SYS_exit_group {
+        // The process ends: its site runs once, so rewriting it (and
+        // mapping a hook stack to do so) would be all the work a short
+        // process such as /bin/true pays us at its end.
+        raw(libc::SYS_exit_group, g[libc::REG_RDI as usize], 0, 0, 0, 0, 0);
+    }
     // SAFETY: as above.
     let alt = unsafe { (*(ctx as *const libc::ucontext_t)).uc_stack };
     let start = alt.ss_sp as usize;

@@ -377,9 +377,80 @@ pub fn init_cfg() {
     let c = cfg();
     let off = (thread() as *const ThreadState as usize).wrapping_sub(thread_pointer());
     c.tls_off.store(off as u64, Ordering::Relaxed);
-    let (on, size) = xsave_layout();
+    let (on, size) = inherited_xsave_layout().unwrap_or_else(|| {
+        let layout = xsave_layout();
+        pass_xsave_layout(layout);
+        layout
+    });
     c.xsave_on.store(on as u64, Ordering::Relaxed);
     c.xsave_size.store(size as u64, Ordering::Relaxed);
+}
+
+/// Where the first process of a program leaves the layout that
+/// [`xsave_layout`] found, for the processes it starts: `XCR0:MODE:SIZE`
+/// in hexadecimal. Each `cpuid` traps to the hypervisor in a virtual
+/// machine (18 µs each here, up to six of them on an AVX-512 CPU: a tenth
+/// of what the shim costs a short process at start).
+const XSAVE_VAR: &str = "SHORTFUSE_XSAVE";
+
+/// The layout handed down by [`XSAVE_VAR`], when it was found under the
+/// same enabled state components (XCR0) as ours: the CPU and the kernel's
+/// choice are then the same, hence the layout.
+fn inherited_xsave_layout() -> Option<(u8, usize)> {
+    let v = std::env::var(XSAVE_VAR).ok()?;
+    let mut f = v.split(':').map(|x| u64::from_str_radix(x, 16).ok());
+    let (xcr0, on, size) = (f.next()??, f.next()??, f.next()??);
+    if f.next().is_some() || on > 3 || !(512..=1 << 16).contains(&size) || size % 64 != 0 {
+        return None;
+    }
+    (Some(xcr0) == current_xcr0()).then_some((on as u8, size as usize))
+}
+
+fn pass_xsave_layout((on, size): (u8, usize)) {
+    if let Some(xcr0) = current_xcr0() {
+        // In the constructor, before the program's main: no other thread of
+        // the program reads the environment yet.
+        std::env::set_var(XSAVE_VAR, format!("{xcr0:x}:{on:x}:{size:x}"));
+    }
+}
+
+/// XCR0 (the state components the kernel enabled), when the CPU has
+/// `xgetbv` (OSXSAVE, from the cpuid leaf glibc read at start-up).
+fn current_xcr0() -> Option<u64> {
+    if glibc_cpuid(CPUID_INDEX_1).map(|r| r[2] & (1 << 27) != 0) != Some(true) {
+        return None;
+    }
+    let (lo, hi): (u32, u32);
+    // SAFETY: OSXSAVE is set, so xgetbv with ecx=0 is allowed.
+    unsafe { asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) };
+    Some(u64::from(hi) << 32 | u64::from(lo))
+}
+
+/// glibc's indexes of cpuid leaf 1 and of leaf 0xd, sub-leaf 1
+/// (<sys/platform/x86.h>).
+const CPUID_INDEX_1: u32 = 0;
+const CPUID_INDEX_D_ECX_1: u32 = 3;
+
+/// The registers (eax, ebx, ecx, edx) of a cpuid leaf as glibc read them
+/// when the process started (`__x86_get_cpuid_feature_leaf`, glibc 2.33):
+/// no `cpuid` instruction, so no trap to a hypervisor.
+fn glibc_cpuid(index: u32) -> Option<[u32; 4]> {
+    type Leaf = unsafe extern "C" fn(u32) -> *const [u32; 8];
+    // SAFETY: a lookup by a NUL-terminated name; a null result is checked.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__x86_get_cpuid_feature_leaf".as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: glibc's `const struct cpuid_feature *(unsigned int)`; the
+    // struct starts with the four cpuid registers, then four words of usable
+    // bits, and lives as long as the process.
+    unsafe {
+        let leaf = core::mem::transmute::<*mut libc::c_void, Leaf>(f)(index);
+        (!leaf.is_null()).then(|| {
+            let r = &*leaf;
+            [r[0], r[1], r[2], r[3]]
+        })
+    }
 }
 
 /// How the entry saves the vector state (see [`Cfg::xsave_on`]), and the
@@ -389,11 +460,11 @@ pub fn init_cfg() {
 /// 32 bytes and a flag.
 fn xsave_layout() -> (u8, usize) {
     use core::arch::x86_64::__cpuid_count;
-    let l1 = __cpuid_count(1, 0);
-    if l1.ecx & (1 << 27) == 0 {
+    let l1 = glibc_cpuid(CPUID_INDEX_1).map_or_else(|| __cpuid_count(1, 0).ecx, |r| r[2]);
+    if l1 & (1 << 27) == 0 {
         return (0, 512);
     }
-    let d1 = __cpuid_count(0xd, 1).eax;
+    let d1 = glibc_cpuid(CPUID_INDEX_D_ECX_1).map_or_else(|| __cpuid_count(0xd, 1).eax, |r| r[0]);
     let xsavec = d1 & (1 << 1) != 0;
     let (lo, hi): (u32, u32);
     // SAFETY: OSXSAVE is set, so xgetbv with ecx=0 is allowed.

@@ -290,15 +290,18 @@ fn lock_rewrites(me: u64) -> bool {
 /// straddles a line is rewritten only while this thread is the process's
 /// only one ([`alone`]: nobody can run it meanwhile); otherwise it is left
 /// alone and keeps being served by Syscall User Dispatch (in a vfork
-/// child, which runs without it, it reaches the kernel unserved). The page is made writable while staying executable, then
-/// given back its protection from /proc/self/maps. Called from the SIGSYS
-/// handler: no allocation, raw system calls only. The spin lock is safe
-/// across fork and re-entry (see [`REWRITING`]).
+/// child, which runs without it, it reaches the kernel unserved). The page
+/// is made writable while staying executable, then given back its
+/// protection: that of the loaded segment's program header
+/// ([`segment_of`]), or, for code no object holds (a JIT's), that of
+/// /proc/self/maps. Called from the SIGSYS handler: no allocation, raw
+/// system calls only. The spin lock is safe across fork and re-entry (see
+/// [`REWRITING`]), and never held while the loader's lock is.
 pub fn rewrite_site(site: usize) -> bool {
     if !active() || site % 64 == 63 && !alone() {
         return false;
     }
-    let Some((start, end, prot)) = mapping_of(site) else {
+    let Some((start, end, prot)) = segment_of(site).or_else(|| mapping_of(site)) else {
         return false;
     };
     if site < start || prot & libc::PROT_READ == 0 {
@@ -308,7 +311,7 @@ pub fn rewrite_site(site: usize) -> bool {
     // pages of an object split into mappings as their sites are
     // rewritten), whose protection is given back to it.
     let next = if site + 2 > end {
-        match mapping_of(end) {
+        match segment_of(end).or_else(|| mapping_of(end)) {
             Some((s, _, p)) if s == end && p & libc::PROT_READ != 0 => p,
             _ => return false,
         }
@@ -406,6 +409,58 @@ fn open_read(path: &[u8]) -> i64 {
     )
 }
 
+/// The loaded segment holding `addr`: its page range and the protection its
+/// program header (PT_LOAD) asks for, which is the protection the loader
+/// gave its pages, from the loader's own list of objects
+/// (`dl_iterate_phdr`): no system call, where reading /proc/self/maps costs
+/// 65 µs a site (the kernel prints every mapping). A program that changed
+/// the protection of its own text afterwards (none we know of does) would
+/// get the header's back on a page holding a rewritten site.
+///
+/// The loader's lock taken here is recursive (a handler interrupting the
+/// thread that holds it goes on) and nothing of ours is held meanwhile.
+fn segment_of(addr: usize) -> Option<(usize, usize, i32)> {
+    struct Find {
+        addr: usize,
+        found: Option<(usize, usize, i32)>,
+    }
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: the loader hands a valid entry and our `Find`, for the
+        // length of this call.
+        let (info, find) = unsafe { (&*info, &mut *(data as *mut Find)) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers.
+        let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        for ph in headers.iter().filter(|ph| ph.p_type == libc::PT_LOAD) {
+            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            let end = start.wrapping_add(ph.p_memsz as usize);
+            if !(start..end).contains(&find.addr) {
+                continue;
+            }
+            let mut prot = 0;
+            for (flag, p) in [
+                (libc::PF_R, libc::PROT_READ),
+                (libc::PF_W, libc::PROT_WRITE),
+                (libc::PF_X, libc::PROT_EXEC),
+            ] {
+                if ph.p_flags & flag != 0 {
+                    prot |= p;
+                }
+            }
+            find.found = Some((start & !(PAGE - 1), (end + PAGE - 1) & !(PAGE - 1), prot));
+            return 1;
+        }
+        0
+    }
+    let mut find = Find { addr, found: None };
+    // SAFETY: `each` only reads the entries it is handed and writes `find`,
+    // which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut find as *mut Find as *mut libc::c_void) };
+    find.found
+}
+
 /// The mapping holding `addr`, from /proc/self/maps, read with raw system
 /// calls into a stack buffer.
 fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
@@ -498,7 +553,7 @@ fn hex(s: &[u8]) -> Option<usize> {
 /// Dispatch, so that our raw system calls and our signal restorer always
 /// reach the kernel.
 pub fn own_text() -> Option<(usize, usize)> {
-    let (start, end, prot) = mapping_of(crate::sys::shortfuse_special as *const () as usize)?;
+    let (start, end, prot) = segment_of(crate::sys::shortfuse_special as *const () as usize)?;
     (prot & libc::PROT_EXEC != 0).then_some((start, end - start))
 }
 

@@ -26,7 +26,7 @@ use shortfuse::{Errno, FileType};
 use shortfuse_vfs::{OpenFile, Target, Vfs};
 
 use super::{err, resolve, with_nul, Resolved, AT_FDCWD};
-use crate::mounts::CWD_VAR;
+use crate::mounts::{CWD_VAR, NOTHING_INHERITED, NOTHING_INHERITED_VAR};
 use crate::sys::raw;
 use crate::{state, user};
 
@@ -70,7 +70,7 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
     let (dirfd, prog) = prog.into_path();
     let prog_ptr = prog.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
     hand_over_descriptors();
-    let env = environment(a[2]);
+    let env = environment(a[2], nothing_inherited());
     let envp = env.as_ref().map_or(a[2], |e| e.pointers.as_ptr() as i64);
     Some(if dirfd == AT_FDCWD && prog.is_none() {
         raw(libc::SYS_execve, prog_ptr, a[1], envp, 0, 0, 0)
@@ -82,7 +82,7 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
 /// Execs the copy of a program held in memfd `fd`; closes it if the exec fails.
 fn exec_copy(fd: i64, argv: i64, envp: i64) -> i64 {
     hand_over_descriptors();
-    let env = environment(envp);
+    let env = environment(envp, nothing_inherited());
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     exec_memfd(fd, argv, envp)
 }
@@ -129,7 +129,7 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
     };
     let prog_ptr = prog.as_ref().map_or(a[1], |p| p.as_ptr() as i64);
     hand_over_descriptors();
-    let env = environment(a[3]);
+    let env = environment(a[3], nothing_inherited());
     let envp = env.as_ref().map_or(a[3], |e| e.pointers.as_ptr() as i64);
     Some(raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0))
 }
@@ -272,7 +272,9 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
             return Some(r);
         }
     }
-    let env = environment(envp);
+    // The file actions of a spawn may have put a mount descriptor anywhere:
+    // the new image looks for them.
+    let env = environment(envp, false);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // `p` is NUL-terminated.
     let exec_path = |p: &[u8]| raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0);
@@ -455,14 +457,23 @@ struct Env {
 /// The longest environment string exec takes (MAX_ARG_STRLEN: 32 pages).
 const ARG_MAX: usize = 32 * 4096;
 
+/// Whether no descriptor of a mount survives the exec (each is
+/// close-on-exec, or there is none): the new image then need not look
+/// for any ([`NOTHING_INHERITED_VAR`]).
+fn nothing_inherited() -> bool {
+    state().fds.fds().iter().all(|&(_, cloexec)| cloexec)
+}
+
 /// The environment for the new image with `SHORTFUSE_CWD` set to our
 /// current directory inside a mount, or removed when we are not in one,
-/// and LD_LIBRARY_PATH made fit for the dynamic loader (`libpath`).
-/// `None`: the program's own environment needs no change.
-fn environment(envp: i64) -> Option<Env> {
+/// LD_LIBRARY_PATH made fit for the dynamic loader (`libpath`), and
+/// [`NOTHING_INHERITED_VAR`] set when `nothing` says so (removed
+/// otherwise). `None`: the program's own environment needs no change.
+fn environment(envp: i64, nothing: bool) -> Option<Env> {
     let cwd = super::spawn::mount_cwd();
     let prefix = format!("{CWD_VAR}=");
     let saved = format!("{}=", super::libpath::SAVED_VAR);
+    let marker = format!("{NOTHING_INHERITED_VAR}=");
     let mut pointers = Vec::new();
     let mut own = Vec::new();
     let mut had = false;
@@ -478,7 +489,7 @@ fn environment(envp: i64) -> Option<Env> {
             }
             i += 1;
             let s = user::cstr_max(p, ARG_MAX).unwrap_or_default();
-            if s.starts_with(prefix.as_bytes()) || s.starts_with(saved.as_bytes()) {
+            if [&prefix, &saved, &marker].iter().any(|v| s.starts_with(v.as_bytes())) {
                 had = true;
                 continue;
             }
@@ -492,7 +503,7 @@ fn environment(envp: i64) -> Option<Env> {
             pointers.push(p as *const libc::c_char);
         }
     }
-    if cwd.is_none() && !had && own.is_empty() {
+    if cwd.is_none() && !had && own.is_empty() && !nothing {
         return None;
     }
     if let Some(c) = cwd.and_then(|cwd| {
@@ -503,6 +514,9 @@ fn environment(envp: i64) -> Option<Env> {
         own.push(c);
     }
     pointers.extend(own.iter().map(|c| c.as_ptr()));
+    if nothing {
+        pointers.push(NOTHING_INHERITED.as_ptr());
+    }
     pointers.push(std::ptr::null());
     Some(Env { pointers, _own: own })
 }
