@@ -3,7 +3,8 @@
 //! small files and `git status` in it, a clean `make -j2` of a C project,
 //! `tar xf` and `tar cf` of a tree of small files, `find | xargs grep` over
 //! it, `rsync -a` of it, python3 importing a package tree, and sqlite3
-//! inserting rows in transactions. On a `preload` or `ring` configuration
+//! inserting rows in transactions, and `/bin/true` started again and again
+//! (what a process start costs). On a `preload` or `ring` configuration
 //! every program runs under `shortfuse run`, so its figure includes what the
 //! shim costs a process at start (rewriting its code), as a user would pay
 //! it.
@@ -36,6 +37,7 @@ pub const ROWS: &[&str] = &[
     "rsync-a",
     "python-import",
     "sqlite-insert",
+    "true-start",
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +58,8 @@ pub struct Sizes {
     /// sqlite transactions x rows per transaction.
     pub transactions: usize,
     pub rows: usize,
+    /// `/bin/true` processes started.
+    pub trues: usize,
 }
 
 impl Sizes {
@@ -73,6 +77,7 @@ impl Sizes {
             imports: scale.pick(2, 5, 20),
             transactions: scale.pick(2, 20, 100),
             rows: scale.pick(10, 100, 100),
+            trues: scale.pick(20, 200, 1_000),
         }
     }
 }
@@ -85,7 +90,7 @@ const NEEDLE_EVERY: usize = 7;
 pub fn describe(scale: Scale) -> String {
     let s = Sizes::of(scale);
     format!(
-        "Scale {}. `git-add+commit`: `git add -A` + `git commit` of {} new files of a few bytes; `git-status`: `git status --porcelain` in that repository with one file changed (per run of {}); `make-j2`: a clean `make -j2` of {} C files and main.c with gcc -O1, then linking; `tar-xf` and `tar-cf`: extracting and archiving (into an archive on the same file system) a tree of {} files of 1-4 KiB in {} directories; `find+xargs-grep`: `find | xargs grep -l` of a word one file in {NEEDLE_EVERY} holds; `rsync-a`: `rsync -a` of the tree to a new directory beside it; `python-import`: python3 importing a package tree of {} subpackages of {} modules (compiled once before, untimed; per run of {}, the interpreter's start included); `sqlite-insert`: sqlite3 inserting {} rows in {} transactions (default journal) in a new database. Values in ms per program run (process start included), µs per inserted row for sqlite.",
+        "Scale {}. `git-add+commit`: `git add -A` + `git commit` of {} new files of a few bytes; `git-status`: `git status --porcelain` in that repository with one file changed (per run of {}); `make-j2`: a clean `make -j2` of {} C files and main.c with gcc -O1, then linking; `tar-xf` and `tar-cf`: extracting and archiving (into an archive on the same file system) a tree of {} files of 1-4 KiB in {} directories; `find+xargs-grep`: `find | xargs grep -l` of a word one file in {NEEDLE_EVERY} holds; `rsync-a`: `rsync -a` of the tree to a new directory beside it; `python-import`: python3 importing a package tree of {} subpackages of {} modules (compiled once before, untimed; per run of {}, the interpreter's start included); `sqlite-insert`: sqlite3 inserting {} rows in {} transactions (default journal) in a new database; `true-start`: `/bin/true` started {} times by the shell, its current directory in the mount (what starting a process costs: fork, exec, the shim's start-up, exit and wait). Values in ms per program run (process start included), µs per inserted row for sqlite and per `/bin/true`.",
         scale.name(),
         s.repo_files,
         s.statuses,
@@ -97,6 +102,7 @@ pub fn describe(scale: Scale) -> String {
         s.imports,
         s.transactions * s.rows,
         s.transactions,
+        s.trues,
     )
 }
 
@@ -336,6 +342,15 @@ pub fn run(dir: &Path, input_root: &Path, scale: Scale, progress: &mut dyn FnMut
             per: rows,
             unit: "us",
             ..Step::new(rows)
+        },
+        Step {
+            body: format!("for ((i = 0; i < {}; i++)); do /bin/true; done", s.trues),
+            check: "echo $i".into(),
+            want: count(s.trues),
+            what: "processes started",
+            per: s.trues,
+            unit: "us",
+            ..Step::new(s.trues)
         },
     ];
     let mut out = Vec::new();
