@@ -1,5 +1,6 @@
 """`shortfuse serve -- COMMAND`: unmodified FUSE daemons (Debian's bindfs,
-a raw /dev/fuse loop written here) served over the shared-memory rings to
+sshfs and squashfuse, a go-fuse and a fuser file system built here, a raw
+/dev/fuse loop written here) served over the shared-memory rings to
 programs under `shortfuse run -m MOUNTPOINT`, their kernel mount kept.
 
 - Files written, read, renamed, listed and removed through the rings are
