@@ -833,6 +833,22 @@ def test_posix_scenario_over_the_ring(shortfuse, scratch, posix_daemon, name):
     assert diff is None, f"{name} over the ring differs from native ext4:\n{diff}"
 
 
+@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+def test_a_program_on_the_daemon_s_mount_runs_as_the_first_program(shortfuse, scratch, fs):
+    mp = scratch / "mnt"
+    src = scratch / "src"
+    src.mkdir()
+    test_run.programs_on(src)
+    d = Daemon(shortfuse, scratch, [fs, str(src), str(mp)] if fs == "passthrough" else [fs, str(mp)], mp)
+    try:
+        if fs == "mem":
+            p = under(shortfuse, mp, ["cp", "-p", f"{src}/hello.sh", f"{src}/echo-elf", str(mp)])
+            assert p.returncode == 0, p.stderr.decode()
+        test_run.check_programs_on_mount(shortfuse, [str(mp)], mp, scratch)
+    finally:
+        d.stop()
+
+
 def test_run_without_a_daemon_stops_before_the_program(shortfuse, scratch):
     marker = scratch / "ran"
     p = subprocess.run(

@@ -364,6 +364,46 @@ def test_bad_mounts_are_refused_before_the_program_runs(shortfuse, scratch):
     assert p.returncode == 127
 
 
+def programs_on(src: Path) -> None:
+    """A script and an ELF program in `src`, each printing its arguments."""
+    (src / "hello.sh").write_text('#!/bin/sh\necho "script says $*"\n')
+    (src / "hello.sh").chmod(0o755)
+    shutil.copy2(shutil.which("echo"), src / "echo-elf")
+
+
+def check_programs_on_mount(shortfuse: Path, mounts: list[str], mp: Path, cwd: Path) -> None:
+    """Each program of `programs_on` on the mount at `mp` runs as the very
+    program `shortfuse run` starts: named by absolute path, by a path
+    relative to the current directory, and by bare name through PATH."""
+    rel = os.path.relpath(mp, cwd)
+    env = dict(os.environ, PATH=f"{mp}:{os.environ['PATH']}")
+    for prog, args, out in (
+        ("hello.sh", ["one", "two"], b"script says one two\n"),
+        ("echo-elf", ["elf", "runs"], b"elf runs\n"),
+    ):
+        for argv, kw in (
+            ([f"{mp}/{prog}", *args], {}),
+            ([f"{rel}/{prog}", *args], {"cwd": cwd}),
+            ([prog, *args], {"env": env}),
+        ):
+            p = under(shortfuse, mounts, argv, **kw)
+            assert (p.returncode, p.stdout) == (0, out), (argv, p)
+
+def test_a_program_on_the_mount_runs_as_the_first_program(shortfuse, scratch):
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    programs_on(src)
+    check_programs_on_mount(shortfuse, [f"{mp}=passthrough:{src}"], mp, scratch)
+    # A fresh mem mount is empty: the program is not there, whatever the
+    # kernel has under the mount point, which the mount hides.
+    mp.mkdir()
+    programs_on(mp)
+    for argv in ([f"{mp}/hello.sh"], [f"{mp}/echo-elf", "hidden"]):
+        p = under(shortfuse, [f"{mp}=mem"], argv)
+        assert p.returncode == 127 and p.stdout == b"", (argv, p)
+        assert b"No such file or directory" in p.stderr, p.stderr
+
+
 # ------------------------------------------------------------ POSIX scenarios
 
 DRIVER = r"""

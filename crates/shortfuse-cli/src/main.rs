@@ -204,6 +204,11 @@ fn main() -> ExitCode {
     {
         return helper::main(&fs, &argv[1..]);
     }
+    // Exec'd by `run` for a program on a mount (no clap: the program's
+    // arguments are its own).
+    if argv.get(1).is_some_and(|a| a == run::TRAMPOLINE) {
+        return run::trampoline(&argv[2..]);
+    }
     let cli = Cli::parse();
     logging::init(match &cli.command {
         Command::Mount { options, debug, .. } => *debug || logging::asks_debug(options),

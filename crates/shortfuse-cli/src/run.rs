@@ -129,8 +129,25 @@ pub fn main(args: RunArgs) -> ExitCode {
         eprintln!("shortfuse run: {msg}");
         return ExitCode::from(126);
     }
-    let mut cmd = Command::new(&args.program[0]);
-    cmd.args(&args.program[1..]);
+    // A program on a mount is not in the kernel's file system, and this
+    // process has no shim to find it: a copy of this binary with the shim
+    // loaded (see [`TRAMPOLINE`]) execs it, through the shim's exec path.
+    let mut cmd = if program_in_mount(&args.program[0], &specs) {
+        let exe = match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("shortfuse run: cannot find the shortfuse binary: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let mut c = Command::new(exe);
+        c.arg(TRAMPOLINE).args(&args.program);
+        c
+    } else {
+        let mut c = Command::new(&args.program[0]);
+        c.args(&args.program[1..]);
+        c
+    };
     cmd.env("SHORTFUSE_MOUNTS", format_mounts(&specs));
     cmd.env("LD_PRELOAD", ld_preload(&shim, std::env::var_os("LD_PRELOAD")));
     // A current directory handed over by an outer `run` means nothing here.
@@ -140,13 +157,81 @@ pub fn main(args: RunArgs) -> ExitCode {
         let f = std::env::current_dir().map(|d| d.join(f)).unwrap_or_else(|_| f.clone());
         cmd.env("SHORTFUSE_STATS", f);
     }
-    let e = cmd.exec();
-    eprintln!("shortfuse run: {}: {e}", Path::new(&args.program[0]).display());
+    exec_failed(&args.program[0], cmd.exec())
+}
+
+/// The first argument that makes `shortfuse` exec the rest as a program
+/// (with the shim loaded, from `run`): the kernel cannot exec a program
+/// that lies on a mount served in process or by a `serve` daemon, but the
+/// shim's exec can (the backing file of a passthrough, a copy of the file
+/// otherwise).
+pub const TRAMPOLINE: &str = "__run-exec";
+
+/// `shortfuse __run-exec PROGRAM ARGS...`: execs PROGRAM (found in PATH
+/// as execvp does); only returns when that fails.
+pub fn trampoline(program: &[OsString]) -> ExitCode {
+    let Some(prog) = program.first() else {
+        eprintln!("shortfuse run: no program");
+        return ExitCode::from(USAGE);
+    };
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(args) = program
+        .iter()
+        .map(|a| std::ffi::CString::new(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+    else {
+        return exec_failed(prog, std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    };
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    // The shim may serve the exec in its SIGSYS handler, which runs on the
+    // alternate signal stack when there is one: std's (for its stack
+    // overflow report) is too small for it.
+    let off = libc::stack_t {
+        ss_sp: std::ptr::null_mut(),
+        ss_flags: libc::SS_DISABLE,
+        ss_size: 0,
+    };
+    // SAFETY: a valid stack_t; nothing runs on the alternate stack now.
+    unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
+    // libc's execvp, not std's Command: the shim serves the execve it makes.
+    // SAFETY: NUL-terminated strings and a NULL-terminated vector, alive
+    // across the call.
+    unsafe { libc::execvp(argv[0], argv.as_ptr()) };
+    exec_failed(prog, std::io::Error::last_os_error())
+}
+
+/// The report and exit status of a failed exec of `prog`.
+fn exec_failed(prog: &OsString, e: std::io::Error) -> ExitCode {
+    eprintln!("shortfuse run: {}: {e}", Path::new(prog).display());
     ExitCode::from(if e.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
     })
+}
+
+/// Whether `path` (absolute) is a mount point of `specs` or lies beneath one.
+fn in_mount(path: &[u8], specs: &[MountSpec]) -> bool {
+    let a = shortfuse_vfs::normalize(path);
+    a.starts_with(b"/")
+        && specs.iter().any(|m| {
+            let mp = shortfuse_vfs::normalize(m.mountpoint.as_bytes());
+            a.strip_prefix(mp.as_slice())
+                .is_some_and(|r| r.is_empty() || r[0] == b'/')
+        })
+}
+
+/// Whether exec'ing `prog` may need a mount: its path (made absolute) is in
+/// one, or, for a bare name, a directory of PATH is.
+fn program_in_mount(prog: &OsString, specs: &[MountSpec]) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let inside = |p: &Path| in_mount(absolute(&cwd, p).as_bytes(), specs);
+    if prog.as_bytes().contains(&b'/') {
+        return inside(Path::new(prog));
+    }
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|d| inside(&d)))
 }
 
 /// Why PROGRAM cannot be run: it is linked statically (the shim never
@@ -171,14 +256,9 @@ fn unreachable_argument(program: &[OsString], specs: &[MountSpec]) -> Option<Str
         return None;
     }
     let arg = program[1..].iter().find(|a| {
-        let a = shortfuse_vfs::normalize(a.as_bytes());
-        specs.iter().any(|m| {
-            let mp = shortfuse_vfs::normalize(m.mountpoint.as_bytes());
-            let inside = a
-                .strip_prefix(mp.as_slice())
-                .is_some_and(|r| r.is_empty() || r[0] == b'/');
-            a.starts_with(b"/") && inside && !kernel_mount(Path::new(&m.mountpoint))
-        })
+        specs
+            .iter()
+            .any(|m| !kernel_mount(Path::new(&m.mountpoint)) && in_mount(a.as_bytes(), std::slice::from_ref(m)))
     })?;
     Some(format!(
         "{}: refused: the program is statically linked, so the mounts cannot be served in it, and its argument {} \
