@@ -37,7 +37,6 @@ pub mod metadata;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod server;
-pub mod testutil;
 pub mod versions;
 
 use std::sync::Arc;

@@ -1,15 +1,18 @@
 //! Leases on etcd: two agents' lease managers ([`EtcdLeases`]) on one real
 //! etcd, as two `shortfuse dist up --etcd` agents would have them.
 
+#[path = "support/etcd.rs"]
+mod etcd;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use etcd::{runtime, TestEtcd};
 use shortfuse::Errno;
 use shortfuse_dist::lease_etcd::EtcdLeases;
 use shortfuse_dist::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
-use shortfuse_dist::testutil::{runtime, TestEtcd};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::task::JoinHandle;

@@ -1,13 +1,16 @@
 //! The etcd metadata service against a real etcd: several agents on one
 //! etcd see one name space, changes are atomic, orphans outlive agents.
 
+#[path = "support/etcd.rs"]
+mod etcd;
+
 use std::time::{Duration, Instant};
 
+use etcd::{runtime, TestEtcd};
 use shortfuse::Errno;
 use shortfuse_dist::etcdmeta::{self, Creation, EtcdMeta, FsParams, DEFAULT_PREFIX};
 use shortfuse_dist::meta::{Freed, ROOT_INO};
 use shortfuse_dist::proto::{AttrChange, NewKind};
-use shortfuse_dist::testutil::{runtime, TestEtcd};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -282,4 +285,26 @@ fn orphans_outlive_their_agent_and_go_with_its_lease() {
         assert_eq!(a2.getattr(g).await.err(), Some(Errno::ENOENT));
         assert!(a2.orphans().await.unwrap().is_empty());
     });
+}
+
+/// The fixture itself: a real etcd that serves, and is gone (process and
+/// data) once dropped.
+#[test]
+fn a_test_etcd_serves_and_goes_away() {
+    let etcd = TestEtcd::start().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+        c.put("k", "v", None).await.unwrap();
+        let got = c.get("k", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"v");
+    });
+    let port: u16 = etcd.endpoint().rsplit(':').next().unwrap().parse().unwrap();
+    let dir = etcd.dir().to_path_buf();
+    drop(etcd);
+    assert!(!etcd::healthy(port));
+    assert!(!dir.exists());
 }

@@ -1,16 +1,15 @@
-//! Fixtures for tests of the scale-out mode, shared by this crate's unit
-//! and integration tests and by other crates' tests.
+//! Fixtures for the tests of the scale-out mode (a test-only module: its
+//! dependencies, `tempfile` among them, are dev-dependencies).
 //!
 //! [`TestEtcd`] is a real, single-member etcd (Debian's `etcd-server`,
 //! installed by `scripts/setup.sh`) on free loopback ports, with its data in
 //! a temporary directory:
 //!
-//! ```no_run
-//! let etcd = shortfuse_dist::testutil::TestEtcd::start().unwrap();
+//! ```text
+//! let etcd = TestEtcd::start().unwrap();
 //! // "http://127.0.0.1:PORT": give it to `ServerConfig::agent`, to
 //! // `etcd_client::Client::connect`, or to `shortfuse dist up --etcd`.
 //! let url = etcd.endpoint();
-//! # let _ = url;
 //! drop(etcd); // killed, its data removed
 //! ```
 //!
@@ -18,6 +17,9 @@
 //! apart. The binary is `$SHORTFUSE_ETCD` if set, else `etcd` on `PATH`;
 //! a missing binary is an error that says how to install it (tests fail,
 //! they do not skip).
+
+// Each test binary uses a part of it.
+#![allow(dead_code)]
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -44,7 +46,7 @@ fn free_port() -> io::Result<u16> {
 }
 
 /// Whether etcd at `port` says it is healthy (`GET /health`).
-fn healthy(port: u16) -> bool {
+pub fn healthy(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
         return false;
     };
@@ -189,29 +191,4 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_test_etcd_serves_and_goes_away() {
-        let etcd = TestEtcd::start().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mut c = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
-            c.put("k", "v", None).await.unwrap();
-            let got = c.get("k", None).await.unwrap();
-            assert_eq!(got.kvs()[0].value(), b"v");
-        });
-        let port: u16 = etcd.endpoint().rsplit(':').next().unwrap().parse().unwrap();
-        let dir = etcd.dir().to_path_buf();
-        drop(etcd);
-        assert!(!healthy(port));
-        assert!(!dir.exists());
-    }
 }
