@@ -210,10 +210,11 @@ fn main() -> ExitCode {
         return run::trampoline(&argv[2..]);
     }
     let cli = Cli::parse();
-    logging::init(match &cli.command {
-        Command::Mount { options, debug, .. } => *debug || logging::asks_debug(options),
-        _ => false,
-    });
+    match &cli.command {
+        Command::Run(_) => logging::init_run(),
+        Command::Mount { options, debug, .. } => logging::init(*debug || logging::asks_debug(options)),
+        _ => logging::init(false),
+    }
     let result = match cli.command {
         Command::Run(args) => return run::main(args),
         Command::Serve(args) => serve::main(args),
