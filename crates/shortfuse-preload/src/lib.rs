@@ -224,18 +224,14 @@ fn parent_fell_back(text: Option<(usize, usize)>) -> bool {
 
 /// Numbers the entry hands to the hook: file calls and the clone family.
 fn mark_slow_calls() {
-    for nr in 0..512 {
-        if calls::is_file_call(nr) {
-            sys::set_slow(nr);
-        }
-    }
-    // rt_sigaction: to know whether the program has signal handlers;
-    // exit: a thread's hook stack goes with it (see `sys`).
-    for nr in [13, 15, 56, 57, 58, 60, 435] {
-        sys::set_slow(nr);
-    }
+    use calls::table::{ENTRY_CALLS, FILE_CALLS, HOOK_CALLS};
     // Credential changes: requests carry the caller's current ones.
-    for nr in creds::CALLS {
+    for &nr in FILE_CALLS
+        .iter()
+        .chain(ENTRY_CALLS)
+        .chain(HOOK_CALLS)
+        .chain(&creds::CALLS)
+    {
         sys::set_slow(nr);
     }
     // Calls given page 0 where they need memory fail as natively.
@@ -455,7 +451,7 @@ pub(crate) fn before_serving(nr: i64) {
 /// clone, fork and vfork: the calls after which another process may hold
 /// our descriptors.
 pub(crate) fn is_clone(nr: i64) -> bool {
-    matches!(nr, libc::SYS_clone | libc::SYS_fork | libc::SYS_vfork)
+    calls::table::is_clone(nr)
 }
 
 /// Runs before every clone, fork and vfork (from the entry's slow path or

@@ -341,7 +341,7 @@ pub fn program_mask(m: u64) {
 }
 
 fn is_special(nr: i64) -> bool {
-    matches!(nr, 15 | 56 | 57 | 58 | 435)
+    crate::calls::table::is_entry_call(nr)
 }
 
 /// The SIGSYS handler: its frame is on the signal stack when the thread

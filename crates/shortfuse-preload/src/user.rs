@@ -99,9 +99,11 @@ pub fn in_page_zero(nr: i64, a: [i64; 6]) -> bool {
     let low = |p: i64, len: usize| len > 0 && (p as u64 as usize) < LOWEST;
     match nr {
         libc::SYS_write | libc::SYS_pwrite64 => low(a[1], a[2] as usize),
-        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 => match iovecs(a[1], a[2].min(1024)) {
+        // The kernel refuses a count outside 0..=IOV_MAX (EINVAL) before it
+        // reads the array, and a bad array (EFAULT).
+        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 if !(0..=1024).contains(&a[2]) => false,
+        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 => match iovecs(a[1], a[2]) {
             Ok(v) => v.iter().any(|v| low(v.iov_base as i64, v.iov_len)),
-            // The kernel refuses the array itself.
             Err(_) => false,
         },
         _ => false,

@@ -1,3 +1,5 @@
+//! Arguments the kernel refuses are refused alike on a mount.
+//!
 //! Bad pointers handed to file calls on a mount give EFAULT, as the
 //! kernel's copy_from_user does, instead of killing the program; a null
 //! path is EFAULT too, although the shim's trampoline is mapped at address
@@ -7,6 +9,10 @@
 //! the shim on in-process mounts; the outputs must be the same. Runs as
 //! root, which maps the trampoline at address 0 whatever vm.mmap_min_addr
 //! says.
+//!
+//! tests/c/argchecks.c does the same for counts and paths the kernel
+//! refuses before it looks at a file (readv's count, readlink's buffer
+//! size, a negative truncate length, a trailing slash on a regular file).
 
 // Not every helper is used here.
 #[allow(dead_code)]
@@ -16,9 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use support::{scratch, shim};
 
-fn badptr() -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/badptr.c");
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("badptr");
+/// Builds tests/c/NAME.c.
+fn build(name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let o = Command::new("cc")
         .args(["-O1", "-Wall", "-o"])
         .arg(&out)
@@ -29,7 +36,7 @@ fn badptr() -> PathBuf {
     out
 }
 
-/// Runs badptr on `dir` from the empty directory `cwd`, under the shim
+/// Runs `prog` on `dir` from the empty directory `cwd`, under the shim
 /// with `mounts` when given; its output, after checking that it exited 0
 /// and that `cwd` stayed empty.
 fn run(prog: &Path, dir: &str, cwd: &Path, mounts: Option<&str>) -> String {
@@ -42,7 +49,8 @@ fn run(prog: &Path, dir: &str, cwd: &Path, mounts: Option<&str>) -> String {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),
-        "badptr under {mounts:?}: {:?}\n{out}{}",
+        "{} under {mounts:?}: {:?}\n{out}{}",
+        prog.display(),
         o.status,
         String::from_utf8_lossy(&o.stderr)
     );
@@ -54,23 +62,45 @@ fn run(prog: &Path, dir: &str, cwd: &Path, mounts: Option<&str>) -> String {
     out
 }
 
-#[test]
-fn bad_pointers_give_efault_on_in_process_mounts() {
-    let prog = badptr();
-    let base = scratch("shortfuse-pointers", "bad");
+/// The output of `prog` under the shim on a mem and on a passthrough
+/// mount, checked against its native output; the native output.
+fn same_as_native(prog: &Path, tag: &str) -> String {
+    let base = scratch("shortfuse-pointers", tag);
     let (native, cwd, src) = (base.join("native"), base.join("cwd"), base.join("src"));
     for d in [&native, &cwd, &src] {
         std::fs::create_dir(d).unwrap();
     }
-    let want = run(&prog, native.to_str().unwrap(), &cwd, None);
+    let want = run(prog, native.to_str().unwrap(), &cwd, None);
+    let mp = format!("/shortfuse-pointers-{}-{tag}/m", std::process::id());
+    for mounts in [format!("{mp}=mem"), format!("{mp}=passthrough:{}", src.display())] {
+        let got = run(prog, &mp, &cwd, Some(&mounts));
+        assert_eq!(got, want, "under {mounts}");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+    want
+}
+
+#[test]
+fn bad_pointers_give_efault_on_in_process_mounts() {
+    let want = same_as_native(&build("badptr"), "bad");
     assert!(
         want.contains("open null: EFAULT") && want.contains("stat buffer bad: EFAULT"),
         "{want}"
     );
-    let mp = format!("/shortfuse-pointers-{}/m", std::process::id());
-    for mounts in [format!("{mp}=mem"), format!("{mp}=passthrough:{}", src.display())] {
-        let got = run(&prog, &mp, &cwd, Some(&mounts));
-        assert_eq!(got, want, "under {mounts}");
+}
+
+#[test]
+fn refused_counts_and_trailing_slashes_give_the_kernels_errors() {
+    let want = same_as_native(&build("argchecks"), "args");
+    for line in [
+        "readv iovcnt -1: EINVAL",
+        "writev iovcnt 1025: EINVAL",
+        "fchmodat f/: ENOTDIR",
+        "readlink l -1: EINVAL",
+        "readlink missing 0: EINVAL",
+        "truncate missing -1: EINVAL",
+        "mode 644 size 5",
+    ] {
+        assert!(want.contains(line), "{line} not in\n{want}");
     }
-    std::fs::remove_dir_all(&base).unwrap();
 }

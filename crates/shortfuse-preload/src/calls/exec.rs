@@ -25,10 +25,13 @@ use std::sync::Arc;
 use shortfuse::{Errno, FileType};
 use shortfuse_vfs::{OpenFile, Target, Vfs};
 
-use super::{err, resolve, with_nul, Resolved, AT_FDCWD};
+use super::reply::err;
+use super::resolve::{mount_of, resolve, with_nul, Resolved};
 use crate::mounts::{CWD_VAR, NOTHING_INHERITED, NOTHING_INHERITED_VAR};
 use crate::sys::raw;
 use crate::{state, user};
+
+const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
 pub fn execve(a: [i64; 6]) -> Option<i64> {
     execve_script(a, 0)
@@ -178,7 +181,7 @@ fn script_on_mount(prog: &Prog, path: &[u8], argv: i64) -> Option<Argv> {
     let line = &line[start..];
     let end = line.iter().position(blank).unwrap_or(line.len());
     let interp = &line[..end];
-    if !interp.starts_with(b"/") || super::mount_of(&shortfuse_vfs::normalize(interp)).is_none() {
+    if !interp.starts_with(b"/") || mount_of(&shortfuse_vfs::normalize(interp)).is_none() {
         return None;
     }
     // As Linux: the rest of the line, trimmed, is one argument.
@@ -228,7 +231,7 @@ impl Prog {
 }
 
 fn program(dirfd: i64, path: &[u8], follow: bool) -> Result<Prog, Errno> {
-    match resolve(dirfd, path, follow)? {
+    match resolve(dirfd as i32, path, follow)? {
         Resolved::Kernel(None) => Ok(Prog::Keep(dirfd)),
         Resolved::Kernel(Some(p)) => Ok(Prog::Path(p)),
         Resolved::Ours(vfs, t) => {
@@ -262,12 +265,12 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let abs = super::spawn::absolute(dirfd, path)?;
     // What the kernel will run, when it can be read here: a program of a
     // mount without a source is copied below, and never static in practice.
-    let kernel_prog = match super::mount_of(&abs) {
+    let kernel_prog = match mount_of(&abs) {
         None => Some(with_nul(abs.clone())),
         Some((vfs, rest)) => vfs.source().map(|src| backing_path(src, &super::spawn::slash(rest))),
     };
     if let Some(p) = kernel_prog {
-        let cwd = super::spawn::mount_cwd().and_then(|c| super::mount_of(&c).map(|(v, _)| v));
+        let cwd = super::spawn::mount_cwd().and_then(|c| mount_of(&c).map(|(v, _)| v));
         if let Some(r) = super::unserved::refuse(&Prog::Path(p), path, argv, envp, cwd) {
             return Some(r);
         }
@@ -278,7 +281,7 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // `p` is NUL-terminated.
     let exec_path = |p: &[u8]| raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0);
-    let Some((vfs, rest)) = super::mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
+    let Some((vfs, rest)) = mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
         if path.starts_with(b"/") || super::spawn::mount_cwd().is_none() {
             // The kernel finds it as it is (the environment may still
             // have changed).

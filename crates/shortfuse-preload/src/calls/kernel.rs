@@ -46,85 +46,80 @@ use std::sync::Arc;
 use shortfuse::{Errno, FileType};
 use shortfuse_vfs::{FdTable, Location, OpenFile, Vfs, Walk, WalkFlags};
 
-use super::{err, file, res, to_stat, to_statx};
+use super::metadata::{to_stat, to_statx};
+use super::reply::{err, res};
+use super::resolve::{file, with_nul};
+use super::table::{Call, Direction, Fd, Regs};
 use crate::sys::raw;
 use crate::user;
 
 /// The kernel's FIONREAD (`TIOCINQ`).
 const FIONREAD: i64 = 0x541b;
 
-/// The descriptor argument of the calls that take one, by position.
-fn fd_arg(nr: i64) -> Option<usize> {
-    Some(match nr {
-        libc::SYS_read
-        | libc::SYS_write
-        | libc::SYS_pread64
-        | libc::SYS_pwrite64
-        | libc::SYS_readv
-        | libc::SYS_writev
-        | libc::SYS_preadv
-        | libc::SYS_pwritev
-        | libc::SYS_preadv2
-        | libc::SYS_pwritev2
-        | libc::SYS_lseek
-        | libc::SYS_fsync
-        | libc::SYS_fdatasync
-        | libc::SYS_ftruncate
-        | libc::SYS_fallocate
-        | libc::SYS_fadvise64
-        | libc::SYS_sync_file_range
-        | libc::SYS_ioctl
-        | libc::SYS_fstat
-        | libc::SYS_getdents64
-        | libc::SYS_fcntl
-        | libc::SYS_flock => 0,
-        libc::SYS_mmap => 4,
-        _ => return None,
-    })
-}
-
 /// Serves a call on a kernel-backed descriptor: `None` when the call is not
 /// about one, `Some(None)` to let the kernel run it unchanged.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<Option<i64>> {
-    let i = fd_arg(nr)?;
-    let f = file(a[i])?;
+pub fn call(c: &Call, regs: Regs) -> Option<Option<i64>> {
+    // The calls the kernel serves on the backing file's description; those
+    // that change its size or times drop the cached attributes.
+    let (fd, writes) = match *c {
+        Call::Read { fd, .. }
+        | Call::Pread { fd, .. }
+        | Call::Lseek { fd, .. }
+        | Call::Fsync { fd, .. }
+        | Call::Advise { fd }
+        | Call::Ioctl { fd }
+        | Call::Fstat { fd, .. }
+        | Call::Getdents { fd, .. }
+        | Call::Fcntl { fd, .. }
+        | Call::Flock { fd, .. }
+        | Call::Mmap { fd, .. } => (fd, false),
+        Call::Vectored { fd, dir, .. } => (fd, dir == Direction::Write),
+        Call::Write { fd, .. } | Call::Pwrite { fd, .. } | Call::Ftruncate { fd, .. } | Call::Fallocate { fd, .. } => {
+            (fd, true)
+        }
+        _ => return None,
+    };
+    let f = file(fd)?;
     if !f.kernel_backed() {
         return None;
     }
-    Some(match nr {
-        libc::SYS_write
-        | libc::SYS_pwrite64
-        | libc::SYS_writev
-        | libc::SYS_pwritev
-        | libc::SYS_pwritev2
-        | libc::SYS_ftruncate
-        | libc::SYS_fallocate => {
-            if user::in_page_zero(nr, a) {
-                return Some(Some(err(Errno::EFAULT)));
-            }
-            let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
-            // The size and times changed under the cached attributes.
-            f.vfs().invalidate_attr(f.node());
-            Some(r)
+    if writes {
+        if user::in_page_zero(regs.nr, regs.a) {
+            return Some(Some(err(Errno::EFAULT)));
         }
-        libc::SYS_fstat => Some(res(
-            fresh_stat(&f, a[0]).and_then(|st| user::put(a[1], &st).map(|()| 0i64))
+        let r = crate::sys::raw6(regs.nr, regs.a);
+        // The size and times changed under the cached attributes.
+        f.vfs().invalidate_attr(f.node());
+        return Some(Some(r));
+    }
+    Some(match *c {
+        Call::Fstat { fd, out } => Some(res(
+            fresh_stat(&f, fd).and_then(|st| user::put(out.0, &st).map(|()| 0i64))
         )),
         // Table bookkeeping (F_DUPFD*, F_SETFD) stays with the caller.
-        libc::SYS_fcntl => match a[1] as i32 {
-            libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFD => return None,
-            _ => None,
-        },
+        Call::Fcntl {
+            cmd: libc::F_DUPFD | libc::F_DUPFD_CLOEXEC | libc::F_SETFD,
+            ..
+        } => return None,
         _ => None,
     })
 }
 
 /// The attributes of a kernel-backed descriptor: the file system's, with
 /// size, blocks and times from the backing file (written through the kernel).
-pub fn fresh_stat(f: &Arc<OpenFile>, fd: i64) -> Result<libc::stat, Errno> {
+pub fn fresh_stat(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::stat, Errno> {
     let mut st = to_stat(&f.stat()?, f.vfs().dev());
     let mut k: libc::stat = user::zeroed();
-    if raw(libc::SYS_fstat, fd, &mut k as *mut libc::stat as i64, 0, 0, 0, 0) == 0 {
+    if raw(
+        libc::SYS_fstat,
+        i64::from(fd.0),
+        &mut k as *mut libc::stat as i64,
+        0,
+        0,
+        0,
+        0,
+    ) == 0
+    {
         st.st_size = k.st_size;
         st.st_blocks = k.st_blocks;
         st.st_atime = k.st_atime;
@@ -138,7 +133,7 @@ pub fn fresh_stat(f: &Arc<OpenFile>, fd: i64) -> Result<libc::stat, Errno> {
 }
 
 /// statx of a kernel-backed descriptor (see [`fresh_stat`]).
-pub fn fresh_statx(f: &Arc<OpenFile>, fd: i64) -> Result<libc::statx, Errno> {
+pub fn fresh_statx(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::statx, Errno> {
     let st = fresh_stat(f, fd)?;
     let mut attr = f.stat()?;
     attr.size = st.st_size as u64;
@@ -177,7 +172,7 @@ pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
         let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
         return raw(libc::SYS_fcntl, b, i64::from(cmd), 0, 0, 0, 0);
     }
-    let link = super::with_nul(format!("/proc/self/fd/{b}").into_bytes());
+    let link = with_nul(format!("/proc/self/fd/{b}").into_bytes());
     // Creation and truncation were done by the open; O_NOFOLLOW would
     // refuse the magic link itself.
     let keep = flags
@@ -268,7 +263,7 @@ struct Side {
 
 impl Side {
     fn new(fd: i64, off_ptr: i64) -> Side {
-        let file = file(fd).filter(|f| !f.kernel_backed());
+        let file = file(Fd(fd as i32)).filter(|f| !f.kernel_backed());
         Side { fd, file, off_ptr }
     }
 
@@ -354,7 +349,7 @@ impl Side {
                 0,
             ),
         };
-        if let Some(f) = file(self.fd).filter(|f| f.kernel_backed()) {
+        if let Some(f) = file(Fd(self.fd as i32)).filter(|f| f.kernel_backed()) {
             f.vfs().invalidate_attr(f.node());
         }
         r
@@ -376,7 +371,7 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
         // Kernel descriptors only (kernel-backed ones included): the
         // kernel's call, then the attributes of a written mount file drop.
         let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
-        if let Some(f) = file(dst.fd).filter(|f| f.kernel_backed()) {
+        if let Some(f) = file(Fd(dst.fd as i32)).filter(|f| f.kernel_backed()) {
             f.vfs().invalidate_attr(f.node());
         }
         return Some(r);

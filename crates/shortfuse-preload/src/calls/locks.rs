@@ -20,9 +20,15 @@ use shortfuse::{Errno, FileType, NodeId};
 use shortfuse_abi as abi;
 use shortfuse_vfs::OpenFile;
 
-use super::{err, owner, res};
+use super::reply::{err, res};
 use crate::sys::raw;
 use crate::user;
+
+/// This process's lock owner (FLUSH and POSIX locks): what a shared
+/// daemon's lock table knows it by.
+pub fn owner() -> u64 {
+    shortfuse_ring::POSIX_OWNER | u64::from(shortfuse_ring::pid())
+}
 
 /// The (mount, node) pairs on which this process took POSIX locks through
 /// the daemon: a close of any of their descriptors unlocks them. A forked

@@ -71,7 +71,7 @@ use std::sync::Arc;
 use shortfuse::{FileType, NodeId};
 use shortfuse_vfs::{FdTable, OpenFile, Vfs};
 
-use super::OWN_FD_FLOOR;
+use super::descriptors::OWN_FD_FLOOR;
 use crate::sys::{owned_file, raw};
 
 /// The memfd name prefix of a description.
@@ -110,7 +110,7 @@ pub fn describe<'a>(files: impl Iterator<Item = &'a Arc<OpenFile>> + Clone) {
     if !files.clone().any(|f| pending(f)) {
         return;
     }
-    let st = super::state();
+    let st = crate::state();
     let _swapping = descriptors();
     for f in files {
         if !pending(f) {
@@ -292,7 +292,7 @@ pub fn anchor_all() {
 /// Runs `act` on the files of the table for which `pick` holds, a stack
 /// batch at a time, until none is left or a batch changes nothing.
 fn by_batches(pick: fn(&OpenFile) -> bool, act: impl Fn(&[Option<Arc<OpenFile>>])) {
-    let fds = &super::state().fds;
+    let fds = &crate::state().fds;
     let mut batch: [Option<Arc<OpenFile>>; 32] = Default::default();
     loop {
         batch.fill(None);
@@ -313,7 +313,7 @@ fn by_batches(pick: fn(&OpenFile) -> bool, act: impl Fn(&[Option<Arc<OpenFile>>]
 pub fn sent(nr: i64, a: [i64; 6]) {
     let mut fds = Vec::new();
     passed(nr, a, &mut fds);
-    let st = super::state();
+    let st = crate::state();
     let files: Vec<Arc<OpenFile>> = fds.into_iter().filter_map(|fd| st.fds.get(fd)).collect();
     describe(files.iter());
     anchor(files.iter().map(|f| &**f));

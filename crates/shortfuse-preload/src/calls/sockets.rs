@@ -50,7 +50,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         p.extend_from_slice(path);
         shortfuse_vfs::normalize(&p)
     };
-    let (vfs, rest) = super::mount_of(&abs)?;
+    let (vfs, rest) = super::resolve::mount_of(&abs)?;
     if super::unserved::kernel_mounted(&vfs) {
         return None;
     }
@@ -60,7 +60,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         } else {
             Errno::ECONNREFUSED
         };
-        Some(super::err(e))
+        Some(super::reply::err(e))
     };
     let Some(src) = vfs.source() else {
         return refused();
@@ -75,7 +75,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     un.sun_family = libc::AF_UNIX as libc::sa_family_t;
     // backing ends with its NUL.
     if backing.len() > un.sun_path.len() {
-        return Some(super::err(Errno::ENAMETOOLONG));
+        return Some(super::reply::err(Errno::ENAMETOOLONG));
     }
     for (d, &s) in un.sun_path.iter_mut().zip(&backing) {
         *d = s as libc::c_char;

@@ -34,7 +34,12 @@ use std::sync::Arc;
 use shortfuse::{Errno, FileType};
 use shortfuse_vfs::{Location, Vfs, Walk, WalkFlags};
 
-use super::{err, mount_of, state, with_nul, AT_FDCWD};
+use super::directories::enter_dead_directory;
+use super::reply::err;
+use super::resolve::{mount_of, with_nul};
+use crate::state;
+
+const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 use crate::sys::raw;
 
 /// The current directory of a vfork child.
@@ -157,7 +162,7 @@ fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
                 // The child's own kernel directory (posix_spawn does not
                 // share it): never the parent's, where a program the shim
                 // does not reach would put what was meant for the mount.
-                super::enter_dead_directory();
+                enter_dead_directory();
             }
             got
         }

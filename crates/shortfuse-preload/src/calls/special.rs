@@ -34,7 +34,13 @@ use std::sync::{Arc, Mutex};
 use shortfuse::{Attr, Errno, FileType, NodeId};
 use shortfuse_vfs::{Target, Vfs};
 
-use super::{err, spare, state, with_nul, AT_FDCWD, OWN_FD_FLOOR};
+use super::descriptors::OWN_FD_FLOOR;
+use super::reply::err;
+use super::resolve::with_nul;
+use super::spare;
+use crate::state;
+
+const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 use crate::sys::raw;
 
 /// Whether an open of a node of type `kind` is the kernel's (see the

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use shortfuse_vfs::Vfs;
 
 use super::exec::Prog;
-use super::{mount_of, state, with_nul};
+use super::resolve::{mount_of, with_nul};
+use crate::state;
 use crate::sys::raw;
 use crate::user;
 

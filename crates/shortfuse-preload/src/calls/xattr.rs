@@ -9,7 +9,9 @@ use std::sync::Arc;
 use shortfuse::{Errno, FileType, NodeId};
 use shortfuse_vfs::{Vfs, XattrOut};
 
-use super::{err, file, reissue, resolve, Resolved, AT_FDCWD};
+use super::reply::err;
+use super::resolve::{file, lookup_follow, ours};
+use super::table::{Ptr, Regs, XattrOn, XattrOp};
 use crate::user;
 
 /// The kernel's XATTR_SIZE_MAX and XATTR_NAME_MAX.
@@ -25,55 +27,47 @@ fn unsupported(e: Errno) -> Errno {
 }
 
 /// Serves one xattr call; `None` when the path or descriptor is not ours.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    let (vfs, node, kind) = match nr {
-        libc::SYS_fgetxattr | libc::SYS_flistxattr | libc::SYS_fsetxattr | libc::SYS_fremovexattr => {
-            let f = file(a[0])?;
+pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
+    let (vfs, node, kind) = match on {
+        XattrOn::Fd(fd) => {
+            let f = file(fd)?;
             (f.vfs().clone(), f.node(), f.file_type())
         }
-        _ => {
-            let follow = matches!(
-                nr,
-                libc::SYS_getxattr | libc::SYS_listxattr | libc::SYS_setxattr | libc::SYS_removexattr
-            );
-            let path = match user::cstr(a[0]) {
-                Ok(p) => p,
-                Err(e) => return Some(err(e)),
-            };
-            match resolve(AT_FDCWD, path, follow) {
-                Err(e) => return Some(err(e)),
-                Ok(Resolved::Kernel(None)) => return None,
-                Ok(Resolved::Kernel(Some(p))) => return Some(reissue(nr, a, 0, false, &p)),
-                Ok(Resolved::Ours(vfs, t)) => match t.node {
-                    Some((node, attr)) => (vfs, node, attr.file_type()),
-                    None => return Some(err(Errno::ENOENT)),
-                },
+        XattrOn::Path { at, follow } => {
+            let (vfs, t) = ours!(lookup_follow(regs, at, follow));
+            match t.node {
+                Some((node, attr)) => (vfs, node, attr.file_type()),
+                None => return Some(err(Errno::ENOENT)),
             }
         }
     };
     // As the kernel's xattr_permission: user.* only on regular files and
     // directories (elsewhere the permission bits mean something else).
-    let user_elsewhere = user::cstr(a[1]).is_ok_and(|n| n.starts_with(b"user."))
-        && !matches!(kind, FileType::Regular | FileType::Directory);
-    if user_elsewhere && !matches!(nr, libc::SYS_listxattr | libc::SYS_llistxattr | libc::SYS_flistxattr) {
-        let getting = matches!(nr, libc::SYS_getxattr | libc::SYS_lgetxattr | libc::SYS_fgetxattr);
-        return Some(err(if getting { Errno::ENODATA } else { Errno::EPERM }));
-    }
-    Some(match nr {
-        libc::SYS_getxattr | libc::SYS_lgetxattr | libc::SYS_fgetxattr => {
-            let name = match checked_name(a[1]) {
+    let user_elsewhere = |name: Ptr| {
+        user::cstr(name.0).is_ok_and(|n| n.starts_with(b"user."))
+            && !matches!(kind, FileType::Regular | FileType::Directory)
+    };
+    Some(match op {
+        XattrOp::Get { name, .. } if user_elsewhere(name) => err(Errno::ENODATA),
+        XattrOp::Set { name, .. } | XattrOp::Remove { name } if user_elsewhere(name) => err(Errno::EPERM),
+        XattrOp::Get { name, value, size } => {
+            let name = match checked_name(name) {
                 Ok(n) => n,
                 Err(e) => return Some(err(e)),
             };
-            get(&vfs, node, name, false, a[2], a[3])
+            get(&vfs, node, name, false, value, size)
         }
-        libc::SYS_listxattr | libc::SYS_llistxattr | libc::SYS_flistxattr => get(&vfs, node, b"", true, a[1], a[2]),
-        libc::SYS_setxattr | libc::SYS_lsetxattr | libc::SYS_fsetxattr => {
-            let name = match checked_name(a[1]) {
+        XattrOp::List { list, size } => get(&vfs, node, b"", true, list, size),
+        XattrOp::Set {
+            name,
+            value,
+            size,
+            flags,
+        } => {
+            let name = match checked_name(name) {
                 Ok(n) => n,
                 Err(e) => return Some(err(e)),
             };
-            let (size, flags) = (a[3] as usize, a[4] as i32);
             if size > SIZE_MAX {
                 return Some(err(Errno::E2BIG));
             }
@@ -83,7 +77,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             if vfs.is_read_only() {
                 return Some(err(Errno::EROFS));
             }
-            let value = match user::slice(a[2], size) {
+            let value = match user::slice(value.0, size) {
                 Ok(v) => v,
                 Err(e) => return Some(err(e)),
             };
@@ -94,8 +88,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
                 Err(e) => err(unsupported(e)),
             }
         }
-        _ => {
-            let name = match checked_name(a[1]) {
+        XattrOp::Remove { name } => {
+            let name = match checked_name(name) {
                 Ok(n) => n,
                 Err(e) => return Some(err(e)),
             };
@@ -114,8 +108,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
 
 /// The attribute name, unless the kernel would refuse it (empty or longer
 /// than XATTR_NAME_MAX: ERANGE; a bad pointer: EFAULT).
-fn checked_name<'a>(p: i64) -> Result<&'a [u8], Errno> {
-    match user::cstr_max(p, NAME_MAX + 1) {
+fn checked_name<'a>(p: Ptr) -> Result<&'a [u8], Errno> {
+    match user::cstr_max(p.0, NAME_MAX + 1) {
         Ok(n) if !n.is_empty() => Ok(n),
         Err(e) if e == Errno::EFAULT => Err(e),
         _ => Err(Errno::ERANGE),
@@ -123,12 +117,12 @@ fn checked_name<'a>(p: i64) -> Result<&'a [u8], Errno> {
 }
 
 /// GETXATTR/LISTXATTR into the caller's buffer (`size` 0: the size needed).
-fn get(vfs: &Arc<Vfs>, node: NodeId, name: &[u8], list: bool, buf: i64, size: i64) -> i64 {
+fn get(vfs: &Arc<Vfs>, node: NodeId, name: &[u8], list: bool, buf: Ptr, size: i64) -> i64 {
     let size = (size.max(0) as usize).min(SIZE_MAX);
     match vfs.client().xattr_get(node, name, list, size as u32) {
         Ok(XattrOut::Size(n)) => i64::from(n),
         Ok(XattrOut::Data(d)) if d.len() > size => err(Errno::ERANGE),
-        Ok(XattrOut::Data(d)) => match user::slice_mut(buf, d.len()) {
+        Ok(XattrOut::Data(d)) => match user::slice_mut(buf.0, d.len()) {
             Ok(out) => {
                 out.copy_from_slice(&d);
                 d.len() as i64

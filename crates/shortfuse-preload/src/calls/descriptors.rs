@@ -1,0 +1,365 @@
+//! Calls on descriptors of ours: data transfers, seeks, syncs, the
+//! descriptor table (close, dup, fcntl) and locks.
+
+use shortfuse::Errno;
+use shortfuse_vfs::OpenFile;
+
+use super::kernel;
+use super::locks::{self, owner};
+use super::reply::{done, err, res};
+use super::resolve::file;
+use super::shared;
+use super::spare;
+use super::table::{Direction, Fd, Offset, Ptr, Regs};
+use crate::state;
+use crate::sys::raw;
+use crate::user;
+
+pub fn read(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
+    let f = file(fd)?;
+    Some(res(user::slice_mut(buf.0, len)
+        .and_then(|b| f.read(b))
+        .map(|n| n as i64)))
+}
+
+pub fn write(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
+    let f = file(fd)?;
+    Some(res(user::slice(buf.0, len).and_then(|b| f.write(b)).map(|n| n as i64)))
+}
+
+pub fn pread(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
+    let f = file(fd)?;
+    if off < 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    Some(res(user::slice_mut(buf.0, len)
+        .and_then(|b| f.pread(b, off as u64))
+        .map(|n| n as i64)))
+}
+
+pub fn pwrite(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
+    let f = file(fd)?;
+    if off < 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    Some(res(user::slice(buf.0, len)
+        .and_then(|b| f.pwrite(b, off as u64))
+        .map(|n| n as i64)))
+}
+
+/// The kernel's UIO_MAXIOV: readv and its kin refuse more buffers.
+const IOV_MAX: i64 = 1024;
+
+/// readv/writev/preadv/pwritev and the `2` forms: one request per buffer,
+/// stopping at the first short transfer; an error after some bytes moved
+/// reports the bytes.
+pub fn vectored(fd: Fd, iov: Ptr, iovcnt: i64, dir: Direction, at: Offset) -> Option<i64> {
+    let f = file(fd)?;
+    let at = match at {
+        Offset::Current => None,
+        Offset::At(off) if off < 0 => return Some(err(Errno::EINVAL)),
+        Offset::At(off) => Some(off as u64),
+    };
+    Some(transfer(&f, iov, iovcnt, dir, at))
+}
+
+fn transfer(f: &OpenFile, iov: Ptr, n: i64, dir: Direction, at: Option<u64>) -> i64 {
+    if !(0..=IOV_MAX).contains(&n) {
+        return err(Errno::EINVAL);
+    }
+    let mut total = 0i64;
+    let iov = match user::iovecs(iov.0, n) {
+        Ok(v) => v,
+        Err(e) => return err(e),
+    };
+    for v in iov {
+        let (base, len) = (v.iov_base as i64, v.iov_len);
+        let r = match (dir, at) {
+            (Direction::Read, None) => user::slice_mut(base, len).and_then(|b| f.read(b)),
+            (Direction::Write, None) => user::slice(base, len).and_then(|b| f.write(b)),
+            (Direction::Read, Some(off)) => user::slice_mut(base, len).and_then(|b| f.pread(b, off + total as u64)),
+            (Direction::Write, Some(off)) => user::slice(base, len).and_then(|b| f.pwrite(b, off + total as u64)),
+        };
+        match r {
+            Ok(got) => {
+                total += got as i64;
+                if got < v.iov_len {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return err(e),
+            Err(_) => break,
+        }
+    }
+    total
+}
+
+pub fn lseek(fd: Fd, off: i64, whence: i32) -> Option<i64> {
+    let f = file(fd)?;
+    Some(res(f.lseek(off, whence).map(|n| n as i64)))
+}
+
+pub fn ftruncate(fd: Fd, len: i64) -> Option<i64> {
+    let f = file(fd)?;
+    if len < 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    Some(done(f.truncate(len as u64)))
+}
+
+pub fn fsync(fd: Fd, data_only: bool) -> Option<i64> {
+    let f = file(fd)?;
+    Some(done(f.fsync(data_only)))
+}
+
+pub fn fallocate(fd: Fd, mode: i32, off: i64, len: i64) -> Option<i64> {
+    let f = file(fd)?;
+    if off < 0 || len <= 0 {
+        return Some(err(Errno::EINVAL));
+    }
+    Some(done(f.fallocate(mode, off as u64, len as u64)))
+}
+
+/// fadvise64, sync_file_range: nothing for the file system to do.
+pub fn advise(fd: Fd) -> Option<i64> {
+    file(fd)?;
+    Some(0)
+}
+
+/// FIONREAD; no other ioctl is served on a mount file (FICLONE, FS_IOC_*,
+/// TCGETS): the answer of a file without them.
+pub fn ioctl(regs: Regs, fd: Fd) -> Option<i64> {
+    let f = file(fd)?;
+    Some(kernel::ioctl(&f, regs.a))
+}
+
+pub fn mmap(regs: Regs, fd: Fd, flags: i32) -> Option<i64> {
+    let f = file(fd)?;
+    if flags & libc::MAP_ANONYMOUS != 0 {
+        return None;
+    }
+    Some(kernel::mmap(&f, regs.a))
+}
+
+/// copy_file_range, sendfile, splice with a descriptor of ours on a side.
+pub fn copy(regs: Regs, out: Fd, input: Fd) -> Option<i64> {
+    if file(out).is_none() && file(input).is_none() {
+        return None;
+    }
+    kernel::copy(regs.nr, regs.a)
+}
+
+pub fn close(fd: Fd) -> Option<i64> {
+    let f = file(fd)?;
+    let lock_owner = if f.needs_flush() { owner() } else { 0 };
+    locks::closed(&f);
+    // A kernel-backed or shared description's close must reach the kernel
+    // now; a bare placeholder may wait for the next open.
+    let placeholder = !f.kernel_backed() && f.shared().is_none();
+    drop(f);
+    let (r, cloexec) = state().fds.close_with_cloexec(fd.0, lock_owner)?;
+    spare::close(fd.0, placeholder, cloexec);
+    Some(done(r))
+}
+
+pub fn close_range(first: u32, last: u32, flags: u32) -> Option<i64> {
+    let st = state();
+    let _swaps = shared::descriptors();
+    let r = raw(
+        libc::SYS_close_range,
+        i64::from(first),
+        i64::from(last),
+        i64::from(flags),
+        0,
+        0,
+        0,
+    );
+    let range = first..=last;
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC == 0 {
+        for (fd, _) in st.fds.fds() {
+            if range.contains(&(fd as u32)) {
+                if let Some(f) = st.fds.get(fd) {
+                    locks::closed(&f);
+                }
+            }
+        }
+        st.fds.close_range(first, last, owner());
+    } else if r == 0 {
+        for (fd, _) in st.fds.fds() {
+            if range.contains(&(fd as u32)) {
+                let _ = st.fds.set_cloexec(fd, true);
+            }
+        }
+    }
+    Some(r)
+}
+
+pub fn dup(fd: Fd) -> Option<i64> {
+    file(fd)?;
+    let _swaps = shared::descriptors();
+    let new = raw(libc::SYS_dup, i64::from(fd.0), 0, 0, 0, 0, 0);
+    if new >= 0 {
+        let _ = state().fds.dup(fd.0, new as i32, false);
+    }
+    Some(new)
+}
+
+/// dup2 (`flags` None) and dup3.
+pub fn dup3(old: Fd, new: Fd, flags: Option<i32>) -> Option<i64> {
+    let ours_old = file(old).is_some();
+    let ours_new = file(new).is_some();
+    if !ours_old && !ours_new {
+        return None;
+    }
+    let st = state();
+    let _swaps = shared::descriptors();
+    let (o, n) = (i64::from(old.0), i64::from(new.0));
+    let r = match flags {
+        None => raw(libc::SYS_dup2, o, n, 0, 0, 0, 0),
+        Some(fl) => raw(libc::SYS_dup3, o, n, i64::from(fl), 0, 0, 0),
+    };
+    if r >= 0 && old != new {
+        if let Some(f) = file(new).filter(|_| ours_new) {
+            locks::closed(&f);
+        }
+        if ours_new && !ours_old {
+            st.fds.close(new.0, owner());
+        } else if let Ok(Some(replaced)) = st.fds.dup(old.0, new.0, flags.unwrap_or(0) & libc::O_CLOEXEC != 0) {
+            let _ = replaced.flush(owner());
+        }
+    }
+    Some(r)
+}
+
+pub fn fcntl(fd: Fd, cmd: i32, arg: i64) -> Option<i64> {
+    let f = file(fd)?;
+    let st = state();
+    let fdr = i64::from(fd.0);
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            let _swaps = shared::descriptors();
+            let new = raw(libc::SYS_fcntl, fdr, i64::from(cmd), arg, 0, 0, 0);
+            if new >= 0 {
+                let _ = st.fds.dup(fd.0, new as i32, cmd == libc::F_DUPFD_CLOEXEC);
+            }
+            Some(new)
+        }
+        // The kernel forces O_LARGEFILE on every open of a 64-bit process.
+        libc::F_GETFL => Some(i64::from((f.flags() & !libc::O_CLOEXEC) | libc::O_LARGEFILE)),
+        libc::F_SETFL => {
+            f.set_flags(arg as i32);
+            Some(0)
+        }
+        libc::F_SETFD => {
+            let _swaps = shared::descriptors();
+            let r = raw(libc::SYS_fcntl, fdr, i64::from(cmd), arg, 0, 0, 0);
+            if r == 0 {
+                let _ = st.fds.set_cloexec(fd.0, arg as i32 & libc::FD_CLOEXEC != 0);
+            }
+            Some(r)
+        }
+        libc::F_GETFD => None,
+        libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+            if locks::remote(&f) =>
+        {
+            Some(locks::fcntl(&f, cmd, arg))
+        }
+        libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
+            Some(match f.lock_fd() {
+                Ok(l) => raw(libc::SYS_fcntl, i64::from(l), i64::from(cmd), arg, 0, 0, 0),
+                Err(e) => err(e),
+            })
+        }
+        // Leases, notifications, pipe sizes, seals: not for a placeholder
+        // to answer for a file it does not stand for.
+        _ => Some(err(Errno::EINVAL)),
+    }
+}
+
+pub fn flock(fd: Fd, op: i32) -> Option<i64> {
+    let f = file(fd)?;
+    if locks::remote(&f) {
+        return Some(locks::flock(&f, op));
+    }
+    Some(match f.lock_fd() {
+        Ok(l) => raw(libc::SYS_flock, i64::from(l), i64::from(op), 0, 0, 0, 0),
+        Err(e) => err(e),
+    })
+}
+
+/// Where descriptors of our own code go (see [`nested`]): above the small
+/// numbers programs pick themselves (shells use 3 to 9 for `exec N>`, and
+/// save descriptors at 10 and up with F_DUPFD, which finds free ones).
+pub const OWN_FD_FLOOR: i64 = 100;
+
+/// A system call made by our own code (the in-process file system, the
+/// allocator) while it serves one of the program's. Runs it, and moves a
+/// descriptor it creates above [`OWN_FD_FLOOR`]: the file system's
+/// descriptors live in the program's table, and a program picks some
+/// numbers itself (`exec 3> f` in a shell is `dup2(fd, 3)`, after probing 3
+/// with `fcntl(F_GETFD)`; `closefrom(3)`), which must never be ours.
+///
+/// The hook in lib.rs calls it for every call it passes on while a call
+/// is served (with the zpoline entry; under Syscall User Dispatch alone the
+/// selector lets such calls reach the kernel directly, and their
+/// descriptors stay where the kernel put them). `mounts::Fence` keeps the
+/// descriptors opened while the mounts are built high.
+pub fn nested(nr: i64, a: [i64; 6]) -> i64 {
+    let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+    let creates = match nr {
+        libc::SYS_open | libc::SYS_openat | libc::SYS_openat2 | libc::SYS_creat | libc::SYS_dup => true,
+        libc::SYS_fcntl => matches!(a[1] as i32, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC),
+        libc::SYS_socket | libc::SYS_memfd_create | libc::SYS_eventfd2 | libc::SYS_epoll_create1 => true,
+        _ => false,
+    };
+    if !creates || r < 0 {
+        return r;
+    }
+    let floor = OWN_FD_FLOOR;
+    if r >= floor {
+        return r;
+    }
+    let cloexec = raw(libc::SYS_fcntl, r, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+    let cmd = if cloexec > 0 && cloexec & i64::from(libc::FD_CLOEXEC) != 0 {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let high = raw(libc::SYS_fcntl, r, i64::from(cmd), floor, 0, 0, 0);
+    if high < 0 {
+        // No room up there (a tiny limit): keep the low number.
+        return r;
+    }
+    raw(libc::SYS_close, r, 0, 0, 0, 0, 0);
+    high
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
+
+    #[test]
+    fn nested_descriptors_move_above_the_programs_numbers() {
+        let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
+        let fd = nested(
+            libc::SYS_openat,
+            [AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0],
+        );
+        let floor = OWN_FD_FLOOR;
+        assert!(fd >= floor, "fd {fd} below {floor}");
+        let fdflags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        assert_eq!(fdflags & i64::from(libc::FD_CLOEXEC), i64::from(libc::FD_CLOEXEC));
+        let dup = nested(libc::SYS_dup, [fd, 0, 0, 0, 0, 0]);
+        assert!(dup >= floor && dup != fd);
+        // Failures pass through.
+        let bad = nested(
+            libc::SYS_openat,
+            [AT_FDCWD, c"/nonexistent/x".as_ptr() as i64, flags, 0, 0, 0],
+        );
+        assert_eq!(bad, -i64::from(libc::ENOENT));
+        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        raw(libc::SYS_close, dup, 0, 0, 0, 0, 0);
+    }
+}
