@@ -29,9 +29,9 @@ mod unserved;
 mod xattr;
 
 pub use descriptors::{nested, OWN_FD_FLOOR};
+pub(crate) use directories::kernel_cwd_inside;
 pub use metadata::{to_stat, to_statx};
 pub(crate) use resolve::mount_of;
-pub(crate) use directories::kernel_cwd_inside;
 pub use table::is_file_call;
 
 use table::{Call, Regs};

@@ -12,6 +12,7 @@
 //! whose own credentials did not change reads the same values, and one
 //! whose did has moved the counter itself before its call reached the
 //! kernel, so its next file call sees the new ones.
+#![allow(unsafe_code)]
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,13 +73,17 @@ pub fn current() -> Arc<Caller> {
 
 fn read() -> Caller {
     // An invalid id (-1) changes nothing and returns the current one.
-    let uid = raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) as u32;
-    let gid = raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) as u32;
+    // SAFETY: -1 changes nothing and returns the current id.
+    let uid = unsafe { raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) } as u32;
+    // SAFETY: -1 changes nothing and returns the current id.
+    let gid = unsafe { raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) } as u32;
     let mut groups = Vec::new();
-    let n = raw(libc::SYS_getgroups, 0, 0, 0, 0, 0, 0);
+    // SAFETY: a buffer of ours of `n` ids (none with 0).
+    let n = unsafe { raw(libc::SYS_getgroups, 0, 0, 0, 0, 0, 0) };
     if n > 0 {
         groups.resize(n as usize, 0u32);
-        let got = raw(libc::SYS_getgroups, n, groups.as_mut_ptr() as i64, 0, 0, 0, 0);
+        // SAFETY: a buffer of ours of `n` ids (none with 0).
+        let got = unsafe { raw(libc::SYS_getgroups, n, groups.as_mut_ptr() as i64, 0, 0, 0, 0) };
         groups.truncate(got.max(0) as usize);
     }
     Caller { uid, gid, groups }

@@ -24,13 +24,14 @@
 //! thread's read may return a ring request. Not handled: poll or epoll on
 //! the descriptor (every daemon we know of reads it in blocking loops),
 //! FUSE over io_uring (libfuse then stays on /dev/fuse).
+#![allow(unsafe_code)]
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use shortfuse_ring::foreign::{DAEMON_FD_VAR, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE};
 
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 use crate::user;
 
 /// Our descriptor of the socket to `shortfuse serve`; -1 when not a daemon.
@@ -62,32 +63,27 @@ pub fn setup() -> bool {
     };
     let mut ty = 0i32;
     let mut len = 4u32;
-    let r = raw(
-        libc::SYS_getsockopt,
-        fd,
-        i64::from(libc::SOL_SOCKET),
-        i64::from(libc::SO_TYPE),
-        &mut ty as *mut i32 as i64,
-        &mut len as *mut u32 as i64,
-        0,
-    );
+    // SAFETY: an int and its length, of ours.
+    let r = unsafe {
+        raw(
+            libc::SYS_getsockopt,
+            fd,
+            i64::from(libc::SOL_SOCKET),
+            i64::from(libc::SO_TYPE),
+            &mut ty as *mut i32 as i64,
+            &mut len as *mut u32 as i64,
+            0,
+        )
+    };
     if r != 0 || ty != libc::SOCK_SEQPACKET {
         return false;
     }
     // Out of the daemon's way, and not inherited by what it runs (ssh).
-    let high = raw(
-        libc::SYS_fcntl,
-        fd,
-        i64::from(libc::F_DUPFD_CLOEXEC),
-        CHANNEL_FLOOR,
-        0,
-        0,
-        0,
-    );
+    let high = fs::fcntl_int(fd as i32, libc::F_DUPFD_CLOEXEC, CHANNEL_FLOOR);
     if high < 0 {
         return false;
     }
-    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    fs::close(fd as i32);
     CHANNEL.store(high as i32, Ordering::Relaxed);
     true
 }
@@ -116,27 +112,19 @@ fn register(fd: i64) {
     if fd < 0 || fd as usize >= MAX_FD {
         return;
     }
-    let flags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFL), 0, 0, 0, 0);
+    let flags = fs::fcntl_int(fd as i32, libc::F_GETFL, 0);
     if flags < 0 {
         return;
     }
     let wished = flags & i64::from(libc::O_NONBLOCK) != 0;
-    raw(
-        libc::SYS_fcntl,
-        fd,
-        i64::from(libc::F_SETFL),
-        flags | i64::from(libc::O_NONBLOCK),
-        0,
-        0,
-        0,
-    );
+    fs::fcntl_int(fd as i32, libc::F_SETFL, flags | i64::from(libc::O_NONBLOCK));
     set_dev(fd, DEV | if wished { DEV_NONBLOCK } else { 0 });
 }
 
 /// Whether `fd` is a descriptor of /dev/fuse (char device 10:229).
 fn is_fuse_device(fd: i64) -> bool {
     let mut st: libc::stat = user::zeroed();
-    raw(libc::SYS_fstat, fd, &mut st as *mut libc::stat as i64, 0, 0, 0, 0) == 0
+    fs::fstat(fd as i32, &mut st) == 0
         && st.st_mode & libc::S_IFMT == libc::S_IFCHR
         && st.st_rdev == libc::makedev(10, 229)
 }
@@ -151,12 +139,16 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             if user::cstr(p).ok()? != b"/dev/fuse" {
                 return None;
             }
-            let r = crate::sys::raw6(nr, a);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have.
+            let r = unsafe { crate::sys::raw6(nr, a) };
             register(r);
             Some(r)
         }
         libc::SYS_recvmsg => {
-            let r = crate::sys::raw6(nr, a);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have.
+            let r = unsafe { crate::sys::raw6(nr, a) };
             if r >= 0 {
                 if let Ok(msg) = user::get::<libc::msghdr>(a[1]) {
                     let mut fds = Vec::new();
@@ -184,7 +176,9 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             if from == 0 {
                 return None;
             }
-            let r = crate::sys::raw6(nr, a);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have.
+            let r = unsafe { crate::sys::raw6(nr, a) };
             if r >= 0 {
                 set_dev(r, from);
             }
@@ -225,14 +219,18 @@ fn fcntl(a: [i64; 6]) -> Option<i64> {
     let nb = i64::from(libc::O_NONBLOCK);
     match a[1] as i32 {
         libc::F_GETFL => {
-            let r = crate::sys::raw6(libc::SYS_fcntl, a);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have.
+            let r = unsafe { crate::sys::raw6(libc::SYS_fcntl, a) };
             if r < 0 || dev(a[0]) & DEV_NONBLOCK != 0 {
                 return Some(r);
             }
             Some(r & !nb)
         }
         libc::F_SETFL => {
-            let r = raw(libc::SYS_fcntl, a[0], a[1], a[2] | nb, 0, 0, 0);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have (with O_NONBLOCK added to the flags).
+            let r = unsafe { raw(libc::SYS_fcntl, a[0], a[1], a[2] | nb, 0, 0, 0) };
             if r == 0 {
                 set_dev(a[0], DEV | if a[2] & nb != 0 { DEV_NONBLOCK } else { 0 });
             }
@@ -240,7 +238,9 @@ fn fcntl(a: [i64; 6]) -> Option<i64> {
         }
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             let from = dev(a[0]);
-            let r = crate::sys::raw6(libc::SYS_fcntl, a);
+            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
+            // as it would have.
+            let r = unsafe { crate::sys::raw6(libc::SYS_fcntl, a) };
             if r >= 0 {
                 set_dev(r, from);
             }
@@ -282,15 +282,18 @@ fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
     let mut msg: libc::msghdr = user::zeroed();
     msg.msg_iov = all.as_mut_ptr();
     msg.msg_iovlen = all.len();
-    raw(
-        libc::SYS_sendmsg,
-        i64::from(CHANNEL.load(Ordering::Relaxed)),
-        &msg as *const libc::msghdr as i64,
-        i64::from(libc::MSG_NOSIGNAL),
-        0,
-        0,
-        0,
-    )
+    // SAFETY: a msghdr of ours whose buffers live across the call.
+    unsafe {
+        raw(
+            libc::SYS_sendmsg,
+            i64::from(CHANNEL.load(Ordering::Relaxed)),
+            &msg as *const libc::msghdr as i64,
+            i64::from(libc::MSG_NOSIGNAL),
+            0,
+            0,
+            0,
+        )
+    }
 }
 
 fn ring_alive() -> bool {
@@ -306,7 +309,8 @@ fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
                 return r;
             }
         }
-        let r = raw(libc::SYS_readv, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+        // SAFETY: iovecs built for the call, of buffers the caller vouched for.
+        let r = unsafe { raw(libc::SYS_readv, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0) };
         if r >= 0 {
             if let Some(h) = head(iov) {
                 let opcode = u32::from_ne_bytes([h[4], h[5], h[6], h[7]]);
@@ -341,15 +345,18 @@ fn ring_request(iov: &[libc::iovec]) -> Option<i64> {
         let mut msg: libc::msghdr = user::zeroed();
         msg.msg_iov = all.as_mut_ptr();
         msg.msg_iovlen = all.len();
-        let r = raw(
-            libc::SYS_recvmsg,
-            ch,
-            &mut msg as *mut libc::msghdr as i64,
-            i64::from(libc::MSG_DONTWAIT),
-            0,
-            0,
-            0,
-        );
+        // SAFETY: a msghdr of ours whose buffers live across the call.
+        let r = unsafe {
+            raw(
+                libc::SYS_recvmsg,
+                ch,
+                &mut msg as *mut libc::msghdr as i64,
+                i64::from(libc::MSG_DONTWAIT),
+                0,
+                0,
+                0,
+            )
+        };
         if r == 0 {
             // `shortfuse serve` went: the kernel alone is left.
             CHANNEL_GONE.store(1, Ordering::Relaxed);
@@ -404,7 +411,8 @@ fn wait(fd: i64) -> i64 {
     let n = if ring_alive() { 2 } else { 1 };
     let mask = crate::calls::special::program_mask().map(|m| m & !crate::sud::SIGSYS_BIT);
     let maskp = mask.as_ref().map_or(0, |m| m as *const u64 as i64);
-    let r = raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0);
+    // SAFETY: pollfds of ours, `n` of them, and an 8-byte mask of ours (or null).
+    let r = unsafe { raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0) };
     if r == -i64::from(libc::EINTR) {
         return r;
     }
@@ -414,7 +422,8 @@ fn wait(fd: i64) -> i64 {
 /// A reply or notification from the daemon, routed by its `unique`.
 fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
     let Some(h) = head(iov) else {
-        return raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+        // SAFETY: iovecs built for the call, of buffers the caller vouched for.
+        return unsafe { raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0) };
     };
     let unique = u64_at(&h, 8);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
@@ -431,7 +440,8 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
         }
         return total as i64;
     }
-    let r = raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0);
+    // SAFETY: iovecs built for the call, of buffers the caller vouched for.
+    let r = unsafe { raw(libc::SYS_writev, fd, iov.as_ptr() as i64, iov.len() as i64, 0, 0, 0) };
     if ring_alive() {
         if unique == 0 && (r >= 0 || r == -i64::from(libc::ENOENT)) {
             send(MSG_NOTIFY, iov);
@@ -472,15 +482,18 @@ fn splice_out(fd: i64, pipe: i64, len: usize) -> i64 {
         }
         let mut done = 0usize;
         while done < n as usize {
-            let w = raw(
-                libc::SYS_write,
-                pipe,
-                b[done..].as_ptr() as i64,
-                (n as usize - done) as i64,
-                0,
-                0,
-                0,
-            );
+            // SAFETY: a slice of our own buffer, with its length.
+            let w = unsafe {
+                raw(
+                    libc::SYS_write,
+                    pipe,
+                    b[done..].as_ptr() as i64,
+                    (n as usize - done) as i64,
+                    0,
+                    0,
+                    0,
+                )
+            };
             if w <= 0 {
                 // The request is lost for the daemon: its call fails.
                 return if w < 0 { w } else { -i64::from(libc::EIO) };
@@ -497,15 +510,18 @@ fn splice_in(pipe: i64, fd: i64, len: usize) -> i64 {
     with_buf(len.min(16 << 20), |b| {
         let mut got = 0usize;
         while got < b.len() {
-            let r = raw(
-                libc::SYS_read,
-                pipe,
-                b[got..].as_mut_ptr() as i64,
-                (b.len() - got) as i64,
-                0,
-                0,
-                0,
-            );
+            // SAFETY: a slice of our own buffer, with its length.
+            let r = unsafe {
+                raw(
+                    libc::SYS_read,
+                    pipe,
+                    b[got..].as_mut_ptr() as i64,
+                    (b.len() - got) as i64,
+                    0,
+                    0,
+                    0,
+                )
+            };
             if r <= 0 {
                 break;
             }

@@ -245,6 +245,7 @@ fn mark_slow_calls() {
 }
 
 /// The LD_PRELOAD constructor.
+#[allow(unsafe_code)]
 extern "C" fn init() {
     // A FUSE daemon under `shortfuse serve --` may have no mounts of its own.
     let spec = match std::env::var("SHORTFUSE_MOUNTS") {
@@ -258,7 +259,8 @@ extern "C" fn init() {
             // Never run a program without the mounts it asked for: its
             // calls would reach whatever the kernel has at those paths.
             eprintln!("shortfuse-preload: {e}; not running without the mounts");
-            sys::raw(libc::SYS_exit_group, 2, 0, 0, 0, 0, 0);
+            // SAFETY: no memory is passed.
+            unsafe { sys::raw(libc::SYS_exit_group, 2, 0, 0, 0, 0, 0) };
             return;
         }
     };
@@ -370,7 +372,7 @@ extern "C" fn fini() {
     let (Some(state), Some(path)) = (STATE.get(), std::env::var_os(STATS_VAR)) else {
         return;
     };
-    let pid = sys::raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
+    let pid = sys::process::getpid();
     let mut out = String::new();
     for m in &state.mounts {
         // Images that never used the cache (a shell's helpers) say nothing.
@@ -425,13 +427,16 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
     if sys::thread().in_hook.load(Ordering::Relaxed) {
         // The file system's own call: its descriptors go above the
         // program's numbers.
-        return calls::nested(nr, a);
+        // SAFETY: the call is our own code's, as it made it.
+        return unsafe { calls::nested(nr, a) };
     }
     if page0::faults(nr, &a) {
         return -i64::from(libc::EFAULT);
     }
     calls::spare::before_kernel(nr);
-    sys::raw6(nr, a)
+    // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them as it
+    // would have.
+    unsafe { sys::raw6(nr, a) }
 }
 
 /// First thing for every call that reaches the hook (from the assembly or
@@ -502,7 +507,7 @@ mod fork_gate {
     fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) {
         let end = Instant::now() + limit;
         while !done() && Instant::now() < end {
-            sys::raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+            sys::process::sched_yield();
         }
     }
 
@@ -558,6 +563,7 @@ mod fork_gate {
 /// exec is the exception: the new image inherits the signal mask, so
 /// execve/execveat are served with the program's mask and selector. A
 /// handler that interrupts them finds `in_hook` set and reaches the kernel.
+#[allow(unsafe_code)]
 pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
     if !(calls::is_file_call(nr) || is_clone(nr) || daemon::wants(nr)) || !ACTIVE.load(Ordering::Acquire) {
         return None;
@@ -609,15 +615,18 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     let block = frame_mask.is_none() && sud::handlers_installed();
     if block {
         let all = sud::ASYNC_MASK;
-        sys::raw(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_BLOCK as i64,
-            &all as *const u64 as i64,
-            &mut old_mask as *mut u64 as i64,
-            8,
-            0,
-            0,
-        );
+        // SAFETY: 8-byte signal masks of ours, as the size says.
+        unsafe {
+            sys::raw(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_BLOCK as i64,
+                &all as *const u64 as i64,
+                &mut old_mask as *mut u64 as i64,
+                8,
+                0,
+                0,
+            )
+        };
     }
     // Only now: a handler that ran before the mask went on was not inside.
     t.in_hook.store(true, Ordering::Relaxed);
@@ -632,15 +641,18 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     // and its handler's file calls must find us out of the hook.
     t.in_hook.store(false, Ordering::Relaxed);
     if block {
-        sys::raw(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK as i64,
-            &old_mask as *const u64 as i64,
-            0,
-            8,
-            0,
-            0,
-        );
+        // SAFETY: 8-byte signal masks of ours, as the size says.
+        unsafe {
+            sys::raw(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK as i64,
+                &old_mask as *const u64 as i64,
+                0,
+                8,
+                0,
+                0,
+            )
+        };
     }
     r
 }

@@ -2,6 +2,7 @@
 //! [`shortfuse_vfs::spec`]), each a file system built in process behind a
 //! [`Vfs`], and the current directory handed over by the image that exec'd
 //! us (`SHORTFUSE_CWD`, see [`crate::calls`]).
+#![allow(unsafe_code)]
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -104,15 +105,18 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         .build(spec.source.as_deref().map(Path::new), &run.fs, Host::InProcess)
         .map_err(|e| e.to_string());
     if let Some(l) = saved {
-        sys::raw(
-            libc::SYS_prlimit64,
-            0,
-            i64::from(libc::RLIMIT_NOFILE as i32),
-            l.as_ptr() as i64,
-            0,
-            0,
-            0,
-        );
+        // SAFETY: a pair of rlimits of ours.
+        unsafe {
+            sys::raw(
+                libc::SYS_prlimit64,
+                0,
+                i64::from(libc::RLIMIT_NOFILE as i32),
+                l.as_ptr() as i64,
+                0,
+                0,
+                0,
+            )
+        };
     }
     // The maps the file system returns reach the VFS (DataMap fast path,
     // M-Cache, kernel-backed descriptors), unless SHORTFUSE_MAPS=off asks
@@ -170,26 +174,33 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
 /// RLIMIT_NOFILE (soft, hard).
 fn nofile() -> Option<[u64; 2]> {
     let mut l = [0u64; 2];
-    let r = sys::raw(
-        libc::SYS_prlimit64,
-        0,
-        i64::from(libc::RLIMIT_NOFILE as i32),
-        0,
-        l.as_mut_ptr() as i64,
-        0,
-        0,
-    );
+    // SAFETY: a pair of rlimits of ours.
+    let r = unsafe {
+        sys::raw(
+            libc::SYS_prlimit64,
+            0,
+            i64::from(libc::RLIMIT_NOFILE as i32),
+            0,
+            l.as_mut_ptr() as i64,
+            0,
+            0,
+        )
+    };
     (r == 0).then_some(l)
 }
 
 pub(crate) fn build(spec: &str) -> Result<State, String> {
     let creds = Creds {
-        uid: sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32,
-        gid: sys::raw(libc::SYS_getegid, 0, 0, 0, 0, 0, 0) as u32,
-        pid: sys::raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32,
+        // SAFETY: no memory is passed.
+        uid: unsafe { sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) } as u32,
+        // SAFETY: no memory is passed.
+        gid: unsafe { sys::raw(libc::SYS_getegid, 0, 0, 0, 0, 0, 0) } as u32,
+        pid: sys::process::getpid() as u32,
     };
-    let umask = sys::raw(libc::SYS_umask, 0o022, 0, 0, 0, 0, 0);
-    sys::raw(libc::SYS_umask, umask, 0, 0, 0, 0, 0);
+    // SAFETY: no memory is passed.
+    let umask = unsafe { sys::raw(libc::SYS_umask, 0o022, 0, 0, 0, 0, 0) };
+    // SAFETY: no memory is passed.
+    unsafe { sys::raw(libc::SYS_umask, umask, 0, 0, 0, 0, 0) };
     let specs = parse_mounts(spec)?;
     // The file systems open descriptors while they are built (passthrough:
     // its source), before the hook can move them out of the program's way
@@ -256,22 +267,14 @@ impl Fence {
     fn low_numbers() -> Fence {
         let null = b"/dev/null\0";
         let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
-        let fd = sys::raw(
-            libc::SYS_openat,
-            libc::AT_FDCWD as i64,
-            null.as_ptr() as i64,
-            flags,
-            0,
-            0,
-            0,
-        );
+        let fd = sys::fs::openat(libc::AT_FDCWD, null, flags as i32, 0);
         let mut held = Vec::new();
         if fd < 0 {
             return Fence(held);
         }
         held.push(fd);
         while held.len() < crate::calls::OWN_FD_FLOOR as usize {
-            let d = sys::raw(libc::SYS_fcntl, fd, i64::from(libc::F_DUPFD_CLOEXEC), 0, 0, 0, 0);
+            let d = sys::fs::fcntl_int(fd as i32, libc::F_DUPFD_CLOEXEC, 0);
             if !(0..crate::calls::OWN_FD_FLOOR).contains(&d) {
                 if d >= 0 {
                     held.push(d);
@@ -296,9 +299,9 @@ impl Drop for Fence {
                 j += 1;
             }
             let (first, last) = (self.0[i], self.0[j]);
-            if sys::raw(libc::SYS_close_range, first, last, 0, 0, 0, 0) != 0 {
+            if sys::fs::close_range(first as u32, last as u32, 0) != 0 {
                 for fd in first..=last {
-                    sys::raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+                    sys::fs::close(fd as i32);
                 }
             }
             i = j + 1;

@@ -17,6 +17,7 @@
 //! directory through a symbolic link (`EXDEV` from `RESOLVE_BENEATH`), `.`
 //! or `..` components, the mount's root itself, a mount inside the mount,
 //! a relative path from a kernel descriptor.
+#![allow(unsafe_code)]
 
 use std::borrow::Cow;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -166,15 +167,18 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     let lstat = || -> Result<libc::stat, Errno> {
         let mut k: libc::stat = user::zeroed();
         let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
-        let r = raw(
-            libc::SYS_newfstatat,
-            dirfd,
-            cname,
-            &mut k as *mut libc::stat as i64,
-            nofollow,
-            0,
-            0,
-        );
+        // SAFETY: a NUL-terminated name of ours and a stat struct of ours.
+        let r = unsafe {
+            raw(
+                libc::SYS_newfstatat,
+                dirfd,
+                cname,
+                &mut k as *mut libc::stat as i64,
+                nofollow,
+                0,
+                0,
+            )
+        };
         if r < 0 {
             return Err(Errno::from_raw(-r as i32));
         }
@@ -187,7 +191,10 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         // one); then it is made what the file system would have reported.
         Op::Stat(out) => {
             let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
-            let r = raw(libc::SYS_newfstatat, dirfd, cname, out, nofollow, 0, 0);
+            // SAFETY: a NUL-terminated name of ours, and the program's own
+            // output struct handed on: the kernel checks and fills it as it
+            // would have.
+            let r = unsafe { raw(libc::SYS_newfstatat, dirfd, cname, out, nofollow, 0, 0) };
             if r < 0 {
                 return Some(r);
             }
@@ -205,7 +212,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         Op::Statx(out) => {
             let flags = i64::from(libc::AT_SYMLINK_NOFOLLOW | (statx_flags & libc::AT_STATX_SYNC_TYPE));
             let mask = i64::from(libc::STATX_BASIC_STATS);
-            let r = raw(libc::SYS_statx, dirfd, cname, flags, mask, out, 0);
+            // SAFETY: as for stat above.
+            let r = unsafe { raw(libc::SYS_statx, dirfd, cname, flags, mask, out, 0) };
             if r < 0 {
                 return Some(r);
             }
@@ -221,19 +229,25 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         }
         Op::Access(mode, eaccess) => match lstat() {
             Ok(k) if follow && is_link(&k) => return None,
-            Ok(_) => raw(
-                libc::SYS_faccessat2,
-                dirfd,
-                cname,
-                i64::from(mode),
-                i64::from(eaccess | libc::AT_SYMLINK_NOFOLLOW),
-                0,
-                0,
-            ),
+            // SAFETY: a NUL-terminated name of ours; no other memory.
+            Ok(_) => unsafe {
+                raw(
+                    libc::SYS_faccessat2,
+                    dirfd,
+                    cname,
+                    i64::from(mode),
+                    i64::from(eaccess | libc::AT_SYMLINK_NOFOLLOW),
+                    0,
+                    0,
+                )
+            },
             Err(e) => err(e),
         },
         // The kernel writes the program's buffer itself.
-        Op::Readlink(buf, len) => raw(libc::SYS_readlinkat, dirfd, cname, buf, len, 0, 0),
+        // SAFETY: a NUL-terminated name of ours, and the program's own
+        // buffer and size handed on: the kernel checks and fills it as it
+        // would have.
+        Op::Readlink(buf, len) => unsafe { raw(libc::SYS_readlinkat, dirfd, cname, buf, len, 0, 0) },
     })
 }
 
@@ -333,17 +347,21 @@ fn open_dir(ns: &Namespace, dir: &[u8]) -> Result<OwnedFd, Errno> {
         0,
         ns.resolve(),
     ];
-    let fd = nested(
-        libc::SYS_openat2,
-        [
-            i64::from(ns.root().as_raw_fd()),
-            c.as_ptr() as i64,
-            how.as_ptr() as i64,
-            std::mem::size_of_val(&how) as i64,
-            0,
-            0,
-        ],
-    );
+    // SAFETY: our own openat2 of a NUL-terminated path of ours with an
+    // open_how of ours, its size given.
+    let fd = unsafe {
+        nested(
+            libc::SYS_openat2,
+            [
+                i64::from(ns.root().as_raw_fd()),
+                c.as_ptr() as i64,
+                how.as_ptr() as i64,
+                std::mem::size_of_val(&how) as i64,
+                0,
+                0,
+            ],
+        )
+    };
     if fd < 0 {
         return Err(Errno::from_raw(-fd as i32));
     }

@@ -35,7 +35,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sys::{self, raw, raw6, thread, ALLOW, BLOCK};
+use crate::sys::{self, process, raw, raw6, thread, ALLOW, BLOCK};
 
 const PR_SET_SYSCALL_USER_DISPATCH: i64 = 59;
 const PR_SYS_DISPATCH_ON: i64 = 1;
@@ -93,15 +93,19 @@ pub fn install(text: (usize, usize)) -> Result<(), i64> {
         mask: ASYNC_MASK,
     };
     let mut old = KSigaction::default();
-    let r = raw(
-        libc::SYS_rt_sigaction,
-        libc::SIGSYS as i64,
-        &act as *const _ as i64,
-        &mut old as *mut _ as i64,
-        8,
-        0,
-        0,
-    );
+    // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask as the
+    // size says.
+    let r = unsafe {
+        raw(
+            libc::SYS_rt_sigaction,
+            libc::SIGSYS as i64,
+            &act as *const _ as i64,
+            &mut old as *mut _ as i64,
+            8,
+            0,
+            0,
+        )
+    };
     if r < 0 {
         return Err(-r);
     }
@@ -114,15 +118,19 @@ pub fn install(text: (usize, usize)) -> Result<(), i64> {
     let r = enable_thread();
     if r < 0 {
         // Put the program's action back: nothing will trap.
-        raw(
-            libc::SYS_rt_sigaction,
-            libc::SIGSYS as i64,
-            &old as *const _ as i64,
-            0,
-            8,
-            0,
-            0,
-        );
+        // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask as
+        // the size says.
+        unsafe {
+            raw(
+                libc::SYS_rt_sigaction,
+                libc::SIGSYS as i64,
+                &old as *const _ as i64,
+                0,
+                8,
+                0,
+                0,
+            )
+        };
         return Err(-r);
     }
     c.sud_on.store(1, Ordering::Release);
@@ -136,15 +144,18 @@ fn enable_thread() -> i64 {
     let c = sys::cfg();
     let t = thread();
     t.selector.store(BLOCK, Ordering::SeqCst);
-    raw(
-        libc::SYS_prctl,
-        PR_SET_SYSCALL_USER_DISPATCH,
-        PR_SYS_DISPATCH_ON,
-        c.text_start.load(Ordering::Relaxed) as i64,
-        c.text_len.load(Ordering::Relaxed) as i64,
-        &t.selector as *const _ as i64,
-        0,
-    )
+    // SAFETY: our own text range; the selector byte lives as long as the thread.
+    unsafe {
+        raw(
+            libc::SYS_prctl,
+            PR_SET_SYSCALL_USER_DISPATCH,
+            PR_SYS_DISPATCH_ON,
+            c.text_start.load(Ordering::Relaxed) as i64,
+            c.text_len.load(Ordering::Relaxed) as i64,
+            &t.selector as *const _ as i64,
+            0,
+        )
+    }
 }
 
 /// Asynchronous signals for which the program installed a handler (bit
@@ -174,7 +185,9 @@ pub fn note_sigaction(sig: i64, act: i64) {
 pub fn scan_handlers() {
     for sig in 1..=64 {
         let mut old = KSigaction::default();
-        if raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) == 0 {
+        // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask as
+        // the size says.
+        if unsafe { raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) } == 0 {
             note_handler(sig, old.handler);
         }
     }
@@ -252,7 +265,9 @@ pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option
             act.mask &= !SIGSYS_BIT;
             let mut b = a;
             b[1] = &act as *const _ as i64;
-            Some(raw6(nr, b))
+            // SAFETY: the program's call with its signal set replaced by a copy of ours that
+            // outlives the call; the rest as it gave them.
+            Some(unsafe { raw6(nr, b) })
         }
         libc::SYS_rt_sigprocmask => {
             if a[3] != 8 {
@@ -280,7 +295,9 @@ pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option
             let set = read_u64(a[1]) & !SIGSYS_BIT;
             let mut b = a;
             b[1] = &set as *const u64 as i64;
-            Some(raw6(nr, b))
+            // SAFETY: the program's call with its signal set replaced by a copy of ours that
+            // outlives the call; the rest as it gave them.
+            Some(unsafe { raw6(nr, b) })
         }
         libc::SYS_rt_sigsuspend | libc::SYS_ppoll | libc::SYS_epoll_pwait | libc::SYS_epoll_pwait2 => {
             let i = match nr {
@@ -294,7 +311,9 @@ pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option
             let set = read_u64(a[i]) & !SIGSYS_BIT;
             let mut b = a;
             b[i] = &set as *const u64 as i64;
-            Some(with_mask(frame_mask, || raw6(nr, b)))
+            // SAFETY: the program's call with its signal set replaced by a copy of ours that
+            // outlives the call; the rest as it gave them.
+            Some(with_mask(frame_mask, || unsafe { raw6(nr, b) }))
         }
         libc::SYS_pselect6 => {
             if a[5] == 0 {
@@ -309,7 +328,9 @@ pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option
             let pair = [&set as *const u64 as u64, len];
             let mut b = a;
             b[5] = pair.as_ptr() as i64;
-            Some(with_mask(frame_mask, || raw6(nr, b)))
+            // SAFETY: the program's call with its signal set replaced by a copy of ours that
+            // outlives the call; the rest as it gave them.
+            Some(with_mask(frame_mask, || unsafe { raw6(nr, b) }))
         }
         _ => None,
     }
@@ -329,15 +350,18 @@ fn with_mask(frame_mask: Option<&mut u64>, f: impl FnOnce() -> i64) -> i64 {
 pub fn program_mask(m: u64) {
     thread().selector.store(BLOCK, Ordering::SeqCst);
     let set = m & !SIGSYS_BIT;
-    raw(
-        libc::SYS_rt_sigprocmask,
-        libc::SIG_SETMASK as i64,
-        &set as *const u64 as i64,
-        0,
-        8,
-        0,
-        0,
-    );
+    // SAFETY: 8-byte signal masks of ours, as the size says.
+    unsafe {
+        raw(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as i64,
+            &set as *const u64 as i64,
+            0,
+            8,
+            0,
+            0,
+        )
+    };
 }
 
 fn is_special(nr: i64) -> bool {
@@ -355,13 +379,15 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
         // A thread ends: its hook stack goes first (we are not on it yet).
         let status = g[libc::REG_RDI as usize];
         sys::free_hook_stack();
-        raw(libc::SYS_exit, status, 0, 0, 0, 0, 0);
+        // SAFETY: no memory is passed.
+        unsafe { raw(libc::SYS_exit, status, 0, 0, 0, 0, 0) };
     }
     if code == SYS_USER_DISPATCH && g[libc::REG_RAX as usize] == libc::SYS_exit_group {
         // The process ends: its site runs once, so rewriting it (and
         // mapping a hook stack to do so) would be all the work a short
         // process such as /bin/true pays us at its end.
-        raw(libc::SYS_exit_group, g[libc::REG_RDI as usize], 0, 0, 0, 0, 0);
+        // SAFETY: the program's own exit_group, with its status: no memory.
+        unsafe { raw(libc::SYS_exit_group, g[libc::REG_RDI as usize], 0, 0, 0, 0, 0) };
     }
     // SAFETY: as above.
     let alt = unsafe { (*(ctx as *const libc::ucontext_t)).uc_stack };
@@ -441,7 +467,9 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
             None => {
                 program_mask(*mask);
                 crate::calls::spare::before_kernel(nr);
-                raw6(nr, a)
+                // SAFETY: the program's own call, its arguments as it gave them: the kernel checks
+                // them as it would have.
+                unsafe { raw6(nr, a) }
             }
         },
     };
@@ -461,7 +489,8 @@ fn sigaltstack(a: [i64; 6], saved: &mut libc::stack_t) -> i64 {
             return -(libc::EPERM as i64);
         }
         // The kernel checks the new stack (our own stack is not on it).
-        let r = raw(libc::SYS_sigaltstack, a[0], 0, 0, 0, 0, 0);
+        // SAFETY: the program's own argument, as it gave it.
+        let r = unsafe { raw(libc::SYS_sigaltstack, a[0], 0, 0, 0, 0, 0) };
         if r < 0 {
             return r;
         }
@@ -486,20 +515,26 @@ fn foreign(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
             // with no handler. Dispatch traps can no longer be served, which
             // does not matter: the process is ending.
             let dfl = KSigaction::default();
-            raw(libc::SYS_rt_sigaction, sig as i64, &dfl as *const _ as i64, 0, 8, 0, 0);
+            // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask
+            // as the size says.
+            unsafe { raw(libc::SYS_rt_sigaction, sig as i64, &dfl as *const _ as i64, 0, 8, 0, 0) };
             let unblock = SIGSYS_BIT;
-            raw(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_UNBLOCK as i64,
-                &unblock as *const u64 as i64,
-                0,
-                8,
-                0,
-                0,
-            );
-            let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
-            let tid = raw(libc::SYS_gettid, 0, 0, 0, 0, 0, 0);
-            raw(libc::SYS_tgkill, pid, tid, sig as i64, 0, 0, 0);
+            // SAFETY: 8-byte signal masks of ours, as the size says.
+            unsafe {
+                raw(
+                    libc::SYS_rt_sigprocmask,
+                    libc::SIG_UNBLOCK as i64,
+                    &unblock as *const u64 as i64,
+                    0,
+                    8,
+                    0,
+                    0,
+                )
+            };
+            let pid = process::getpid();
+            let tid = process::gettid();
+            // SAFETY: no memory is passed.
+            unsafe { raw(libc::SYS_tgkill, pid, tid, sig as i64, 0, 0, 0) };
         }
         h => {
             t_block_for_app();

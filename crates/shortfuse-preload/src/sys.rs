@@ -19,17 +19,31 @@
 //! before anything else is pushed.
 #![allow(unsafe_code)]
 
+pub mod fs;
+pub mod mm;
+pub mod process;
+
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// A system call straight to the kernel. Our own mapping is never
 /// rewritten and is exempt from Syscall User Dispatch, so this `syscall`
-/// instruction always reaches the kernel.
+/// instruction always reaches the kernel. The typed wrappers of `fs` and
+/// `process` are the safe way in.
+///
+/// # Safety
+///
+/// The call may do anything a system call can to this process: the caller
+/// vouches that every pointer argument is either the program's own, handed
+/// on as the program gave it (the kernel checks it as it would have), or
+/// memory of ours valid for what call `nr` reads and writes there; and
+/// that the call does not unmap, remap or overwrite memory Rust code
+/// still uses, nor close a descriptor something else of ours owns.
 #[inline(always)]
-pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
+pub unsafe fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
     let ret: i64;
-    // SAFETY: the kernel checks every argument; pointers passed by callers
-    // are the program's own or ours. rcx and r11 are clobbered by `syscall`.
+    // SAFETY: see the function's contract. rcx and r11 are clobbered by
+    // `syscall`.
     unsafe {
         asm!(
             "syscall",
@@ -52,12 +66,14 @@ const OWN_STACK: usize = 8 << 20;
 pub fn on_own_stack(f: &mut dyn FnMut()) {
     let flags = i64::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE);
     let prot = i64::from(libc::PROT_READ | libc::PROT_WRITE);
-    let base = raw(libc::SYS_mmap, 0, OWN_STACK as i64, prot, flags, -1, 0);
+    // SAFETY: a fresh anonymous map where the kernel finds room.
+    let base = unsafe { mm::mmap(0, OWN_STACK as i64, prot, flags, -1, 0) };
     if base < 0 {
         return;
     }
     call_on_stack(base as usize + OWN_STACK, f);
-    raw(libc::SYS_munmap, base, OWN_STACK as i64, 0, 0, 0, 0);
+    // SAFETY: the stack mapped above, which `f` has left.
+    unsafe { mm::munmap(base, OWN_STACK as i64) };
 }
 
 /// Calls `f` with the stack pointer at `top` (rounded down to 16 bytes,
@@ -111,20 +127,14 @@ fn hook_stack_top(t: &ThreadState) -> Option<usize> {
     t.hook_top.store(MAPPING, Ordering::Relaxed);
     let flags = i64::from(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE);
     let prot = i64::from(libc::PROT_READ | libc::PROT_WRITE);
-    let base = raw(libc::SYS_mmap, 0, (HOOK_STACK + GUARD) as i64, prot, flags, -1, 0);
+    // SAFETY: a fresh anonymous map where the kernel finds room.
+    let base = unsafe { mm::mmap(0, (HOOK_STACK + GUARD) as i64, prot, flags, -1, 0) };
     if base < 0 {
         t.hook_top.store(0, Ordering::Relaxed);
         return None;
     }
-    raw(
-        libc::SYS_mprotect,
-        base,
-        GUARD as i64,
-        i64::from(libc::PROT_NONE),
-        0,
-        0,
-        0,
-    );
+    // SAFETY: the guard page at the bottom of the map just made.
+    unsafe { mm::mprotect(base, GUARD as i64, i64::from(libc::PROT_NONE)) };
     let top = base as usize + GUARD + HOOK_STACK;
     t.hook_top.store(top as u64, Ordering::Relaxed);
     Some(top)
@@ -162,7 +172,9 @@ pub fn signal_stack_below_here() {
         ss_flags: 0,
         ss_size: (here - 4096 - base) & !15,
     };
-    raw(libc::SYS_sigaltstack, &st as *const libc::stack_t as i64, 0, 0, 0, 0, 0);
+    // SAFETY: a stack_t of ours naming the unused part of this thread's
+    // hook stack, which lives as long as the thread.
+    unsafe { raw(libc::SYS_sigaltstack, &st as *const libc::stack_t as i64, 0, 0, 0, 0, 0) };
 }
 
 /// Before a thread exits: its hook stack goes (unless an outer call is on
@@ -175,7 +187,8 @@ pub fn free_hook_stack() {
     }
     t.hook_top.store(0, Ordering::Relaxed);
     let base = top - HOOK_STACK - GUARD;
-    raw(libc::SYS_munmap, base as i64, (HOOK_STACK + GUARD) as i64, 0, 0, 0, 0);
+    // SAFETY: this thread's hook stack, which no call is on (checked above).
+    unsafe { mm::munmap(base as i64, (HOOK_STACK + GUARD) as i64) };
 }
 
 /// Takes ownership of descriptor `fd`, which the caller made and owns.
@@ -184,12 +197,24 @@ pub fn owned_file(fd: i64) -> std::fs::File {
     unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) }
 }
 
-pub fn raw3(nr: i64, a1: i64, a2: i64, a3: i64) -> i64 {
-    raw(nr, a1, a2, a3, 0, 0, 0)
+/// [`raw`] with three arguments.
+///
+/// # Safety
+///
+/// As for [`raw`].
+pub unsafe fn raw3(nr: i64, a1: i64, a2: i64, a3: i64) -> i64 {
+    // SAFETY: the caller's contract, as for `raw`.
+    unsafe { raw(nr, a1, a2, a3, 0, 0, 0) }
 }
 
-pub fn raw6(nr: i64, a: [i64; 6]) -> i64 {
-    raw(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+/// [`raw`] with the six arguments in an array.
+///
+/// # Safety
+///
+/// As for [`raw`].
+pub unsafe fn raw6(nr: i64, a: [i64; 6]) -> i64 {
+    // SAFETY: the caller's contract, as for `raw`.
+    unsafe { raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]) }
 }
 
 /// Appends `data` to the file at `path` (created 0644), in one write so
@@ -199,20 +224,12 @@ pub fn append_file(path: &[u8], data: &[u8]) {
     let mut p = path.to_vec();
     p.push(0);
     let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC;
-    let fd = raw(
-        libc::SYS_openat,
-        libc::AT_FDCWD as i64,
-        p.as_ptr() as i64,
-        flags as i64,
-        0o644,
-        0,
-        0,
-    );
+    let fd = fs::openat(libc::AT_FDCWD, &p, flags, 0o644);
     if fd < 0 {
         return;
     }
-    raw3(libc::SYS_write, fd, data.as_ptr() as i64, data.len() as i64);
-    raw3(libc::SYS_close, fd, 0, 0);
+    fs::write(fd as i32, data);
+    fs::close(fd as i32);
 }
 
 /// Settings the assembly reads, in one block at a fixed layout

@@ -56,7 +56,10 @@ fn other() -> i64 {
 fn readable_page(addr: usize) -> bool {
     let word = (addr & !3) as i64;
     let op = FUTEX_CMP_REQUEUE | FUTEX_PRIVATE;
-    raw(libc::SYS_futex, word, op, 0, 0, other(), 0) != -i64::from(libc::EFAULT)
+    // SAFETY: FUTEX_WAKE_OP on a word of ours and the probed word, which the kernel only checks
+    // (adding 0).
+    let r = unsafe { raw(libc::SYS_futex, word, op, 0, 0, other(), 0) };
+    r != -i64::from(libc::EFAULT)
 }
 
 /// Whether the page holding `addr` can be written: FUTEX_WAKE_OP adds 0
@@ -65,7 +68,10 @@ fn readable_page(addr: usize) -> bool {
 fn writable_page(addr: usize) -> bool {
     let word = (addr & !3) as i64;
     let op = FUTEX_WAKE_OP | FUTEX_PRIVATE;
-    raw(libc::SYS_futex, other(), op, 0, 0, word, ADD_ZERO) != -i64::from(libc::EFAULT)
+    // SAFETY: FUTEX_WAKE_OP on a word of ours and the probed word, which the kernel only checks
+    // (adding 0).
+    let r = unsafe { raw(libc::SYS_futex, other(), op, 0, 0, word, ADD_ZERO) };
+    r != -i64::from(libc::EFAULT)
 }
 
 /// Checks `len` bytes at `p` with `probe` (see [`PROBED_PAGES`]).

@@ -21,7 +21,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use iced_x86::{Code, Decoder, DecoderOptions};
 
-use crate::sys::{raw, raw3};
+use crate::sys::{fs, process, raw, raw3};
 
 const SYS_MMAP: i64 = 9;
 const SYS_MPROTECT: i64 = 10;
@@ -40,7 +40,9 @@ pub enum SetupError {
 fn map_trampoline() -> Result<(), SetupError> {
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as i64;
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as i64;
-    let r = raw(SYS_MMAP, 0, PAGE as i64, prot, flags, -1, 0);
+    // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
+    // rewrite, and restores; nothing of Rust's lives there.
+    let r = unsafe { raw(SYS_MMAP, 0, PAGE as i64, prot, flags, -1, 0) };
     if r != 0 {
         return Err(SetupError::Page0(-r));
     }
@@ -67,7 +69,9 @@ fn map_trampoline() -> Result<(), SetupError> {
         }
     }
     // Execute-only: a stray read of a null pointer still faults.
-    let r = raw3(SYS_MPROTECT, 0, PAGE as i64, libc::PROT_EXEC as i64);
+    // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
+    // rewrite, and restores; nothing of Rust's lives there.
+    let r = unsafe { raw3(SYS_MPROTECT, 0, PAGE as i64, libc::PROT_EXEC as i64) };
     if r != 0 {
         return Err(SetupError::Page0(-r));
     }
@@ -129,7 +133,9 @@ fn rewrite(r: &Region) -> usize {
     }
     let len = (r.end - r.start) as i64;
     let rwx = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as i64;
-    if raw3(SYS_MPROTECT, r.start as i64, len, rwx) != 0 {
+    // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
+    // rewrite, and restores; nothing of Rust's lives there.
+    if unsafe { raw3(SYS_MPROTECT, r.start as i64, len, rwx) } != 0 {
         return 0;
     }
     for &off in &sites {
@@ -141,7 +147,9 @@ fn rewrite(r: &Region) -> usize {
             core::ptr::write_volatile(p.add(1), 0xd0);
         }
     }
-    raw3(SYS_MPROTECT, r.start as i64, len, r.prot as i64);
+    // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
+    // rewrite, and restores; nothing of Rust's lives there.
+    unsafe { raw3(SYS_MPROTECT, r.start as i64, len, r.prot as i64) };
     sites.len()
 }
 
@@ -254,8 +262,8 @@ static REWRITING: AtomicU64 = AtomicU64::new(0);
 
 /// The value [`REWRITING`] holds while this thread rewrites.
 fn rewriter_id() -> u64 {
-    let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64;
-    let tid = raw(libc::SYS_gettid, 0, 0, 0, 0, 0, 0) as u64;
+    let pid = process::getpid() as u64;
+    let tid = process::gettid() as u64;
     pid << 32 | (tid & 0xffff_ffff)
 }
 
@@ -275,7 +283,7 @@ fn lock_rewrites(me: u64) -> bool {
                 }
             }
             Err(_) => {
-                raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+                process::sched_yield();
             }
         }
     }
@@ -343,8 +351,8 @@ fn alone() -> bool {
         return false;
     }
     let mut buf = [0u8; 1024];
-    let n = raw3(libc::SYS_read, fd, buf.as_mut_ptr() as i64, buf.len() as i64);
-    raw3(libc::SYS_close, fd, 0, 0);
+    let n = fs::read(fd as i32, &mut buf);
+    fs::close(fd as i32);
     let Ok(n) = usize::try_from(n) else { return false };
     let stat = &buf[..n];
     // The command name may hold spaces and parentheses: count from the last ')'.
@@ -381,32 +389,30 @@ fn rewrite_locked(site: usize, prot: i32, next: i32) -> bool {
     let page = site & !(PAGE - 1);
     let len = ((site + 1) & !(PAGE - 1)) + PAGE - page;
     let rwx = (prot | libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as i64;
-    if raw3(SYS_MPROTECT, page as i64, len as i64, rwx) != 0 {
+    // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
+    // rewrite, and restores; nothing of Rust's lives there.
+    if unsafe { raw3(SYS_MPROTECT, page as i64, len as i64, rwx) } != 0 {
         return false;
     }
     // SAFETY: both bytes are in the page range just made writable.
     unsafe { crate::sys::store2(p, [0xff, 0xd0]) };
-    if next == prot {
-        raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64);
-    } else {
-        raw3(SYS_MPROTECT, page as i64, PAGE as i64, prot as i64);
-        raw3(SYS_MPROTECT, (page + PAGE) as i64, PAGE as i64, next as i64);
+    // SAFETY: pages of loaded code that this module made writable for the
+    // rewrite, given back their protections; nothing of Rust's lives there.
+    unsafe {
+        if next == prot {
+            raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64);
+        } else {
+            raw3(SYS_MPROTECT, page as i64, PAGE as i64, prot as i64);
+            raw3(SYS_MPROTECT, (page + PAGE) as i64, PAGE as i64, next as i64);
+        }
     }
     true
 }
 
-/// Opens NUL-terminated `path` for reading (raw system call): the
-/// descriptor or a negated errno.
+/// Opens NUL-terminated `path` for reading: the descriptor or a negated
+/// errno.
 fn open_read(path: &[u8]) -> i64 {
-    raw(
-        libc::SYS_openat,
-        libc::AT_FDCWD as i64,
-        path.as_ptr() as i64,
-        (libc::O_RDONLY | libc::O_CLOEXEC) as i64,
-        0,
-        0,
-        0,
-    )
+    fs::openat(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC, 0)
 }
 
 /// The loaded segment holding `addr`: its page range and the protection its
@@ -473,12 +479,15 @@ fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
     let mut skipping = false;
     let mut found = None;
     'read: loop {
-        let n = raw3(
-            libc::SYS_read,
-            fd,
-            buf[len..].as_mut_ptr() as i64,
-            (buf.len() - len) as i64,
-        );
+        // SAFETY: a slice of our own buffer, with its length.
+        let n = unsafe {
+            raw3(
+                libc::SYS_read,
+                fd,
+                buf[len..].as_mut_ptr() as i64,
+                (buf.len() - len) as i64,
+            )
+        };
         if n <= 0 {
             if len > 0 && !skipping {
                 found = parse_maps_line(&buf[..len], addr);
@@ -510,7 +519,7 @@ fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
             len = 0;
         }
     }
-    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    fs::close(fd as i32);
     found
 }
 

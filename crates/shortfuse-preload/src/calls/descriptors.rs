@@ -12,7 +12,7 @@ use super::shared;
 use super::spare;
 use super::table::{Direction, Fd, Offset, Ptr, Regs};
 use crate::state;
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 use crate::user;
 
 pub fn read(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
@@ -165,15 +165,7 @@ pub fn close(fd: Fd) -> Option<i64> {
 pub fn close_range(first: u32, last: u32, flags: u32) -> Option<i64> {
     let st = state();
     let _swaps = shared::descriptors();
-    let r = raw(
-        libc::SYS_close_range,
-        i64::from(first),
-        i64::from(last),
-        i64::from(flags),
-        0,
-        0,
-        0,
-    );
+    let r = fs::close_range(first, last, flags);
     let range = first..=last;
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC == 0 {
         for (fd, _) in st.fds.fds() {
@@ -197,7 +189,7 @@ pub fn close_range(first: u32, last: u32, flags: u32) -> Option<i64> {
 pub fn dup(fd: Fd) -> Option<i64> {
     file(fd)?;
     let _swaps = shared::descriptors();
-    let new = raw(libc::SYS_dup, i64::from(fd.0), 0, 0, 0, 0, 0);
+    let new = fs::dup(fd.0);
     if new >= 0 {
         let _ = state().fds.dup(fd.0, new as i32, false);
     }
@@ -213,10 +205,9 @@ pub fn dup3(old: Fd, new: Fd, flags: Option<i32>) -> Option<i64> {
     }
     let st = state();
     let _swaps = shared::descriptors();
-    let (o, n) = (i64::from(old.0), i64::from(new.0));
     let r = match flags {
-        None => raw(libc::SYS_dup2, o, n, 0, 0, 0, 0),
-        Some(fl) => raw(libc::SYS_dup3, o, n, i64::from(fl), 0, 0, 0),
+        None => fs::dup2(old.0, new.0),
+        Some(fl) => fs::dup3(old.0, new.0, fl),
     };
     if r >= 0 && old != new {
         if let Some(f) = file(new).filter(|_| ours_new) {
@@ -234,11 +225,10 @@ pub fn dup3(old: Fd, new: Fd, flags: Option<i32>) -> Option<i64> {
 pub fn fcntl(fd: Fd, cmd: i32, arg: i64) -> Option<i64> {
     let f = file(fd)?;
     let st = state();
-    let fdr = i64::from(fd.0);
     match cmd {
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             let _swaps = shared::descriptors();
-            let new = raw(libc::SYS_fcntl, fdr, i64::from(cmd), arg, 0, 0, 0);
+            let new = fs::fcntl_int(fd.0, cmd, arg);
             if new >= 0 {
                 let _ = st.fds.dup(fd.0, new as i32, cmd == libc::F_DUPFD_CLOEXEC);
             }
@@ -252,7 +242,7 @@ pub fn fcntl(fd: Fd, cmd: i32, arg: i64) -> Option<i64> {
         }
         libc::F_SETFD => {
             let _swaps = shared::descriptors();
-            let r = raw(libc::SYS_fcntl, fdr, i64::from(cmd), arg, 0, 0, 0);
+            let r = fs::fcntl_int(fd.0, cmd, arg);
             if r == 0 {
                 let _ = st.fds.set_cloexec(fd.0, arg as i32 & libc::FD_CLOEXEC != 0);
             }
@@ -266,7 +256,10 @@ pub fn fcntl(fd: Fd, cmd: i32, arg: i64) -> Option<i64> {
         }
         libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
             Some(match f.lock_fd() {
-                Ok(l) => raw(libc::SYS_fcntl, i64::from(l), i64::from(cmd), arg, 0, 0, 0),
+                // SAFETY: the program's own `struct flock` argument, handed
+                // on as it gave it: the kernel checks it as it would have.
+                #[allow(unsafe_code)]
+                Ok(l) => unsafe { fs::fcntl_lock(l, cmd, arg) },
                 Err(e) => err(e),
             })
         }
@@ -282,7 +275,7 @@ pub fn flock(fd: Fd, op: i32) -> Option<i64> {
         return Some(locks::flock(&f, op));
     }
     Some(match f.lock_fd() {
-        Ok(l) => raw(libc::SYS_flock, i64::from(l), i64::from(op), 0, 0, 0, 0),
+        Ok(l) => fs::flock(l, op),
         Err(e) => err(e),
     })
 }
@@ -304,8 +297,15 @@ pub const OWN_FD_FLOOR: i64 = 100;
 /// selector lets such calls reach the kernel directly, and their
 /// descriptors stay where the kernel put them). `mounts::Fence` keeps the
 /// descriptors opened while the mounts are built high.
-pub fn nested(nr: i64, a: [i64; 6]) -> i64 {
-    let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+///
+/// # Safety
+///
+/// `nr` and `a` are a system call of our own code, as it made it (its
+/// contract is the caller's, as for [`crate::sys::raw`]).
+#[allow(unsafe_code)]
+pub unsafe fn nested(nr: i64, a: [i64; 6]) -> i64 {
+    // SAFETY: the caller's contract (see above).
+    let r = unsafe { raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     let creates = match nr {
         libc::SYS_open | libc::SYS_openat | libc::SYS_openat2 | libc::SYS_creat | libc::SYS_dup => true,
         libc::SYS_fcntl => matches!(a[1] as i32, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC),
@@ -319,18 +319,19 @@ pub fn nested(nr: i64, a: [i64; 6]) -> i64 {
     if r >= floor {
         return r;
     }
-    let cloexec = raw(libc::SYS_fcntl, r, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+    let low = r as i32;
+    let cloexec = fs::fcntl_int(low, libc::F_GETFD, 0);
     let cmd = if cloexec > 0 && cloexec & i64::from(libc::FD_CLOEXEC) != 0 {
         libc::F_DUPFD_CLOEXEC
     } else {
         libc::F_DUPFD
     };
-    let high = raw(libc::SYS_fcntl, r, i64::from(cmd), floor, 0, 0, 0);
+    let high = fs::fcntl_int(low, cmd, floor);
     if high < 0 {
         // No room up there (a tiny limit): keep the low number.
         return r;
     }
-    raw(libc::SYS_close, r, 0, 0, 0, 0, 0);
+    fs::close(low);
     high
 }
 
@@ -343,13 +344,17 @@ mod tests {
     #[test]
     fn nested_descriptors_move_above_the_programs_numbers() {
         let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
+        // SAFETY (the three nested calls): an open of a literal path and a
+        // dup, as our own code would make them.
+        #[allow(unsafe_code)]
+        let nested = |nr, a| unsafe { nested(nr, a) };
         let fd = nested(
             libc::SYS_openat,
             [AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0],
         );
         let floor = OWN_FD_FLOOR;
         assert!(fd >= floor, "fd {fd} below {floor}");
-        let fdflags = raw(libc::SYS_fcntl, fd, i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        let fdflags = fs::fcntl_int(fd as i32, libc::F_GETFD, 0);
         assert_eq!(fdflags & i64::from(libc::FD_CLOEXEC), i64::from(libc::FD_CLOEXEC));
         let dup = nested(libc::SYS_dup, [fd, 0, 0, 0, 0, 0]);
         assert!(dup >= floor && dup != fd);
@@ -359,7 +364,7 @@ mod tests {
             [AT_FDCWD, c"/nonexistent/x".as_ptr() as i64, flags, 0, 0, 0],
         );
         assert_eq!(bad, -i64::from(libc::ENOENT));
-        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
-        raw(libc::SYS_close, dup, 0, 0, 0, 0, 0);
+        fs::close(fd as i32);
+        fs::close(dup as i32);
     }
 }

@@ -13,7 +13,7 @@ use super::resolve::{file, resolve, with_nul, Resolved};
 use super::table::{Fd, Ptr};
 use super::unserved;
 use crate::state;
-use crate::sys::raw;
+use crate::sys::{fs, process};
 use crate::user;
 
 pub fn getdents(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
@@ -25,7 +25,7 @@ pub fn getdents(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
 
 pub fn fchdir(fd: Fd) -> Option<i64> {
     let Some(f) = file(fd) else {
-        let r = raw(libc::SYS_fchdir, i64::from(fd.0), 0, 0, 0, 0, 0);
+        let r = fs::fchdir(fd.0);
         if r == 0 {
             follow_kernel_cwd();
         }
@@ -88,13 +88,13 @@ pub(crate) fn kernel_cwd_inside(vfs: &Vfs, loc: &shortfuse_vfs::Location) {
             loc.path().to_vec()
         };
         let p = exec::backing_path(src, &rest);
-        if raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0) == 0 {
+        if fs::chdir(&p) == 0 {
             return;
         }
     } else if unserved::kernel_mounted(vfs) {
         // A daemon's mount in the kernel: the very directory.
         let p = with_nul(vfs.host_path(loc));
-        if raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0) == 0 {
+        if fs::chdir(&p) == 0 {
             return;
         }
     }
@@ -115,7 +115,7 @@ pub(crate) fn enter_dead_directory() {
         *len += b.len();
     }
     put(&mut buf, &mut len, b"/tmp/.shortfuse-cwd-");
-    let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u64;
+    let pid = process::getpid() as u64;
     for (i, n) in [pid, NEXT.fetch_add(1, Ordering::Relaxed)].into_iter().enumerate() {
         if i > 0 {
             put(&mut buf, &mut len, b"-");
@@ -140,26 +140,26 @@ pub(crate) fn enter_dead_directory() {
         }
         *end = len;
         buf[len] = 0;
-        if raw(libc::SYS_mkdir, buf.as_ptr() as i64, 0o500, 0, 0, 0, 0) < 0 {
+        if fs::mkdir(&buf[..=len], 0o500) < 0 {
             // Nothing to stand in (no /tmp): take back what was made.
             for &e in ends[..level].iter().rev() {
                 buf[e] = 0;
-                raw(libc::SYS_rmdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
+                fs::rmdir(&buf[..=e]);
             }
             return;
         }
     }
-    raw(libc::SYS_chdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
+    fs::chdir(&buf[..=len]);
     for &e in ends.iter().rev() {
         buf[e] = 0;
-        raw(libc::SYS_rmdir, buf.as_ptr() as i64, 0, 0, 0, 0, 0);
+        fs::rmdir(&buf[..=e]);
     }
 }
 
 /// The kernel's current directory changed: remember it, leave the mount's.
 fn follow_kernel_cwd() {
     let mut buf = vec![0u8; 4096];
-    let n = raw(libc::SYS_getcwd, buf.as_mut_ptr() as i64, buf.len() as i64, 0, 0, 0, 0);
+    let n = fs::getcwd(&mut buf);
     if n > 0 {
         buf.truncate(n as usize - 1);
         *state().host_cwd.lock().unwrap_or_else(|e| e.into_inner()) = buf;
@@ -178,8 +178,7 @@ fn chdir_to(arg: Ptr) -> i64 {
         Err(e) => return err(e),
     };
     let kernel = |p: Option<Vec<u8>>| {
-        let ptr = p.as_ref().map_or(arg.0, |p| p.as_ptr() as i64);
-        let r = raw(libc::SYS_chdir, ptr, 0, 0, 0, 0, 0);
+        let r = fs::chdir(&p.unwrap_or_else(|| with_nul(path.to_vec())));
         if r == 0 {
             follow_kernel_cwd();
         }

@@ -18,6 +18,7 @@
 //!   of other mounts served in process stay placeholders (their reads and
 //!   writes fail with EBADF): the new image has a file system of its own.
 //! - A current directory inside a mount travels in `SHORTFUSE_CWD`.
+#![allow(unsafe_code)]
 
 use std::ffi::CString;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use shortfuse_vfs::{OpenFile, Target, Vfs};
 use super::reply::err;
 use super::resolve::{mount_of, resolve, with_nul, Resolved};
 use crate::mounts::{CWD_VAR, NOTHING_INHERITED, NOTHING_INHERITED_VAR};
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 use crate::{state, user};
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
@@ -53,7 +54,7 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
     };
     if let Some(argv) = script_on_mount(&prog, path, a[1]) {
         if let Prog::Copy(fd) = prog {
-            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            fs::close(fd as i32);
         }
         if depth >= SCRIPT_DEPTH {
             return Some(err(Errno::ELOOP));
@@ -63,7 +64,7 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
     }
     if let Some(r) = super::unserved::refuse(&prog, path, a[1], a[2], super::unserved::cwd_mount()) {
         if let Prog::Copy(fd) = prog {
-            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            fs::close(fd as i32);
         }
         return Some(r);
     }
@@ -76,9 +77,13 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
     let env = environment(a[2], nothing_inherited());
     let envp = env.as_ref().map_or(a[2], |e| e.pointers.as_ptr() as i64);
     Some(if dirfd == AT_FDCWD && prog.is_none() {
-        raw(libc::SYS_execve, prog_ptr, a[1], envp, 0, 0, 0)
+        // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across
+        // the call: the kernel reads them as it would have.
+        unsafe { raw(libc::SYS_execve, prog_ptr, a[1], envp, 0, 0, 0) }
     } else {
-        raw(libc::SYS_execveat, dirfd, prog_ptr, a[1], envp, 0, 0)
+        // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across
+        // the call: the kernel reads them as it would have.
+        unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, a[1], envp, 0, 0) }
     })
 }
 
@@ -92,16 +97,20 @@ fn exec_copy(fd: i64, argv: i64, envp: i64) -> i64 {
 
 /// execveat of memfd `fd` (environment ready); closes it if the exec fails.
 fn exec_memfd(fd: i64, argv: i64, envp: i64) -> i64 {
-    let r = raw(
-        libc::SYS_execveat,
-        fd,
-        c"".as_ptr() as i64,
-        argv,
-        envp,
-        i64::from(libc::AT_EMPTY_PATH),
-        0,
-    );
-    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across the
+    // call: the kernel reads them as it would have.
+    let r = unsafe {
+        raw(
+            libc::SYS_execveat,
+            fd,
+            c"".as_ptr() as i64,
+            argv,
+            envp,
+            i64::from(libc::AT_EMPTY_PATH),
+            0,
+        )
+    };
+    fs::close(fd as i32);
     r
 }
 
@@ -118,7 +127,7 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
             Ok(p) => {
                 if let Some(r) = super::unserved::refuse(&p, path, a[2], a[3], super::unserved::cwd_mount()) {
                     if let Prog::Copy(fd) = p {
-                        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+                        fs::close(fd as i32);
                     }
                     return Some(r);
                 }
@@ -134,7 +143,9 @@ pub fn execveat(a: [i64; 6]) -> Option<i64> {
     hand_over_descriptors();
     let env = environment(a[3], nothing_inherited());
     let envp = env.as_ref().map_or(a[3], |e| e.pointers.as_ptr() as i64);
-    Some(raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0))
+    // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across the
+    // call: the kernel reads them as it would have.
+    Some(unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0) })
 }
 
 /// The argument vector of a script's interpreter: the strings and the
@@ -153,23 +164,15 @@ struct Argv {
 fn script_on_mount(prog: &Prog, path: &[u8], argv: i64) -> Option<Argv> {
     let mut head = [0u8; 256];
     let n = match prog {
-        Prog::Copy(fd) => raw(
-            libc::SYS_pread64,
-            *fd,
-            head.as_mut_ptr() as i64,
-            head.len() as i64,
-            0,
-            0,
-            0,
-        ),
+        Prog::Copy(fd) => fs::pread(*fd as i32, &mut head, 0),
         Prog::Path(p) => {
             let flags = i64::from(libc::O_RDONLY | libc::O_CLOEXEC);
-            let fd = raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, 0, 0, 0);
+            let fd = fs::openat(libc::AT_FDCWD, p, flags as i32, 0);
             if fd < 0 {
                 return None;
             }
-            let n = raw(libc::SYS_read, fd, head.as_mut_ptr() as i64, head.len() as i64, 0, 0, 0);
-            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            let n = fs::read(fd as i32, &mut head);
+            fs::close(fd as i32);
             n
         }
         Prog::Keep(_) => return None,
@@ -280,14 +283,18 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     let env = environment(envp, false);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // `p` is NUL-terminated.
-    let exec_path = |p: &[u8]| raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0);
+    // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across the
+    // call: the kernel reads them as it would have.
+    let exec_path = |p: &[u8]| unsafe { raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0) };
     let Some((vfs, rest)) = mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
         if path.starts_with(b"/") || super::spawn::mount_cwd().is_none() {
             // The kernel finds it as it is (the environment may still
             // have changed).
             return env
                 .is_some()
-                .then(|| raw(libc::SYS_execveat, dirfd, a[i], argv, envp, flags, 0));
+                // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive
+                // across the call: the kernel reads them as it would have.
+                .then(|| unsafe { raw(libc::SYS_execveat, dirfd, a[i], argv, envp, flags, 0) });
         }
         // Relative to a directory in a mount: the kernel's current
         // directory is not there.
@@ -311,15 +318,11 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
     match got? {
         Ok(Prog::Copy(fd)) => Some(exec_memfd(fd, argv, envp)),
         // A symbolic link out of the mount (a virtual environment's python).
-        Ok(Prog::Path(p)) => Some(raw(
-            libc::SYS_execveat,
-            AT_FDCWD,
-            p.as_ptr() as i64,
-            argv,
-            envp,
-            flags,
-            0,
-        )),
+        // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across
+        // the call: the kernel reads them as it would have.
+        Ok(Prog::Path(p)) => {
+            Some(unsafe { raw(libc::SYS_execveat, AT_FDCWD, p.as_ptr() as i64, argv, envp, flags, 0) })
+        }
         Ok(Prog::Keep(_)) => None,
         Err(e) => Some(err(e)),
     }
@@ -337,20 +340,12 @@ fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
     let n = f.pread(&mut head, 0)?;
     let elf = n == 4 && head == *b"\x7fELF";
     let flags = if elf { libc::MFD_CLOEXEC } else { 0 };
-    let fd = raw(
-        libc::SYS_memfd_create,
-        c"shortfuse-exec".as_ptr() as i64,
-        i64::from(flags),
-        0,
-        0,
-        0,
-        0,
-    );
+    let fd = fs::memfd_create(c"shortfuse-exec", flags);
     if fd < 0 {
         return Err(Errno::from_raw(-fd as i32));
     }
     let fail = |e: Errno| {
-        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        fs::close(fd as i32);
         Err(e)
     };
     let mut buf = vec![0u8; 1 << 20];
@@ -363,15 +358,18 @@ fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
         };
         let mut done = 0;
         while done < got {
-            let w = raw(
-                libc::SYS_pwrite64,
-                fd,
-                buf[done..].as_ptr() as i64,
-                (got - done) as i64,
-                (off + done as u64) as i64,
-                0,
-                0,
-            );
+            // SAFETY: a slice of our own buffer, with its length.
+            let w = unsafe {
+                raw(
+                    libc::SYS_pwrite64,
+                    fd,
+                    buf[done..].as_ptr() as i64,
+                    (got - done) as i64,
+                    (off + done as u64) as i64,
+                    0,
+                    0,
+                )
+            };
             if w <= 0 {
                 return fail(Errno::EIO);
             }
@@ -379,7 +377,7 @@ fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
         }
         off += got as u64;
     }
-    raw(libc::SYS_fchmod, fd, i64::from(mode & 0o7777), 0, 0, 0, 0);
+    fs::fchmod(fd as i32, mode & 0o7777);
     Ok(fd)
 }
 
@@ -413,40 +411,24 @@ fn hand_over_descriptors() {
             continue;
         }
         if let Some((_, kfd)) = done.iter().find(|(g, _)| Arc::ptr_eq(g, &f)) {
-            raw(libc::SYS_dup3, *kfd, i64::from(fd), 0, 0, 0, 0);
+            fs::dup3(*kfd as i32, fd, 0);
             continue;
         }
         let Some(src) = f.vfs().source() else { continue };
         let path = backing_path(src, f.path());
         let flags = f.flags() & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC);
-        let kfd = raw(
-            libc::SYS_openat,
-            AT_FDCWD,
-            path.as_ptr() as i64,
-            i64::from(flags),
-            0,
-            0,
-            0,
-        );
+        let kfd = fs::openat(libc::AT_FDCWD, &path, flags, 0);
         if kfd < 0 {
             continue;
         }
         if f.file_type() == FileType::Regular && !f.is_path_only() {
-            raw(
-                libc::SYS_lseek,
-                kfd,
-                f.offset() as i64,
-                i64::from(libc::SEEK_SET),
-                0,
-                0,
-                0,
-            );
+            fs::lseek(kfd as i32, f.offset() as i64, libc::SEEK_SET);
         }
-        raw(libc::SYS_dup3, kfd, i64::from(fd), 0, 0, 0, 0);
+        fs::dup3(kfd as i32, fd, 0);
         done.push((f, kfd));
     }
     for (_, kfd) in done {
-        raw(libc::SYS_close, kfd, 0, 0, 0, 0, 0);
+        fs::close(kfd as i32);
     }
 }
 

@@ -40,6 +40,7 @@
 //! which carries what the description is open on; the daemon keeps its
 //! locks. A `mem` mount served in process has nothing to share: each image
 //! builds its own, so its descriptors are placeholders of one image.
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -50,7 +51,7 @@ use super::metadata::{to_stat, to_statx};
 use super::reply::{err, res};
 use super::resolve::{file, with_nul};
 use super::table::{Call, Direction, Fd, Regs};
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 use crate::user;
 
 /// The kernel's FIONREAD (`TIOCINQ`).
@@ -87,7 +88,9 @@ pub fn call(c: &Call, regs: Regs) -> Option<Option<i64>> {
         if user::in_page_zero(regs.nr, regs.a) {
             return Some(Some(err(Errno::EFAULT)));
         }
-        let r = crate::sys::raw6(regs.nr, regs.a);
+        // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them as
+        // it would have.
+        let r = unsafe { crate::sys::raw6(regs.nr, regs.a) };
         // The size and times changed under the cached attributes.
         f.vfs().invalidate_attr(f.node());
         return Some(Some(r));
@@ -110,16 +113,7 @@ pub fn call(c: &Call, regs: Regs) -> Option<Option<i64>> {
 pub fn fresh_stat(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::stat, Errno> {
     let mut st = to_stat(&f.stat()?, f.vfs().dev());
     let mut k: libc::stat = user::zeroed();
-    if raw(
-        libc::SYS_fstat,
-        i64::from(fd.0),
-        &mut k as *mut libc::stat as i64,
-        0,
-        0,
-        0,
-        0,
-    ) == 0
-    {
+    if fs::fstat(fd.0, &mut k) == 0 {
         st.st_size = k.st_size;
         st.st_blocks = k.st_blocks;
         st.st_atime = k.st_atime;
@@ -167,10 +161,11 @@ pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
     // The map's descriptor belongs to this open alone (the M-Cache keeps
     // an O_PATH one of its own) and closes with it: when its flags are
     // the program's, its description can be the program's.
-    let have = raw(libc::SYS_fcntl, b, i64::from(libc::F_GETFL), 0, 0, 0, 0);
+    let have = fs::fcntl_int(b as i32, libc::F_GETFL, 0);
     if have >= 0 && have as i32 & SAME_FLAGS == flags & SAME_FLAGS {
         let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
-        return raw(libc::SYS_fcntl, b, i64::from(cmd), 0, 0, 0, 0);
+        // SAFETY: an integer command (F_DUPFD or F_DUPFD_CLOEXEC): nothing of memory.
+        return unsafe { raw(libc::SYS_fcntl, b, i64::from(cmd), 0, 0, 0, 0) };
     }
     let link = with_nul(format!("/proc/self/fd/{b}").into_bytes());
     // Creation and truncation were done by the open; O_NOFOLLOW would
@@ -178,15 +173,7 @@ pub fn backing_descriptor(f: &OpenFile, flags: i32, cloexec: bool) -> i64 {
     let keep = flags
         & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC)
         | if cloexec { libc::O_CLOEXEC } else { 0 };
-    raw(
-        libc::SYS_openat,
-        libc::AT_FDCWD as i64,
-        link.as_ptr() as i64,
-        i64::from(keep),
-        0,
-        0,
-        0,
-    )
+    fs::openat(libc::AT_FDCWD, &link, keep, 0)
 }
 
 /// mmap of a placeholder descriptor (no kernel-backed one). A 1-to-1 map
@@ -199,7 +186,9 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     let (addr, len, prot, flags, off) = (a[0], a[1], a[2], a[3] as i32, a[5]);
     if let Some(backing) = f.data_map().and_then(|m| m.whole()) {
         let b = std::os::fd::AsRawFd::as_raw_fd(&**backing) as i64;
-        return raw(libc::SYS_mmap, addr, len, prot, a[3], b, off);
+        // SAFETY: the program's own map request, on the backing file's descriptor in place of its
+        // own: it may replace memory only where the program asked.
+        return unsafe { raw(libc::SYS_mmap, addr, len, prot, a[3], b, off) };
     }
     if let Some(r) = super::lent::mmap(f, a) {
         return r;
@@ -216,7 +205,9 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     }
     let anon_flags = (flags & !(libc::MAP_DENYWRITE | libc::MAP_EXECUTABLE)) | libc::MAP_ANONYMOUS;
     let rw = i64::from(libc::PROT_READ | libc::PROT_WRITE);
-    let p = raw(libc::SYS_mmap, addr, len, rw, i64::from(anon_flags), -1, 0);
+    // SAFETY: an anonymous map the kernel places (or where the program asked), and changes of that
+    // map only, before anything of ours uses it.
+    let p = unsafe { raw(libc::SYS_mmap, addr, len, rw, i64::from(anon_flags), -1, 0) };
     if p < 0 {
         return p;
     }
@@ -224,12 +215,16 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     let want = (size.saturating_sub(off as u64)).min(len as u64) as usize;
     if want > 0 {
         if let Err(e) = user::slice_mut(p, want).and_then(|b| f.pread(b, off as u64)) {
-            raw(libc::SYS_munmap, p, len, 0, 0, 0, 0);
+            // SAFETY: an anonymous map the kernel places (or where the program asked), and changes
+            // of that map only, before anything of ours uses it.
+            unsafe { raw(libc::SYS_munmap, p, len, 0, 0, 0, 0) };
             return err(e);
         }
     }
     if prot != rw {
-        raw(libc::SYS_mprotect, p, len, prot, 0, 0, 0);
+        // SAFETY: an anonymous map the kernel places (or where the program asked), and changes of
+        // that map only, before anything of ours uses it.
+        unsafe { raw(libc::SYS_mprotect, p, len, prot, 0, 0, 0) };
     }
     p
 }
@@ -282,24 +277,8 @@ impl Side {
         match (&self.file, self.offset()) {
             (Some(f), Some(o)) => res(f.pread(buf, o).map(|n| n as i64)),
             (Some(f), None) => res(f.read(buf).map(|n| n as i64)),
-            (None, Some(o)) => raw(
-                libc::SYS_pread64,
-                self.fd,
-                buf.as_mut_ptr() as i64,
-                buf.len() as i64,
-                o as i64,
-                0,
-                0,
-            ),
-            (None, None) => raw(
-                libc::SYS_read,
-                self.fd,
-                buf.as_mut_ptr() as i64,
-                buf.len() as i64,
-                0,
-                0,
-                0,
-            ),
+            (None, Some(o)) => fs::pread(self.fd as i32, buf, o),
+            (None, None) => fs::read(self.fd as i32, buf),
         }
     }
 
@@ -310,7 +289,7 @@ impl Side {
             return f.file_type() == FileType::Regular;
         }
         let mut st: libc::stat = user::zeroed();
-        let r = raw(libc::SYS_fstat, self.fd, &mut st as *mut libc::stat as i64, 0, 0, 0, 0);
+        let r = fs::fstat(self.fd as i32, &mut st);
         r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG
     }
 
@@ -321,7 +300,7 @@ impl Side {
                 let _ = f.lseek(-n, libc::SEEK_CUR);
             }
             None => {
-                raw(libc::SYS_lseek, self.fd, -n, i64::from(libc::SEEK_CUR), 0, 0, 0);
+                fs::lseek(self.fd as i32, -n, libc::SEEK_CUR);
             }
         }
     }
@@ -330,24 +309,8 @@ impl Side {
         let r = match (&self.file, self.offset()) {
             (Some(f), Some(o)) => res(f.pwrite(data, o).map(|n| n as i64)),
             (Some(f), None) => res(f.write(data).map(|n| n as i64)),
-            (None, Some(o)) => raw(
-                libc::SYS_pwrite64,
-                self.fd,
-                data.as_ptr() as i64,
-                data.len() as i64,
-                o as i64,
-                0,
-                0,
-            ),
-            (None, None) => raw(
-                libc::SYS_write,
-                self.fd,
-                data.as_ptr() as i64,
-                data.len() as i64,
-                0,
-                0,
-                0,
-            ),
+            (None, Some(o)) => fs::pwrite(self.fd as i32, data, o),
+            (None, None) => fs::write(self.fd as i32, data),
         };
         if let Some(f) = file(Fd(self.fd as i32)).filter(|f| f.kernel_backed()) {
             f.vfs().invalidate_attr(f.node());
@@ -370,7 +333,9 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
     if src.file.is_none() && dst.file.is_none() {
         // Kernel descriptors only (kernel-backed ones included): the
         // kernel's call, then the attributes of a written mount file drop.
-        let r = raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+        // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them as
+        // it would have.
+        let r = unsafe { raw(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
         if let Some(f) = file(Fd(dst.fd as i32)).filter(|f| f.kernel_backed()) {
             f.vfs().invalidate_attr(f.node());
         }
@@ -455,23 +420,14 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
             continue;
         };
         let mut st: libc::stat = user::zeroed();
-        if raw(
-            libc::SYS_fstat,
-            i64::from(fd),
-            &mut st as *mut libc::stat as i64,
-            0,
-            0,
-            0,
-            0,
-        ) != 0
-        {
+        if fs::fstat(fd, &mut st) != 0 {
             continue;
         }
         let kind = FileType::from_mode(st.st_mode);
         if !matches!(kind, FileType::Regular | FileType::Fifo) {
             continue;
         }
-        let flags = raw(libc::SYS_fcntl, i64::from(fd), i64::from(libc::F_GETFL), 0, 0, 0, 0);
+        let flags = fs::fcntl_int(fd, libc::F_GETFL, 0);
         if flags < 0 || flags as i32 & libc::O_PATH != 0 {
             continue;
         }
@@ -486,7 +442,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
         let Some((node, attr)) = t.node.filter(|(_, a)| a.ino == st.st_ino) else {
             continue;
         };
-        let fdflags = raw(libc::SYS_fcntl, i64::from(fd), i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        let fdflags = fs::fcntl_int(fd, libc::F_GETFD, 0);
         let cloexec = fdflags > 0 && fdflags & i64::from(libc::FD_CLOEXEC) != 0;
         let f = vfs.open_in_kernel(node, attr.file_type(), flags as i32, t.path());
         fds.insert(fd, f, cloexec);

@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use shortfuse::Errno;
 use shortfuse_vfs::OpenFile;
 
-use crate::sys::raw;
+use crate::sys::mm;
 
 /// mmap of a daemon's file through the backing file the daemon lends:
 /// `None` when there is none to lend (not a daemon's file, no handle, a
@@ -42,15 +42,10 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> Option<i64> {
         Err(e) if e == Errno::ENODEV => return None,
         Err(e) => return Some(-i64::from(e.raw())),
     };
-    let r = raw(
-        libc::SYS_mmap,
-        a[0],
-        a[1],
-        a[2],
-        a[3],
-        i64::from(backing.as_raw_fd()),
-        a[5],
-    );
+    // SAFETY: the program's own map request, on the lent descriptor in
+    // place of its own: it may replace memory only where the program asked.
+    #[allow(unsafe_code)]
+    let r = unsafe { mm::mmap(a[0], a[1], a[2], a[3], i64::from(backing.as_raw_fd()), a[5]) };
     drop(backing);
     Some(r)
 }

@@ -13,6 +13,7 @@
 //! Either way a process's POSIX locks on a file go when it closes any
 //! descriptor of that file ([`closed`]), as POSIX says, not only at the
 //! last close of the description.
+#![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +22,7 @@ use shortfuse_abi as abi;
 use shortfuse_vfs::OpenFile;
 
 use super::reply::{err, res};
-use crate::sys::raw;
+use crate::sys::{process, raw};
 use crate::user;
 
 /// This process's lock owner (FLUSH and POSIX locks): what a shared
@@ -59,7 +60,7 @@ pub fn flock(f: &Arc<OpenFile>, op: i32) -> i64 {
         start: 0,
         end: u64::MAX,
         typ: typ as u32,
-        pid: raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32,
+        pid: process::getpid() as u32,
     };
     let sleep = op & libc::LOCK_NB == 0 && typ != libc::F_UNLCK;
     match f.vfs().client().setlk(f.node(), fh, owner, &lk, sleep, true) {
@@ -95,7 +96,7 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
     } else {
         owner()
     };
-    let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32;
+    let pid = process::getpid() as u32;
     let lk = abi::fuse_file_lock {
         start,
         end,
@@ -199,14 +200,17 @@ pub fn closed(f: &OpenFile) {
         let mut fl: libc::flock = user::zeroed();
         fl.l_type = libc::F_UNLCK as i16;
         fl.l_whence = libc::SEEK_SET as i16;
-        raw(
-            libc::SYS_fcntl,
-            i64::from(fd),
-            i64::from(libc::F_SETLK),
-            &fl as *const libc::flock as i64,
-            0,
-            0,
-            0,
-        );
+        // SAFETY: a `struct flock` of ours on the stack, alive across the call.
+        unsafe {
+            raw(
+                libc::SYS_fcntl,
+                i64::from(fd),
+                i64::from(libc::F_SETLK),
+                &fl as *const libc::flock as i64,
+                0,
+                0,
+                0,
+            )
+        };
     }
 }

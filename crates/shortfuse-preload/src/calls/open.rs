@@ -18,10 +18,8 @@ use super::spare;
 use super::special;
 use super::table::{PathAt, Ptr, Regs};
 use crate::state;
-use crate::sys::raw;
+use crate::sys::{fs, process};
 use crate::user;
-
-const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
 /// openat2: its flags and mode come in a `struct open_how`.
 pub fn openat2(regs: Regs, at: PathAt, how: Ptr, size: usize) -> Option<i64> {
@@ -125,23 +123,11 @@ fn tmpfile_open(vfs: &Arc<Vfs>, t: &Target, flags: i32, mode: u32) -> Tmpfile {
     if let Some(src) = vfs.source() {
         let dir = exec::backing_path(src, &t.path());
         spare::flush();
-        let fd = raw(
-            libc::SYS_openat,
-            AT_FDCWD,
-            dir.as_ptr() as i64,
-            i64::from(flags),
-            i64::from(mode),
-            0,
-            0,
-        );
+        let fd = fs::openat(libc::AT_FDCWD, &dir, flags, mode);
         return Tmpfile::Kernel(fd);
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let name = format!(
-        ".sftmp.{}.{}",
-        raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    let name = format!(".sftmp.{}.{}", process::getpid(), NEXT.fetch_add(1, Ordering::Relaxed));
     let walk = WalkFlags {
         follow: false,
         create: false,
@@ -189,39 +175,22 @@ fn placeholder_source() -> i64 {
     if have >= 0 {
         return have;
     }
-    let memfd = raw(
-        libc::SYS_memfd_create,
-        c"shortfuse-placeholder".as_ptr() as i64,
-        i64::from(libc::MFD_CLOEXEC),
-        0,
-        0,
-        0,
-        0,
-    );
+    let memfd = fs::memfd_create(c"shortfuse-placeholder", libc::MFD_CLOEXEC);
+    let flags = libc::O_PATH | libc::O_CLOEXEC;
     let made = if memfd >= 0 {
         let link = with_nul(format!("/proc/self/fd/{memfd}").into_bytes());
-        let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
-        let p = raw(libc::SYS_openat, AT_FDCWD, link.as_ptr() as i64, flags, 0, 0, 0);
-        raw(libc::SYS_close, memfd, 0, 0, 0, 0, 0);
+        let p = fs::openat(libc::AT_FDCWD, &link, flags, 0);
+        fs::close(memfd as i32);
         p
     } else {
-        let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
-        raw(libc::SYS_openat, AT_FDCWD, c"/dev/null".as_ptr() as i64, flags, 0, 0, 0)
+        fs::openat(libc::AT_FDCWD, c"/dev/null".to_bytes_with_nul(), flags, 0)
     };
     if made < 0 {
         return made;
     }
-    let high = raw(
-        libc::SYS_fcntl,
-        made,
-        i64::from(libc::F_DUPFD_CLOEXEC),
-        OWN_FD_FLOOR,
-        0,
-        0,
-        0,
-    );
+    let high = fs::fcntl_int(made as i32, libc::F_DUPFD_CLOEXEC, OWN_FD_FLOOR);
     let fd = if high >= 0 {
-        raw(libc::SYS_close, made, 0, 0, 0, 0, 0);
+        fs::close(made as i32);
         high
     } else {
         made
@@ -229,7 +198,7 @@ fn placeholder_source() -> i64 {
     match SOURCE.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => fd,
         Err(other) => {
-            raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+            fs::close(fd as i32);
             other
         }
     }

@@ -12,7 +12,7 @@ use super::reply::{done, err};
 use super::resolve::{file, lookup_follow, magic_link, ours, resolve, target_of, Resolved};
 use super::table::{Fd, PathAt, Ptr, Regs};
 use crate::state;
-use crate::sys::raw;
+use crate::sys::{fs, process};
 use crate::user;
 
 pub fn access(regs: Regs, at: PathAt, mode: i32, flags: super::table::AtFlags) -> Option<i64> {
@@ -95,21 +95,26 @@ fn resolve_two<'a>(
     Ok(([Named { at: old, path: p1 }, Named { at: new, path: p2 }], [r1, r2]))
 }
 
+/// Which call [`kernel_two`] makes, with its flags.
+enum Two {
+    Rename(u32),
+    Link(i32),
+}
+
 /// renameat2 or linkat (`nr`) on the kernel for two paths that are not
 /// ours; `found` the paths a walk that left a mount found instead.
-fn kernel_two(nr: i64, names: [Named<'_>; 2], found: [Option<Vec<u8>>; 2], flags: i64) -> i64 {
+fn kernel_two(nr: Two, names: [Named<'_>; 2], found: [Option<Vec<u8>>; 2]) -> i64 {
     let side = |Named { at, path }: Named<'_>, found: Option<Vec<u8>>| {
         let p = found.unwrap_or_else(|| path.iter().copied().chain([0]).collect());
-        let d = if p[0] == b'/' {
-            i64::from(libc::AT_FDCWD)
-        } else {
-            i64::from(at.dirfd)
-        };
+        let d = if p[0] == b'/' { libc::AT_FDCWD } else { at.dirfd };
         (d, p)
     };
     let [x, y] = found;
     let ((od, o), (nd, n)) = (side(names[0], x), side(names[1], y));
-    raw(nr, od, o.as_ptr() as i64, nd, n.as_ptr() as i64, flags, 0)
+    match nr {
+        Two::Rename(flags) => fs::renameat2(od, &o, nd, &n, flags),
+        Two::Link(flags) => fs::linkat(od, &o, nd, &n, flags),
+    }
 }
 
 /// rename, renameat, renameat2.
@@ -120,9 +125,7 @@ pub fn rename(old: PathAt, new: PathAt, flags: u32) -> Option<i64> {
     };
     match (r1, r2) {
         (Resolved::Kernel(None), Resolved::Kernel(None)) => None,
-        (Resolved::Kernel(x), Resolved::Kernel(y)) => {
-            Some(kernel_two(libc::SYS_renameat2, names, [x, y], i64::from(flags)))
-        }
+        (Resolved::Kernel(x), Resolved::Kernel(y)) => Some(kernel_two(Two::Rename(flags), names, [x, y])),
         (Resolved::Ours(v1, t1), Resolved::Ours(v2, t2)) if Arc::ptr_eq(&v1, &v2) => {
             Some(done(v1.rename(&t1, &t2, flags)))
         }
@@ -148,9 +151,7 @@ pub fn link(old: PathAt, new: PathAt, flags: i32) -> Option<i64> {
     let p1 = names[0].path;
     match (r1, r2) {
         (Resolved::Kernel(None), Resolved::Kernel(None)) => None,
-        (Resolved::Kernel(x), Resolved::Kernel(y)) => {
-            Some(kernel_two(libc::SYS_linkat, names, [x, y], i64::from(flags)))
-        }
+        (Resolved::Kernel(x), Resolved::Kernel(y)) => Some(kernel_two(Two::Link(flags), names, [x, y])),
         (Resolved::Ours(v1, t1), Resolved::Ours(v2, t2)) if Arc::ptr_eq(&v1, &v2) => Some(done(v1.link(&t1, &t2))),
         // A kernel descriptor (an O_TMPFILE of a passthrough mount, see
         // `open`) given a name in a mount with a source: the kernel links
@@ -159,15 +160,10 @@ pub fn link(old: PathAt, new: PathAt, flags: i32) -> Option<i64> {
             if v2.source().is_some() && (p1.is_empty() || magic_link(p1).is_some()) =>
         {
             let target = exec::backing_path(v2.source().unwrap_or_default(), &t2.path());
-            Some(raw(
-                libc::SYS_linkat,
-                i64::from(old.dirfd),
-                old.path.0,
-                i64::from(libc::AT_FDCWD),
-                target.as_ptr() as i64,
-                i64::from(flags),
-                0,
-            ))
+            // SAFETY: the program's own path argument, handed on as it
+            // gave it: the kernel reads it as it would have.
+            #[allow(unsafe_code)]
+            Some(unsafe { fs::linkat_program(old.dirfd, old.path.0, libc::AT_FDCWD, &target, flags) })
         }
         _ => Some(err(Errno::EXDEV)),
     }
@@ -186,21 +182,13 @@ pub fn inotify_add_watch(regs: Regs, inotify: Fd, at: PathAt, mask: u32) -> Opti
         return Some(err(Errno::ENOSYS));
     };
     let path = exec::backing_path(src, &t.path());
-    Some(raw(
-        libc::SYS_inotify_add_watch,
-        i64::from(inotify.0),
-        path.as_ptr() as i64,
-        i64::from(mask),
-        0,
-        0,
-        0,
-    ))
+    Some(fs::inotify_add_watch(inotify.0, &path, mask))
 }
 
 /// umask: the kernel's, and every mount's (an in-process file system
 /// applies it itself).
 pub fn umask(mask: u32) -> Option<i64> {
-    let r = raw(libc::SYS_umask, i64::from(mask), 0, 0, 0, 0, 0);
+    let r = fs::umask(mask);
     for m in &state().mounts {
         m.set_umask(mask);
     }
@@ -220,7 +208,7 @@ pub fn creating<T>(vfs: &Vfs, f: impl FnOnce() -> Result<T, Errno>) -> i64 {
 /// file system runs in the daemon and leaves ours alone.
 pub fn restore_umask(vfs: &Vfs) {
     if !vfs.client().shared() {
-        raw(libc::SYS_umask, i64::from(vfs.umask()), 0, 0, 0, 0, 0);
+        fs::umask(vfs.umask());
     }
 }
 
@@ -272,7 +260,7 @@ fn is_cwd_link(path: &[u8]) -> bool {
         || std::str::from_utf8(who)
             .ok()
             .and_then(|w| w.parse::<i64>().ok())
-            .is_some_and(|pid| pid == raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0))
+            .is_some_and(|pid| pid == process::getpid())
 }
 
 fn readlink_out(vfs: &Vfs, t: &Target, buf: Ptr, len: i32) -> i64 {

@@ -10,7 +10,7 @@ use super::reply::err;
 use super::spare;
 use super::table::{Fd, PathAt, Regs};
 use crate::state;
-use crate::sys::raw;
+use crate::sys::fs;
 use crate::user;
 
 /// Where a path leads.
@@ -129,15 +129,7 @@ pub fn resolve_for(dirfd: i32, path: &[u8], flags: WalkFlags) -> Result<Resolved
         spare::flush();
         let link = with_nul(format!("/proc/self/fd/{dirfd}").into_bytes());
         let mut buf = [0u8; 4096];
-        let n = raw(
-            libc::SYS_readlink,
-            link.as_ptr() as i64,
-            buf.as_mut_ptr() as i64,
-            buf.len() as i64,
-            0,
-            0,
-            0,
-        );
+        let n = fs::readlink(&link, &mut buf);
         if n <= 0 || buf[0] != b'/' {
             return Ok(Resolved::Kernel(None));
         }
@@ -206,10 +198,13 @@ pub fn target_of(f: &OpenFile) -> Result<Target, Errno> {
 
 /// Re-issues a path call on the kernel with `path` (absolute,
 /// NUL-terminated) in place of its path argument `at`.
+#[allow(unsafe_code)]
 pub fn reissue(regs: Regs, at: PathAt, path: &[u8]) -> i64 {
     let r = regs.with_path(at, path);
     spare::before_kernel(r.nr);
-    crate::sys::raw6(r.nr, r.a)
+    // SAFETY: the program's call, with a NUL-terminated path of ours (alive across the call) in
+    // place of its path argument; the rest as it gave them.
+    unsafe { crate::sys::raw6(r.nr, r.a) }
 }
 
 /// The mount node a path argument names, or how the call ends: `Err(None)`

@@ -63,6 +63,7 @@
 //! mount's data is private to each image, and an image of a `stripe` or
 //! `pack` mount does not see what another changed (not even a file it just
 //! created), so there is nothing the new image could open again.
+#![allow(unsafe_code)]
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +73,7 @@ use shortfuse::{FileType, NodeId};
 use shortfuse_vfs::{FdTable, OpenFile, Vfs};
 
 use super::descriptors::OWN_FD_FLOOR;
-use crate::sys::{owned_file, raw};
+use crate::sys::{fs, owned_file, raw};
 
 /// The memfd name prefix of a description.
 const PREFIX: &[u8] = b"sfofd:";
@@ -119,7 +120,7 @@ pub fn describe<'a>(files: impl Iterator<Item = &'a Arc<OpenFile>> + Clone) {
         let Ok(own) = memfd(f) else { continue };
         st.fds.each_descriptor_of(f, |fd, cloexec| {
             let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-            raw(libc::SYS_dup3, own, i64::from(fd), i64::from(flags), 0, 0, 0);
+            fs::dup3(own as i32, fd, flags);
         });
         f.share(owned_file(own));
     }
@@ -147,38 +148,25 @@ fn memfd(f: &OpenFile) -> Result<i64, i64> {
         w[1..=path.len()].copy_from_slice(path);
     }
     let mflags = libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC;
-    let fd = raw(
-        libc::SYS_memfd_create,
-        name.as_ptr() as i64,
-        i64::from(mflags),
-        0,
-        0,
-        0,
-        0,
-    );
+    // SAFETY: a NUL-terminated name of ours.
+    let fd = unsafe {
+        raw(
+            libc::SYS_memfd_create,
+            name.as_ptr() as i64,
+            i64::from(mflags),
+            0,
+            0,
+            0,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(fd);
     }
     let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
-    raw(
-        libc::SYS_fcntl,
-        fd,
-        i64::from(libc::F_ADD_SEALS),
-        i64::from(seals),
-        0,
-        0,
-        0,
-    );
-    let own = raw(
-        libc::SYS_fcntl,
-        fd,
-        i64::from(libc::F_DUPFD_CLOEXEC),
-        OWN_FD_FLOOR,
-        0,
-        0,
-        0,
-    );
-    raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+    fs::fcntl_int(fd as i32, libc::F_ADD_SEALS, i64::from(seals));
+    let own = fs::fcntl_int(fd as i32, libc::F_DUPFD_CLOEXEC, OWN_FD_FLOOR);
+    fs::close(fd as i32);
     if own < 0 {
         return Err(own);
     }
@@ -334,15 +322,7 @@ pub fn description_owner(f: &Arc<OpenFile>) -> Option<u64> {
     let s = f.shared()?;
     anchor(std::iter::once(&**f));
     let mut st: libc::stat = crate::user::zeroed();
-    let r = raw(
-        libc::SYS_fstat,
-        i64::from(s.as_raw_fd()),
-        &mut st as *mut libc::stat as i64,
-        0,
-        0,
-        0,
-        0,
-    );
+    let r = fs::fstat(s.as_raw_fd(), &mut st);
     (r == 0).then_some(shortfuse_ring::DESCRIPTION_OWNER | st.st_ino)
 }
 
@@ -391,15 +371,7 @@ fn inspect(fd: i32) -> Option<Found> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
     let (mount, node, fh, flags, path) = parse_name(link.as_os_str().as_encoded_bytes())?;
     let mut st: libc::stat = crate::user::zeroed();
-    let r = raw(
-        libc::SYS_fstat,
-        i64::from(fd),
-        &mut st as *mut libc::stat as i64,
-        0,
-        0,
-        0,
-        0,
-    );
+    let r = fs::fstat(fd, &mut st);
     (r == 0).then_some(Found {
         fd,
         ino: st.st_ino,
@@ -440,15 +412,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
                 else {
                     continue;
                 };
-                let own = raw(
-                    libc::SYS_fcntl,
-                    i64::from(d.fd),
-                    i64::from(libc::F_DUPFD_CLOEXEC),
-                    OWN_FD_FLOOR,
-                    0,
-                    0,
-                    0,
-                );
+                let own = fs::fcntl_int(d.fd, libc::F_DUPFD_CLOEXEC, OWN_FD_FLOOR);
                 if own < 0 {
                     continue;
                 }
@@ -457,7 +421,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
                 f
             }
         };
-        let fdflags = raw(libc::SYS_fcntl, i64::from(d.fd), i64::from(libc::F_GETFD), 0, 0, 0, 0);
+        let fdflags = fs::fcntl_int(d.fd, libc::F_GETFD, 0);
         let cloexec = fdflags > 0 && fdflags & i64::from(libc::FD_CLOEXEC) != 0;
         fds.insert(d.fd, file, cloexec);
     }

@@ -81,5 +81,10 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         *d = s as libc::c_char;
     }
     let n = (PATH_AT + backing.len()) as i64;
-    Some(raw(nr, a[0], &un as *const libc::sockaddr_un as i64, n, 0, 0, 0))
+    // SAFETY: the program's bind or connect on its own socket, with a
+    // sockaddr_un of ours (alive across the call, `n` its length) in place
+    // of its address.
+    #[allow(unsafe_code)]
+    let r = unsafe { raw(nr, a[0], &un as *const libc::sockaddr_un as i64, n, 0, 0, 0) };
+    Some(r)
 }

@@ -31,10 +31,11 @@
 //! (`nested`) do not flush: what they open moves above the program's
 //! numbers. Not seen: descriptors an io_uring closes in the kernel (a
 //! close there, then a close of ours, can park a number above a free one).
+#![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::sys::{self, raw};
+use crate::sys::{self, fs, raw};
 
 /// Descriptor numbers freed so far (a generation, see the module docs).
 static FREES: AtomicU64 = AtomicU64::new(0);
@@ -72,12 +73,13 @@ pub fn placeholder(source: i64, cloexec: bool) -> i64 {
         let fd = (spare as u32 - 1) as i64;
         if (spare & CLOEXEC != 0) != cloexec {
             let flag = if cloexec { libc::FD_CLOEXEC } else { 0 };
-            raw(libc::SYS_fcntl, fd, i64::from(libc::F_SETFD), i64::from(flag), 0, 0, 0);
+            fs::fcntl_int(fd as i32, libc::F_SETFD, i64::from(flag));
         }
         fd
     } else {
         let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
-        raw(libc::SYS_fcntl, source, i64::from(cmd), 0, 0, 0, 0)
+        // SAFETY: an integer command (F_DUPFD or F_DUPFD_CLOEXEC): nothing of memory.
+        unsafe { raw(libc::SYS_fcntl, source, i64::from(cmd), 0, 0, 0, 0) }
     };
     if fd < 0 {
         return fd;
@@ -92,7 +94,7 @@ pub fn placeholder(source: i64, cloexec: bool) -> i64 {
 pub fn close(fd: i32, placeholder: bool, cloexec: bool) {
     if !(placeholder && park(fd, cloexec)) {
         before_kernel(libc::SYS_close);
-        raw(libc::SYS_close, i64::from(fd), 0, 0, 0, 0, 0);
+        fs::close(fd);
     }
 }
 
@@ -133,7 +135,7 @@ pub fn flush() {
     let v = parked().swap(0, Ordering::SeqCst);
     if v != 0 {
         freed();
-        raw(libc::SYS_close, i64::from(v as u32) - 1, 0, 0, 0, 0, 0);
+        fs::close((i64::from(v as u32) - 1) as i32);
     }
 }
 

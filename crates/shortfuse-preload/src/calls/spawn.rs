@@ -27,6 +27,7 @@
 //! cache line and is left alone, so that open is the kernel's, relative
 //! to the kernel's current directory (the backing directory after a chdir
 //! into a passthrough mount).
+#![allow(unsafe_code)]
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use super::resolve::{mount_of, with_nul};
 use crate::state;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 
 /// The current directory of a vfork child.
 #[derive(Clone)]
@@ -116,7 +117,9 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_fchdir => {
             let f = state().fds.get(a[0] as i32);
             let Some(f) = f else {
-                let r = raw(nr, a[0], 0, 0, 0, 0, 0);
+                // SAFETY: the program's own call, its arguments as it gave them: the kernel checks
+                // them as it would have.
+                let r = unsafe { raw(nr, a[0], 0, 0, 0, 0, 0) };
                 if r == 0 {
                     CWD.with(|c| *c.borrow_mut() = Cwd::Kernel);
                 }
@@ -139,11 +142,11 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
 
 fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
     let Some(abs) = absolute(dirfd, path) else {
-        let r = raw(libc::SYS_chdir, with_nul(path.to_vec()).as_ptr() as i64, 0, 0, 0, 0, 0);
+        let r = fs::chdir(&with_nul(path.to_vec()));
         return Some(r);
     };
     let Some((vfs, rest)) = mount_of(&abs) else {
-        let r = raw(libc::SYS_chdir, with_nul(abs).as_ptr() as i64, 0, 0, 0, 0, 0);
+        let r = fs::chdir(&with_nul(abs));
         if r == 0 {
             CWD.with(|c| *c.borrow_mut() = Cwd::Kernel);
         }
@@ -152,7 +155,7 @@ fn chdir(dirfd: i64, path: &[u8]) -> Option<i64> {
     let r = match vfs.source() {
         Some(src) => {
             let p = super::exec::backing_path(src, &slash(rest));
-            raw(libc::SYS_chdir, p.as_ptr() as i64, 0, 0, 0, 0, 0)
+            fs::chdir(&p)
         }
         None => {
             let rest = rest.to_vec();
@@ -208,5 +211,5 @@ fn open(dirfd: i64, path: &[u8], flags: i64, mode: i64) -> Option<i64> {
         return Some(err(Errno::ENOENT));
     };
     let p = super::exec::backing_path(src, &slash(rest));
-    Some(raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, mode, 0, 0))
+    Some(fs::openat(libc::AT_FDCWD, &p, flags as i32, mode as u32))
 }

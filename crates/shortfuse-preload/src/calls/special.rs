@@ -25,6 +25,7 @@
 //! signal mask (see [`with_program_mask`]), so a signal interrupts or
 //! restarts it as it would the kernel's open, and no lock of ours is held
 //! meanwhile. No request reaches the daemon, so no daemon thread waits.
+#![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -40,8 +41,7 @@ use super::resolve::with_nul;
 use super::spare;
 use crate::state;
 
-const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
-use crate::sys::raw;
+use crate::sys::{fs, process};
 
 /// Whether an open of a node of type `kind` is the kernel's (see the
 /// module doc).
@@ -76,17 +76,7 @@ pub fn open(vfs: &Arc<Vfs>, t: &Target, node: NodeId, attr: &Attr, flags: i32) -
     // a node held open; a FIFO cannot be truncated.
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_DIRECTORY);
     spare::flush();
-    let fd = with_program_mask(|| {
-        raw(
-            libc::SYS_openat,
-            AT_FDCWD,
-            path.as_ptr() as i64,
-            i64::from(keep),
-            0,
-            0,
-            0,
-        )
-    });
+    let fd = with_program_mask(|| fs::openat(libc::AT_FDCWD, &path, keep, 0));
     if fd < 0 {
         return fd;
     }
@@ -116,40 +106,24 @@ fn kernel_node(vfs: &Arc<Vfs>, path: &[u8], node: NodeId, attr: &Attr) -> Result
 /// that type is there.
 fn make_node(p: &[u8], attr: &Attr) -> Result<(), Errno> {
     let mode = attr.mode & libc::S_IFMT | 0o666;
-    let r = raw(
-        libc::SYS_mknodat,
-        AT_FDCWD,
-        p.as_ptr() as i64,
-        i64::from(mode),
-        i64::from(attr.rdev),
-        0,
-        0,
-    );
+    let r = fs::mknodat(libc::AT_FDCWD, p, mode, attr.rdev);
     if r == 0 {
         // Access is checked against the mount's node (see `open`); the
         // umask must not narrow what the other users of the daemon may do.
-        raw(libc::SYS_fchmodat, AT_FDCWD, p.as_ptr() as i64, 0o666, 0, 0, 0);
+        fs::fchmodat(libc::AT_FDCWD, p, 0o666);
         return Ok(());
     }
     if r != -i64::from(libc::EEXIST) {
         return Err(Errno::from_raw(-r as i32));
     }
     let mut st: libc::stat = crate::user::zeroed();
-    let s = raw(
-        libc::SYS_newfstatat,
-        AT_FDCWD,
-        p.as_ptr() as i64,
-        &mut st as *mut libc::stat as i64,
-        i64::from(libc::AT_SYMLINK_NOFOLLOW),
-        0,
-        0,
-    );
+    let s = fs::newfstatat(libc::AT_FDCWD, p, &mut st, libc::AT_SYMLINK_NOFOLLOW);
     let same = s == 0 && st.st_mode & libc::S_IFMT == attr.mode & libc::S_IFMT && st.st_rdev == u64::from(attr.rdev);
     if same {
         return Ok(());
     }
     // A node of a removed file whose number came back with another type.
-    raw(libc::SYS_unlinkat, AT_FDCWD, p.as_ptr() as i64, 0, 0, 0, 0);
+    fs::unlinkat(libc::AT_FDCWD, p, 0);
     make_node(p, attr)
 }
 
@@ -170,28 +144,20 @@ fn held_node(vfs: &Vfs, dir: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>
     let fd = match table.get(&key) {
         Some(&fd) => fd,
         None => {
-            let pid = raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0);
+            let pid = process::getpid();
             let mut p = dir.to_vec();
             p.extend_from_slice(format!("/held-{pid}-{}", node.0).as_bytes());
             let p = with_nul(p);
             make_node(&p, attr)?;
             let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
-            let o = raw(libc::SYS_openat, AT_FDCWD, p.as_ptr() as i64, flags, 0, 0, 0);
-            raw(libc::SYS_unlinkat, AT_FDCWD, p.as_ptr() as i64, 0, 0, 0, 0);
+            let o = fs::openat(libc::AT_FDCWD, &p, flags as i32, 0);
+            fs::unlinkat(libc::AT_FDCWD, &p, 0);
             if o < 0 {
                 return Err(Errno::from_raw(-o as i32));
             }
-            let high = raw(
-                libc::SYS_fcntl,
-                o,
-                i64::from(libc::F_DUPFD_CLOEXEC),
-                OWN_FD_FLOOR,
-                0,
-                0,
-                0,
-            );
+            let high = fs::fcntl_int(o as i32, libc::F_DUPFD_CLOEXEC, OWN_FD_FLOOR);
             let fd = if high >= 0 {
-                raw(libc::SYS_close, o, 0, 0, 0, 0, 0);
+                fs::close(o as i32);
                 high
             } else {
                 o
@@ -220,7 +186,7 @@ fn nodes_dir(vfs: &Vfs) -> Result<Vec<u8>, Errno> {
         dir.extend_from_slice(b"/in-process-nodes");
     }
     let c = with_nul(dir.clone());
-    let r = raw(libc::SYS_mkdirat, AT_FDCWD, c.as_ptr() as i64, 0o700, 0, 0, 0);
+    let r = fs::mkdirat(libc::AT_FDCWD, &c, 0o700);
     if r < 0 && r != -i64::from(libc::EEXIST) {
         return Err(Errno::from_raw(-r as i32));
     }
@@ -253,24 +219,8 @@ fn with_program_mask(f: impl FnOnce() -> i64) -> i64 {
     };
     let set = program & !crate::sud::SIGSYS_BIT;
     let mut ours = 0u64;
-    raw(
-        libc::SYS_rt_sigprocmask,
-        libc::SIG_SETMASK as i64,
-        &set as *const u64 as i64,
-        &mut ours as *mut u64 as i64,
-        8,
-        0,
-        0,
-    );
+    process::set_signal_mask(set, Some(&mut ours));
     let r = f();
-    raw(
-        libc::SYS_rt_sigprocmask,
-        libc::SIG_SETMASK as i64,
-        &ours as *const u64 as i64,
-        0,
-        8,
-        0,
-        0,
-    );
+    process::set_signal_mask(ours, None);
     r
 }

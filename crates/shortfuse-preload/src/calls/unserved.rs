@@ -8,6 +8,7 @@
 //! point is not a kernel mount. (With its current directory in a
 //! passthrough mount it runs, in the backing directory: see
 //! `calls::kernel_cwd_inside`.)
+#![allow(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use shortfuse_vfs::Vfs;
 use super::exec::Prog;
 use super::resolve::{mount_of, with_nul};
 use crate::state;
-use crate::sys::raw;
+use crate::sys::{fs, raw};
 use crate::user;
 
 /// The kernel's FUSE file systems (`statfs` f_type).
@@ -27,16 +28,20 @@ const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 pub fn kernel_mounted(vfs: &Vfs) -> bool {
     let mp = with_nul(vfs.mountpoint().to_vec());
     let mut buf = [0i64; 16];
-    raw(
-        libc::SYS_statfs,
-        mp.as_ptr() as i64,
-        buf.as_mut_ptr() as i64,
-        0,
-        0,
-        0,
-        0,
-    ) == 0
-        && buf[0] == FUSE_SUPER_MAGIC
+    // SAFETY: a NUL-terminated path of ours and a buffer of ours as large
+    // as the kernel's struct statfs.
+    let r = unsafe {
+        raw(
+            libc::SYS_statfs,
+            mp.as_ptr() as i64,
+            buf.as_mut_ptr() as i64,
+            0,
+            0,
+            0,
+            0,
+        )
+    };
+    r == 0 && buf[0] == FUSE_SUPER_MAGIC
 }
 
 /// The mount our current directory is in.
@@ -76,7 +81,7 @@ pub fn refuse(prog: &Prog, path: &[u8], argv: i64, envp: i64, cwd: Option<Arc<Vf
          kernel cannot reach\n",
         String::from_utf8_lossy(path)
     );
-    raw(libc::SYS_write, 2, msg.as_ptr() as i64, msg.len() as i64, 0, 0, 0);
+    fs::write(2, msg.as_bytes());
     Some(-(libc::EACCES as i64))
 }
 
@@ -136,33 +141,17 @@ fn has_interpreter(prog: &Prog, path: &[u8]) -> Option<bool> {
     };
     let r = !shortfuse_vfs::elf::is_static_elf(&mut |off, buf| pread(fd, buf, off));
     if close {
-        raw(libc::SYS_close, fd, 0, 0, 0, 0, 0);
+        fs::close(fd as i32);
     }
     Some(r)
 }
 
 fn open(dirfd: i64, path: Vec<u8>) -> Option<i64> {
-    let fd = raw(
-        libc::SYS_openat,
-        dirfd,
-        path.as_ptr() as i64,
-        i64::from(libc::O_RDONLY | libc::O_CLOEXEC),
-        0,
-        0,
-        0,
-    );
+    let fd = fs::openat(dirfd as i32, &path, libc::O_RDONLY | libc::O_CLOEXEC, 0);
     (fd >= 0).then_some(fd)
 }
 
 fn pread(fd: i64, buf: &mut [u8], off: u64) -> usize {
-    let n = raw(
-        libc::SYS_pread64,
-        fd,
-        buf.as_mut_ptr() as i64,
-        buf.len() as i64,
-        off as i64,
-        0,
-        0,
-    );
+    let n = fs::pread(fd as i32, buf, off);
     n.max(0) as usize
 }
