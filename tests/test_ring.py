@@ -849,6 +849,52 @@ def test_a_program_on_the_daemon_s_mount_runs_as_the_first_program(shortfuse, sc
         d.stop()
 
 
+# Parent and forked children each map their own file of a passthrough
+# daemon MAP_SHARED again and again (every map asks the daemon for the
+# backing file over the socket the processes share) and check what they
+# see; prints the count of wrong contents and failures.
+FORKED_LENDS = r"""
+import mmap, os, sys
+mp, n, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(n + 1):
+    with open(f"{mp}/f{i}", "wb") as f:
+        f.write((b"%08d" % i) * 512)
+def work(i):
+    bad = 0
+    for _ in range(rounds):
+        fd = os.open(f"{mp}/f{i}", os.O_RDONLY)
+        try:
+            with mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+                bad += m[:8] != b"%08d" % i
+        except OSError as e:
+            bad += 1
+            print(i, e, file=sys.stderr)
+        os.close(fd)
+    return bad
+kids = []
+for i in range(1, n + 1):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(min(work(i), 100))
+    kids.append(pid)
+bad = work(0)
+for pid in kids:
+    bad += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(bad)
+"""
+
+
+def test_forked_children_and_their_parent_ask_for_backing_files_at_once(shortfuse, scratch):
+    mp, src = scratch / "mnt", scratch / "src"
+    src.mkdir()
+    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
+    try:
+        p = under(shortfuse, mp, [sys.executable, "-c", FORKED_LENDS, str(mp), "8", "4"])
+        assert (p.returncode, p.stdout) == (0, b"0\n"), p.stderr.decode()
+    finally:
+        d.stop()
+
+
 def test_run_without_a_daemon_stops_before_the_program(shortfuse, scratch):
     marker = scratch / "ran"
     p = subprocess.run(

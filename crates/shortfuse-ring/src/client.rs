@@ -57,7 +57,11 @@ pub enum Notice<'a> {
 static PID: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn refresh_pid() {
-    PID.store(sys::getpid(), Ordering::Relaxed);
+    let pid = sys::getpid();
+    PID.store(pid, Ordering::Relaxed);
+    // Cookies of its own, unlike the parent's: an answer the parent gave
+    // up waiting for is never taken for the child's.
+    COOKIE.store(pid.wrapping_mul(0x9E37_79B1), Ordering::Relaxed);
     ANCHORING.store(false, Ordering::Relaxed);
 }
 
@@ -438,6 +442,10 @@ impl RingClient {
         while ANCHORING.swap(true, Ordering::Acquire) {
             sys::sched_yield();
         }
+        // A forked child shares the socket: the lock keeps the other
+        // processes' exchanges out of ours, or each would read (and skip)
+        // the other's answers.
+        sys::lock_file(self.sock.as_fd(), true);
         let cookie = loop {
             let c = COOKIE.fetch_add(1, Ordering::Relaxed);
             if c != 0 {
@@ -445,6 +453,7 @@ impl RingClient {
             }
         };
         let r = exchange(cookie);
+        sys::lock_file(self.sock.as_fd(), false);
         ANCHORING.store(false, Ordering::Release);
         r
     }

@@ -85,6 +85,28 @@ pub fn at_fork_child(child: extern "C" fn()) {
     unsafe { libc::pthread_atfork(None, None, Some(child)) };
 }
 
+/// Takes (`lock`) or drops a write lock on the whole of `fd`'s file,
+/// waiting for it. A POSIX record lock belongs to a process: it keeps out
+/// the other processes that share the descriptor (a forked child), not
+/// this one's threads. Errors are ignored: at worst the exchange is not
+/// exclusive.
+pub fn lock_file(fd: BorrowedFd<'_>, lock: bool) {
+    // SAFETY: an all-zero flock is a valid value (whole file from offset 0).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    while raw(
+        libc::SYS_fcntl,
+        i64::from(fd.as_raw_fd()),
+        i64::from(libc::F_SETLKW),
+        &fl as *const libc::flock as i64,
+        0,
+        0,
+        0,
+    ) == -i64::from(libc::EINTR)
+    {}
+}
+
 pub fn sched_yield() {
     raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
 }
