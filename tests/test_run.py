@@ -404,6 +404,121 @@ def test_a_program_on_the_mount_runs_as_the_first_program(shortfuse, scratch):
         assert b"No such file or directory" in p.stderr, p.stderr
 
 
+
+# A Rust program (std installs a small signal stack on its main thread and
+# on each thread it spawns) that copies programs into a mount, reads them
+# back, and runs them from there: spawned (posix_spawn), forked (a
+# pre_exec hook makes std fork), from a spawned thread, or exec'd in place.
+# "min" replaces std's signal stack with one of the kernel's minimum
+# (AT_MINSIGSTKSZ, the size of its signal frame) and a little more, as
+# sigaltstack(2) allows: the shim's SIGSYS handler must move off it at once.
+RUST_EXEC = r"""
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+#[repr(C)]
+struct StackT { sp: *mut u8, flags: i32, size: usize }
+extern "C" {
+    fn getauxval(t: u64) -> u64;
+    fn sigaltstack(ss: *const StackT, old: *mut StackT) -> i32;
+    fn mmap(addr: *mut u8, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> *mut u8;
+    fn mprotect(addr: *mut u8, len: usize, prot: i32) -> i32;
+}
+
+/// A signal stack right above an inaccessible page, as std's: a handler
+/// that overflows it faults.
+fn min_signal_stack() {
+    const AT_MINSIGSTKSZ: u64 = 51;
+    const PAGE: usize = 4096;
+    let size = ((unsafe { getauxval(AT_MINSIGSTKSZ) } as usize).max(2048) + 256 + 15) & !15;
+    let pages = (size + PAGE - 1) / PAGE;
+    // PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+    let base = unsafe { mmap(std::ptr::null_mut(), (pages + 1) * PAGE, 3, 0x22, -1, 0) };
+    assert!(base as isize > 0);
+    assert_eq!(unsafe { mprotect(base, PAGE, 0) }, 0);
+    let sp = unsafe { base.add(PAGE) };
+    let st = StackT { sp, flags: 0, size };
+    assert_eq!(unsafe { sigaltstack(&st, std::ptr::null_mut()) }, 0);
+}
+
+fn run_all(mnt: &str, how: &str, stack: &str) -> String {
+    if stack == "min" {
+        min_signal_stack();
+    }
+    let mut out = String::new();
+    for (prog, arg) in [("hello.sh", "script"), ("echo-elf", "elf")] {
+        let mut c = Command::new(format!("{mnt}/{prog}"));
+        c.arg(arg);
+        if how == "fork" {
+            // SAFETY: the hook does nothing.
+            unsafe { c.pre_exec(|| Ok(())) };
+        }
+        let o = c.output().expect(prog);
+        assert!(o.status.success(), "{prog}: {:?}", o.status);
+        out += &String::from_utf8(o.stdout).unwrap();
+    }
+    out
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let (progs, mnt, how, stack) = (&a[1], &a[2], &a[3], a[4].clone());
+    for prog in ["hello.sh", "echo-elf"] {
+        let want = std::fs::read(format!("{progs}/{prog}")).unwrap();
+        std::fs::write(format!("{mnt}/{prog}"), &want).unwrap();
+        assert_eq!(std::fs::read(format!("{mnt}/{prog}")).unwrap(), want, "{prog}");
+        let mode = std::fs::metadata(format!("{progs}/{prog}")).unwrap().permissions();
+        std::fs::set_permissions(format!("{mnt}/{prog}"), mode).unwrap();
+    }
+    match how.as_str() {
+        "thread" => {
+            let mnt = mnt.clone();
+            print!("{}", std::thread::spawn(move || run_all(&mnt, "spawn", &stack)).join().unwrap());
+        }
+        "exec" => {
+            if stack == "min" {
+                min_signal_stack();
+            }
+            let e = Command::new(format!("{mnt}/hello.sh")).arg("exec").exec();
+            panic!("exec: {e}");
+        }
+        _ => print!("{}", run_all(mnt, how, &stack)),
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def rust_exec(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("rust-exec")
+    (d / "main.rs").write_text(RUST_EXEC)
+    rustc = shutil.which("rustc") or str(Path.home() / ".cargo/bin/rustc")
+    p = subprocess.run(
+        [rustc, "--edition", "2021", "-o", str(d / "rust-exec"), str(d / "main.rs")], capture_output=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr.decode()
+    return d / "rust-exec"
+
+
+@pytest.mark.parametrize("intercept", ["both", "sud"])
+@pytest.mark.parametrize("fs", ["passthrough", "mem"])
+def test_a_rust_program_runs_programs_on_the_mount(shortfuse, scratch, rust_exec, fs, intercept):
+    progs, src, mp = scratch / "progs", scratch / "src", scratch / "mnt"
+    progs.mkdir()
+    src.mkdir()
+    programs_on(progs)
+    spec = f"{mp}=passthrough:{src}" if fs == "passthrough" else f"{mp}=mem"
+    env = dict(os.environ, SHORTFUSE_INTERCEPT=intercept)
+    want = {"spawn": b"script says script\nelf\n", "exec": b"script says exec\n"}
+    # posix_spawn's child runs without Syscall User Dispatch: with no
+    # rewritten sites (sud alone) its exec goes to the kernel.
+    hows = ["fork", "exec"] + (["spawn", "thread"] if intercept == "both" else [])
+    for how in hows:
+        for stack in ("std", "min"):
+            p = under(shortfuse, [spec], [str(rust_exec), str(progs), str(mp), how, stack], env=env)
+            assert (p.returncode, p.stdout) == (0, want.get(how, want["spawn"])), (how, stack, p)
+
+
 # ------------------------------------------------------------ POSIX scenarios
 
 DRIVER = r"""

@@ -184,16 +184,6 @@ pub fn trampoline(program: &[OsString]) -> ExitCode {
     };
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    // The shim may serve the exec in its SIGSYS handler, which runs on the
-    // alternate signal stack when there is one: std's (for its stack
-    // overflow report) is too small for it.
-    let off = libc::stack_t {
-        ss_sp: std::ptr::null_mut(),
-        ss_flags: libc::SS_DISABLE,
-        ss_size: 0,
-    };
-    // SAFETY: a valid stack_t; nothing runs on the alternate stack now.
-    unsafe { libc::sigaltstack(&off, std::ptr::null_mut()) };
     // libc's execvp, not std's Command: the shim serves the execve it makes.
     // SAFETY: NUL-terminated strings and a NULL-terminated vector, alive
     // across the call.

@@ -393,7 +393,8 @@ extern "C" fn sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_voi
     let alt = unsafe { (*(ctx as *const libc::ucontext_t)).uc_stack };
     let start = alt.ss_sp as usize;
     let frame_on_alt = alt.ss_flags & libc::SS_DISABLE == 0 && (start..start + alt.ss_size).contains(&(ctx as usize));
-    sys::on_hook_stack(&mut || {
+    let sp = g[libc::REG_RSP as usize] as usize;
+    sys::on_hook_stack(sp, &mut || {
         if frame_on_alt {
             // A signal that arrives while the handler waits with the
             // program's mask (`program_mask`) would put its frame at the top

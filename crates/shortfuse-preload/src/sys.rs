@@ -145,9 +145,28 @@ fn hook_stack_top(t: &ThreadState) -> Option<usize> {
 /// child (which shares the stack of the thread that vforked and sends its
 /// calls to the kernel) or without memory for one: the program's stack may
 /// be a goroutine's few kilobytes, where the hook's frames do not fit.
-pub fn on_hook_stack(f: &mut dyn FnMut()) {
+///
+/// `interrupted_sp` is the stack pointer the signal interrupted. Below an
+/// outer call on the hook stack, `f` runs where the signal's frame is when
+/// that is the hook stack; when the kernel put the frame on the program's
+/// signal stack (the outer call made a system call that trapped: the exec
+/// the hook serves with the program's selector), `f` goes on below the
+/// outer call's frames, under the interrupted stack pointer: that signal
+/// stack may hold little more than the kernel's frame (Rust's is
+/// SIGSTKSZ or the kernel's minimum).
+pub fn on_hook_stack(interrupted_sp: usize, f: &mut dyn FnMut()) {
     let t = thread();
-    if t.vforked.load(Ordering::Relaxed) != 0 || t.hook_depth.load(Ordering::Relaxed) != 0 {
+    if t.vforked.load(Ordering::Relaxed) != 0 {
+        return f();
+    }
+    if t.hook_depth.load(Ordering::Relaxed) != 0 {
+        let top = t.hook_top.load(Ordering::Relaxed) as usize;
+        let on_hook = |a: usize| top > MAPPING as usize && (top - HOOK_STACK..top).contains(&a);
+        let here = &top as *const usize as usize;
+        if !on_hook(here) && on_hook(interrupted_sp) {
+            // Past the interrupted code's red zone.
+            return call_on_stack(interrupted_sp - RED_ZONE, f);
+        }
         return f();
     }
     let Some(top) = hook_stack_top(t) else { return f() };
@@ -157,6 +176,9 @@ pub fn on_hook_stack(f: &mut dyn FnMut()) {
     call_on_stack(top, f);
     t.hook_depth.fetch_sub(1, Ordering::Relaxed);
 }
+
+/// Bytes below its stack pointer that x86-64 code may use without moving it.
+const RED_ZONE: usize = 128;
 
 /// When running on this thread's hook stack: makes its free part, below
 /// the caller's frame, the thread's signal stack.
