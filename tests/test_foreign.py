@@ -245,8 +245,6 @@ EXCLUDED = {
     ("chmod_chown_utimens", "sshfs"): "sshfs's attribute cache answers both sides at different moments",
     ("mkdir_rmdir_nlink", "sshfs"): "sshfs's attribute cache answers both sides at different moments",
     ("create_modes", "bindfs"): "access(X_OK) as root: the kernel mount checks the mode (default_permissions), the rings ask bindfs",
-    ("locks", "bindfs"): "flock: a second descriptor of the same process still conflicts after the first's close",
-    ("locks", "sshfs"): "flock: a second descriptor of the same process still conflicts after the first's close",
     # 70 s on sshfs; bindfs runs it.
     ("readdir_10000_concurrent", "sshfs"): "slow over loopback SFTP: bindfs runs it",
 }

@@ -28,7 +28,7 @@ use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -49,6 +49,11 @@ pub(crate) struct Held {
 pub(crate) struct Anchors {
     inotify: OwnedFd,
     held: Mutex<HashMap<i32, Held>>,
+    /// Held from reading close events until the locks of the descriptions
+    /// they name are gone (see [`Anchors::closed`]).
+    reading: Mutex<()>,
+    /// Taken by [`Anchors::closed`], not yet [`Anchors::released`].
+    releasing: AtomicUsize,
 }
 
 /// Lock owners of flock and OFD locks taken through a description: this
@@ -60,6 +65,8 @@ impl Anchors {
         Ok(Anchors {
             inotify: sys::inotify()?,
             held: Mutex::new(HashMap::new()),
+            reading: Mutex::new(()),
+            releasing: AtomicUsize::new(0),
         })
     }
 
@@ -119,22 +126,54 @@ impl Anchors {
         self.lock().values().any(|h| h.node == node)
     }
 
-    /// Descriptions watched now.
+    /// Descriptions watched now or still being released.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + self.releasing.load(Ordering::SeqCst)
     }
 
-    /// Hands `release` every description whose last descriptor closed,
-    /// until `stop` is set (looked at every 200 ms).
-    pub fn run(&self, stop: &AtomicBool, mut release: impl FnMut(Held)) {
-        let mut buf = vec![0u8; 64 << 10];
+    /// The caller of [`Anchors::closed`] gave back what one of the
+    /// descriptions it took held.
+    pub fn released(&self) {
+        self.releasing.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Calls `settle` whenever close events are queued, until `stop` is
+    /// set (looked at every 200 ms); `settle` takes them with
+    /// [`Anchors::closed`].
+    pub fn run(&self, stop: &AtomicBool, mut settle: impl FnMut()) {
         while !stop.load(Ordering::Relaxed) {
-            let n = match sys::read_events(self.inotify.as_raw_fd(), &mut buf, Duration::from_millis(200)) {
-                Ok(n) => n,
+            match sys::wait_events(self.inotify.as_raw_fd(), Duration::from_millis(200)) {
+                Ok(true) => settle(),
+                Ok(false) => {}
                 Err(e) => {
                     tracing::warn!("shortfuse ring: inotify: {e}");
                     std::thread::sleep(Duration::from_millis(200));
-                    continue;
+                }
+            }
+        }
+    }
+
+    /// Takes from the table every description whose close event is queued
+    /// now (without waiting) and hands each to `drop_locks` before
+    /// returning. The kernel queues the event before the closing `close`
+    /// returns, and a caller that comes after another's read waits here
+    /// until that one has dropped the locks too: so a lock request that
+    /// conflicts with a description can call this and try again, and the
+    /// locks of a description closed before the request was sent are gone,
+    /// as a kernel drops a description's flock in the last `close`. The
+    /// rest of the release (handle, lookups) is the caller's, after, and
+    /// it says [`Anchors::released`] for each.
+    pub fn closed(&self, mut drop_locks: impl FnMut(&Held)) -> Vec<Held> {
+        let _reading = self.reading.lock().unpoison();
+        let mut buf = [0u8; 4096];
+        let mut gone = Vec::new();
+        loop {
+            let n = match sys::read_events(self.inotify.as_raw_fd(), &mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!("shortfuse ring: inotify: {e}");
+                    break;
                 }
             };
             let mut at = 0;
@@ -144,12 +183,22 @@ impl Anchors {
                 let len = word(12) as usize;
                 at += 16 + len;
                 // IN_ONESHOT: one close event, then IN_IGNORED; either ends it.
-                let gone = self.lock().remove(&wd);
-                if let Some(h) = gone {
-                    release(h);
+                let h = {
+                    let mut t = self.lock();
+                    let h = t.remove(&wd);
+                    if h.is_some() {
+                        // Counted in before it leaves the table.
+                        self.releasing.fetch_add(1, Ordering::SeqCst);
+                    }
+                    h
+                };
+                if let Some(h) = h {
+                    drop_locks(&h);
+                    gone.push(h);
                 }
             }
         }
+        gone
     }
 }
 
@@ -183,8 +232,8 @@ mod sys {
         Ok(wd)
     }
 
-    /// Waits up to `timeout` for events and reads them into `buf`.
-    pub fn read_events(inotify: RawFd, buf: &mut [u8], timeout: Duration) -> io::Result<usize> {
+    /// Waits up to `timeout` for events; true when some are queued.
+    pub fn wait_events(inotify: RawFd, timeout: Duration) -> io::Result<bool> {
         let mut p = libc::pollfd {
             fd: inotify,
             events: libc::POLLIN,
@@ -192,9 +241,19 @@ mod sys {
         };
         // SAFETY: one pollfd.
         let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
-        if r <= 0 {
-            return Ok(0);
+        match r {
+            r if r > 0 => Ok(true),
+            0 => Ok(false),
+            _ => match io::Error::last_os_error() {
+                e if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+                e => Err(e),
+            },
         }
+    }
+
+    /// Reads the events queued now into `buf` (the descriptor does not
+    /// block); 0 when there are none.
+    pub fn read_events(inotify: RawFd, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: buf is writable for its length.
         let n = unsafe { libc::read(inotify, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {

@@ -242,6 +242,15 @@ impl Locks {
     /// Drops every lock of `owner` (a process that died, a description
     /// closed for good).
     pub fn release_owner(&self, owner: u64) {
+        if self.forget_owner(owner) {
+            self.released();
+        }
+    }
+
+    /// [`Locks::release_owner`] without telling the waiters (the caller
+    /// does, with [`Locks::tell_waiters`], once it holds no lock of its
+    /// own that a waiter's retry may need); true when locks were dropped.
+    pub(crate) fn forget_owner(&self, owner: u64) -> bool {
         let mut t = self.table();
         let mut dropped = false;
         t.retain(|_, n| {
@@ -251,10 +260,13 @@ impl Locks {
             dropped |= n.posix.len() + n.flock.len() != before;
             !(n.posix.is_empty() && n.flock.is_empty())
         });
-        drop(t);
-        if dropped {
-            self.released();
-        }
+        dropped
+    }
+
+    /// Tells the waiters that locks were dropped (see
+    /// [`Locks::forget_owner`]).
+    pub(crate) fn tell_waiters(&self) {
+        self.released();
     }
 
     /// Locks held now (byte ranges and flocks), for tests and statistics.

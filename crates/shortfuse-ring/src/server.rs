@@ -302,7 +302,7 @@ impl Server {
         let s = shared.clone();
         let anchors = thread::Builder::new()
             .name("sf-ring-anchors".into())
-            .spawn(move || s.anchors.run(&s.stopping, |h| s.release_anchor(h)))?;
+            .spawn(move || s.anchors.run(&s.stopping, || s.settle_anchors()))?;
         Ok(Server {
             shared,
             path: path.to_path_buf(),

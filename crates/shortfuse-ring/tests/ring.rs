@@ -3,7 +3,8 @@
 //! process that is killed mid-request, a client that scribbles over
 //! its own shared memory, a handle that outlives its connection with the
 //! open file description it was given to, handles owned by the process
-//! that opened them, a waiting SETLKW, a stop with a request in flight,
+//! that opened them, a waiting SETLKW, the locks of a description gone
+//! once it closes, a stop with a request in flight,
 //! and positions reserved and published late or never.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -509,6 +510,15 @@ fn count(stats: &Stats, opcode: u32) -> u64 {
 }
 
 fn setlk(c: &RingClient, node: u64, fh: u64, owner: u64, typ: i32, wait: bool) -> i32 {
+    lock_call(c, node, fh, owner, typ, wait, 0)
+}
+
+/// flock(2) as FUSE sends it: a whole-file SETLK with FUSE_LK_FLOCK.
+fn flock(c: &RingClient, node: u64, fh: u64, owner: u64, typ: i32) -> i32 {
+    lock_call(c, node, fh, owner, typ, false, abi::FUSE_LK_FLOCK)
+}
+
+fn lock_call(c: &RingClient, node: u64, fh: u64, owner: u64, typ: i32, wait: bool, lk_flags: u32) -> i32 {
     let arg = abi::fuse_lk_in {
         fh,
         owner,
@@ -518,7 +528,7 @@ fn setlk(c: &RingClient, node: u64, fh: u64, owner: u64, typ: i32, wait: bool) -
             typ: typ as u32,
             pid: 0,
         },
-        lk_flags: 0,
+        lk_flags,
         padding: 0,
     };
     let op = if wait { abi::FUSE_SETLKW } else { abi::FUSE_SETLK };
@@ -549,6 +559,105 @@ fn a_waiting_setlkw_holds_up_no_other_request() {
     assert_eq!(setlk(&a, node, fh, 1, libc::F_UNLCK, false), 0);
     assert_eq!(waiter.join().unwrap(), 0);
     assert_eq!(setlk(&a, node, fh, 1, libc::F_RDLCK, false), -libc::EAGAIN);
+}
+
+/// `MemFs` whose release takes a while, as a daemon's that forwards it
+/// to another (`shortfuse serve -- bindfs`).
+struct SlowRelease(MemFs);
+
+impl Filesystem for SlowRelease {
+    fn init(&self, config: &mut shortfuse::InitConfig) -> shortfuse::Result<()> {
+        self.0.init(config)
+    }
+
+    fn create(
+        &self,
+        req: &shortfuse::Request,
+        parent: NodeId,
+        name: &std::ffi::OsStr,
+        new: &shortfuse::NewNode,
+        flags: i32,
+    ) -> shortfuse::Result<shortfuse::Created> {
+        self.0.create(req, parent, name, new, flags)
+    }
+
+    fn release(
+        &self,
+        req: &shortfuse::Request,
+        node: NodeId,
+        fh: FileHandle,
+        args: &shortfuse::ReleaseArgs,
+    ) -> shortfuse::Result<()> {
+        std::thread::sleep(Duration::from_millis(500));
+        self.0.release(req, node, fh, args)
+    }
+}
+
+/// As a kernel drops a description's flock and OFD locks in its last
+/// close, a lock request sent after that close no longer meets them, even
+/// while the daemon is still releasing the description's handle.
+#[test]
+fn a_closed_description_s_locks_are_gone_for_the_next_request() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    // In a process of its own: a child another test forks meanwhile holds
+    // a copy of the description, and the test's close is not the last.
+    if std::env::var_os("SF_RING_ALONE").is_none() {
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_closed_description_s_locks_are_gone_for_the_next_request",
+                "--nocapture",
+            ])
+            .env("SF_RING_ALONE", "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{status}");
+        return;
+    }
+    let path = scratch("closed-locks");
+    let s = Server::start(
+        &path,
+        Arc::new(SlowRelease(MemFs::new())),
+        MountOptions::default(),
+        Arc::new(Stats::new()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let owner = |d: &std::fs::File| shortfuse_ring::DESCRIPTION_OWNER | d.metadata().unwrap().ino();
+    for round in 0..2 {
+        let (node, fh) = create(&c, format!("f{round}").as_bytes());
+        let (first, second) = (description(), description());
+        c.anchor(&[Anchoring {
+            node,
+            fh,
+            dir: false,
+            description: first.as_fd(),
+        }])
+        .unwrap();
+        let (a, b) = (owner(&first), owner(&second));
+        // Round 0 with flock, round 1 with an OFD byte-range lock.
+        let take = |o, typ| {
+            if round == 0 {
+                flock(&c, node, fh, o, typ)
+            } else {
+                setlk(&c, node, fh, o, typ, false)
+            }
+        };
+        assert_eq!(take(a, libc::F_WRLCK), 0);
+        assert_eq!(take(b, libc::F_WRLCK), -libc::EAGAIN);
+        drop(first);
+        assert_eq!(
+            take(b, libc::F_WRLCK),
+            0,
+            "round {round}: the closed description's lock stayed"
+        );
+        assert_eq!(take(b, libc::F_UNLCK), 0);
+    }
+    // And the handles go back too.
+    wait_for("the releases", || s.held().0 == 0);
 }
 
 /// A client that does the handshake itself and keeps its region's memfd.

@@ -93,21 +93,37 @@ impl Conn {
         };
         let lock = shortfuse::Lock::from(&arg.lk);
         let (node, owner) = (h.nodeid, arg.owner);
-        let r = if h.opcode == abi::FUSE_GETLK {
-            let l = shared.locks.test(node, owner, &lock);
+        if h.opcode == abi::FUSE_GETLK {
+            let mut l = shared.locks.test(node, owner, &lock);
+            if l.typ != libc::F_UNLCK {
+                // The holder may be a description closed a moment ago.
+                shared.settle_anchors();
+                l = shared.locks.test(node, owner, &lock);
+            }
             shortfuse::dispatch::encode::reply_struct(reply, h.unique, &abi::fuse_lk_out::from(l));
             shared.stats.record(h.opcode, Transport::Ring, nanos(start));
             return Some(Locked::Done);
-        } else if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
-            let op = match lock.typ {
-                libc::F_RDLCK => libc::LOCK_SH,
-                libc::F_WRLCK => libc::LOCK_EX,
-                _ => libc::LOCK_UN,
-            };
-            shared.locks.flock(node, owner, op)
-        } else {
-            shared.locks.set(node, owner, &lock)
+        }
+        let take = || {
+            if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
+                let op = match lock.typ {
+                    libc::F_RDLCK => libc::LOCK_SH,
+                    libc::F_WRLCK => libc::LOCK_EX,
+                    _ => libc::LOCK_UN,
+                };
+                shared.locks.flock(node, owner, op)
+            } else {
+                shared.locks.set(node, owner, &lock)
+            }
         };
+        let mut r = take();
+        if r == Err(shortfuse::Errno::EAGAIN) {
+            // The conflicting lock may be a description's whose last close
+            // the daemon has not read yet: the kernel queued its event
+            // before that close returned, so before this request was sent.
+            shared.settle_anchors();
+            r = take();
+        }
         if r == Err(shortfuse::Errno::EAGAIN) && h.opcode == abi::FUSE_SETLKW && park {
             return Some(Locked::Wait);
         }
@@ -183,9 +199,26 @@ impl Shared {
         }
     }
 
-    /// Gives back what a description held once its last descriptor closed
-    /// (counted in the statistics as the requests a client would have sent).
-    pub(super) fn release_anchor(&self, h: Held) {
+    /// Gives back what the descriptions closed by now held: their flock and
+    /// OFD locks first (a kernel drops them in the last close, before the
+    /// release), then, with the table's lock let go, tells the waiters and
+    /// releases the handles and lookups.
+    pub(super) fn settle_anchors(&self) {
+        let mut dropped = false;
+        let gone = self.anchors.closed(|h| dropped |= self.locks.forget_owner(h.owner));
+        if dropped {
+            self.locks.tell_waiters();
+        }
+        for h in gone {
+            self.release_anchor(h);
+            self.anchors.released();
+        }
+    }
+
+    /// Gives back the handle and lookups of a description whose last
+    /// descriptor closed (counted in the statistics as the requests a
+    /// client would have sent).
+    fn release_anchor(&self, h: Held) {
         let req = shortfuse::Request {
             unique: 0,
             uid: 0,
@@ -206,7 +239,6 @@ impl Shared {
             (abi::FUSE_RELEASE, self.fs.release(&req, node, fh, &args))
         };
         self.stats.record(op, Transport::Ring, nanos(start));
-        self.locks.release_owner(h.owner);
         if h.lookups > 0 {
             let start = std::time::Instant::now();
             self.fs.forget(node, h.lookups);
