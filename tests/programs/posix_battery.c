@@ -230,6 +230,9 @@ static void begin(const char *name) {
 static const struct timespec T1[2] = {{1000000000, 123456789}, {1100000000, 987654321}};
 static const struct timespec TNOW[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}};
 static const struct timespec TOMIT[2] = {{0, UTIME_OMIT}, {0, UTIME_OMIT}};
+/* Nanoseconds out of range: EINVAL before the path is looked at. */
+static const struct timespec TBADNS[2] = {{1000000000, 1000000000}, {0, UTIME_OMIT}};
+static const struct timespec TNEGNS[2] = {{0, UTIME_NOW}, {1000000000, -1}};
 static const struct timespec TNOW_OMIT[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
 static const struct timespec TSET_OMIT[2] = {{1000000000, 5}, {0, UTIME_OMIT}};
 static const struct timespec TNOW_SET[2] = {{0, UTIME_NOW}, {1000000000, 5}};
@@ -768,6 +771,9 @@ static void sc_utimens(void) {
         snap("d/mine");
         R("owner atime set mtime OMIT", utimensat(AT_FDCWD, P("d/mine"), TSET_OMIT, 0));
         times_are("after set/OMIT", "d/mine", TSET_OMIT);
+        R("owner nanoseconds of 1e9", utimensat(AT_FDCWD, P("d/mine"), TBADNS, 0));
+        R("owner negative nanoseconds", utimensat(AT_FDCWD, P("d/mine"), TNEGNS, 0));
+        R("missing name, nanoseconds of 1e9", utimensat(AT_FDCWD, P("d/missing"), TBADNS, 0));
         R("owner NULL times", utimensat(AT_FDCWD, P("d/mine"), NULL, 0));
         times_are("after NULL", "d/mine", TNOW);
         R("non-owner without write: NOW", utimensat(AT_FDCWD, P("d/root644"), TNOW, 0));

@@ -103,11 +103,19 @@ pub fn fchown(fd: Fd, uid: i64, gid: i64) -> Option<i64> {
 
 /// utimensat; a null path is futimens(2): the descriptor itself.
 pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i64> {
-    // Both times UTIME_OMIT: the kernel returns 0 before it looks at the
-    // path (nothing changes, ctime included).
-    if !times.is_null()
-        && user::get::<[i64; 4]>(times.0).is_ok_and(|t| t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT)
-    {
+    // Two struct timespec, or null for "both now", read first as the
+    // kernel does: a bad pointer is EFAULT and both times UTIME_OMIT return
+    // 0 (nothing changes, ctime included) before the path is looked at;
+    // nanoseconds out of range are EINVAL once it was found.
+    let times = if times.is_null() {
+        None
+    } else {
+        match user::get::<[i64; 4]>(times.0) {
+            Ok(t) => Some(t),
+            Err(e) => return Some(err(e)),
+        }
+    };
+    if times.is_some_and(|t| t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT) {
         return Some(0);
     }
     let (vfs, node) = if at.path.is_null() {
@@ -123,15 +131,10 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
         };
         (vfs, node)
     };
-    // Two struct timespec, or null for "both now".
-    let times = if times.is_null() {
-        None
-    } else {
-        match user::get::<[i64; 4]>(times.0) {
-            Ok(t) => Some(t),
-            Err(e) => return Some(err(e)),
-        }
-    };
+    let valid = |n: i64| n == libc::UTIME_OMIT || n == libc::UTIME_NOW || (0..1_000_000_000).contains(&n);
+    if times.is_some_and(|t| !valid(t[1]) || !valid(t[3])) {
+        return Some(err(Errno::EINVAL));
+    }
     let time = |i: usize| -> Option<Option<shortfuse::Timestamp>> {
         let Some(ts) = times else {
             return Some(None);
