@@ -141,15 +141,9 @@ pub static BUNDLED: &[FsKind] = &[
         mirror: true,
         in_process: true,
         build: |b| {
-            let src = source(b)?;
-            // In process the shim reports what the file system says; a
-            // daemon checks first, for a message naming the source.
-            if matches!(b.host, Host::Daemon { .. }) {
-                existing_dir(src)?;
-            }
-            let fs = crate::passthrough::PassthroughFs::with_options(src, b.options)
-                .map_err(|e| io::Error::new(e.kind(), format!("passthrough {}: {e}", src.display())))?;
-            Ok(Arc::new(fs))
+            let src = source_dir(b)?;
+            let fs = crate::passthrough::PassthroughFs::with_options(src, b.options);
+            Ok(Arc::new(naming("passthrough", src, fs)?))
         },
     },
     FsKind {
@@ -185,13 +179,8 @@ pub static BUNDLED: &[FsKind] = &[
         in_process: true,
         build: |b| {
             no_options("pack", b.options)?;
-            let src = source(b)?;
-            if matches!(b.host, Host::Daemon { .. }) {
-                existing_dir(src)?;
-            }
-            let fs = crate::pack::PackFs::new(src)
-                .map_err(|e| io::Error::new(e.kind(), format!("pack {}: {e}", src.display())))?;
-            Ok(Arc::new(fs))
+            let src = source_dir(b)?;
+            Ok(Arc::new(naming("pack", src, crate::pack::PackFs::new(src))?))
         },
     },
     FsKind {
@@ -254,6 +243,21 @@ impl FsKind {
 
 fn source<'a>(b: &Build<'a>) -> io::Result<&'a Path> {
     b.source.ok_or_else(|| invalid("SOURCE is missing".into()))
+}
+
+/// The SOURCE directory. In process the shim reports what the file system
+/// says; a daemon checks first, for a message naming the source.
+fn source_dir<'a>(b: &Build<'a>) -> io::Result<&'a Path> {
+    let src = source(b)?;
+    if matches!(b.host, Host::Daemon { .. }) {
+        existing_dir(src)?;
+    }
+    Ok(src)
+}
+
+/// `r`'s error, prefixed with the file system's name and source.
+fn naming<T>(name: &str, src: &Path, r: io::Result<T>) -> io::Result<T> {
+    r.map_err(|e| io::Error::new(e.kind(), format!("{name} {}: {e}", src.display())))
 }
 
 fn existing_dir(src: &Path) -> io::Result<()> {

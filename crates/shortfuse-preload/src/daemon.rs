@@ -482,18 +482,7 @@ fn splice_out(fd: i64, pipe: i64, len: usize) -> i64 {
         }
         let mut done = 0usize;
         while done < n as usize {
-            // SAFETY: a slice of our own buffer, with its length.
-            let w = unsafe {
-                raw(
-                    libc::SYS_write,
-                    pipe,
-                    b[done..].as_ptr() as i64,
-                    (n as usize - done) as i64,
-                    0,
-                    0,
-                    0,
-                )
-            };
+            let w = crate::sys::fs::write(pipe as i32, &b[done..n as usize]);
             if w <= 0 {
                 // The request is lost for the daemon: its call fails.
                 return if w < 0 { w } else { -i64::from(libc::EIO) };
@@ -510,18 +499,7 @@ fn splice_in(pipe: i64, fd: i64, len: usize) -> i64 {
     with_buf(len.min(16 << 20), |b| {
         let mut got = 0usize;
         while got < b.len() {
-            // SAFETY: a slice of our own buffer, with its length.
-            let r = unsafe {
-                raw(
-                    libc::SYS_read,
-                    pipe,
-                    b[got..].as_mut_ptr() as i64,
-                    (b.len() - got) as i64,
-                    0,
-                    0,
-                    0,
-                )
-            };
+            let r = crate::sys::fs::read(pipe as i32, &mut b[got..]);
             if r <= 0 {
                 break;
             }

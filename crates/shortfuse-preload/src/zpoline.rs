@@ -479,15 +479,7 @@ fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
     let mut skipping = false;
     let mut found = None;
     'read: loop {
-        // SAFETY: a slice of our own buffer, with its length.
-        let n = unsafe {
-            raw3(
-                libc::SYS_read,
-                fd,
-                buf[len..].as_mut_ptr() as i64,
-                (buf.len() - len) as i64,
-            )
-        };
+        let n = fs::read(fd as i32, &mut buf[len..]);
         if n <= 0 {
             if len > 0 && !skipping {
                 found = parse_maps_line(&buf[..len], addr);
