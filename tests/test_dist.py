@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -179,6 +180,75 @@ def test_checker_leaves_existing_files_alone(dist):
     r = sfmount.run([str(sfmount.shortfuse_bin()), "dist", "check", str(plain), str(plain), "--ops", "20", "--force"], timeout=60)
     assert r.returncode == 0 and ": no violation" in r.stdout, f"{r.stdout}{r.stderr}"
     assert listing(plain) == {"check-0": b"mine\n"}
+
+
+def hold_round(a: Path, b: Path, name: str, write_for: float) -> dict:
+    """Mount `a` writes a counter into `name` in a loop, under its write
+    lease, for `write_for` seconds after its grant (at most until mount
+    `b`'s read of it returned); `b` reads it once while `a` writes. What
+    the two saw, on one clock."""
+    (a / name).write_bytes(b"%08d" % 0)
+    fd_b = os.open(b / name, os.O_RDONLY)
+    fd_a = os.open(a / name, os.O_RDWR)
+    granted, b_done = threading.Event(), threading.Event()
+    seen: dict = {}
+
+    def writer():
+        os.pwrite(fd_a, b"%08d" % 1, 0)  # takes the write lease back from nothing
+        start = time.monotonic()
+        granted.set()
+        k = 1
+        while time.monotonic() - start < write_for and not b_done.is_set():
+            k += 1
+            seen["last_write_began"] = time.monotonic()
+            os.pwrite(fd_a, b"%08d" % k, 0)
+        seen["last"], seen["writer_ended"] = k, time.monotonic()
+        seen["writer_stopped_by_read"] = b_done.is_set()
+
+    t = threading.Thread(target=writer)
+    try:
+        t.start()
+        assert granted.wait(30), "the writer's first write did not return"
+        time.sleep(0.03)
+        seen["read_began"] = time.monotonic()
+        seen["read"] = int(os.pread(fd_b, 8, 0))
+        seen["read_ended"] = time.monotonic()
+        b_done.set()
+        t.join(60)
+        assert not t.is_alive(), "the writer hangs"
+    finally:
+        b_done.set()
+        os.close(fd_a)
+        os.close(fd_b)
+    return seen
+
+
+@pytest.mark.deadline(120)
+def test_lease_hold_keeps_a_revoked_lease_while_its_holder_uses_it(dist):
+    """`-o lease_hold=MS`: a revoked lease stays with a holder that keeps
+    using it (no pause of MS/20), at most MS after its grant. With 1000:
+    a writer busy for 0.3 s after its grant keeps its write lease through
+    a reader's request made meanwhile, so the reader waits and sees the
+    writer's last write (with the default of 2 ms it sees an early one,
+    and the writer writes on after it); a writer that does not stop still
+    gives the lease up to the reader, once the hold is over."""
+    a = dist.mount("a", "lease_hold=1000", "direct_spell=0")
+    b = dist.mount("b", "lease_hold=1000", "direct_spell=0")
+    # A writer the machine stops for 50 ms (a loaded machine) paused: its
+    # lease may go early then. One round of three must show the hold.
+    rounds = []
+    for i in range(3):
+        r = hold_round(a, b, f"held-{i}", write_for=0.3)
+        rounds.append(r)
+        assert r["read_began"] < r["last_write_began"], f"the read began after the writes: {r}"
+        if r["read"] == r["last"] and r["read_ended"] >= r["writer_ended"]:
+            break
+    else:
+        raise AssertionError(f"the reader never waited for the busy writer's lease: {rounds}")
+    # The hold ends 1 s after the grant however busy the writer: the read
+    # returns while the writer still writes (it writes until then, or 20 s).
+    r = hold_round(a, b, "capped", write_for=20)
+    assert r["writer_stopped_by_read"], f"the reader waited for the writer: {r}"
 
 
 def test_unknown_consistency_is_refused(dist):
