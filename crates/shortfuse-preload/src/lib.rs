@@ -131,10 +131,7 @@
 //! mount, or LD_LIBRARY_PATH where the mount has a backing directory
 //! (`calls::libpath`); dlopen() later is served.
 //!
-//! Not yet: Go programs with Syscall User Dispatch alone
-//! (`SHORTFUSE_INTERCEPT=sud`, or without page 0): every system call is
-//! then a signal, and the Go runtime's signal-stack bookkeeping does not
-//! survive it; programs that use clone3 with no
+//! Not yet: programs that use clone3 with no
 //! fallback to clone; threads created with CLONE_VM but without their own
 //! TLS (they would share our per-thread state); system-call numbers of 512
 //! and above (x32) in the zpoline path; the top 8 bytes of a red zone, which

@@ -456,7 +456,8 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: uc_sigmask is at least 8 bytes, suitably aligned.
     let mask = unsafe { &mut *(&mut uc.uc_sigmask as *mut libc::sigset_t as *mut u64) };
     if nr == libc::SYS_sigaltstack {
-        uc.uc_mcontext.gregs[libc::REG_RAX as usize] = sigaltstack(a, &mut uc.uc_stack);
+        let sp = uc.uc_mcontext.gregs[libc::REG_RSP as usize] as usize;
+        uc.uc_mcontext.gregs[libc::REG_RAX as usize] = sigaltstack(a, sp, &mut uc.uc_stack);
         t.selector.store(BLOCK, Ordering::SeqCst);
         return;
     }
@@ -478,13 +479,21 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     t.selector.store(BLOCK, Ordering::SeqCst);
 }
 
-/// sigaltstack inside the SIGSYS handler. rt_sigreturn installs the
-/// signal stack saved in the frame (`saved`, as it was when the call
-/// trapped, its flags as the program would have seen them): a new one is
-/// written there too, or it would be undone (a Go thread's first
-/// sigaltstack, which traps before the thread has a signal stack).
-fn sigaltstack(a: [i64; 6], saved: &mut libc::stack_t) -> i64 {
-    let old = *saved;
+/// sigaltstack inside the SIGSYS handler, for a call made with stack
+/// pointer `sp`. rt_sigreturn installs the signal stack saved in the frame
+/// (`saved`, as it was when the call trapped): a new one is written there
+/// too, or it would be undone (a Go thread's first sigaltstack, which traps
+/// before the thread has a signal stack).
+///
+/// The frame holds the kernel's stored flags, not what sigaltstack reports:
+/// a thread that never had a signal stack reads there as one of size 0
+/// that is on. The old stack is reported as the kernel would (SS_DISABLE
+/// when there is none, SS_ONSTACK when `sp` is on it): a Go thread linked
+/// against glibc adopts a signal stack it finds on, and one of size 0
+/// left it with none, so that the SIGSYS frames of its calls went on its
+/// goroutines' stacks of a few kilobytes, over their neighbours.
+fn sigaltstack(a: [i64; 6], sp: usize, saved: &mut libc::stack_t) -> i64 {
+    let old = reported(saved, sp);
     if a[0] != 0 {
         if old.ss_flags & libc::SS_ONSTACK != 0 {
             return -(libc::EPERM as i64);
@@ -496,13 +505,41 @@ fn sigaltstack(a: [i64; 6], saved: &mut libc::stack_t) -> i64 {
             return r;
         }
         // SAFETY: the program's stack_t, which the kernel just read.
-        *saved = unsafe { core::ptr::read_unaligned(a[0] as *const libc::stack_t) };
+        let new: libc::stack_t = unsafe { core::ptr::read_unaligned(a[0] as *const libc::stack_t) };
+        *saved = if new.ss_flags & libc::SS_DISABLE != 0 {
+            libc::stack_t {
+                ss_sp: core::ptr::null_mut(),
+                ss_flags: libc::SS_DISABLE,
+                ss_size: 0,
+            }
+        } else {
+            new
+        };
     }
     if a[1] != 0 {
         // SAFETY: the program's output stack_t, as the kernel would write it.
         unsafe { core::ptr::write_unaligned(a[1] as *mut libc::stack_t, old) };
     }
     0
+}
+
+/// SS_AUTODISARM: the kernel disables the stack while a handler runs on it.
+const SS_AUTODISARM: i32 = 1 << 31;
+
+/// What sigaltstack reports for the stored stack `st` to a caller at `sp`
+/// (the kernel's `sas_ss_flags`).
+fn reported(st: &libc::stack_t, sp: usize) -> libc::stack_t {
+    let mut out = *st;
+    let base = st.ss_sp as usize;
+    let autodisarm = st.ss_flags & SS_AUTODISARM;
+    out.ss_flags = if st.ss_size == 0 {
+        libc::SS_DISABLE
+    } else if autodisarm == 0 && sp > base && sp - base <= st.ss_size {
+        libc::SS_ONSTACK
+    } else {
+        0
+    } | autodisarm;
+    out
 }
 
 /// A SIGSYS that is not a dispatch trap (seccomp, kill): what the program
