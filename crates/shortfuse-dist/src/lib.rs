@@ -19,8 +19,8 @@
 //! Two deployments share these roles: the embedded one ([`server`], one
 //! process on TCP) and the scale-out one (leases and metadata on etcd,
 //! blocks on an S3-compatible store: `shortfuse dist up --etcd URL --s3 URL`);
-//! [`lease::LeaseManager`] and [`meta::Meta`] are the interfaces both
-//! implement.
+//! [`lease::Leases`] and [`meta::Metadata`] are the interfaces the server
+//! uses over either, each with an `embedded` and an `etcd` module.
 
 #![deny(unsafe_code)]
 
@@ -28,12 +28,8 @@ pub mod blocks;
 pub mod check;
 pub mod client;
 mod conn;
-pub mod etcdmeta;
 pub mod lease;
-pub mod lease_backend;
-pub mod lease_etcd;
 pub mod meta;
-pub mod metadata;
 pub mod proto;
 #[allow(unsafe_code)]
 pub mod server;

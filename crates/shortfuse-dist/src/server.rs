@@ -35,12 +35,12 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use crate::blocks::BlockStore;
-use crate::etcdmeta::{self, Creation, EtcdMeta, FsParams};
-use crate::lease::LeaseManager;
-use crate::lease_backend::Leases;
-use crate::lease_etcd::EtcdLeases;
-use crate::meta::Meta;
-use crate::metadata::Metadata;
+use crate::lease::embedded::LeaseManager;
+use crate::lease::etcd::EtcdLeases;
+use crate::lease::Leases;
+use crate::meta::embedded::Meta;
+use crate::meta::etcd::{self as etcdmeta, Creation, EtcdMeta, FsParams};
+use crate::meta::Metadata;
 use crate::proto::{self, ByteBuf, ClientId, ClientMsg, Reply, Request, ServerMsg, NO_LEASE, PROTOCOL_VERSION};
 use crate::versions::{Changed, DataVersions};
 
@@ -48,7 +48,7 @@ use crate::versions::{Changed, DataVersions};
 /// so a write spans few blocks, and a small random write costs one block).
 pub const DEFAULT_BLOCK_SIZE: u32 = 128 << 10;
 /// Where the agents keep leases and sessions in etcd (the metadata is
-/// under [`etcdmeta::DEFAULT_PREFIX`], keys of other names).
+/// under [`crate::meta::etcd::DEFAULT_PREFIX`], keys of other names).
 pub const LEASE_PREFIX: &str = "shortfuse/lease/";
 /// Lease session lifetime without renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);

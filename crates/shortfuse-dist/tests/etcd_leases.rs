@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use etcd::{runtime, TestEtcd};
 use shortfuse::Errno;
-use shortfuse_dist::lease_etcd::EtcdLeases;
+use shortfuse_dist::lease::etcd::EtcdLeases;
 use shortfuse_dist::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};

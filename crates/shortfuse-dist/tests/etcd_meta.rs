@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use etcd::{runtime, TestEtcd};
 use shortfuse::Errno;
-use shortfuse_dist::etcdmeta::{self, Creation, EtcdMeta, FsParams, DEFAULT_PREFIX};
+use shortfuse_dist::meta::etcd::{self as etcdmeta, Creation, EtcdMeta, FsParams, DEFAULT_PREFIX};
 use shortfuse_dist::meta::{Freed, ROOT_INO};
 use shortfuse_dist::proto::{AttrChange, NewKind};
 

@@ -38,7 +38,7 @@
 //! in memory as the embedded manager does ([`EtcdLeases::open_file`],
 //! [`EtcdLeases::close_file`], [`EtcdLeases::take_closed`]): across agents,
 //! the metadata service on etcd publishes one open mark per agent and file
-//! while a client of that agent holds it open (module `etcdmeta`), and
+//! while a client of that agent holds it open (module [`crate::meta::etcd`]), and
 //! its removals compare on those marks in the same transaction. A client
 //! that resumes on a restarted agent tells its open files again.
 //!
@@ -814,7 +814,7 @@ impl EtcdLeases {
     }
 
     /// Ends session `client` if its connection is still the one whose
-    /// revocations go to `revokes` (see [`crate::lease::LeaseManager::end_connection`]).
+    /// revocations go to `revokes` (see [`crate::lease::embedded::LeaseManager::end_connection`]).
     pub async fn end_connection(&self, client: ClientId, revokes: &RevokeSender) {
         self.end_session_if(client, Some(revokes)).await
     }

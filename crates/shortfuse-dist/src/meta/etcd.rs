@@ -1,4 +1,4 @@
-//! The metadata service on etcd: the operations of [`crate::meta::Meta`],
+//! The metadata service on etcd: the operations of [`crate::meta::embedded::Meta`],
 //! each one etcd transaction, so that many agents serve one name space.
 //!
 //! # Keys (under a prefix, `shortfuse/` by default)
@@ -73,7 +73,7 @@ const ATTEMPTS: u32 = 200;
 /// How long an etcd request may take before the operation fails with
 /// `EIO` instead of hanging: a slow etcd delays operations, one that does
 /// not answer for longer fails them. The lease manager waits as long (the
-/// default lease TTL, see `crate::lease_etcd`, "A slow etcd").
+/// default lease TTL, see `crate::lease::etcd`, "A slow etcd").
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The parameters every agent of a file system shares; the first agent
@@ -483,7 +483,7 @@ impl EtcdMeta {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "etcd: unreadable file system parameters"))?;
         // Two TTLs: keep-alives every eighth of it leave the marks more
         // than a TTL to live, longer than a request waits for a slow etcd
-        // (see `crate::lease_etcd`, "A slow etcd"), so an etcd that stalls
+        // (see `crate::lease::etcd`, "A slow etcd"), so an etcd that stalls
         // for less drops no mark (a removal would free an open file). A
         // dead agent's marks go two TTLs after it.
         let ttl_secs = (ttl.as_secs() * 2).max(2) as i64;
@@ -599,7 +599,7 @@ impl EtcdMeta {
     }
 
     /// Records a write (after its blocks were stored): see
-    /// [`crate::meta::Meta::extend`]. The size is compared in the
+    /// [`crate::meta::embedded::Meta::extend`]. The size is compared in the
     /// transaction, so a concurrent extension by another agent is never
     /// undone.
     pub async fn extend(&self, ino: u64, min_size: u64, mtime: Option<(i64, u32)>) -> Result<NodeInfo> {

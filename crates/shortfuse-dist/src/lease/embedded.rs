@@ -64,21 +64,11 @@ use serde::{Deserialize, Serialize};
 use shortfuse::{Errno, Result};
 use tokio::sync::{mpsc, Notify};
 
+use super::{ends_session, RevokeSender};
 use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg};
 
 /// Size of the lease file past which it is rewritten with one record.
 pub const LOG_MAX: u64 = 1 << 20;
-
-/// Where revocations for a session go (its connection's writer).
-pub type RevokeSender = mpsc::UnboundedSender<ServerMsg>;
-
-/// Whether ending a session through the connection whose revocations go to
-/// `ending` (or unconditionally: `None`) ends the session that now sends
-/// them to `current`: a session resumed on a newer connection outlives the
-/// old one.
-pub(crate) fn ends_session(current: &RevokeSender, ending: Option<&RevokeSender>) -> bool {
-    ending.is_none_or(|r| current.same_channel(r))
-}
 
 struct Session {
     expires: Instant,

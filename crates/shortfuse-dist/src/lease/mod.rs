@@ -4,15 +4,30 @@
 //! a trait: the etcd side is async, the embedded one is not, and the
 //! server's few call sites await either.
 
+pub mod embedded;
+pub mod etcd;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use shortfuse::Result;
 
-use crate::lease::{self, LeaseManager, RevokeSender};
-use crate::lease_etcd::{self, EtcdLeases};
-use crate::proto::{ClientId, Gfi, LeaseMode, NO_LEASE};
+use crate::proto::{ClientId, Gfi, LeaseMode, ServerMsg, NO_LEASE};
+use embedded::LeaseManager;
+use etcd::EtcdLeases;
+use tokio::sync::mpsc;
+
+/// Where revocations for a session go (its connection's writer).
+pub type RevokeSender = mpsc::UnboundedSender<ServerMsg>;
+
+/// Whether ending a session through the connection whose revocations go to
+/// `ending` (or unconditionally: `None`) ends the session that now sends
+/// them to `current`: a session resumed on a newer connection outlives the
+/// old one.
+pub(crate) fn ends_session(current: &RevokeSender, ending: Option<&RevokeSender>) -> bool {
+    ending.is_none_or(|r| current.same_channel(r))
+}
 
 pub enum Leases {
     Local(Arc<LeaseManager>),
@@ -21,8 +36,8 @@ pub enum Leases {
 
 /// Running I/O under a lease (see [`LeaseManager::begin_io`]).
 pub enum IoGuard {
-    Local(#[allow(dead_code)] lease::IoGuard),
-    Etcd(#[allow(dead_code)] lease_etcd::IoGuard),
+    Local(#[allow(dead_code)] embedded::IoGuard),
+    Etcd(#[allow(dead_code)] etcd::IoGuard),
 }
 
 impl Leases {

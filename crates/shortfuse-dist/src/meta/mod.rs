@@ -11,13 +11,121 @@
 //! own marks in etcd, published by [`Metadata::open_file`] for this agent's
 //! openers and seen by every agent, so it does not ask.
 
+pub mod embedded;
+pub mod etcd;
+
 use std::sync::Arc;
 
 use shortfuse::{Errno, Result};
 
-use crate::etcdmeta::{Creation, EtcdMeta};
-use crate::meta::{Freed, Meta};
-use crate::proto::{AttrChange, DirEntryInfo, NodeInfo};
+use crate::proto::{AttrChange, DirEntryInfo, NewKind, NodeAttr, NodeInfo, WireTime};
+use embedded::Meta;
+use etcd::{Creation, EtcdMeta};
+
+/// The root directory's inode number (the kernel's `FUSE_ROOT_ID`).
+pub const ROOT_INO: u64 = 1;
+
+const NAME_MAX: usize = 255;
+
+/// What a removal or rename freed: inodes whose data can go.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Freed(pub Vec<u64>);
+
+pub fn now() -> (i64, u32) {
+    let t = shortfuse::Timestamp::now();
+    (t.sec, t.nsec)
+}
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(())
+}
+
+/// The attributes of a node `create` makes now.
+pub(crate) fn new_attr(kind: &NewKind, mode: u32, uid: u32, gid: u32) -> NodeAttr {
+    let t = now();
+    let (typ, size, rdev) = match kind {
+        NewKind::Dir => (libc::S_IFDIR, 0, 0),
+        NewKind::Symlink { target } => (libc::S_IFLNK, target.len() as u64, 0),
+        NewKind::Node { rdev } => {
+            let typ = mode & libc::S_IFMT;
+            (if typ == 0 { libc::S_IFREG } else { typ }, 0, *rdev)
+        }
+    };
+    NodeAttr {
+        size,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        mode: typ | (mode & 0o7777),
+        nlink: if typ == libc::S_IFDIR { 2 } else { 1 },
+        uid,
+        gid,
+        rdev,
+    }
+}
+
+/// The attributes of a node made in a directory of `parent`'s: in a
+/// set-group-ID directory it takes the directory's group, and a directory
+/// the set-group-ID bit too (as ext4's inode_init_owner; the kernel has
+/// already dropped a set-group-ID bit the creator may not keep).
+pub(crate) fn in_dir(mut attr: NodeAttr, parent: &NodeAttr) -> NodeAttr {
+    if parent.mode & libc::S_ISGID != 0 {
+        attr.gid = parent.gid;
+        if attr.mode & libc::S_IFMT == libc::S_IFDIR {
+            attr.mode |= libc::S_ISGID;
+        }
+    }
+    attr
+}
+
+/// [`Meta::extend`] on attributes (both metadata services apply it);
+/// returns whether they changed.
+pub(crate) fn extend_attr(attr: &mut NodeAttr, min_size: u64, mtime: Option<(i64, u32)>) -> bool {
+    let before = *attr;
+    attr.size = attr.size.max(min_size);
+    if let Some(mtime) = mtime {
+        attr.mtime = mtime;
+        // A write changes the inode too.
+        attr.ctime = mtime.max(attr.ctime);
+    }
+    *attr != before
+}
+
+/// Applies a `setattr` to `attr` (the caller checked that a size change
+/// is for a regular file).
+pub(crate) fn apply_change(attr: &mut NodeAttr, change: &AttrChange) {
+    let t = now();
+    let resolve = |w: WireTime| match w {
+        WireTime::Now => t,
+        WireTime::At(s, n) => (s, n),
+    };
+    if let Some(m) = change.mode {
+        attr.mode = (attr.mode & libc::S_IFMT) | (m & 0o7777);
+    }
+    if let Some(u) = change.uid {
+        attr.uid = u;
+    }
+    if let Some(g) = change.gid {
+        attr.gid = g;
+    }
+    if let Some(s) = change.size {
+        attr.size = s;
+        attr.mtime = t;
+    }
+    if let Some(a) = change.atime {
+        attr.atime = resolve(a);
+    }
+    if let Some(m) = change.mtime {
+        attr.mtime = resolve(m);
+    }
+    attr.ctime = t;
+}
 
 pub enum Metadata {
     Local(Meta),
@@ -55,7 +163,7 @@ impl Metadata {
         }
     }
 
-    /// Records a write: see [`crate::meta::Meta::extend`].
+    /// Records a write: see [`crate::meta::embedded::Meta::extend`].
     pub async fn extend(&self, ino: u64, min_size: u64, mtime: Option<(i64, u32)>) -> Result<NodeInfo> {
         match self {
             Metadata::Local(m) => m.extend(ino, min_size, mtime),
