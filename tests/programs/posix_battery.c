@@ -911,6 +911,56 @@ static void sc_mknod_root(void) {
     }
 }
 
+/* Root's setup: a FIFO or device node with the given bits and owner. */
+static void mkn(const char *rel, mode_t mode, dev_t dev, uid_t u, gid_t g) {
+    if (mknod(P(rel), mode & S_IFMT, dev) < 0 || chown(P(rel), u, g) < 0 || chmod(P(rel), mode & 07777) < 0) {
+        out("setup", "node %s: %s", rel, strerrorname_np(errno));
+        exit(3);
+    }
+}
+
+/* FIFOs and device nodes opened by users: the kernel opens its pipe or
+ * the driver, after checking the caller's credentials on the node. */
+static void sc_special(void) {
+    begin("special");
+    mkd("pub", 0777, 0, 0);
+    mkd("grp", 0750, 0, 65531);
+    mkd("hidden", 0700, 0, 0);
+    mkn("pub/f666", S_IFIFO | 0666, 0, 0, 0);
+    mkn("grp/f660", S_IFIFO | 0660, 0, 0, 65531);
+    mkn("hidden/f", S_IFIFO | 0666, 0, 0, 0);
+    mkn("pub/null", S_IFCHR | 0666, makedev(1, 3), 0, 0);
+    mkn("grp/null", S_IFCHR | 0660, makedev(1, 3), 0, 65531);
+    mkn("pub/f600", S_IFIFO | 0600, 0, 0, 0);
+    mkn("pub/null600", S_IFCHR | 0600, makedev(1, 3), 0, 0);
+    AS(U) {
+        O("fifo O_WRONLY|O_NONBLOCK without reader", "pub/f666", O_WRONLY | O_NONBLOCK, 0);
+        O("fifo of a supplementary group O_RDONLY|O_NONBLOCK", "grp/f660", O_RDONLY | O_NONBLOCK, 0);
+        O("fifo in a dir without search permission", "hidden/f", O_RDONLY | O_NONBLOCK, 0);
+        int r = open(P("pub/f666"), O_RDONLY | O_NONBLOCK);
+        R("fifo reader", r);
+        int w = open(P("pub/f666"), O_WRONLY | O_NONBLOCK);
+        R("fifo writer with the reader there", w);
+        R("write to the fifo", write(w, "x", 1));
+        char c = 0;
+        R("read from the fifo", read(r, &c, 1));
+        out("read back", "%c", c ? c : '-');
+        close(w);
+        close(r);
+        O("0666 device O_WRONLY", "pub/null", O_WRONLY, 0);
+        int d = open(P("grp/null"), O_RDWR);
+        R("device of a supplementary group O_RDWR", d);
+        R("write to the device", write(d, "x", 1));
+        close(d);
+        O("root's 0600 fifo", "pub/f600", O_RDONLY | O_NONBLOCK, 0);
+        O("root's 0600 device", "pub/null600", O_WRONLY, 0);
+    }
+    AS(ROOT) {
+        O("root opens the 0666 device", "pub/null", O_RDWR, 0);
+        O("root fifo O_RDONLY|O_NONBLOCK", "grp/f660", O_RDONLY | O_NONBLOCK, 0);
+    }
+}
+
 struct scenario {
     const char *name;
     void (*fn)(void);
@@ -920,7 +970,7 @@ static const struct scenario ALL[] = {
     {"create", sc_create}, {"open", sc_open_access}, {"link", sc_link},
     {"sticky", sc_sticky}, {"rename", sc_rename},   {"remove", sc_rmdir_unlink},
     {"truncate", sc_truncate}, {"utimens", sc_utimens}, {"names", sc_names},
-    {"nodes", sc_mknod_root},
+    {"nodes", sc_mknod_root}, {"special", sc_special},
 };
 
 int main(int argc, char **argv) {

@@ -30,7 +30,8 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{
-    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, BACKING_MAGIC, NAMES_MAGIC,
+    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, NodeMsg, Welcome, ANCHOR_MAGIC, BACKING_MAGIC,
+    NAMES_MAGIC, NODE_MAGIC,
 };
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
@@ -422,14 +423,37 @@ impl RingClient {
                 padding: 0,
             };
             sys::send(self.sock.as_fd(), msg.as_bytes(), description).map_err(errno)?;
-            self.answer(|msg, fd| match BackingReply::read_from_prefix(msg) {
-                Ok((r, _)) if r.magic == BACKING_MAGIC && r.cookie == cookie => Some(match (r.errno, fd) {
-                    (0, Some(fd)) => Ok(fd),
-                    (0, None) => Err(Errno::EIO),
-                    (e, _) => Err(Errno::from_raw(e as i32)),
-                }),
-                _ => None,
-            })
+            self.descriptor_answer(BACKING_MAGIC, cookie)
+        })
+    }
+
+    /// An O_PATH descriptor of the kernel node standing for FIFO or device
+    /// node `node` (see [`crate::proto::NodeMsg`]), which the program opens
+    /// through `/proc/self/fd` with its own flags and credentials.
+    pub fn kernel_node(&self, node: u64) -> Result<OwnedFd, Errno> {
+        self.on_socket(|cookie| {
+            let msg = NodeMsg {
+                magic: NODE_MAGIC,
+                node,
+                cookie,
+                padding: 0,
+            };
+            sys::send(self.sock.as_fd(), msg.as_bytes(), None).map_err(errno)?;
+            self.descriptor_answer(NODE_MAGIC, cookie)
+        })
+    }
+
+    /// The daemon's answer carrying `magic` and `cookie` (a
+    /// [`BackingReply`] or [`crate::proto::NodeReply`]): its descriptor,
+    /// or the errno it gives.
+    fn descriptor_answer(&self, magic: u64, cookie: u32) -> Result<OwnedFd, Errno> {
+        self.answer(|msg, fd| match BackingReply::read_from_prefix(msg) {
+            Ok((r, _)) if r.magic == magic && r.cookie == cookie => Some(match (r.errno, fd) {
+                (0, Some(fd)) => Ok(fd),
+                (0, None) => Err(Errno::EIO),
+                (e, _) => Err(Errno::from_raw(e as i32)),
+            }),
+            _ => None,
         })
     }
 

@@ -37,6 +37,6 @@ pub use anchors::DESCRIPTION_OWNER;
 pub use announce::Announcing;
 pub use client::{after_fork, decode_welcome, pid, Anchoring, Notice, RingClient, LIVENESS_PERIOD};
 pub use locks::{Locks, POSIX_OWNER};
-pub use proto::{nodes_dir_name, socket_path, socket_paths};
+pub use proto::{socket_path, socket_paths};
 pub use region::Geometry;
 pub use server::{changes, Announcer, Server, ServerConfig, DEFAULT_SPIN_US};

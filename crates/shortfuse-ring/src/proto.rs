@@ -3,9 +3,9 @@
 //! the geometry and passes the memfd of a region made for this client
 //! alone, then sends a [`NamesMsg`] (with the backing directory of the
 //! file system's namespace map, for a client it may have it). Afterwards
-//! the socket carries only the client's [`AnchorMsg`]s
-//! (and the daemon's acknowledgements of them); it stays open so that each
-//! side sees the other go away (EOF), however it ends.
+//! the socket carries only the client's [`AnchorMsg`]s, [`BackingMsg`]s and
+//! [`NodeMsg`]s (and the daemon's answers to them); it stays open so that
+//! each side sees the other go away (EOF), however it ends.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -121,6 +121,34 @@ pub struct BackingReply {
 /// `BackingMsg::magic` and `BackingReply::magic`.
 pub const BACKING_MAGIC: u64 = 0x5346_4241_434b_494e;
 
+/// The client's third message: "give me the kernel node standing for
+/// FIFO or device node `node`", which the program opens itself (the kernel
+/// never sends a FUSE daemon the open of a FIFO or a device, see the
+/// shim's `calls::special`). The daemon answers with a [`NodeReply`]
+/// carrying the same `cookie`, with an O_PATH descriptor of the node
+/// (SCM_RIGHTS) when `errno` is 0. `node` must be one the client may name
+/// (one it looked up); the daemon makes the node in a directory of its
+/// own, of the mount node's type and device number and, for a daemon
+/// running as root (the one that serves other users), of its owner, group
+/// and mode: reopening the descriptor, the kernel checks the caller's
+/// credentials on those, as it would on the mount's node.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct NodeMsg {
+    pub magic: u64,
+    pub node: u64,
+    pub cookie: u32,
+    pub padding: u32,
+}
+
+/// The daemon's answer to a [`NodeMsg`]: laid out as a [`BackingReply`];
+/// `errno` 0 with a descriptor, else why there is none (ESTALE: a node the
+/// client was not given; EINVAL: not a FIFO or device node).
+pub type NodeReply = BackingReply;
+
+/// `NodeMsg::magic` and `NodeReply::magic`.
+pub const NODE_MAGIC: u64 = 0x5346_4b4e_4f44_4553;
+
 /// Follows the [`Welcome`] when the file system mirrors a host directory
 /// (passthrough): the directory, as the daemon names it, and its device and
 /// inode. A client that finds that same directory at that path (same mount
@@ -209,13 +237,12 @@ pub fn socket_paths(mountpoint: &Path) -> Vec<PathBuf> {
     }
 }
 
-/// The name of the directory where programs of the daemon listening on
-/// ring socket `socket` make the kernel nodes that stand for its FIFOs and
-/// device nodes (the preload shim opens those, never the daemon): the
-/// socket's name and inode, so that a daemon started again on the mount
-/// gets a directory of its own. The daemon removes it, beside its socket,
-/// when it stops.
-pub fn nodes_dir_name(socket: &Path) -> std::io::Result<std::ffi::OsString> {
+/// The name of the directory where the daemon listening on ring socket
+/// `socket` makes the kernel nodes that stand for its FIFOs and device
+/// nodes (see [`NodeMsg`]): the socket's name and inode, so that a daemon
+/// started again on the mount gets a directory of its own. The daemon
+/// removes it, beside its socket, when it stops.
+pub(crate) fn nodes_dir_name(socket: &Path) -> std::io::Result<std::ffi::OsString> {
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(socket)?.ino();
     let mut name = socket.file_name().unwrap_or_default().to_os_string();

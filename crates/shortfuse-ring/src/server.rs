@@ -50,9 +50,11 @@ use crate::{sys, wait};
 
 mod backings;
 mod caller;
+mod nodes;
 mod ownership;
 
 use backings::Backings;
+use nodes::Nodes;
 
 use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
@@ -162,6 +164,8 @@ struct Shared {
     notifier: Notifier,
     /// The backing files of open handles (for clients' shared maps).
     backings: Arc<Backings>,
+    /// The kernel nodes standing for FIFOs and device nodes.
+    nodes: Nodes,
 }
 
 /// One client's connection.
@@ -263,10 +267,11 @@ impl Server {
         // Anybody may connect: the handshake tells another user why it is
         // refused (without `allow_other`), or serves it.
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+        let owner = sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32;
         let shared = Arc::new(Shared {
             fs,
             forward,
-            owner: sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32,
+            owner,
             opts,
             stats,
             config,
@@ -283,6 +288,7 @@ impl Server {
             retry_again: AtomicBool::new(false),
             notifier: notifier.clone(),
             backings: Arc::default(),
+            nodes: Nodes::new(path, owner == 0),
         });
         notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);
@@ -374,9 +380,7 @@ impl Server {
         for c in &clients {
             c.join_workers();
         }
-        if let Ok(name) = crate::nodes_dir_name(&self.path) {
-            let _ = std::fs::remove_dir_all(self.path.with_file_name(name));
-        }
+        self.shared.nodes.remove();
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -526,6 +530,10 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 if let Some(m) = Backings::parse(&buf[..n]) {
                     let owns = conn.owns(&m, fd.as_ref().map(|f| f.as_fd()), &shared);
                     shared.backings.answer(sock.as_fd(), &m, owns);
+                    continue;
+                }
+                if let Some(m) = Nodes::parse(&buf[..n]) {
+                    Nodes::answer(sock.as_fd(), &m, conn.kernel_node(&shared, m.node));
                     continue;
                 }
                 let Ok((m, _)) = AnchorMsg::read_from_prefix(&buf[..n]) else {
@@ -801,10 +809,37 @@ impl Conn {
             _ => {}
         }
         let t = lock(&self.track);
-        // 0 names no node (INIT, INTERRUPT); the root is everybody's.
-        nodes
-            .iter()
-            .all(|&n| n == 0 || n == abi::FUSE_ROOT_ID || t.lookups.contains_key(&n) || shared.anchors.holds_node(n))
+        // 0 names no node (INIT, INTERRUPT).
+        nodes.iter().all(|&n| n == 0 || self.given(shared, &t, n))
+    }
+
+    /// Whether this client may name `node`: the root (everybody's), one it
+    /// holds a lookup of, or one an open file description holds.
+    fn given(&self, shared: &Shared, t: &Track, node: u64) -> bool {
+        node == abi::FUSE_ROOT_ID || t.lookups.contains_key(&node) || shared.anchors.holds_node(node)
+    }
+
+    /// The kernel node standing for FIFO or device node `node` (see
+    /// [`nodes`]), for a client that may name it.
+    fn kernel_node(&self, shared: &Shared, node: u64) -> Result<OwnedFd, i32> {
+        let given = self.peer.may_name_any_node(shared.owner) || self.given(shared, &lock(&self.track), node);
+        if !given {
+            return Err(libc::ESTALE);
+        }
+        let (mut req, mut reply) = (Vec::new(), Vec::new());
+        let arg = abi::fuse_getattr_in {
+            getattr_flags: 0,
+            dummy: 0,
+            fh: 0,
+        };
+        build(&mut req, abi::FUSE_GETATTR, u64::MAX, node, &[arg.as_bytes()]);
+        self.handle(shared, &req, &mut reply);
+        let (out, body) = abi::fuse_out_header::read_from_prefix(&reply).map_err(|_| libc::EIO)?;
+        if out.error != 0 {
+            return Err(-out.error);
+        }
+        let (attr, _) = abi::fuse_attr_out::read_from_prefix(body).map_err(|_| libc::EIO)?;
+        shared.nodes.open(node, &attr.attr)
     }
 
     /// Records handles and lookups handed out to this client, and their

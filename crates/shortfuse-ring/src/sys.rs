@@ -447,3 +447,15 @@ pub fn same_dir(path: &[u8], dev: u64, ino: u64) -> bool {
     let p = std::path::Path::new(std::ffi::OsStr::from_bytes(path));
     std::fs::metadata(p).is_ok_and(|m| m.is_dir() && m.dev() == dev && m.ino() == ino)
 }
+
+/// mknod(2) of `path` with `mode` (type and permission bits) and device
+/// number `rdev`.
+pub fn mknod(path: &std::path::Path, mode: u32, rdev: u64) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::mknod(c.as_ptr(), mode, rdev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

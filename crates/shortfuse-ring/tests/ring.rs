@@ -1028,6 +1028,15 @@ fn idle_rings_use_no_cpu() {
     }
 }
 
+/// A client at `path` that says INIT as `uid` (also its gid).
+fn client_as(path: &Path, uid: u32) -> RingClient {
+    let c = RingClient::connect(path).unwrap();
+    let mut hello = init_request();
+    hello[24..32].copy_from_slice(&[uid.to_ne_bytes(), uid.to_ne_bytes()].concat());
+    assert_eq!(call(&c, &hello).unwrap().0, 0, "init");
+    c
+}
+
 /// A request of `uid`/`gid` (the header's fsuid and fsgid).
 fn request_as(uid: u32, gid: u32, opcode: u32, nodeid: u64, arg: &[u8], names: &[&[u8]]) -> Vec<u8> {
     let mut r = request(opcode, nodeid, arg, names);
@@ -1046,10 +1055,7 @@ fn a_client_of_another_user_names_only_nodes_it_was_given() {
     if let Some(path) = std::env::var_os("SF_RING_STRANGER") {
         // The child, uid and gid 65534 (set by the parent's Command).
         let secret: u64 = std::env::var("SF_RING_SECRET").unwrap().parse().unwrap();
-        let c = RingClient::connect(Path::new(&path)).unwrap();
-        let mut hello = init_request();
-        hello[24..32].copy_from_slice(&[NOBODY.to_ne_bytes(), NOBODY.to_ne_bytes()].concat());
-        assert_eq!(call(&c, &hello).unwrap().0, 0, "init");
+        let c = client_as(Path::new(&path), NOBODY);
         let getattr = abi::fuse_getattr_in::default();
         let ask = |node: u64| {
             call(
@@ -1111,4 +1117,139 @@ fn a_client_of_another_user_names_only_nodes_it_was_given() {
         .unwrap();
     assert!(status.success(), "the other user's client: {status}");
     drop(s);
+}
+
+/// MKNOD of `name` in `parent` as `uid`/`gid`: the new node's id.
+fn mknod_as(c: &RingClient, uid: u32, gid: u32, parent: u64, name: &[u8], mode: u32, rdev: u32) -> u64 {
+    let arg = abi::fuse_mknod_in {
+        mode,
+        rdev,
+        ..Default::default()
+    };
+    let (err, p) = call(
+        c,
+        &request_as(uid, gid, abi::FUSE_MKNOD, parent, arg.as_bytes(), &[name]),
+    )
+    .unwrap();
+    assert_eq!(err, 0, "mknod {name:?}");
+    abi::fuse_entry_out::read_from_prefix(&p).unwrap().0.nodeid
+}
+
+/// Opens the kernel node behind O_PATH descriptor `fd` as the program
+/// does (through its magic link): the new descriptor, or the errno.
+fn reopen(fd: &OwnedFd, flags: i32) -> Result<OwnedFd, i32> {
+    let p = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    // SAFETY: a NUL-terminated path; the descriptor returned is ours.
+    let r = unsafe { libc::open(p.as_ptr(), flags | libc::O_CLOEXEC) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// The kernel nodes a root daemon hands out for FIFOs and device nodes
+/// carry the mount node's type, device number, owner, group and mode, so
+/// that a client of another user who reopens one is checked by the kernel
+/// as on the mount's node (EACCES on root's 0600 FIFO, even without the
+/// shim's own check), and meets the daemon's other clients in one FIFO;
+/// a node the client never looked up is refused (ESTALE), as is a
+/// regular file (EINVAL).
+#[test]
+fn kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given() {
+    const NOBODY: u32 = 65534;
+    if let Some(path) = std::env::var_os("SF_RING_NODES") {
+        // The child, uid and gid 65534 (set by the parent's Command).
+        let secret: u64 = std::env::var("SF_RING_SECRET").unwrap().parse().unwrap();
+        let c = client_as(Path::new(&path), NOBODY);
+        assert_eq!(
+            c.kernel_node(secret).err(),
+            Some(Errno::ESTALE),
+            "a node never looked up"
+        );
+        let look = |parent: u64, name: &[u8]| {
+            let (err, p) = call(&c, &request_as(NOBODY, NOBODY, abi::FUSE_LOOKUP, parent, &[], &[name])).unwrap();
+            assert_eq!(err, 0, "lookup {name:?}");
+            abi::fuse_entry_out::read_from_prefix(&p).unwrap().0.nodeid
+        };
+        let closed = c.kernel_node(look(1, b"root600")).unwrap();
+        assert_eq!(
+            reopen(&closed, libc::O_RDONLY | libc::O_NONBLOCK).err(),
+            Some(libc::EACCES),
+            "root's 0600 FIFO"
+        );
+        let public = look(1, b"pub");
+        let open = c.kernel_node(look(public, b"fifo")).unwrap();
+        let w = reopen(&open, libc::O_WRONLY | libc::O_NONBLOCK).expect("the parent reads the FIFO");
+        assert_eq!(nix_write(&w, b"hi"), 2);
+        return;
+    }
+    let path = scratch("nodes");
+    std::fs::set_permissions(
+        path.parent().unwrap(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let opts = MountOptions {
+        allow_other: true,
+        ..MountOptions::default()
+    };
+    let s = Server::start(
+        &path,
+        Arc::new(MemFs::new()),
+        opts,
+        Arc::new(Stats::new()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let mkdir = |mode: u32, name: &[u8]| {
+        let arg = abi::fuse_mkdir_in { mode, umask: 0 };
+        let (err, p) = call(&c, &request(abi::FUSE_MKDIR, 1, arg.as_bytes(), &[name])).unwrap();
+        assert_eq!(err, 0);
+        abi::fuse_entry_out::read_from_prefix(&p).unwrap().0.nodeid
+    };
+    let public = mkdir(0o777, b"pub");
+    let fifo = mknod_as(&c, NOBODY, 65531, public, b"fifo", libc::S_IFIFO | 0o640, 0);
+    let node = c.kernel_node(fifo).unwrap();
+    let st = std::fs::metadata(format!("/proc/self/fd/{}", node.as_raw_fd())).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (st.mode(), st.uid(), st.gid()),
+        (libc::S_IFIFO | 0o640, NOBODY, 65531),
+        "the mount node's type, owner, group and mode"
+    );
+    let dev = mknod_as(&c, 0, 0, 1, b"null", libc::S_IFCHR | 0o666, libc::makedev(1, 3) as u32);
+    let dev = c.kernel_node(dev).unwrap();
+    let st = std::fs::metadata(format!("/proc/self/fd/{}", dev.as_raw_fd())).unwrap();
+    assert_eq!(st.rdev(), libc::makedev(1, 3), "the device number");
+    mknod_as(&c, 0, 0, 1, b"root600", libc::S_IFIFO | 0o600, 0);
+    let file = mknod_as(&c, 0, 0, 1, b"file", libc::S_IFREG | 0o644, 0);
+    assert_eq!(c.kernel_node(file).err(), Some(Errno::EINVAL), "a regular file");
+    let secret = mknod_as(&c, 0, 0, mkdir(0o700, b"private"), b"secret", libc::S_IFIFO | 0o666, 0);
+    let reader = reopen(&node, libc::O_RDONLY | libc::O_NONBLOCK).unwrap();
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given",
+            "--nocapture",
+        ])
+        .env("SF_RING_NODES", &path)
+        .env("SF_RING_SECRET", secret.to_string())
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the other user's client: {status}");
+    let mut buf = [0u8; 8];
+    // SAFETY: buf is writable for its length.
+    let n = unsafe { libc::read(reader.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n.max(0) as usize], b"hi", "both clients met in one FIFO");
+    drop(s);
+}
+
+fn nix_write(fd: &OwnedFd, data: &[u8]) -> isize {
+    // SAFETY: data is readable for its length.
+    unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) }
 }

@@ -67,6 +67,14 @@ pub trait Backend: Send + Sync {
         let _ = (node, fh, description);
         Err(Errno::ENODEV)
     }
+
+    /// An O_PATH descriptor of a kernel node standing for FIFO or device
+    /// node `node`, made by the daemon for every program it serves (see
+    /// `shortfuse_ring`'s `NodeMsg`). ENOSYS where there is no daemon.
+    fn kernel_node(&self, node: NodeId) -> Result<OwnedFd, Errno> {
+        let _ = node;
+        Err(Errno::ENOSYS)
+    }
 }
 
 /// An open handle given to an open file description (see [`Backend::anchor`]).

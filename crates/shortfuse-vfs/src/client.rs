@@ -773,6 +773,11 @@ impl Client {
         self.backend.backing_file(node, fh, description)
     }
 
+    /// See [`Backend::kernel_node`].
+    pub fn kernel_node(&self, node: NodeId) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.backend.kernel_node(node)
+    }
+
     /// FUSE_GETLK: the first lock that would conflict with `lock` taken by
     /// `owner` (`typ` F_UNLCK when none).
     pub fn getlk(

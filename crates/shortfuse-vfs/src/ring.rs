@@ -96,6 +96,10 @@ impl Backend for Ring {
         self.client.backing_file(node.0, fh, description)
     }
 
+    fn kernel_node(&self, node: NodeId) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.client.kernel_node(node.0)
+    }
+
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
         self.client.notices(|n| {
             apply(match n {

@@ -13,9 +13,13 @@
 //! - on a mount with a source directory (passthrough) the node's backing
 //!   file itself, so that every process of the program, with the shim or
 //!   without, meets in one FIFO;
-//! - on a daemon's mount (`shortfuse serve`) a node of the same type made
-//!   in the user's runtime directory, one per daemon and node, so that the
-//!   programs of every `shortfuse run` on that daemon meet there;
+//! - on a daemon's mount (`shortfuse serve`) a node the daemon makes, of
+//!   the same type (and, for a root daemon, owner, group and mode), one per
+//!   daemon and node, so that the programs of every `shortfuse run` on
+//!   that daemon meet there, whatever user they run as: the daemon hands
+//!   an O_PATH descriptor of it, which the program reopens through
+//!   `/proc/self/fd` (the kernel then checks the caller's credentials on
+//!   the node, not on the daemon's private directory holding it);
 //! - on a mount served in process without a source (mem), such a node
 //!   made, opened O_PATH and unlinked at first use: this image and its
 //!   forked children (which share the file system) reopen it through
@@ -29,7 +33,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use shortfuse::{Attr, Errno, FileType, NodeId};
@@ -68,15 +72,29 @@ pub fn open(vfs: &Arc<Vfs>, t: &Target, node: NodeId, attr: &Attr, flags: i32) -
     if let Err(e) = vfs.access(t, acc) {
         return err(e);
     }
-    let path = match kernel_node(vfs, &t.path(), node, attr) {
-        Ok(p) => p,
-        Err(e) => return err(e),
+    // The daemon's node, held while it is opened.
+    let mut daemons = None;
+    let path = if vfs.source().is_none() && vfs.client().shared() {
+        match vfs.client().kernel_node(node) {
+            Ok(fd) => {
+                let p = proc_fd(fd.as_raw_fd() as i64);
+                daemons = Some(fd);
+                p
+            }
+            Err(e) => return err(e),
+        }
+    } else {
+        match kernel_node(vfs, &t.path(), node, attr) {
+            Ok(p) => p,
+            Err(e) => return err(e),
+        }
     };
     // Creation was the walk's; O_NOFOLLOW would refuse the magic link of
     // a node held open; a FIFO cannot be truncated.
     let keep = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_DIRECTORY);
     spare::flush();
     let fd = with_program_mask(|| fs::openat(libc::AT_FDCWD, &path, keep, 0));
+    drop(daemons);
     if fd < 0 {
         return fd;
     }
@@ -86,20 +104,18 @@ pub fn open(vfs: &Arc<Vfs>, t: &Target, node: NodeId, attr: &Attr, flags: i32) -
 }
 
 /// The kernel path (NUL-terminated) of the node standing for mount node
-/// `node` at `path` below the mount point (see the module doc).
+/// `node` at `path` below the mount point, on a mount with a source or
+/// served in process (see the module doc).
 fn kernel_node(vfs: &Arc<Vfs>, path: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>, Errno> {
     if let Some(src) = vfs.source() {
         return Ok(super::exec::backing_path(src, path));
     }
-    let dir = nodes_dir(vfs)?;
-    if !vfs.client().shared() {
-        return held_node(vfs, &dir, node, attr);
-    }
-    let mut p = dir;
-    p.extend_from_slice(format!("/{}", node.0).as_bytes());
-    let p = with_nul(p);
-    make_node(&p, attr)?;
-    Ok(p)
+    held_node(vfs, &nodes_dir()?, node, attr)
+}
+
+/// `/proc/self/fd/N`, NUL-terminated: the kernel file of descriptor `fd`.
+fn proc_fd(fd: i64) -> Vec<u8> {
+    with_nul(format!("/proc/self/fd/{fd}").into_bytes())
 }
 
 /// Makes a node of `attr`'s type at `p` (NUL-terminated), unless one of
@@ -109,7 +125,7 @@ fn make_node(p: &[u8], attr: &Attr) -> Result<(), Errno> {
     let r = fs::mknodat(libc::AT_FDCWD, p, mode, attr.rdev);
     if r == 0 {
         // Access is checked against the mount's node (see `open`); the
-        // umask must not narrow what the other users of the daemon may do.
+        // umask must not narrow what the image may do after a setuid.
         fs::fchmodat(libc::AT_FDCWD, p, 0o666);
         return Ok(());
     }
@@ -166,25 +182,15 @@ fn held_node(vfs: &Vfs, dir: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>
             fd
         }
     };
-    Ok(with_nul(format!("/proc/self/fd/{fd}").into_bytes()))
+    Ok(proc_fd(fd))
 }
 
-/// The directory of a mount's kernel nodes, created if missing: in the
-/// user's runtime directory, one per daemon (named after its ring socket,
-/// whose inode changes when the daemon is started again) or one for the
-/// nodes of every in-process mount (each unlinked at once).
-fn nodes_dir(vfs: &Vfs) -> Result<Vec<u8>, Errno> {
+/// The directory where the nodes of in-process mounts are made (each
+/// unlinked at once), in the user's runtime directory, created if missing.
+fn nodes_dir() -> Result<Vec<u8>, Errno> {
     let base = shortfuse::control::runtime_dir().map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
     let mut dir = base.into_os_string().into_encoded_bytes();
-    if vfs.client().shared() {
-        let mp = std::path::Path::new(std::ffi::OsStr::from_bytes(vfs.mountpoint()));
-        let name = shortfuse_ring::nodes_dir_name(&shortfuse_ring::socket_path(mp))
-            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        dir.push(b'/');
-        dir.extend_from_slice(name.as_encoded_bytes());
-    } else {
-        dir.extend_from_slice(b"/in-process-nodes");
-    }
+    dir.extend_from_slice(b"/in-process-nodes");
     let c = with_nul(dir.clone());
     let r = fs::mkdirat(libc::AT_FDCWD, &c, 0o700);
     if r < 0 && r != -i64::from(libc::EEXIST) {
