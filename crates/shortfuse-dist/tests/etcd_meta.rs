@@ -308,3 +308,81 @@ fn a_test_etcd_serves_and_goes_away() {
     assert!(!etcd::healthy(port));
     assert!(!dir.exists());
 }
+
+/// How many requests of gRPC method `method` (`Txn`, `Range`) etcd has
+/// answered, from its `/metrics`.
+fn etcd_requests(etcd: &TestEtcd, method: &str) -> u64 {
+    use std::io::{Read, Write};
+    let url = etcd.endpoint();
+    let host = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let label = format!("grpc_method=\"{method}\"");
+    body.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn a_create_after_its_lookup_is_one_transaction_and_never_undoes_a_change_made_meanwhile() {
+    let etcd = TestEtcd::start().unwrap();
+    runtime().block_on(async {
+        let a = agent(&etcd, 1).await;
+        let b = agent(&etcd, 2).await;
+        let d = a
+            .create(ROOT_INO, b"d", NewKind::Dir, 0o755, 0, 0)
+            .await
+            .unwrap()
+            .gfi
+            .ino;
+        let new = |name: &'static [u8]| Creation { parent: d, ..new(name) };
+        // What the kernel does: a lookup that misses, then the create.
+        for name in [&b"f0"[..], b"f1", b"f2"] {
+            assert_eq!(a.lookup(d, name).await.err(), Some(Errno::ENOENT));
+            let before = etcd_requests(&etcd, "Txn") + etcd_requests(&etcd, "Range");
+            a.create_new(new(name)).await.unwrap();
+            let used = etcd_requests(&etcd, "Txn") + etcd_requests(&etcd, "Range") - before;
+            assert_eq!(
+                used,
+                1,
+                "{}: etcd requests of one create",
+                String::from_utf8_lossy(name)
+            );
+        }
+        // The directory changed at another agent after a's lookup: a's
+        // create still lands, and keeps b's change.
+        assert_eq!(a.lookup(d, b"g").await.err(), Some(Errno::ENOENT));
+        let chmod = AttrChange {
+            mode: Some(0o700),
+            ..AttrChange::default()
+        };
+        b.setattr(d, &chmod).await.unwrap();
+        b.create_new(new(b"h")).await.unwrap();
+        a.create_new(new(b"g")).await.unwrap();
+        assert_eq!(
+            b.getattr(d).await.unwrap().attr.mode,
+            libc::S_IFDIR | 0o700,
+            "a's create undid b's chmod"
+        );
+        let listed = names(b.readdir(d).await.unwrap());
+        for name in [&b"f0"[..], b"f1", b"f2", b"g", b"h"] {
+            assert!(listed.iter().any(|n| n == name), "{listed:?}");
+        }
+        // ... or was removed: the create fails as on a fresh read.
+        assert_eq!(a.lookup(ROOT_INO, b"e").await.err(), Some(Errno::ENOENT));
+        let e = a
+            .create(ROOT_INO, b"e", NewKind::Dir, 0o755, 0, 0)
+            .await
+            .unwrap()
+            .gfi
+            .ino;
+        assert_eq!(a.lookup(e, b"x").await.err(), Some(Errno::ENOENT));
+        b.remove(ROOT_INO, b"e", true).await.unwrap();
+        let x = Creation { parent: e, ..new(b"x") };
+        assert_eq!(a.create_new(x).await.err(), Some(Errno::ENOENT));
+    });
+}

@@ -24,7 +24,11 @@
 //! fails and the change starts over. Changes are thus serializable, and
 //! every read is linearizable, so a second agent sees a change as soon as
 //! the first one answered it. Concurrent creates of one name: one commits,
-//! the others see the entry on their retry and get `EEXIST`. A rename that
+//! the others see the entry on their retry and get `EEXIST`. A create
+//! starts from its parent's record as this agent last saw it (the kernel
+//! looked the new name up just before) instead of reading it again, so it
+//! is one etcd request; the commit compares that record's revision as for
+//! a read. A rename that
 //! would move a directory below itself reads the new parent's ancestors,
 //! so a concurrent rename of one of them fails its compare.
 //!
@@ -51,7 +55,7 @@
 //! quorum, fsync'd, so [`EtcdMeta::sync`] has nothing left to do.
 
 use shortfuse::sync::Unpoison;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -209,10 +213,56 @@ pub(crate) fn gave_up(e: &etcd_client::Error) -> bool {
         .any(|m| s.message().contains(m))
 }
 
+/// Directory records as this agent last read or wrote them, with their
+/// `mod_revision`: a create's first attempt starts from its parent's
+/// instead of reading it (the kernel's LOOKUP of the new name read it just
+/// before, and the agent's own last create in the directory wrote it), so a
+/// create is one etcd request, not two. The commit compares that revision:
+/// a record changed meanwhile (by another agent) costs a retry, never a
+/// wrong answer.
+#[derive(Default)]
+struct Recent(Mutex<HashMap<Vec<u8>, Revised>>);
+
+/// A value and the revision it was read or written at.
+type Revised = (i64, Vec<u8>);
+
+/// Records [`Recent`] keeps (a few hundred KiB); beyond, it starts over.
+const RECENT_MAX: usize = 4096;
+
+impl Recent {
+    fn get(&self, key: &[u8]) -> Option<Revised> {
+        self.0.lock().unpoison().get(key).cloned()
+    }
+
+    /// Keeps `key` as read or written at `rev` (`None`: gone), from now on
+    /// with `keep`, otherwise only if it is kept already.
+    fn note(&self, key: &[u8], rev: i64, value: Option<&[u8]>, keep: bool) {
+        let mut m = self.0.lock().unpoison();
+        match (value, m.get_mut(key)) {
+            (None, _) => {
+                m.remove(key);
+            }
+            (Some(v), Some(old)) => {
+                if rev >= old.0 {
+                    *old = (rev, v.to_vec());
+                }
+            }
+            (Some(v), None) if keep => {
+                if m.len() >= RECENT_MAX {
+                    m.clear();
+                }
+                m.insert(key.to_vec(), (rev, v.to_vec()));
+            }
+            (Some(_), None) => {}
+        }
+    }
+}
+
 /// One attempt of a change: reads at one revision, remembers what it read,
 /// buffers its writes, commits with compares on everything read.
 struct Stm {
     kv: KvClient,
+    recent: Arc<Recent>,
     rev: i64,
     /// Key -> mod_revision seen (0: absent).
     read: BTreeMap<Vec<u8>, i64>,
@@ -228,9 +278,10 @@ struct Stm {
 }
 
 impl Stm {
-    fn new(kv: KvClient) -> Stm {
+    fn new(kv: KvClient, recent: Arc<Recent>) -> Stm {
         Stm {
             kv,
+            recent,
             rev: 0,
             read: BTreeMap::new(),
             view: BTreeMap::new(),
@@ -260,6 +311,12 @@ impl Stm {
         }
         let kv = resp.kvs().first();
         self.read.insert(key.clone(), kv.map_or(0, |kv| kv.mod_revision()));
+        self.recent.note(
+            &key,
+            kv.map_or(0, |kv| kv.mod_revision()),
+            kv.map(|kv| kv.value()),
+            false,
+        );
         let v = kv.map(|kv| kv.value().to_vec());
         self.view.insert(key, v.clone());
         Ok(v)
@@ -286,9 +343,31 @@ impl Stm {
             };
             let kv = r.kvs().first();
             self.read.insert(key.clone(), kv.map_or(0, |kv| kv.mod_revision()));
+            self.recent.note(
+                &key,
+                kv.map_or(0, |kv| kv.mod_revision()),
+                kv.map(|kv| kv.value()),
+                false,
+            );
             self.view.insert(key, kv.map(|kv| kv.value().to_vec()));
         }
         Ok(())
+    }
+
+    /// Takes `key` as read at `rev` (0: absent) with `value`, without
+    /// asking etcd: the commit compares that revision as for a read.
+    fn assume(&mut self, key: Vec<u8>, rev: i64, value: Option<Vec<u8>>) {
+        self.read.insert(key.clone(), rev);
+        self.view.insert(key, value);
+    }
+
+    /// Keeps what this attempt read of `key` in [`Recent`].
+    fn keep(&self, key: &[u8]) {
+        if let (Some(&rev), Some(Some(v))) = (self.read.get(key), self.view.get(key)) {
+            if rev > 0 && !self.writes.contains_key(key) {
+                self.recent.note(key, rev, Some(v), true);
+            }
+        }
     }
 
     /// Whether any key starts with `prefix`; the commit then compares that
@@ -351,11 +430,12 @@ impl Stm {
             .map(|(k, rev)| Compare::mod_revision(k.clone(), CompareOp::Equal, *rev))
             .collect();
         when.append(&mut self.compares);
-        let mut ops: Vec<TxnOp> = std::mem::take(&mut self.writes)
-            .into_iter()
+        let writes = std::mem::take(&mut self.writes);
+        let mut ops: Vec<TxnOp> = writes
+            .iter()
             .map(|(k, v)| match v {
-                Some(v) => TxnOp::put(k, v, None),
-                None => TxnOp::delete(k, None),
+                Some(v) => TxnOp::put(k.clone(), v.clone(), None),
+                None => TxnOp::delete(k.clone(), None),
             })
             .collect();
         for (k, lease) in self.leased.drain(..) {
@@ -368,6 +448,13 @@ impl Stm {
             Err(e) if gave_up(&e) => return Err(Abort::Fail(Errno::EIO)),
             Err(e) => return Err(etcd_err(e)),
         };
+        if resp.succeeded() {
+            // Every key the transaction wrote has its revision.
+            let rev = resp.header().map_or(0, |h| h.revision());
+            for (k, v) in &writes {
+                self.recent.note(k, rev, v.as_deref(), false);
+            }
+        }
         Ok(resp.succeeded())
     }
 }
@@ -390,7 +477,7 @@ macro_rules! transact {
         let mut attempt = 0u32;
         let started = tokio::time::Instant::now();
         loop {
-            let mut $t = Stm::new($self.kv.clone());
+            let mut $t = Stm::new($self.kv.clone(), $self.recent.clone());
             #[allow(clippy::redundant_closure_call)]
             let step = async { $body }.await;
             match step {
@@ -420,6 +507,7 @@ struct Opens {
 /// The metadata service of one agent over a shared etcd.
 pub struct EtcdMeta {
     kv: KvClient,
+    recent: Arc<Recent>,
     client: Client,
     keys: Keys,
     params: FsParams,
@@ -503,6 +591,7 @@ impl EtcdMeta {
             client,
             keys,
             params,
+            recent: Arc::default(),
             inos: Mutex::new((0, 0)),
             opens,
             keeper,
@@ -564,6 +653,8 @@ impl EtcdMeta {
             t.prefetch(vec![keys.entry(parent, name), keys.inode(parent)]).await?;
             let e = t.ent(keys, parent, name).await?;
             let Some(e) = e else {
+                // Most often the kernel's look before a create.
+                t.keep(&keys.inode(parent));
                 // ENOTDIR when the parent is not a directory.
                 dir_of(&t.rec(keys, parent).await?)?;
                 return Err(Errno::ENOENT.into());
@@ -688,8 +779,18 @@ impl EtcdMeta {
             NewKind::Symlink { target } => Body::Symlink(target.clone()),
         };
         let keys = &self.keys;
+        // The first attempt only (see `Recent`).
+        let mut recent = self.recent.get(&keys.inode(parent));
         transact!(self, t => {
-            t.prefetch(vec![keys.inode(parent), keys.entry(parent, name)]).await?;
+            match recent.take() {
+                // The name was absent, or the commit's compare fails.
+                Some((rev, p)) => {
+                    t.assume(keys.inode(parent), rev, Some(p));
+                    t.assume(keys.entry(parent, name), 0, None);
+                }
+                None => t.prefetch(vec![keys.inode(parent), keys.entry(parent, name)]).await?,
+            }
+            t.keep(&keys.inode(parent));
             t.idempotent = true;
             let mut p = t.rec(keys, parent).await?;
             dir_of(&p)?;
