@@ -8,7 +8,8 @@
 //!
 //! Only calls whose pointer is read before any other check can fail are
 //! listed (a null pointer is EFAULT whoever asks), and only the arguments
-//! that must point somewhere (a null `mount` source or type is allowed).
+//! that must point somewhere (a null `mount` source or type is allowed);
+//! fcntl's lock commands too, whose `struct flock` comes first.
 //! The calls the shim serves check their pointers themselves (`user`).
 
 /// (system call, bit i set: argument i must point into mapped memory).
@@ -33,9 +34,22 @@ pub fn calls() -> impl Iterator<Item = i64> {
 /// Whether call `nr` with arguments `a` names page 0 where it must name
 /// memory: it then fails with EFAULT.
 pub fn faults(nr: i64, a: &[i64; 6]) -> bool {
+    let page = crate::zpoline::PAGE as i64;
+    if nr == libc::SYS_fcntl {
+        // A lock command reads (or fills) the `struct flock` its third
+        // argument points to before anything else.
+        let lock = [
+            libc::F_GETLK,
+            libc::F_SETLK,
+            libc::F_SETLKW,
+            libc::F_OFD_GETLK,
+            libc::F_OFD_SETLK,
+            libc::F_OFD_SETLKW,
+        ];
+        return lock.contains(&(a[1] as i32)) && (0..page).contains(&a[2]);
+    }
     let Some(&(_, mask)) = MANDATORY.iter().find(|&&(n, _)| n == nr) else {
         return false;
     };
-    let page = crate::zpoline::PAGE as i64;
     (0..6).any(|i| mask & (1 << i) != 0 && (0..page).contains(&a[i]))
 }

@@ -17,9 +17,33 @@ use crate::user;
 
 pub fn read(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
     let f = file(fd)?;
-    Some(res(user::slice_mut(buf.0, len)
-        .and_then(|b| f.read(b))
-        .map(|n| n as i64)))
+    Some(res(into(&f, buf.0, len, None).map(|n| n as i64)))
+}
+
+/// Reads up to `len` bytes into the program's buffer at `p`, at `off` or
+/// the shared offset. A buffer the program cannot have written fails as
+/// the kernel's copy to it does, late: the file's own errors come first
+/// (EBADF on a descriptor not open for reading, EISDIR), and a read with
+/// nothing to copy (at the end of the file) returns 0; only a byte to
+/// copy makes it EFAULT. The offset stays where it was.
+fn into(f: &OpenFile, p: i64, len: usize, off: Option<u64>) -> Result<usize, Errno> {
+    let b = match user::slice_mut(p, len) {
+        Ok(b) => b,
+        Err(fault) => {
+            let at = match off {
+                Some(o) => o,
+                None => f.lseek(0, libc::SEEK_CUR)?,
+            };
+            return match f.pread(&mut [0u8; 1], at)? {
+                0 => Ok(0),
+                _ => Err(fault),
+            };
+        }
+    };
+    match off {
+        Some(o) => f.pread(b, o),
+        None => f.read(b),
+    }
 }
 
 pub fn write(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
@@ -32,9 +56,7 @@ pub fn pread(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
     if off < 0 {
         return Some(err(Errno::EINVAL));
     }
-    Some(res(user::slice_mut(buf.0, len)
-        .and_then(|b| f.pread(b, off as u64))
-        .map(|n| n as i64)))
+    Some(res(into(&f, buf.0, len, Some(off as u64)).map(|n| n as i64)))
 }
 
 pub fn pwrite(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
@@ -75,9 +97,9 @@ fn transfer(f: &OpenFile, iov: Ptr, n: i64, dir: Direction, at: Option<u64>) -> 
     for v in iov {
         let (base, len) = (v.iov_base as i64, v.iov_len);
         let r = match (dir, at) {
-            (Direction::Read, None) => user::slice_mut(base, len).and_then(|b| f.read(b)),
+            (Direction::Read, None) => into(f, base, len, None),
             (Direction::Write, None) => user::slice(base, len).and_then(|b| f.write(b)),
-            (Direction::Read, Some(off)) => user::slice_mut(base, len).and_then(|b| f.pread(b, off + total as u64)),
+            (Direction::Read, Some(off)) => into(f, base, len, Some(off + total as u64)),
             (Direction::Write, Some(off)) => user::slice(base, len).and_then(|b| f.pwrite(b, off + total as u64)),
         };
         match r {
@@ -255,6 +277,9 @@ pub fn fcntl(fd: Fd, cmd: i32, arg: i64) -> Option<i64> {
             Some(locks::fcntl(&f, cmd, arg))
         }
         libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
+            if crate::page0::faults(libc::SYS_fcntl, &[fd.0 as i64, cmd as i64, arg, 0, 0, 0]) {
+                return Some(err(Errno::EFAULT));
+            }
             Some(match f.lock_fd() {
                 // SAFETY: the program's own `struct flock` argument, handed
                 // on as it gave it: the kernel checks it as it would have.

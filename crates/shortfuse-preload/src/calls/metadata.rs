@@ -12,21 +12,35 @@ use super::resolve::{file, lookup_follow, ours};
 use super::table::{AtFlags, Fd, PathAt, Ptr, Regs};
 use crate::user;
 
+/// Which calls take a null path for an empty one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Null {
+    /// fstatat and statx (since Linux 6.11).
+    Empty,
+    /// The others: the kernel reads the path, a null one is EFAULT.
+    Fault,
+}
+
 /// Whether a `*at` call with `flags` names its descriptor itself
-/// (AT_EMPTY_PATH and an empty path; since Linux 6.11 also a null one).
-fn empty_path(path: Ptr, flags: AtFlags) -> bool {
-    flags.has(libc::AT_EMPTY_PATH) && (path.is_null() || user::cstr(path.0).is_ok_and(<[u8]>::is_empty))
+/// (AT_EMPTY_PATH and an empty path, or a null one where `null` says so).
+fn empty_path(path: Ptr, flags: AtFlags, null: Null) -> bool {
+    flags.has(libc::AT_EMPTY_PATH)
+        && if path.is_null() {
+            null == Null::Empty
+        } else {
+            user::cstr(path.0).is_ok_and(<[u8]>::is_empty)
+        }
 }
 
 /// The descriptor's own file for `*at` calls with AT_EMPTY_PATH and an
 /// empty path: `Some(None)` when it is not ours.
-fn empty_path_file(at: PathAt, flags: AtFlags) -> Option<Option<Arc<shortfuse_vfs::OpenFile>>> {
-    empty_path(at.path, flags).then(|| file(Fd(at.dirfd)))
+fn empty_path_file(at: PathAt, flags: AtFlags, null: Null) -> Option<Option<Arc<shortfuse_vfs::OpenFile>>> {
+    empty_path(at.path, flags, null).then(|| file(Fd(at.dirfd)))
 }
 
 /// stat, lstat, newfstatat.
 pub fn stat(regs: Regs, at: PathAt, out: Ptr, flags: AtFlags) -> Option<i64> {
-    if let Some(f) = empty_path_file(at, flags) {
+    if let Some(f) = empty_path_file(at, flags, Null::Empty) {
         let f = f?;
         if f.kernel_backed() {
             return Some(done(
@@ -53,7 +67,7 @@ fn fstat_of(f: &Arc<shortfuse_vfs::OpenFile>, out: Ptr) -> Option<i64> {
 }
 
 pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
-    let attr = if let Some(f) = empty_path_file(at, flags) {
+    let attr = if let Some(f) = empty_path_file(at, flags, Null::Empty) {
         let f = f?;
         if f.kernel_backed() {
             return Some(done(
@@ -70,7 +84,7 @@ pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
 
 /// chmod, fchmodat, fchmodat2.
 pub fn chmod(regs: Regs, at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
-    if let Some(f) = empty_path_file(at, flags) {
+    if let Some(f) = empty_path_file(at, flags, Null::Fault) {
         return Some(done(f?.setattr(&mode_set(mode))));
     }
     let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
@@ -90,7 +104,7 @@ pub fn fchmod(fd: Fd, mode: u32) -> Option<i64> {
 
 /// chown, lchown, fchownat.
 pub fn chown(regs: Regs, at: PathAt, uid: i64, gid: i64, flags: AtFlags) -> Option<i64> {
-    if let Some(f) = empty_path_file(at, flags) {
+    if let Some(f) = empty_path_file(at, flags, Null::Fault) {
         return Some(done(f?.setattr(&owner_set(uid, gid))));
     }
     let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));

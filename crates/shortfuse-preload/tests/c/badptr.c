@@ -1,5 +1,7 @@
 /* Bad pointers handed to file calls: each line names a call and what it
- * returned (0, or the errno name). Run natively on a real directory and
+ * returned (0, or the errno name): paths, buffers and structs, pointers
+ * the kernel reads late (after the file's own checks), empty paths
+ * (AT_EMPTY_PATH) given as bad or null pointers. Run natively on a real directory and
  * under the preload shim on a mount: the outputs must be the same (the
  * kernel's copy_from_user gives EFAULT; the shim must neither fault nor
  * read the trampoline at address 0 as a path). Raw system calls, so that
@@ -12,13 +14,18 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "report.h"
 
 #define BAD ((const char *)0xDEADC0DEUL)
+#ifndef SYS_fchmodat2
+#define SYS_fchmodat2 452
+#endif
 
 
 int main(int argc, char **argv) {
@@ -29,6 +36,12 @@ int main(int argc, char **argv) {
     snprintf(x, sizeof x, "%s/x", argv[1]);
     int fd = open(f, O_CREAT | O_RDWR, 0644);
     if (fd < 0 || write(fd, "hello", 5) != 5)
+        return 3;
+    int dfd = open(argv[1], O_RDONLY | O_DIRECTORY);
+    char l[4096];
+    snprintf(l, sizeof l, "%s/l", argv[1]);
+    int wfd = open(f, O_WRONLY), nfd = open("/dev/null", O_RDWR);
+    if (dfd < 0 || wfd < 0 || nfd < 0 || symlink("f", l) < 0)
         return 3;
     struct stat st;
     struct statx stx;
@@ -68,6 +81,50 @@ int main(int argc, char **argv) {
         CASE("pread buffer", syscall(SYS_pread64, fd, bad[i], 5, 0));
         CASE("pwrite buffer", syscall(SYS_pwrite64, fd, bad[i], 5, 0));
         CASE("readlink buffer", syscall(SYS_readlink, f, bad[i], 10));
+        /* Checked late: the file's own errors come first, and a read
+         * with nothing to copy returns 0. */
+        CASE("read buffer at the end", syscall(SYS_read, fd, bad[i], 5));
+        CASE("read buffer of a dir", syscall(SYS_read, dfd, bad[i], 5));
+        CASE("read buffer write-only", syscall(SYS_read, wfd, bad[i], 5));
+        CASE("pread buffer at the end", syscall(SYS_pread64, fd, bad[i], 5, 5));
+        CASE("preadv base at the end", syscall(SYS_preadv, fd, &(struct iovec){(void *)bad[i], 5}, 1, 5, 0));
+        CASE("write buffer", syscall(SYS_write, fd, bad[i], 5));
+        CASE("readv iovec", syscall(SYS_readv, fd, bad[i], 1));
+        CASE("writev iovec", syscall(SYS_writev, fd, bad[i], 1));
+        struct iovec iov = {(void *)bad[i], 5};
+        CASE("readv base", syscall(SYS_preadv, fd, &iov, 1, 0, 0));
+        CASE("writev base", syscall(SYS_pwritev, fd, &iov, 1, 0, 0));
+        CASE("getdents64 buffer", syscall(SYS_getdents64, dfd, bad[i], 4096));
+        CASE("fstatfs buffer", syscall(SYS_fstatfs, fd, bad[i]));
+        CASE("readlinkat buffer", syscall(SYS_readlinkat, dfd, "l", bad[i], 10));
+        CASE("getxattr name", syscall(SYS_getxattr, f, bad[i], w, sizeof w));
+        CASE("fsetxattr value", syscall(SYS_fsetxattr, fd, "user.k", bad[i], 3, 0));
+        CASE("fcntl F_GETLK", syscall(SYS_fcntl, fd, F_GETLK, bad[i]));
+        CASE("fcntl F_SETLK", syscall(SYS_fcntl, fd, F_SETLK, bad[i]));
+        CASE("fcntl F_OFD_GETLK", syscall(SYS_fcntl, fd, F_OFD_GETLK, bad[i]));
+        CASE("fcntl F_GETLK outside", syscall(SYS_fcntl, nfd, F_GETLK, bad[i]));
+        CASE("utimensat times", syscall(SYS_utimensat, AT_FDCWD, f, bad[i], 0));
+        CASE("renameat2 to", syscall(SYS_renameat2, dfd, "f", dfd, bad[i], 0));
+        CASE("linkat from", syscall(SYS_linkat, dfd, bad[i], dfd, "x", 0));
+        CASE("symlinkat name", syscall(SYS_symlinkat, "t", dfd, bad[i]));
+        CASE("unlinkat", syscall(SYS_unlinkat, dfd, bad[i], 0));
+        CASE("fchownat", syscall(SYS_fchownat, dfd, bad[i], 0, 0, 0));
+        CASE("fchmodat", syscall(SYS_fchmodat, dfd, bad[i], 0644));
+        CASE("faccessat2", syscall(SYS_faccessat2, dfd, bad[i], F_OK, 0));
+        CASE("openat2 how", syscall(SYS_openat2, dfd, "f", bad[i], 24));
+        CASE("copy_file_range off_in", syscall(SYS_copy_file_range, fd, bad[i], fd, NULL, 1, 0));
+        CASE("sendfile offset", syscall(SYS_sendfile, fd, fd, bad[i], 1));
+        /* An empty path (AT_EMPTY_PATH) given as a bad pointer: the
+         * kernel still reads it (a NULL one means the descriptor itself
+         * for the calls that allow it). */
+        CASE("newfstatat empty", syscall(SYS_newfstatat, fd, bad[i], &st, AT_EMPTY_PATH));
+        CASE("statx empty", syscall(SYS_statx, fd, bad[i], AT_EMPTY_PATH, STATX_BASIC_STATS, &stx));
+        CASE("fchownat empty", syscall(SYS_fchownat, fd, bad[i], 0, 0, AT_EMPTY_PATH));
+        CASE("linkat empty", syscall(SYS_linkat, fd, bad[i], dfd, "x", AT_EMPTY_PATH));
+        CASE("utimensat null or bad path", syscall(SYS_utimensat, fd, bad[i], NULL, 0));
+        CASE("fchmodat2 empty", syscall(SYS_fchmodat2, fd, bad[i], 0644, AT_EMPTY_PATH));
+        CASE("faccessat2 empty", syscall(SYS_faccessat2, fd, bad[i], F_OK, AT_EMPTY_PATH));
+        CASE("newfstatat empty buffer", syscall(SYS_newfstatat, fd, "", bad[i], AT_EMPTY_PATH));
         /* Calls the shim does not serve: the kernel must not read the
          * trampoline at address 0 in place of the program's memory. */
         CASE("memfd_create name", syscall(SYS_memfd_create, bad[i], 0));
