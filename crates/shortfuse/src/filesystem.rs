@@ -32,6 +32,7 @@ use std::ffi::OsStr;
 
 use crate::errno::{Errno, Result};
 use crate::notify::{Notifier, PollHandle};
+use crate::reply::{ReplyAttr, ReplyData, ReplyEntry, ReplyWrite};
 use crate::types::*;
 
 /// What the file system may adjust while the connection is set up
@@ -365,5 +366,62 @@ pub trait Filesystem: Send + Sync + 'static {
     /// read/write for the rest of the connection.
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {
         Err(Errno::ENOSYS)
+    }
+
+    /// True when the file system answers LOOKUP, GETATTR, READ and WRITE
+    /// through the `*_deferred` methods below, possibly later and from
+    /// another thread (see [`crate::reply`]). Asked for every request, so
+    /// return a constant. `false` (the default): those go to the
+    /// synchronous methods.
+    fn answers_later(&self) -> bool {
+        false
+    }
+
+    /// LOOKUP answered through `reply`, now or later from any thread (only
+    /// when [`Filesystem::answers_later`]). By default [`Filesystem::lookup`]
+    /// answers at once.
+    fn lookup_deferred(&self, req: &Request, parent: NodeId, name: &OsStr, reply: ReplyEntry) {
+        match self.lookup(req, parent, name) {
+            Ok(e) => reply.entry(&e),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// GETATTR answered through `reply` (see
+    /// [`Filesystem::lookup_deferred`]). By default [`Filesystem::getattr`].
+    fn getattr_deferred(&self, req: &Request, node: NodeId, fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.getattr(req, node, fh) {
+            Ok(a) => reply.attr(&a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// READ of up to `size` bytes at `offset`, answered through `reply`
+    /// (see [`Filesystem::lookup_deferred`]). By default
+    /// [`Filesystem::read`] into a buffer of `size` bytes.
+    fn read_deferred(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, size: usize, reply: ReplyData) {
+        let mut buf = vec![0; size];
+        match self.read(req, node, fh, offset, &mut buf) {
+            Ok(n) => reply.data(&buf[..n.min(size)]),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// WRITE answered through `reply` (see
+    /// [`Filesystem::lookup_deferred`]). `data` lives only as long as the
+    /// call: copy what is written later. By default [`Filesystem::write`].
+    fn write_deferred(
+        &self,
+        req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        data: &[u8],
+        args: &WriteArgs,
+        reply: ReplyWrite,
+    ) {
+        match self.write(req, node, fh, data, args) {
+            Ok(n) => reply.written(n.min(data.len())),
+            Err(e) => reply.error(e),
+        }
     }
 }

@@ -326,6 +326,7 @@ fn random_and_mutated_requests_never_panic_and_replies_are_well_formed() {
                 }
             }
             Outcome::NoReply => {}
+            Outcome::Deferred => panic!("iteration {i}: deferred without a sink"),
         }
     }
     // The test must exercise both paths.

@@ -16,11 +16,12 @@
 //!   unknown opcode); one whose header is unreadable, or whose `unique` is 0
 //!   (a reply would read as a notification), is dropped with a line on
 //!   stderr.
-//! - INTERRUPT is ignored. Each request runs to completion on the thread
-//!   that took it and is always answered; the protocol lets a daemon ignore
-//!   interrupts, and the kernel then simply waits for the normal reply (the
-//!   interrupted system call sees that reply or its own signal error).
-//!   Honouring interrupts would need cancellable file-system calls.
+//! - INTERRUPT reaches only requests answered later (see [`crate::reply`]):
+//!   their handles see it. A request served synchronously runs to
+//!   completion on the thread that took it and is always answered; the
+//!   protocol lets a daemon ignore interrupts, and the kernel then simply
+//!   waits for the normal reply (the interrupted system call sees that
+//!   reply or its own signal error).
 //! - Opcodes the trait does not cover (BMAP, IOCTL, POLL, STATX, TMPFILE,
 //!   SYNCFS, SETUPMAPPING, REMOVEMAPPING, CUSE_INIT) get ENOSYS, which the
 //!   kernel remembers for most of them.
@@ -41,6 +42,7 @@ use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::notify::{Notifier, PollHandle};
 use crate::options::MountOptions;
+use crate::reply::{InFlight, Replies, ReplySink, Wait};
 use crate::stats::{Stats, Transport};
 use crate::types::*;
 
@@ -57,6 +59,9 @@ pub enum Outcome {
     NoReply,
     /// FUSE_DESTROY was served (reply in the buffer): the session ends.
     Destroy,
+    /// The file system took the request to answer later: the reply goes
+    /// to the [`ReplySink`] given to [`Dispatcher::handle_with`].
+    Deferred,
 }
 
 /// One connection's dispatcher, shared by all worker threads.
@@ -70,6 +75,9 @@ pub struct Dispatcher {
     passthrough: Passthrough,
     notifier: Notifier,
     map_tap: Option<MapTap>,
+    /// [`Filesystem::answers_later`], asked once.
+    answers_later: bool,
+    inflight: Arc<InFlight>,
 }
 
 /// Sees the data map of every successful OPEN and CREATE (see
@@ -95,7 +103,6 @@ impl Dispatcher {
         max_pages_limit: u32,
     ) -> Dispatcher {
         Dispatcher {
-            fs,
             opts,
             stats,
             max_pages_limit: max_pages_limit.max(1),
@@ -104,6 +111,9 @@ impl Dispatcher {
             passthrough: Passthrough::new(),
             notifier: Notifier::new(),
             map_tap: None,
+            answers_later: fs.answers_later(),
+            inflight: Arc::default(),
+            fs,
         }
     }
 
@@ -178,8 +188,30 @@ impl Dispatcher {
     }
 
     /// Serves one request. `reply` is cleared and, for `Outcome::Reply` and
-    /// `Outcome::Destroy`, holds the whole reply message.
+    /// `Outcome::Destroy`, holds the whole reply message. A request the file
+    /// system answers later (see [`crate::reply`]) is waited for here: this
+    /// is for transports that answer each request before they take the
+    /// next.
     pub fn handle(&self, request: &[u8], reply: &mut Vec<u8>, transport: Transport) -> Outcome {
+        self.handle_with(request, reply, transport, None)
+    }
+
+    /// Requests taken to be answered later whose answers are not sent yet.
+    pub fn deferred_in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// As [`Dispatcher::handle`], for a transport that can send a reply
+    /// after the request left it: a request the file system answers later
+    /// returns [`Outcome::Deferred`] at once and its reply reaches `sink`
+    /// from whatever thread answers (with `None`, it is waited for).
+    pub fn handle_with(
+        &self,
+        request: &[u8],
+        reply: &mut Vec<u8>,
+        transport: Transport,
+        sink: Option<&Arc<dyn ReplySink>>,
+    ) -> Outcome {
         let start = self.stats.timed().then(Instant::now);
         reply.clear();
         let config = abi::ParseConfig {
@@ -192,7 +224,7 @@ impl Dispatcher {
                 if debug {
                     log_request(&req.header, request.len());
                 }
-                let outcome = match self.serve(&req, reply) {
+                let outcome = match self.serve(&req, reply, sink) {
                     Ok(o) => o,
                     Err(e) => self.error_reply(reply, req.header.opcode, unique, e),
                 };
@@ -234,7 +266,7 @@ impl Dispatcher {
         }
     }
 
-    fn serve(&self, r: &abi::Request<'_>, reply: &mut Vec<u8>) -> Served {
+    fn serve(&self, r: &abi::Request<'_>, reply: &mut Vec<u8>, sink: Option<&Arc<dyn ReplySink>>) -> Served {
         let h = &r.header;
         let unique = h.unique;
         let negotiated = match (&r.op, self.negotiated.get()) {
@@ -263,6 +295,33 @@ impl Dispatcher {
         let _groups = crate::types::ServingGroups::set(carried);
         let node = NodeId(h.nodeid);
         let o = &self.opts;
+        if self.answers_later {
+            let mut later = |call: &dyn Fn(&Replies)| self.later(unique, sink, reply, call);
+            match r.op {
+                Operation::Lookup { name } => {
+                    let (e, a, n) = (o.entry_timeout, o.attr_timeout, o.negative_timeout);
+                    return later(&|rs| fs.lookup_deferred(&req, node, name, rs.entry(e, a, n)));
+                }
+                Operation::Getattr { arg } => {
+                    let fh = (arg.getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(FileHandle(arg.fh));
+                    return later(&|rs| fs.getattr_deferred(&req, node, fh, rs.attr(o.attr_timeout)));
+                }
+                Operation::Read { arg } => {
+                    let size = checked_size(arg.size, negotiated)?;
+                    let fh = FileHandle(arg.fh);
+                    return later(&|rs| fs.read_deferred(&req, node, fh, arg.offset, size, rs.data()));
+                }
+                Operation::Write { arg, data } => {
+                    let args = write_args(&arg);
+                    return later(&|rs| fs.write_deferred(&req, node, FileHandle(arg.fh), data, &args, rs.write()));
+                }
+                Operation::Interrupt { arg } => {
+                    self.inflight.interrupt(arg.unique);
+                    return Ok(Outcome::NoReply);
+                }
+                _ => {}
+            }
+        }
         match r.op {
             Operation::Lookup { name } => match fs.lookup(&req, node, name) {
                 Ok(e) => self.entry(reply, unique, &e),
@@ -417,12 +476,7 @@ impl Dispatcher {
                 }
             }
             Operation::Write { arg, data } => {
-                let args = WriteArgs {
-                    offset: arg.offset,
-                    write_flags: arg.write_flags,
-                    flags: arg.flags,
-                    lock_owner: (arg.write_flags & abi::FUSE_WRITE_LOCKOWNER != 0).then_some(arg.lock_owner),
-                };
+                let args = write_args(&arg);
                 let n = fs.write(&req, node, FileHandle(arg.fh), data, &args)?;
                 let out = abi::fuse_write_out {
                     size: n.min(data.len()) as u32,
@@ -587,6 +641,35 @@ impl Dispatcher {
             | Operation::Statx { .. }
             | Operation::CuseInit { .. } => Err(Errno::ENOSYS),
         }
+    }
+
+    /// Hands `call` the makers of a reply handle for `unique`: the reply
+    /// goes to `sink`, or, without one, is waited for and left in `reply`.
+    fn later(
+        &self,
+        unique: u64,
+        sink: Option<&Arc<dyn ReplySink>>,
+        reply: &mut Vec<u8>,
+        call: &dyn Fn(&Replies),
+    ) -> Served {
+        let wait = match sink {
+            Some(sink) => {
+                call(&Replies {
+                    sink: sink.clone(),
+                    inflight: self.inflight.clone(),
+                    unique,
+                });
+                return Ok(Outcome::Deferred);
+            }
+            None => Arc::new(Wait::default()),
+        };
+        call(&Replies {
+            sink: wait.clone(),
+            inflight: self.inflight.clone(),
+            unique,
+        });
+        wait.take(reply);
+        Ok(Outcome::Reply)
     }
 
     fn init(&self, arg: &abi::fuse_init_in, unique: u64, reply: &mut Vec<u8>) -> Served {
@@ -774,6 +857,15 @@ impl Dispatcher {
     }
 }
 
+fn write_args(arg: &abi::fuse_write_in) -> WriteArgs {
+    WriteArgs {
+        offset: arg.offset,
+        write_flags: arg.write_flags,
+        flags: arg.flags,
+        lock_owner: (arg.write_flags & abi::FUSE_WRITE_LOCKOWNER != 0).then_some(arg.lock_owner),
+    }
+}
+
 fn ok(reply: &mut Vec<u8>, unique: u64) -> Served {
     reply_ok(reply, unique);
     Ok(Outcome::Reply)
@@ -865,6 +957,10 @@ fn log_request(h: &abi::fuse_in_header, len: usize) {
 }
 
 fn log_reply(unique: u64, outcome: &Outcome, reply: &[u8]) {
+    if *outcome == Outcome::Deferred {
+        tracing::debug!(target: REQUESTS, "   unique: {unique}, answered later");
+        return;
+    }
     if !matches!(outcome, Outcome::Reply | Outcome::Destroy) || reply.len() < 16 {
         tracing::debug!(target: REQUESTS, "   unique: {unique}, no reply");
         return;

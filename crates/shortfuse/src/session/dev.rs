@@ -33,6 +33,7 @@ use crate::filesystem::Filesystem;
 use crate::mount::Mount;
 use crate::notify::Notifier;
 use crate::options::MountOptions;
+use crate::reply::ReplySink;
 use crate::session::pool::{opcode_of, Backlog, Pool};
 use crate::session::{uring, SessionOptions};
 use crate::stats::{Stats, Transport};
@@ -282,6 +283,9 @@ fn signal_loop(
 /// One worker: read a request, dispatch it, write the reply, until the
 /// connection ends.
 fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()> {
+    // Replies answered later go out on this reader's descriptor from
+    // whichever thread answers (see `crate::reply`).
+    let later: Arc<dyn ReplySink> = Arc::new(LaterReplies(dev.try_clone()?));
     let mut buf = vec![0u8; dispatcher.buffer_size()];
     let mut reply = Vec::with_capacity(4096);
     let mut backlog = Backlog::default();
@@ -302,26 +306,45 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
         if grows {
             backlog.read(opcode, pool);
         }
-        let outcome = dispatcher.handle(&buf[..n], &mut reply, Transport::Dev);
-        if outcome == Outcome::NoReply {
+        let outcome = dispatcher.handle_with(&buf[..n], &mut reply, Transport::Dev, Some(&later));
+        if matches!(outcome, Outcome::NoReply | Outcome::Deferred) {
             continue;
         }
         if grows {
             // Before the reply: this request's caller cannot have sent another yet.
             backlog.handled(opcode, &dev, pool);
         }
-        // One write(2) per reply: the kernel takes a message per call.
-        match (&dev).write(&reply) {
-            Ok(_) => {}
-            Err(e) => match e.raw_os_error() {
-                // ENOENT: the request was interrupted and is gone.
-                Some(libc::ENOENT) => {}
-                Some(libc::ENODEV) => return Ok(()),
-                _ => tracing::warn!("writing a reply of {} bytes: {e}", reply.len()),
-            },
+        if write_reply(&dev, &reply) == Some(libc::ENODEV) {
+            return Ok(());
         }
         if outcome == Outcome::Destroy {
             return Ok(());
         }
+    }
+}
+
+/// Writes one reply (one write(2): the kernel takes a message per call).
+/// Returns the error number of a failure the caller must see: ENODEV, the
+/// connection is gone. ENOENT (the request was interrupted and is gone) is
+/// quiet, anything else is logged.
+fn write_reply(dev: &File, reply: &[u8]) -> Option<i32> {
+    let mut w: &File = dev;
+    let e = w.write(reply).err()?;
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => None,
+        Some(libc::ENODEV) => Some(libc::ENODEV),
+        _ => {
+            tracing::warn!("writing a reply of {} bytes: {e}", reply.len());
+            None
+        }
+    }
+}
+
+/// The /dev/fuse descriptor a deferred reply is written to.
+struct LaterReplies(File);
+
+impl ReplySink for LaterReplies {
+    fn send(&self, _unique: u64, reply: &[u8]) {
+        let _ = write_reply(&self.0, reply);
     }
 }

@@ -22,6 +22,12 @@
 //! submits COMMIT_AND_FETCH, which delivers the reply and parks the entry
 //! again. Buffers are reused: nothing is allocated per request.
 //!
+//! A request the file system answers later (see [`crate::reply`]) leaves
+//! its entry with the worker: the answering thread puts the reply in the
+//! worker's mailbox and signals its eventfd, on which the worker keeps a
+//! poll; the worker then stores the reply in the entry's buffers and
+//! commits it. Meanwhile the worker serves its other entries.
+//!
 //! Waiting (RFUSE's hybrid polling, `uring_spin`): once its completions
 //! are served, a worker submits the commits and then polls its completion
 //! queue for a bounded time before sleeping in `io_uring_enter`
@@ -68,7 +74,7 @@ mod sys;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::mpsc;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -76,7 +82,9 @@ use shortfuse_abi as abi;
 
 use crate::dispatch::{Dispatcher, Negotiated, Outcome};
 use crate::errno::Errno;
+use crate::reply::ReplySink;
 use crate::stats::Transport;
+use crate::sync::Unpoison;
 
 use entry::HEADER_SIZE;
 use sys::{EventFd, Region, Ring};
@@ -192,6 +200,8 @@ pub fn payload_size(n: &Negotiated) -> usize {
 
 /// `user_data` of the stop poll; entries use their index.
 const STOP: u64 = u64::MAX;
+/// `user_data` of the poll on the mailbox of replies answered later.
+const WAKE: u64 = u64::MAX - 1;
 /// How long REGISTER keeps being resubmitted on EAGAIN (INIT reply not yet
 /// visible to the kernel).
 const REGISTER_RETRY: Duration = Duration::from_millis(1);
@@ -356,6 +366,10 @@ enum Pending {
     Commit {
         unique: u64,
     },
+    /// The file system answers the request later (see [`Mailbox`]).
+    Deferred {
+        unique: u64,
+    },
     /// Ended (connection gone or an error): not resubmitted.
     Done,
 }
@@ -378,6 +392,11 @@ struct Worker {
     dev: OwnedFd,
     dispatcher: Arc<Dispatcher>,
     stop: Arc<EventFd>,
+    mailbox: Arc<Mailbox>,
+    /// `mailbox` as the dispatcher takes it.
+    later: Arc<dyn ReplySink>,
+    /// Replies taken from the mailbox, reused.
+    arrived: Vec<(u64, Vec<u8>)>,
     qid: u16,
     payload: usize,
     setxattr_ext: bool,
@@ -394,7 +413,8 @@ impl Worker {
             // entry for the rings to switch on, so serve it from anywhere.
             tracing::warn!("uring: queue {} not pinned to CPU {}: {e}", s.qid, s.cpu);
         }
-        let entries = u32::try_from(s.depth + 1).map_err(|_| io::Error::other("uring_depth too large"))?;
+        // The entries' commands and the two polls.
+        let entries = u32::try_from(s.depth + 2).map_err(|_| io::Error::other("uring_depth too large"))?;
         let ring = Ring::builder()
             .setup_cqsize(entries.saturating_mul(2))
             .build(entries)
@@ -419,6 +439,10 @@ impl Worker {
         let setxattr_ext = negotiated.has(abi::FUSE_SETXATTR_EXT);
         let spin = s.dispatcher.options().uring_spin.min(MAX_SPIN);
         let reply_cap = s.dispatcher.buffer_size().max(s.payload + 4096);
+        let mailbox = Arc::new(Mailbox {
+            replies: Mutex::new(Vec::new()),
+            wake: EventFd::new()?,
+        });
         let mut w = Worker {
             ring,
             headers,
@@ -431,6 +455,9 @@ impl Worker {
             dev: s.dev,
             dispatcher: s.dispatcher,
             stop: s.stop,
+            later: mailbox.clone(),
+            mailbox,
+            arrived: Vec::new(),
             qid: s.qid,
             payload: s.payload,
             setxattr_ext,
@@ -438,6 +465,7 @@ impl Worker {
             no_spin_until: Instant::now(),
         };
         w.push_stop_poll()?;
+        w.push_wake_poll()?;
         for i in 0..s.depth {
             w.push_register(i)?;
         }
@@ -450,6 +478,37 @@ impl Worker {
         // SAFETY: the poll references no memory; the eventfd lives in the
         // Arc held by this worker.
         unsafe { sys::push(&mut self.ring, &e) }
+    }
+
+    fn push_wake_poll(&mut self) -> io::Result<()> {
+        let e = sys::poll_stop(self.mailbox.wake.raw(), WAKE);
+        // SAFETY: as for the stop poll; the mailbox lives in this worker.
+        unsafe { sys::push(&mut self.ring, &e) }
+    }
+
+    /// Commits the replies answered later that reached the mailbox.
+    fn commit_later(&mut self) -> io::Result<()> {
+        self.mailbox.wake.clear();
+        self.push_wake_poll()?;
+        std::mem::swap(&mut self.arrived, &mut self.mailbox.replies.lock().unpoison());
+        for (unique, reply) in std::mem::take(&mut self.arrived) {
+            let Some(i) = self.pending.iter().position(|p| *p == Pending::Deferred { unique }) else {
+                continue;
+            };
+            // SAFETY: entry `i` waits for this reply: its last completion
+            // was reaped and no command of it is in flight, so the kernel
+            // does not touch its buffers.
+            let (header, body) = unsafe {
+                (
+                    self.headers.slice_mut(i * HEADER_SIZE, HEADER_SIZE),
+                    self.payloads.slice_mut(i * self.payload, self.payload),
+                )
+            };
+            entry::store_reply(&reply, unique, header, body);
+            self.push_commit(i, unique)?;
+            self.pending[i] = Pending::Commit { unique };
+        }
+        Ok(())
     }
 
     fn push_register(&mut self, i: usize) -> io::Result<()> {
@@ -555,14 +614,20 @@ impl Worker {
                 if ud == STOP {
                     return first_err.map_or(Ok(()), Err);
                 }
+                if ud == WAKE {
+                    self.commit_later()?;
+                    continue;
+                }
                 let i = ud as usize;
                 let Some(&pending) = self.pending.get(i) else { continue };
                 let next = match (res, pending) {
-                    (0, _) => {
-                        let unique = self.serve(i);
-                        self.push_commit(i, unique)?;
-                        Pending::Commit { unique }
-                    }
+                    (0, _) => match self.serve(i) {
+                        (unique, true) => Pending::Deferred { unique },
+                        (unique, false) => {
+                            self.push_commit(i, unique)?;
+                            Pending::Commit { unique }
+                        }
+                    },
                     (r, Pending::Register { attempts }) if r == -libc::EAGAIN && attempts < REGISTER_ATTEMPTS => {
                         thread::sleep(REGISTER_RETRY);
                         self.push_register(i)?;
@@ -614,8 +679,9 @@ impl Worker {
     }
 
     /// Serves the request in entry `i` and leaves the reply in its
-    /// buffers; returns the request's `unique` (the commit id).
-    fn serve(&mut self, i: usize) -> u64 {
+    /// buffers; returns the request's `unique` (the commit id) and whether
+    /// the reply comes later, through the mailbox, instead.
+    fn serve(&mut self, i: usize) -> (u64, bool) {
         let Worker {
             headers,
             payloads,
@@ -624,6 +690,7 @@ impl Worker {
             dispatcher,
             payload,
             setxattr_ext,
+            later,
             ..
         } = self;
         // SAFETY: entry `i`'s completion was just reaped and its next
@@ -637,14 +704,15 @@ impl Worker {
         };
         match entry::assemble(header, body, *setxattr_ext, request) {
             Ok(arrived) => {
-                match dispatcher.handle(request, reply, Transport::Uring) {
+                match dispatcher.handle_with(request, reply, Transport::Uring, Some(later)) {
                     Outcome::Reply | Outcome::Destroy => entry::store_reply(reply, arrived.unique, header, body),
+                    Outcome::Deferred => return (arrived.unique, true),
                     // Only requests that take no answer (never sent over the
                     // rings) or unreadable ones get here; the entry must
                     // still be committed to be fetched again.
                     Outcome::NoReply => entry::store_error(arrived.unique, Errno::EIO, header),
                 }
-                arrived.unique
+                (arrived.unique, false)
             }
             Err((arrived, why)) => {
                 tracing::warn!(
@@ -653,9 +721,23 @@ impl Worker {
                     arrived.unique
                 );
                 entry::store_error(arrived.unique, Errno::EIO, header);
-                arrived.unique
+                (arrived.unique, false)
             }
         }
+    }
+}
+
+/// Replies answered later, on their way from the answering thread to the
+/// worker that holds the request's entry.
+struct Mailbox {
+    replies: Mutex<Vec<(u64, Vec<u8>)>>,
+    wake: EventFd,
+}
+
+impl ReplySink for Mailbox {
+    fn send(&self, unique: u64, reply: &[u8]) {
+        self.replies.lock().unpoison().push((unique, reply.to_vec()));
+        self.wake.signal();
     }
 }
 

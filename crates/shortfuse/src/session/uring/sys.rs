@@ -157,7 +157,8 @@ pub(super) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// An eventfd that tells the workers to stop.
+/// An eventfd that wakes the workers: to stop, or to commit replies
+/// answered later.
 pub(super) struct EventFd(OwnedFd);
 
 impl EventFd {
@@ -177,6 +178,16 @@ impl EventFd {
         // failure can only be a saturated counter, which is signalled anyway.
         unsafe {
             libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8);
+        }
+    }
+
+    /// Resets the counter (after its poll completed).
+    pub(super) fn clear(&self) {
+        let mut n: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local from our own non-blocking
+        // eventfd; EAGAIN (already zero) is fine.
+        unsafe {
+            libc::read(self.0.as_raw_fd(), (&mut n as *mut u64).cast(), 8);
         }
     }
 
