@@ -166,3 +166,20 @@ def test_another_user_reaches_a_root_daemon_only_with_allow_other(shortfuse, scr
     assert out.splitlines()[0] == "65534:65534", out
     assert "Permission denied" in out and "root" in out.splitlines(), out
     assert out.count("Permission denied") == 2 and out.endswith("done\n"), out
+
+
+def test_another_users_program_reads_the_descriptor_it_inherited_at_exec(shortfuse, scratch):
+    """A node that only an inherited open file description holds (`exec cat
+    < f`: cat looked nothing up) is named by the new image's connection once
+    it has shown the daemon that description: another user's program too,
+    which the daemon otherwise lets name only the nodes it looked up."""
+    mp = scratch / "mp"
+    scratch.chmod(0o777)
+    daemon = test_ring.Daemon(shortfuse, scratch, ["mem", str(mp), "-o", "allow_other"], mp)
+    try:
+        assert run_under(shortfuse, str(mp), ["mkdir", "-m", "777", f"{mp}/pub"]).returncode == 0
+        p = run_as_nobody(shortfuse, mp, ["sh", "-c", f"echo hello > {mp}/pub/f && exec cat < {mp}/pub/f"])
+    finally:
+        daemon.stop()
+    assert p.returncode == 0, p
+    assert p.stdout.decode() == "hello\n", p

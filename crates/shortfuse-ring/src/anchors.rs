@@ -121,9 +121,18 @@ impl Anchors {
             .any(|h| h.owner == owner && h.node == node && h.fh == fh && !h.dir)
     }
 
-    /// Whether some description holds a handle on `node`.
-    pub fn holds_node(&self, node: u64) -> bool {
-        self.lock().values().any(|h| h.node == node)
+    /// Whether the description whose lock owner is `owner` holds handle
+    /// `fh` on `node`, of a file or a directory.
+    pub fn holds_any(&self, owner: u64, node: u64, fh: u64) -> bool {
+        self.lock()
+            .values()
+            .any(|h| h.owner == owner && h.node == node && h.fh == fh)
+    }
+
+    /// Whether one of the descriptions `mine` says is the asker's holds a
+    /// handle on `node`.
+    pub fn holds_node(&self, node: u64, mine: impl Fn(u64) -> bool) -> bool {
+        self.lock().values().any(|h| h.node == node && mine(h.owner))
     }
 
     /// Descriptions watched now or still being released.

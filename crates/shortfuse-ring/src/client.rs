@@ -31,7 +31,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{
     AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, NodeMsg, Welcome, ANCHOR_MAGIC, BACKING_MAGIC,
-    NAMES_MAGIC, NODE_MAGIC,
+    CLAIM_MAGIC, NAMES_MAGIC, NODE_MAGIC,
 };
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
@@ -387,13 +387,28 @@ impl RingClient {
     /// once the daemon has taken them all, so that the process may then end
     /// (or hand the descriptions on) without the handles going with it.
     pub fn anchor(&self, batch: &[Anchoring<'_>]) -> Result<(), Errno> {
+        self.anchor_messages(batch, ANCHOR_MAGIC)
+    }
+
+    /// Tells the daemon that this connection holds the open file
+    /// descriptions of `batch` (inherited at exec, anchored by another
+    /// image), so that it may name their nodes (see
+    /// [`crate::proto::CLAIM_MAGIC`]). Returns once the daemon has taken
+    /// them all; a description it does not know is ignored.
+    pub fn claim_descriptions(&self, batch: &[Anchoring<'_>]) -> Result<(), Errno> {
+        self.anchor_messages(batch, CLAIM_MAGIC)
+    }
+
+    /// Sends `batch` as [`AnchorMsg`]s of `magic`, then waits for the
+    /// acknowledgement of the last.
+    fn anchor_messages(&self, batch: &[Anchoring<'_>], magic: u64) -> Result<(), Errno> {
         if batch.is_empty() {
             return Ok(());
         }
         self.on_socket(|cookie| {
             for (n, a) in batch.iter().enumerate() {
                 let msg = AnchorMsg {
-                    magic: ANCHOR_MAGIC,
+                    magic,
                     node: a.node,
                     fh: a.fh,
                     dir: u32::from(a.dir),

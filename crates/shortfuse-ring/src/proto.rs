@@ -91,6 +91,16 @@ pub struct AnchorAck {
 /// `AnchorMsg::magic` and `AnchorAck::magic`.
 pub const ANCHOR_MAGIC: u64 = 0x5346_414e_4348_4f52;
 
+/// `AnchorMsg::magic` of a claim: "this connection holds the open file
+/// description of the descriptor passed with this message, which holds
+/// handle `fh` on `node`" (a new image that inherited it at exec). The
+/// daemon lets a client name a node that only a description holds (no
+/// lookup of its own) when the client anchored or claimed that
+/// description: with the descriptor, which the kernel vouches for, not
+/// with the numbers alone, which any client could guess. Acknowledged as
+/// an anchor is (`AnchorAck::magic` is [`ANCHOR_MAGIC`]).
+pub const CLAIM_MAGIC: u64 = 0x5346_434c_4149_4d53;
+
 /// The client's other message: "give me the backing file of open handle
 /// `fh` on `node`", for a shared memory map of it. The daemon answers with
 /// a [`BackingReply`] carrying the same `cookie`, with the descriptor

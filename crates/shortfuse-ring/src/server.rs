@@ -44,7 +44,7 @@ use crate::anchors::Anchors;
 use crate::client::{encode_record, Notice};
 use crate::foreign::{Forward, ForwardFs};
 use crate::locks::{Locks, Reaper};
-use crate::proto::{AnchorAck, AnchorMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, NAMES_MAGIC};
+use crate::proto::{AnchorAck, AnchorMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, CLAIM_MAGIC, NAMES_MAGIC};
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY, SLOT_HEADER};
 use crate::{sys, wait};
 
@@ -196,6 +196,10 @@ struct Track {
     handles: HashMap<(u64, bool), Handle>,
     /// node -> lookups handed out and not forgotten.
     lookups: HashMap<u64, u64>,
+    /// The anchored descriptions (by lock owner) this client anchored or
+    /// claimed (see [`crate::proto::CLAIM_MAGIC`]): it may name their
+    /// nodes.
+    described: std::collections::HashSet<u64>,
 }
 
 impl Server {
@@ -540,9 +544,13 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                     continue;
                 };
                 if let Some(fd) = fd {
-                    conn.anchor(&shared, &m, fd);
+                    if m.magic == CLAIM_MAGIC {
+                        conn.claim(&shared, &m, fd.as_fd());
+                    } else {
+                        conn.anchor(&shared, &m, fd);
+                    }
                 }
-                if m.magic == ANCHOR_MAGIC && m.ack != 0 {
+                if (m.magic == ANCHOR_MAGIC || m.magic == CLAIM_MAGIC) && m.ack != 0 {
                     let ack = AnchorAck {
                         magic: ANCHOR_MAGIC,
                         ack: m.ack,
@@ -791,8 +799,8 @@ impl Conn {
     }
 
     /// Whether every node `req` names is the root, one this client holds a
-    /// lookup of, or one an open file description holds (a program's
-    /// descriptions outlive the connection that opened them, see
+    /// lookup of, or one an open file description of its own holds (a
+    /// program's descriptions outlive the connection that opened them, see
     /// [`crate::anchors`]). A malformed request passes: the dispatcher
     /// refuses it.
     fn names_given_nodes(&self, shared: &Shared, req: &[u8], h: &abi::fuse_in_header) -> bool {
@@ -814,9 +822,12 @@ impl Conn {
     }
 
     /// Whether this client may name `node`: the root (everybody's), one it
-    /// holds a lookup of, or one an open file description holds.
+    /// holds a lookup of, or one an open file description it anchored or
+    /// claimed holds (another client's descriptions are not its own).
     fn given(&self, shared: &Shared, t: &Track, node: u64) -> bool {
-        node == abi::FUSE_ROOT_ID || t.lookups.contains_key(&node) || shared.anchors.holds_node(node)
+        node == abi::FUSE_ROOT_ID
+            || t.lookups.contains_key(&node)
+            || shared.anchors.holds_node(node, |owner| t.described.contains(&owner))
     }
 
     /// The kernel node standing for FIFO or device node `node` (see

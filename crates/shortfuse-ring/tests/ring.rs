@@ -1028,6 +1028,43 @@ fn idle_rings_use_no_cpu() {
     }
 }
 
+/// A server over `MemFs` at a new socket that other users can reach, with
+/// `-o allow_other`.
+fn shared_server(tag: &str) -> (Server, PathBuf) {
+    let path = scratch(tag);
+    std::fs::set_permissions(
+        path.parent().unwrap(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let opts = MountOptions {
+        allow_other: true,
+        ..MountOptions::default()
+    };
+    let s = Server::start(
+        &path,
+        Arc::new(MemFs::new()),
+        opts,
+        Arc::new(Stats::new()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    (s, path)
+}
+
+/// Runs test `name` of this binary again as uid and gid 65534, with `env`
+/// (which tells it it is the child); asserts that it passed.
+fn as_nobody(name: &str, env: &[(&str, String)]) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .uid(65534)
+        .gid(65534)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the other user's client: {status}");
+}
+
 /// A client at `path` that says INIT as `uid` (also its gid).
 fn client_as(path: &Path, uid: u32) -> RingClient {
     let c = RingClient::connect(path).unwrap();
@@ -1072,18 +1109,7 @@ fn a_client_of_another_user_names_only_nodes_it_was_given() {
         assert_eq!(ask(1).unwrap().0, 0, "the root");
         return;
     }
-    let path = scratch("stranger");
-    std::fs::set_permissions(
-        path.parent().unwrap(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let stats = Arc::new(Stats::new());
-    let opts = MountOptions {
-        allow_other: true,
-        ..MountOptions::default()
-    };
-    let s = Server::start(&path, Arc::new(MemFs::new()), opts, stats, ServerConfig::default()).unwrap();
+    let (s, path) = shared_server("stranger");
     let c = RingClient::connect(&path).unwrap();
     init(&c);
     let mkdir = abi::fuse_mkdir_in { mode: 0o700, umask: 0 };
@@ -1103,19 +1129,13 @@ fn a_client_of_another_user_names_only_nodes_it_was_given() {
     let (secret, _) = abi::fuse_entry_out::read_from_prefix(&p).unwrap();
     let (err, _) = call(&c, &request(abi::FUSE_MKNOD, 1, mknod.as_bytes(), &[b"open"])).unwrap();
     assert_eq!(err, 0);
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_client_of_another_user_names_only_nodes_it_was_given",
-            "--nocapture",
-        ])
-        .env("SF_RING_STRANGER", &path)
-        .env("SF_RING_SECRET", secret.nodeid.to_string())
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the other user's client: {status}");
+    as_nobody(
+        "a_client_of_another_user_names_only_nodes_it_was_given",
+        &[
+            ("SF_RING_STRANGER", path.display().to_string()),
+            ("SF_RING_SECRET", secret.nodeid.to_string()),
+        ],
+    );
     drop(s);
 }
 
@@ -1184,24 +1204,7 @@ fn kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given() {
         assert_eq!(nix_write(&w, b"hi"), 2);
         return;
     }
-    let path = scratch("nodes");
-    std::fs::set_permissions(
-        path.parent().unwrap(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let opts = MountOptions {
-        allow_other: true,
-        ..MountOptions::default()
-    };
-    let s = Server::start(
-        &path,
-        Arc::new(MemFs::new()),
-        opts,
-        Arc::new(Stats::new()),
-        ServerConfig::default(),
-    )
-    .unwrap();
+    let (s, path) = shared_server("nodes");
     let c = RingClient::connect(&path).unwrap();
     init(&c);
     let mkdir = |mode: u32, name: &[u8]| {
@@ -1229,19 +1232,13 @@ fn kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given() {
     assert_eq!(c.kernel_node(file).err(), Some(Errno::EINVAL), "a regular file");
     let secret = mknod_as(&c, 0, 0, mkdir(0o700, b"private"), b"secret", libc::S_IFIFO | 0o666, 0);
     let reader = reopen(&node, libc::O_RDONLY | libc::O_NONBLOCK).unwrap();
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given",
-            "--nocapture",
-        ])
-        .env("SF_RING_NODES", &path)
-        .env("SF_RING_SECRET", secret.to_string())
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the other user's client: {status}");
+    as_nobody(
+        "kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given",
+        &[
+            ("SF_RING_NODES", path.display().to_string()),
+            ("SF_RING_SECRET", secret.to_string()),
+        ],
+    );
     let mut buf = [0u8; 8];
     // SAFETY: buf is writable for its length.
     let n = unsafe { libc::read(reader.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -1252,4 +1249,71 @@ fn kernel_nodes_are_the_mount_nodes_and_only_for_nodes_given() {
 fn nix_write(fd: &OwnedFd, data: &[u8]) -> isize {
     // SAFETY: data is readable for its length.
     unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) }
+}
+
+/// A client of another user may name a node that only an open file
+/// description holds (no lookup of its own: an image exec'd with an
+/// inherited descriptor) once it has shown the daemon that description's
+/// descriptor (`claim_descriptions`); another client's description, a
+/// claim with the wrong handle or with a description the daemon never
+/// anchored give it nothing (ESTALE).
+#[test]
+fn a_client_names_only_the_anchored_nodes_of_its_own_descriptions() {
+    use std::os::fd::{AsFd, BorrowedFd};
+    const NOBODY: u32 = 65534;
+    if let Some(path) = std::env::var_os("SF_RING_CLAIM") {
+        // The child, uid and gid 65534 (set by the parent's Command).
+        let num = |k: &str| -> u64 { std::env::var(k).unwrap().parse().unwrap() };
+        let (node, fh, fd) = (num("SF_RING_NODE"), num("SF_RING_FH"), num("SF_RING_FD") as i32);
+        let c = client_as(Path::new(&path), NOBODY);
+        let getattr = abi::fuse_getattr_in::default();
+        let ask = || {
+            call(
+                &c,
+                &request_as(NOBODY, NOBODY, abi::FUSE_GETATTR, node, getattr.as_bytes(), &[]),
+            )
+            .unwrap()
+            .0
+        };
+        assert_eq!(ask(), -libc::ESTALE, "another client's description");
+        // SAFETY: a descriptor inherited from the parent, open for the test.
+        let inherited = unsafe { BorrowedFd::borrow_raw(fd) };
+        let stranger = description();
+        let claiming = |fh, d| Anchoring {
+            node,
+            fh,
+            dir: false,
+            description: d,
+        };
+        c.claim_descriptions(&[claiming(fh + 1, inherited), claiming(fh, stranger.as_fd())])
+            .unwrap();
+        assert_eq!(ask(), -libc::ESTALE, "a wrong handle, a description never anchored");
+        c.claim_descriptions(&[claiming(fh, inherited)]).unwrap();
+        assert_eq!(ask(), 0, "its own description");
+        return;
+    }
+    let (s, path) = shared_server("claim");
+    let c = RingClient::connect(&path).unwrap();
+    init(&c);
+    let (node, fh) = create(&c, b"f");
+    let d = description();
+    c.anchor(&[Anchoring {
+        node,
+        fh,
+        dir: false,
+        description: d.as_fd(),
+    }])
+    .unwrap();
+    // SAFETY: dup of our descriptor (without FD_CLOEXEC: the child inherits it).
+    let inherited = unsafe { OwnedFd::from_raw_fd(libc::dup(d.as_raw_fd())) };
+    as_nobody(
+        "a_client_names_only_the_anchored_nodes_of_its_own_descriptions",
+        &[
+            ("SF_RING_CLAIM", path.display().to_string()),
+            ("SF_RING_NODE", node.to_string()),
+            ("SF_RING_FH", fh.to_string()),
+            ("SF_RING_FD", inherited.as_raw_fd().to_string()),
+        ],
+    );
+    drop(s);
 }

@@ -59,6 +59,15 @@ pub trait Backend: Send + Sync {
         Err(Errno::ENOSYS)
     }
 
+    /// Tells the daemon that this process holds the open file descriptions
+    /// of `descriptions` (inherited at exec from an image that anchored
+    /// them), so that it may name their nodes without a lookup of its own.
+    /// Nothing to tell where there is no daemon.
+    fn claim(&self, descriptions: &[Anchor<'_>]) -> Result<(), Errno> {
+        let _ = descriptions;
+        Ok(())
+    }
+
     /// A descriptor of the backing file of open handle `fh` on `node`, for
     /// a shared memory map (`description`: the kernel file of the open
     /// file description holding the handle, if it has one). In process the

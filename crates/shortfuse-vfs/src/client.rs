@@ -763,6 +763,11 @@ impl Client {
         self.backend.anchor(anchors)
     }
 
+    /// See [`Backend::claim`].
+    pub fn claim(&self, descriptions: &[crate::backend::Anchor<'_>]) -> Result<(), Errno> {
+        self.backend.claim(descriptions)
+    }
+
     /// See [`Backend::backing_file`].
     pub fn backing_file(
         &self,

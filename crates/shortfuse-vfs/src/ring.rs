@@ -66,25 +66,11 @@ impl Backend for Ring {
     }
 
     fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
-        // On the stack: the shim anchors just before a fork, when libc's
-        // fork holds the allocator's locks (see `crate::anchor_files`).
-        const CHUNK: usize = 32;
-        for chunk in anchors.chunks(CHUNK) {
-            fn to<'a>(a: &Anchor<'a>) -> Anchoring<'a> {
-                Anchoring {
-                    node: a.node.0,
-                    fh: a.fh,
-                    dir: a.dir,
-                    description: a.description,
-                }
-            }
-            let mut batch = [to(&chunk[0]); CHUNK];
-            for (b, a) in batch.iter_mut().zip(chunk) {
-                *b = to(a);
-            }
-            self.client.anchor(&batch[..chunk.len()])?;
-        }
-        Ok(())
+        by_chunks(anchors, |b| self.client.anchor(b))
+    }
+
+    fn claim(&self, descriptions: &[Anchor<'_>]) -> Result<(), Errno> {
+        by_chunks(descriptions, |b| self.client.claim_descriptions(b))
     }
 
     fn backing_file(
@@ -112,4 +98,27 @@ impl Backend for Ring {
             })
         });
     }
+}
+
+/// Hands `anchors` to `send` as the ring's [`Anchoring`]s, a chunk at a
+/// time. On the stack: the shim anchors just before a fork, when libc's
+/// fork holds the allocator's locks (see `crate::anchor_files`).
+fn by_chunks(anchors: &[Anchor<'_>], mut send: impl FnMut(&[Anchoring<'_>]) -> Result<(), Errno>) -> Result<(), Errno> {
+    const CHUNK: usize = 32;
+    for chunk in anchors.chunks(CHUNK) {
+        fn to<'a>(a: &Anchor<'a>) -> Anchoring<'a> {
+            Anchoring {
+                node: a.node.0,
+                fh: a.fh,
+                dir: a.dir,
+                description: a.description,
+            }
+        }
+        let mut batch = [to(&chunk[0]); CHUNK];
+        for (b, a) in batch.iter_mut().zip(chunk) {
+            *b = to(a);
+        }
+        send(&batch[..chunk.len()])?;
+    }
+    Ok(())
 }

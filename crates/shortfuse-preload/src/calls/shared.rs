@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use shortfuse::{FileType, NodeId};
-use shortfuse_vfs::{FdTable, OpenFile, Vfs};
+use shortfuse_vfs::{Anchor, FdTable, OpenFile, Vfs};
 
 use super::descriptors::OWN_FD_FLOOR;
 use crate::sys::{fs, owned_file, raw};
@@ -402,6 +402,8 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
         .collect();
     found.sort_by_key(|f| (f.ino, f.fd));
     let mut last: Option<(u64, Arc<OpenFile>)> = None;
+    // One descriptor of each description, by mount, for the daemon.
+    let mut claims: Vec<(&Arc<Vfs>, Anchor<'_>)> = Vec::new();
     for d in found {
         let file = match &last {
             Some((ino, f)) if *ino == d.ino => f.clone(),
@@ -417,6 +419,17 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
                     continue;
                 }
                 let f = vfs.adopt(NodeId(d.node), d.fh, d.flags, d.path, owned_file(own));
+                claims.push((
+                    vfs,
+                    Anchor {
+                        node: NodeId(d.node),
+                        fh: d.fh,
+                        dir: d.flags & libc::O_DIRECTORY != 0,
+                        // SAFETY: the program's descriptor, open until
+                        // the claims below have gone.
+                        description: unsafe { std::os::fd::BorrowedFd::borrow_raw(d.fd) },
+                    },
+                ));
                 last = Some((d.ino, f.clone()));
                 f
             }
@@ -424,6 +437,18 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
         let fdflags = fs::fcntl_int(d.fd, libc::F_GETFD, 0);
         let cloexec = fdflags > 0 && fdflags & i64::from(libc::FD_CLOEXEC) != 0;
         fds.insert(d.fd, file, cloexec);
+    }
+    // The daemon lets this image name the nodes of the descriptions it
+    // shows it holds (a node id alone proves nothing).
+    for vfs in mounts {
+        let mine: Vec<Anchor<'_>> = claims
+            .iter()
+            .filter(|(v, _)| Arc::ptr_eq(v, vfs))
+            .map(|(_, a)| *a)
+            .collect();
+        // On failure (the daemon is gone or stuck) the daemon answers
+        // ESTALE for those nodes: refused, never served to the wrong one.
+        let _ = vfs.client().claim(&mine);
     }
 }
 

@@ -2,7 +2,7 @@
 //! descriptions (see [`crate::anchors`]), the lookups those keep, and locks
 //! (see [`crate::locks`]), with the SETLKW requests that wait for one.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
 use shortfuse::Transport;
@@ -62,10 +62,25 @@ impl Conn {
             lookups: 0,
             owner,
         };
+        // Counted this client's before the table has it: a close seen at
+        // once takes it out again (see `settle_anchors`).
+        lock(&self.track).described.insert(owner);
         if let Err(h) = shared.anchors.add(fd, held) {
-            lock(&self.track)
-                .handles
-                .insert((h.fh, h.dir), super::Handle { node: h.node, pid });
+            let mut t = lock(&self.track);
+            t.described.remove(&owner);
+            t.handles.insert((h.fh, h.dir), super::Handle { node: h.node, pid });
+        }
+    }
+
+    /// A claim ([`crate::proto::CLAIM_MAGIC`]): the description of
+    /// `description` becomes one of this client's when it is anchored with
+    /// handle `m.fh` on `m.node`; anything else is ignored.
+    pub(super) fn claim(&self, shared: &Shared, m: &AnchorMsg, description: BorrowedFd<'_>) {
+        let Some(owner) = Anchors::owner_of(description) else {
+            return;
+        };
+        if shared.anchors.holds_any(owner, m.node, m.fh) {
+            lock(&self.track).described.insert(owner);
         }
     }
 
@@ -208,6 +223,16 @@ impl Shared {
         let gone = self.anchors.closed(|h| dropped |= self.locks.forget_owner(h.owner));
         if dropped {
             self.locks.tell_waiters();
+        }
+        if !gone.is_empty() {
+            // A closed description's memfd inode may come back for
+            // another: nobody keeps it as theirs.
+            for c in lock(&self.clients).iter() {
+                let mut t = lock(&c.track);
+                for h in &gone {
+                    t.described.remove(&h.owner);
+                }
+            }
         }
         for h in gone {
             self.release_anchor(h);
