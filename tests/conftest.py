@@ -44,6 +44,9 @@ def pytest_configure(config):
 
 
 def _wanted(item_or_fn, cfg: sfmount.Config) -> bool:
+    suites = cfg.spec.suites
+    if suites and Path(str(item_or_fn.fspath)).name not in suites:
+        return False
     fs_marker = item_or_fn.get_closest_marker("fs")
     if fs_marker and cfg.name not in fs_marker.args:
         return False
