@@ -247,3 +247,39 @@ def test_programs_the_shim_cannot_reach_never_write_outside_the_mount(shortfuse,
     assert r.returncode != 0
     assert b"refused: the program is statically linked" in r.stderr
     assert f"its argument {mp}/s4 is in a mount".encode() in r.stderr
+
+
+@pytest.fixture(scope="module")
+def spawn_on_mount():
+    d = Path(tempfile.mkdtemp(prefix="shortfuse-spawn-"))
+    yield cc(d, "spawn_on_mount", "-pthread")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("intercept", ["both", "sud"])
+@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "serve-mem"], indirect=True)
+def test_posix_spawn_children_reach_the_mount(shortfuse, scratch, mount, intercept, spawn_on_mount):
+    # A posix_spawn child runs without the parent's tables until its exec:
+    # its calls used to reach the kernel unserved wherever no site was
+    # rewritten for it: every call with Syscall User Dispatch alone (the
+    # exec of a program on the mount failed with ENOENT), and the open of
+    # posix_spawn_file_actions_addopen once the parent had a second thread
+    # (that site can only be rewritten while a process has one).
+    spec, mp, src = mount
+    env = {**os.environ, "SHORTFUSE_INTERCEPT": intercept}
+    if src is not None:
+        shutil.copy("/bin/echo", src / "echo")
+        (src / "f").write_text("file on the mount\n")
+    else:
+        p = under(shortfuse, [spec], ["cp", "/bin/echo", f"{mp}/echo"])
+        assert p.returncode == 0, output(p, str(scratch))
+    for _ in range(3):
+        p = under(shortfuse, [spec], [str(spawn_on_mount), "run", f"{mp}/echo"], env=env)
+        assert p.returncode == 0, output(p, str(scratch))
+        assert p.stdout == b"spawned\n"
+        if src is not None:
+            # A mount without a source cannot hand a file to a child that
+            # must not change its parent's tables (see the README).
+            p = under(shortfuse, [spec], [str(spawn_on_mount), "open", f"{mp}/f"], env=env)
+            assert p.returncode == 0, output(p, str(scratch))
+            assert p.stdout == b"file on the mount\n"

@@ -410,10 +410,11 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
         // The entry runs the call itself (`sys::shortfuse_special`).
         return 0;
     }
-    if nr == libc::SYS_rt_sigaction && !sud::on() {
+    // A vfork child's actions are its own (it shares our records).
+    if nr == libc::SYS_rt_sigaction && !sud::on() && sys::thread().vforked.load(Ordering::Relaxed) == 0 {
         sud::note_sigaction(a1, a2);
     }
-    if sud::on() && sys::thread().vforked.load(Ordering::Relaxed) == 0 {
+    if sud::on() {
         if let Some(r) = sud::signal_call(nr, a, None) {
             return r;
         }

@@ -241,7 +241,16 @@ pub fn signal_call(nr: i64, a: [i64; 6], frame_mask: Option<&mut u64>) -> Option
             if a[3] != 8 {
                 return None;
             }
-            note_sigaction(a[0], a[1]);
+            // A vfork child (posix_spawn's resets its handlers) shares our
+            // records with its parent: they stay the parent's, and SIGSYS
+            // stays ours until the exec (which resets it).
+            let vforked = thread().vforked.load(Ordering::Relaxed) != 0;
+            if vforked && a[0] == libc::SIGSYS as i64 {
+                return Some(0);
+            }
+            if !vforked {
+                note_sigaction(a[0], a[1]);
+            }
             if a[0] == libc::SIGSYS as i64 {
                 let old = app_sigsys();
                 if a[1] != 0 {

@@ -141,10 +141,11 @@ fn hook_stack_top(t: &ThreadState) -> Option<usize> {
 }
 
 /// Runs `f` on this thread's hook stack, unless an outer call of this
-/// thread is on it (a signal handler interrupted the hook), in a vfork
-/// child (which shares the stack of the thread that vforked and sends its
-/// calls to the kernel) or without memory for one: the program's stack may
-/// be a goroutine's few kilobytes, where the hook's frames do not fit.
+/// thread is on it (a signal handler interrupted the hook), or without
+/// memory for one: the program's stack may be a goroutine's few
+/// kilobytes, or a signal stack of the kernel's minimum size, where the
+/// hook's frames do not fit. A vfork child uses the hook stack of the
+/// thread that vforked while that thread has no call on it.
 ///
 /// `interrupted_sp` is the stack pointer the signal interrupted. Below an
 /// outer call on the hook stack, `f` runs where the signal's frame is when
@@ -157,6 +158,18 @@ fn hook_stack_top(t: &ThreadState) -> Option<usize> {
 pub fn on_hook_stack(interrupted_sp: usize, f: &mut dyn FnMut()) {
     let t = thread();
     if t.vforked.load(Ordering::Relaxed) != 0 {
+        // A vfork child: the thread that vforked sleeps, and its hook stack
+        // is free unless one of its calls is on it (a file system that
+        // starts a process). Its count of calls there is left alone (an
+        // exec from here never comes back to lower it); the child's mark
+        // (2) keeps a nested call off the top.
+        let top = t.hook_top.load(Ordering::Relaxed);
+        if t.vforked.load(Ordering::Relaxed) == 1 && t.hook_depth.load(Ordering::Relaxed) == 0 && top > MAPPING {
+            t.vforked.store(2, Ordering::Relaxed);
+            call_on_stack(top as usize, f);
+            t.vforked.store(1, Ordering::Relaxed);
+            return;
+        }
         return f();
     }
     if t.hook_depth.load(Ordering::Relaxed) != 0 {
@@ -363,7 +376,9 @@ pub struct ThreadState {
     /// vector state the entry saves.
     pub hook_top: AtomicU64,
     /// Where the entry keeps the call's registers while it maps the hook
-    /// stack (rdi, rsi, rdx, r10, r8, r9, rax).
+    /// stack (rdi, rsi, rdx, r10, r8, r9, rax), and a new thread or
+    /// process its own while it turns on Syscall User Dispatch
+    /// (`shortfuse_sud_child`).
     pub saved: [AtomicU64; 7],
     /// Calls of this thread that switched to the hook stack and have not
     /// left it (0 or 1; a `longjmp` out of a signal handler that
@@ -575,7 +590,12 @@ pub unsafe fn store2(p: *mut u8, v: [u8; 2]) {
 //   waits in the thread's ThreadState.vfork_ret (the child shares it, and
 //   the parent sleeps until the child has exec'd or exited).
 // - children: `shortfuse_child` turns on Syscall User Dispatch for a new
-//   thread or process (it is not inherited), or marks a vfork child.
+//   thread or process (it is not inherited), and marks a vfork child,
+//   which gets it too: its calls before the exec (posix_spawn's file
+//   actions, the exec of a program on a mount) trap where no site is
+//   rewritten (with Syscall User Dispatch alone, or a site that could not
+//   be rewritten while the parent has threads). It shares the parent's
+//   ThreadState, whose selector it leaves at BLOCK, as the parent's was.
 global_asm!(
     ".pushsection .bss.shortfuse_cfg,\"aw\",@nobits",
     ".balign 64",
@@ -903,11 +923,15 @@ global_asm!(
     "add shortfuse_cfg+64(%rip), %rcx",
     "test %rax, %rax",
     "setz 8(%rcx)",
-    "jz 8f",
+    "jz 9f",
     "lock decq shortfuse_cfg+120(%rip)",
     "lock decq shortfuse_cfg+128(%rip)",
     "8:",
     "jmp *(%rcx)",
+    // the vfork child, on the parent's stack
+    "9:",
+    "lea 8b(%rip), %r11",
+    "jmp shortfuse_sud_child",
     ".size shortfuse_special, .-shortfuse_special",
     "",
     // In a child, r11 = clone flags (0 for fork). Preserves every register
@@ -923,8 +947,7 @@ global_asm!(
     "mov %fs:0, %rcx",
     "add shortfuse_cfg+64(%rip), %rcx",
     "movb $1, 8(%rcx)",
-    "pop %rax",
-    "ret",
+    "jmp 3f",
     "1:",
     "test $0x100, %r11d",
     "jnz 3f",
@@ -934,32 +957,51 @@ global_asm!(
     "lock decq shortfuse_cfg+120(%rip)",
     "movq $0, shortfuse_cfg+128(%rip)",
     "3:",
+    "lea 2f(%rip), %r11",
+    "jmp shortfuse_sud_child",
+    "2:",
+    "pop %rax",
+    "ret",
+    ".size shortfuse_child, .-shortfuse_child",
+    "",
+    // Turns on Syscall User Dispatch for a new thread or process when the
+    // shim runs with it, without the stack (a vfork child runs on its
+    // parent's, red zone included): the registers wait in
+    // ThreadState.saved. r11 = where to go on; clobbers rcx, r11, rflags.
+    ".hidden shortfuse_sud_child",
+    ".type shortfuse_sud_child,@function",
+    "shortfuse_sud_child:",
     "cmpb $0, shortfuse_cfg+88(%rip)",
-    "je 2f",
-    "push %rdi",
-    "push %rsi",
-    "push %rdx",
-    "push %r10",
-    "push %r8",
-    "mov %fs:0, %r8",
-    "add shortfuse_cfg+64(%rip), %r8",
-    "add $9, %r8",
-    "movb $1, (%r8)",
+    "je 1f",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "mov %rdi, 24(%rcx)",
+    "mov %rsi, 32(%rcx)",
+    "mov %rdx, 40(%rcx)",
+    "mov %r10, 48(%rcx)",
+    "mov %r8, 56(%rcx)",
+    "mov %rax, 64(%rcx)",
+    "mov %r11, 72(%rcx)",
+    "movb $1, 9(%rcx)",
+    "lea 9(%rcx), %r8",
     "mov $157, %eax",
     "mov $59, %edi",
     "mov $1, %esi",
     "mov shortfuse_cfg+96(%rip), %rdx",
     "mov shortfuse_cfg+104(%rip), %r10",
     "syscall",
-    "pop %r8",
-    "pop %r10",
-    "pop %rdx",
-    "pop %rsi",
-    "pop %rdi",
-    "2:",
-    "pop %rax",
-    "ret",
-    ".size shortfuse_child, .-shortfuse_child",
+    "mov %fs:0, %rcx",
+    "add shortfuse_cfg+64(%rip), %rcx",
+    "mov 24(%rcx), %rdi",
+    "mov 32(%rcx), %rsi",
+    "mov 40(%rcx), %rdx",
+    "mov 48(%rcx), %r10",
+    "mov 56(%rcx), %r8",
+    "mov 64(%rcx), %rax",
+    "mov 72(%rcx), %r11",
+    "1:",
+    "jmp *%r11",
+    ".size shortfuse_sud_child, .-shortfuse_sud_child",
     "",
     ".globl shortfuse_restorer",
     ".hidden shortfuse_restorer",

@@ -21,12 +21,11 @@
 //!   (mem, a daemon's) cannot be handed over from a child that may not
 //!   touch our tables: that open fails as it did (ENOENT).
 //!
-//! Only calls whose `syscall` instruction could be rewritten reach us here
-//! (Syscall User Dispatch is off in the child): glibc 2.36's
-//! `__open64_nocancel`, which posix_spawn's `addopen` calls, straddles a
-//! cache line and is left alone, so that open is the kernel's, relative
-//! to the kernel's current directory (the backing directory after a chdir
-//! into a passthrough mount).
+//! The calls reach us through a rewritten site or, where there is none
+//! (Syscall User Dispatch alone; glibc 2.36's `__open64_nocancel`, which
+//! posix_spawn's `addopen` calls and whose site straddles a cache line, in
+//! a process with threads), through Syscall User Dispatch, which the
+//! assembly turns on in the child too (`sys`).
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
