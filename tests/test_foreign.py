@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,96 @@ def test_kill_9_of_the_daemon_fails_ring_calls_with_enotconn(shortfuse, scratch)
         b.close()
         d.stop()
 
+
+
+# Through the rings: a file rewritten shorter, one removed, one made, one
+# renamed, one chmod'ed.
+CHANGES = r"""
+import os, sys
+mp = sys.argv[1]
+with open(f"{mp}/a", "w") as f:
+    f.write("2")
+os.unlink(f"{mp}/b")
+with open(f"{mp}/new", "w") as f:
+    f.write("made")
+os.rename(f"{mp}/c", f"{mp}/d")
+os.chmod(f"{mp}/e", 0o600)
+"""
+
+
+def test_changes_through_the_rings_are_seen_on_the_kernel_mount_at_once(shortfuse, scratch):
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    # Timeouts that would keep the kernel's names, attributes and pages
+    # for the whole test unless it is told what changed.
+    cmd = [sfmount.require_tool("bindfs"), "-f", "-o", "attr_timeout=60,entry_timeout=60,negative_timeout=60"]
+    d = Daemon(shortfuse, scratch, ["--", *cmd, str(src), str(mp)], mp)
+    try:
+        for name in "abce":
+            (mp / name).write_text("first")
+        (mp / "e").chmod(0o644)
+        # What the kernel mount now holds in its caches.
+        assert (mp / "a").read_text() == "first" and os.stat(mp / "b").st_size == 5
+        assert os.stat(mp / "c").st_size == 5 and os.stat(mp / "e").st_mode & 0o777 == 0o644
+        for missing in ("new", "d"):
+            assert not (mp / missing).exists()
+        p = under(shortfuse, mp, [sys.executable, "-c", CHANGES, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert d.stats()["transports"]["ring"] > 0
+        # At once, well within the timeouts.
+        assert os.stat(mp / "a").st_size == 1 and (mp / "a").read_text() == "2"
+        assert not (mp / "b").exists()
+        assert (mp / "new").read_text() == "made"
+        assert not (mp / "c").exists() and (mp / "d").read_text() == "first"
+        assert os.stat(mp / "e").st_mode & 0o777 == 0o600
+        assert sorted(os.listdir(mp)) == ["a", "d", "e", "new"]
+    finally:
+        d.stop()
+
+
+# Reads a file twice, each in an open of its own, and prints both.
+READ_TWICE = r"""
+import sys
+for _ in range(2):
+    with open(sys.argv[1]) as f:
+        print(f.read(), end="|")
+"""
+
+
+def test_the_programs_page_cache_in_front_of_a_daemon(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        data = "x" * 300_000
+        (src / "f").write_text(data)
+        # Old enough that the cache trusts its size and mtime (a file
+        # changed too recently to tell is read again at every open).
+        os.utime(src / "f", (1_000_000_000, 1_000_000_000))
+
+        def read_twice(*opts) -> str:
+            p = subprocess.run(
+                [str(shortfuse), "run", "-m", str(mp), *opts, "--", sys.executable, "-c", READ_TWICE, str(mp / "f")],
+                capture_output=True,
+                timeout=120,
+            )
+            assert p.returncode == 0, p.stderr.decode()
+            return p.stdout.decode()
+
+        before = d.count("READ")
+        assert read_twice() == f"{data}|{data}|"
+        uncached = d.count("READ") - before
+        before = d.count("READ")
+        assert read_twice("-o", "cache=on") == f"{data}|{data}|"
+        cached = d.count("READ") - before
+        # The second open reads from the program's pages, fetched ahead
+        # in large requests: fewer than half the requests of reading it
+        # through the daemon twice.
+        assert 0 < cached and 2 * cached <= uncached, (cached, uncached)
+        # A change made elsewhere is seen at the next open.
+        (mp / "f").write_text("changed")
+        assert read_twice("-o", "cache=on") == "changed|changed|"
+    finally:
+        d.stop()
 
 # A FUSE daemon of its own /dev/fuse loop (as root: open, mount(2), then
 # read requests and write replies), answering a LOOKUP of "bad" with a

@@ -55,8 +55,10 @@ pub enum Kind {
     /// unmodified under `shortfuse serve -- DAEMON`: the workload runs in a
     /// worker under `shortfuse run -m MNT` (as for [`Kind::Preload`]) whose
     /// calls reach that daemon over shared-memory rings, its kernel mount
-    /// beside.
-    ServedDaemon { sshfs: bool },
+    /// beside; `cache`: with the program's own page cache in front of it
+    /// (`run -o cache=on`), as the kernel's page cache stands in front of
+    /// its kernel mount.
+    ServedDaemon { sshfs: bool, cache: bool },
 }
 
 /// A named configuration.
@@ -155,11 +157,24 @@ impl Config {
             },
             Config {
                 name: "bindfs-ring".into(),
-                kind: Kind::ServedDaemon { sshfs: false },
+                kind: Kind::ServedDaemon {
+                    sshfs: false,
+                    cache: false,
+                },
             },
             Config {
                 name: "sshfs-ring".into(),
-                kind: Kind::ServedDaemon { sshfs: true },
+                kind: Kind::ServedDaemon {
+                    sshfs: true,
+                    cache: false,
+                },
+            },
+            Config {
+                name: "sshfs-ring-cache".into(),
+                kind: Kind::ServedDaemon {
+                    sshfs: true,
+                    cache: true,
+                },
             },
             Config {
                 name: "sftp-preload-cache".into(),
@@ -286,9 +301,14 @@ impl Config {
             ),
             Kind::Sshfs { direct_io: false } => "Debian's sshfs from the same kind of loopback sshd, its defaults".into(),
             Kind::Sshfs { direct_io: true } => "Debian's sshfs with -o direct_io (no kernel page cache)".into(),
-            Kind::ServedDaemon { sshfs } => format!(
-                "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve --`, each call sent to it over shared-memory rings",
-                if *sshfs { "sshfs from a loopback sshd" } else { "bindfs" }
+            Kind::ServedDaemon { sshfs, cache } => format!(
+                "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve --`, each call sent to it over shared-memory rings{}",
+                if *sshfs { "sshfs from a loopback sshd" } else { "bindfs" },
+                if *cache {
+                    ", the program's own page cache in front (run -o cache=on)"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -625,7 +645,7 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
-            Kind::ServedDaemon { sshfs } => {
+            Kind::ServedDaemon { sshfs, cache } => {
                 let mut args: Vec<std::ffi::OsString> = vec!["--".into()];
                 if *sshfs {
                     let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
@@ -646,7 +666,7 @@ impl Config {
                     shortfuse_bin: env.shortfuse_bin.clone(),
                     mount: mnt.display().to_string(),
                     env: vec![],
-                    options: String::new(),
+                    options: if *cache { "cache=on".into() } else { String::new() },
                 };
                 PRELOAD.lock().unpoison().push((mnt.clone(), worker));
                 prepared.dir = mnt;

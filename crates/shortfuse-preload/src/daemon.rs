@@ -17,7 +17,8 @@
 //!   to the kernel; notifications (unique 0) go to the kernel and, copied
 //!   over the socket, to the ring clients' caches; the reply to the
 //!   kernel's INIT is copied over the socket, and answers the ring
-//!   clients' INITs.
+//!   clients' INITs; the descriptor goes with it, for the notifications
+//!   `shortfuse serve` writes to the kernel about the ring clients' changes.
 //!
 //! A cloned descriptor (FUSE_DEV_IOC_CLONE on a new open of /dev/fuse) is
 //! one more descriptor of ours, so libfuse's `clone_fd` works; every
@@ -272,6 +273,11 @@ fn u64_at(b: &[u8; 16], at: usize) -> u64 {
 
 /// Sends `kind` then the bytes of `iov` over the socket.
 fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
+    send_with(kind, iov, None)
+}
+
+/// [`send`], passing descriptor `pass` with the message.
+fn send_with(kind: u32, iov: &[libc::iovec], pass: Option<i32>) -> i64 {
     let kind = kind.to_ne_bytes();
     let mut all = Vec::with_capacity(iov.len() + 1);
     all.push(libc::iovec {
@@ -282,6 +288,20 @@ fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
     let mut msg: libc::msghdr = user::zeroed();
     msg.msg_iov = all.as_mut_ptr();
     msg.msg_iovlen = all.len();
+    let mut cbuf = [0u64; 4];
+    if let Some(fd) = pass {
+        // SAFETY: CMSG_SPACE and CMSG_LEN are pure computations; the control
+        // buffer is ours and holds one header with room for one descriptor.
+        unsafe {
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
+        }
+    }
     // SAFETY: a msghdr of ours whose buffers live across the call.
     unsafe {
         raw(
@@ -447,7 +467,9 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
             send(MSG_NOTIFY, iov);
         } else if unique != 0 && r >= 0 && INIT_UNIQUE.load(Ordering::Relaxed) == unique {
             INIT_UNIQUE.store(0, Ordering::Relaxed);
-            send(MSG_INIT, iov);
+            // With the descriptor: `shortfuse serve` tells the kernel mount
+            // through it what the ring clients change.
+            send_with(MSG_INIT, iov, Some(fd as i32));
         }
     }
     r

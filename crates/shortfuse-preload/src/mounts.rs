@@ -72,7 +72,20 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         if let Some(src) = source {
             vfs.set_source(&src);
         }
-        if std::env::var_os(NAMES_VAR).is_none_or(|v| v != "off") {
+        // The program's own page cache in front of the daemon, when asked
+        // (`#cache=on`): a daemon's data the kernel would keep in its page
+        // cache (sshfs's, with its timeouts) is then read from memory here,
+        // fetched ahead in requests as large as the rings carry. `auto`
+        // leaves it off: a daemon says nothing of being remote.
+        let cache = if run.cache.enabled(false) {
+            Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)
+        } else {
+            None
+        };
+        // With the page cache on, attributes are the cache's to answer.
+        if let Some(cache) = cache {
+            vfs.set_page_cache(cache);
+        } else if std::env::var_os(NAMES_VAR).is_none_or(|v| v != "off") {
             if let Some((map, uid)) = names {
                 vfs.set_namespace(Namespace::new(map, run.mount_options().entry_timeout, Some(uid)));
             }

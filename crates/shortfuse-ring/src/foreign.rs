@@ -25,6 +25,7 @@ use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -94,6 +95,11 @@ pub struct Bridge {
     /// The largest READ/WRITE payload the rings carry.
     max_io: u32,
     announcer: Mutex<Option<Announcer>>,
+    /// The daemon's /dev/fuse descriptor (passed with its INIT reply):
+    /// what the ring clients change is told to its kernel mount through it.
+    /// Dropped when the daemon goes: a copy left open would keep its dead
+    /// connection from being aborted.
+    kernel: Mutex<Option<OwnedFd>>,
 }
 
 impl Bridge {
@@ -109,6 +115,7 @@ impl Bridge {
             gone: AtomicBool::new(false),
             max_io,
             announcer: Mutex::new(None),
+            kernel: Mutex::new(None),
         })
     }
 
@@ -138,9 +145,9 @@ impl Bridge {
     pub fn run(&self) {
         let mut buf = vec![0u8; self.max_io as usize + 2 * 4096];
         loop {
-            let n = match sys::recv(self.sock.as_fd(), &mut buf) {
+            let (n, passed) = match sys::recv(self.sock.as_fd(), &mut buf) {
                 Ok((0, _)) | Err(_) => break,
-                Ok((n, _)) => n,
+                Ok(got) => got,
             };
             if n < 4 {
                 continue;
@@ -151,6 +158,9 @@ impl Bridge {
                 MSG_REPLY => self.reply(msg),
                 MSG_NOTIFY => self.notified(msg),
                 MSG_INIT => {
+                    if let Some(fd) = passed {
+                        *lock(&self.kernel) = Some(fd);
+                    }
                     if let Some(out) = msg.get(16..).and_then(init_out) {
                         *lock(&self.init) = Some(out);
                         self.init_seen.notify_all();
@@ -160,6 +170,7 @@ impl Bridge {
             }
         }
         self.gone.store(true, Ordering::SeqCst);
+        lock(&self.kernel).take();
         let waiting = std::mem::take(&mut *lock(&self.pending));
         for w in waiting.values() {
             w.give(Err(libc::ENOTCONN));
@@ -212,6 +223,51 @@ impl Bridge {
                     }
                 }
             }
+            _ => {}
+        }
+    }
+
+    /// Tells the daemon's kernel mount what request `req` of a ring client
+    /// changed, now that the daemon has done it: the kernel drops the names
+    /// and attributes it cached (and the written file's pages), as the
+    /// daemon itself would with INVAL_ENTRY and INVAL_INODE, so programs on
+    /// the kernel mount see the change at once rather than when the
+    /// daemon's timeouts run out. Nodes and names the kernel does not hold
+    /// are nothing to drop (ENOENT, ignored).
+    fn tell_kernel(&self, req: &[u8]) {
+        use abi::Operation as O;
+        let Ok(r) = abi::parse(req) else {
+            return;
+        };
+        let kernel = lock(&self.kernel);
+        let Some(fd) = kernel.as_ref() else {
+            return;
+        };
+        let node = r.header.nodeid;
+        let entry = |parent: u64, name: &std::ffi::OsStr| inval_entry(fd, parent, name.as_bytes());
+        let inode = |ino: u64, off: i64, len: i64| inval_inode(fd, ino, off, len);
+        match r.op {
+            O::Create { name, .. }
+            | O::Mknod { name, .. }
+            | O::Mkdir { name, .. }
+            | O::Symlink { name, .. }
+            | O::Unlink { name }
+            | O::Rmdir { name } => entry(node, name),
+            O::Link { arg, name } => {
+                entry(node, name);
+                inode(arg.oldnodeid, -1, 0);
+            }
+            O::Rename { arg, name, new_name } => {
+                entry(node, name);
+                entry(arg.newdir, new_name);
+            }
+            O::Rename2 { arg, name, new_name } => {
+                entry(node, name);
+                entry(arg.newdir, new_name);
+            }
+            O::Write { arg, .. } => inode(node, arg.offset as i64, i64::from(arg.size)),
+            O::Setattr { .. } | O::Fallocate { .. } => inode(node, 0, 0),
+            O::CopyFileRange { arg } => inode(arg.nodeid_out, arg.off_out as i64, arg.len as i64),
             _ => {}
         }
     }
@@ -284,6 +340,38 @@ impl Bridge {
     }
 }
 
+/// Writes notification `code` with `parts` to the kernel through `fd`.
+fn notify_kernel(fd: &OwnedFd, code: u32, parts: &[&[u8]]) {
+    let len = 16 + parts.iter().map(|p| p.len()).sum::<usize>();
+    let h = abi::fuse_out_header {
+        len: len as u32,
+        error: code as i32,
+        unique: 0,
+    };
+    let mut msg = Vec::with_capacity(len);
+    msg.extend_from_slice(h.as_bytes());
+    for p in parts {
+        msg.extend_from_slice(p);
+    }
+    // The answer is nothing to act on: ENOENT when the kernel holds none of it.
+    let _ = sys::write(fd.as_fd(), &msg);
+}
+
+fn inval_entry(fd: &OwnedFd, parent: u64, name: &[u8]) {
+    let arg = abi::fuse_notify_inval_entry_out {
+        parent,
+        namelen: name.len() as u32,
+        flags: 0,
+    };
+    notify_kernel(fd, abi::FUSE_NOTIFY_INVAL_ENTRY, &[arg.as_bytes(), name, &[0]]);
+}
+
+/// `off` < 0: the attributes only; `len` 0: to the end of the file.
+fn inval_inode(fd: &OwnedFd, ino: u64, off: i64, len: i64) {
+    let arg = abi::fuse_notify_inval_inode_out { ino, off, len };
+    notify_kernel(fd, abi::FUSE_NOTIFY_INVAL_INODE, &[arg.as_bytes()]);
+}
+
 /// A daemon's init reply body (short ones, from older protocol minors,
 /// are zero-extended).
 fn init_out(b: &[u8]) -> Option<abi::fuse_init_out> {
@@ -349,6 +437,9 @@ impl Forward for Bridge {
             Ok(msg) if well_formed(&msg) => {
                 reply.extend_from_slice(&msg);
                 reply[8..16].copy_from_slice(&h.unique.to_ne_bytes());
+                if msg[4..8] == [0; 4] {
+                    self.tell_kernel(req);
+                }
             }
             Ok(_) => {
                 tracing::warn!(

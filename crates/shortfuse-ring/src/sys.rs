@@ -337,6 +337,16 @@ pub fn sendv(sock: BorrowedFd<'_>, iov: &[libc::iovec]) -> io::Result<()> {
     }
 }
 
+/// write(2) of `data` to `fd`, once: the bytes written.
+pub fn write(fd: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
+    // SAFETY: `data` is a live buffer of its length.
+    let r = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
 /// Receives one message into `buf` and the descriptor passed with it;
 /// returns the length (0: the peer closed).
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {

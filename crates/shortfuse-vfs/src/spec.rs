@@ -38,7 +38,8 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
     (
         "cache=on|off|auto",
         "the shim's page cache (write-through, read-ahead, reads clipped at EOF); auto: on for network file \
-         systems; on turns the mount's data maps off (its data must pass through the cache)",
+         systems (on a daemon's mount: off unless on); on turns the mount's data maps off (its data must pass \
+         through the cache)",
     ),
     (
         "page_size=N, ...",
@@ -185,16 +186,9 @@ impl MountSpec {
                     self.mountpoint
                 ));
             }
-            if let Some(k) = CACHE_KEYS.iter().find(|k| {
-                self.options
-                    .split(',')
-                    .any(|i| i.split_once('=').map_or(i, |(k, _)| k) == **k)
-            }) {
-                return Err(format!(
-                    "mount {}: -o {k} is the daemon's cache: give it to `shortfuse serve`",
-                    self.mountpoint
-                ));
-            }
+            // The cache options are the program's own page cache in front
+            // of the daemon (off unless `cache=on`: a daemon does not say
+            // whether it is remote).
             if let Some((k, _)) = run.fs.first() {
                 return Err(format!(
                     "mount {}: -o {k} is the file system's: give it to `shortfuse serve`",
@@ -337,8 +331,13 @@ mod tests {
         assert_eq!(format_mounts(&specs), "/mnt/d#ro;/mnt/m=mem");
         let err = parse_mounts("/mnt/d#symlinks=raw").unwrap_err();
         assert!(err.contains("shortfuse serve"), "{err}");
-        let err = parse_mounts("/mnt/d#cache=on").unwrap_err();
-        assert!(err.contains("daemon's cache"), "{err}");
+        let on = parse_mounts("/mnt/d#cache=on,page_size=64K").unwrap();
+        assert!(on[0].run_options().unwrap().cache.enabled(false));
+        assert!(!parse_mounts("/mnt/d").unwrap()[0]
+            .run_options()
+            .unwrap()
+            .cache
+            .enabled(false));
     }
 
     #[test]

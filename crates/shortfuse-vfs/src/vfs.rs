@@ -399,6 +399,10 @@ impl Vfs {
             if let (Some(n), Invalidation::Entry { .. } | Invalidation::All) = (names, inv) {
                 n.forget_dirs();
             }
+            // A file changed through the daemon: its pages here are stale.
+            if let (Some(pc), Invalidation::Inode(node)) = (self.pages.get(), &inv) {
+                pc.invalidate(*node);
+            }
             c.invalidate(inv, Instant::now())
         });
         c
