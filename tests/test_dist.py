@@ -211,7 +211,9 @@ def hold_round(a: Path, b: Path, name: str, write_for: float) -> dict:
         assert granted.wait(30), "the writer's first write did not return"
         time.sleep(0.03)
         seen["read_began"] = time.monotonic()
-        seen["read"] = int(os.pread(fd_b, 8, 0))
+        got = os.pread(fd_b, 8, 0)
+        # Empty: what the server had before the writer's first write.
+        seen["read"] = int(got) if got else 0
         seen["read_ended"] = time.monotonic()
         b_done.set()
         t.join(60)
@@ -246,9 +248,13 @@ def test_lease_hold_keeps_a_revoked_lease_while_its_holder_uses_it(dist):
     else:
         raise AssertionError(f"the reader never waited for the busy writer's lease: {rounds}")
     # The hold ends 1 s after the grant however busy the writer: the read
-    # returns while the writer still writes (it writes until then, or 20 s).
+    # returns while the writer still writes (it writes until then, or 20 s),
+    # with what the writer wrote back when it gave the lease up (not what
+    # the server had before: a lease the manager took back from a holder
+    # that kept it past the lease TTL).
     r = hold_round(a, b, "capped", write_for=20)
     assert r["writer_stopped_by_read"], f"the reader waited for the writer: {r}"
+    assert r["read"] > 1, f"the reader did not get the writer's data: {r}"
 
 
 def test_unknown_consistency_is_refused(dist):
