@@ -8,9 +8,14 @@
 //! or write is cut into chunks (up to the server's `limits@openssh.com`
 //! maximum, 64 KiB by default) with up to `max_requests` of them on the wire
 //! at once, and calls from different kernel worker threads share the
-//! session instead of queuing behind one lock. The trait's methods are
-//! blocking, so each call runs its future on the file system's own small
-//! runtime with `block_on`.
+//! session instead of queuing behind one lock. In a daemon, reads and
+//! writes are answered later (see `shortfuse::reply`): the worker thread
+//! puts the requests on the wire and goes back to the kernel, and a task on
+//! the file system's own small runtime answers when the server's replies
+//! are in, so the reads in flight are not bounded by the worker threads. A
+//! read whose caller gets a signal answers `EINTR` at once. The other calls,
+//! and every call in process (no runtime threads there), run their future
+//! with `block_on` on the calling thread.
 //!
 //! # Nodes
 //!
@@ -57,13 +62,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures_util::future::Either;
 use futures_util::stream::{self, StreamExt};
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags as SftpOpen, Packet, StatusCode};
 use shortfuse::abi::{FUSE_HANDLE_KILLPRIV_V2, FUSE_WRITE_KILL_SUIDGID};
 use shortfuse::{
     Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId,
-    Opened, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    Opened, RenameFlags, ReplyData, ReplyWrite, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
 };
 
 pub use config::{Config, HostKeyPolicy};
@@ -96,14 +102,20 @@ pub struct SftpFs {
     /// How the runtime is made: worker threads (a daemon) or none (in
     /// process: the calling threads drive it, see [`SftpFs::in_process`]).
     io_threads: usize,
-    config: Arc<Config>,
-    conn: Mutex<Option<Arc<Conn>>>,
-    /// Set once a session was lost without `reconnect`.
-    gave_up: std::sync::atomic::AtomicBool,
+    link: Arc<Link>,
     generations: AtomicU64,
     nodes: Nodes,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+}
+
+/// The session and what decides its loss, shared with the tasks that
+/// answer reads and writes later.
+struct Link {
+    config: Arc<Config>,
+    conn: Mutex<Option<Arc<Conn>>>,
+    /// Set once a session was lost without `reconnect`.
+    gave_up: std::sync::atomic::AtomicBool,
 }
 
 /// The tokio runtime that drives the SSH session, and the process it
@@ -269,7 +281,7 @@ impl SftpFs {
         let (root, conn) = rt.block_on(probe(config.clone(), 1))?;
         let fs = SftpFs::new(config, root, 0);
         fs.generations.store(1, Ordering::Relaxed);
-        *lock(&fs.conn) = Some(Arc::new(conn));
+        *lock(&fs.link.conn) = Some(Arc::new(conn));
         *lock(&fs.io) = Some(Arc::new(Io {
             pid: std::process::id(),
             rt,
@@ -281,9 +293,11 @@ impl SftpFs {
         SftpFs {
             io: Mutex::new(None),
             io_threads,
-            config,
-            conn: Mutex::new(None),
-            gave_up: Default::default(),
+            link: Arc::new(Link {
+                config,
+                conn: Mutex::new(None),
+                gave_up: Default::default(),
+            }),
             generations: AtomicU64::new(0),
             nodes: Nodes::new(root),
             handles: Mutex::new(HashMap::new()),
@@ -302,7 +316,7 @@ impl SftpFs {
         }
         if let Some(parent) = slot.take() {
             std::mem::forget(parent);
-            if let Some(conn) = lock(&self.conn).take() {
+            if let Some(conn) = lock(&self.link.conn).take() {
                 conn::abandon(conn);
             }
         }
@@ -339,7 +353,7 @@ impl SftpFs {
     fn session(&self) -> Result<Arc<Conn>> {
         // Lock order: `io` before `conn` (a fork found by `io` clears `conn`).
         let io = self.io()?;
-        let mut slot = lock(&self.conn);
+        let mut slot = lock(&self.link.conn);
         if let Some(c) = slot.as_ref() {
             // A runtime without threads notices a closed connection only
             // while it runs: ask the socket too, so that a call after the
@@ -348,20 +362,20 @@ impl SftpFs {
                 return Ok(c.clone());
             }
             *slot = None;
-            self.say_lost();
+            self.link.say_lost();
         }
-        if self.gave_up.load(Ordering::Relaxed) {
+        if self.link.gave_up.load(Ordering::Relaxed) {
             return Err(Errno::ENOTCONN);
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        match io.run(conn::connect(self.config.clone(), generation))? {
+        match io.run(conn::connect(self.link.config.clone(), generation))? {
             Ok(c) => {
                 if generation > 1 {
                     tracing::info!(
                         "sftp: reconnected to {}@{}:{} (session {generation})",
-                        self.config.user,
-                        self.config.host,
-                        self.config.port
+                        self.link.config.user,
+                        self.link.config.host,
+                        self.link.config.port
                     );
                 }
                 let c = Arc::new(c);
@@ -375,37 +389,8 @@ impl SftpFs {
         }
     }
 
-    /// The session was lost: says so, and gives up for good without
-    /// `reconnect`.
-    fn say_lost(&self) {
-        let at = format!("{}@{}:{}", self.config.user, self.config.host, self.config.port);
-        if self.config.reconnect {
-            tracing::warn!("sftp: connection to {at} lost; reconnecting at the next call");
-        } else {
-            self.gave_up.store(true, Ordering::Relaxed);
-            tracing::error!("sftp: connection to {at} lost; without -o reconnect every call now fails with ENOTCONN");
-        }
-    }
-
-    /// Drops `conn` after a transport failure (unless a newer session
-    /// already replaced it).
-    fn lost(&self, conn: &Conn) {
-        let mut slot = lock(&self.conn);
-        if slot.as_ref().is_some_and(|c| c.generation == conn.generation) {
-            *slot = None;
-            self.say_lost();
-        }
-    }
-
     fn classify(&self, conn: &Conn, e: SftpError) -> Fail {
-        match e {
-            SftpError::Status(s) => Fail::Status(s.status_code),
-            SftpError::Limited(_) => Fail::Other(Errno::EINVAL),
-            SftpError::Timeout | SftpError::IO(_) | SftpError::UnexpectedPacket | SftpError::UnexpectedBehavior(_) => {
-                self.lost(conn);
-                Fail::Other(Errno::EIO)
-            }
-        }
+        self.link.classify(conn, e)
     }
 
     /// Runs one request on the current session.
@@ -584,6 +569,45 @@ impl SftpFs {
     }
 
     fn map(&self, conn: &Conn, e: SftpError) -> Errno {
+        self.link.map(conn, e)
+    }
+}
+
+impl Link {
+    /// The session was lost: says so, and gives up for good without
+    /// `reconnect`.
+    fn say_lost(&self) {
+        let at = format!("{}@{}:{}", self.config.user, self.config.host, self.config.port);
+        if self.config.reconnect {
+            tracing::warn!("sftp: connection to {at} lost; reconnecting at the next call");
+        } else {
+            self.gave_up.store(true, Ordering::Relaxed);
+            tracing::error!("sftp: connection to {at} lost; without -o reconnect every call now fails with ENOTCONN");
+        }
+    }
+
+    /// Drops `conn` after a transport failure (unless a newer session
+    /// already replaced it).
+    fn lost(&self, conn: &Conn) {
+        let mut slot = lock(&self.conn);
+        if slot.as_ref().is_some_and(|c| c.generation == conn.generation) {
+            *slot = None;
+            self.say_lost();
+        }
+    }
+
+    fn classify(&self, conn: &Conn, e: SftpError) -> Fail {
+        match e {
+            SftpError::Status(s) => Fail::Status(s.status_code),
+            SftpError::Limited(_) => Fail::Other(Errno::EINVAL),
+            SftpError::Timeout | SftpError::IO(_) | SftpError::UnexpectedPacket | SftpError::UnexpectedBehavior(_) => {
+                self.lost(conn);
+                Fail::Other(Errno::EIO)
+            }
+        }
+    }
+
+    fn map(&self, conn: &Conn, e: SftpError) -> Errno {
         match self.classify(conn, e) {
             Fail::Status(c) => status_errno(c),
             Fail::Other(e) => e,
@@ -644,6 +668,101 @@ async fn disconnect(conn: &Conn, why: &str) {
     let _ = conn.ssh.disconnect(russh::Disconnect::ByApplication, why, "en").await;
 }
 
+/// Reads `size` bytes at `offset`: cut into chunks of the session's read
+/// size with up to `max` of them on the wire at once. Shorter only at the
+/// end of the file.
+async fn read_at(
+    conn: &Conn,
+    h: String,
+    offset: u64,
+    size: usize,
+    max: usize,
+) -> std::result::Result<Vec<u8>, SftpError> {
+    let chunk = conn.read_len.max(512) as usize;
+    let pieces: Vec<(u64, u32)> = (0..size)
+        .step_by(chunk)
+        .map(|at| (offset + at as u64, (size - at).min(chunk) as u32))
+        .collect();
+    let sftp = &conn.sftp;
+    // Owned items: a closure over borrowed ones makes the future not Send
+    // (a known limit of the compiler's reasoning about async closures).
+    let results: Vec<_> = stream::iter(pieces.clone().into_iter().map(|(off, len)| {
+        let h = h.clone();
+        async move { sftp.read(h, off, len).await }
+    }))
+    .buffered(max)
+    .collect()
+    .await;
+    let mut buf = Vec::with_capacity(size);
+    for ((off, len), r) in pieces.into_iter().zip(results) {
+        let data = match r {
+            Ok(d) => d.data,
+            Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => return Ok(buf),
+            Err(e) => return Err(e),
+        };
+        debug_assert_eq!(off, offset + buf.len() as u64);
+        let n = data.len().min(len as usize);
+        buf.extend_from_slice(&data[..n]);
+        if n < len as usize {
+            // A short reply before the end: finish one request at a time
+            // (the later replies started at the wrong offsets).
+            while buf.len() < size {
+                let want = (size - buf.len()).min(chunk) as u32;
+                match sftp.read(h.clone(), offset + buf.len() as u64, want).await {
+                    Ok(d) if d.data.is_empty() => return Ok(buf),
+                    Ok(d) => {
+                        let n = d.data.len().min(size - buf.len());
+                        buf.extend_from_slice(&d.data[..n]);
+                    }
+                    Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => return Ok(buf),
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(buf);
+        }
+    }
+    Ok(buf)
+}
+
+/// Writes `data` at `offset` in chunks of the session's write size, up to
+/// `max` on the wire at once; with `kill`, clears the set-id bits after
+/// (`FUSE_WRITE_KILL_SUIDGID`).
+async fn write_at(
+    conn: &Conn,
+    h: String,
+    offset: u64,
+    data: &[u8],
+    kill: bool,
+    max: usize,
+) -> std::result::Result<(), SftpError> {
+    let chunk = conn.write_len.max(512) as usize;
+    let sftp = &conn.sftp;
+    let pieces: Vec<(u64, Vec<u8>)> = data
+        .chunks(chunk)
+        .enumerate()
+        .map(|(i, piece)| (offset + (i * chunk) as u64, piece.to_vec()))
+        .collect();
+    let results: Vec<_> = stream::iter(pieces.into_iter().map(|(off, piece)| {
+        let h = h.clone();
+        async move { sftp.write(h, off, piece).await }
+    }))
+    .buffered(max)
+    .collect()
+    .await;
+    for r in results {
+        r?;
+    }
+    if kill {
+        let mode = sftp.fstat(h.clone()).await?.attrs.permissions.unwrap_or(0);
+        if kill_suidgid(mode) != mode {
+            let mut a = FileAttributes::empty();
+            a.permissions = Some(kill_suidgid(mode) & 0o7777);
+            sftp.fsetstat(h, a).await?;
+        }
+    }
+    Ok(())
+}
+
 /// `mode` without set-user-id, and without set-group-id when group
 /// execute is on (otherwise it marks mandatory locking, which stays).
 fn kill_suidgid(mode: u32) -> u32 {
@@ -666,7 +785,7 @@ impl Filesystem for SftpFs {
 
     fn destroy(&self) {
         let Ok(io) = self.io() else { return };
-        if let Some(c) = lock(&self.conn).take() {
+        if let Some(c) = lock(&self.link.conn).take() {
             let _ = io.run(disconnect(&c, "unmount"));
         }
     }
@@ -966,81 +1085,84 @@ impl Filesystem for SftpFs {
     fn read(&self, _req: &Request, _node: NodeId, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let file = self.file(fh)?;
         let (conn, h) = self.server_handle(&file)?;
-        let chunk = conn.read_len.max(512) as usize;
-        let pieces: Vec<(u64, u32)> = (0..buf.len())
-            .step_by(chunk)
-            .map(|at| (offset + at as u64, (buf.len() - at).min(chunk) as u32))
-            .collect();
-        let sftp = &conn.sftp;
-        let results: Vec<_> = self.io()?.run(
-            stream::iter(pieces.iter().map(|&(off, len)| {
-                let h = h.clone();
-                async move { sftp.read(h, off, len).await }
-            }))
-            .buffered(self.config.max_requests)
-            .collect(),
-        )?;
-        let mut done = 0usize;
-        for ((off, len), r) in pieces.into_iter().zip(results) {
-            let data = match r {
-                Ok(d) => d.data,
-                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => return Ok(done),
-                Err(e) => return Err(self.map(&conn, e)),
-            };
-            debug_assert_eq!(off, offset + done as u64);
-            let n = data.len().min(len as usize);
-            buf[done..done + n].copy_from_slice(&data[..n]);
-            done += n;
-            if n < len as usize {
-                // A short reply before the end: finish one request at a
-                // time (the later replies started at the wrong offsets).
-                while done < buf.len() {
-                    let want = (buf.len() - done).min(chunk) as u32;
-                    match self.io()?.run(sftp.read(h.clone(), offset + done as u64, want))? {
-                        Ok(d) if d.data.is_empty() => return Ok(done),
-                        Ok(d) => {
-                            let n = d.data.len().min(buf.len() - done);
-                            buf[done..done + n].copy_from_slice(&d.data[..n]);
-                            done += n;
-                        }
-                        Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => return Ok(done),
-                        Err(e) => return Err(self.map(&conn, e)),
-                    }
-                }
-                return Ok(done);
-            }
-        }
-        Ok(done)
+        let max = self.link.config.max_requests;
+        let data = self.io()?.run(read_at(&conn, h, offset, buf.len(), max))?;
+        let data = data.map_err(|e| self.map(&conn, e))?;
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        Ok(n)
     }
 
     fn write(&self, _req: &Request, _node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         let file = self.file(fh)?;
         let (conn, h) = self.server_handle(&file)?;
-        let chunk = conn.write_len.max(512) as usize;
-        let sftp = &conn.sftp;
-        let results: Vec<_> = self.io()?.run(
-            stream::iter(data.chunks(chunk).enumerate().map(|(i, piece)| {
-                let h = h.clone();
-                let off = args.offset + (i * chunk) as u64;
-                async move { sftp.write(h, off, piece.to_vec()).await }
-            }))
-            .buffered(self.config.max_requests)
-            .collect(),
-        )?;
-        for r in results {
-            r.map_err(|e| self.map(&conn, e))?;
-        }
-        if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
-            let io = self.io()?;
-            let cur = io.run(conn.sftp.fstat(h.clone()))?.map_err(|e| self.map(&conn, e))?;
-            let mode = cur.attrs.permissions.unwrap_or(0);
-            if kill_suidgid(mode) != mode {
-                let mut a = FileAttributes::empty();
-                a.permissions = Some(kill_suidgid(mode) & 0o7777);
-                io.run(conn.sftp.fsetstat(h, a))?.map_err(|e| self.map(&conn, e))?;
-            }
-        }
+        let max = self.link.config.max_requests;
+        let kill = args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0;
+        let done = self.io()?.run(write_at(&conn, h, args.offset, data, kill, max))?;
+        done.map_err(|e| self.map(&conn, e))?;
         Ok(data.len())
+    }
+
+    /// Only a daemon, whose runtime has threads of its own to drive the
+    /// session, answers later; in process the calling thread drives it.
+    fn answers_later(&self) -> bool {
+        self.io_threads > 0
+    }
+
+    /// The read's requests go on the wire and the worker thread returns at
+    /// once: the runtime answers when the server's replies are in, so the
+    /// number of reads in flight is not bounded by worker threads. An
+    /// interrupt answers EINTR at once (the server's late replies are
+    /// dropped).
+    fn read_deferred(&self, _req: &Request, _node: NodeId, fh: FileHandle, offset: u64, size: usize, reply: ReplyData) {
+        let started = self.file(fh).and_then(|f| Ok((self.server_handle(&f)?, self.io()?)));
+        let ((conn, h), io) = match started {
+            Ok(s) => s,
+            Err(e) => return reply.error(e),
+        };
+        let interrupted = Arc::new(tokio::sync::Notify::new());
+        let wake = interrupted.clone();
+        // A permit is kept when nobody waits yet, so no interrupt is lost.
+        reply.on_interrupt(move || wake.notify_one());
+        let (link, max) = (self.link.clone(), self.link.config.max_requests);
+        io.rt.spawn(async move {
+            let read = read_at(&conn, h, offset, size, max);
+            futures_util::pin_mut!(read);
+            let stop = interrupted.notified();
+            futures_util::pin_mut!(stop);
+            match futures_util::future::select(read, stop).await {
+                Either::Left((Ok(data), _)) => reply.data(&data),
+                Either::Left((Err(e), _)) => reply.error(link.map(&conn, e)),
+                Either::Right(_) => reply.error(Errno::EINTR),
+            }
+        });
+    }
+
+    /// As `read_deferred`; a write is not interrupted (part of it may
+    /// already be on the server), it ends within the request timeout.
+    fn write_deferred(
+        &self,
+        _req: &Request,
+        _node: NodeId,
+        fh: FileHandle,
+        data: &[u8],
+        args: &WriteArgs,
+        reply: ReplyWrite,
+    ) {
+        let started = self.file(fh).and_then(|f| Ok((self.server_handle(&f)?, self.io()?)));
+        let ((conn, h), io) = match started {
+            Ok(s) => s,
+            Err(e) => return reply.error(e),
+        };
+        let (link, max) = (self.link.clone(), self.link.config.max_requests);
+        let kill = args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0;
+        let (offset, data) = (args.offset, data.to_vec());
+        io.rt.spawn(async move {
+            match write_at(&conn, h, offset, &data, kill, max).await {
+                Ok(()) => reply.written(data.len()),
+                Err(e) => reply.error(link.map(&conn, e)),
+            }
+        });
     }
 
     fn flush(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _lock_owner: u64) -> Result<()> {
@@ -1054,7 +1176,7 @@ impl Filesystem for SftpFs {
         };
         let server = lock(&file.server).take();
         if let Some((generation, h)) = server {
-            let current = lock(&self.conn).clone();
+            let current = lock(&self.link.conn).clone();
             if let Some(conn) = current.filter(|c| c.generation == generation) {
                 if let Err(e) = self.io()?.run(conn.sftp.close(h))? {
                     return Err(self.map(&conn, e));
