@@ -137,7 +137,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     match nr {
         libc::SYS_open | libc::SYS_openat => {
             let p = if nr == libc::SYS_open { a[0] } else { a[1] };
-            if user::cstr(p).ok()? != b"/dev/fuse" {
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            if unsafe { user::cstr(p) }.ok()? != b"/dev/fuse" {
                 return None;
             }
             // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
@@ -151,7 +152,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             // as it would have.
             let r = unsafe { crate::sys::raw6(nr, a) };
             if r >= 0 {
-                if let Ok(msg) = user::get::<libc::msghdr>(a[1]) {
+                // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+                if let Ok(msg) = unsafe { user::get::<libc::msghdr>(a[1]) } {
                     let mut fds = Vec::new();
                     user::passed_fds(&msg, &mut fds);
                     for fd in fds {
@@ -193,7 +195,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             }];
             Some(read(a[0], &iov))
         }
-        libc::SYS_readv if dev(a[0]) != 0 => Some(match user::iovecs(a[1], a[2]) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_readv if dev(a[0]) != 0 => Some(match unsafe { user::iovecs(a[1], a[2]) } {
             Ok(iov) => read(a[0], iov),
             Err(e) => -(e.raw() as i64),
         }),
@@ -204,7 +207,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             }];
             Some(write(a[0], &iov))
         }
-        libc::SYS_writev if dev(a[0]) != 0 => Some(match user::iovecs(a[1], a[2]) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_writev if dev(a[0]) != 0 => Some(match unsafe { user::iovecs(a[1], a[2]) } {
             Ok(iov) => write(a[0], iov),
             Err(e) => -(e.raw() as i64),
         }),
@@ -260,7 +264,8 @@ fn head(iov: &[libc::iovec]) -> Option<[u8; 16]> {
             break;
         }
         let n = v.iov_len.min(16 - got);
-        let b = user::slice(v.iov_base as i64, n).ok()?;
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        let b = unsafe { user::slice(v.iov_base as i64, n) }.ok()?;
         out[got..got + n].copy_from_slice(b);
         got += n;
     }

@@ -124,7 +124,8 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         libc::SYS_readlinkat => (a[0], a[1], false, Op::Readlink(a[2], a[3])),
         _ => return None,
     };
-    let path = user::cstr(path).ok()?;
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(path) }.ok()?;
     // The kernel's links to descriptors are the usual way's to answer.
     if matches!(op, Op::Readlink(..)) && (path.starts_with(b"/proc/") || path.starts_with(b"/dev/fd/")) {
         return None;

@@ -17,6 +17,16 @@
 //! descriptors' reads and writes never (those reach the kernel itself).
 //! A page unmapped by another thread between the probe and the copy
 //! faults too, as it would have before the check.
+//!
+//! The contract of the functions that read or write the program's memory
+//! (they are `unsafe fn`): the pointer is an argument of the system call
+//! being served and points into the program's memory, never ours (nothing
+//! of ours may hold a reference to it); a reference handed out is used
+//! only while that call is served; and the program does not unmap, remap
+//! or write that memory meanwhile. A program could break the last with
+//! another thread: what it then reads or faults on is its own doing, as it
+//! is natively, but Rust's rules for the reference would be broken, which
+//! is why these functions are not safe to call on any address.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::AtomicU32;
@@ -108,7 +118,8 @@ pub fn in_page_zero(nr: i64, a: [i64; 6]) -> bool {
         // The kernel refuses a count outside 0..=IOV_MAX (EINVAL) before it
         // reads the array, and a bad array (EFAULT).
         libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 if !(0..=1024).contains(&a[2]) => false,
-        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 => match iovecs(a[1], a[2]) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2 => match unsafe { iovecs(a[1], a[2]) } {
             Ok(v) => v.iter().any(|v| low(v.iov_base as i64, v.iov_len)),
             Err(_) => false,
         },
@@ -119,13 +130,23 @@ pub fn in_page_zero(nr: i64, a: [i64; 6]) -> bool {
 /// The NUL-terminated path at `p`, as the kernel's getname reads it:
 /// EFAULT for a bad pointer (null among them), ENAMETOOLONG without a NUL
 /// in PATH_MAX bytes.
-pub fn cstr<'a>(p: i64) -> Result<&'a [u8], Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; the reference does not outlive the call.
+pub unsafe fn cstr<'a>(p: i64) -> Result<&'a [u8], Errno> {
     cstr_max(p, PATH_MAX)
 }
 
 /// The NUL-terminated string at `p`, of at most `max - 1` bytes
 /// (ENAMETOOLONG beyond).
-pub fn cstr_max<'a>(p: i64, max: usize) -> Result<&'a [u8], Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; the reference does not outlive the call.
+pub unsafe fn cstr_max<'a>(p: i64, max: usize) -> Result<&'a [u8], Errno> {
     let start = p as u64 as usize;
     if start < LOWEST {
         return Err(Errno::EFAULT);
@@ -154,7 +175,12 @@ pub fn cstr_max<'a>(p: i64, max: usize) -> Result<&'a [u8], Errno> {
 }
 
 /// The `len` bytes at `p` that a call reads (write's buffer, say).
-pub fn slice<'a>(p: i64, len: usize) -> Result<&'a [u8], Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; the reference does not outlive the call.
+pub unsafe fn slice<'a>(p: i64, len: usize) -> Result<&'a [u8], Errno> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -164,7 +190,12 @@ pub fn slice<'a>(p: i64, len: usize) -> Result<&'a [u8], Errno> {
 }
 
 /// The `len` bytes at `p` that a call fills (read's buffer, say).
-pub fn slice_mut<'a>(p: i64, len: usize) -> Result<&'a mut [u8], Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; the reference does not outlive the call.
+pub unsafe fn slice_mut<'a>(p: i64, len: usize) -> Result<&'a mut [u8], Errno> {
     if len == 0 {
         return Ok(&mut []);
     }
@@ -174,7 +205,12 @@ pub fn slice_mut<'a>(p: i64, len: usize) -> Result<&'a mut [u8], Errno> {
 }
 
 /// Copies `v` to the program's `p` (a stat, statx, statfs struct...).
-pub fn put<T: Copy>(p: i64, v: &T) -> Result<(), Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; any bit pattern is a valid `T`.
+pub unsafe fn put<T: Copy>(p: i64, v: &T) -> Result<(), Errno> {
     check(p, std::mem::size_of::<T>(), writable_page)?;
     // SAFETY: `p` is the program's output struct of type T, found writable.
     unsafe { std::ptr::write_unaligned(p as *mut T, *v) };
@@ -194,14 +230,24 @@ pub fn amend<T: Copy>(p: i64, fix: impl FnOnce(&mut T)) {
 }
 
 /// Copies the program's `T` at `p` (a struct flock, say).
-pub fn get<T: Copy>(p: i64) -> Result<T, Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; any bit pattern is a valid `T`.
+pub unsafe fn get<T: Copy>(p: i64) -> Result<T, Errno> {
     check(p, std::mem::size_of::<T>(), readable_page)?;
     // SAFETY: `p` is the program's input struct of type T, found readable.
     Ok(unsafe { std::ptr::read_unaligned(p as *const T) })
 }
 
 /// The `struct iovec` array at `p` (its buffers are checked as each is taken).
-pub fn iovecs<'a>(p: i64, n: i64) -> Result<&'a [libc::iovec], Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory; the reference does not outlive the call.
+pub unsafe fn iovecs<'a>(p: i64, n: i64) -> Result<&'a [libc::iovec], Errno> {
     if n <= 0 {
         return Ok(&[]);
     }
@@ -249,7 +295,12 @@ pub fn zeroed<T: Copy>() -> T {
 }
 
 /// The `i`th pointer of the NULL-terminated pointer array at `p` (argv, envp).
-pub fn pointer_at(p: i64, i: usize) -> Result<i64, Errno> {
+///
+/// # Safety
+///
+/// The module's contract: `p` is an argument of the call being served,
+/// into the program's memory.
+pub unsafe fn pointer_at(p: i64, i: usize) -> Result<i64, Errno> {
     get::<i64>(p.wrapping_add((i * 8) as i64))
 }
 
@@ -259,34 +310,42 @@ mod tests {
 
     #[test]
     fn bad_pointers_are_efault() {
-        let s = c"/some/path";
-        assert_eq!(cstr(s.as_ptr() as i64), Ok(&b"/some/path"[..]));
-        for bad in [0i64, 8, 0xDEAD_C0DE, -1, 0x7fff_ffff_f000] {
-            assert_eq!(cstr(bad), Err(Errno::EFAULT), "{bad:#x}");
-            assert_eq!(get::<u64>(bad), Err(Errno::EFAULT), "{bad:#x}");
-            assert_eq!(put(bad, &0u64), Err(Errno::EFAULT), "{bad:#x}");
-            assert_eq!(slice(bad, 1).err(), Some(Errno::EFAULT), "{bad:#x}");
+        // SAFETY: buffers of the test's that nothing else refers to meanwhile, and
+        // addresses the functions refuse.
+        unsafe {
+            let s = c"/some/path";
+            assert_eq!(cstr(s.as_ptr() as i64), Ok(&b"/some/path"[..]));
+            for bad in [0i64, 8, 0xDEAD_C0DE, -1, 0x7fff_ffff_f000] {
+                assert_eq!(cstr(bad), Err(Errno::EFAULT), "{bad:#x}");
+                assert_eq!(get::<u64>(bad), Err(Errno::EFAULT), "{bad:#x}");
+                assert_eq!(put(bad, &0u64), Err(Errno::EFAULT), "{bad:#x}");
+                assert_eq!(slice(bad, 1).err(), Some(Errno::EFAULT), "{bad:#x}");
+            }
+            // Read-only memory reads, but is not written.
+            let lit: &'static [u8; 8] = b"literal\0";
+            assert_eq!(get::<u64>(lit.as_ptr() as i64), Ok(u64::from_ne_bytes(*lit)));
+            assert_eq!(put(lit.as_ptr() as i64, &0u64), Err(Errno::EFAULT));
+            let mut v = 7u64;
+            assert_eq!(put(&mut v as *mut u64 as i64, &9u64), Ok(()));
+            assert_eq!(v, 9);
+            // Zero-length buffers are never touched, as in the kernel.
+            assert_eq!(slice(0, 0), Ok(&[][..]));
         }
-        // Read-only memory reads, but is not written.
-        let lit: &'static [u8; 8] = b"literal\0";
-        assert_eq!(get::<u64>(lit.as_ptr() as i64), Ok(u64::from_ne_bytes(*lit)));
-        assert_eq!(put(lit.as_ptr() as i64, &0u64), Err(Errno::EFAULT));
-        let mut v = 7u64;
-        assert_eq!(put(&mut v as *mut u64 as i64, &9u64), Ok(()));
-        assert_eq!(v, 9);
-        // Zero-length buffers are never touched, as in the kernel.
-        assert_eq!(slice(0, 0), Ok(&[][..]));
     }
 
     #[test]
     fn strings_end_within_path_max() {
-        let long = vec![b'a'; PATH_MAX + 10];
-        assert_eq!(cstr(long.as_ptr() as i64), Err(Errno::ENAMETOOLONG));
-        let mut ok = vec![b'a'; PATH_MAX - 1];
-        ok.push(0);
-        assert_eq!(cstr(ok.as_ptr() as i64).map(<[u8]>::len), Ok(PATH_MAX - 1));
-        let mut too = vec![b'a'; PATH_MAX];
-        too.push(0);
-        assert_eq!(cstr(too.as_ptr() as i64), Err(Errno::ENAMETOOLONG));
+        // SAFETY: buffers of the test's that nothing else refers to meanwhile, and
+        // addresses the functions refuse.
+        unsafe {
+            let long = vec![b'a'; PATH_MAX + 10];
+            assert_eq!(cstr(long.as_ptr() as i64), Err(Errno::ENAMETOOLONG));
+            let mut ok = vec![b'a'; PATH_MAX - 1];
+            ok.push(0);
+            assert_eq!(cstr(ok.as_ptr() as i64).map(<[u8]>::len), Ok(PATH_MAX - 1));
+            let mut too = vec![b'a'; PATH_MAX];
+            too.push(0);
+            assert_eq!(cstr(too.as_ptr() as i64), Err(Errno::ENAMETOOLONG));
+        }
     }
 }

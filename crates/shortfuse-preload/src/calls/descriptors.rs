@@ -1,5 +1,6 @@
 //! Calls on descriptors of ours: data transfers, seeks, syncs, the
 //! descriptor table (close, dup, fcntl) and locks.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use shortfuse::Errno;
 use shortfuse_vfs::OpenFile;
@@ -27,7 +28,8 @@ pub fn read(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
 /// nothing to copy (at the end of the file) returns 0; only a byte to
 /// copy makes it EFAULT. The offset stays where it was.
 fn into(f: &OpenFile, p: i64, len: usize, off: Option<u64>) -> Result<usize, Errno> {
-    let b = match user::slice_mut(p, len) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let b = match unsafe { user::slice_mut(p, len) } {
         Ok(b) => b,
         Err(fault) => {
             let at = match off {
@@ -48,7 +50,10 @@ fn into(f: &OpenFile, p: i64, len: usize, off: Option<u64>) -> Result<usize, Err
 
 pub fn write(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
     let f = file(fd)?;
-    Some(res(user::slice(buf.0, len).and_then(|b| f.write(b)).map(|n| n as i64)))
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    Some(res(unsafe { user::slice(buf.0, len) }
+        .and_then(|b| f.write(b))
+        .map(|n| n as i64)))
 }
 
 pub fn pread(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
@@ -64,7 +69,8 @@ pub fn pwrite(fd: Fd, buf: Ptr, len: usize, off: i64) -> Option<i64> {
     if off < 0 {
         return Some(err(Errno::EINVAL));
     }
-    Some(res(user::slice(buf.0, len)
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    Some(res(unsafe { user::slice(buf.0, len) }
         .and_then(|b| f.pwrite(b, off as u64))
         .map(|n| n as i64)))
 }
@@ -90,7 +96,8 @@ fn transfer(f: &OpenFile, iov: Ptr, n: i64, dir: Direction, at: Option<u64>) -> 
         return err(Errno::EINVAL);
     }
     let mut total = 0i64;
-    let iov = match user::iovecs(iov.0, n) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let iov = match unsafe { user::iovecs(iov.0, n) } {
         Ok(v) => v,
         Err(e) => return err(e),
     };
@@ -98,9 +105,13 @@ fn transfer(f: &OpenFile, iov: Ptr, n: i64, dir: Direction, at: Option<u64>) -> 
         let (base, len) = (v.iov_base as i64, v.iov_len);
         let r = match (dir, at) {
             (Direction::Read, None) => into(f, base, len, None),
-            (Direction::Write, None) => user::slice(base, len).and_then(|b| f.write(b)),
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            (Direction::Write, None) => unsafe { user::slice(base, len) }.and_then(|b| f.write(b)),
             (Direction::Read, Some(off)) => into(f, base, len, Some(off + total as u64)),
-            (Direction::Write, Some(off)) => user::slice(base, len).and_then(|b| f.pwrite(b, off + total as u64)),
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            (Direction::Write, Some(off)) => {
+                unsafe { user::slice(base, len) }.and_then(|b| f.pwrite(b, off + total as u64))
+            }
         };
         match r {
             Ok(got) => {

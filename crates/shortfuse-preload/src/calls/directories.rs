@@ -1,5 +1,6 @@
 //! The current directory (chdir, fchdir, getcwd: ours when it is inside a
 //! mount, with the kernel's kept somewhere safe) and directory listings.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use crate::user;
 
 pub fn getdents(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
     let f = file(fd)?;
-    Some(res(user::slice_mut(buf.0, len)
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    Some(res(unsafe { user::slice_mut(buf.0, len) }
         .and_then(|b| f.getdents64(b))
         .map(|n| n as i64)))
 }
@@ -48,7 +50,8 @@ pub fn getcwd(buf: Ptr, len: usize) -> Option<i64> {
         Ok(_) => {}
     }
     let p = vfs.host_path(&loc);
-    let buf = match user::slice_mut(buf.0, len) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let buf = match unsafe { user::slice_mut(buf.0, len) } {
         Ok(b) => b,
         Err(e) => return Some(err(e)),
     };
@@ -173,7 +176,8 @@ pub fn chdir(path: Ptr) -> Option<i64> {
 }
 
 fn chdir_to(arg: Ptr) -> i64 {
-    let path = match user::cstr(arg.0) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = match unsafe { user::cstr(arg.0) } {
         Ok(p) => p,
         Err(e) => return err(e),
     };

@@ -44,7 +44,8 @@ const SCRIPT_DEPTH: u32 = 4;
 
 /// [`execve`], `depth` interpreters deep.
 fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
-    let path = match user::cstr(a[0]) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = match unsafe { user::cstr(a[0]) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
@@ -115,7 +116,8 @@ fn exec_memfd(fd: i64, argv: i64, envp: i64) -> i64 {
 }
 
 pub fn execveat(a: [i64; 6]) -> Option<i64> {
-    let path = match user::cstr(a[1]) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = match unsafe { user::cstr(a[1]) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
@@ -201,7 +203,12 @@ fn script_on_mount(prog: &Prog, path: &[u8], argv: i64) -> Option<Argv> {
     let mut pointers: Vec<*const libc::c_char> = own.iter().map(|c| c.as_ptr()).collect();
     // A bad pointer: the kernel's exec of the script gives EFAULT.
     for i in 1.. {
-        let p = if argv == 0 { 0 } else { user::pointer_at(argv, i).ok()? };
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        let p = if argv == 0 {
+            0
+        } else {
+            unsafe { user::pointer_at(argv, i) }.ok()?
+        };
         if p == 0 {
             break;
         }
@@ -258,7 +265,8 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
         (a[0], 1)
     };
     // The kernel's answer to a bad path (the child must not fault in our memory).
-    let path = match user::cstr(a[i]) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = match unsafe { user::cstr(a[i]) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
@@ -466,14 +474,16 @@ fn environment(envp: i64, nothing: bool) -> Option<Env> {
         let mut i = 0;
         loop {
             // A bad array or string is left for the kernel's exec to refuse.
-            let Ok(p) = user::pointer_at(envp, i) else {
+            // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+            let Ok(p) = (unsafe { user::pointer_at(envp, i) }) else {
                 return None;
             };
             if p == 0 {
                 break;
             }
             i += 1;
-            let s = user::cstr_max(p, ARG_MAX).unwrap_or_default();
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            let s = unsafe { user::cstr_max(p, ARG_MAX) }.unwrap_or_default();
             if [&prefix, &saved, &marker].iter().any(|v| s.starts_with(v.as_bytes())) {
                 had = true;
                 continue;

@@ -97,7 +97,8 @@ pub fn call(c: &Call, regs: Regs) -> Option<Option<i64>> {
     }
     Some(match *c {
         Call::Fstat { fd, out } => Some(res(
-            fresh_stat(&f, fd).and_then(|st| user::put(out.0, &st).map(|()| 0i64))
+            // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+            fresh_stat(&f, fd).and_then(|st| unsafe { user::put(out.0, &st) }.map(|()| 0i64)),
         )),
         // Table bookkeeping (F_DUPFD*, F_SETFD) stays with the caller.
         Call::Fcntl {
@@ -214,7 +215,8 @@ pub fn mmap(f: &OpenFile, a: [i64; 6]) -> i64 {
     let size = f.stat().map(|at| at.size).unwrap_or(0);
     let want = (size.saturating_sub(off as u64)).min(len as u64) as usize;
     if want > 0 {
-        if let Err(e) = user::slice_mut(p, want).and_then(|b| f.pread(b, off as u64)) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        if let Err(e) = unsafe { user::slice_mut(p, want) }.and_then(|b| f.pread(b, off as u64)) {
             // SAFETY: an anonymous map the kernel places (or where the program asked), and changes
             // of that map only, before anything of ours uses it.
             unsafe { raw(libc::SYS_munmap, p, len, 0, 0, 0, 0) };
@@ -241,7 +243,8 @@ pub fn ioctl(f: &OpenFile, a: [i64; 6]) -> i64 {
     match f.stat() {
         Ok(at) => {
             let n = at.size.saturating_sub(f.offset()).min(i32::MAX as u64) as i32;
-            res(user::put(a[2], &n).map(|()| 0i64))
+            // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+            res(unsafe { user::put(a[2], &n) }.map(|()| 0i64))
         }
         Err(e) => err(e),
     }
@@ -264,12 +267,14 @@ impl Side {
 
     fn offset(&self) -> Option<u64> {
         // Checked by `copy` before anything moves.
-        (self.off_ptr != 0).then(|| user::get::<u64>(self.off_ptr).unwrap_or(0))
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        (self.off_ptr != 0).then(|| unsafe { user::get::<u64>(self.off_ptr) }.unwrap_or(0))
     }
 
     fn advance(&self, n: usize) {
         if let Some(o) = self.offset() {
-            let _ = user::put(self.off_ptr, &(o + n as u64));
+            // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+            let _ = unsafe { user::put(self.off_ptr, &(o + n as u64)) };
         }
     }
 
@@ -349,7 +354,8 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
     }
     for side in [&src, &dst] {
         if side.off_ptr != 0 {
-            if let Err(e) = user::slice_mut(side.off_ptr, 8) {
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            if let Err(e) = unsafe { user::slice_mut(side.off_ptr, 8) } {
                 return Some(err(e));
             }
         }

@@ -72,7 +72,8 @@ pub fn flock(f: &Arc<OpenFile>, op: i32) -> i64 {
 /// fcntl F_GETLK, F_SETLK(W) and their OFD forms on a file of a daemon.
 pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
     let ofd = matches!(cmd, libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW);
-    let mut fl: libc::flock = match user::get(arg) {
+    // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+    let mut fl: libc::flock = match unsafe { user::get(arg) } {
         Ok(fl) => fl,
         Err(e) => return err(e),
     };
@@ -111,7 +112,8 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
         return match client.getlk(f.node(), fh, owner, &lk) {
             Ok(got) if got.typ as i32 == libc::F_UNLCK => {
                 fl.l_type = libc::F_UNLCK as i16;
-                res(user::put(arg, &fl).map(|()| 0i64))
+                // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+                res(unsafe { user::put(arg, &fl) }.map(|()| 0i64))
             }
             Ok(got) => {
                 fl.l_type = got.typ as i16;
@@ -124,7 +126,8 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
                 };
                 // An OFD lock has no process (the kernel says -1).
                 fl.l_pid = if got.pid == 0 { -1 } else { got.pid as i32 };
-                res(user::put(arg, &fl).map(|()| 0i64))
+                // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+                res(unsafe { user::put(arg, &fl) }.map(|()| 0i64))
             }
             Err(e) => err(e),
         };

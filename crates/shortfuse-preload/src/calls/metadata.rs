@@ -1,5 +1,6 @@
 //! Attributes: stat, statx, statfs and their descriptor forms, and the
 //! calls that change mode, owner and times.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::Arc;
 
@@ -28,7 +29,8 @@ fn empty_path(path: Ptr, flags: AtFlags, null: Null) -> bool {
         && if path.is_null() {
             null == Null::Empty
         } else {
-            user::cstr(path.0).is_ok_and(<[u8]>::is_empty)
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            unsafe { user::cstr(path.0) }.is_ok_and(<[u8]>::is_empty)
         }
 }
 
@@ -44,14 +46,17 @@ pub fn stat(regs: Regs, at: PathAt, out: Ptr, flags: AtFlags) -> Option<i64> {
         let f = f?;
         if f.kernel_backed() {
             return Some(done(
-                kernel::fresh_stat(&f, Fd(at.dirfd)).and_then(|s| user::put(out.0, &s)),
+                // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+                kernel::fresh_stat(&f, Fd(at.dirfd)).and_then(|s| unsafe { user::put(out.0, &s) }),
             ));
         }
         return fstat_of(&f, out);
     }
     let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
     Some(done(
-        vfs.stat(&t).and_then(|a| user::put(out.0, &to_stat(&a, vfs.dev()))),
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        vfs.stat(&t)
+            .and_then(|a| unsafe { user::put(out.0, &to_stat(&a, vfs.dev())) }),
     ))
 }
 
@@ -62,7 +67,9 @@ pub fn fstat(fd: Fd, out: Ptr) -> Option<i64> {
 
 fn fstat_of(f: &Arc<shortfuse_vfs::OpenFile>, out: Ptr) -> Option<i64> {
     Some(done(
-        f.stat().and_then(|a| user::put(out.0, &to_stat(&a, f.vfs().dev()))),
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        f.stat()
+            .and_then(|a| unsafe { user::put(out.0, &to_stat(&a, f.vfs().dev())) }),
     ))
 }
 
@@ -71,7 +78,8 @@ pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
         let f = f?;
         if f.kernel_backed() {
             return Some(done(
-                kernel::fresh_statx(&f, Fd(at.dirfd)).and_then(|s| user::put(out.0, &s)),
+                // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+                kernel::fresh_statx(&f, Fd(at.dirfd)).and_then(|s| unsafe { user::put(out.0, &s) }),
             ));
         }
         f.stat().map(|a| (a, f.vfs().dev()))
@@ -79,7 +87,10 @@ pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
         let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
         vfs.stat(&t).map(|a| (a, vfs.dev()))
     };
-    Some(done(attr.and_then(|(a, dev)| user::put(out.0, &to_statx(&a, dev)))))
+    // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+    Some(done(
+        attr.and_then(|(a, dev)| unsafe { user::put(out.0, &to_statx(&a, dev)) }),
+    ))
 }
 
 /// chmod, fchmodat, fchmodat2.
@@ -124,7 +135,8 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
     let times = if times.is_null() {
         None
     } else {
-        match user::get::<[i64; 4]>(times.0) {
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        match unsafe { user::get::<[i64; 4]>(times.0) } {
             Ok(t) => Some(t),
             Err(e) => return Some(err(e)),
         }
@@ -136,7 +148,8 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
         let f = file(Fd(at.dirfd))?;
         (f.vfs().clone(), f.node())
     } else {
-        if let Err(e) = user::cstr(at.path.0) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        if let Err(e) = unsafe { user::cstr(at.path.0) } {
             return Some(err(e));
         }
         let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
@@ -174,7 +187,9 @@ pub fn statfs(regs: Regs, at: PathAt, out: Ptr) -> Option<i64> {
         return Some(err(Errno::ENOENT));
     };
     Some(done(
-        vfs.statfs(node).and_then(|s| user::put(out.0, &to_statfs(&s, &vfs))),
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        vfs.statfs(node)
+            .and_then(|s| unsafe { user::put(out.0, &to_statfs(&s, &vfs)) }),
     ))
 }
 
@@ -183,7 +198,8 @@ pub fn fstatfs(fd: Fd, out: Ptr) -> Option<i64> {
     Some(done(
         f.vfs()
             .statfs(f.node())
-            .and_then(|s| user::put(out.0, &to_statfs(&s, f.vfs()))),
+            // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+            .and_then(|s| unsafe { user::put(out.0, &to_statfs(&s, f.vfs())) }),
     ))
 }
 

@@ -1,5 +1,6 @@
 //! open, creat, openat and openat2: a mount file opened by its file
 //! system, with a kernel descriptor standing for it in the program.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use crate::user;
 
 /// openat2: its flags and mode come in a `struct open_how`.
 pub fn openat2(regs: Regs, at: PathAt, how: Ptr, size: usize) -> Option<i64> {
-    let how = match user::slice(how.0, size.min(24)) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let how = match unsafe { user::slice(how.0, size.min(24)) } {
         Ok(h) => h,
         Err(e) => return Some(err(e)),
     };

@@ -1,6 +1,7 @@
 //! Calls that name files by path and change or read the names: mkdir,
 //! mknod, unlink, rename, link, symlink, readlink, truncate, access and
 //! inotify watches, and the umask that creations apply.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::Arc;
 
@@ -64,7 +65,8 @@ pub fn readlink(regs: Regs, at: PathAt, buf: Ptr, len: i32) -> Option<i64> {
 }
 
 pub fn symlink(regs: Regs, target: Ptr, at: PathAt) -> Option<i64> {
-    let target = match user::cstr(target.0) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let target = match unsafe { user::cstr(target.0) } {
         Ok(t) => t.to_vec(),
         Err(e) => return Some(err(e)),
     };
@@ -86,7 +88,8 @@ fn resolve_two<'a>(
     new: PathAt,
     first: impl FnOnce(&'a [u8]) -> Result<Resolved, i64>,
 ) -> Result<([Named<'a>; 2], [Resolved; 2]), i64> {
-    let (p1, p2) = match (user::cstr(old.path.0), user::cstr(new.path.0)) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let (p1, p2) = match (unsafe { user::cstr(old.path.0) }, unsafe { user::cstr(new.path.0) }) {
         (Ok(p1), Ok(p2)) => (p1, p2),
         (Err(e), _) | (_, Err(e)) => return Err(err(e)),
     };
@@ -220,7 +223,8 @@ pub fn restore_umask(vfs: &Vfs) {
 /// the mount. `None` for any other path (an absolute path only: a path
 /// relative to a descriptor of /proc is the kernel's).
 fn proc_link(path: Ptr, buf: Ptr, len: i32) -> Option<i64> {
-    let path = user::cstr(path.0).ok()?;
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(path.0) }.ok()?;
     if !path.starts_with(b"/") {
         return None;
     }
@@ -277,7 +281,8 @@ fn link_out(target: &[u8], buf: Ptr, len: i32) -> i64 {
         return err(Errno::EINVAL);
     }
     let n = target.len().min(len as usize);
-    match user::slice_mut(buf.0, n) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    match unsafe { user::slice_mut(buf.0, n) } {
         Ok(out) => {
             out.copy_from_slice(&target[..n]);
             n as i64

@@ -1,5 +1,6 @@
 //! Where a path argument leads: a mount's node, or the kernel (with the
 //! path rewritten when a walk left a mount), and the descriptors of ours.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::Arc;
 
@@ -211,7 +212,8 @@ pub fn reissue(regs: Regs, at: PathAt, path: &[u8]) -> i64 {
 /// sends it to the kernel unchanged, `Err(Some(r))` returns `r` (an error,
 /// or the call re-issued with a path a walk found outside the mounts).
 pub fn lookup(regs: Regs, at: PathAt, flags: WalkFlags) -> Result<(Arc<Vfs>, Target), Option<i64>> {
-    let path = user::cstr(at.path.0).map_err(|e| Some(err(e)))?;
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(at.path.0) }.map_err(|e| Some(err(e)))?;
     match resolve_for(at.dirfd, path, flags) {
         Err(e) => Err(Some(err(e))),
         Ok(Resolved::Kernel(None)) => Err(None),

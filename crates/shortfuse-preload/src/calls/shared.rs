@@ -250,14 +250,18 @@ fn passed(nr: i64, a: [i64; 6], fds: &mut Vec<i32>) {
     }
     if nr == libc::SYS_sendmsg {
         // A bad message passes nothing: the kernel fails the call.
-        if let Ok(m) = crate::user::get::<libc::msghdr>(a[1]) {
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        if let Ok(m) = unsafe { crate::user::get::<libc::msghdr>(a[1]) } {
             crate::user::passed_fds(&m, fds);
         }
         return;
     }
     let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
     for i in 0..n {
-        let Ok(m) = crate::user::get::<libc::mmsghdr>(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64) else {
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        let Ok(m) =
+            (unsafe { crate::user::get::<libc::mmsghdr>(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64) })
+        else {
             return;
         };
         crate::user::passed_fds(&m.msg_hdr, fds);

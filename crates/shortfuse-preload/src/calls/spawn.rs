@@ -112,7 +112,8 @@ pub fn absolute(dirfd: i64, path: &[u8]) -> Option<Vec<u8>> {
 /// to the kernel.
 pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     match nr {
-        libc::SYS_chdir => chdir(AT_FDCWD, crate::user::cstr(a[0]).ok()?),
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_chdir => chdir(AT_FDCWD, unsafe { crate::user::cstr(a[0]) }.ok()?),
         libc::SYS_fchdir => {
             let f = state().fds.get(a[0] as i32);
             let Some(f) = f else {
@@ -130,8 +131,10 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             let p = f.vfs().host_path(loc);
             chdir(AT_FDCWD, &p)
         }
-        libc::SYS_open => open(AT_FDCWD, crate::user::cstr(a[0]).ok()?, a[1], a[2]),
-        libc::SYS_openat => open(a[0], crate::user::cstr(a[1]).ok()?, a[2], a[3]),
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_open => open(AT_FDCWD, unsafe { crate::user::cstr(a[0]) }.ok()?, a[1], a[2]),
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        libc::SYS_openat => open(a[0], unsafe { crate::user::cstr(a[1]) }.ok()?, a[2], a[3]),
         // A bad pointer: the kernel's EFAULT (above, too). Every other
         // call of the child reaches the kernel: relative
         // paths there start at the kernel's current directory.

@@ -92,11 +92,13 @@ fn arguments_in_mounts(argv: i64) -> Option<Vec<u8>> {
         return None;
     }
     for i in 1.. {
-        let p = user::pointer_at(argv, i).ok()?;
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        let p = unsafe { user::pointer_at(argv, i) }.ok()?;
         if p == 0 {
             return None;
         }
-        let Ok(a) = user::cstr(p) else { return None };
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        let Ok(a) = (unsafe { user::cstr(p) }) else { return None };
         if !a.starts_with(b"/") {
             continue;
         }
@@ -115,11 +117,15 @@ fn arguments_in_mounts(argv: i64) -> Option<Vec<u8>> {
 fn environment_keeps_shim(envp: i64) -> bool {
     let (mut preload, mut mounts) = (false, false);
     for i in 0.. {
-        let Ok(p) = user::pointer_at(envp, i) else { break };
+        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+        let Ok(p) = (unsafe { user::pointer_at(envp, i) }) else {
+            break;
+        };
         if p == 0 {
             break;
         }
-        let Ok(e) = user::cstr(p) else { break };
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        let Ok(e) = (unsafe { user::cstr(p) }) else { break };
         if let Some(v) = e.strip_prefix(b"LD_PRELOAD=") {
             preload |= v
                 .windows(b"libshortfuse_preload".len())

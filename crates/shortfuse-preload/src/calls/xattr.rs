@@ -3,6 +3,7 @@
 //! the file system as GETXATTR, LISTXATTR, SETXATTR and REMOVEXATTR after the
 //! checks the kernel makes first. ENOSYS from the file system reads as
 //! EOPNOTSUPP, as the kernel reports it.
+#![allow(unsafe_code)] // the program's memory, through `user`
 
 use std::sync::Arc;
 
@@ -44,7 +45,8 @@ pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
     // As the kernel's xattr_permission: user.* only on regular files and
     // directories (elsewhere the permission bits mean something else).
     let user_elsewhere = |name: Ptr| {
-        user::cstr(name.0).is_ok_and(|n| n.starts_with(b"user."))
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        unsafe { user::cstr(name.0) }.is_ok_and(|n| n.starts_with(b"user."))
             && !matches!(kind, FileType::Regular | FileType::Directory)
     };
     Some(match op {
@@ -77,7 +79,8 @@ pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
             if vfs.is_read_only() {
                 return Some(err(Errno::EROFS));
             }
-            let value = match user::slice(value.0, size) {
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            let value = match unsafe { user::slice(value.0, size) } {
                 Ok(v) => v,
                 Err(e) => return Some(err(e)),
             };
@@ -109,7 +112,8 @@ pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
 /// The attribute name, unless the kernel would refuse it (empty or longer
 /// than XATTR_NAME_MAX: ERANGE; a bad pointer: EFAULT).
 fn checked_name<'a>(p: Ptr) -> Result<&'a [u8], Errno> {
-    match user::cstr_max(p.0, NAME_MAX + 1) {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    match unsafe { user::cstr_max(p.0, NAME_MAX + 1) } {
         Ok(n) if !n.is_empty() => Ok(n),
         Err(e) if e == Errno::EFAULT => Err(e),
         _ => Err(Errno::ERANGE),
@@ -122,7 +126,8 @@ fn get(vfs: &Arc<Vfs>, node: NodeId, name: &[u8], list: bool, buf: Ptr, size: i6
     match vfs.client().xattr_get(node, name, list, size as u32) {
         Ok(XattrOut::Size(n)) => i64::from(n),
         Ok(XattrOut::Data(d)) if d.len() > size => err(Errno::ERANGE),
-        Ok(XattrOut::Data(d)) => match user::slice_mut(buf.0, d.len()) {
+        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+        Ok(XattrOut::Data(d)) => match unsafe { user::slice_mut(buf.0, d.len()) } {
             Ok(out) => {
                 out.copy_from_slice(&d);
                 d.len() as i64
