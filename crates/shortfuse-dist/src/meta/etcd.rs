@@ -502,6 +502,10 @@ macro_rules! transact {
 struct Opens {
     lease: i64,
     published: HashSet<u64>,
+    /// Marks being removed (a last close), not under the lock: an open of
+    /// one of these files waits until the removal is done, then publishes
+    /// again, so that the two cannot cross.
+    closing: HashSet<u64>,
 }
 
 /// The metadata service of one agent over a shared etcd.
@@ -513,9 +517,13 @@ pub struct EtcdMeta {
     params: FsParams,
     /// Reserved inode numbers `[next, end)`.
     inos: Mutex<(u64, u64)>,
-    /// Held across the etcd write that (un)publishes a mark, so that a
-    /// close and a new open of one file at this agent cannot cross.
+    /// Held across the etcd write that publishes a mark, so that a close
+    /// and a new open of one file at this agent cannot cross. Not across
+    /// the one that removes a mark ([`Opens::closing`]): a create (which
+    /// takes it twice) would wait for the last file's close.
     opens: Arc<tokio::sync::Mutex<Opens>>,
+    /// Told when a mark's removal is done.
+    closed: tokio::sync::Notify,
     keeper: tokio::task::JoinHandle<()>,
 }
 
@@ -584,6 +592,7 @@ impl EtcdMeta {
         let opens = Arc::new(tokio::sync::Mutex::new(Opens {
             lease,
             published: HashSet::new(),
+            closing: HashSet::new(),
         }));
         let keeper = tokio::spawn(keep_alive(client.clone(), keys.clone(), opens.clone(), ttl_secs));
         Ok(EtcdMeta {
@@ -594,6 +603,7 @@ impl EtcdMeta {
             recent: Arc::default(),
             inos: Mutex::new((0, 0)),
             opens,
+            closed: tokio::sync::Notify::new(),
             keeper,
         })
     }
@@ -1067,7 +1077,16 @@ impl EtcdMeta {
     /// when it is gone. One transaction: the mark is put only if the node
     /// is there.
     pub async fn open_file(&self, ino: u64) -> Result<()> {
-        let mut opens = self.opens.lock().await;
+        let mut opens = loop {
+            // Before looking: a removal done meanwhile wakes it.
+            let done = self.closed.notified();
+            let opens = self.opens.lock().await;
+            if !opens.closing.contains(&ino) {
+                break opens;
+            }
+            drop(opens);
+            done.await;
+        };
         // Marked here: it cannot have been freed.
         if opens.published.contains(&ino) {
             return Ok(());
@@ -1090,25 +1109,40 @@ impl EtcdMeta {
     /// caller removes the data.
     pub async fn reap(&self, ino: u64, is_open: impl FnOnce() -> bool) -> Result<bool> {
         let keys = &self.keys;
-        {
+        let lease = {
             let mut opens = self.opens.lock().await;
             if is_open() {
                 return Ok(false);
             }
-            if opens.published.contains(&ino) {
-                // The mark goes either way; whether `ino` is an orphan (a
-                // file that lost its last name while open has the orphan
-                // key) comes with it, so a plain close costs one request.
-                let mark = || TxnOp::delete(keys.open(ino, opens.lease), None);
-                let txn = Txn::new()
-                    .when([Compare::version(keys.orphan(ino), CompareOp::Equal, 0)])
-                    .and_then([mark()])
-                    .or_else([mark()]);
-                let resp = self.kv.clone().txn(txn).await.map_err(|_| Errno::EIO)?;
-                opens.published.remove(&ino);
-                if resp.succeeded() {
-                    return Ok(false);
+            match opens.published.remove(&ino) {
+                true => {
+                    opens.closing.insert(ino);
+                    Some(opens.lease)
                 }
+                false => None,
+            }
+        };
+        if let Some(lease) = lease {
+            // The mark goes either way; whether `ino` is an orphan (a file
+            // that lost its last name while open has the orphan key) comes
+            // with it, so a plain close costs one request.
+            let mark = || TxnOp::delete(keys.open(ino, lease), None);
+            let txn = Txn::new()
+                .when([Compare::version(keys.orphan(ino), CompareOp::Equal, 0)])
+                .and_then([mark()])
+                .or_else([mark()]);
+            let resp = self.kv.clone().txn(txn).await;
+            {
+                let mut opens = self.opens.lock().await;
+                opens.closing.remove(&ino);
+                if resp.is_err() {
+                    // Maybe still there: the next close removes it.
+                    opens.published.insert(ino);
+                }
+            }
+            self.closed.notify_waiters();
+            if resp.map_err(|_| Errno::EIO)?.succeeded() {
+                return Ok(false);
             }
         }
         transact!(self, t => {
