@@ -297,18 +297,29 @@ fn lock_rewrites(me: u64) -> bool {
 /// so another CPU executes either instruction, never a mix. A pair that
 /// straddles a line is rewritten only while this thread is the process's
 /// only one ([`alone`]: nobody can run it meanwhile); otherwise it is left
-/// alone and keeps being served by Syscall User Dispatch (in a vfork
-/// child, which runs without it, it reaches the kernel unserved). The page
+/// alone and keeps being served by Syscall User Dispatch. The page
 /// is made writable while staying executable, then given back its
 /// protection: that of the loaded segment's program header
 /// ([`segment_of`]), or, for code no object holds (a JIT's), that of
 /// /proc/self/maps. Called from the SIGSYS handler: no allocation, raw
 /// system calls only. The spin lock is safe across fork and re-entry (see
 /// [`REWRITING`]), and never held while the loader's lock is.
+///
+/// A process is not forked meanwhile (`fork_gate`): `dl_iterate_phdr`
+/// holds the loader's lock, which a fork by another thread would leave
+/// held for ever in the child (glibc does not reset it there), whose first
+/// rewrite then waits for it.
 pub fn rewrite_site(site: usize) -> bool {
     if !active() || site % 64 == 63 && !alone() {
         return false;
     }
+    crate::fork_gate::enter();
+    let done = rewrite_unforked(site);
+    crate::fork_gate::leave();
+    done
+}
+
+fn rewrite_unforked(site: usize) -> bool {
     let Some((start, end, prot)) = segment_of(site).or_else(|| mapping_of(site)) else {
         return false;
     };
