@@ -11,7 +11,8 @@ Environment:
                         mem,passthrough; `bindfs` adds Debian's bindfs as a peer);
                         NAME@TRANSPORT runs one on that transport only (sftp@dev)
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
-  SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180)
+  SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180; a configuration
+                        may declare a longer one, sfmount.FsSpec.deadline)
 """
 
 from __future__ import annotations
@@ -99,7 +100,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def _deadline(item) -> float:
     m = item.get_closest_marker("deadline")
-    return float(m.args[0]) if m else DEFAULT_DEADLINE
+    limit = float(m.args[0]) if m else DEFAULT_DEADLINE
+    cs = getattr(item, "callspec", None)
+    cfg = cs.params.get("config") if cs is not None else None
+    if isinstance(cfg, sfmount.Config):
+        limit = max(limit, cfg.spec.deadline)
+    return limit
 
 
 class DeadlineExceeded(Exception):
