@@ -47,12 +47,15 @@ use table::{Call, Regs};
 /// not handed over (those of a daemon's files travel by themselves; see
 /// `shared`).
 pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
-    exec::vfork_exec(nr, a)
+    match Call::decode(nr, a)? {
+        Call::Execve { exec } | Call::Execveat { exec } => exec::vfork_exec(exec),
+        _ => None,
+    }
 }
 
 /// The other file calls of a vfork child: see `spawn`.
 pub fn vfork_call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    spawn::call(nr, a)
+    spawn::call(Call::decode(nr, a)?)
 }
 
 /// Serves a file call, or a clone-family call before the entry runs it.
@@ -75,7 +78,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             shared::sent(nr, a);
             return None;
         }
-        Call::Execve | Call::Execveat => shared::anchor_all(),
+        Call::Execve { .. } | Call::Execveat { .. } => shared::anchor_all(),
         Call::Socket => return sockets::call(nr, a),
         _ => {}
     }
@@ -140,8 +143,8 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::InotifyAddWatch { inotify, at, mask } => paths::inotify_add_watch(regs, inotify, at, mask),
         Call::Umask { mask } => paths::umask(mask),
         Call::Xattr { on, op } => xattr::call(regs, on, op),
-        Call::Execve => exec::execve(a),
-        Call::Execveat => exec::execveat(a),
+        Call::Execve { exec } => exec::execve(exec),
+        Call::Execveat { exec } => exec::execveat(exec),
         Call::Clone { .. } | Call::Send | Call::Socket => None,
     }
 }

@@ -28,14 +28,15 @@ use shortfuse_vfs::{OpenFile, Target, Vfs};
 
 use super::reply::err;
 use super::resolve::{mount_of, resolve, with_nul, Resolved};
+use super::table::{Exec, Ptr};
 use crate::mounts::{CWD_VAR, NOTHING_INHERITED, NOTHING_INHERITED_VAR};
 use crate::sys::{fs, raw};
 use crate::{state, user};
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
-pub fn execve(a: [i64; 6]) -> Option<i64> {
-    execve_script(a, 0)
+pub fn execve(e: Exec) -> Option<i64> {
+    execve_script(e.at.path, e.argv, e.envp, 0)
 }
 
 /// How many `#!` interpreters on a mount one exec follows (the kernel's
@@ -43,9 +44,10 @@ pub fn execve(a: [i64; 6]) -> Option<i64> {
 const SCRIPT_DEPTH: u32 = 4;
 
 /// [`execve`], `depth` interpreters deep.
-fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
+fn execve_script(path_ptr: Ptr, argv_ptr: Ptr, envp_ptr: Ptr, depth: u32) -> Option<i64> {
+    let (a0, a1, a2) = (path_ptr.0, argv_ptr.0, envp_ptr.0);
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-    let path = match unsafe { user::cstr(a[0]) } {
+    let path = match unsafe { user::cstr(a0) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
@@ -53,38 +55,38 @@ fn execve_script(a: [i64; 6], depth: u32) -> Option<i64> {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
-    if let Some(argv) = script_on_mount(&prog, path, a[1]) {
+    if let Some(argv) = script_on_mount(&prog, path, a1) {
         if let Prog::Copy(fd) = prog {
             fs::close(fd as i32);
         }
         if depth >= SCRIPT_DEPTH {
             return Some(err(Errno::ELOOP));
         }
-        let b = [argv.pointers[0] as i64, argv.pointers.as_ptr() as i64, a[2], 0, 0, 0];
-        return execve_script(b, depth + 1);
+        let (prog, args) = (Ptr(argv.pointers[0] as i64), Ptr(argv.pointers.as_ptr() as i64));
+        return execve_script(prog, args, envp_ptr, depth + 1);
     }
-    if let Some(r) = super::unserved::refuse(&prog, path, a[1], a[2], super::unserved::cwd_mount()) {
+    if let Some(r) = super::unserved::refuse(&prog, path, a1, a2, super::unserved::cwd_mount()) {
         if let Prog::Copy(fd) = prog {
             fs::close(fd as i32);
         }
         return Some(r);
     }
     if let Prog::Copy(fd) = prog {
-        return Some(exec_copy(fd, a[1], a[2]));
+        return Some(exec_copy(fd, a1, a2));
     }
     let (dirfd, prog) = prog.into_path();
-    let prog_ptr = prog.as_ref().map_or(a[0], |p| p.as_ptr() as i64);
+    let prog_ptr = prog.as_ref().map_or(a0, |p| p.as_ptr() as i64);
     hand_over_descriptors();
-    let env = environment(a[2], nothing_inherited());
-    let envp = env.as_ref().map_or(a[2], |e| e.pointers.as_ptr() as i64);
+    let env = environment(a2, nothing_inherited());
+    let envp = env.as_ref().map_or(a2, |e| e.pointers.as_ptr() as i64);
     Some(if dirfd == AT_FDCWD && prog.is_none() {
         // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across
         // the call: the kernel reads them as it would have.
-        unsafe { raw(libc::SYS_execve, prog_ptr, a[1], envp, 0, 0, 0) }
+        unsafe { raw(libc::SYS_execve, prog_ptr, a1, envp, 0, 0, 0) }
     } else {
         // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across
         // the call: the kernel reads them as it would have.
-        unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, a[1], envp, 0, 0) }
+        unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, a1, envp, 0, 0) }
     })
 }
 
@@ -115,39 +117,40 @@ fn exec_memfd(fd: i64, argv: i64, envp: i64) -> i64 {
     r
 }
 
-pub fn execveat(a: [i64; 6]) -> Option<i64> {
+pub fn execveat(e: Exec) -> Option<i64> {
+    let (dirfd_arg, argv, envp) = (i64::from(e.at.dirfd), e.argv.0, e.envp.0);
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-    let path = match unsafe { user::cstr(a[1]) } {
+    let path = match unsafe { user::cstr(e.at.path.0) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
-    let flags = a[4] as i32;
+    let flags = e.flags.0;
     let (dirfd, prog) = if path.is_empty() {
-        (a[0], None)
+        (dirfd_arg, None)
     } else {
-        match program(a[0], path, flags & libc::AT_SYMLINK_NOFOLLOW == 0) {
+        match program(dirfd_arg, path, e.flags.follow()) {
             Ok(p) => {
-                if let Some(r) = super::unserved::refuse(&p, path, a[2], a[3], super::unserved::cwd_mount()) {
+                if let Some(r) = super::unserved::refuse(&p, path, argv, envp, super::unserved::cwd_mount()) {
                     if let Prog::Copy(fd) = p {
                         fs::close(fd as i32);
                     }
                     return Some(r);
                 }
                 match p {
-                    Prog::Copy(fd) => return Some(exec_copy(fd, a[2], a[3])),
+                    Prog::Copy(fd) => return Some(exec_copy(fd, argv, envp)),
                     p => p.into_path(),
                 }
             }
             Err(e) => return Some(err(e)),
         }
     };
-    let prog_ptr = prog.as_ref().map_or(a[1], |p| p.as_ptr() as i64);
+    let prog_ptr = prog.as_ref().map_or(e.at.path.0, |p| p.as_ptr() as i64);
     hand_over_descriptors();
-    let env = environment(a[3], nothing_inherited());
-    let envp = env.as_ref().map_or(a[3], |e| e.pointers.as_ptr() as i64);
+    let env = environment(envp, nothing_inherited());
+    let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across the
     // call: the kernel reads them as it would have.
-    Some(unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, a[2], envp, a[4], 0) })
+    Some(unsafe { raw(libc::SYS_execveat, dirfd, prog_ptr, argv, envp, i64::from(flags), 0) })
 }
 
 /// The argument vector of a script's interpreter: the strings and the
@@ -258,21 +261,15 @@ fn program(dirfd: i64, path: &[u8], follow: bool) -> Result<Prog, Errno> {
 }
 
 /// See `calls::vfork_exec`.
-pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
-    let (dirfd, i) = if nr == libc::SYS_execve {
-        (AT_FDCWD, 0)
-    } else {
-        (a[0], 1)
-    };
+pub fn vfork_exec(e: Exec) -> Option<i64> {
+    let dirfd = i64::from(e.at.dirfd);
     // The kernel's answer to a bad path (the child must not fault in our memory).
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-    let path = match unsafe { user::cstr(a[i]) } {
+    let path = match unsafe { user::cstr(e.at.path.0) } {
         Ok(p) => p,
         Err(e) => return Some(err(e)),
     };
-    let envp = if nr == libc::SYS_execve { a[2] } else { a[3] };
-    let argv = if nr == libc::SYS_execve { a[1] } else { a[2] };
-    let flags = if nr == libc::SYS_execve { 0 } else { a[4] };
+    let (argv, envp, flags) = (e.argv.0, e.envp.0, i64::from(e.flags.0));
     let abs = super::spawn::absolute(dirfd, path)?;
     // What the kernel will run, when it can be read here: a program of a
     // mount without a source is copied below, and never static in practice.
@@ -302,7 +299,7 @@ pub fn vfork_exec(nr: i64, a: [i64; 6]) -> Option<i64> {
                 .is_some()
                 // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive
                 // across the call: the kernel reads them as it would have.
-                .then(|| unsafe { raw(libc::SYS_execveat, dirfd, a[i], argv, envp, flags, 0) });
+                .then(|| unsafe { raw(libc::SYS_execveat, dirfd, e.at.path.0, argv, envp, flags, 0) });
         }
         // Relative to a directory in a mount: the kernel's current
         // directory is not there.

@@ -37,10 +37,11 @@ use shortfuse_vfs::{Location, Vfs, Walk, WalkFlags};
 use super::directories::enter_dead_directory;
 use super::reply::err;
 use super::resolve::{mount_of, with_nul};
+use super::table::Call;
 use crate::state;
 
 const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
-use crate::sys::{fs, raw};
+use crate::sys::fs;
 
 /// The current directory of a vfork child.
 #[derive(Clone)]
@@ -108,18 +109,16 @@ pub fn absolute(dirfd: i64, path: &[u8]) -> Option<Vec<u8>> {
     Some(shortfuse_vfs::normalize(&abs))
 }
 
-/// Serves call `nr` of a vfork child (see the module doc); `None` sends it
+/// Serves call `c` of a vfork child (see the module doc); `None` sends it
 /// to the kernel.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    match nr {
+pub fn call(c: Call) -> Option<i64> {
+    match c {
         // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        libc::SYS_chdir => chdir(AT_FDCWD, unsafe { crate::user::cstr(a[0]) }.ok()?),
-        libc::SYS_fchdir => {
-            let f = state().fds.get(a[0] as i32);
+        Call::Chdir { path } => chdir(AT_FDCWD, unsafe { crate::user::cstr(path.0) }.ok()?),
+        Call::Fchdir { fd } => {
+            let f = state().fds.get(fd.0);
             let Some(f) = f else {
-                // SAFETY: the program's own call, its arguments as it gave them: the kernel checks
-                // them as it would have.
-                let r = unsafe { raw(nr, a[0], 0, 0, 0, 0, 0) };
+                let r = fs::fchdir(fd.0);
                 if r == 0 {
                     CWD.with(|c| *c.borrow_mut() = Cwd::Kernel);
                 }
@@ -131,10 +130,11 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             let p = f.vfs().host_path(loc);
             chdir(AT_FDCWD, &p)
         }
-        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        libc::SYS_open => open(AT_FDCWD, unsafe { crate::user::cstr(a[0]) }.ok()?, a[1], a[2]),
-        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        libc::SYS_openat => open(a[0], unsafe { crate::user::cstr(a[1]) }.ok()?, a[2], a[3]),
+        Call::Open { at, flags, mode } => {
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            let path = unsafe { crate::user::cstr(at.path.0) }.ok()?;
+            open(i64::from(at.dirfd), path, flags, mode)
+        }
         // A bad pointer: the kernel's EFAULT (above, too). Every other
         // call of the child reaches the kernel: relative
         // paths there start at the kernel's current directory.
@@ -206,12 +206,12 @@ fn directory(vfs: &Arc<Vfs>, rest: &[u8]) -> i64 {
     }
 }
 
-fn open(dirfd: i64, path: &[u8], flags: i64, mode: i64) -> Option<i64> {
+fn open(dirfd: i64, path: &[u8], flags: i32, mode: u32) -> Option<i64> {
     let abs = absolute(dirfd, path)?;
     let (vfs, rest) = mount_of(&abs)?;
     let Some(src) = vfs.source() else {
         return Some(err(Errno::ENOENT));
     };
     let p = super::exec::backing_path(src, &slash(rest));
-    Some(fs::openat(libc::AT_FDCWD, &p, flags as i32, mode as u32))
+    Some(fs::openat(libc::AT_FDCWD, &p, flags, mode))
 }

@@ -86,6 +86,17 @@ impl PathAt {
     }
 }
 
+/// execve and execveat: the program (relative to `at.dirfd`), its
+/// argument and environment vectors, and execveat's flags (none for
+/// execve).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exec {
+    pub at: PathAt,
+    pub argv: Ptr,
+    pub envp: Ptr,
+    pub flags: AtFlags,
+}
+
 /// The registers of a call as the program made it.
 #[derive(Clone, Copy, Debug)]
 pub struct Regs {
@@ -387,8 +398,12 @@ pub enum Call {
         on: XattrOn,
         op: XattrOp,
     },
-    Execve,
-    Execveat,
+    Execve {
+        exec: Exec,
+    },
+    Execveat {
+        exec: Exec,
+    },
     /// sendmsg, sendmmsg: they may pass descriptors of ours.
     Send,
     /// bind, connect: a Unix socket's path may name a mount.
@@ -548,8 +563,12 @@ calls! { a;
             on: XattrOn::Path { at: PathAt::cwd(a, 0), follow: false }, op: XattrOp::Remove { name: Ptr(a[1]) },
         },
         SYS_fremovexattr => Xattr { on: XattrOn::Fd(Fd::of(a[0])), op: XattrOp::Remove { name: Ptr(a[1]) } },
-        SYS_execve => Execve,
-        SYS_execveat => Execveat,
+        SYS_execve => Execve {
+            exec: Exec { at: PathAt::cwd(a, 0), argv: Ptr(a[1]), envp: Ptr(a[2]), flags: AtFlags::NONE },
+        },
+        SYS_execveat => Execveat {
+            exec: Exec { at: PathAt::at(a, 0, 1), argv: Ptr(a[2]), envp: Ptr(a[3]), flags: AtFlags::of(a[4]) },
+        },
         SYS_sendmsg => Send,
         SYS_sendmmsg => Send,
         SYS_bind => Socket,
