@@ -250,6 +250,16 @@ def test_a_kernel_mount_of_the_daemon_sees_the_same_files(shortfuse, scratch):
         assert not (mp / "gone").exists()
         assert (mp / "late").read_text() == "hi\n"
         assert (mp / "from-ring").read_text() == "ring data+more+kernel++"
+        # An open with O_TRUNC empties the file in that one request (both
+        # sides agree on FUSE_ATOMIC_O_TRUNC): either side's truncation
+        # reaches the other's cache, with no write after it.
+        assert (mp / "from-ring").stat().st_size == len("ring data+more+kernel++")
+        assert b("write", f"{mp}/from-ring", "w", "")["ok"]
+        assert (mp / "from-ring").stat().st_size == 0
+        assert (mp / "from-ring").read_text() == ""
+        assert b("stat", f"{mp}/late")["ok"]["size"] == 3
+        open(mp / "late", "w").close()
+        assert b("stat", f"{mp}/late")["ok"]["size"] == 0
         # One daemon, one set of statistics: both paths counted.
         transports = d.stats()["transports"]
         assert transports["ring"] > 0 and transports["dev"] > 0, transports

@@ -181,7 +181,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         ..config
     };
     let mut server = Server::start(&ring_path, fs.clone(), opts, dev.stats().clone(), config)?;
-    kernel_fs.attach(server.announcer());
+    kernel_fs.attach(server.announcer(), dev.dispatcher());
     let name = fs_name.clone();
     let result = dev.run(|| {
         crate::sys::notify_ready();

@@ -774,7 +774,7 @@ impl Conn {
         if outcome == Outcome::NoReply {
             reply.clear();
         }
-        let ok = reply.len() >= 16 && abi::fuse_out_header::read_from_prefix(reply).is_ok_and(|(o, _)| o.error == 0);
+        let ok = shortfuse::answered_ok(reply);
         // A failed request hands out nothing and changes nothing; only the
         // ones giving something back count when they fail (a stat of a
         // missing name skips the parse and the lock).
@@ -1172,7 +1172,9 @@ fn tracked(opcode: u32) -> bool {
     )
 }
 
-/// The invalidations a successful request calls for in other clients.
+/// The invalidations a successful request calls for in other clients:
+/// what each request changes, said once for the rings' requests (the
+/// server's) and for a kernel mount's beside them ([`crate::Announcing`]).
 pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
     use std::os::unix::ffi::OsStrExt;
     let node = r.header.nodeid;
@@ -1183,6 +1185,8 @@ pub fn changes(r: &abi::Request<'_>, mut f: impl FnMut(Notice<'_>)) {
         | Operation::Setxattr { .. }
         | Operation::Removexattr { .. } => f(Notice::Inode(node)),
         Operation::CopyFileRange { arg } => f(Notice::Inode(arg.nodeid_out)),
+        // With `FUSE_ATOMIC_O_TRUNC` the open itself empties the file.
+        Operation::Open { arg } if arg.flags as i32 & libc::O_TRUNC != 0 => f(Notice::Inode(node)),
         Operation::Create { name, .. }
         | Operation::Mknod { name, .. }
         | Operation::Mkdir { name, .. }

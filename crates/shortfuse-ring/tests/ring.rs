@@ -94,11 +94,16 @@ fn call(c: &RingClient, req: &[u8]) -> Result<(i32, Vec<u8>), Errno> {
 }
 
 fn init_request() -> Vec<u8> {
+    init_request_offering(0)
+}
+
+/// An INIT that offers the `FUSE_*` capability bits `flags`.
+fn init_request_offering(flags: u32) -> Vec<u8> {
     let arg = abi::fuse_init_in {
         major: abi::FUSE_KERNEL_VERSION,
         minor: abi::FUSE_KERNEL_MINOR_VERSION,
         max_readahead: 0,
-        flags: 0,
+        flags,
         flags2: 0,
         unused: [0; 11],
     };
@@ -106,7 +111,11 @@ fn init_request() -> Vec<u8> {
 }
 
 fn init(c: &RingClient) {
-    let (err, _) = call(c, &init_request()).unwrap();
+    init_offering(c, 0);
+}
+
+fn init_offering(c: &RingClient, flags: u32) {
+    let (err, _) = call(c, &init_request_offering(flags)).unwrap();
     assert_eq!(err, 0);
 }
 
@@ -226,6 +235,35 @@ fn other_clients_are_told_what_changed() {
     });
     assert_eq!(all, 1);
     b.notices(|n| panic!("b was told {n:?} twice"));
+}
+
+/// An open with O_TRUNC (as the kernel and the shim send it once
+/// `FUSE_ATOMIC_O_TRUNC` is agreed) empties the file: the other clients are
+/// told, as of a write; an open without it changes nothing and is not.
+#[test]
+fn an_open_that_truncates_is_announced() {
+    let path = scratch("otrunc");
+    let (_s, _) = server(&path);
+    let a = RingClient::connect(&path).unwrap();
+    let b = RingClient::connect(&path).unwrap();
+    init_offering(&a, abi::FUSE_ATOMIC_O_TRUNC as u32);
+    init_offering(&b, abi::FUSE_ATOMIC_O_TRUNC as u32);
+    let (node, fh) = create(&a, b"trunc");
+    assert_eq!(write(&a, node, fh, b"data"), 0);
+    b.notices(|_| {});
+    let open = |flags: i32| {
+        let arg = abi::fuse_open_in {
+            flags: flags as u32,
+            open_flags: 0,
+        };
+        let (err, _) = call(&a, &request(abi::FUSE_OPEN, node, arg.as_bytes(), &[])).unwrap();
+        assert_eq!(err, 0, "open {flags:#o}");
+    };
+    open(libc::O_RDWR);
+    assert_eq!(notices(&b), Vec::<String>::new(), "a plain open changes nothing");
+    open(libc::O_RDWR | libc::O_TRUNC);
+    assert_eq!(read(&b, node, fh, 16), b"", "the open emptied the file");
+    assert_eq!(notices(&b), [format!("inode {node}")]);
 }
 
 /// What the file system notifies through the notifier its `init` got (the

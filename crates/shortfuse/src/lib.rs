@@ -86,7 +86,7 @@ pub mod types;
 pub use shortfuse_abi as abi;
 
 pub use datamap::{BackingFile, DataMap, Extent, InvalidMap};
-pub use dispatch::{Dispatcher, MapTap, Negotiated, Outcome};
+pub use dispatch::{answered_ok, Dispatcher, MapTap, Negotiated, Observer, Outcome};
 pub use errno::{Errno, Result};
 pub use filesystem::{Filesystem, InitConfig};
 pub use mount::{Mount, MountMethod};

@@ -78,11 +78,23 @@ pub struct Dispatcher {
     /// [`Filesystem::answers_later`], asked once.
     answers_later: bool,
     inflight: Arc<InFlight>,
+    observer: OnceLock<Observer>,
 }
 
 /// Sees the data map of every successful OPEN and CREATE (see
 /// [`Dispatcher::with_map_tap`]).
 pub type MapTap = Arc<dyn Fn(NodeId, FileHandle, &DataMap) + Send + Sync>;
+
+/// Sees every request a dispatcher answered without an error (see
+/// [`Dispatcher::observe`]).
+pub type Observer = Box<dyn Fn(&abi::Request<'_>) + Send + Sync>;
+
+/// Whether `reply` answers its request without an error (an empty one,
+/// of a request that takes none, does not).
+pub fn answered_ok(reply: &[u8]) -> bool {
+    use zerocopy::FromBytes;
+    abi::fuse_out_header::read_from_prefix(reply).is_ok_and(|(o, _)| o.error == 0)
+}
 
 /// Result of serving one decoded request.
 type Served = Result<Outcome>;
@@ -114,6 +126,7 @@ impl Dispatcher {
             answers_later: fs.answers_later(),
             inflight: Arc::default(),
             fs,
+            observer: OnceLock::new(),
         }
     }
 
@@ -124,6 +137,15 @@ impl Dispatcher {
     pub fn with_map_tap(mut self, tap: MapTap) -> Dispatcher {
         self.map_tap = Some(tap);
         self
+    }
+
+    /// Hands `observer` every request answered without an error, once the
+    /// file system served it and before the reply goes out: a daemon that
+    /// serves other clients beside this connection (the rings beside a
+    /// kernel mount) tells them what the request changed. Only the first
+    /// observer set is kept.
+    pub fn observe(&self, observer: Observer) {
+        let _ = self.observer.set(observer);
     }
 
     /// Shares `notifier` instead of a notifier of its own: every client of
@@ -225,7 +247,14 @@ impl Dispatcher {
                     log_request(&req.header, request.len());
                 }
                 let outcome = match self.serve(&req, reply, sink) {
-                    Ok(o) => o,
+                    Ok(o) => {
+                        if let Some(observe) = self.observer.get() {
+                            if answered_ok(reply) {
+                                observe(&req);
+                            }
+                        }
+                        o
+                    }
                     Err(e) => self.error_reply(reply, req.header.opcode, unique, e),
                 };
                 if debug {

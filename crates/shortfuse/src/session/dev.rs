@@ -96,6 +96,12 @@ impl DevSession {
         self.dispatcher.notifier()
     }
 
+    /// The dispatcher that serves this mount's requests (to
+    /// [`Dispatcher::observe`] them).
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
     /// Worker threads the session will run.
     pub fn threads(&self) -> usize {
         self.threads
