@@ -83,7 +83,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         _ => {}
     }
     // Beneath a namespace-mapped mount, the kernel's own calls (see `nsmap`).
-    if let Some(r) = crate::nsmap::call(nr, a) {
+    if let Some(r) = crate::nsmap::call(&call) {
         return Some(r);
     }
     if let Some(r) = kernel::call(&call, regs) {

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use shortfuse::{Attr, Errno};
 use shortfuse_vfs::{Namespace, Vfs};
 
+use crate::calls::table::{Call, XattrOp};
 use crate::calls::{mount_of, nested, to_stat, to_statx};
 use crate::state;
 use crate::sys::raw;
@@ -35,27 +36,17 @@ const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 
 /// Calls that can move a directory or change who may search one: every
 /// kept directory is forgotten before they run, wherever their path leads.
-fn moves_or_guards_directories(nr: i64, a: &[i64; 6]) -> bool {
-    match nr {
-        libc::SYS_rename
-        | libc::SYS_renameat
-        | libc::SYS_renameat2
-        | libc::SYS_rmdir
-        | libc::SYS_chmod
-        | libc::SYS_fchmod
-        | libc::SYS_fchmodat
-        | libc::SYS_fchmodat2
-        | libc::SYS_chown
-        | libc::SYS_fchown
-        | libc::SYS_lchown
-        | libc::SYS_fchownat
-        | libc::SYS_setxattr
-        | libc::SYS_lsetxattr
-        | libc::SYS_fsetxattr
-        | libc::SYS_removexattr
-        | libc::SYS_lremovexattr
-        | libc::SYS_fremovexattr => true,
-        libc::SYS_unlinkat => a[2] as i32 & libc::AT_REMOVEDIR != 0,
+fn moves_or_guards_directories(c: &Call) -> bool {
+    match *c {
+        Call::Rename { .. } | Call::Chmod { .. } | Call::Fchmod { .. } | Call::Chown { .. } | Call::Fchown { .. } => {
+            true
+        }
+        Call::Xattr {
+            op: XattrOp::Set { .. } | XattrOp::Remove { .. },
+            ..
+        } => true,
+        // rmdir, and unlinkat of a directory.
+        Call::Unlink { flags, .. } => flags & libc::AT_REMOVEDIR != 0,
         _ => false,
     }
 }
@@ -64,24 +55,19 @@ fn moves_or_guards_directories(nr: i64, a: &[i64; 6]) -> bool {
 /// perhaps a kept directory's (a program that closes every descriptor, a
 /// `dup2` onto a high number): the directories are forgotten (closed)
 /// before it runs, so that no number of the program's is taken for one.
-fn takes_numbers(nr: i64, a: &[i64; 6], st: &crate::State) -> bool {
-    let fd = match nr {
-        libc::SYS_close_range => return true,
-        libc::SYS_close => a[0],
-        libc::SYS_dup2 | libc::SYS_dup3 => a[1],
+fn takes_numbers(c: &Call, st: &crate::State) -> bool {
+    let fd = match *c {
+        Call::CloseRange { .. } => return true,
+        Call::Close { fd } | Call::Dup3 { new: fd, .. } => fd.0,
         _ => return false,
     };
-    fd as i32 >= crate::calls::OWN_FD_FLOOR as i32
-        && st
-            .mounts
-            .iter()
-            .any(|m| m.namespace().is_some_and(|ns| ns.holds(fd as i32)))
+    fd >= crate::calls::OWN_FD_FLOOR as i32 && st.mounts.iter().any(|m| m.namespace().is_some_and(|ns| ns.holds(fd)))
 }
 
-/// Serves `nr` through a namespace map, or `None` for the usual way.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
+/// Serves call `c` through a namespace map, or `None` for the usual way.
+pub fn call(c: &Call) -> Option<i64> {
     let st = state();
-    if moves_or_guards_directories(nr, &a) || takes_numbers(nr, &a, st) {
+    if moves_or_guards_directories(c) || takes_numbers(c, st) {
         for m in &st.mounts {
             if let Some(ns) = m.namespace() {
                 ns.forget_dirs();
@@ -90,40 +76,32 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         return None;
     }
     let mut statx_flags = 0;
-    // (dirfd, path argument, follow the last name, what to do)
-    let (dirfd, path, follow, op) = match nr {
-        libc::SYS_stat => (AT_FDCWD, a[0], true, Op::Stat(a[1])),
-        libc::SYS_lstat => (AT_FDCWD, a[0], false, Op::Stat(a[1])),
-        libc::SYS_newfstatat => {
-            let flags = a[3] as i32;
-            if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT) != 0 {
+    // (where the path is, follow the last name, what to do)
+    let (at, follow, op) = match *c {
+        Call::Stat { at, out, flags } => {
+            if flags.0 & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT) != 0 {
                 return None;
             }
-            (a[0], a[1], flags & libc::AT_SYMLINK_NOFOLLOW == 0, Op::Stat(a[2]))
+            (at, flags.follow(), Op::Stat(out.0))
         }
-        libc::SYS_statx => {
-            let flags = a[2] as i32;
-            statx_flags = flags;
+        Call::Statx { at, flags, out } => {
+            statx_flags = flags.0;
             let known = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_TYPE;
-            if flags & !known != 0 {
+            if flags.0 & !known != 0 {
                 return None;
             }
-            (a[0], a[1], flags & libc::AT_SYMLINK_NOFOLLOW == 0, Op::Statx(a[4]))
+            (at, flags.follow(), Op::Statx(out.0))
         }
-        libc::SYS_access => (AT_FDCWD, a[0], true, Op::Access(a[1] as i32, 0)),
-        libc::SYS_faccessat => (a[0], a[1], true, Op::Access(a[2] as i32, 0)),
-        libc::SYS_faccessat2 => {
-            let flags = a[3] as i32;
-            if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EACCESS) != 0 {
+        Call::Access { at, mode, flags } => {
+            if flags.0 & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EACCESS) != 0 {
                 return None;
             }
-            let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-            (a[0], a[1], follow, Op::Access(a[2] as i32, flags & libc::AT_EACCESS))
+            (at, flags.follow(), Op::Access(mode, flags.0 & libc::AT_EACCESS))
         }
-        libc::SYS_readlink => (AT_FDCWD, a[0], false, Op::Readlink(a[1], a[2])),
-        libc::SYS_readlinkat => (a[0], a[1], false, Op::Readlink(a[2], a[3])),
+        Call::Readlink { at, buf, len } => (at, false, Op::Readlink(buf.0, i64::from(len))),
         _ => return None,
     };
+    let (dirfd, path) = (i64::from(at.dirfd), at.path.0);
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
     let path = unsafe { user::cstr(path) }.ok()?;
     // The kernel's links to descriptors are the usual way's to answer.
