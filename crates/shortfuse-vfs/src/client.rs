@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use shortfuse::{Attr, Errno, NodeId, Statfs, Timestamp};
+use shortfuse::{Attr, Errno, NodeId, SetAttr, SetTime, Statfs, Timestamp};
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -85,19 +85,6 @@ impl Caller {
     pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
     }
-}
-
-/// Arguments of SETATTR in the kernel's form.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SetAttrIn {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    /// `None`: unchanged; `Some(None)`: now; `Some(Some(t))`: `t`.
-    pub atime: Option<Option<Timestamp>>,
-    pub mtime: Option<Option<Timestamp>>,
-    pub fh: Option<u64>,
 }
 
 /// The INIT flags the client offers: the ones whose meaning it implements.
@@ -409,7 +396,7 @@ impl Client {
         self.call(abi::FUSE_GETATTR, node, &[arg.as_bytes()], &[], attr_reply)
     }
 
-    pub fn setattr(&self, node: NodeId, set: &SetAttrIn) -> Result<(Attr, Duration), Errno> {
+    pub fn setattr(&self, node: NodeId, set: &SetAttr) -> Result<(Attr, Duration), Errno> {
         let mut arg = abi::fuse_setattr_in::default();
         if let Some(m) = set.mode {
             arg.valid |= abi::FATTR_MODE;
@@ -433,13 +420,16 @@ impl Client {
                 arg.valid |= abi::FATTR_KILL_SUIDGID;
             }
         }
+        if set.kill_suidgid {
+            arg.valid |= abi::FATTR_KILL_SUIDGID;
+        }
         if let Some(fh) = set.fh {
             arg.valid |= abi::FATTR_FH;
-            arg.fh = fh;
+            arg.fh = fh.0;
         }
         match set.atime {
-            Some(None) => arg.valid |= abi::FATTR_ATIME | abi::FATTR_ATIME_NOW,
-            Some(Some(t)) => {
+            Some(SetTime::Now) => arg.valid |= abi::FATTR_ATIME | abi::FATTR_ATIME_NOW,
+            Some(SetTime::At(t)) => {
                 arg.valid |= abi::FATTR_ATIME;
                 arg.atime = t.sec as u64;
                 arg.atimensec = t.nsec;
@@ -447,13 +437,18 @@ impl Client {
             None => {}
         }
         match set.mtime {
-            Some(None) => arg.valid |= abi::FATTR_MTIME | abi::FATTR_MTIME_NOW,
-            Some(Some(t)) => {
+            Some(SetTime::Now) => arg.valid |= abi::FATTR_MTIME | abi::FATTR_MTIME_NOW,
+            Some(SetTime::At(t)) => {
                 arg.valid |= abi::FATTR_MTIME;
                 arg.mtime = t.sec as u64;
                 arg.mtimensec = t.nsec;
             }
             None => {}
+        }
+        if let Some(t) = set.ctime {
+            arg.valid |= abi::FATTR_CTIME;
+            arg.ctime = t.sec as u64;
+            arg.ctimensec = t.nsec;
         }
         self.call(abi::FUSE_SETATTR, node, &[arg.as_bytes()], &[], attr_reply)
     }

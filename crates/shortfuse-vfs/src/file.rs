@@ -17,10 +17,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
-use shortfuse::{Attr, Errno, FileType, NodeId};
+use shortfuse::{Attr, Errno, FileHandle, FileType, NodeId, SetAttr};
 use shortfuse_abi as abi;
 
-use crate::client::SetAttrIn;
 use crate::maps::{io_errno, HeldMap};
 use crate::vfs::{Location, Target, Vfs};
 
@@ -547,9 +546,9 @@ impl OpenFile {
         }
         self.vfs.setattr(
             self.node,
-            &SetAttrIn {
+            &SetAttr {
                 size: Some(size),
-                fh,
+                fh: fh.map(FileHandle),
                 ..Default::default()
             },
         )?;
@@ -593,9 +592,9 @@ impl OpenFile {
     }
 
     /// SETATTR through this descriptor (fchmod, fchown, futimens).
-    pub fn setattr(&self, set: &SetAttrIn) -> Result<Attr, Errno> {
+    pub fn setattr(&self, set: &SetAttr) -> Result<Attr, Errno> {
         let mut set = *set;
-        set.fh = self.fh;
+        set.fh = self.fh.map(FileHandle);
         self.vfs.setattr(self.node, &set)
     }
 
@@ -821,9 +820,9 @@ impl Vfs {
             }
             let o = self.client().open(node, oflags, is_dir)?;
             if trunc && !self.atomic_o_trunc() {
-                let set = SetAttrIn {
+                let set = SetAttr {
                     size: Some(0),
-                    fh: Some(o.fh),
+                    fh: Some(FileHandle(o.fh)),
                     ..Default::default()
                 };
                 if let Err(e) = self.setattr(node, &set) {

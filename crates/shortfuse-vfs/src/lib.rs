@@ -43,7 +43,7 @@ pub mod spec;
 mod vfs;
 
 pub use backend::{Anchor, Backend, InProcess, Invalidation};
-pub use client::{Caller, Client, Creds, EntryOut, InitOut, Lookup, OpenOut, SetAttrIn, XattrOut};
+pub use client::{Caller, Client, Creds, EntryOut, InitOut, Lookup, OpenOut, XattrOut};
 pub use file::{anchor_files, FdTable, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};
 pub use names::Namespace;

@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
-use shortfuse::{Attr, Errno, FileType, NodeId, Statfs};
+use shortfuse::{Attr, Errno, FileType, NodeId, SetAttr, Statfs};
 use shortfuse_abi as abi;
 
 use crate::backend::{Backend, Invalidation};
 use crate::cache::{Cache, Cached, Forgets};
-use crate::client::{Client, Creds, EntryOut, InitOut, Lookup, SetAttrIn};
+use crate::client::{Client, Creds, EntryOut, InitOut, Lookup};
 use crate::maps::MapTable;
 use crate::names::Namespace;
 use crate::pages::PageCache;
@@ -999,7 +999,7 @@ impl Vfs {
     }
 
     /// SETATTR on a target or an open file's node.
-    pub fn setattr(&self, node: NodeId, set: &SetAttrIn) -> Result<Attr, Errno> {
+    pub fn setattr(&self, node: NodeId, set: &SetAttr) -> Result<Attr, Errno> {
         self.writable()?;
         match self.client.setattr(node, set) {
             Ok((a, ttl)) => {
@@ -1032,7 +1032,7 @@ impl Vfs {
             .or_else(|e| if e == Errno::ENOSYS { Ok(()) } else { Err(e) })?;
         self.setattr(
             node,
-            &SetAttrIn {
+            &SetAttr {
                 size: Some(size),
                 ..Default::default()
             },

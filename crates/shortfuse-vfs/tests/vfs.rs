@@ -826,9 +826,9 @@ fn umask_and_setattr() {
         0o700
     );
     let a = f
-        .setattr(&SetAttrIn {
+        .setattr(&shortfuse::SetAttr {
             mode: Some(0o640),
-            mtime: Some(Some(shortfuse::Timestamp { sec: 1000, nsec: 5 })),
+            mtime: Some(shortfuse::SetTime::At(shortfuse::Timestamp { sec: 1000, nsec: 5 })),
             ..Default::default()
         })
         .unwrap();

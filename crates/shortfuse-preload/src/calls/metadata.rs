@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use shortfuse::{Attr, Errno};
-use shortfuse_vfs::{SetAttrIn, Target, Vfs};
+use shortfuse::{SetAttr, SetTime};
+use shortfuse_vfs::{Target, Vfs};
 
 use super::kernel;
 use super::reply::{done, err};
@@ -162,18 +163,18 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
     if times.is_some_and(|t| !valid(t[1]) || !valid(t[3])) {
         return Some(err(Errno::EINVAL));
     }
-    let time = |i: usize| -> Option<Option<shortfuse::Timestamp>> {
+    let time = |i: usize| -> Option<SetTime> {
         let Some(ts) = times else {
-            return Some(None);
+            return Some(SetTime::Now);
         };
         let (sec, nsec) = (ts[2 * i], ts[2 * i + 1]);
         match nsec {
             n if n == libc::UTIME_OMIT => None,
-            n if n == libc::UTIME_NOW => Some(None),
-            n => Some(Some(shortfuse::Timestamp { sec, nsec: n as u32 })),
+            n if n == libc::UTIME_NOW => Some(SetTime::Now),
+            n => Some(SetTime::At(shortfuse::Timestamp { sec, nsec: n as u32 })),
         }
     };
-    let set = SetAttrIn {
+    let set = SetAttr {
         atime: time(0),
         mtime: time(1),
         ..Default::default()
@@ -203,24 +204,24 @@ pub fn fstatfs(fd: Fd, out: Ptr) -> Option<i64> {
     ))
 }
 
-fn mode_set(mode: u32) -> SetAttrIn {
-    SetAttrIn {
+fn mode_set(mode: u32) -> SetAttr {
+    SetAttr {
         mode: Some(mode & 0o7777),
         ..Default::default()
     }
 }
 
 /// chown's (uid, gid): -1 (as a 32-bit value) leaves one unchanged.
-fn owner_set(uid: i64, gid: i64) -> SetAttrIn {
+fn owner_set(uid: i64, gid: i64) -> SetAttr {
     let id = |v: i64| (v as u32 != u32::MAX).then_some(v as u32);
-    SetAttrIn {
+    SetAttr {
         uid: id(uid),
         gid: id(gid),
         ..Default::default()
     }
 }
 
-fn set_on(vfs: &Vfs, t: &Target, set: &SetAttrIn) -> i64 {
+fn set_on(vfs: &Vfs, t: &Target, set: &SetAttr) -> i64 {
     let Some((node, _)) = t.node else {
         return err(Errno::ENOENT);
     };
