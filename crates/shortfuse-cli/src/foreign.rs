@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use shortfuse::control::{About, ControlServer};
 use shortfuse::options::FsOptions;
 use shortfuse::{MountOptions, Stats};
-use shortfuse_ring::foreign::{Bridge, DAEMON_FD_VAR};
+use shortfuse_ring::foreign::{Bridge, DAEMON_FD_VAR, DAEMON_LANES_VAR, LANES};
 use shortfuse_ring::{Server, ServerConfig};
 
 use crate::serve::{client_mountpoint, ServeArgs, SignalSet};
@@ -42,6 +42,16 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     }
     let shim = crate::run::shim_path().map_err(io::Error::other)?;
     let (ours, theirs) = socket_pair()?;
+    let (our_lanes, their_lanes): (Vec<OwnedFd>, Vec<OwnedFd>) = (0..LANES)
+        .map(|_| socket_pair())
+        .collect::<io::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let lane_list = their_lanes
+        .iter()
+        .map(|l| l.as_raw_fd().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let mut child = Command::new(&command[0])
         .args(&command[1..])
         .env(
@@ -49,9 +59,11 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
             crate::run::ld_preload(&shim, std::env::var_os("LD_PRELOAD")),
         )
         .env(DAEMON_FD_VAR, theirs.as_raw_fd().to_string())
+        .env(DAEMON_LANES_VAR, lane_list)
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", command[0].to_string_lossy())))?;
     drop(theirs);
+    drop(their_lanes);
     let pid = child.id() as libc::pid_t;
     // After the spawn: the daemon starts with the signals we found.
     let signals = SignalSet::block()?;
@@ -73,7 +85,7 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         max_io: message_room(&ours, config.max_io),
         ..config
     };
-    let bridge = Bridge::new(ours, config.max_io);
+    let bridge = Bridge::new(ours, our_lanes, config.max_io);
     let b = bridge.clone();
     std::thread::Builder::new()
         .name("sf-serve-daemon".into())

@@ -30,7 +30,9 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
-use shortfuse_ring::foreign::{DAEMON_FD_VAR, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE};
+use shortfuse_ring::foreign::{
+    lane_of, DAEMON_FD_VAR, DAEMON_LANES_VAR, LANES, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE,
+};
 
 use crate::sys::{fs, raw};
 use crate::user;
@@ -50,6 +52,9 @@ const DEV_NONBLOCK: u8 = 2;
 static INIT_UNIQUE: AtomicU64 = AtomicU64::new(0);
 /// Where our socket goes: above the numbers daemons use.
 const CHANNEL_FLOOR: i64 = 700;
+/// Our ends of the reply lanes (see `shortfuse_ring::foreign::LANES`); -1
+/// where there is none: those replies take the socket.
+static LANE_FDS: [AtomicI32; LANES] = [const { AtomicI32::new(-1) }; LANES];
 
 /// Whether this process is a daemon under `shortfuse serve --`.
 pub fn on() -> bool {
@@ -86,7 +91,33 @@ pub fn setup() -> bool {
     }
     fs::close(fd as i32);
     CHANNEL.store(high as i32, Ordering::Relaxed);
+    let lanes = std::env::var(DAEMON_LANES_VAR).unwrap_or_default();
+    for (slot, fd) in LANE_FDS
+        .iter()
+        .zip(lanes.split(',').filter_map(|v| v.parse::<i64>().ok()))
+    {
+        let high = fs::fcntl_int(fd as i32, libc::F_DUPFD_CLOEXEC, CHANNEL_FLOOR);
+        fs::close(fd as i32);
+        if high >= 0 {
+            slot.store(high as i32, Ordering::Relaxed);
+        }
+    }
     true
+}
+
+/// Whether `fd` is our socket or one of our lanes.
+fn ours(fd: i64) -> bool {
+    fd >= 0
+        && (fd == i64::from(CHANNEL.load(Ordering::Relaxed))
+            || LANE_FDS.iter().any(|l| i64::from(l.load(Ordering::Relaxed)) == fd))
+}
+
+/// Where the reply to ring request `unique` goes: its lane, or the socket.
+fn reply_fd(unique: u64) -> i32 {
+    lane_of(unique)
+        .map(|l| LANE_FDS[l].load(Ordering::Relaxed))
+        .filter(|&fd| fd >= 0)
+        .unwrap_or_else(|| CHANNEL.load(Ordering::Relaxed))
 }
 
 /// The calls daemon mode serves that are not file calls.
@@ -133,7 +164,6 @@ fn is_fuse_device(fd: i64) -> bool {
 /// Serves `nr` when it concerns a /dev/fuse descriptor of the daemon or
 /// our socket; None: the call goes on as usual.
 pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    let ch = i64::from(CHANNEL.load(Ordering::Relaxed));
     match nr {
         libc::SYS_open | libc::SYS_openat => {
             let p = if nr == libc::SYS_open { a[0] } else { a[1] };
@@ -165,12 +195,12 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             }
             Some(r)
         }
-        libc::SYS_close if a[0] == ch => Some(0),
+        libc::SYS_close if ours(a[0]) => Some(0),
         libc::SYS_close => {
             set_dev(a[0], 0);
             None
         }
-        libc::SYS_dup2 | libc::SYS_dup3 if a[1] == ch => Some(-i64::from(libc::EBUSY)),
+        libc::SYS_dup2 | libc::SYS_dup3 if ours(a[1]) => Some(-i64::from(libc::EBUSY)),
         libc::SYS_dup | libc::SYS_dup2 | libc::SYS_dup3 => {
             let from = dev(a[0]);
             if nr != libc::SYS_dup {
@@ -278,11 +308,11 @@ fn u64_at(b: &[u8; 16], at: usize) -> u64 {
 
 /// Sends `kind` then the bytes of `iov` over the socket.
 fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
-    send_with(kind, iov, None)
+    send_with(CHANNEL.load(Ordering::Relaxed), kind, iov, None)
 }
 
-/// [`send`], passing descriptor `pass` with the message.
-fn send_with(kind: u32, iov: &[libc::iovec], pass: Option<i32>) -> i64 {
+/// [`send`] on socket `sock`, passing descriptor `pass` with the message.
+fn send_with(sock: i32, kind: u32, iov: &[libc::iovec], pass: Option<i32>) -> i64 {
     let kind = kind.to_ne_bytes();
     let mut all = Vec::with_capacity(iov.len() + 1);
     all.push(libc::iovec {
@@ -311,7 +341,7 @@ fn send_with(kind: u32, iov: &[libc::iovec], pass: Option<i32>) -> i64 {
     unsafe {
         raw(
             libc::SYS_sendmsg,
-            i64::from(CHANNEL.load(Ordering::Relaxed)),
+            i64::from(sock),
             &msg as *const libc::msghdr as i64,
             i64::from(libc::MSG_NOSIGNAL),
             0,
@@ -414,7 +444,7 @@ fn refuse(unique: u64, errno: i32) {
         iov_base: h.as_mut_ptr() as *mut libc::c_void,
         iov_len: 16,
     }];
-    send(MSG_REPLY, &iov);
+    send_with(reply_fd(unique), MSG_REPLY, &iov, None);
 }
 
 /// Waits until the kernel or the rings have a request for `fd`, with the
@@ -457,7 +487,7 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
             // As the kernel answers a reply nobody waits for.
             return -i64::from(libc::ENOENT);
         }
-        let r = send(MSG_REPLY, iov);
+        let r = send_with(reply_fd(unique), MSG_REPLY, iov, None);
         if r < 0 {
             // Too large for the socket: that call fails, not the daemon.
             refuse(unique, libc::EIO);
@@ -474,7 +504,7 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
             INIT_UNIQUE.store(0, Ordering::Relaxed);
             // With the descriptor: `shortfuse serve` tells the kernel mount
             // through it what the ring clients change.
-            send_with(MSG_INIT, iov, Some(fd as i32));
+            send_with(CHANNEL.load(Ordering::Relaxed), MSG_INIT, iov, Some(fd as i32));
         }
     }
     r

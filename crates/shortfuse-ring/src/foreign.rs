@@ -51,6 +51,23 @@ pub const MSG_REPLY: u32 = 2;
 pub const MSG_NOTIFY: u32 = 3;
 /// Daemon to bridge: its reply to the kernel's INIT.
 pub const MSG_INIT: u32 = 4;
+/// The environment variable naming the daemon's ends of the reply lanes
+/// (comma-separated descriptor numbers).
+pub const DAEMON_LANES_VAR: &str = "SHORTFUSE_DAEMON_LANES";
+/// Reply lanes: a forwarding thread waits on a socket pair of its own for
+/// its reply, which the daemon's writing thread sends there directly: one
+/// thread wake-up fewer than a reply read by the bridge's reader and handed
+/// on. The lane is in bits 48..56 of a ring `unique` (0: no lane, the
+/// shared socket).
+pub const LANES: usize = 16;
+/// Where a ring `unique` keeps its lane (1-based).
+pub const LANE_SHIFT: u32 = 48;
+
+/// The lane (0-based) a ring `unique` names, if any.
+pub fn lane_of(unique: u64) -> Option<usize> {
+    let l = ((unique >> LANE_SHIFT) & 0xff) as usize;
+    (unique & RING_UNIQUE != 0 && (1..=LANES).contains(&l)).then(|| l - 1)
+}
 
 /// Something that serves FUSE request bytes as they are (see
 /// [`crate::Server::start_forward`]).
@@ -84,6 +101,13 @@ impl Waiter {
     }
 }
 
+/// Our end of a reply lane, and a buffer for its messages.
+struct Lane {
+    index: usize,
+    sock: OwnedFd,
+    buf: Vec<u8>,
+}
+
 /// The serving side of the socket to a daemon under the shim.
 pub struct Bridge {
     sock: OwnedFd,
@@ -100,12 +124,25 @@ pub struct Bridge {
     /// Dropped when the daemon goes: a copy left open would keep its dead
     /// connection from being aborted.
     kernel: Mutex<Option<OwnedFd>>,
+    /// The reply lanes free now.
+    lanes: Mutex<Vec<Lane>>,
 }
 
 impl Bridge {
-    /// A bridge on `sock` (the other end goes to the daemon); `max_io` as
+    /// A bridge on `sock` (the other end goes to the daemon) with reply
+    /// lanes `lanes` (ours of each pair; at most [`LANES`]); `max_io` as
     /// the server's [`crate::ServerConfig::max_io`].
-    pub fn new(sock: OwnedFd, max_io: u32) -> Arc<Bridge> {
+    pub fn new(sock: OwnedFd, lanes: Vec<OwnedFd>, max_io: u32) -> Arc<Bridge> {
+        let lanes = lanes
+            .into_iter()
+            .take(LANES)
+            .enumerate()
+            .map(|(index, sock)| Lane {
+                index,
+                sock,
+                buf: Vec::new(),
+            })
+            .collect();
         Arc::new(Bridge {
             sock,
             next: AtomicU64::new(1),
@@ -116,6 +153,7 @@ impl Bridge {
             max_io,
             announcer: Mutex::new(None),
             kernel: Mutex::new(None),
+            lanes: Mutex::new(lanes),
         })
     }
 
@@ -313,6 +351,32 @@ impl Bridge {
         Outcome::Reply
     }
 
+    /// Sends `req` as `id` on lane `lane` and waits there for its reply:
+    /// a reply to another id (one the daemon answered twice) is skipped;
+    /// the lane closing means the daemon went.
+    fn call_on_lane(&self, lane: &mut Lane, req: &[u8], id: u64) -> Result<Vec<u8>, i32> {
+        if self.send(req, id).is_err() {
+            return Err(libc::ENOTCONN);
+        }
+        let want = self.max_io as usize + 2 * 4096;
+        if lane.buf.len() < want {
+            lane.buf.resize(want, 0);
+        }
+        loop {
+            let n = match sys::recv(lane.sock.as_fd(), &mut lane.buf) {
+                Ok((0, _)) | Err(_) => return Err(libc::ENOTCONN),
+                Ok((n, _)) => n,
+            };
+            let Some(msg) = lane.buf.get(4..n) else {
+                continue;
+            };
+            match abi::fuse_out_header::read_from_prefix(msg) {
+                Ok((h, _)) if h.unique == id => return Ok(msg.to_vec()),
+                _ => continue,
+            }
+        }
+    }
+
     /// Sends `req` with the ring id `id` in place of its own.
     fn send(&self, req: &[u8], id: u64) -> io::Result<()> {
         let kind = MSG_REQUEST.to_ne_bytes();
@@ -410,7 +474,17 @@ impl Forward for Bridge {
             }
             return Outcome::NoReply;
         }
-        let id = RING_UNIQUE | self.next.fetch_add(1, Ordering::Relaxed);
+        let seq = self.next.fetch_add(1, Ordering::Relaxed) & ((1 << LANE_SHIFT) - 1);
+        let lane = if replies { lock(&self.lanes).pop() } else { None };
+        if let Some(mut lane) = lane {
+            let id = RING_UNIQUE | ((lane.index as u64 + 1) << LANE_SHIFT) | seq;
+            let got = self.call_on_lane(&mut lane, req, id);
+            if got != Err(libc::ENOTCONN) {
+                lock(&self.lanes).push(lane);
+            }
+            return self.answer(req, h, got, reply);
+        }
+        let id = RING_UNIQUE | seq;
         let waiter = replies.then(|| {
             let w = Arc::new(Waiter::default());
             lock(&self.pending).insert(id, w.clone());
@@ -433,7 +507,15 @@ impl Forward for Bridge {
         let Some(w) = waiter else {
             return Outcome::NoReply;
         };
-        match w.wait() {
+        self.answer(req, h, w.wait(), reply)
+    }
+}
+
+impl Bridge {
+    /// The reply to ring request `req` (header `h`) from what the daemon
+    /// answered: its reply under the request's own id, or an error.
+    fn answer(&self, req: &[u8], h: abi::fuse_in_header, got: Result<Vec<u8>, i32>, reply: &mut Vec<u8>) -> Outcome {
+        match got {
             Ok(msg) if well_formed(&msg) => {
                 reply.extend_from_slice(&msg);
                 reply[8..16].copy_from_slice(&h.unique.to_ne_bytes());
