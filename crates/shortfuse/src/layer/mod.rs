@@ -9,6 +9,14 @@
 //! a word; here a forgotten method is forwarded, and a test checks that
 //! this list holds every method of [`Filesystem`].
 //!
+//! A layer answers every request at once: the methods of answering later
+//! ([`Filesystem::answers_later`] and the `*_deferred` ones) are not
+//! forwarded, so a layer answers later never, and a file system below it
+//! that does is called through its synchronous methods. Forwarding them
+//! would let LOOKUP, GETATTR, READ and WRITE slip past a layer that
+//! changes those calls (the cache keeps what it reads), and a layer that
+//! changes none of them gains nothing from seeing the others.
+//!
 //! The daemon's cache ([`crate::cache::CachedFs`]), the ring server's
 //! announcer of the kernel mount's changes and the VFS's map tap are
 //! layers.
@@ -53,6 +61,12 @@ macro_rules! layer {
 
         #[cfg(test)]
         const METHODS: &[&str] = &[$(stringify!($name)),*];
+
+        /// The methods of [`Filesystem`] a layer answers itself (see the
+        /// module docs): its default, not the inner file system's.
+        #[cfg(test)]
+        const ANSWERED_HERE: &[&str] =
+            &["answers_later", "lookup_deferred", "getattr_deferred", "read_deferred", "write_deferred"];
     };
 }
 
