@@ -6,6 +6,7 @@ close-to-open consistency when a file changes behind the daemon."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import time
@@ -109,3 +110,36 @@ def test_close_to_open_sees_a_same_size_change_in_the_same_second(mount_factory)
         pytest.fail("could not change the file within one second of its last write")
     assert os.stat(src).st_size == 40_000
     assert (m.path / "g").read_bytes() == b"C" * 40_000
+
+
+def lookups(mp) -> int:
+    p = subprocess.run([str(sfmount.shortfuse_bin()), "stats", "--json", str(mp)], capture_output=True, timeout=30)
+    assert p.returncode == 0, p.stderr.decode()
+    ops = json.loads(p.stdout)["ops"]
+    return sum(o["count"] for o in ops if o["name"] == "LOOKUP")
+
+
+@pytest.mark.parametrize("opts", [None, ["negative_timeout=0"]], ids=["default", "negative_timeout=0"])
+def test_passthrough_caches_missing_names_until_the_mount_creates_them(mount_factory, opts):
+    m = mount_factory(PASSTHROUGH, opts)
+    missing = m.path / "missing"
+    before = lookups(m.path)
+    for _ in range(50):
+        with pytest.raises(FileNotFoundError):
+            os.stat(missing)
+    asked = lookups(m.path) - before
+    if opts is None:
+        # One LOOKUP, then the kernel's cached miss (one more per second the
+        # loop might take on a loaded machine).
+        assert asked < 25, asked
+    else:
+        # The user's negative_timeout=0 wins over the default: every stat asks.
+        assert asked == 50, asked
+    # A name created through the mount replaces the cached miss at once.
+    missing.write_text("made here\n")
+    assert os.stat(missing).st_size == 10
+    assert (m.source / "missing").read_text() == "made here\n"
+    os.unlink(missing)
+    with pytest.raises(FileNotFoundError):
+        os.stat(missing)
+    assert not (m.source / "missing").exists()

@@ -178,6 +178,12 @@ fn mount_options_help() -> String {
     for (k, v) in OPTION_HELP {
         s.push_str(&format!("  {k:<width$}  {v}\n"));
     }
+    s.push_str("\nDefaults of `shortfuse mount FS` (before your -o, which win), and what each trades:\n");
+    for k in filesystems::all().filter(|k| !k.mount_defaults.is_empty()) {
+        for (o, why) in k.mount_defaults {
+            s.push_str(&format!("  {:<width$}  {}: {why}\n", o, k.name));
+        }
+    }
     s.push_str("\nUser-space cache (-o, also for serve and run; README \"Caching\"):\n");
     for (k, v) in CACHE_OPTION_HELP {
         s.push_str(&format!("  {k:<width$}  {v}\n"));
@@ -344,6 +350,10 @@ pub(crate) fn mount(
         uring: transport == "uring",
         ..MountOptions::default()
     };
+    // The file system's defaults first: the user's options, later, win.
+    for (o, _) in filesystems::find(fs_name)?.mount_defaults {
+        opts.apply(o, None)?;
+    }
     let mut rest = FsOptions::new();
     for o in options {
         opts.apply(o, Some(&mut rest))?;

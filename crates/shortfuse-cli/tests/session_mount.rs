@@ -408,6 +408,17 @@ fn help_says_what_each_option_does() {
             "--help lists the {fs} file system"
         );
     }
+    // Each file system's own defaults, with what they trade.
+    let (_, defaults) = help
+        .split_once("Defaults of `shortfuse mount FS`")
+        .expect("--help has a section for the file systems' defaults");
+    let line = defaults
+        .lines()
+        .find(|l| l.trim_start().starts_with("negative_timeout=1"))
+        .unwrap_or_else(|| panic!("--help lists passthrough's negative_timeout default:\n{help}"));
+    for w in ["passthrough:", "behind the mount", "negative_timeout=0"] {
+        assert!(line.contains(w), "--help says {w:?} about the default: {line:?}");
+    }
 }
 
 #[test]

@@ -89,9 +89,24 @@ pub struct FsKind {
     pub mirror: bool,
     /// The preload shim can build it inside the program (`shortfuse run`).
     pub in_process: bool,
+    /// Mount options `shortfuse mount` applies before the user's own (which
+    /// win), with what each trades, for `--help`: `(option, why)`.
+    pub mount_defaults: &'static [(&'static str, &'static str)],
     /// Makes it; called through [`FsKind::build`], which checks SOURCE.
     pub build: fn(&Build<'_>) -> io::Result<Arc<dyn Filesystem>>,
 }
+
+/// `passthrough`'s mount defaults. Missing names are cached as long as
+/// names are (`entry_timeout`, 1 s by default): a failing lookup (a shell's
+/// `$PATH` search, a compiler's include path) is then answered by the kernel
+/// instead of a round trip to the daemon. A name created through the mount
+/// replaces the cached miss at once (the kernel fills the negative dentry
+/// it made the file in); one created in the source behind the mount shows
+/// up within the timeout, as a removed one already disappears only then.
+pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[(
+    "negative_timeout=1",
+    "missing names cached as long as names (1 s): a name created in SOURCE behind the mount shows after at most 1 s; negative_timeout=0 asks the source every time",
+)];
 
 /// Every file system of this crate, in help order.
 pub static BUNDLED: &[FsKind] = &[
@@ -104,6 +119,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        mount_defaults: &[],
         build: |b| {
             no_options("null", b.options)?;
             Ok(Arc::new(crate::null::NullFs::new()))
@@ -123,6 +139,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        mount_defaults: &[],
         build: |b| {
             no_options("mem", b.options)?;
             Ok(Arc::new(match b.host {
@@ -140,6 +157,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: true,
         in_process: true,
+        mount_defaults: PASSTHROUGH_DEFAULTS,
         build: |b| {
             let src = source_dir(b)?;
             let fs = crate::passthrough::PassthroughFs::with_options(src, b.options);
@@ -156,6 +174,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        mount_defaults: &[],
         build: |b| {
             if let Some((k, v)) = b.options.iter().find(|(k, _)| k != "stripe_size") {
                 return Err(unknown("stripe", k, v));
@@ -177,6 +196,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        mount_defaults: &[],
         build: |b| {
             no_options("pack", b.options)?;
             let src = source_dir(b)?;
@@ -192,6 +212,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: true,
         mirror: false,
         in_process: true,
+        mount_defaults: &[],
         build: |b| {
             let target = source(b)?.to_string_lossy();
             Ok(Arc::new(match b.host {
