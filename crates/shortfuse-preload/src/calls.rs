@@ -74,12 +74,12 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
             shared::before_clone(nr, flags);
             return Some(0);
         }
-        Call::Send => {
-            shared::sent(nr, a);
+        Call::Send { .. } => {
+            shared::sent(&call);
             return None;
         }
         Call::Execve { .. } | Call::Execveat { .. } => shared::anchor_all(),
-        Call::Socket => return sockets::call(nr, a),
+        Call::Socket { fd, addr, len, bind } => return sockets::call(fd, addr, len, bind),
         _ => {}
     }
     // Beneath a namespace-mapped mount, the kernel's own calls (see `nsmap`).
@@ -145,6 +145,6 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::Xattr { on, op } => xattr::call(regs, on, op),
         Call::Execve { exec } => exec::execve(exec),
         Call::Execveat { exec } => exec::execveat(exec),
-        Call::Clone { .. } | Call::Send | Call::Socket => None,
+        Call::Clone { .. } | Call::Send { .. } | Call::Socket { .. } => None,
     }
 }

@@ -566,7 +566,9 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     if !(calls::is_file_call(nr) || is_clone(nr) || daemon::wants(nr)) || !ACTIVE.load(Ordering::Acquire) {
         return None;
     }
-    if calls::shared::sends(nr) && !calls::shared::passes_descriptors(nr, a) {
+    if calls::shared::sends(nr)
+        && !calls::table::Call::decode(nr, a).is_some_and(|c| calls::shared::passes_descriptors(&c))
+    {
         // Most messages pass no descriptor: spare them the rest.
         return None;
     }

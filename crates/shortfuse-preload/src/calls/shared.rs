@@ -73,6 +73,7 @@ use shortfuse::{FileType, NodeId};
 use shortfuse_vfs::{Anchor, FdTable, OpenFile, Vfs};
 
 use super::descriptors::OWN_FD_FLOOR;
+use super::table::Call;
 use crate::sys::{fs, owned_file, raw};
 
 /// The memfd name prefix of a description.
@@ -237,31 +238,33 @@ pub fn sends(nr: i64) -> bool {
 }
 
 /// Whether a sendmsg or sendmmsg passes descriptors (SCM_RIGHTS).
-pub fn passes_descriptors(nr: i64, a: [i64; 6]) -> bool {
+pub fn passes_descriptors(c: &Call) -> bool {
     let mut fds = Vec::new();
-    passed(nr, a, &mut fds);
+    passed(c, &mut fds);
     !fds.is_empty()
 }
 
 /// The descriptors a sendmsg or sendmmsg passes.
-fn passed(nr: i64, a: [i64; 6], fds: &mut Vec<i32>) {
-    if a[1] == 0 {
+fn passed(c: &Call, fds: &mut Vec<i32>) {
+    let Call::Send { msgs, vlen } = *c else {
+        return;
+    };
+    if msgs.is_null() {
         return;
     }
-    if nr == libc::SYS_sendmsg {
+    let Some(vlen) = vlen else {
         // A bad message passes nothing: the kernel fails the call.
         // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
-        if let Ok(m) = unsafe { crate::user::get::<libc::msghdr>(a[1]) } {
+        if let Ok(m) = unsafe { crate::user::get::<libc::msghdr>(msgs.0) } {
             crate::user::passed_fds(&m, fds);
         }
         return;
-    }
-    let n = usize::try_from(a[2]).unwrap_or(0).min(libc::UIO_MAXIOV as usize);
+    };
+    let n = (vlen as usize).min(libc::UIO_MAXIOV as usize);
     for i in 0..n {
+        let at = msgs.0 + (i * std::mem::size_of::<libc::mmsghdr>()) as i64;
         // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
-        let Ok(m) =
-            (unsafe { crate::user::get::<libc::mmsghdr>(a[1] + (i * std::mem::size_of::<libc::mmsghdr>()) as i64) })
-        else {
+        let Ok(m) = (unsafe { crate::user::get::<libc::mmsghdr>(at) }) else {
             return;
         };
         crate::user::passed_fds(&m.msg_hdr, fds);
@@ -302,9 +305,9 @@ fn by_batches(pick: fn(&OpenFile) -> bool, act: impl Fn(&[Option<Arc<OpenFile>>]
 
 /// Gives the descriptions among the descriptors a sendmsg or sendmmsg
 /// passes (SCM_RIGHTS) to the daemon; the call itself goes on to the kernel.
-pub fn sent(nr: i64, a: [i64; 6]) {
+pub fn sent(c: &Call) {
     let mut fds = Vec::new();
-    passed(nr, a, &mut fds);
+    passed(c, &mut fds);
     let st = crate::state();
     let files: Vec<Arc<OpenFile>> = fds.into_iter().filter_map(|fd| st.fds.get(fd)).collect();
     describe(files.iter());

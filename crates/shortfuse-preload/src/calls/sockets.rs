@@ -16,6 +16,7 @@
 
 use shortfuse::Errno;
 
+use super::table::{Fd, Ptr};
 use crate::state;
 use crate::sys::raw;
 use crate::user;
@@ -25,14 +26,14 @@ const PATH_AT: usize = 2;
 
 /// Serves bind and connect of a Unix socket to a path in a mount: `None`
 /// lets the kernel take the call as it is.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    let len = usize::try_from(a[2]).ok()?;
+pub fn call(fd: Fd, addr: Ptr, len: u32, bind: bool) -> Option<i64> {
+    let len = len as usize;
     if len <= PATH_AT || len > std::mem::size_of::<libc::sockaddr_un>() {
         return None;
     }
     // A bad address is the kernel's to refuse.
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-    let addr = unsafe { user::slice(a[1], len) }.ok()?;
+    let addr = unsafe { user::slice(addr.0, len) }.ok()?;
     if u16::from_ne_bytes([addr[0], addr[1]]) != libc::AF_UNIX as u16 {
         return None;
     }
@@ -57,11 +58,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
         return None;
     }
     let refused = || {
-        let e = if nr == libc::SYS_bind {
-            Errno::EOPNOTSUPP
-        } else {
-            Errno::ECONNREFUSED
-        };
+        let e = if bind { Errno::EOPNOTSUPP } else { Errno::ECONNREFUSED };
         Some(super::reply::err(e))
     };
     let Some(src) = vfs.source() else {
@@ -87,6 +84,7 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
     // sockaddr_un of ours (alive across the call, `n` its length) in place
     // of its address.
     #[allow(unsafe_code)]
-    let r = unsafe { raw(nr, a[0], &un as *const libc::sockaddr_un as i64, n, 0, 0, 0) };
+    let nr = if bind { libc::SYS_bind } else { libc::SYS_connect };
+    let r = unsafe { raw(nr, i64::from(fd.0), &un as *const libc::sockaddr_un as i64, n, 0, 0, 0) };
     Some(r)
 }

@@ -404,10 +404,19 @@ pub enum Call {
     Execveat {
         exec: Exec,
     },
-    /// sendmsg, sendmmsg: they may pass descriptors of ours.
-    Send,
+    /// sendmsg, sendmmsg: they may pass descriptors of ours. `vlen`: the
+    /// number of `mmsghdr` at `msgs` (sendmmsg), or None for one `msghdr`.
+    Send {
+        msgs: Ptr,
+        vlen: Option<u32>,
+    },
     /// bind, connect: a Unix socket's path may name a mount.
-    Socket,
+    Socket {
+        fd: Fd,
+        addr: Ptr,
+        len: u32,
+        bind: bool,
+    },
     /// clone, fork, vfork (`flags` 0 for the last two).
     Clone {
         flags: i64,
@@ -569,10 +578,10 @@ calls! { a;
         SYS_execveat => Execveat {
             exec: Exec { at: PathAt::at(a, 0, 1), argv: Ptr(a[2]), envp: Ptr(a[3]), flags: AtFlags::of(a[4]) },
         },
-        SYS_sendmsg => Send,
-        SYS_sendmmsg => Send,
-        SYS_bind => Socket,
-        SYS_connect => Socket,
+        SYS_sendmsg => Send { msgs: Ptr(a[1]), vlen: None },
+        SYS_sendmmsg => Send { msgs: Ptr(a[1]), vlen: Some(a[2] as u32) },
+        SYS_bind => Socket { fd: Fd::of(a[0]), addr: Ptr(a[1]), len: a[2] as u32, bind: true },
+        SYS_connect => Socket { fd: Fd::of(a[0]), addr: Ptr(a[1]), len: a[2] as u32, bind: false },
     }
 
     /// The calls after which another process may hold our descriptors:
