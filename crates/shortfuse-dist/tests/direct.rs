@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use shortfuse::{Filesystem, NodeId};
+use shortfuse::{Filesystem, NodeId, OpenFlags};
 use shortfuse_dist::client::{ClientConfig, DistFs};
 use shortfuse_dist::proto::{LeaseMode, MAX_DIRECT};
 use shortfuse_dist::server::DistServer;
@@ -227,7 +227,7 @@ fn appends_land_once(a: &DistFs, na: NodeId, b: &DistFs, nb: NodeId) {
             sc.spawn(move || {
                 let args = shortfuse::WriteArgs {
                     offset: 0,
-                    flags: libc::O_APPEND as u32,
+                    flags: OpenFlags::APPEND,
                     ..shortfuse::WriteArgs::default()
                 };
                 for k in 0..EACH {

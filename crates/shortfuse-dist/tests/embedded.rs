@@ -7,7 +7,7 @@ mod support;
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
 
-use shortfuse::{Errno, Filesystem, NewNode, NodeId, SetAttr};
+use shortfuse::{Errno, Filesystem, NewNode, NodeId, OpenFlags, SetAttr};
 use shortfuse_dist::client::DistFs;
 use shortfuse_dist::proto::LeaseMode;
 use shortfuse_dist::server::{DistServer, ServerConfig};
@@ -354,9 +354,9 @@ fn an_open_file_outlives_its_last_name_across_clients() {
     let node = create(&a, "g");
     write(&a, node, 0, b"g data");
     a.fsync(&REQ, node, FH, false).unwrap();
-    a.open(&REQ, node, libc::O_RDONLY).unwrap();
+    a.open(&REQ, node, OpenFlags::RDONLY).unwrap();
     let nb = lookup(&b, "g");
-    b.open(&REQ, nb, libc::O_RDONLY).unwrap();
+    b.open(&REQ, nb, OpenFlags::RDONLY).unwrap();
     a.unlink(&REQ, NodeId::ROOT, OsStr::new("g")).unwrap();
     released(&a, node);
     released(&a, node);

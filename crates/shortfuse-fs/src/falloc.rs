@@ -1,7 +1,7 @@
 //! `fallocate(2)`'s arguments as the kernel's VFS checks them, for the file
 //! systems that serve the call (mem, stripe, pack).
 
-use shortfuse::{Errno, Result};
+use shortfuse::{Errno, FallocateFlags, Result};
 
 /// What one `fallocate(2)` asks, once its mode and range were checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,14 +22,14 @@ impl Falloc {
     /// hole punched without KEEP_SIZE (a punched hole never changes the
     /// size); EINVAL for PUNCH_HOLE with ZERO_RANGE and for an empty range;
     /// EFBIG for a range past what an offset can hold.
-    pub fn parse(offset: u64, length: u64, mode: i32) -> Result<Falloc> {
-        const SUPPORTED: i32 = libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
-        if mode & !SUPPORTED != 0 {
+    pub fn parse(offset: u64, length: u64, mode: FallocateFlags) -> Result<Falloc> {
+        let supported = FallocateFlags::KEEP_SIZE | FallocateFlags::PUNCH_HOLE | FallocateFlags::ZERO_RANGE;
+        if !supported.contains(mode) {
             return Err(Errno::EOPNOTSUPP);
         }
-        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE != 0;
-        let zero = mode & libc::FALLOC_FL_ZERO_RANGE != 0;
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let punch = mode.contains(FallocateFlags::PUNCH_HOLE);
+        let zero = mode.contains(FallocateFlags::ZERO_RANGE);
+        let keep_size = mode.contains(FallocateFlags::KEEP_SIZE);
         if punch && zero {
             return Err(Errno::EINVAL);
         }

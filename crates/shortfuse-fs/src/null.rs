@@ -6,7 +6,8 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use shortfuse::{
-    Attr, Created, Entry, Errno, FileHandle, Filesystem, NewNode, NodeId, Opened, Request, Result, Statfs, Timestamp,
+    Attr, Created, Entry, Errno, FileHandle, Filesystem, NewNode, NodeId, OpenFlags, Opened, Request, Result, Statfs,
+    Timestamp,
 };
 
 /// The null file system.
@@ -52,7 +53,14 @@ impl Filesystem for NullFs {
         }
     }
 
-    fn create(&self, _req: &Request, _parent: NodeId, _name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: NodeId,
+        _name: &OsStr,
+        new: &NewNode,
+        _flags: OpenFlags,
+    ) -> Result<Created> {
         // A zero TTL keeps the kernel from caching a name that does not exist.
         let mut entry = Entry::new(CREATED, self.attr(CREATED, libc::S_IFREG | (new.mode & 0o7777)));
         entry.ttl = Some(Duration::ZERO);
@@ -77,7 +85,7 @@ impl Filesystem for NullFs {
         Ok(data.len())
     }
 
-    fn opendir(&self, _req: &Request, _node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, _node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         Ok(Opened::default())
     }
 

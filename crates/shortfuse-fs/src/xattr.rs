@@ -6,7 +6,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
-use shortfuse::{Errno, Result};
+use shortfuse::{Errno, Result, XattrFlags};
 
 /// The longest name, namespace prefix included (`XATTR_NAME_MAX`).
 const NAME_MAX: usize = 255;
@@ -42,14 +42,14 @@ pub fn is_user(name: &OsStr) -> bool {
 
 impl Xattrs {
     /// `setxattr(2)` with its `XATTR_CREATE`/`XATTR_REPLACE` flags.
-    pub fn set(&mut self, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    pub fn set(&mut self, name: &OsStr, value: &[u8], flags: XattrFlags) -> Result<()> {
         check_name(name)?;
         if value.len() > SIZE_MAX {
             return Err(Errno::E2BIG);
         }
         match self.0.iter().position(|(n, _)| n == name) {
-            Some(_) if flags & libc::XATTR_CREATE != 0 => Err(Errno::EEXIST),
-            None if flags & libc::XATTR_REPLACE != 0 => Err(Errno::ENODATA),
+            Some(_) if flags.contains(XattrFlags::CREATE) => Err(Errno::EEXIST),
+            None if flags.contains(XattrFlags::REPLACE) => Err(Errno::ENODATA),
             Some(i) => {
                 self.0[i].1 = value.to_vec();
                 Ok(())
@@ -100,13 +100,16 @@ mod tests {
     fn flags_namespaces_and_order_as_ext4() {
         let mut x = Xattrs::default();
         let n = |s: &str| OsString::from(s);
-        assert_eq!(x.set(&n("user.b"), b"1", 0), Ok(()));
-        assert_eq!(x.set(&n("user.a"), b"", libc::XATTR_CREATE), Ok(()));
-        assert_eq!(x.set(&n("user.a"), b"2", libc::XATTR_CREATE), Err(Errno::EEXIST));
-        assert_eq!(x.set(&n("user.c"), b"2", libc::XATTR_REPLACE), Err(Errno::ENODATA));
-        assert_eq!(x.set(&n("bogus.c"), b"2", 0), Err(Errno::EOPNOTSUPP));
-        assert_eq!(x.set(&n("user."), b"2", 0), Err(Errno::EINVAL));
-        assert_eq!(x.set(&n("user.big"), &vec![0; SIZE_MAX + 1], 0), Err(Errno::E2BIG));
+        assert_eq!(x.set(&n("user.b"), b"1", XattrFlags::empty()), Ok(()));
+        assert_eq!(x.set(&n("user.a"), b"", XattrFlags::CREATE), Ok(()));
+        assert_eq!(x.set(&n("user.a"), b"2", XattrFlags::CREATE), Err(Errno::EEXIST));
+        assert_eq!(x.set(&n("user.c"), b"2", XattrFlags::REPLACE), Err(Errno::ENODATA));
+        assert_eq!(x.set(&n("bogus.c"), b"2", XattrFlags::empty()), Err(Errno::EOPNOTSUPP));
+        assert_eq!(x.set(&n("user."), b"2", XattrFlags::empty()), Err(Errno::EINVAL));
+        assert_eq!(
+            x.set(&n("user.big"), &vec![0; SIZE_MAX + 1], XattrFlags::empty()),
+            Err(Errno::E2BIG)
+        );
         assert_eq!(x.list(), b"user.b\0user.a\0");
         assert_eq!(x.get(&n("user.a")), Ok(Vec::new()));
         assert_eq!(x.remove(&n("user.b")), Ok(()));

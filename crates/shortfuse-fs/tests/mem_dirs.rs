@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;
 
-use shortfuse::{DirPlusSink, DirSink, Entry, FileHandle, FileType, Filesystem, NewNode, NodeId, ReleaseArgs, Request};
+use shortfuse::{
+    DirPlusSink, DirSink, Entry, FileHandle, FileType, Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, Request,
+};
 use shortfuse_fs::mem::MemFs;
 
 const ROOT: Request = Request {
@@ -72,8 +74,14 @@ fn list(fs: &MemFs, dir: NodeId, room: usize) -> Vec<OsString> {
 fn readdir_pages_with_full_sink() {
     let fs = MemFs::new();
     for i in 0..10_000 {
-        fs.create(&ROOT, NodeId::ROOT, OsStr::new(&format!("f{i}")), &file_node(), 0)
-            .unwrap();
+        fs.create(
+            &ROOT,
+            NodeId::ROOT,
+            OsStr::new(&format!("f{i}")),
+            &file_node(),
+            OpenFlags::empty(),
+        )
+        .unwrap();
     }
     let names = list(&fs, NodeId::ROOT, 37);
     assert_eq!(names.len(), 10_002);
@@ -94,8 +102,14 @@ fn readdir_pages_with_full_sink() {
 fn offsets_survive_deletes_and_creates() {
     let fs = MemFs::new();
     for i in 0..100 {
-        fs.create(&ROOT, NodeId::ROOT, OsStr::new(&format!("f{i}")), &file_node(), 0)
-            .unwrap();
+        fs.create(
+            &ROOT,
+            NodeId::ROOT,
+            OsStr::new(&format!("f{i}")),
+            &file_node(),
+            OpenFlags::empty(),
+        )
+        .unwrap();
     }
     let mut sink = Pager {
         room: 52,
@@ -107,8 +121,14 @@ fn offsets_survive_deletes_and_creates() {
     for i in 0..50 {
         fs.unlink(&ROOT, NodeId::ROOT, OsStr::new(&format!("f{i}"))).unwrap();
     }
-    fs.create(&ROOT, NodeId::ROOT, OsStr::new("late"), &file_node(), 0)
-        .unwrap();
+    fs.create(
+        &ROOT,
+        NodeId::ROOT,
+        OsStr::new("late"),
+        &file_node(),
+        OpenFlags::empty(),
+    )
+    .unwrap();
     let mut rest = Vec::new();
     let mut off = offset;
     loop {
@@ -132,8 +152,14 @@ fn offsets_survive_deletes_and_creates() {
 fn readdir_while_others_create_and_delete() {
     let fs = Arc::new(MemFs::new());
     for i in 0..2000 {
-        fs.create(&ROOT, NodeId::ROOT, OsStr::new(&format!("stable{i}")), &file_node(), 0)
-            .unwrap();
+        fs.create(
+            &ROOT,
+            NodeId::ROOT,
+            OsStr::new(&format!("stable{i}")),
+            &file_node(),
+            OpenFlags::empty(),
+        )
+        .unwrap();
     }
     let writers: Vec<_> = (0..3)
         .map(|t| {
@@ -141,7 +167,7 @@ fn readdir_while_others_create_and_delete() {
             std::thread::spawn(move || {
                 for i in 0..2000 {
                     let name = format!("t{t}-{i}");
-                    fs.create(&ROOT, NodeId::ROOT, OsStr::new(&name), &file_node(), 0)
+                    fs.create(&ROOT, NodeId::ROOT, OsStr::new(&name), &file_node(), OpenFlags::empty())
                         .unwrap();
                     if i % 2 == 0 {
                         fs.unlink(&ROOT, NodeId::ROOT, OsStr::new(&name)).unwrap();
@@ -186,7 +212,7 @@ fn readdirplus_counts_only_accepted_entries() {
     let mut nodes = Vec::new();
     for i in 0..5 {
         let c = fs
-            .create(&ROOT, d, OsStr::new(&format!("f{i}")), &file_node(), 0)
+            .create(&ROOT, d, OsStr::new(&format!("f{i}")), &file_node(), OpenFlags::empty())
             .unwrap();
         fs.release(&ROOT, c.entry.node, c.opened.fh, &ReleaseArgs::default())
             .unwrap();
@@ -229,7 +255,7 @@ fn forget_frees_only_unused_inodes() {
     let fs = MemFs::new();
     let base = fs.inode_count();
     let c = fs
-        .create(&ROOT, NodeId::ROOT, OsStr::new("f"), &file_node(), 0)
+        .create(&ROOT, NodeId::ROOT, OsStr::new("f"), &file_node(), OpenFlags::empty())
         .unwrap();
     let node = c.entry.node;
     // A second lookup, then the name goes away.
@@ -243,7 +269,7 @@ fn forget_frees_only_unused_inodes() {
     assert_eq!(fs.inode_count(), base);
     // A named inode survives forget.
     let c = fs
-        .create(&ROOT, NodeId::ROOT, OsStr::new("g"), &file_node(), 0)
+        .create(&ROOT, NodeId::ROOT, OsStr::new("g"), &file_node(), OpenFlags::empty())
         .unwrap();
     fs.release(&ROOT, c.entry.node, c.opened.fh, &ReleaseArgs::default())
         .unwrap();
@@ -272,11 +298,12 @@ fn removed_directory_lists_nothing() {
         )
         .unwrap()
         .node;
-    fs.opendir(&ROOT, d, 0).unwrap();
+    fs.opendir(&ROOT, d, OpenFlags::empty()).unwrap();
     fs.rmdir(&ROOT, NodeId::ROOT, OsStr::new("d")).unwrap();
     assert!(list(&fs, d, 10).is_empty());
     assert_eq!(
-        fs.create(&ROOT, d, OsStr::new("x"), &file_node(), 0).err(),
+        fs.create(&ROOT, d, OsStr::new("x"), &file_node(), OpenFlags::empty())
+            .err(),
         Some(shortfuse::Errno::ENOENT)
     );
     let attr = fs.getattr(&ROOT, d, None).unwrap();

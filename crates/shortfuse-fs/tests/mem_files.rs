@@ -4,8 +4,8 @@
 use std::ffi::OsStr;
 
 use shortfuse::{
-    CopyRange, Errno, FileHandle, FileType, Filesystem, NewNode, NodeId, RenameFlags, Request, SetAttr, SetTime,
-    Timestamp, WriteArgs,
+    AccessMode, CopyRange, Errno, FallocateFlags, FileHandle, FileType, Filesystem, NewNode, NodeId, OpenFlags,
+    RenameFlags, Request, SetAttr, SetTime, Timestamp, Whence, WriteArgs, XattrFlags,
 };
 use shortfuse_fs::mem::MemFs;
 
@@ -32,7 +32,7 @@ fn file(fs: &MemFs, parent: NodeId, name: &str) -> NodeId {
         umask: 0o022,
         rdev: 0,
     };
-    fs.create(&ROOT, parent, n(name), &new, libc::O_RDWR)
+    fs.create(&ROOT, parent, n(name), &new, OpenFlags::RDWR)
         .unwrap()
         .entry
         .node
@@ -71,11 +71,11 @@ fn blocks(fs: &MemFs, node: NodeId) -> u64 {
 }
 
 fn seek(fs: &MemFs, node: NodeId, off: u64, whence: i32) -> Result<u64, Errno> {
-    fs.lseek(&ROOT, node, FileHandle(0), off, whence)
+    fs.lseek(&ROOT, node, FileHandle(0), off, Whence::from_raw(whence).unwrap())
 }
 
 fn falloc(fs: &MemFs, node: NodeId, off: u64, len: u64, mode: i32) -> Result<(), Errno> {
-    fs.fallocate(&ROOT, node, FileHandle(0), off, len, mode)
+    fs.fallocate(&ROOT, node, FileHandle(0), off, len, FallocateFlags::from_raw(mode))
 }
 
 fn rename(fs: &MemFs, p: NodeId, a: &str, q: NodeId, b: &str, flags: u32) -> Result<(), Errno> {
@@ -121,7 +121,7 @@ fn append_uses_current_size() {
     write(&fs, f, 0, b"abc");
     let args = WriteArgs {
         offset: 0,
-        flags: libc::O_APPEND as u32,
+        flags: OpenFlags::APPEND,
         ..WriteArgs::default()
     };
     fs.write(&ROOT, f, FileHandle(0), b"def", &args).unwrap();
@@ -233,7 +233,7 @@ fn open_truncates_and_times_move() {
     let attr = fs.setattr(&ROOT, f, &set).unwrap();
     assert_eq!((attr.atime, attr.mtime), (old, old));
     assert!(attr.ctime > old);
-    fs.open(&ROOT, f, libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    fs.open(&ROOT, f, OpenFlags::WRONLY | OpenFlags::TRUNC).unwrap();
     let attr = fs.getattr(&ROOT, f, None).unwrap();
     assert_eq!(attr.size, 0);
     assert!(attr.mtime > old);
@@ -254,7 +254,7 @@ fn names_and_lookups() {
         rdev: 0,
     };
     assert_eq!(
-        fs.create(&ROOT, NodeId::ROOT, n(&long), &new, 0).err(),
+        fs.create(&ROOT, NodeId::ROOT, n(&long), &new, OpenFlags::empty()).err(),
         Some(Errno::ENAMETOOLONG)
     );
     assert_eq!(
@@ -265,7 +265,7 @@ fn names_and_lookups() {
     assert_eq!(fs.lookup(&ROOT, NodeId::ROOT, n("nope")).err(), Some(Errno::ENOENT));
     file(&fs, NodeId::ROOT, "f");
     assert_eq!(
-        fs.create(&ROOT, NodeId::ROOT, n("f"), &new, 0).err(),
+        fs.create(&ROOT, NodeId::ROOT, n("f"), &new, OpenFlags::empty()).err(),
         Some(Errno::EEXIST)
     );
     let f = fs.lookup(&ROOT, NodeId::ROOT, n("f")).unwrap().node;
@@ -286,7 +286,7 @@ fn names_and_lookups() {
         umask: 0o022,
         rdev: 0,
     };
-    let e = fs.create(&USER, d, n("mine"), &new, 0).unwrap().entry;
+    let e = fs.create(&USER, d, n("mine"), &new, OpenFlags::empty()).unwrap().entry;
     assert_eq!(e.attr.mode, libc::S_IFREG | 0o644);
     assert_eq!((e.attr.uid, e.attr.gid), (1000, 1000));
 }
@@ -319,7 +319,7 @@ fn sgid_directory_inheritance() {
                 umask: 0,
                 rdev: 0,
             },
-            0,
+            OpenFlags::empty(),
         )
         .unwrap();
     assert_eq!(f.entry.attr.gid, 50);
@@ -501,17 +501,20 @@ fn xattrs() {
     let f = file(&fs, NodeId::ROOT, "f");
     let set = |name: &str, v: &[u8], flags| fs.setxattr(&ROOT, f, n(name), v, flags);
     assert_eq!(fs.getxattr(&ROOT, f, n("user.a")), Err(Errno::ENODATA));
-    assert_eq!(set("user.a", b"1", libc::XATTR_REPLACE), Err(Errno::ENODATA));
-    set("user.a", b"1", libc::XATTR_CREATE).unwrap();
-    assert_eq!(set("user.a", b"2", libc::XATTR_CREATE), Err(Errno::EEXIST));
-    set("user.a", b"2", libc::XATTR_REPLACE).unwrap();
-    set("trusted.b", b"", 0).unwrap();
+    assert_eq!(set("user.a", b"1", XattrFlags::REPLACE), Err(Errno::ENODATA));
+    set("user.a", b"1", XattrFlags::CREATE).unwrap();
+    assert_eq!(set("user.a", b"2", XattrFlags::CREATE), Err(Errno::EEXIST));
+    set("user.a", b"2", XattrFlags::REPLACE).unwrap();
+    set("trusted.b", b"", XattrFlags::empty()).unwrap();
     assert_eq!(fs.getxattr(&ROOT, f, n("user.a")).unwrap(), b"2");
     assert_eq!(fs.listxattr(&ROOT, f).unwrap(), b"user.a\0trusted.b\0");
-    assert_eq!(set("user.big", &vec![0; 65537], 0), Err(Errno::E2BIG));
-    set("user.big", &vec![0; 65536], 0).unwrap();
-    assert_eq!(set(&format!("user.{}", "n".repeat(251)), b"", 0), Err(Errno::ERANGE));
-    assert_eq!(set("bogus.a", b"", 0), Err(Errno::EOPNOTSUPP));
+    assert_eq!(set("user.big", &vec![0; 65537], XattrFlags::empty()), Err(Errno::E2BIG));
+    set("user.big", &vec![0; 65536], XattrFlags::empty()).unwrap();
+    assert_eq!(
+        set(&format!("user.{}", "n".repeat(251)), b"", XattrFlags::empty()),
+        Err(Errno::ERANGE)
+    );
+    assert_eq!(set("bogus.a", b"", XattrFlags::empty()), Err(Errno::EOPNOTSUPP));
     fs.removexattr(&ROOT, f, n("user.a")).unwrap();
     assert_eq!(fs.removexattr(&ROOT, f, n("user.a")), Err(Errno::ENODATA));
     assert_eq!(fs.listxattr(&ROOT, f).unwrap(), b"trusted.b\0user.big\0");
@@ -521,19 +524,19 @@ fn xattrs() {
 fn access_rules() {
     let fs = MemFs::new();
     let f = file(&fs, NodeId::ROOT, "f");
-    fs.access(&ROOT, f, libc::R_OK | libc::W_OK).unwrap();
-    assert_eq!(fs.access(&ROOT, f, libc::X_OK), Err(Errno::EACCES));
-    fs.access(&ROOT, NodeId::ROOT, libc::X_OK).unwrap();
-    fs.access(&USER, f, libc::R_OK).unwrap();
-    assert_eq!(fs.access(&USER, f, libc::W_OK), Err(Errno::EACCES));
-    assert_eq!(fs.open(&USER, f, libc::O_RDWR).err(), Some(Errno::EACCES));
+    fs.access(&ROOT, f, AccessMode::READ | AccessMode::WRITE).unwrap();
+    assert_eq!(fs.access(&ROOT, f, AccessMode::EXECUTE), Err(Errno::EACCES));
+    fs.access(&ROOT, NodeId::ROOT, AccessMode::EXECUTE).unwrap();
+    fs.access(&USER, f, AccessMode::READ).unwrap();
+    assert_eq!(fs.access(&USER, f, AccessMode::WRITE), Err(Errno::EACCES));
+    assert_eq!(fs.open(&USER, f, OpenFlags::RDWR).err(), Some(Errno::EACCES));
     let new = NewNode {
         mode: libc::S_IFREG | 0o644,
         umask: 0,
         rdev: 0,
     };
     assert_eq!(
-        fs.create(&USER, NodeId::ROOT, n("x"), &new, 0).err(),
+        fs.create(&USER, NodeId::ROOT, n("x"), &new, OpenFlags::empty()).err(),
         Some(Errno::EACCES)
     );
 }
@@ -570,7 +573,7 @@ fn sticky_directory_protects_others_files() {
         umask: 0,
         rdev: 0,
     };
-    fs.create(&USER, d, n("users"), &new, 0).unwrap();
+    fs.create(&USER, d, n("users"), &new, OpenFlags::empty()).unwrap();
     assert_eq!(fs.unlink(&USER, d, n("roots")), Err(Errno::EPERM));
     assert_eq!(
         fs.rename(&other, d, n("users"), d, n("mine"), RenameFlags::default()),

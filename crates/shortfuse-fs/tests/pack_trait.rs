@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use shortfuse::{Filesystem, NewNode, NodeId, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
+use shortfuse::{Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
 use shortfuse_fs::pack::PackFs;
 
 const REQ: Request = Request {
@@ -44,7 +44,7 @@ fn file_mode() -> NewNode {
 /// Creates `name` in the root with `data` written in 128 KiB pieces.
 fn put(fs: &PackFs, name: &str, data: &[u8]) -> NodeId {
     let c = fs
-        .create(&REQ, NodeId::ROOT, OsStr::new(name), &file_mode(), libc::O_WRONLY)
+        .create(&REQ, NodeId::ROOT, OsStr::new(name), &file_mode(), OpenFlags::WRONLY)
         .unwrap();
     let node = c.entry.node;
     for (i, piece) in data.chunks(128 << 10).enumerate() {
@@ -62,7 +62,7 @@ fn put(fs: &PackFs, name: &str, data: &[u8]) -> NodeId {
 
 fn get(fs: &PackFs, name: &str) -> Vec<u8> {
     let e = fs.lookup(&REQ, NodeId::ROOT, OsStr::new(name)).unwrap();
-    let o = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&REQ, e.node, OpenFlags::RDONLY).unwrap();
     let map = o.data_map.as_ref().expect("pack returns a map");
     map.validate().unwrap();
     let size = e.attr.size as usize;
@@ -151,7 +151,7 @@ fn growth_holes_and_truncate_read_as_zeros() {
     // Two files interleaved, so growing one must move it.
     let a = put(&fs, "a", &bytes(1, 1000));
     put(&fs, "b", &bytes(2, 1000));
-    let o = fs.open(&REQ, a, libc::O_RDWR).unwrap();
+    let o = fs.open(&REQ, a, OpenFlags::RDWR).unwrap();
     let args = WriteArgs {
         offset: 5000,
         ..WriteArgs::default()
@@ -193,7 +193,9 @@ fn directories_and_names() {
     let d = fs.mkdir(&REQ, NodeId::ROOT, OsStr::new("d"), &dmode).unwrap().node;
     let sub = fs.mkdir(&REQ, d, OsStr::new("sub"), &dmode).unwrap().node;
     assert_eq!(fs.getattr(&REQ, d, None).unwrap().nlink, 3);
-    let c = fs.create(&REQ, sub, OsStr::new("x"), &file_mode(), 0).unwrap();
+    let c = fs
+        .create(&REQ, sub, OsStr::new("x"), &file_mode(), OpenFlags::empty())
+        .unwrap();
     fs.release(&REQ, c.entry.node, c.opened.fh, &ReleaseArgs::default())
         .unwrap();
     assert_eq!(

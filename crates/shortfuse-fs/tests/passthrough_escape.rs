@@ -11,7 +11,7 @@ use std::os::unix::fs::{symlink, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use passthrough_support::{root_req, Names, Plus, TempDir};
-use shortfuse::{Errno, FileType, Filesystem, NewNode, NodeId, RenameFlags, SetAttr};
+use shortfuse::{Errno, FileType, Filesystem, NewNode, NodeId, OpenFlags, RenameFlags, SetAttr, XattrFlags};
 use shortfuse_fs::passthrough::PassthroughFs;
 
 /// `base/outside/sentinel` beside `base/src`, with links in the source
@@ -110,7 +110,7 @@ fn malformed_names_are_refused_by_every_call() {
                 Errno::EINVAL,
                 "lookup {bad:?}"
             );
-            let c = fs.create(&req, parent, bad, &node(0o644), libc::O_RDWR);
+            let c = fs.create(&req, parent, bad, &node(0o644), OpenFlags::RDWR);
             assert_eq!(c.map(|_| ()).unwrap_err(), Errno::EINVAL, "create {bad:?}");
             assert_eq!(fs.mkdir(&req, parent, bad, &node(0o755)).unwrap_err(), Errno::EINVAL);
             assert_eq!(
@@ -149,18 +149,18 @@ fn symlinks_are_entries_never_parents() {
             "lookup through {link}: {ln:?}"
         );
         assert_eq!(fs.lookup(&req, l, OsStr::new("passwd")).unwrap_err(), Errno::ENOTDIR);
-        assert_eq!(fs.open(&req, l, libc::O_RDONLY).unwrap_err(), Errno::ELOOP);
+        assert_eq!(fs.open(&req, l, OpenFlags::RDONLY).unwrap_err(), Errno::ELOOP);
         assert_eq!(
-            fs.open(&req, l, libc::O_WRONLY | libc::O_TRUNC).unwrap_err(),
+            fs.open(&req, l, OpenFlags::WRONLY | OpenFlags::TRUNC).unwrap_err(),
             Errno::ELOOP
         );
-        assert_eq!(fs.opendir(&req, l, libc::O_RDONLY).unwrap_err(), Errno::ENOTDIR);
+        assert_eq!(fs.opendir(&req, l, OpenFlags::RDONLY).unwrap_err(), Errno::ENOTDIR);
         let c = fs.create(
             &req,
             l,
             OsStr::new("sentinel"),
             &node(0o644),
-            libc::O_WRONLY | libc::O_TRUNC,
+            OpenFlags::WRONLY | OpenFlags::TRUNC,
         );
         assert_eq!(c.map(|_| ()).unwrap_err(), Errno::ENOTDIR);
         assert_eq!(
@@ -201,8 +201,8 @@ fn symlinks_are_entries_never_parents() {
             ..SetAttr::default()
         };
         assert_eq!(fs.setattr(&req, l, &own).unwrap().uid, 4242);
-        let _ = fs.setxattr(&req, l, OsStr::new("user.x"), b"1", 0);
-        let _ = fs.setxattr(&req, l, OsStr::new("trusted.x"), b"1", 0);
+        let _ = fs.setxattr(&req, l, OsStr::new("user.x"), b"1", XattrFlags::empty());
+        let _ = fs.setxattr(&req, l, OsStr::new("trusted.x"), b"1", XattrFlags::empty());
         // The hard link is to the symlink itself.
         let hl = fs
             .link(&req, l, NodeId::ROOT, OsStr::new(&format!("hl_{link}")))
@@ -222,7 +222,7 @@ fn directory_listings_stay_inside() {
     let s = Setup::new("list");
     let fs = s.fs();
     let req = root_req();
-    let dir = fs.opendir(&req, NodeId::ROOT, libc::O_RDONLY).unwrap().fh;
+    let dir = fs.opendir(&req, NodeId::ROOT, OpenFlags::RDONLY).unwrap().fh;
     let mut sink = Plus::new(100);
     fs.readdirplus(&req, NodeId::ROOT, dir, 0, &mut sink).unwrap();
     for (name, _, e) in &sink.got {
@@ -234,10 +234,10 @@ fn directory_listings_stay_inside() {
         }
     }
     assert!(!sink.got.iter().any(|(n, _, _)| n == "sentinel"));
-    fs.releasedir(&req, NodeId::ROOT, dir, 0).unwrap();
+    fs.releasedir(&req, NodeId::ROOT, dir, OpenFlags::empty()).unwrap();
 
     let out = fs.lookup(&req, NodeId::ROOT, OsStr::new("out")).unwrap().node;
-    assert_eq!(fs.opendir(&req, out, libc::O_RDONLY).unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(fs.opendir(&req, out, OpenFlags::RDONLY).unwrap_err(), Errno::ENOTDIR);
     let mut names = Names::new(10);
     assert!(fs
         .readdir(&req, out, shortfuse::FileHandle(dir.0), 0, &mut names)
@@ -263,7 +263,7 @@ fn a_directory_swapped_for_a_symlink_keeps_its_inode() {
         d,
         OsStr::new("sentinel"),
         &node(0o644),
-        libc::O_WRONLY | libc::O_TRUNC,
+        OpenFlags::WRONLY | OpenFlags::TRUNC,
     );
     let c = c.unwrap();
     fs.write(&req, c.entry.node, c.opened.fh, b"overwritten?", &Default::default())
@@ -290,7 +290,7 @@ fn a_symlink_in_place_of_a_new_file_is_not_followed() {
         NodeId::ROOT,
         OsStr::new("to_sentinel"),
         &node(0o644),
-        libc::O_WRONLY | libc::O_TRUNC,
+        OpenFlags::WRONLY | OpenFlags::TRUNC,
     );
     assert_eq!(c.map(|_| ()).unwrap_err(), Errno::ELOOP);
     assert_eq!(

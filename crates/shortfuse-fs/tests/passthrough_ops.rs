@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use passthrough_support::{root_req, user_req, Names, Plus, TempDir};
 use shortfuse::{
-    CopyRange, Errno, FileHandle, FileType, Filesystem, NewNode, NodeId, ReleaseArgs, RenameFlags, SetAttr, SetTime,
-    Timestamp, WriteArgs,
+    AccessMode, CopyRange, Errno, FallocateFlags, FileHandle, FileType, Filesystem, NewNode, NodeId, OpenFlags,
+    ReleaseArgs, RenameFlags, SetAttr, SetTime, Timestamp, Whence, WriteArgs, XattrFlags,
 };
 use shortfuse_fs::passthrough::{PassthroughFs, SymlinkMode};
 
@@ -72,7 +72,7 @@ fn create_write_read_and_attributes() {
             NodeId::ROOT,
             OsStr::new("f"),
             &new_node(libc::S_IFREG | 0o640),
-            libc::O_RDWR,
+            OpenFlags::RDWR,
         )
         .unwrap();
     let node = created.entry.node;
@@ -112,13 +112,13 @@ fn create_write_read_and_attributes() {
             NodeId::ROOT,
             OsStr::new("f"),
             &new_node(0o644),
-            libc::O_RDWR | libc::O_EXCL,
+            OpenFlags::RDWR | OpenFlags::EXCL,
         )
         .unwrap_err();
     assert_eq!(err, Errno::EEXIST);
 
     // O_APPEND is honoured by the real descriptor whatever the offset.
-    let opened = fs.open(&req, node, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    let opened = fs.open(&req, node, OpenFlags::WRONLY | OpenFlags::APPEND).unwrap();
     let args = WriteArgs {
         offset: 0,
         ..WriteArgs::default()
@@ -167,7 +167,7 @@ fn setattr_chmod_truncate_times_chown() {
     );
 
     // Through an open handle: ftruncate on it.
-    let opened = fs.open(&req, node, libc::O_RDWR).unwrap();
+    let opened = fs.open(&req, node, OpenFlags::RDWR).unwrap();
     let set = SetAttr {
         size: Some(1),
         fh: Some(opened.fh),
@@ -195,7 +195,7 @@ fn directories_rename_unlink_rmdir() {
     let d = fs.mkdir(&req, NodeId::ROOT, OsStr::new("d"), &new_node(0o755)).unwrap();
     assert_eq!(d.attr.file_type(), FileType::Directory);
     let a = fs
-        .create(&req, d.node, OsStr::new("a"), &new_node(0o644), libc::O_WRONLY)
+        .create(&req, d.node, OsStr::new("a"), &new_node(0o644), OpenFlags::WRONLY)
         .unwrap();
     release(&fs, a.entry.node, a.opened.fh);
     fs::write(tmp.path().join("b"), b"b").unwrap();
@@ -326,10 +326,11 @@ fn xattrs_on_files_and_on_symlinks_themselves() {
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
     let f = fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap().node;
-    fs.setxattr(&req, f, OsStr::new("user.k"), b"v1", 0).unwrap();
+    fs.setxattr(&req, f, OsStr::new("user.k"), b"v1", XattrFlags::empty())
+        .unwrap();
     assert_eq!(fs.getxattr(&req, f, OsStr::new("user.k")).unwrap(), b"v1");
     assert_eq!(
-        fs.setxattr(&req, f, OsStr::new("user.k"), b"v2", libc::XATTR_CREATE)
+        fs.setxattr(&req, f, OsStr::new("user.k"), b"v2", XattrFlags::CREATE)
             .unwrap_err(),
         Errno::EEXIST
     );
@@ -361,7 +362,8 @@ fn xattrs_on_files_and_on_symlinks_themselves() {
     let s = fs.lookup(&req, NodeId::ROOT, OsStr::new("s")).unwrap().node;
     assert_eq!(fs.getxattr(&req, s, OsStr::new("trusted.which")).unwrap(), b"link");
     assert_eq!(fs.getxattr(&req, f, OsStr::new("trusted.which")).unwrap(), b"target");
-    fs.setxattr(&req, s, OsStr::new("trusted.which"), b"link2", 0).unwrap();
+    fs.setxattr(&req, s, OsStr::new("trusted.which"), b"link2", XattrFlags::empty())
+        .unwrap();
     assert_eq!(fs.getxattr(&req, f, OsStr::new("trusted.which")).unwrap(), b"target");
 }
 
@@ -371,10 +373,10 @@ fn data_ops_fallocate_lseek_copy_file_range_statfs() {
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
     let a = fs
-        .create(&req, NodeId::ROOT, OsStr::new("a"), &new_node(0o644), libc::O_RDWR)
+        .create(&req, NodeId::ROOT, OsStr::new("a"), &new_node(0o644), OpenFlags::RDWR)
         .unwrap();
     let b = fs
-        .create(&req, NodeId::ROOT, OsStr::new("b"), &new_node(0o644), libc::O_RDWR)
+        .create(&req, NodeId::ROOT, OsStr::new("b"), &new_node(0o644), OpenFlags::RDWR)
         .unwrap();
     let (an, af, bn, bf) = (a.entry.node, a.opened.fh, b.entry.node, b.opened.fh);
     let args = WriteArgs {
@@ -383,9 +385,9 @@ fn data_ops_fallocate_lseek_copy_file_range_statfs() {
     };
     fs.write(&req, an, af, &[7u8; 4096], &args).unwrap();
     // A hole before the data.
-    assert_eq!(fs.lseek(&req, an, af, 0, libc::SEEK_DATA).unwrap(), 1 << 20);
-    assert_eq!(fs.lseek(&req, an, af, 0, libc::SEEK_HOLE).unwrap(), 0);
-    fs.fallocate(&req, an, af, 0, 2 << 20, 0).unwrap();
+    assert_eq!(fs.lseek(&req, an, af, 0, Whence::Data).unwrap(), 1 << 20);
+    assert_eq!(fs.lseek(&req, an, af, 0, Whence::Hole).unwrap(), 0);
+    fs.fallocate(&req, an, af, 0, 2 << 20, FallocateFlags::empty()).unwrap();
     assert_eq!(fs.getattr(&req, an, Some(af)).unwrap().size, 2 << 20);
 
     let range = CopyRange {
@@ -403,9 +405,9 @@ fn data_ops_fallocate_lseek_copy_file_range_statfs() {
     assert_eq!(fs.read(&req, bn, bf, 0, &mut buf).unwrap(), 4106);
     assert!(buf[..10].iter().all(|&x| x == 0) && buf[10..].iter().all(|&x| x == 7));
 
-    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
     fs.fallocate(&req, an, af, 1 << 20, 4096, punch).unwrap();
-    assert_eq!(fs.lseek(&req, an, af, 0, libc::SEEK_DATA).unwrap_err(), Errno::ENXIO);
+    assert_eq!(fs.lseek(&req, an, af, 0, Whence::Data).unwrap_err(), Errno::ENXIO);
 
     let st = fs.statfs(&req, NodeId::ROOT).unwrap();
     assert!(st.blocks > 0 && st.bsize > 0 && st.namelen >= 255);
@@ -421,7 +423,7 @@ fn readdir_pages_through_ten_thousand_entries() {
     }
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
-    let dir = fs.opendir(&req, NodeId::ROOT, libc::O_RDONLY).unwrap().fh;
+    let dir = fs.opendir(&req, NodeId::ROOT, OpenFlags::RDONLY).unwrap().fh;
     let mut seen = HashSet::new();
     let mut offset = 0;
     loop {
@@ -444,7 +446,7 @@ fn readdir_pages_through_ten_thousand_entries() {
     let mut again = Names::new(3);
     fs.readdir(&req, NodeId::ROOT, dir, first.got[4].1, &mut again).unwrap();
     assert_eq!(again.got[0].0, first.got[5].0);
-    fs.releasedir(&req, NodeId::ROOT, dir, 0).unwrap();
+    fs.releasedir(&req, NodeId::ROOT, dir, OpenFlags::empty()).unwrap();
     assert_eq!(fs.handle_count(), 0);
 }
 
@@ -462,14 +464,14 @@ fn readdir_stays_exact_under_concurrent_creates() {
             for i in 0..3000 {
                 let name = OsString::from(format!("new{i}"));
                 let c = fs
-                    .create(&req, NodeId::ROOT, &name, &new_node(0o644), libc::O_WRONLY)
+                    .create(&req, NodeId::ROOT, &name, &new_node(0o644), OpenFlags::WRONLY)
                     .unwrap();
                 fs.release(&req, c.entry.node, c.opened.fh, &ReleaseArgs::default())
                     .unwrap();
             }
         })
     };
-    let dir = fs.opendir(&req, NodeId::ROOT, libc::O_RDONLY).unwrap().fh;
+    let dir = fs.opendir(&req, NodeId::ROOT, OpenFlags::RDONLY).unwrap().fh;
     let mut seen = HashSet::new();
     let mut offset = 0;
     loop {
@@ -487,7 +489,7 @@ fn readdir_stays_exact_under_concurrent_creates() {
     for i in 0..3000 {
         assert!(seen.contains(&OsString::from(format!("old{i}"))), "old{i} missing");
     }
-    fs.releasedir(&req, NodeId::ROOT, dir, 0).unwrap();
+    fs.releasedir(&req, NodeId::ROOT, dir, OpenFlags::empty()).unwrap();
 }
 
 #[test]
@@ -498,7 +500,7 @@ fn readdirplus_counts_only_the_entries_it_sends() {
     }
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
-    let dir = fs.opendir(&req, NodeId::ROOT, libc::O_RDONLY).unwrap().fh;
+    let dir = fs.opendir(&req, NodeId::ROOT, OpenFlags::RDONLY).unwrap().fh;
     let mut all = Vec::new();
     let mut offset = 0;
     loop {
@@ -536,7 +538,7 @@ fn readdirplus_counts_only_the_entries_it_sends() {
         }
     }
     assert_eq!(fs.inode_count(), 1);
-    fs.releasedir(&req, NodeId::ROOT, dir, 0).unwrap();
+    fs.releasedir(&req, NodeId::ROOT, dir, OpenFlags::empty()).unwrap();
 }
 
 #[test]
@@ -555,7 +557,7 @@ fn new_files_belong_to_the_caller() {
         rdev: 0,
     };
     let c = fs
-        .create(&user, NodeId::ROOT, OsStr::new("mine"), &masked, libc::O_WRONLY)
+        .create(&user, NodeId::ROOT, OsStr::new("mine"), &masked, OpenFlags::WRONLY)
         .unwrap();
     fs.release(&user, c.entry.node, c.opened.fh, &ReleaseArgs::default())
         .unwrap();
@@ -573,7 +575,7 @@ fn new_files_belong_to_the_caller() {
     // The caller's rights, not root's, decide.
     let closed = fs.lookup(&user, NodeId::ROOT, OsStr::new("closed")).unwrap().node;
     let err = fs
-        .create(&user, closed, OsStr::new("x"), &new_node(0o644), libc::O_WRONLY)
+        .create(&user, closed, OsStr::new("x"), &new_node(0o644), OpenFlags::WRONLY)
         .unwrap_err();
     assert_eq!(err, Errno::EACCES);
     assert_eq!(
@@ -581,12 +583,19 @@ fn new_files_belong_to_the_caller() {
         Errno::EACCES
     );
     let secret = fs.lookup(&user, NodeId::ROOT, OsStr::new("secret")).unwrap().node;
-    assert_eq!(fs.access(&user, secret, libc::R_OK).unwrap_err(), Errno::EACCES);
-    fs.access(&root_req(), secret, libc::R_OK | libc::W_OK).unwrap();
+    assert_eq!(fs.access(&user, secret, AccessMode::READ).unwrap_err(), Errno::EACCES);
+    fs.access(&root_req(), secret, AccessMode::READ | AccessMode::WRITE)
+        .unwrap();
 
     // The guard gave the thread its root fsuid back: root may create in `closed`.
     let c = fs
-        .create(&root_req(), closed, OsStr::new("x"), &new_node(0o644), libc::O_WRONLY)
+        .create(
+            &root_req(),
+            closed,
+            OsStr::new("x"),
+            &new_node(0o644),
+            OpenFlags::WRONLY,
+        )
         .unwrap();
     assert_eq!(c.entry.attr.uid, 0);
 }
@@ -599,10 +608,13 @@ fn open_refuses_symlinks_and_writable_directories() {
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
     let s = fs.lookup(&req, NodeId::ROOT, OsStr::new("s")).unwrap().node;
-    assert_eq!(fs.open(&req, s, libc::O_RDONLY).unwrap_err(), Errno::ELOOP);
-    assert_eq!(fs.open(&req, NodeId::ROOT, libc::O_WRONLY).unwrap_err(), Errno::EISDIR);
+    assert_eq!(fs.open(&req, s, OpenFlags::RDONLY).unwrap_err(), Errno::ELOOP);
+    assert_eq!(
+        fs.open(&req, NodeId::ROOT, OpenFlags::WRONLY).unwrap_err(),
+        Errno::EISDIR
+    );
     let f = fs.lookup(&req, NodeId::ROOT, OsStr::new("f")).unwrap().node;
-    assert_eq!(fs.opendir(&req, f, libc::O_RDONLY).unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(fs.opendir(&req, f, OpenFlags::RDONLY).unwrap_err(), Errno::ENOTDIR);
 }
 
 #[test]
@@ -610,7 +622,7 @@ fn o_direct_works_with_unaligned_transport_buffers() {
     let tmp = TempDir::new("direct");
     let fs = PassthroughFs::new(tmp.path()).unwrap();
     let req = root_req();
-    let flags = libc::O_RDWR | libc::O_DIRECT;
+    let flags = OpenFlags::RDWR | OpenFlags::DIRECT;
     let c = fs
         .create(&req, NodeId::ROOT, OsStr::new("d"), &new_node(0o644), flags)
         .unwrap();

@@ -8,7 +8,7 @@ use std::ffi::OsStr;
 use std::fs;
 
 use passthrough_support::{root_req, TempDir};
-use shortfuse::{Errno, Filesystem, NewNode, NodeId, ReleaseArgs, WriteArgs};
+use shortfuse::{Errno, Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, WriteArgs};
 use shortfuse_fs::passthrough::PassthroughFs;
 
 const BUDGET: usize = 32;
@@ -26,7 +26,7 @@ fn create(fs: &PassthroughFs, name: &str, data: &[u8]) -> NodeId {
         rdev: 0,
     };
     let c = fs
-        .create(&req, NodeId::ROOT, OsStr::new(name), &new, libc::O_RDWR)
+        .create(&req, NodeId::ROOT, OsStr::new(name), &new, OpenFlags::RDWR)
         .unwrap();
     let args = WriteArgs {
         offset: 0,
@@ -43,7 +43,7 @@ fn create(fs: &PassthroughFs, name: &str, data: &[u8]) -> NodeId {
 
 fn read_all(fs: &PassthroughFs, node: NodeId) -> Vec<u8> {
     let req = root_req();
-    let o = fs.open(&req, node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&req, node, OpenFlags::RDONLY).unwrap();
     let mut buf = vec![0u8; 4096];
     let n = fs.read(&req, node, o.fh, 0, &mut buf).unwrap();
     fs.release(&req, node, o.fh, &ReleaseArgs::default()).unwrap();
@@ -99,7 +99,7 @@ fn open_inodes_keep_their_descriptor_and_unlinked_ones_are_stale() {
     let fs = with_budget(tmp.path(), BUDGET);
     let req = root_req();
     let kept = create(&fs, "kept", b"kept");
-    let o = fs.open(&req, kept, libc::O_RDONLY).unwrap();
+    let o = fs.open(&req, kept, OpenFlags::RDONLY).unwrap();
     let gone = create(&fs, "gone", b"gone");
     for i in 0..10 * BUDGET {
         create(&fs, &format!("g{i}"), b"x");

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use sftp_support::Sshd;
 use shortfuse::{
-    DirPlusSink, DirSink, Entry, Errno, FileType, Filesystem, NewNode, NodeId, RenameFlags, Request, SetAttr, SetTime,
-    Timestamp, WriteArgs,
+    DirPlusSink, DirSink, Entry, Errno, FileType, Filesystem, NewNode, NodeId, OpenFlags, RenameFlags, Request,
+    SetAttr, SetTime, Timestamp, WriteArgs,
 };
 use shortfuse_fs::sftp::SftpFs;
 
@@ -81,7 +81,7 @@ fn large_file_round_trip() {
     let s = Sshd::start();
     let fs = connect(&s, &[]);
     let c = fs
-        .create(&REQ, NodeId::ROOT, n("big"), &file_mode(0o644), libc::O_RDWR)
+        .create(&REQ, NodeId::ROOT, n("big"), &file_mode(0o644), OpenFlags::RDWR)
         .unwrap();
     let (node, fh) = (c.entry.node, c.opened.fh);
     let data = pattern(6 << 20, 7);
@@ -111,7 +111,7 @@ fn large_file_round_trip() {
     assert_eq!(fs.getattr(&REQ, node, Some(fh)).unwrap().size, data.len() as u64);
     fs.release(&REQ, node, fh, &Default::default()).unwrap();
     // A second open reads what the first wrote.
-    let o = fs.open(&REQ, node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&REQ, node, OpenFlags::RDONLY).unwrap();
     let mut head = vec![0u8; 300_000];
     assert_eq!(fs.read(&REQ, node, o.fh, 12345, &mut head).unwrap(), head.len());
     assert_eq!(head, data[12345..12345 + head.len()]);
@@ -134,13 +134,13 @@ fn directories() {
     );
     for name in ["a", "b", "c"] {
         let c = fs
-            .create(&REQ, d.node, n(name), &file_mode(0o600), libc::O_WRONLY)
+            .create(&REQ, d.node, n(name), &file_mode(0o600), OpenFlags::WRONLY)
             .unwrap();
         fs.release(&REQ, c.entry.node, c.opened.fh, &Default::default())
             .unwrap();
     }
     fs.mkdir(&REQ, d.node, n("sub"), &dir_mode()).unwrap();
-    let o = fs.opendir(&REQ, d.node, 0).unwrap();
+    let o = fs.opendir(&REQ, d.node, OpenFlags::empty()).unwrap();
     let mut names = Names::default();
     fs.readdir(&REQ, d.node, o.fh, 0, &mut names).unwrap();
     let mut got: Vec<_> = names
@@ -164,7 +164,7 @@ fn directories() {
     assert_eq!(rest.0.len(), 2);
     let mut plus = Plus::default();
     fs.readdirplus(&REQ, d.node, o.fh, 0, &mut plus).unwrap();
-    fs.releasedir(&REQ, d.node, o.fh, 0).unwrap();
+    fs.releasedir(&REQ, d.node, o.fh, OpenFlags::empty()).unwrap();
     let (_, a) = plus.0.iter().find(|(name, _)| name == "a").unwrap();
     assert_eq!(a.attr.mode & 0o777, 0o600);
     assert_eq!(
@@ -191,7 +191,7 @@ fn rename_keeps_nodes_and_handles() {
     let fs = connect(&s, &[]);
     let d = fs.mkdir(&REQ, NodeId::ROOT, n("d"), &dir_mode()).unwrap();
     let f = fs
-        .create(&REQ, d.node, n("f"), &file_mode(0o644), libc::O_RDWR)
+        .create(&REQ, d.node, n("f"), &file_mode(0o644), OpenFlags::RDWR)
         .unwrap();
     fs.write(&REQ, f.entry.node, f.opened.fh, b"hello", &WriteArgs::default())
         .unwrap();
@@ -201,13 +201,13 @@ fn rename_keeps_nodes_and_handles() {
     fs.rename(&REQ, NodeId::ROOT, n("d"), NodeId::ROOT, n("e"), RenameFlags::default())
         .unwrap();
     assert_eq!(fs.getattr(&REQ, f.entry.node, None).unwrap().size, 5);
-    let o = fs.open(&REQ, f.entry.node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&REQ, f.entry.node, OpenFlags::RDONLY).unwrap();
     let mut buf = [0u8; 16];
     assert_eq!(fs.read(&REQ, f.entry.node, o.fh, 0, &mut buf).unwrap(), 5);
     assert_eq!(&buf[..5], b"hello");
     // Replacing an existing name; the replaced node goes stale.
     let g = fs
-        .create(&REQ, NodeId::ROOT, n("g"), &file_mode(0o644), libc::O_WRONLY)
+        .create(&REQ, NodeId::ROOT, n("g"), &file_mode(0o644), OpenFlags::WRONLY)
         .unwrap();
     fs.release(&REQ, g.entry.node, g.opened.fh, &Default::default())
         .unwrap();
@@ -257,7 +257,7 @@ fn links_and_attributes() {
     let s = Sshd::start();
     let fs = connect(&s, &[]);
     let f = fs
-        .create(&REQ, NodeId::ROOT, n("f"), &file_mode(0o644), libc::O_RDWR)
+        .create(&REQ, NodeId::ROOT, n("f"), &file_mode(0o644), OpenFlags::RDWR)
         .unwrap();
     let node = f.entry.node;
     fs.write(&REQ, node, f.opened.fh, &[7u8; 10000], &WriteArgs::default())
@@ -376,7 +376,7 @@ fn reconnect_after_server_loss() {
     let mut s = Sshd::start();
     let fs = connect(&s, &[("reconnect", None)]);
     let c = fs
-        .create(&REQ, NodeId::ROOT, n("f"), &file_mode(0o644), libc::O_RDWR)
+        .create(&REQ, NodeId::ROOT, n("f"), &file_mode(0o644), OpenFlags::RDWR)
         .unwrap();
     let (node, fh) = (c.entry.node, c.opened.fh);
     fs.write(&REQ, node, fh, b"before", &WriteArgs::default()).unwrap();
@@ -414,7 +414,7 @@ fn in_flight_reads_fail_when_the_server_dies() {
     std::fs::write(s.data.join("big"), pattern(8 << 20, 3)).unwrap();
     let fs = std::sync::Arc::new(connect(&s, &[("reconnect", None)]));
     let e = fs.lookup(&REQ, NodeId::ROOT, n("big")).unwrap();
-    let o = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&REQ, e.node, OpenFlags::RDONLY).unwrap();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let reader = {
         let (fs, done) = (fs.clone(), done.clone());

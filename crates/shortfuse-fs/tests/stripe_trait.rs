@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use shortfuse::{Filesystem, NewNode, NodeId, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
+use shortfuse::{Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
 use shortfuse_fs::stripe::StripeFs;
 
 const REQ: Request = Request {
@@ -42,7 +42,7 @@ fn put(fs: &StripeFs, name: &str, data: &[u8]) -> NodeId {
         rdev: 0,
     };
     let c = fs
-        .create(&REQ, NodeId::ROOT, OsStr::new(name), &mode, libc::O_WRONLY)
+        .create(&REQ, NodeId::ROOT, OsStr::new(name), &mode, OpenFlags::WRONLY)
         .unwrap();
     let node = c.entry.node;
     // 100000-byte pieces: writes cross chunk boundaries.
@@ -60,7 +60,7 @@ fn put(fs: &StripeFs, name: &str, data: &[u8]) -> NodeId {
 
 fn get(fs: &StripeFs, name: &str) -> Vec<u8> {
     let e = fs.lookup(&REQ, NodeId::ROOT, OsStr::new(name)).unwrap();
-    let o = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    let o = fs.open(&REQ, e.node, OpenFlags::RDONLY).unwrap();
     let map = o.data_map.as_ref().unwrap();
     map.validate().unwrap();
     assert_eq!(map.extents.len(), 3);
@@ -126,7 +126,7 @@ fn far_writes_and_truncate_keep_zeros() {
     let (base, dirs) = dirs("holes");
     let fs = StripeFs::new(dirs, STRIPE).unwrap();
     let a = put(&fs, "a", b"head");
-    let o = fs.open(&REQ, a, libc::O_RDWR).unwrap();
+    let o = fs.open(&REQ, a, OpenFlags::RDWR).unwrap();
     let far = 3 * STRIPE + 10;
     let args = WriteArgs {
         offset: far,
@@ -180,8 +180,8 @@ fn chunk_files_stay_open_only_while_their_file_is() {
     assert_eq!(fs.files_held(), 0);
     // An open file keeps its chunks until its last close.
     let e = fs.lookup(&REQ, NodeId::ROOT, OsStr::new("f0")).unwrap();
-    let first = fs.open(&REQ, e.node, libc::O_RDWR).unwrap();
-    let second = fs.open(&REQ, e.node, libc::O_RDONLY).unwrap();
+    let first = fs.open(&REQ, e.node, OpenFlags::RDWR).unwrap();
+    let second = fs.open(&REQ, e.node, OpenFlags::RDONLY).unwrap();
     assert_eq!(fs.files_held(), 1);
     fs.release(&REQ, e.node, first.fh, &ReleaseArgs::default()).unwrap();
     assert_eq!(fs.files_held(), 1);

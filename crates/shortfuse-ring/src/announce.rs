@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use shortfuse::{Dispatcher, FileHandle, Filesystem, InitConfig, Lock, NodeId, ReleaseArgs, Request, Result};
+use shortfuse::{Dispatcher, FileHandle, Filesystem, FlockOp, InitConfig, Lock, NodeId, ReleaseArgs, Request, Result};
 
 use shortfuse_abi as abi;
 
@@ -99,10 +99,10 @@ impl shortfuse::layer::Layer for Announcing {
         }
     }
 
-    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
+    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: FlockOp) -> Result<()> {
         match self.to.get() {
-            Some(to) if op & libc::LOCK_NB != 0 => to.locks().flock(node.0, lock_owner, op),
-            Some(to) => to.locks().flock_wait(node.0, lock_owner, op),
+            Some(to) if !op.wait => to.locks().flock(node.0, lock_owner, op.raw()),
+            Some(to) => to.locks().flock_wait(node.0, lock_owner, op.raw()),
             None => self.inner.flock(req, node, fh, lock_owner, op),
         }
     }

@@ -558,7 +558,7 @@ impl Filesystem for ForwardFs {
     fn release(&self, _req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> shortfuse::Result<()> {
         let arg = abi::fuse_release_in {
             fh: fh.0,
-            flags: args.flags,
+            flags: args.flags.bits() as u32,
             release_flags: if args.flock_release {
                 abi::FUSE_RELEASE_FLOCK_UNLOCK
             } else {
@@ -570,10 +570,16 @@ impl Filesystem for ForwardFs {
         Ok(())
     }
 
-    fn releasedir(&self, _req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> shortfuse::Result<()> {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        node: NodeId,
+        fh: FileHandle,
+        flags: shortfuse::OpenFlags,
+    ) -> shortfuse::Result<()> {
         let arg = abi::fuse_release_in {
             fh: fh.0,
-            flags,
+            flags: flags.bits() as u32,
             release_flags: 0,
             lock_owner: 0,
         };

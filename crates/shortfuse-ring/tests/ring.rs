@@ -614,7 +614,7 @@ impl Filesystem for SlowRelease {
         parent: NodeId,
         name: &std::ffi::OsStr,
         new: &shortfuse::NewNode,
-        flags: i32,
+        flags: shortfuse::OpenFlags,
     ) -> shortfuse::Result<shortfuse::Created> {
         self.0.create(req, parent, name, new, flags)
     }

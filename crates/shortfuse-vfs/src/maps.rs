@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use shortfuse::{
-    Attr, CopyRange, Created, DataMap, Errno, FileHandle, Filesystem, Forget, NewNode, NodeId, Opened, ReleaseArgs,
-    Request, SetAttr, WriteArgs,
+    Attr, CopyRange, Created, DataMap, Errno, FallocateFlags, FileHandle, Filesystem, Forget, NewNode, NodeId,
+    OpenFlags, Opened, ReleaseArgs, Request, SetAttr, WriteArgs,
 };
 
 /// Default number of nodes whose maps the M-Cache keeps (each holds its
@@ -213,7 +213,7 @@ impl shortfuse::layer::Layer for MapTap {
         self.fs.setattr(req, node, set)
     }
 
-    fn open(&self, req: &Request, node: NodeId, flags: i32) -> shortfuse::Result<Opened> {
+    fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> shortfuse::Result<Opened> {
         let opened = self.fs.open(req, node, flags)?;
         if let Some(map) = &opened.data_map {
             self.table.leave(node, opened.fh.0, map.clone());
@@ -227,7 +227,7 @@ impl shortfuse::layer::Layer for MapTap {
         parent: NodeId,
         name: &OsStr,
         new: &NewNode,
-        flags: i32,
+        flags: OpenFlags,
     ) -> shortfuse::Result<Created> {
         let created = self.fs.create(req, parent, name, new, flags)?;
         if let Some(map) = &created.opened.data_map {
@@ -260,7 +260,7 @@ impl shortfuse::layer::Layer for MapTap {
         fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> shortfuse::Result<()> {
         self.table.changed(node);
         self.fs.fallocate(req, node, fh, offset, length, mode)

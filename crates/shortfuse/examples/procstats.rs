@@ -22,8 +22,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use shortfuse::{
-    read_slice, serve, Attr, DirItem, Errno, FileType, Handle, MountOptions, Node, NodeFs, Open, OpenFlags, Request,
-    SessionOptions,
+    read_slice, serve, Attr, DirItem, Errno, FileType, FopenFlags, Handle, MountOptions, Node, NodeFs, Open, OpenFlags,
+    Request, SessionOptions,
 };
 
 /// What the files describe.
@@ -63,13 +63,13 @@ impl Node for Generated {
         Ok(file_attr())
     }
 
-    fn open(&self, _req: &Request, _flags: i32) -> shortfuse::Result<Open> {
+    fn open(&self, _req: &Request, _flags: OpenFlags) -> shortfuse::Result<Open> {
         self.daemon.opens.fetch_add(1, Ordering::Relaxed);
         Ok(Open {
             handle: Some(Box::new(Snapshot((self.generate)(&self.daemon)))),
-            flags: OpenFlags {
+            flags: FopenFlags {
                 direct_io: true,
-                ..OpenFlags::default()
+                ..FopenFlags::default()
             },
         })
     }
@@ -132,14 +132,14 @@ impl Node for ThreadName {
         Ok(file_attr())
     }
 
-    fn open(&self, _req: &Request, _flags: i32) -> shortfuse::Result<Open> {
+    fn open(&self, _req: &Request, _flags: OpenFlags) -> shortfuse::Result<Open> {
         // The thread may have ended since the lookup.
         let comm = std::fs::read(format!("/proc/self/task/{}/comm", self.0)).map_err(|_| Errno::ENOENT)?;
         Ok(Open {
             handle: Some(Box::new(Snapshot(comm))),
-            flags: OpenFlags {
+            flags: FopenFlags {
                 direct_io: true,
-                ..OpenFlags::default()
+                ..FopenFlags::default()
             },
         })
     }

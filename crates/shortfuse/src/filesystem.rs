@@ -183,7 +183,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// Opens a file. `flags` are the `open(2)` flags (without O_CREAT,
     /// O_EXCL, O_NOCTTY, which the kernel handles). The default succeeds
     /// with handle 0: a stateless file system needs no handles.
-    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         Ok(Opened::default())
     }
 
@@ -193,7 +193,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// preload shim adds it when it creates a name it has not looked up.
     /// The name may exist even without it (another client made it): open
     /// that file or fail with EEXIST, never replace it.
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         Err(Errno::ENOSYS)
     }
 
@@ -227,7 +227,7 @@ pub trait Filesystem: Send + Sync + 'static {
 
     /// Opens a directory for listing. The default succeeds with handle 0;
     /// return a handle to keep a snapshot of the listing per open.
-    fn opendir(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn opendir(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         Ok(Opened::default())
     }
 
@@ -252,7 +252,7 @@ pub trait Filesystem: Send + Sync + 'static {
 
     /// The last descriptor of an open directory went away: free what
     /// `opendir` set up for `fh`.
-    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: u32) -> Result<()> {
+    fn releasedir(&self, req: &Request, node: NodeId, fh: FileHandle, flags: OpenFlags) -> Result<()> {
         Ok(())
     }
 
@@ -273,7 +273,7 @@ pub trait Filesystem: Send + Sync + 'static {
 
     /// `flags` are `XATTR_CREATE`/`XATTR_REPLACE`. `ENOSYS` is permanent
     /// (every later setxattr fails with EOPNOTSUPP).
-    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: XattrFlags) -> Result<()> {
         Err(Errno::ENOSYS)
     }
 
@@ -296,7 +296,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// `access(2)` with `mask` of R_OK/W_OK/X_OK/F_OK. `ENOSYS` is taken as
     /// success and never sent again (use `default_permissions` for checks in
     /// the kernel).
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+    fn access(&self, req: &Request, node: NodeId, mask: AccessMode) -> Result<()> {
         Err(Errno::ENOSYS)
     }
 
@@ -322,7 +322,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// `flock(2)`; only called when the file system asked for
     /// `FUSE_FLOCK_LOCKS` in `init`. `op` is `LOCK_SH`/`LOCK_EX`/`LOCK_UN`,
     /// possibly with `LOCK_NB`.
-    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: i32) -> Result<()> {
+    fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: FlockOp) -> Result<()> {
         Err(Errno::ENOSYS)
     }
 
@@ -334,14 +334,14 @@ pub trait Filesystem: Send + Sync + 'static {
         fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> Result<()> {
         Err(Errno::ENOSYS)
     }
 
     /// `lseek(2)` for `SEEK_DATA`/`SEEK_HOLE` (the kernel handles the rest).
     /// `ENOSYS` makes the kernel use its generic answer (all data).
-    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
         Err(Errno::ENOSYS)
     }
 

@@ -70,6 +70,7 @@ pub mod datamap;
 pub mod dispatch;
 pub mod errno;
 pub mod filesystem;
+mod flags;
 pub mod layer;
 pub mod mount;
 pub mod namespace;

@@ -72,7 +72,7 @@ pub trait Node: Any + Send + Sync {
     /// serve one open by itself (a snapshot of generated content, a
     /// connection), and `direct_io` for content whose size `getattr` cannot
     /// tell in advance.
-    fn open(&self, req: &Request, flags: i32) -> Result<Open> {
+    fn open(&self, req: &Request, flags: OpenFlags) -> Result<Open> {
         Ok(Open::default())
     }
 
@@ -158,7 +158,7 @@ pub struct Open {
     /// release (the last close).
     pub handle: Option<Box<dyn Handle>>,
     /// `FOPEN_*` flags for the kernel (direct I/O, keep cache...).
-    pub flags: OpenFlags,
+    pub flags: FopenFlags,
 }
 
 /// A name in a directory listing.
@@ -454,12 +454,12 @@ impl Filesystem for NodeFs {
         Ok(())
     }
 
-    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let open = self.node(node)?.open(req, flags)?;
         Ok(self.opened(open))
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         let child = self.node(parent)?.create(req, name, new)?;
         let open = child.open(req, flags)?;
         let entry = self.entry(req, parent, name, child)?;
@@ -489,7 +489,7 @@ impl Filesystem for NodeFs {
         Ok(())
     }
 
-    fn opendir(&self, req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         let items = self.node(node)?.readdir(req)?;
         let mut listing = Vec::with_capacity(items.len() + 2);
         listing.push(DirItem::new(".", FileType::Directory));
@@ -526,7 +526,7 @@ impl Filesystem for NodeFs {
         Ok(())
     }
 
-    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         self.table().listings.remove(&fh.0);
         Ok(())
     }

@@ -5,6 +5,7 @@ use std::ffi::OsStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::datamap::DataMap;
+pub use crate::flags::{AccessMode, FallocateFlags, FlockKind, FlockOp, OpenFlags, Whence, XattrFlags};
 
 /// The kernel's node id for an inode (`fuse_in_header.nodeid`). Distinct from
 /// the `st_ino` a file system reports in [`Attr::ino`].
@@ -336,9 +337,10 @@ impl Entry {
     }
 }
 
-/// `FOPEN_*` flags a file system may set in its open reply.
+/// `FOPEN_*` flags a file system may set in its open reply (not to be
+/// confused with the [`OpenFlags`] the caller opened with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct OpenFlags {
+pub struct FopenFlags {
     /// Bypass the page cache for this open file (`FOPEN_DIRECT_IO`).
     pub direct_io: bool,
     /// Keep cached pages from earlier opens (`FOPEN_KEEP_CACHE`).
@@ -359,7 +361,7 @@ pub struct Opened {
     /// The handle the kernel passes back on each request of this open (0 for none).
     pub fh: FileHandle,
     /// How the kernel treats the open file.
-    pub flags: OpenFlags,
+    pub flags: FopenFlags,
     /// Where the file's data lives, when data I/O may skip the daemon.
     pub data_map: Option<DataMap>,
 }
@@ -478,7 +480,7 @@ pub struct WriteArgs {
     /// `FUSE_WRITE_*` flags (cache write, lock owner valid, kill suid/sgid).
     pub write_flags: u32,
     /// The open flags of the file (`O_APPEND`, ...).
-    pub flags: u32,
+    pub flags: OpenFlags,
     /// The lock owner of the writer, when the kernel gives it.
     pub lock_owner: Option<u64>,
 }
@@ -487,7 +489,7 @@ pub struct WriteArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ReleaseArgs {
     /// The open flags of the file.
-    pub flags: u32,
+    pub flags: OpenFlags,
     /// Set when the kernel asks to flush as part of release.
     pub flush: bool,
     /// Set when the kernel asks to drop flock locks held by `lock_owner`.

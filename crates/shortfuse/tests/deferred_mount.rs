@@ -92,7 +92,7 @@ impl Filesystem for Later {
         Ok(attr(node.0))
     }
 
-    fn open(&self, _req: &Request, _node: NodeId, _flags: i32) -> shortfuse::Result<Opened> {
+    fn open(&self, _req: &Request, _node: NodeId, _flags: shortfuse::OpenFlags) -> shortfuse::Result<Opened> {
         // Direct I/O: each read(2) is one READ its caller waits for.
         let mut o = Opened::default();
         o.flags.direct_io = true;

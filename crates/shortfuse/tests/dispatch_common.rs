@@ -147,20 +147,27 @@ impl Filesystem for TestFs {
         Ok(Entry::new(NodeId(50), attr_of(DIR)))
     }
 
-    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         self.log(format!("open {} {flags:#x}", node.0));
         Ok(Opened::handle(77))
     }
 
-    fn create(&self, _req: &Request, _parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: NodeId,
+        name: &OsStr,
+        new: &NewNode,
+        flags: OpenFlags,
+    ) -> Result<Created> {
         self.log(format!("create {} {:o} {flags:#x}", name.to_string_lossy(), new.mode));
         Ok(Created {
             entry: Entry::new(NodeId(51), attr_of(HELLO)),
             opened: Opened {
                 fh: FileHandle(78),
-                flags: OpenFlags {
+                flags: FopenFlags {
                     direct_io: true,
-                    ..OpenFlags::default()
+                    ..FopenFlags::default()
                 },
                 data_map: None,
             },
@@ -236,7 +243,7 @@ impl Filesystem for TestFs {
         })
     }
 
-    fn setxattr(&self, _req: &Request, _node: NodeId, name: &OsStr, value: &[u8], _flags: i32) -> Result<()> {
+    fn setxattr(&self, _req: &Request, _node: NodeId, name: &OsStr, value: &[u8], _flags: XattrFlags) -> Result<()> {
         self.xattrs
             .lock()
             .unwrap()
@@ -262,8 +269,8 @@ impl Filesystem for TestFs {
         Ok(out)
     }
 
-    fn flock(&self, _req: &Request, node: NodeId, fh: FileHandle, owner: u64, op: i32) -> Result<()> {
-        self.log(format!("flock {} {} {owner} {op}", node.0, fh.0));
+    fn flock(&self, _req: &Request, node: NodeId, fh: FileHandle, owner: u64, op: FlockOp) -> Result<()> {
+        self.log(format!("flock {} {} {owner} {}", node.0, fh.0, op.raw()));
         Ok(())
     }
 
@@ -283,8 +290,8 @@ impl Filesystem for TestFs {
         Ok(())
     }
 
-    fn lseek(&self, _req: &Request, _node: NodeId, _fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
-        Ok(offset + whence as u64)
+    fn lseek(&self, _req: &Request, _node: NodeId, _fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
+        Ok(offset + whence.raw() as u64)
     }
 
     fn copy_file_range(&self, _req: &Request, range: &CopyRange) -> Result<usize> {

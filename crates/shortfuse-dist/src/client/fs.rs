@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shortfuse::{
-    Attr, Created, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId, OpenFlags,
-    Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    Attr, Created, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, FopenFlags, InitConfig, NewNode, NodeId,
+    OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
 };
 
 use super::config::Consistency;
@@ -288,7 +288,7 @@ impl Filesystem for DistFs {
         Ok(self.inner.entry(&info))
     }
 
-    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let f = self.inner.file(node.0)?;
         {
             // The connection first: `Inner::conn` takes `opens` under its
@@ -300,7 +300,7 @@ impl Filesystem for DistFs {
             }
             *opens += 1;
         }
-        if flags & libc::O_TRUNC != 0 {
+        if flags.contains(OpenFlags::TRUNC) {
             // The kernel sends O_TRUNC here only with atomic_o_trunc, which
             // is not asked for; a setattr does it otherwise.
             let r = self.inner.truncate(
@@ -320,7 +320,7 @@ impl Filesystem for DistFs {
         Ok(self.opened())
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: OpenFlags) -> Result<Created> {
         let entry = self.create_node(req, parent, name, NewKind::Node { rdev: 0 }, new.mode, true)?;
         *lock(&self.inner.file(entry.node.0)?.opens) += 1;
         Ok(Created {
@@ -353,7 +353,7 @@ impl Filesystem for DistFs {
         // An append goes where the file ends when it is written, which
         // others may change meanwhile (the kernel's idea of the end is
         // stale with direct I/O); the rest of a long one follows it.
-        let mut at = if args.flags & libc::O_APPEND as u32 != 0 {
+        let mut at = if args.flags.contains(OpenFlags::APPEND) {
             At::End
         } else {
             At::Offset(args.offset)
@@ -429,11 +429,11 @@ impl Filesystem for DistFs {
         Ok(())
     }
 
-    fn opendir(&self, _req: &Request, _node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, _node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         Ok(Opened::handle(self.next_dir.fetch_add(1, Ordering::Relaxed)))
     }
 
-    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         lock(&self.listings).remove(&fh.0);
         Ok(())
     }
@@ -469,9 +469,9 @@ impl Filesystem for DistFs {
 impl DistFs {
     fn opened(&self) -> Opened {
         Opened {
-            flags: OpenFlags {
+            flags: FopenFlags {
                 direct_io: self.inner.cfg.direct_io,
-                ..OpenFlags::default()
+                ..FopenFlags::default()
             },
             ..Opened::default()
         }

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shortfuse::{FileHandle, Filesystem, NewNode, NodeId, Request, WriteArgs};
+use shortfuse::{FileHandle, Filesystem, NewNode, NodeId, OpenFlags, Request, WriteArgs};
 use shortfuse_dist::client::{ClientConfig, Consistency, DistFs};
 use shortfuse_dist::server::{DistServer, ServerConfig};
 
@@ -51,7 +51,7 @@ pub fn create(fs: &DistFs, name: &str) -> NodeId {
         umask: 0,
         rdev: 0,
     };
-    fs.create(&REQ, NodeId::ROOT, OsStr::new(name), &new, libc::O_RDWR)
+    fs.create(&REQ, NodeId::ROOT, OsStr::new(name), &new, OpenFlags::RDWR)
         .unwrap()
         .entry
         .node

@@ -45,8 +45,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use shortfuse::{
-    Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig,
-    NewNode, NodeId, Opened, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    AccessMode, Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, Errno, FallocateFlags, FileHandle, FileType,
+    Filesystem, InitConfig, NewNode, NodeId, OpenFlags, Opened, RenameFlags, Request, Result, SetAttr, SetTime, Statfs,
+    Timestamp, Whence, WriteArgs, XattrFlags,
 };
 
 use data::{FileData, BLOCK};
@@ -612,7 +613,7 @@ impl MemFs {
         let Content::File(f) = &mut st.content else {
             return Err(Errno::EBADF);
         };
-        let offset = if args.flags & libc::O_APPEND as u32 != 0 {
+        let offset = if args.flags.contains(OpenFlags::APPEND) {
             st.size
         } else {
             args.offset
@@ -1021,16 +1022,19 @@ impl Filesystem for MemFs {
         Ok(self.entry(inode.ino, &st))
     }
 
-    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let inode = self.get(node)?;
         let mut st = inode.lock();
-        let mask = match flags & libc::O_ACCMODE {
-            libc::O_RDONLY => libc::R_OK,
-            libc::O_WRONLY => libc::W_OK,
-            _ => libc::R_OK | libc::W_OK,
-        } | if flags & libc::O_TRUNC != 0 { libc::W_OK } else { 0 };
-        st.check(req, mask as u32)?;
-        if flags & libc::O_TRUNC != 0 {
+        let mut mask = match flags.access_mode() {
+            OpenFlags::RDONLY => AccessMode::READ,
+            OpenFlags::WRONLY => AccessMode::WRITE,
+            _ => AccessMode::READ | AccessMode::WRITE,
+        };
+        if flags.contains(OpenFlags::TRUNC) {
+            mask |= AccessMode::WRITE;
+        }
+        st.check(req, mask.bits() as u32)?;
+        if flags.contains(OpenFlags::TRUNC) {
             if let Content::File(f) = &mut st.content {
                 // O_TRUNC updates the times even on an empty file.
                 self.usage.add(f.truncate(0));
@@ -1042,7 +1046,7 @@ impl Filesystem for MemFs {
         Ok(Opened::handle(self.new_handle().0))
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: OpenFlags) -> Result<Created> {
         let mode = MemFs::new_mode(new, libc::S_IFREG);
         let spec = NodeSpec {
             mode,
@@ -1086,7 +1090,7 @@ impl Filesystem for MemFs {
         Ok(())
     }
 
-    fn opendir(&self, req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         let inode = self.get(node)?;
         let mut st = inode.lock();
         st.dir()?;
@@ -1171,7 +1175,7 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn releasedir(&self, _req: &Request, node: NodeId, _fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, node: NodeId, _fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         self.drop_open(node);
         Ok(())
     }
@@ -1197,7 +1201,7 @@ impl Filesystem for MemFs {
         })
     }
 
-    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: XattrFlags) -> Result<()> {
         xattr::check_name(name)?;
         self.file_op(node, |st| {
             if xattr::is_user(name) {
@@ -1235,13 +1239,13 @@ impl Filesystem for MemFs {
         })
     }
 
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+    fn access(&self, req: &Request, node: NodeId, mask: AccessMode) -> Result<()> {
         let inode = self.get(node)?;
         let st = inode.lock();
-        if mask == libc::F_OK {
+        if mask == AccessMode::EXISTS {
             return Ok(());
         }
-        st.check(req, (mask & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32)
+        st.check(req, (mask & AccessMode::all()).bits() as u32)
     }
 
     fn fallocate(
@@ -1251,7 +1255,7 @@ impl Filesystem for MemFs {
         _fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> Result<()> {
         let crate::falloc::Falloc {
             punch,
@@ -1289,14 +1293,14 @@ impl Filesystem for MemFs {
         })
     }
 
-    fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+    fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
         self.file_op(node, |st| {
             let Content::File(f) = &st.content else {
                 return Err(Errno::EINVAL);
             };
             match whence {
-                libc::SEEK_DATA => f.seek_data(st.size, offset).ok_or(Errno::ENXIO),
-                libc::SEEK_HOLE => f.seek_hole(st.size, offset).ok_or(Errno::ENXIO),
+                Whence::Data => f.seek_data(st.size, offset).ok_or(Errno::ENXIO),
+                Whence::Hole => f.seek_hole(st.size, offset).ok_or(Errno::ENXIO),
                 _ => Err(Errno::EINVAL),
             }
         })

@@ -21,8 +21,9 @@ use std::ffi::OsStr;
 use std::sync::{Mutex, MutexGuard};
 
 use shortfuse::{
-    Attr, Created, DataMap, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, NewNode, NodeId, Opened,
-    ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    Attr, Created, DataMap, DirSink, Entry, Errno, FallocateFlags, FileHandle, FileType, Filesystem, NewNode, NodeId,
+    OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, Whence,
+    WriteArgs, XattrFlags,
 };
 
 use super::tree::{Node, Payload, Tree, ROOT};
@@ -400,16 +401,16 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         g.entry(node.0)
     }
 
-    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let mut g = self.lock();
         g.regular(node.0)?;
-        if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
+        if flags.contains(OpenFlags::TRUNC) && flags.access_mode() != OpenFlags::RDONLY {
             g.truncate(node.0, 0)?;
         }
         g.open_map(node.0)
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: OpenFlags) -> Result<Created> {
         let mut g = self.lock();
         let ino = g.new_node(req, parent.0, name, FileType::Regular, new)?;
         match g.store.create(ino) {
@@ -497,7 +498,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         g.store.sync(&p)
     }
 
-    fn opendir(&self, _req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         self.lock().tree.dir(node.0)?;
         Ok(Opened::handle(node.0))
     }
@@ -551,7 +552,7 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         _fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> Result<()> {
         let crate::falloc::Falloc {
             punch,
@@ -583,8 +584,8 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         g.tree.save(node.0)
     }
 
-    fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
-        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+    fn lseek(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
+        if !matches!(whence, Whence::Data | Whence::Hole) {
             return Err(Errno::EINVAL);
         }
         let mut g = self.lock();
@@ -594,13 +595,13 @@ impl<S: Storage> Filesystem for MetaFs<S> {
         if offset >= size {
             return Err(Errno::ENXIO);
         }
-        g.store.seek(&p, size, offset, whence)
+        g.store.seek(&p, size, offset, whence.raw())
     }
 
     // Extended attributes: the daemon checks no permission (see the module
     // docs), as for the rest; the VFS keeps `user.*` to files and
     // directories.
-    fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: XattrFlags) -> Result<()> {
         let mut g = self.lock();
         let n = g.tree.get_mut(node.0)?;
         n.xattrs.set(name, value, flags)?;

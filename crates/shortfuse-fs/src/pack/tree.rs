@@ -739,8 +739,12 @@ mod tests {
             // The name in the `P` record goes; another takes its place.
             assert!(t.unlink(f, ROOT, OsStr::new("f")).unwrap().is_none());
             let n = t.get_mut(f).unwrap();
-            n.xattrs.set(&name("user.k"), b"v v", 0).unwrap();
-            n.xattrs.set(&name("user.empty"), b"", 0).unwrap();
+            n.xattrs
+                .set(&name("user.k"), b"v v", shortfuse::XattrFlags::empty())
+                .unwrap();
+            n.xattrs
+                .set(&name("user.empty"), b"", shortfuse::XattrFlags::empty())
+                .unwrap();
             t.save(f).unwrap();
             t.exchange(f, (d, OsStr::new("f2")), g, (d, OsStr::new("g"))).unwrap();
             t.link(f, d, OsStr::new("f4")).unwrap();

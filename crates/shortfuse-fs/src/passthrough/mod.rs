@@ -112,9 +112,9 @@ use shortfuse::abi::{
     FUSE_FLOCK_LOCKS, FUSE_HANDLE_KILLPRIV_V2, FUSE_POSIX_LOCKS, FUSE_WRITEBACK_CACHE, FUSE_WRITE_KILL_SUIDGID,
 };
 use shortfuse::{
-    Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, Forget,
-    InitConfig, NewNode, NodeId, OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime,
-    Statfs, WriteArgs,
+    AccessMode, Attr, CopyRange, Created, DataMap, DirPlusSink, DirSink, Entry, Errno, FallocateFlags, FileHandle,
+    FileType, Filesystem, FopenFlags, Forget, InitConfig, NewNode, NodeId, OpenFlags, Opened, ReleaseArgs, RenameFlags,
+    Request, Result, SetAttr, SetTime, Statfs, Whence, WriteArgs, XattrFlags,
 };
 
 use creds::CredGuard;
@@ -750,15 +750,15 @@ impl Filesystem for PassthroughFs {
         Ok(Entry::new(inode.node, attr_of(&st)))
     }
 
-    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let inode = self.inodes.get(node)?;
         match inode.kind {
             // The /proc magic link would hand the symlink inode to open().
             FileType::Symlink => return Err(Errno::ELOOP),
-            FileType::Directory if flags & libc::O_ACCMODE != libc::O_RDONLY => return Err(Errno::EISDIR),
+            FileType::Directory if flags.access_mode() != OpenFlags::RDONLY => return Err(Errno::EISDIR),
             _ => {}
         }
-        let mut flags = self.open_flags(flags);
+        let mut flags = self.open_flags(flags.bits());
         if inode.kind == FileType::Fifo {
             // Never wait in a daemon thread for the FIFO's other end (the
             // kernel opens FIFOs itself, the preload shim too; only a
@@ -777,19 +777,19 @@ impl Filesystem for PassthroughFs {
             // FUSE_POSIX_LOCKS there are no locks of ours to drop, so its
             // close saves the round trip (the kernel still flushes its own
             // cache first under writeback_cache, where it ignores the flag).
-            flags: OpenFlags {
+            flags: FopenFlags {
                 noflush: flags & libc::O_ACCMODE == libc::O_RDONLY,
-                ..OpenFlags::default()
+                ..FopenFlags::default()
             },
             data_map,
         })
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         let name = component(name)?;
         let parent = self.dir(parent)?;
         creds::ensure_zero_umask()?;
-        let flags = self.open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL) | libc::O_NOFOLLOW;
+        let flags = self.open_flags(flags.bits()) | libc::O_CREAT | (flags.bits() & libc::O_EXCL) | libc::O_NOFOLLOW;
         let mode = new.mode & 0o7777 & !new.umask;
         let fd = {
             let _creds = CredGuard::switch(req, self.switch_creds)?;
@@ -857,7 +857,7 @@ impl Filesystem for PassthroughFs {
         sys::fsync(self.file(node, fh)?.fd(), datasync)
     }
 
-    fn opendir(&self, _req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         let inode = self.dir(node)?;
         let fd = sys::open_dir(inode.fd()?.as_fd())?;
         let fh = self.handles.insert(OpenFile::dir(node, fd));
@@ -920,7 +920,7 @@ impl Filesystem for PassthroughFs {
         })
     }
 
-    fn releasedir(&self, _req: &Request, node: NodeId, fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, node: NodeId, fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         self.handles.remove(node, fh)?;
         if let Ok(inode) = self.inodes.get(node) {
             inode.nopen.fetch_sub(1, Ordering::Relaxed);
@@ -946,10 +946,15 @@ impl Filesystem for PassthroughFs {
         })
     }
 
-    fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(&self, _req: &Request, node: NodeId, name: &OsStr, value: &[u8], flags: XattrFlags) -> Result<()> {
         let name = CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
         let inode = self.inodes.get(node)?;
-        sys::setxattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(), &name, value, flags)
+        sys::setxattr(
+            sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(),
+            &name,
+            value,
+            flags.bits(),
+        )
     }
 
     fn getxattr(&self, _req: &Request, node: NodeId, name: &OsStr) -> Result<Vec<u8>> {
@@ -969,10 +974,10 @@ impl Filesystem for PassthroughFs {
         sys::removexattr(sys::ProcPath::new(inode.fd()?.as_fd()).as_cstr(), &name)
     }
 
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+    fn access(&self, req: &Request, node: NodeId, mask: AccessMode) -> Result<()> {
         let inode = self.inodes.get(node)?;
         let _creds = CredGuard::switch(req, self.switch_creds)?;
-        sys::faccess(inode.fd()?.as_fd(), mask)
+        sys::faccess(inode.fd()?.as_fd(), mask.bits())
     }
 
     fn fallocate(
@@ -982,16 +987,16 @@ impl Filesystem for PassthroughFs {
         fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> Result<()> {
-        sys::fallocate(self.file(node, fh)?.fd(), mode, offset, length)
+        sys::fallocate(self.file(node, fh)?.fd(), mode.bits(), offset, length)
     }
 
-    fn lseek(&self, _req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
-        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+    fn lseek(&self, _req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
+        if !matches!(whence, Whence::Data | Whence::Hole) {
             return Err(Errno::EINVAL);
         }
-        sys::lseek(self.file(node, fh)?.fd(), offset as i64, whence)
+        sys::lseek(self.file(node, fh)?.fd(), offset as i64, whence.raw())
     }
 
     fn copy_file_range(&self, _req: &Request, range: &CopyRange) -> Result<usize> {

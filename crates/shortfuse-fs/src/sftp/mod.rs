@@ -68,8 +68,9 @@ use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags as SftpOpen, Packet, StatusCode};
 use shortfuse::abi::{FUSE_HANDLE_KILLPRIV_V2, FUSE_WRITE_KILL_SUIDGID};
 use shortfuse::{
-    Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, NewNode, NodeId,
-    Opened, RenameFlags, ReplyData, ReplyWrite, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    AccessMode, Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig,
+    NewNode, NodeId, OpenFlags, Opened, RenameFlags, ReplyData, ReplyWrite, Request, Result, SetAttr, SetTime, Statfs,
+    Timestamp, WriteArgs,
 };
 
 pub use config::{Config, HostKeyPolicy};
@@ -220,13 +221,13 @@ fn path_ino(path: &str) -> u64 {
     h.finish() | 1 << 63
 }
 
-fn open_flags(flags: i32) -> SftpOpen {
-    let mut f = match flags & libc::O_ACCMODE {
-        libc::O_WRONLY => SftpOpen::WRITE,
-        libc::O_RDWR => SftpOpen::READ | SftpOpen::WRITE,
+fn open_flags(flags: OpenFlags) -> SftpOpen {
+    let mut f = match flags.access_mode() {
+        OpenFlags::WRONLY => SftpOpen::WRITE,
+        OpenFlags::RDWR => SftpOpen::READ | SftpOpen::WRITE,
         _ => SftpOpen::READ,
     };
-    if flags & libc::O_APPEND != 0 {
+    if flags.contains(OpenFlags::APPEND) {
         f |= SftpOpen::APPEND;
     }
     f
@@ -885,9 +886,9 @@ impl Filesystem for SftpFs {
     /// a file without any execute bit). Supplementary groups are not
     /// known here; the server still applies its own checks, as the login
     /// user, to every call.
-    fn access(&self, req: &Request, node: NodeId, mask: i32) -> Result<()> {
+    fn access(&self, req: &Request, node: NodeId, mask: AccessMode) -> Result<()> {
         let a = self.attr_of(node, None)?;
-        let want = (mask & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32;
+        let want = (mask & AccessMode::all()).bits() as u32;
         if want == 0 {
             return Ok(());
         }
@@ -1038,23 +1039,23 @@ impl Filesystem for SftpFs {
         self.entry_for(&to)
     }
 
-    fn open(&self, _req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let path = self.nodes.path(node)?;
         let mut f = open_flags(flags);
-        if flags & libc::O_TRUNC != 0 {
+        if flags.contains(OpenFlags::TRUNC) {
             f |= SftpOpen::TRUNCATE;
         }
         let fh = self.open_file(node, path, f, FileAttributes::empty())?;
         Ok(Opened::handle(fh.0))
     }
 
-    fn create(&self, _req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(&self, _req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         let path = self.child(parent, name)?;
         let mut f = open_flags(flags) | SftpOpen::CREATE;
-        if flags & libc::O_EXCL != 0 {
+        if flags.contains(OpenFlags::EXCL) {
             f |= SftpOpen::EXCLUDE;
         }
-        if flags & libc::O_TRUNC != 0 {
+        if flags.contains(OpenFlags::TRUNC) {
             f |= SftpOpen::TRUNCATE;
         }
         let mut a = FileAttributes::empty();
@@ -1197,7 +1198,7 @@ impl Filesystem for SftpFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         let path = self.nodes.path(node)?;
         let list = self.list(&path)?;
         Ok(Opened::handle(self.add_handle(Handle::Dir(Arc::new(list))).0))
@@ -1251,7 +1252,7 @@ impl Filesystem for SftpFs {
         Ok(())
     }
 
-    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, _node: NodeId, fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         lock(&self.handles).remove(&fh.0);
         Ok(())
     }

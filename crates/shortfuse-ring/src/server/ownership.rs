@@ -253,10 +253,13 @@ impl Shared {
         let (node, fh) = (shortfuse::NodeId(h.node), shortfuse::FileHandle(h.fh));
         let start = std::time::Instant::now();
         let (op, _) = if h.dir {
-            (abi::FUSE_RELEASEDIR, self.fs.releasedir(&req, node, fh, 0))
+            (
+                abi::FUSE_RELEASEDIR,
+                self.fs.releasedir(&req, node, fh, shortfuse::OpenFlags::RDONLY),
+            )
         } else {
             let args = shortfuse::ReleaseArgs {
-                flags: 0,
+                flags: shortfuse::OpenFlags::RDONLY,
                 flush: false,
                 flock_release: true,
                 lock_owner: Some(h.owner),

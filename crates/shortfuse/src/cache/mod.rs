@@ -145,11 +145,11 @@ struct State {
 /// under its write-back cache: a write of part of a page the cache does
 /// not hold must read the rest. A file the caller may write but not read
 /// is opened as asked; true then, and its writes go straight through.
-fn readable<T>(flags: i32, open: impl Fn(i32) -> Result<T>) -> Result<(T, bool)> {
-    if flags & libc::O_ACCMODE != libc::O_WRONLY {
+fn readable<T>(flags: OpenFlags, open: impl Fn(OpenFlags) -> Result<T>) -> Result<(T, bool)> {
+    if flags.access_mode() != OpenFlags::WRONLY {
         return open(flags).map(|o| (o, false));
     }
-    match open((flags & !libc::O_ACCMODE) | libc::O_RDWR) {
+    match open(flags.with_access_mode(OpenFlags::RDWR)) {
         Err(e) if e == Errno::EACCES || e == Errno::EPERM => open(flags).map(|o| (o, true)),
         r => r.map(|o| (o, false)),
     }
@@ -794,7 +794,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         Ok(e)
     }
 
-    fn open(&self, req: &Request, node: NodeId, flags: i32) -> Result<Opened> {
+    fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let (mut opened, write_only) = readable(flags, |f| self.inner.open(req, node, f))?;
         // The data must pass through the cache, not around it.
         opened.data_map = None;
@@ -802,7 +802,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         if write_only {
             st.write_only.insert(opened.fh.0);
         }
-        if flags & libc::O_TRUNC != 0 {
+        if flags.contains(OpenFlags::TRUNC) {
             self.drop_pages(&mut st, node.0);
             st.nodes.remove(&node.0);
             drop(st);
@@ -827,7 +827,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         Ok(opened)
     }
 
-    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: i32) -> Result<Created> {
+    fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         let (mut c, write_only) = readable(flags, |f| self.inner.create(req, parent, name, new, f))?;
         c.opened.data_map = None;
         self.remember(parent, name, &c.entry);
@@ -937,7 +937,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
 
     fn write(&self, _req: &Request, node: NodeId, fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         let mut st = self.lock();
-        if args.flags & libc::O_APPEND as u32 != 0 || st.write_only.contains(&fh.0) {
+        if args.flags.contains(OpenFlags::APPEND) || st.write_only.contains(&fh.0) {
             // The inner file system decides where appends land; a handle
             // that cannot read cannot fill the rest of a page.
             self.flush_pages(&mut st, Some(node.0))?;
@@ -1056,7 +1056,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         fh: FileHandle,
         offset: u64,
         length: u64,
-        mode: i32,
+        mode: FallocateFlags,
     ) -> Result<()> {
         let mut st = self.lock();
         self.flush_pages(&mut st, Some(node.0))?;
@@ -1067,7 +1067,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         self.inner.fallocate(req, node, fh, offset, length, mode)
     }
 
-    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: i32) -> Result<u64> {
+    fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: Whence) -> Result<u64> {
         let mut st = self.lock();
         self.flush_pages(&mut st, Some(node.0))?;
         drop(st);

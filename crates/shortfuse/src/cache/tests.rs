@@ -152,7 +152,7 @@ fn read(fs: &CachedFs<Backing>, off: u64, len: usize) -> Vec<u8> {
 fn reads_hit_after_the_first_and_clip_at_eof() {
     let data = pattern(10 * PS + 100);
     let fs = cached(Backing::with(7, &data), 64, Policy::Clock, 1);
-    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    fs.open(&R, N, OpenFlags::RDONLY).unwrap();
     assert_eq!(read(&fs, 100, 3 * PS), data[100..100 + 3 * PS]);
     let calls = fs.inner().reads.load(Ordering::Relaxed);
     assert_eq!(read(&fs, 200, 2 * PS), data[200..200 + 2 * PS]);
@@ -171,7 +171,7 @@ fn reads_hit_after_the_first_and_clip_at_eof() {
 fn sequential_reads_fetch_ahead() {
     let data = pattern(64 * PS);
     let fs = cached(Backing::with(7, &data), 64, Policy::Lru, 8);
-    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    fs.open(&R, N, OpenFlags::RDONLY).unwrap();
     let mut all = Vec::new();
     for i in 0..64 {
         all.extend(read(&fs, (i * PS) as u64, PS));
@@ -190,7 +190,7 @@ fn sequential_reads_fetch_ahead() {
 fn writes_are_written_back_on_flush_fsync_release_and_destroy() {
     let data = pattern(3 * PS);
     let fs = cached(Backing::with(7, &data), 16, Policy::Clock, 1);
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     let args = |offset| WriteArgs {
         offset,
         ..WriteArgs::default()
@@ -230,7 +230,7 @@ fn writes_are_written_back_on_flush_fsync_release_and_destroy() {
 fn truncate_and_remote_changes_invalidate() {
     let data = pattern(4 * PS);
     let fs = cached(Backing::with(7, &data), 16, Policy::Clock, 4);
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     assert_eq!(read(&fs, 0, 4 * PS), data);
     fs.write(
         &R,
@@ -262,7 +262,7 @@ fn truncate_and_remote_changes_invalidate() {
     fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
     // Changed behind the cache: still cached until reopened.
     fs.inner().replace(7, b"new contents");
-    fs.open(&R, N, libc::O_RDONLY).unwrap();
+    fs.open(&R, N, OpenFlags::RDONLY).unwrap();
     assert_eq!(read(&fs, 0, PS), b"new contents");
     assert!(fs.stats().invalidations.load(Ordering::Relaxed) > 0);
 }
@@ -271,7 +271,7 @@ fn truncate_and_remote_changes_invalidate() {
 fn eviction_writes_dirty_pages_back() {
     for policy in [Policy::Clock, Policy::Lru] {
         let fs = cached(Backing::with(7, b""), 4, policy, 1);
-        fs.open(&R, N, libc::O_RDWR).unwrap();
+        fs.open(&R, N, OpenFlags::RDWR).unwrap();
         let data = pattern(32 * PS);
         for (i, page) in data.chunks(PS).enumerate() {
             fs.write(
@@ -345,7 +345,7 @@ fn metadata_is_cached_and_lookups_are_given_back_in_order() {
     fs.lookup(&R, NodeId::ROOT, name).unwrap();
     assert_eq!(fs.inner().lookups.load(Ordering::Relaxed), 2);
     // A write drops the attributes; an unlink the name.
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     let g = fs.inner().getattrs.load(Ordering::Relaxed);
     fs.write(&R, N, FH, b"longer now", &WriteArgs::default()).unwrap();
     fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
@@ -358,7 +358,7 @@ fn metadata_is_cached_and_lookups_are_given_back_in_order() {
 #[test]
 fn flush_all_writes_back_what_is_dirty_when_the_daemon_stops() {
     let fs = cached(Backing::with(7, b""), 16, Policy::Lru, 1);
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     fs.write(&R, N, FH, &pattern(3 * PS), &WriteArgs::default()).unwrap();
     assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 3 * PS as u64);
     assert!(fs.inner().data(7).is_empty());
@@ -370,7 +370,7 @@ fn flush_all_writes_back_what_is_dirty_when_the_daemon_stops() {
 #[test]
 fn concurrent_readers_and_writers_leave_the_cache_equal_to_the_file() {
     let fs = Arc::new(cached(Backing::with(7, &vec![0u8; 16 * PS]), 4, Policy::Clock, 2));
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let fs = fs.clone();
@@ -406,26 +406,25 @@ fn concurrent_readers_and_writers_leave_the_cache_equal_to_the_file() {
 #[test]
 fn write_only_opens_are_made_readable_unless_refused() {
     let asked = Mutex::new(Vec::new());
+    let wa = OpenFlags::WRONLY | OpenFlags::APPEND;
+    let rwa = OpenFlags::RDWR | OpenFlags::APPEND;
     let open = |refuse_read: bool| {
         asked.lock().unwrap().clear();
-        readable(libc::O_WRONLY | libc::O_APPEND, |f| {
+        readable(wa, |f| {
             asked.lock().unwrap().push(f);
-            if refuse_read && f & libc::O_ACCMODE == libc::O_RDWR {
+            if refuse_read && f.access_mode() == OpenFlags::RDWR {
                 Err(Errno::EACCES)
             } else {
                 Ok(f)
             }
         })
     };
-    assert_eq!(open(false).unwrap(), (libc::O_RDWR | libc::O_APPEND, false));
-    assert_eq!(open(true).unwrap(), (libc::O_WRONLY | libc::O_APPEND, true));
+    assert_eq!(open(false).unwrap(), (rwa, false));
+    assert_eq!(open(true).unwrap(), (wa, true));
+    assert_eq!(*asked.lock().unwrap(), [rwa, wa]);
+    assert_eq!(readable(OpenFlags::RDONLY, Ok).unwrap(), (OpenFlags::RDONLY, false));
     assert_eq!(
-        *asked.lock().unwrap(),
-        [libc::O_RDWR | libc::O_APPEND, libc::O_WRONLY | libc::O_APPEND]
-    );
-    assert_eq!(readable(libc::O_RDONLY, Ok).unwrap(), (libc::O_RDONLY, false));
-    assert_eq!(
-        readable(libc::O_WRONLY, |_| Err::<i32, _>(Errno::ENOENT)),
+        readable(OpenFlags::WRONLY, |_| Err::<OpenFlags, _>(Errno::ENOENT)),
         Err(Errno::ENOENT)
     );
 }
@@ -433,7 +432,7 @@ fn write_only_opens_are_made_readable_unless_refused() {
 #[test]
 fn held_writes_move_mtime_and_an_mtime_set_meanwhile_stays() {
     let fs = cached(Backing::with(7, &pattern(PS)), 16, Policy::Clock, 1);
-    fs.open(&R, N, libc::O_RDWR).unwrap();
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
     let before = Timestamp::now();
     fs.write(&R, N, FH, b"x", &WriteArgs::default()).unwrap();
     let a = fs.getattr(&R, N, None).unwrap();

@@ -457,13 +457,13 @@ impl Dispatcher {
                 self.entry(reply, unique, &e)
             }
             Operation::Open { arg } => {
-                let opened = fs.open(&req, node, arg.flags as i32)?;
+                let opened = fs.open(&req, node, OpenFlags::from_raw(arg.flags as i32))?;
                 let out = self.file_open_out(fs, &req, node, &opened, arg.flags)?;
                 reply_struct(reply, unique, &out);
                 Ok(Outcome::Reply)
             }
             Operation::Opendir { arg } => {
-                let opened = fs.opendir(&req, node, arg.flags as i32)?;
+                let opened = fs.opendir(&req, node, OpenFlags::from_raw(arg.flags as i32))?;
                 let out = self.open_out(&opened, false);
                 reply_struct(reply, unique, &out);
                 Ok(Outcome::Reply)
@@ -474,7 +474,7 @@ impl Dispatcher {
                     umask: arg.umask,
                     rdev: 0,
                 };
-                let created = fs.create(&req, node, name, &new, arg.flags as i32)?;
+                let created = fs.create(&req, node, name, &new, OpenFlags::from_raw(arg.flags as i32))?;
                 let open = match self.file_open_out(fs, &req, created.entry.node, &created.opened, arg.flags) {
                     Ok(open) => open,
                     Err(e) => {
@@ -523,7 +523,7 @@ impl Dispatcher {
                 let flush = arg.release_flags & abi::FUSE_RELEASE_FLUSH != 0;
                 let flock_release = arg.release_flags & abi::FUSE_RELEASE_FLOCK_UNLOCK != 0;
                 let args = ReleaseArgs {
-                    flags: arg.flags,
+                    flags: OpenFlags::from_raw(arg.flags as i32),
                     flush,
                     flock_release,
                     lock_owner: (flush || flock_release).then_some(arg.lock_owner),
@@ -535,7 +535,7 @@ impl Dispatcher {
                 ok(reply, unique)
             }
             Operation::Releasedir { arg } => {
-                fs.releasedir(&req, node, FileHandle(arg.fh), arg.flags)?;
+                fs.releasedir(&req, node, FileHandle(arg.fh), OpenFlags::from_raw(arg.flags as i32))?;
                 ok(reply, unique)
             }
             Operation::Fsync { arg } => {
@@ -591,7 +591,7 @@ impl Dispatcher {
                 Ok(Outcome::Reply)
             }
             Operation::Setxattr { arg, name, value } => {
-                fs.setxattr(&req, node, name, value, arg.flags as i32)?;
+                fs.setxattr(&req, node, name, value, XattrFlags::from_raw(arg.flags as i32))?;
                 ok(reply, unique)
             }
             Operation::Getxattr { arg, name } => {
@@ -607,7 +607,7 @@ impl Dispatcher {
                 ok(reply, unique)
             }
             Operation::Access { arg } => {
-                fs.access(&req, node, arg.mask as i32)?;
+                fs.access(&req, node, AccessMode::from_raw(arg.mask as i32))?;
                 ok(reply, unique)
             }
             Operation::Getlk { arg } => {
@@ -618,11 +618,19 @@ impl Dispatcher {
             Operation::Setlk { arg } => self.setlk(fs, &req, node, &arg, false, reply, unique),
             Operation::Setlkw { arg } => self.setlk(fs, &req, node, &arg, true, reply, unique),
             Operation::Fallocate { arg } => {
-                fs.fallocate(&req, node, FileHandle(arg.fh), arg.offset, arg.length, arg.mode as i32)?;
+                fs.fallocate(
+                    &req,
+                    node,
+                    FileHandle(arg.fh),
+                    arg.offset,
+                    arg.length,
+                    FallocateFlags::from_raw(arg.mode as i32),
+                )?;
                 ok(reply, unique)
             }
             Operation::Lseek { arg } => {
-                let offset = fs.lseek(&req, node, FileHandle(arg.fh), arg.offset, arg.whence as i32)?;
+                let whence = Whence::from_raw(arg.whence as i32).ok_or(Errno::EINVAL)?;
+                let offset = fs.lseek(&req, node, FileHandle(arg.fh), arg.offset, whence)?;
                 reply_struct(reply, unique, &abi::fuse_lseek_out { offset });
                 Ok(Outcome::Reply)
             }
@@ -789,7 +797,7 @@ impl Dispatcher {
                     node.0
                 );
                 let args = ReleaseArgs {
-                    flags: open_flags,
+                    flags: OpenFlags::from_raw(open_flags as i32),
                     ..ReleaseArgs::default()
                 };
                 let _ = fs.release(req, node, opened.fh, &args);
@@ -869,16 +877,13 @@ impl Dispatcher {
     ) -> Served {
         let fh = FileHandle(arg.fh);
         if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
-            let mut op = match arg.lk.typ as i32 {
-                libc::F_RDLCK => libc::LOCK_SH,
-                libc::F_WRLCK => libc::LOCK_EX,
-                libc::F_UNLCK => libc::LOCK_UN,
+            let kind = match arg.lk.typ as i32 {
+                libc::F_RDLCK => FlockKind::Shared,
+                libc::F_WRLCK => FlockKind::Exclusive,
+                libc::F_UNLCK => FlockKind::Unlock,
                 _ => return Err(Errno::EINVAL),
             };
-            if !sleep {
-                op |= libc::LOCK_NB;
-            }
-            fs.flock(req, node, fh, arg.owner, op)?;
+            fs.flock(req, node, fh, arg.owner, FlockOp { kind, wait: sleep })?;
         } else {
             fs.setlk(req, node, fh, arg.owner, &Lock::from(&arg.lk), sleep)?;
         }
@@ -890,7 +895,7 @@ fn write_args(arg: &abi::fuse_write_in) -> WriteArgs {
     WriteArgs {
         offset: arg.offset,
         write_flags: arg.write_flags,
-        flags: arg.flags,
+        flags: OpenFlags::from_raw(arg.flags as i32),
         lock_owner: (arg.write_flags & abi::FUSE_WRITE_LOCKOWNER != 0).then_some(arg.lock_owner),
     }
 }

@@ -113,12 +113,19 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn open(&self, _req: &Request, _node: NodeId, _flags: i32) -> Result<Opened> {
+    fn open(&self, _req: &Request, _node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         self.hit("open");
         Err(Errno::EIO)
     }
 
-    fn create(&self, _req: &Request, _parent: NodeId, _name: &OsStr, _new: &NewNode, _flags: i32) -> Result<Created> {
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: NodeId,
+        _name: &OsStr,
+        _new: &NewNode,
+        _flags: OpenFlags,
+    ) -> Result<Created> {
         self.hit("create");
         Err(Errno::EIO)
     }
@@ -148,7 +155,7 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn opendir(&self, _req: &Request, _node: NodeId, _flags: i32) -> Result<Opened> {
+    fn opendir(&self, _req: &Request, _node: NodeId, _flags: OpenFlags) -> Result<Opened> {
         self.hit("opendir");
         Err(Errno::EIO)
     }
@@ -177,7 +184,7 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn releasedir(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _flags: u32) -> Result<()> {
+    fn releasedir(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _flags: OpenFlags) -> Result<()> {
         self.hit("releasedir");
         Err(Errno::EIO)
     }
@@ -192,7 +199,7 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn setxattr(&self, _req: &Request, _node: NodeId, _name: &OsStr, _value: &[u8], _flags: i32) -> Result<()> {
+    fn setxattr(&self, _req: &Request, _node: NodeId, _name: &OsStr, _value: &[u8], _flags: XattrFlags) -> Result<()> {
         self.hit("setxattr");
         Err(Errno::EIO)
     }
@@ -212,7 +219,7 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn access(&self, _req: &Request, _node: NodeId, _mask: i32) -> Result<()> {
+    fn access(&self, _req: &Request, _node: NodeId, _mask: AccessMode) -> Result<()> {
         self.hit("access");
         Err(Errno::EIO)
     }
@@ -235,7 +242,7 @@ impl Filesystem for Recording {
         Err(Errno::EIO)
     }
 
-    fn flock(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _lock_owner: u64, _op: i32) -> Result<()> {
+    fn flock(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _lock_owner: u64, _op: FlockOp) -> Result<()> {
         self.hit("flock");
         Err(Errno::EIO)
     }
@@ -247,13 +254,13 @@ impl Filesystem for Recording {
         _fh: FileHandle,
         _offset: u64,
         _length: u64,
-        _mode: i32,
+        _mode: FallocateFlags,
     ) -> Result<()> {
         self.hit("fallocate");
         Err(Errno::EIO)
     }
 
-    fn lseek(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _offset: u64, _whence: i32) -> Result<u64> {
+    fn lseek(&self, _req: &Request, _node: NodeId, _fh: FileHandle, _offset: u64, _whence: Whence) -> Result<u64> {
         self.hit("lseek");
         Err(Errno::EIO)
     }
@@ -361,29 +368,35 @@ fn call_every_method(fs: &dyn Filesystem) {
         RenameFlags::default(),
     );
     let _ = fs.link(&req, NodeId(2), NodeId(3), OsStr::new("m"));
-    let _ = fs.open(&req, NodeId(2), 0);
-    let _ = fs.create(&req, NodeId(1), OsStr::new("n"), &new, 0);
+    let _ = fs.open(&req, NodeId(2), OpenFlags::RDONLY);
+    let _ = fs.create(&req, NodeId(1), OsStr::new("n"), &new, OpenFlags::RDONLY);
     let _ = fs.read(&req, NodeId(2), FileHandle(4), 0, &mut buf);
     let _ = fs.write(&req, NodeId(2), FileHandle(4), b"d", &Default::default());
     let _ = fs.flush(&req, NodeId(2), FileHandle(4), 5);
     let _ = fs.release(&req, NodeId(2), FileHandle(4), &Default::default());
     let _ = fs.fsync(&req, NodeId(2), FileHandle(4), false);
-    let _ = fs.opendir(&req, NodeId(2), 0);
+    let _ = fs.opendir(&req, NodeId(2), OpenFlags::RDONLY);
     let _ = fs.readdir(&req, NodeId(2), FileHandle(4), 0, &mut sink);
     let _ = fs.readdirplus(&req, NodeId(2), FileHandle(4), 0, &mut plus);
-    let _ = fs.releasedir(&req, NodeId(2), FileHandle(4), 0);
+    let _ = fs.releasedir(&req, NodeId(2), FileHandle(4), OpenFlags::RDONLY);
     let _ = fs.fsyncdir(&req, NodeId(2), FileHandle(4), false);
     let _ = fs.statfs(&req, NodeId(2));
-    let _ = fs.setxattr(&req, NodeId(2), OsStr::new("n"), b"v", 0);
+    let _ = fs.setxattr(&req, NodeId(2), OsStr::new("n"), b"v", XattrFlags::empty());
     let _ = fs.getxattr(&req, NodeId(2), OsStr::new("n"));
     let _ = fs.listxattr(&req, NodeId(2));
     let _ = fs.removexattr(&req, NodeId(2), OsStr::new("n"));
-    let _ = fs.access(&req, NodeId(2), 0);
+    let _ = fs.access(&req, NodeId(2), AccessMode::EXISTS);
     let _ = fs.getlk(&req, NodeId(2), FileHandle(4), 5, &Lock::default());
     let _ = fs.setlk(&req, NodeId(2), FileHandle(4), 5, &Lock::default(), false);
-    let _ = fs.flock(&req, NodeId(2), FileHandle(4), 5, 0);
-    let _ = fs.fallocate(&req, NodeId(2), FileHandle(4), 0, 1, 0);
-    let _ = fs.lseek(&req, NodeId(2), FileHandle(4), 0, 0);
+    let _ = fs.flock(
+        &req,
+        NodeId(2),
+        FileHandle(4),
+        5,
+        FlockOp::from_raw(libc::LOCK_SH).unwrap(),
+    );
+    let _ = fs.fallocate(&req, NodeId(2), FileHandle(4), 0, 1, FallocateFlags::empty());
+    let _ = fs.lseek(&req, NodeId(2), FileHandle(4), 0, Whence::Data);
     let _ = fs.poll(&req, NodeId(2), FileHandle(4), None, 0);
     let _ = fs.copy_file_range(&req, &range);
 }
