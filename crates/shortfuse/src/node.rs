@@ -71,7 +71,8 @@ pub trait Node: Any + Send + Sync {
     /// go to [`Node::read`] and [`Node::write`]. Return a [`Handle`] to
     /// serve one open by itself (a snapshot of generated content, a
     /// connection), and `direct_io` for content whose size `getattr` cannot
-    /// tell in advance.
+    /// tell in advance. An open for writing with `O_TRUNC` (`> file`)
+    /// first empties the file through [`Node::setattr`] (size 0).
     fn open(&self, req: &Request, flags: OpenFlags) -> Result<Open> {
         Ok(Open::default())
     }
@@ -455,7 +456,18 @@ impl Filesystem for NodeFs {
     }
 
     fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
-        let open = self.node(node)?.open(req, flags)?;
+        let n = self.node(node)?;
+        // The dispatcher asks for FUSE_ATOMIC_O_TRUNC, so `> file` reaches
+        // OPEN with O_TRUNC and no SETATTR: the node sees the truncation
+        // as the setattr it would have had without it.
+        if flags.contains(OpenFlags::TRUNC) && flags.writable() {
+            let set = SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            };
+            n.setattr(req, &set)?;
+        }
+        let open = n.open(req, flags)?;
         Ok(self.opened(open))
     }
 

@@ -175,6 +175,10 @@ fn everything(m: &Mounted) {
     // Writes through the mount.
     fs::write(mp.join("a"), b"first").unwrap();
     assert_eq!(fs::read(mp.join("a")).unwrap(), b"first");
+    // `>` on an existing file: O_TRUNC comes with the open.
+    fs::write(mp.join("a"), b"2nd").unwrap();
+    assert_eq!(fs::read(mp.join("a")).unwrap(), b"2nd");
+    fs::write(mp.join("a"), b"first").unwrap();
     fs::create_dir(mp.join("d")).unwrap();
     fs::create_dir(mp.join("d/e")).unwrap();
     fs::write(mp.join("d/e/b"), b"nested").unwrap();
