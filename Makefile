@@ -18,8 +18,11 @@ build:
 
 test: setup build test-rust test-mounted
 
+# The library crates' docs build without a warning (broken links, missing
+# docs): a cheap check beside the tests.
 test-rust:
 	$(CARGO) test --workspace
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps -p shortfuse -p shortfuse-abi
 
 # The mounted suites (tests/): every configuration x transport, as root.
 # SHORTFUSE_FS / SHORTFUSE_TRANSPORTS narrow the run, e.g.

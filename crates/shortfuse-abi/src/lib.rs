@@ -6,7 +6,7 @@
 //! Plain data, no I/O. Struct and constant names follow the kernel's
 //! `include/uapi/linux/fuse.h` so that they can be checked against it
 //! (`type` fields are spelled `typ`). Every struct derives the `zerocopy`
-//! traits: encode with `IntoBytes::as_bytes`, decode with [`parse`].
+//! traits: encode with `IntoBytes::as_bytes`, decode with [`parse()`].
 
 #![forbid(unsafe_code)]
 #![allow(non_camel_case_types)]
