@@ -7,6 +7,10 @@ serve passthrough` + `run -m MP`, for clients of the daemon's own user).
 - The map is used: a daemon sees no LOOKUP for paths beneath the mount,
   and in process the file system's per-name lookups (openat2 with
   RESOLVE_NO_SYMLINKS, one per component) do not reach the kernel.
+- Opens, creates, unlink, mkdir, rmdir and rename beneath the mount are
+  the kernel's too: the program holds the backing file's own descriptor,
+  which still looks like the mount's (fstat, /proc/self/fd), and the file
+  system (a daemon) sees none of these calls.
 - It is not used where the file system did not declare one
   (`-o symlinks=beneath`, whose READLINK rewrites targets) nor with
   SHORTFUSE_NAMES=off.
@@ -140,8 +144,8 @@ def test_paths_beneath_the_map_look_as_through_the_file_system(shortfuse, tree, 
         h = Path("/etc/hostname")
         assert got[f"{mp}/abs/hostname"] == [h.stat().st_dev, h.stat().st_ino]
         if daemon:
-            # The rename went to the daemon.
-            assert daemon.count("RENAME") == 1
+            # The kernel renamed it beneath the map: not the daemon.
+            assert daemon.count("RENAME") == 0
     finally:
         if daemon:
             daemon.stop()
@@ -202,3 +206,118 @@ def test_over_the_ring_the_daemon_sees_no_lookup_beneath_the_map(shortfuse, tree
         assert daemon.count("LOOKUP") >= 6
     finally:
         daemon.stop()
+
+
+# File calls beneath the mount, one JSON line of what the program saw.
+CHANGES = r"""
+import errno, fcntl, json, os, stat, sys
+mp, src = sys.argv[1], sys.argv[2]
+d = f"{mp}/a/b/c"
+out = {}
+def e(f):
+    try:
+        return f()
+    except OSError as x:
+        return errno.errorcode[x.errno]
+out["mount"] = os.stat(mp).st_dev
+fd = os.open(f"{d}/new", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+os.write(fd, b"hello")
+st = os.fstat(fd)
+out["fstat"] = [st.st_dev, st.st_ino, st.st_size, stat.S_IMODE(st.st_mode)]
+out["fd_link"] = os.readlink(f"/proc/self/fd/{fd}")
+out["status_flags"] = fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_NOFOLLOW | os.O_ACCMODE)
+out["excl_again"] = e(lambda: os.open(f"{d}/new", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+os.close(fd)
+fd = os.open(f"{d}/new", os.O_WRONLY | os.O_TRUNC)
+out["truncated"] = os.fstat(fd).st_size
+os.close(fd)
+out["missing"] = e(lambda: os.open(f"{d}/nope", os.O_RDONLY))
+out["missing_dir"] = e(lambda: os.open(f"{mp}/a/nope/x", os.O_RDONLY))
+out["not_a_dir"] = e(lambda: os.open(f"{d}/new/x", os.O_RDONLY))
+# A directory the usual way has been through (its cwd): renamed beneath
+# the map, the old name is gone for the walk at once, the new one there.
+os.chdir(f"{mp}/a/b")
+os.rename(f"{mp}/a/b", f"{mp}/a/B")
+out["chdir_old"] = e(lambda: os.chdir(f"{mp}/a/b"))
+os.chdir(f"{mp}/a/B/c")
+out["listing"] = sorted(os.listdir("."))
+os.mkdir(f"{mp}/a/B/c/sub", 0o750)
+out["mkdir_again"] = e(lambda: os.mkdir(f"{mp}/a/B/c/sub"))
+os.rename(f"{mp}/a/B/c/new", f"{mp}/a/B/c/sub/moved")
+out["moved"] = open(f"{mp}/a/B/c/sub/moved").read()
+out["rmdir_full"] = e(lambda: os.rmdir(f"{mp}/a/B/c/sub"))
+os.unlink(f"{mp}/a/B/c/sub/moved")
+out["unlink_again"] = e(lambda: os.unlink(f"{mp}/a/B/c/sub/moved"))
+os.rmdir(f"{mp}/a/B/c/sub")
+out["listing_after"] = sorted(os.listdir("."))
+os.chdir("/")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_opens_and_changes_beneath_the_map_are_the_kernels(shortfuse, tree, transport):
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    src = tree / "src"
+    try:
+        p = subprocess.run(
+            [str(shortfuse), "run", *spec, "--", sys.executable, "-c", CHANGES, str(mp), str(src)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        got = json.loads(p.stdout.decode().splitlines()[-1])
+        moved = src / "a/B/c"
+        dev = got["mount"]
+        assert dev != src.stat().st_dev
+        # The backing file, made with the program's umask (022) and mode;
+        # fstat of the kernel's descriptor shows the mount's device.
+        assert got["fstat"][0] == dev and got["fstat"][2:] == [5, 0o640]
+        assert got["fd_link"] == f"{mp}/a/b/c/new"
+        # The status flags the program opened with, nothing of the shim's.
+        assert got["status_flags"] == os.O_WRONLY
+        assert got["excl_again"] == "EEXIST"
+        assert got["truncated"] == 0
+        assert got["missing"] == "ENOENT" and got["missing_dir"] == "ENOENT"
+        assert got["not_a_dir"] == "ENOTDIR"
+        assert got["chdir_old"] == "ENOENT"
+        assert got["listing"] == ["d", "new"]
+        assert got["mkdir_again"] == "EEXIST"
+        assert got["moved"] == ""
+        assert got["rmdir_full"] == "ENOTEMPTY"
+        assert got["unlink_again"] == "ENOENT"
+        assert got["listing_after"] == ["d"]
+        assert sorted(os.listdir(moved)) == ["d"]
+        assert not (src / "a/b").exists()
+        if daemon:
+            for op in ["CREATE", "OPEN", "UNLINK", "MKDIR", "RMDIR", "RENAME"]:
+                assert daemon.count(op) == 0, op
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+def test_a_file_made_in_the_source_is_seen_by_the_next_open(shortfuse, tree):
+    """Changes made in the source directory, behind the file system's back,
+    are seen by the next open beneath the map (the kernel's answer), also
+    for a name the program found missing a moment before."""
+    mp, spec, _ = mounted(shortfuse, tree, "preload", [])
+    src = tree / "src"
+    script = (
+        "import os, sys\n"
+        "p = sys.argv[1] + '/a/b/late'\n"
+        "try:\n    open(p)\nexcept FileNotFoundError:\n    print('missing')\n"
+        "open(sys.argv[2] + '/a/b/late', 'w').write('made outside')\n"
+        "print(open(p).read())\n"
+        "os.unlink(sys.argv[2] + '/a/b/late')\n"
+        "print(os.path.exists(p))\n"
+    )
+    # The program writes the source by its own path, which is not the
+    # mount's: the kernel's, unseen by the file system.
+    p = subprocess.run(
+        [str(shortfuse), "run", *spec, "--", sys.executable, "-c", script, str(mp), str(src)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    assert p.stdout.decode().split() == ["missing", "made", "outside", "False"]

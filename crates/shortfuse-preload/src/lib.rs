@@ -443,6 +443,9 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
 /// (`calls::spare::keeps`). The file system's own calls leave it: their
 /// descriptors go above the program's.
 pub(crate) fn before_serving(nr: i64) {
+    if sys::moves_memory(nr) {
+        sys::memory_moved();
+    }
     if !sys::thread().in_hook.load(Ordering::Relaxed) {
         if !calls::spare::keeps(nr) {
             calls::spare::before_kernel(nr);
@@ -583,6 +586,8 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
         // tells us.
         shortfuse_ring::after_fork();
         fork_gate::forked();
+        // Pages the parent found readable may not be ours (MADV_DONTFORK).
+        sys::memory_moved();
     }
     if t.vforked.load(Ordering::Relaxed) != 0 {
         // A vfork child shares our memory: it must not change our tables.

@@ -2,7 +2,8 @@
 //! for mounts whose file system declared a namespace map (see
 //! `shortfuse::namespace`; passthrough does).
 //!
-//! stat, lstat, fstatat, statx, access, faccessat and readlink of a path
+//! stat, lstat, fstatat, statx, access, faccessat, readlink, open, openat,
+//! creat, unlink, unlinkat, rmdir, mkdir, mkdirat and the renames of a path
 //! beneath such a mount become one `*at` call on the directory that holds
 //! the last name, with the program's own credentials (so the kernel checks
 //! every permission), presented as the file system presents them (the
@@ -11,12 +12,23 @@
 //! `openat2(RESOLVE_BENEATH)` and kept for the entry timeout
 //! ([`shortfuse_vfs::Namespace`]). The file system sees none of it.
 //!
+//! An open hands the program the kernel's descriptor of the backing file,
+//! recorded in the descriptor table as the mount's
+//! (`Vfs::open_beneath_map`): the kernel serves it like the kernel-backed
+//! descriptors of data maps (see `calls::kernel`), and what needs the
+//! mount's view (fstat, /proc/self/fd) takes the mount's device number and
+//! the path it was opened by. A call that creates, removes or renames a
+//! name drops what this image's name cache held of it, since the file
+//! system never hears of the change.
+//!
 //! Whatever the kernel cannot decide beneath the backing directory the
 //! same way the walk would goes the usual way (`None`): a symbolic link to
 //! follow as the last name, a directory path that leaves the backing
 //! directory through a symbolic link (`EXDEV` from `RESOLVE_BENEATH`), `.`
 //! or `..` components, the mount's root itself, a mount inside the mount,
-//! a relative path from a kernel descriptor.
+//! a relative path from a kernel descriptor; and opens of directories,
+//! O_PATH and O_TMPFILE, whose descriptors the shim answers for with a
+//! location in the mount.
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
@@ -26,7 +38,7 @@ use std::sync::Arc;
 use shortfuse::{Attr, Errno};
 use shortfuse_vfs::{Namespace, Vfs};
 
-use crate::calls::table::{Call, XattrOp};
+use crate::calls::table::{Call, PathAt, XattrOp};
 use crate::calls::{mount_of, nested, to_stat, to_statx};
 use crate::state;
 use crate::sys::raw;
@@ -64,16 +76,31 @@ fn takes_numbers(c: &Call, st: &crate::State) -> bool {
     fd >= crate::calls::OWN_FD_FLOOR as i32 && st.mounts.iter().any(|m| m.namespace().is_some_and(|ns| ns.holds(fd)))
 }
 
+/// Forgets every mount's kept directories.
+fn forget_all_dirs(st: &crate::State) {
+    for m in &st.mounts {
+        if let Some(ns) = m.namespace() {
+            ns.forget_dirs();
+        }
+    }
+}
+
 /// Serves call `c` through a namespace map, or `None` for the usual way.
 pub fn call(c: &Call) -> Option<i64> {
     let st = state();
     if moves_or_guards_directories(c) || takes_numbers(c, st) {
-        for m in &st.mounts {
-            if let Some(ns) = m.namespace() {
-                ns.forget_dirs();
-            }
+        forget_all_dirs(st);
+        // Renames and removals beneath a map are the kernel's too; the
+        // directories they may move are forgotten again once they ran.
+        let r = match *c {
+            Call::Rename { old, new, flags } => rename(old, new, flags),
+            Call::Unlink { at, flags } if flags == libc::AT_REMOVEDIR => one(at, Op::Unlink(flags)),
+            _ => return None,
+        };
+        if r.is_some() {
+            forget_all_dirs(st);
         }
-        return None;
+        return r;
     }
     let mut statx_flags = 0;
     // (where the path is, follow the last name, what to do)
@@ -99,6 +126,10 @@ pub fn call(c: &Call) -> Option<i64> {
             (at, flags.follow(), Op::Access(mode, flags.0 & libc::AT_EACCESS))
         }
         Call::Readlink { at, buf, len } => (at, false, Op::Readlink(buf.0, i64::from(len))),
+        Call::Open { at, flags, mode } => return one(at, Op::Open(flags, mode)),
+        // (With AT_REMOVEDIR it was taken above.)
+        Call::Unlink { at, flags: 0 } => return one(at, Op::Unlink(0)),
+        Call::Mkdir { at, mode } => return one(at, Op::Mkdir(mode)),
         _ => return None,
     };
     let (dirfd, path) = (i64::from(at.dirfd), at.path.0);
@@ -119,30 +150,11 @@ pub fn call(c: &Call) -> Option<i64> {
     if !ns.serves(&caller) {
         return None;
     }
-    let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => (&rel[..0], &rel[..]),
+    let place = match Place::of(ns, &caller, &rel) {
+        Ok(p) => p,
+        Err(r) => return r,
     };
-    let held;
-    let dirfd = if dir.is_empty() {
-        ns.root().as_raw_fd()
-    } else {
-        held = match ns.dir(dir, &caller, || open_dir(ns, dir)) {
-            Ok(fd) => fd,
-            // Decided beneath the backing directory as the walk decides.
-            Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::EACCES | Errno::ENAMETOOLONG)) => return Some(err(e)),
-            // A symbolic link out of it, a mount point, anything else.
-            Err(_) => return None,
-        };
-        held.as_raw_fd()
-    };
-    let mut cname = [0u8; 256];
-    if name.len() >= cname.len() {
-        return Some(err(Errno::ENAMETOOLONG));
-    }
-    cname[..name.len()].copy_from_slice(name);
-    let cname = cname.as_ptr() as i64;
-    let dirfd = i64::from(dirfd);
+    let (dirfd, cname) = (place.dirfd(), place.name());
     let lstat = || -> Result<libc::stat, Errno> {
         let mut k: libc::stat = user::zeroed();
         let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
@@ -227,7 +239,208 @@ pub fn call(c: &Call) -> Option<i64> {
         // buffer and size handed on: the kernel checks and fills it as it
         // would have.
         Op::Readlink(buf, len) => unsafe { raw(libc::SYS_readlinkat, dirfd, cname, buf, len, 0, 0) },
+        Op::Open(..) | Op::Unlink(_) | Op::Mkdir(_) => return None,
     })
+}
+
+/// Where a name beneath a map is, for one `*at` call: the directory that
+/// holds it (the backing root, or a kept directory) and the name,
+/// NUL-terminated.
+struct Place {
+    held: Option<Arc<OwnedFd>>,
+    root: i64,
+    name: [u8; 256],
+}
+
+impl Place {
+    /// The place of `rel` (see [`beneath`]) as `caller` reaches it; `Err`
+    /// holds the answer when the kernel decided the walk to its directory
+    /// (`Some`), or `None` for the usual way.
+    fn of(ns: &Namespace, caller: &Arc<shortfuse_vfs::Caller>, rel: &[u8]) -> Result<Place, Option<i64>> {
+        let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&rel[..i], &rel[i + 1..]),
+            None => (&rel[..0], rel),
+        };
+        let held = if dir.is_empty() {
+            None
+        } else {
+            match ns.dir(dir, caller, || open_dir(ns, dir)) {
+                Ok(fd) => Some(fd),
+                // Decided beneath the backing directory as the walk decides.
+                Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::EACCES | Errno::ENAMETOOLONG)) => {
+                    return Err(Some(err(e)))
+                }
+                // A symbolic link out of it, a mount point, anything else.
+                Err(_) => return Err(None),
+            }
+        };
+        let mut cname = [0u8; 256];
+        if name.len() >= cname.len() {
+            return Err(Some(err(Errno::ENAMETOOLONG)));
+        }
+        cname[..name.len()].copy_from_slice(name);
+        Ok(Place {
+            held,
+            root: i64::from(ns.root().as_raw_fd()),
+            name: cname,
+        })
+    }
+
+    fn dirfd(&self) -> i64 {
+        self.held.as_ref().map_or(self.root, |d| i64::from(d.as_raw_fd()))
+    }
+
+    /// The name's address, for a system call.
+    fn name(&self) -> i64 {
+        self.name.as_ptr() as i64
+    }
+}
+
+/// The mount `path` (from `dirfd`) leads into beneath a map this caller may
+/// use, with the path below its root and the caller's credentials; `None`
+/// for the usual way (a read-only mount too: it says EROFS itself).
+fn mapped(at: PathAt) -> Option<(Arc<Vfs>, Vec<u8>, Arc<shortfuse_vfs::Caller>)> {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(at.path.0) }.ok()?;
+    let (vfs, rel) = beneath(i64::from(at.dirfd), path)?;
+    let ns = vfs.namespace_current()?;
+    if vfs.is_read_only() {
+        return None;
+    }
+    let caller = crate::creds::current();
+    if !ns.serves(&caller) {
+        return None;
+    }
+    let rel = rel.into_owned();
+    Some((vfs, rel, caller))
+}
+
+/// open, creat, unlink, rmdir and mkdir of a name beneath a map: one `*at`
+/// call on the directory holding it. The names the call may have changed
+/// leave this image's cache, which the file system does not hear of.
+fn one(at: PathAt, op: Op) -> Option<i64> {
+    if let Op::Open(flags, _) = op {
+        // O_PATH, O_TMPFILE and directories: descriptors the shim answers
+        // for with a location of the mount (fchdir, `*at` calls from them,
+        // listings). An access mode of 3 is the usual way's to refuse.
+        let ours = libc::O_PATH | libc::O_TMPFILE | libc::O_DIRECTORY;
+        if flags & ours != 0 || flags & libc::O_ACCMODE == libc::O_ACCMODE {
+            return None;
+        }
+    }
+    let (vfs, rel, caller) = mapped(at)?;
+    let ns = vfs.namespace()?;
+    let place = match Place::of(ns, &caller, &rel) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (dirfd, cname) = (place.dirfd(), place.name());
+    let r = match op {
+        Op::Open(flags, mode) => return open(&vfs, ns, &place, &rel, flags, mode),
+        // SAFETY: a NUL-terminated name of ours; no other memory.
+        Op::Unlink(flags) => unsafe { raw(libc::SYS_unlinkat, dirfd, cname, i64::from(flags), 0, 0, 0) },
+        // SAFETY: as above.
+        Op::Mkdir(mode) => unsafe { raw(libc::SYS_mkdirat, dirfd, cname, i64::from(mode), 0, 0, 0) },
+        _ => return None,
+    };
+    if r == 0 {
+        vfs.drop_cached_path(&rel);
+    }
+    Some(r)
+}
+
+/// The open of a name beneath a map: the program gets the kernel's
+/// descriptor of the backing file, recorded as the mount's (see
+/// `shortfuse_vfs::Vfs::open_beneath_map`).
+fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32) -> Option<i64> {
+    // The last name is never followed here: a symbolic link may lead
+    // anywhere, and the walk follows it. (RESOLVE_NO_SYMLINKS rather than
+    // O_NOFOLLOW, which F_GETFL would show.)
+    let nofollow = flags & libc::O_NOFOLLOW != 0;
+    let creates = flags & libc::O_CREAT != 0;
+    let how: [u64; 3] = [
+        u64::from(flags as u32),
+        if creates { u64::from(mode & 0o7777) } else { 0 },
+        ns.resolve() | libc::RESOLVE_NO_SYMLINKS,
+    ];
+    // The kernel picks the number: it must be the lowest free one.
+    crate::calls::spare::flush();
+    // SAFETY: an open_how of ours, its size given, and a NUL-terminated
+    // name of ours.
+    let fd = unsafe {
+        raw(
+            libc::SYS_openat2,
+            place.dirfd(),
+            place.name(),
+            how.as_ptr() as i64,
+            std::mem::size_of_val(&how) as i64,
+            0,
+            0,
+        )
+    };
+    if creates {
+        // Made, or perhaps made: what the cache said of the name is stale.
+        vfs.drop_cached_path(rel);
+    }
+    if fd < 0 {
+        return match Errno::from_raw(-fd as i32) {
+            // A symbolic link to follow, a mount point inside, flags
+            // openat2 refuses where open ignores them.
+            Errno::ELOOP if !nofollow => None,
+            Errno::EXDEV | Errno::EINVAL => None,
+            _ => Some(fd),
+        };
+    }
+    let mut k: libc::stat = user::zeroed();
+    let kind = if crate::sys::fs::fstat(fd as i32, &mut k) == 0 {
+        shortfuse::FileType::from_mode(k.st_mode)
+    } else {
+        shortfuse::FileType::Regular
+    };
+    if kind == shortfuse::FileType::Directory {
+        // Only a read-only open without O_CREAT gets here, which changed
+        // nothing: the usual way opens it as a directory of the mount.
+        crate::sys::fs::close(fd as i32);
+        return None;
+    }
+    let mut path = Vec::with_capacity(rel.len() + 1);
+    path.push(b'/');
+    path.extend_from_slice(rel);
+    let f = vfs.open_beneath_map(kind, flags, path);
+    state().fds.insert(fd as i32, f, flags & libc::O_CLOEXEC != 0);
+    Some(fd)
+}
+
+/// rename, renameat and renameat2 of two names beneath one map: one
+/// renameat2 between the directories holding them.
+fn rename(old: PathAt, new: PathAt, flags: u32) -> Option<i64> {
+    let (vfs, from, caller) = mapped(old)?;
+    let (other, to, _) = mapped(new)?;
+    if !Arc::ptr_eq(&vfs, &other) {
+        return None;
+    }
+    let ns = vfs.namespace()?;
+    let (a, b) = match (Place::of(ns, &caller, &from), Place::of(ns, &caller, &to)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    // SAFETY: two NUL-terminated names of ours; no other memory.
+    let r = unsafe {
+        raw(
+            libc::SYS_renameat2,
+            a.dirfd(),
+            a.name(),
+            b.dirfd(),
+            b.name(),
+            i64::from(flags),
+            0,
+        )
+    };
+    if r == 0 {
+        vfs.drop_cached_path(&from);
+        vfs.drop_cached_path(&to);
+    }
+    Some(r)
 }
 
 enum Op {
@@ -239,6 +452,12 @@ enum Op {
     Access(i32, i32),
     /// readlink into (buffer, length).
     Readlink(i64, i64),
+    /// open with (flags, mode).
+    Open(i32, u32),
+    /// unlinkat with these flags (0 or AT_REMOVEDIR).
+    Unlink(i32),
+    /// mkdir with this mode.
+    Mkdir(u32),
 }
 
 fn err(e: Errno) -> i64 {

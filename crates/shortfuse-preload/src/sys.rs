@@ -308,6 +308,12 @@ pub struct Cfg {
     /// (`calls::spare`): every system call then leaves the fast path, so
     /// that the kernel never sees the number the program gave back.
     pub spare: AtomicU64,
+    _line: [AtomicU64; 6],
+    /// On a cache line of its own (every fast-path call reads the one
+    /// above). Moved before every call that may unmap memory or take a protection
+    /// away (by the entry's fast path, and by [`crate::before_serving`]):
+    /// pages found readable while it is unchanged still are (see `user`).
+    pub mem_gen: AtomicU64,
 }
 
 const _: () = {
@@ -321,7 +327,8 @@ const _: () = {
     assert!(core::mem::offset_of!(Cfg, clones) == 120);
     assert!(core::mem::offset_of!(Cfg, forking) == 128);
     assert!(core::mem::offset_of!(Cfg, spare) == 136);
-    assert!(core::mem::size_of::<Cfg>() <= 192);
+    assert!(core::mem::offset_of!(Cfg, mem_gen) == 192);
+    assert!(core::mem::size_of::<Cfg>() <= 256);
 };
 
 extern "C" {
@@ -385,6 +392,25 @@ pub struct ThreadState {
     /// interrupted the hook leaves it at 1, and the thread's calls then
     /// stay on their own stacks).
     pub hook_depth: AtomicU64,
+    /// Pages of the program's found readable (see `user`), while
+    /// [`Cfg::mem_gen`] is `probed_gen`; 0: none.
+    pub probed: [AtomicU64; PROBED],
+    pub probed_gen: AtomicU64,
+    pub probed_next: AtomicU64,
+}
+
+/// Readable pages each thread remembers.
+pub const PROBED: usize = 4;
+
+/// Whether system call `nr` may unmap memory or take a protection away
+/// (the calls the entry's fast path moves [`Cfg::mem_gen`] for).
+pub fn moves_memory(nr: i64) -> bool {
+    matches!(nr, 9..=12 | 25 | 28 | 30 | 67 | 329)
+}
+
+/// Moves [`Cfg::mem_gen`]: pages found readable must be probed again.
+pub fn memory_moved() {
+    cfg().mem_gen.fetch_add(1, Ordering::SeqCst);
 }
 
 const _: () = {
@@ -406,6 +432,9 @@ thread_local! {
             hook_top: AtomicU64::new(0),
             saved: [const { AtomicU64::new(0) }; 7],
             hook_depth: AtomicU64::new(0),
+            probed: [const { AtomicU64::new(0) }; PROBED],
+            probed_gen: AtomicU64::new(0),
+            probed_next: AtomicU64::new(0),
         }
     };
 }
@@ -602,7 +631,7 @@ global_asm!(
     ".globl shortfuse_cfg",
     ".hidden shortfuse_cfg",
     "shortfuse_cfg:",
-    ".zero 192",
+    ".zero 256",
     ".popsection",
     "",
     ".globl shortfuse_entry",
@@ -615,6 +644,29 @@ global_asm!(
     "jc 10f",
     "cmpq $0, shortfuse_cfg+136(%rip)",
     "jne 10f",
+    // mmap 9 with MAP_FIXED, mprotect 10, munmap 11, brk 12, mremap 25,
+    // madvise 28, shmat 30 (SHM_REMAP), shmdt 67 and pkey_mprotect 329
+    // move `Cfg::mem_gen` first (r11 is free: the call clobbers it).
+    "cmp $64, %rax",
+    "jae 53f",
+    "cmp $9, %rax",
+    "je 56f",
+    "mov $0x52001c00, %r11d",
+    "bt %rax, %r11",
+    "jnc 54f",
+    "55:",
+    "lock incq shortfuse_cfg+192(%rip)",
+    "jmp 54f",
+    "56:",
+    "test $0x10, %r10",
+    "jnz 55b",
+    "jmp 54f",
+    "53:",
+    "cmp $67, %rax",
+    "je 55b",
+    "cmp $329, %rax",
+    "je 55b",
+    "54:",
     "syscall",
     "add $0x80, %rsp",
     "ret",

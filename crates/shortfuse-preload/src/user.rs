@@ -12,6 +12,19 @@
 //! one system call per page (about 0.4 µs; `process_vm_readv` on
 //! ourselves, the other way to copy without faulting, costs 1.5 µs).
 //!
+//! Most calls pass a path from the page the last few did (a buffer on the
+//! stack, a string reused in a loop), so each thread remembers the last
+//! [`crate::sys::PROBED`] pages found readable, for as long as no call that
+//! can unmap memory or take a protection away has run in the process
+//! (munmap, mprotect, mremap, brk, madvise, mmap with MAP_FIXED, shmat,
+//! shmdt, pkey_mprotect, and a fork, whose child lacks MADV_DONTFORK
+//! pages): the entry moves a generation before each of them
+//! (`Cfg::mem_gen`), and a remembered page is trusted only while the
+//! generation is the one it was probed in. A mapped stat then makes one
+//! system call, not two. Not seen: a file mapping whose file is truncated
+//! (SIGBUS rather than EFAULT, as for a copy after a probe), and calls
+//! made by code the shim does not intercept.
+//!
 //! Buffers over [`PROBED_PAGES`] pages are probed at both ends only: a hole
 //! in their middle still faults, as it does for the kernel-backed
 //! descriptors' reads and writes never (those reach the kernel itself).
@@ -29,7 +42,7 @@
 //! is why these functions are not safe to call on any address.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use shortfuse::Errno;
 
@@ -60,10 +73,34 @@ fn other() -> i64 {
     OTHER.as_ptr() as i64
 }
 
-/// Whether the page holding `addr` can be read: FUTEX_CMP_REQUEUE reads
-/// the word at `addr` to compare it (then wakes and moves no waiter);
-/// only a fault gives EFAULT.
+/// Whether the page holding `addr` can be read: remembered by this thread
+/// (see the module docs), else probed.
 fn readable_page(addr: usize) -> bool {
+    let page = (addr & !(PAGE - 1)) as u64;
+    let t = crate::sys::thread();
+    let gen = crate::sys::cfg().mem_gen.load(Ordering::Acquire);
+    if t.probed_gen.load(Ordering::Relaxed) == gen {
+        if t.probed.iter().any(|p| p.load(Ordering::Relaxed) == page) {
+            return true;
+        }
+    } else {
+        for p in &t.probed {
+            p.store(0, Ordering::Relaxed);
+        }
+        t.probed_gen.store(gen, Ordering::Relaxed);
+    }
+    let ok = probe_readable(addr);
+    if ok {
+        let i = t.probed_next.fetch_add(1, Ordering::Relaxed) as usize % t.probed.len();
+        t.probed[i].store(page, Ordering::Relaxed);
+    }
+    ok
+}
+
+/// The probe of [`readable_page`]: FUTEX_CMP_REQUEUE reads the word at
+/// `addr` to compare it (then wakes and moves no waiter); only a fault
+/// gives EFAULT.
+fn probe_readable(addr: usize) -> bool {
     let word = (addr & !3) as i64;
     let op = FUTEX_CMP_REQUEUE | FUTEX_PRIVATE;
     // SAFETY: FUTEX_WAKE_OP on a word of ours and the probed word, which the kernel only checks

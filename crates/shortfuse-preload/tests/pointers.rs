@@ -11,6 +11,11 @@
 //! the same. Runs as root, which maps the trampoline at address 0 whatever
 //! vm.mmap_min_addr says.
 //!
+//! It also passes a path from a page a call has just read, then unmapped
+//! or protected (munmap, mprotect, mmap MAP_FIXED, a guard region, a
+//! forked child without the parent's MADV_DONTFORK page): EFAULT, although
+//! the shim remembers pages it found readable.
+//!
 //! tests/c/argchecks.c does the same for counts and paths the kernel
 //! refuses before it looks at a file (readv's count, readlink's buffer
 //! size, a negative truncate length, a trailing slash on a regular file).
@@ -180,6 +185,13 @@ fn bad_pointers_give_efault_on_in_process_mounts() {
         "newfstatat empty null: ok",
     ] {
         assert!(want.contains(line), "{line} not in\n{want}");
+    }
+    // A path in a page found readable before, unreadable now.
+    for how in ["munmap", "mprotect", "mmap fixed", "fork dontfork"] {
+        assert!(
+            want.contains(&format!("{how} before: ok\n{how} after: EFAULT")),
+            "{how}: {want}"
+        );
     }
 }
 

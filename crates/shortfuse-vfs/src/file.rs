@@ -69,6 +69,10 @@ pub struct OpenFile {
     /// The node is pinned in the cache (not for an adopted description,
     /// whose node this image never looked up).
     pinned: bool,
+    /// Opened by the kernel beneath a namespace map (see
+    /// [`Vfs::open_beneath_map`]): no node, no handle; the program's kernel
+    /// descriptor is the whole open file.
+    beneath_map: bool,
 }
 
 fn accmode(flags: i32) -> i32 {
@@ -317,7 +321,30 @@ impl OpenFile {
 
     /// `fstat(2)`.
     pub fn stat(&self) -> Result<Attr, Errno> {
+        if self.beneath_map {
+            return self.vfs.stat(&self.walk_path()?);
+        }
         self.vfs.getattr(self.node)
+    }
+
+    /// Whether the kernel opened this file beneath a namespace map (see
+    /// [`Vfs::open_beneath_map`]): calls on it are the kernel's.
+    pub fn beneath_map(&self) -> bool {
+        self.beneath_map
+    }
+
+    /// What a walk finds now at the path this file was opened by (not
+    /// following a last symbolic link).
+    pub fn walk_path(&self) -> Result<Target, Errno> {
+        let walk = crate::WalkFlags {
+            follow: false,
+            create: false,
+        };
+        let rel = self.path.strip_prefix(b"/").unwrap_or(&self.path);
+        match self.vfs.walk(&Location::root(), rel, walk, 0)? {
+            crate::Walk::Inside(t) => Ok(t),
+            crate::Walk::Outside { .. } => Err(Errno::ENOENT),
+        }
     }
 
     /// `pread(2)`: reads until `buf` is full or end of file.
@@ -872,6 +899,7 @@ impl Vfs {
             shared: OnceLock::new(),
             anchored: AtomicBool::new(false),
             pinned: true,
+            beneath_map: false,
         }))
     }
 
@@ -927,6 +955,7 @@ impl Vfs {
             shared: OnceLock::new(),
             anchored: AtomicBool::new(false),
             pinned: true,
+            beneath_map: false,
         }))
     }
 
@@ -960,6 +989,7 @@ impl Vfs {
             shared: OnceLock::new(),
             anchored: AtomicBool::new(true),
             pinned: false,
+            beneath_map: false,
         };
         let _ = f.shared.set(description);
         Arc::new(f)
@@ -975,6 +1005,29 @@ impl Vfs {
     /// the mount's identity.
     pub fn open_in_kernel(self: &Arc<Vfs>, node: NodeId, kind: FileType, flags: i32, path: Vec<u8>) -> Arc<OpenFile> {
         self.pin(node);
+        self.kernel_file(node, kind, flags, path, false)
+    }
+
+    /// A file the kernel opened beneath the mount's namespace map (see
+    /// `shortfuse::namespace`): the program's descriptor is the backing
+    /// file's own, and the file system never saw the open, so there is no
+    /// node or handle. It is [`OpenFile::kernel_backed`]; what needs the
+    /// file's identity in the mount ([`OpenFile::stat`], a walk from its
+    /// descriptor) takes the path it was opened by.
+    pub fn open_beneath_map(self: &Arc<Vfs>, kind: FileType, flags: i32, path: Vec<u8>) -> Arc<OpenFile> {
+        self.kernel_file(NodeId(0), kind, flags, path, true)
+    }
+
+    /// A kernel-backed open file without a handle: on a pinned `node`, or
+    /// beneath the namespace map (no node).
+    fn kernel_file(
+        self: &Arc<Vfs>,
+        node: NodeId,
+        kind: FileType,
+        flags: i32,
+        path: Vec<u8>,
+        beneath_map: bool,
+    ) -> Arc<OpenFile> {
         Arc::new(OpenFile {
             vfs: self.clone(),
             node,
@@ -991,7 +1044,8 @@ impl Vfs {
             lock: OnceLock::new(),
             shared: OnceLock::new(),
             anchored: AtomicBool::new(false),
-            pinned: true,
+            pinned: !beneath_map,
+            beneath_map,
         })
     }
 

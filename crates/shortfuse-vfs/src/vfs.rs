@@ -509,6 +509,39 @@ impl Vfs {
         self.forget(forgets);
     }
 
+    /// Drops what the cache says of the name at `rel` (a path below the
+    /// root, no `.` or `..` components), and the attributes of the
+    /// directory holding it, with no request: the kernel changed that name
+    /// beneath the mount's namespace map, so the file system never told
+    /// the cache. A path whose directories the cache does not hold has
+    /// nothing cached to drop.
+    pub fn drop_cached_path(&self, rel: &[u8]) {
+        let mut forgets = Forgets::new();
+        {
+            let mut c = self.lock();
+            let now = Instant::now();
+            let mut parent = NodeId::ROOT;
+            let mut names = rel.split(|&b| b == b'/').peekable();
+            while let Some(name) = names.next() {
+                if names.peek().is_none() {
+                    // The node's attributes may have changed too (a
+                    // truncating open, a write through the kernel).
+                    if let Cached::Node(n, _) = c.lookup(parent, name, now) {
+                        c.invalidate_attr(n);
+                    }
+                    c.invalidate_attr(parent);
+                    c.remove_dentry(parent, name, &mut forgets);
+                    break;
+                }
+                match c.lookup(parent, name, now) {
+                    Cached::Node(n, _) => parent = n,
+                    _ => break,
+                }
+            }
+        }
+        self.forget(forgets);
+    }
+
     pub(crate) fn drop_name_only(&self, parent: NodeId, name: &[u8]) {
         let mut forgets = Forgets::new();
         self.lock().remove_dentry(parent, name, &mut forgets);

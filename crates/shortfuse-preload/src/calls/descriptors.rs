@@ -189,6 +189,12 @@ pub fn close(fd: Fd) -> Option<i64> {
     // A kernel-backed or shared description's close must reach the kernel
     // now; a bare placeholder may wait for the next open.
     let placeholder = !f.kernel_backed() && f.shared().is_none();
+    if f.beneath_map() && f.flags() & libc::O_ACCMODE != libc::O_RDONLY {
+        // Written through the kernel: the next open (or a walk) asks the
+        // file system for the attributes again.
+        f.vfs()
+            .drop_cached_path(f.path().strip_prefix(b"/").unwrap_or(f.path()));
+    }
     drop(f);
     let (r, cloexec) = state().fds.close_with_cloexec(fd.0, lock_owner)?;
     spare::close(fd.0, placeholder, cloexec);

@@ -112,8 +112,17 @@ pub fn call(c: &Call, regs: Regs) -> Option<Option<i64>> {
 /// The attributes of a kernel-backed descriptor: the file system's, with
 /// size, blocks and times from the backing file (written through the kernel).
 pub fn fresh_stat(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::stat, Errno> {
-    let mut st = to_stat(&f.stat()?, f.vfs().dev());
     let mut k: libc::stat = user::zeroed();
+    if f.beneath_map() {
+        // The backing file's attributes are the file system's (the map's
+        // promise), with the mount's device number.
+        let r = fs::fstat(fd.0, &mut k);
+        if r < 0 {
+            return Err(Errno::from_raw(-r as i32));
+        }
+        return Ok(to_stat(&shortfuse::Attr::from_stat(&k), f.vfs().dev()));
+    }
+    let mut st = to_stat(&f.stat()?, f.vfs().dev());
     if fs::fstat(fd.0, &mut k) == 0 {
         st.st_size = k.st_size;
         st.st_blocks = k.st_blocks;
@@ -130,6 +139,9 @@ pub fn fresh_stat(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::stat, Errno> {
 /// statx of a kernel-backed descriptor (see [`fresh_stat`]).
 pub fn fresh_statx(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::statx, Errno> {
     let st = fresh_stat(f, fd)?;
+    if f.beneath_map() {
+        return Ok(to_statx(&shortfuse::Attr::from_stat(&st), f.vfs().dev()));
+    }
     let mut attr = f.stat()?;
     attr.size = st.st_size as u64;
     attr.blocks = st.st_blocks as u64;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use shortfuse::{Attr, Errno};
+use shortfuse::{Attr, Errno, NodeId};
 use shortfuse::{SetAttr, SetTime};
 use shortfuse_vfs::{Target, Vfs};
 
@@ -39,6 +39,14 @@ fn empty_path(path: Ptr, flags: AtFlags, null: Null) -> bool {
 /// empty path: `Some(None)` when it is not ours.
 fn empty_path_file(at: PathAt, flags: AtFlags, null: Null) -> Option<Option<Arc<shortfuse_vfs::OpenFile>>> {
     empty_path(at.path, flags, null).then(|| file(Fd(at.dirfd)))
+}
+
+/// `f` when calls that change it go to the file system: `None` for a
+/// file the kernel opened beneath a namespace map, whose descriptor is the
+/// backing file's own, so that the kernel changes it (with the program's
+/// credentials), as it would have through the file system.
+pub(super) fn own(f: Arc<shortfuse_vfs::OpenFile>) -> Option<Arc<shortfuse_vfs::OpenFile>> {
+    (!f.beneath_map()).then_some(f)
 }
 
 /// stat, lstat, newfstatat.
@@ -97,7 +105,7 @@ pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
 /// chmod, fchmodat, fchmodat2.
 pub fn chmod(regs: Regs, at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
     if let Some(f) = empty_path_file(at, flags, Null::Fault) {
-        return Some(done(f?.setattr(&mode_set(mode))));
+        return Some(done(own(f?)?.setattr(&mode_set(mode))));
     }
     let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
     if !flags.follow()
@@ -111,20 +119,20 @@ pub fn chmod(regs: Regs, at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
 }
 
 pub fn fchmod(fd: Fd, mode: u32) -> Option<i64> {
-    Some(done(file(fd)?.setattr(&mode_set(mode))))
+    Some(done(own(file(fd)?)?.setattr(&mode_set(mode))))
 }
 
 /// chown, lchown, fchownat.
 pub fn chown(regs: Regs, at: PathAt, uid: i64, gid: i64, flags: AtFlags) -> Option<i64> {
     if let Some(f) = empty_path_file(at, flags, Null::Fault) {
-        return Some(done(f?.setattr(&owner_set(uid, gid))));
+        return Some(done(own(f?)?.setattr(&owner_set(uid, gid))));
     }
     let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
     Some(set_on(&vfs, &t, &owner_set(uid, gid)))
 }
 
 pub fn fchown(fd: Fd, uid: i64, gid: i64) -> Option<i64> {
-    Some(done(file(fd)?.setattr(&owner_set(uid, gid))))
+    Some(done(own(file(fd)?)?.setattr(&owner_set(uid, gid))))
 }
 
 /// utimensat; a null path is futimens(2): the descriptor itself.
@@ -146,7 +154,7 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
         return Some(0);
     }
     let (vfs, node) = if at.path.is_null() {
-        let f = file(Fd(at.dirfd))?;
+        let f = own(file(Fd(at.dirfd))?)?;
         (f.vfs().clone(), f.node())
     } else {
         // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
@@ -196,9 +204,11 @@ pub fn statfs(regs: Regs, at: PathAt, out: Ptr) -> Option<i64> {
 
 pub fn fstatfs(fd: Fd, out: Ptr) -> Option<i64> {
     let f = file(fd)?;
+    // A file opened beneath a namespace map has no node: the mount's.
+    let node = if f.beneath_map() { NodeId::ROOT } else { f.node() };
     Some(done(
         f.vfs()
-            .statfs(f.node())
+            .statfs(node)
             // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
             .and_then(|s| unsafe { user::put(out.0, &to_statfs(&s, f.vfs())) }),
     ))

@@ -240,7 +240,13 @@ fn proc_link(path: Ptr, buf: Ptr, len: i32) -> Option<i64> {
                 p
             }
         };
-        if f.stat().is_ok_and(|a| a.nlink == 0) {
+        let gone = if f.beneath_map() {
+            let mut k: libc::stat = user::zeroed();
+            fs::fstat(magic_link(path).unwrap_or(-1), &mut k) == 0 && k.st_nlink == 0
+        } else {
+            f.stat().is_ok_and(|a| a.nlink == 0)
+        };
+        if gone {
             p.extend_from_slice(b" (deleted)");
         }
         p

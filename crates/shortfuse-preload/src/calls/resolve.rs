@@ -186,6 +186,10 @@ pub fn magic_link(path: &[u8]) -> Option<i32> {
 
 /// What a descriptor of ours names, as a walk would have found it.
 pub fn target_of(f: &OpenFile) -> Result<Target, Errno> {
+    if f.beneath_map() {
+        // No node: what its path names now.
+        return f.walk_path();
+    }
     let attr = f.stat()?;
     Ok(Target {
         dir: f.location().cloned().unwrap_or_default(),

@@ -27,11 +27,29 @@ fn unsupported(e: Errno) -> Errno {
     }
 }
 
+/// An xattr call on a descriptor the kernel opened beneath a namespace
+/// map: the kernel's, on the backing file's own descriptor (`None`), but
+/// for a name or value in page 0, which the kernel would read from the
+/// trampoline: EFAULT, as natively.
+fn on_backing_file(op: XattrOp) -> Option<i64> {
+    let low = |p: super::table::Ptr| (p.0 as u64) < crate::zpoline::PAGE as u64;
+    let reads_page_zero = match op {
+        XattrOp::Get { name, .. } | XattrOp::Remove { name } => low(name),
+        XattrOp::Set { name, value, size, .. } => low(name) || (size > 0 && low(value)),
+        // The kernel writes the list: page 0 is not writable.
+        XattrOp::List { .. } => false,
+    };
+    reads_page_zero.then(|| err(Errno::EFAULT))
+}
+
 /// Serves one xattr call; `None` when the path or descriptor is not ours.
 pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
     let (vfs, node, kind) = match on {
         XattrOn::Fd(fd) => {
             let f = file(fd)?;
+            if f.beneath_map() {
+                return on_backing_file(op);
+            }
             (f.vfs().clone(), f.node(), f.file_type())
         }
         XattrOn::Path { at, follow } => {

@@ -22,6 +22,7 @@ pub unsafe fn mmap(addr: i64, len: i64, prot: i64, flags: i64, fd: i64, off: i64
 ///
 /// The range is a mapping of the caller's that nothing uses any more.
 pub unsafe fn munmap(addr: i64, len: i64) -> i64 {
+    super::memory_moved();
     // SAFETY: see the function's contract.
     unsafe { raw(libc::SYS_munmap, addr, len, 0, 0, 0, 0) }
 }
@@ -33,6 +34,7 @@ pub unsafe fn munmap(addr: i64, len: i64) -> i64 {
 /// The range is a mapping of the caller's, and nothing of ours reads or
 /// writes it against the new protection.
 pub unsafe fn mprotect(addr: i64, len: i64, prot: i64) -> i64 {
+    super::memory_moved();
     // SAFETY: see the function's contract.
     unsafe { raw(libc::SYS_mprotect, addr, len, prot, 0, 0, 0) }
 }

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -135,6 +137,40 @@ int main(int argc, char **argv) {
         CASE("nanosleep request", syscall(SYS_nanosleep, bad[i], NULL));
         CASE("uname buffer", syscall(SYS_uname, bad[i]));
         CASE("sysinfo buffer", syscall(SYS_sysinfo, bad[i]));
+    }
+    /* A path in a page a call found readable, then unmapped or protected:
+     * the next call on it is EFAULT (the shim remembers readable pages
+     * only until memory may have moved). */
+    const char *how[] = {"munmap", "mprotect", "mmap fixed", "madvise guard", "fork dontfork"};
+    for (int i = 0; i < 5; i++) {
+        char w[64];
+        char *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (page == MAP_FAILED)
+            return 4;
+        strcpy(page, f);
+        if (i == 4)
+            madvise(page, 4096, MADV_DONTFORK);
+        snprintf(w, sizeof w, "%s before", how[i]);
+        show(w, syscall(SYS_stat, page, &st));
+        switch (i) {
+        case 0: munmap(page, 4096); break;
+        case 1: mprotect(page, 4096, PROT_NONE); break;
+        case 2: mmap(page, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0); break;
+        /* MADV_GUARD_INSTALL (Linux 6.13). */
+        case 3: madvise(page, 4096, 102); break;
+        }
+        snprintf(w, sizeof w, "%s after", how[i]);
+        if (i == 4) {
+            pid_t child = fork();
+            if (child == 0) {
+                show(w, syscall(SYS_stat, page, &st));
+                _exit(0);
+            }
+            int status;
+            waitpid(child, &status, 0);
+        } else {
+            show(w, syscall(SYS_stat, page, &st));
+        }
     }
     /* Nothing was made outside the mount, nothing but f inside it. */
     show("rel exists", syscall(SYS_access, "rel", F_OK));
