@@ -63,10 +63,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
-pub mod backing;
+mod backing;
 pub mod cache;
+// The CLI's daemons serve `shortfuse stats` and the log through it; no
+// file system needs it.
+#[doc(hidden)]
 pub mod control;
 pub mod datamap;
+// The ring server and the VFS drive the dispatcher and encode replies
+// with its encoder; an author meets only what the crate root re-exports.
+#[doc(hidden)]
 pub mod dispatch;
 pub mod errno;
 pub mod filesystem;
@@ -78,11 +84,11 @@ pub mod node;
 pub mod notify;
 pub mod options;
 pub mod reply;
-pub mod session;
+mod session;
 pub mod stats;
 pub mod sync;
 mod sys;
-pub mod types;
+mod types;
 
 pub use shortfuse_abi as abi;
 

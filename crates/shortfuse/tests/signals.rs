@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use shortfuse::session::{DevSession, SessionOptions};
+use shortfuse::{DevSession, SessionOptions};
 use shortfuse::{Filesystem, MountOptions};
 
 struct Empty;

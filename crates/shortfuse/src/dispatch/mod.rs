@@ -204,7 +204,7 @@ impl Dispatcher {
     }
 
     /// Kernel passthrough bookkeeping. A kernel session calls
-    /// [`Passthrough::attach_device`] with its /dev/fuse fd before serving.
+    /// `Passthrough::attach_device` with its /dev/fuse fd before serving.
     pub fn passthrough(&self) -> &Passthrough {
         &self.passthrough
     }

@@ -215,7 +215,6 @@ pub type OnError = Arc<dyn Fn(&io::Error) + Send + Sync>;
 pub struct UringSession {
     stop: Arc<EventFd>,
     workers: Vec<(usize, JoinHandle<io::Result<()>>)>,
-    queues: usize,
 }
 
 impl UringSession {
@@ -250,7 +249,6 @@ impl UringSession {
         let mut session = UringSession {
             stop: stop.clone(),
             workers: Vec::new(),
-            queues: cpus.len(),
         };
         let (ready_tx, ready_rx) = mpsc::channel::<io::Result<()>>();
         for (qid, &cpu) in cpus.iter().enumerate() {
@@ -295,16 +293,6 @@ impl UringSession {
             }
         }
         Ok(session)
-    }
-
-    /// Number of queues (possible CPUs).
-    pub fn queues(&self) -> usize {
-        self.queues
-    }
-
-    /// Number of worker threads.
-    pub fn workers(&self) -> usize {
-        self.workers.len()
     }
 
     /// Tells every worker to close its ring and end. See the module doc:
