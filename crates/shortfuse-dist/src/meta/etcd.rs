@@ -386,6 +386,18 @@ impl Stm {
         Ok(any)
     }
 
+    /// Whether the entry `e` may go for a name that is (`dir`) or is not a
+    /// directory: rmdir's and rename's rules (an empty directory for a
+    /// directory, a non-directory for a non-directory).
+    async fn may_replace(&mut self, keys: &Keys, e: &Ent, dir: bool) -> Step<()> {
+        match (e.kind == libc::S_IFDIR, dir) {
+            (true, true) if self.any_under(keys.dir(e.ino)).await? => Err(Errno::ENOTEMPTY.into()),
+            (true, false) => Err(Errno::EISDIR.into()),
+            (false, true) => Err(Errno::ENOTDIR.into()),
+            _ => Ok(()),
+        }
+    }
+
     async fn rec(&mut self, keys: &Keys, ino: u64) -> Step<Rec> {
         match self.get(keys.inode(ino)).await? {
             Some(v) => Ok(dec(&v)?),
@@ -859,16 +871,7 @@ impl EtcdMeta {
                 return Err(Errno::ENOENT.into());
             };
             let is_dir = e.kind == libc::S_IFDIR;
-            match (is_dir, dir) {
-                (true, true) => {
-                    if t.any_under(keys.dir(e.ino)).await? {
-                        return Err(Errno::ENOTEMPTY.into());
-                    }
-                }
-                (true, false) => return Err(Errno::EISDIR.into()),
-                (false, true) => return Err(Errno::ENOTDIR.into()),
-                (false, false) => {}
-            }
+            t.may_replace(keys, &e, dir).await?;
             let now = crate::meta::now();
             let mut p = t.rec(keys, parent).await?;
             touch(&mut p.attr, now, -i32::from(is_dir));
@@ -952,16 +955,7 @@ impl EtcdMeta {
             let mut replaced_dir = false;
             if let Some(d) = dst {
                 replaced_dir = d.kind == libc::S_IFDIR;
-                match (replaced_dir, src_dir) {
-                    (true, true) => {
-                        if t.any_under(keys.dir(d.ino)).await? {
-                            return Err(Errno::ENOTEMPTY.into());
-                        }
-                    }
-                    (true, false) => return Err(Errno::EISDIR.into()),
-                    (false, true) => return Err(Errno::ENOTDIR.into()),
-                    (false, false) => {}
-                }
+                t.may_replace(keys, &d, src_dir).await?;
                 self.unlink_node(&mut t, d.ino, now, &mut freed).await?;
             }
             t.delete(keys.entry(parent, name));
