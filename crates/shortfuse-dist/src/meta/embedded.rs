@@ -142,6 +142,18 @@ impl Tree {
         }
     }
 
+    /// Whether node `ino` may go for a name that is (`dir`) or is not a
+    /// directory: rmdir's and rename's rule (an empty directory for a
+    /// directory, a non-directory for a non-directory).
+    fn may_replace(&self, ino: u64, dir: bool) -> Result<()> {
+        match (&self.node(ino)?.body, dir) {
+            (Body::Dir { entries, .. }, true) if !entries.is_empty() => Err(Errno::ENOTEMPTY),
+            (Body::Dir { .. }, false) => Err(Errno::EISDIR),
+            (Body::Dir { .. }, true) | (_, false) => Ok(()),
+            (_, true) => Err(Errno::ENOTDIR),
+        }
+    }
+
     fn is_dir(&self, ino: u64) -> bool {
         matches!(self.nodes.get(&ino).map(|n| &n.body), Some(Body::Dir { .. }))
     }
@@ -226,13 +238,7 @@ impl Tree {
                 keep,
             } => {
                 let ino = *self.entries(*parent)?.get(name).ok_or(Errno::ENOENT)?;
-                match (&self.node(ino)?.body, dir) {
-                    (Body::Dir { entries, .. }, true) if !entries.is_empty() => return Err(Errno::ENOTEMPTY),
-                    (Body::Dir { .. }, true) => {}
-                    (Body::Dir { .. }, false) => return Err(Errno::EISDIR),
-                    (_, true) => return Err(Errno::ENOTDIR),
-                    (_, false) => {}
-                }
+                self.may_replace(ino, *dir)?;
                 self.entries_mut(*parent)?.remove(name);
                 self.touch_dir(*parent, *now, if *dir { -1 } else { 0 });
                 self.unlink_node(ino, *now, *keep, &mut freed);
@@ -285,13 +291,7 @@ impl Tree {
                     return Ok(freed);
                 }
                 if let Some(d) = dst {
-                    match (&self.node(d)?.body, src_dir) {
-                        (Body::Dir { entries, .. }, true) if !entries.is_empty() => return Err(Errno::ENOTEMPTY),
-                        (Body::Dir { .. }, true) => {}
-                        (Body::Dir { .. }, false) => return Err(Errno::EISDIR),
-                        (_, true) => return Err(Errno::ENOTDIR),
-                        (_, false) => {}
-                    }
+                    self.may_replace(d, src_dir)?;
                 }
                 self.entries_mut(*parent)?.remove(name);
                 self.entries_mut(*new_parent)?.insert(new_name.clone(), src);
