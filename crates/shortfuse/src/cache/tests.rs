@@ -1,7 +1,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 
+use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
+
+use super::layer::readable;
 use super::*;
+use crate::errno::Errno;
 
 /// Files in memory, counting the data calls that reach them.
 #[derive(Default)]

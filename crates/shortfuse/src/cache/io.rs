@@ -1,0 +1,182 @@
+//! Pages between the cache and the inner file system: fetching, keeping,
+//! writing back and dropping them.
+
+use std::sync::atomic::Ordering;
+
+use super::page::Page;
+use super::state::State;
+use super::{req0, CachedFs};
+use crate::errno::{Errno, Result};
+use crate::filesystem::Filesystem;
+use crate::types::*;
+
+impl<F: Filesystem + ?Sized> CachedFs<F> {
+    pub(super) fn dirty_delta(&self, before: usize, after: usize) {
+        if after > before {
+            self.stats
+                .dirty_bytes
+                .fetch_add((after - before) as u64, Ordering::Relaxed);
+        } else if before > after {
+            self.stats
+                .dirty_bytes
+                .fetch_sub((before - after) as u64, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn write_back(&self, st: &mut State, page: &mut Page) -> Result<()> {
+        let Some((start, end, fh)) = page.dirty else {
+            return Ok(());
+        };
+        let end = end.min(page.data.len());
+        if start < end {
+            let args = WriteArgs {
+                offset: page.key.1 * self.ps() + start as u64,
+                ..WriteArgs::default()
+            };
+            let n = self
+                .inner
+                .write(&req0(), NodeId(page.key.0), fh, &page.data[start..end], &args)?;
+            if n != end - start {
+                return Err(Errno::EIO);
+            }
+            self.stats.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        self.dirty_delta(dirty_len(page), 0);
+        page.dirty = None;
+        let ns = st.nodes.entry(page.key.0).or_default();
+        ns.wrote = true;
+        ns.dirty = ns.dirty.saturating_sub(1);
+        self.meta().drop_attr(page.key.0);
+        Ok(())
+    }
+
+    pub(super) fn insert(&self, st: &mut State, page: Page) -> Result<()> {
+        if let Some(mut old) = st.pages.insert(page) {
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            self.write_back(st, &mut old)?;
+        }
+        Ok(())
+    }
+
+    /// Writes back every dirty page of `node` (of all nodes for `None`).
+    pub(super) fn flush_pages(&self, st: &mut State, node: Option<u64>) -> Result<()> {
+        let keys = match node {
+            Some(n) if !Self::has_dirty(st, n) => return Ok(()),
+            Some(n) => st.pages.keys_of(n),
+            None => st.pages.keys(),
+        };
+        let mut result = Ok(());
+        for k in keys {
+            // Taken out while written back (write_back needs the state too).
+            let Some(mut p) = st.pages.remove(k) else { continue };
+            if let Err(e) = self.write_back(st, &mut p) {
+                result = Err(e);
+            }
+            st.pages.insert(p);
+        }
+        result
+    }
+
+    pub(super) fn drop_pages(&self, st: &mut State, node: u64) {
+        st.bump(node);
+        let keys = st.pages.keys_of(node);
+        if !keys.is_empty() {
+            self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+        }
+        for k in keys {
+            if let Some(p) = st.pages.remove(k) {
+                self.dirty_delta(dirty_len(&p), 0);
+            }
+        }
+        if let Some(ns) = st.nodes.get_mut(&node) {
+            ns.dirty = 0;
+        }
+    }
+
+    pub(super) fn has_dirty(st: &mut State, node: u64) -> bool {
+        st.nodes.get(&node).is_some_and(|n| n.dirty > 0)
+    }
+
+    /// Fills pages `first..first+count` of `node` from the inner file system.
+    /// Returns the bytes fetched and how many of them the file holds.
+    pub(super) fn fill(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        fh: FileHandle,
+        first: u64,
+        count: u64,
+    ) -> Result<(Vec<u8>, usize)> {
+        let (buf, got) = self.fetch(node, fh, first, count)?;
+        let end = self.store(st, node, first, count, &buf, got)?;
+        Ok((buf, end))
+    }
+
+    /// Reads pages `first..first+count` of `node` from the inner file
+    /// system (no lock needed): the bytes and how many are valid.
+    pub(super) fn fetch(&self, node: NodeId, fh: FileHandle, first: u64, count: u64) -> Result<(Vec<u8>, usize)> {
+        let ps = self.ps();
+        let mut buf = vec![0u8; (count * ps) as usize];
+        let got = self.inner.read(&req0(), node, fh, first * ps, &mut buf)?;
+        self.stats.bytes_in.fetch_add(got as u64, Ordering::Relaxed);
+        Ok((buf, got))
+    }
+
+    /// Keeps fetched pages the cache does not hold yet; returns how many
+    /// of the fetched bytes the file holds.
+    pub(super) fn store(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        first: u64,
+        count: u64,
+        buf: &[u8],
+        got: usize,
+    ) -> Result<usize> {
+        let ps = self.ps();
+        let known = st.nodes.get(&node.0).and_then(|n| n.size);
+        // Written-back-later data beyond the inner EOF reads as zeros.
+        let end = match known {
+            Some(size) => (got as u64).max(size.saturating_sub(first * ps).min(count * ps)),
+            None => got as u64,
+        };
+        if known.is_none() && (got as u64) < count * ps {
+            st.nodes.entry(node.0).or_default().size = Some(first * ps + got as u64);
+        }
+        for i in 0..count {
+            let key = (node.0, first + i);
+            if st.pages.peek(key).is_some() {
+                continue;
+            }
+            let from = (i * ps).min(end);
+            let to = ((i + 1) * ps).min(end);
+            if from == to && i > 0 {
+                break;
+            }
+            self.insert(st, Page::new(key, buf[from as usize..to as usize].to_vec()))?;
+        }
+        Ok(end as usize)
+    }
+
+    /// `attr` of `node` as the cache's dirty data makes it: the size it
+    /// reaches and the time of the last write held.
+    pub(super) fn with_dirty(&self, node: u64, attr: &mut Attr) {
+        let mut st = self.lock();
+        if !Self::has_dirty(&mut st, node) {
+            return;
+        }
+        let Some(ns) = st.nodes.get(&node) else { return };
+        if let Some(size) = ns.size {
+            attr.size = size;
+            attr.blocks = size.div_ceil(512);
+        }
+        if let Some(t) = ns.written {
+            attr.mtime = attr.mtime.max(t);
+            attr.ctime = attr.ctime.max(t);
+        }
+    }
+}
+
+pub(super) fn dirty_len(p: &Page) -> usize {
+    p.dirty.map_or(0, |(s, e, _)| e.saturating_sub(s))
+}
