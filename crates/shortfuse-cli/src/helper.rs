@@ -131,7 +131,7 @@ pub fn main(fs: &str, args: &[OsString]) -> ExitCode {
         }
         if kind.source.describe().is_some() {
             let paths = [PathBuf::from(&a.source), a.mountpoint];
-            return crate::mount(fs, &paths, &a.options, false, "dev", None);
+            return crate::mount(fs, &paths, &a.options, false, shortfuse::Transport::Dev, None);
         }
         // fstab's first field is required; for a file system without a
         // source (`mem`, `null`, `none`...) it is only the name shown in
@@ -139,7 +139,7 @@ pub fn main(fs: &str, args: &[OsString]) -> ExitCode {
         let options: Vec<String> = std::iter::once(format!("fsname={}", a.source))
             .chain(a.options)
             .collect();
-        crate::mount(fs, &[a.mountpoint], &options, false, "dev", None)
+        crate::mount(fs, &[a.mountpoint], &options, false, shortfuse::Transport::Dev, None)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

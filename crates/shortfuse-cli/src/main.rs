@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use shortfuse::cache::{CacheOptions, CACHE_OPTION_HELP};
 use shortfuse::options::{FsOptions, OPTION_HELP};
-use shortfuse::{DevSession, MountOptions, SessionOptions};
+use shortfuse::{DevSession, MountOptions, SessionOptions, Transport};
 
 #[derive(Parser)]
 #[command(name = "shortfuse", version = env!("SHORTFUSE_VERSION"), about = "Serve user-space file systems through FUSE")]
@@ -59,8 +59,8 @@ enum Command {
         /// How requests reach the daemon: `dev` (/dev/fuse) or `uring`
         /// (FUSE over io_uring, per-CPU rings; root; falls back to `dev`
         /// when the kernel switch cannot be turned on).
-        #[arg(long, default_value = "dev", value_parser = ["dev", "uring"])]
-        transport: String,
+        #[arg(long, default_value = "dev", value_parser = kernel_transport())]
+        transport: Transport,
         /// Worker threads, each with its own /dev/fuse fd [default: one per
         /// CPU; 1 with -o base].
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -246,7 +246,7 @@ fn main() -> ExitCode {
                 &paths,
                 &options,
                 foreground || debug,
-                &transport,
+                transport,
                 threads.map(usize::from),
             )
         }
@@ -333,12 +333,20 @@ fn main() -> ExitCode {
 
 use filesystems::invalid;
 
+/// `--transport` of a kernel mount: the two the kernel offers, by the
+/// names [`Transport`] parses.
+fn kernel_transport() -> impl clap::builder::TypedValueParser<Value = Transport> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new([Transport::Dev.name(), Transport::Uring.name()])
+        .map(|s| s.parse::<Transport>().expect("one of the possible values"))
+}
+
 pub(crate) fn mount(
     fs_name: &str,
     paths: &[PathBuf],
     options: &[String],
     foreground: bool,
-    transport: &str,
+    transport: Transport,
     threads: Option<usize>,
 ) -> io::Result<()> {
     let (source, mountpoint) = match paths {
@@ -347,7 +355,7 @@ pub(crate) fn mount(
         _ => return Err(invalid("expected [SOURCE] MOUNTPOINT".to_string())),
     };
     let mut opts = MountOptions {
-        uring: transport == "uring",
+        transport,
         ..MountOptions::default()
     };
     // The file system's defaults first: the user's options, later, win.
@@ -373,12 +381,12 @@ pub(crate) fn mount(
     rest.retain(|(k, _)| k != "debug");
     let fs = filesystems::build(fs_name, source, &rest, &mut opts)?;
     let filesystems::Cached { fs, cache: cached } = filesystems::with_cache(fs_name, fs, &cache)?;
-    let session = SessionOptions {
-        threads,
-        ..SessionOptions::default()
-    };
+    // --threads wins over a profile's or `-o threads=N`.
+    if threads.is_some() {
+        opts.threads = threads;
+    }
     let figures = fs.figures();
-    let dev = DevSession::mount(fs, mountpoint, opts, session)?;
+    let dev = DevSession::mount(fs, mountpoint, opts, SessionOptions::default())?;
     if let Some(c) = &cached {
         dev.stats().attach_cache(c.stats().clone());
     }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use shortfuse::cache::{CacheOptions, CachedFs};
 use shortfuse::control::ControlServer;
 use shortfuse::options::FsOptions;
-use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions, Stats};
+use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions, Stats, Transport};
 use shortfuse_ring::{Announcing, Server, ServerConfig, DEFAULT_SPIN_US};
 
 use crate::filesystems;
@@ -94,7 +94,11 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
     };
     let kernel = args.transport != "none";
     let mut opts = MountOptions {
-        uring: args.transport == "uring",
+        transport: if args.transport == "uring" {
+            Transport::Uring
+        } else {
+            Transport::Dev
+        },
         ..MountOptions::default()
     };
     let mut rest = FsOptions::new();
@@ -159,12 +163,12 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         server.stop();
         return finish(&*fs, cached.as_deref());
     }
-    let session = SessionOptions {
-        threads: args.threads.map(usize::from),
-        ..SessionOptions::default()
-    };
+    // --threads wins over a profile's or `-o threads=N`.
+    if let Some(n) = args.threads {
+        opts.threads = Some(usize::from(n));
+    }
     let kernel_fs = Arc::new(Announcing::new(fs.clone()));
-    let dev = DevSession::mount(kernel_fs.clone(), mountpoint, opts.clone(), session)?;
+    let dev = DevSession::mount(kernel_fs.clone(), mountpoint, opts.clone(), SessionOptions::default())?;
     if let Some(c) = &cached {
         dev.stats().attach_cache(c.stats().clone());
     }

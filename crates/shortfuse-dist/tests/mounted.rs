@@ -36,12 +36,20 @@ impl Mounted {
         // direct-io keeps the data coherent here.
         let opts = MountOptions::parse("default_permissions,entry_timeout=0").unwrap();
         let session = SessionOptions {
-            threads: Some(2),
             control_socket: false,
             handle_signals: false,
             ..SessionOptions::default()
         };
-        let s = DevSession::mount(fs, mp, opts, session).unwrap();
+        let s = DevSession::mount(
+            fs,
+            mp,
+            MountOptions {
+                threads: Some(2),
+                ..opts
+            },
+            session,
+        )
+        .unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || s.run(move || tx.send(()).unwrap()));
         rx.recv_timeout(Duration::from_secs(20))

@@ -39,12 +39,20 @@ impl Mounted {
         fs::create_dir_all(mp).unwrap();
         let opts = MountOptions::parse(opts).unwrap();
         let session = SessionOptions {
-            threads: Some(2),
             control_socket: false,
             handle_signals: false,
             ..SessionOptions::default()
         };
-        let s = DevSession::mount(fs, mp, opts, session).unwrap();
+        let s = DevSession::mount(
+            fs,
+            mp,
+            MountOptions {
+                threads: Some(2),
+                ..opts
+            },
+            session,
+        )
+        .unwrap();
         let stats = s.stats().clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || s.run(move || tx.send(()).unwrap()));

@@ -54,11 +54,12 @@
 //! }
 //! ```
 //!
-//! Then `cat /mnt/hello/hello`. [`serve`] mounts over /dev/fuse (set
-//! [`MountOptions::uring`] for FUSE-over-io_uring); [`DevSession`] splits
-//! mounting from serving. A file system whose content changes behind the
-//! kernel's cache tells it through the [`Notifier`] its `init` gets
-//! ([`notify`]).
+//! Then `cat /mnt/hello/hello`. [`serve`] mounts over /dev/fuse; set
+//! [`MountOptions::transport`] to [`Transport::Uring`] for
+//! FUSE-over-io_uring, and [`MountOptions::threads`] for the number of
+//! worker threads. [`DevSession`] splits mounting from serving. A file
+//! system whose content changes behind the kernel's cache tells it through
+//! the [`Notifier`] its `init` gets ([`notify`]).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::stats::Transport;
+
 /// When the kernel should use READDIRPLUS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Readdirplus {
@@ -85,14 +87,21 @@ pub struct MountOptions {
     pub passthrough: bool,
 
     // --- for the session ---
-    /// Worker threads a profile or `threads=N` asks for (`base`: 1); `None`
-    /// lets the session choose (one per CPU). `--threads` overrides it.
+    /// Worker threads reading /dev/fuse, each on its own cloned fd: what a
+    /// profile, `threads=N` or the CLI's `--threads` asks for (`base`: 1).
+    /// `None`: one per CPU. Over [`Transport::Uring`] one reader is enough
+    /// (it only sees INIT, FORGET and INTERRUPT) and `uring_workers` sets
+    /// the ring workers instead.
     pub threads: Option<usize>,
-    /// Serve over FUSE-over-io_uring (`--transport uring`): INIT accepts
-    /// `FUSE_OVER_IO_URING`. Only for a session that registers rings: once
-    /// accepted, the kernel holds every request until each queue has an
-    /// entry; it does not fall back to /dev/fuse.
-    pub uring: bool,
+    /// How the kernel sends requests (`--transport`): [`Transport::Dev`]
+    /// (the default) reads and writes /dev/fuse; [`Transport::Uring`]
+    /// accepts `FUSE_OVER_IO_URING` in INIT and serves over
+    /// FUSE-over-io_uring rings, or over /dev/fuse with a warning when the
+    /// kernel does not offer them. Once accepted, the kernel holds every
+    /// request until each queue has an entry; it does not fall back. A
+    /// kernel mount refuses the other two transports; the ring server and
+    /// the in-process backend ignore this field.
+    pub transport: Transport,
     /// Ring entries per uring worker (`uring_depth=N`, default 8).
     pub uring_depth: u32,
     /// uring workers per queue (CPU) (`uring_workers=N`, default 1).
@@ -134,7 +143,7 @@ impl Default for MountOptions {
             handle_killpriv_v2: false,
             passthrough: false,
             threads: None,
-            uring: false,
+            transport: Transport::Dev,
             uring_depth: 8,
             uring_workers: 1,
             uring_spin: crate::session::uring::DEFAULT_SPIN,
@@ -428,6 +437,15 @@ impl MountOptions {
         Ok(true)
     }
 
+    /// The number of /dev/fuse reader threads a kernel session runs:
+    /// [`MountOptions::threads`], else one per CPU; one over io_uring.
+    pub fn worker_threads(&self) -> usize {
+        match self.transport {
+            Transport::Uring => 1,
+            _ => self.threads.unwrap_or_else(crate::sys::available_cpus).max(1),
+        }
+    }
+
     /// The options fusermount3 understands, as one `-o` string.
     pub fn fusermount_options(&self) -> String {
         let mut parts: Vec<String> = Vec::new();
@@ -604,7 +622,7 @@ mod tests {
         assert_eq!((o.max_write, o.writeback_cache, o.splice_move), (65536, false, true));
         assert_eq!(MountOptions::parse("base,threads=4").unwrap().threads, Some(4));
         let o = MountOptions::parse("uring_depth=16,uring_workers=2").unwrap();
-        assert_eq!((o.uring_depth, o.uring_workers, o.uring), (16, 2, false));
+        assert_eq!((o.uring_depth, o.uring_workers, o.transport), (16, 2, Transport::Dev));
         assert!(MountOptions::parse("uring_depth=0").is_err());
         assert!(MountOptions::parse("uring_workers=65").is_err());
     }

@@ -8,15 +8,23 @@
 //! the bucket that holds the wanted rank, so they are accurate to within a
 //! factor of two and never exceed the recorded maximum.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Which path a request came over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A path requests travel over: the kernel's two ([`Transport::Dev`],
+/// [`Transport::Uring`]), which [`MountOptions::transport`] chooses for a
+/// mount, and the two that bypass the kernel (the rings of `shortfuse
+/// serve` and the preload shim's in-process calls). Statistics count
+/// requests per transport. Parses from and displays as the name the CLI's
+/// `--transport` uses (`dev`, `uring`, `ring`, `inprocess`).
+///
+/// [`MountOptions::transport`]: crate::MountOptions::transport
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Transport {
     /// /dev/fuse read/write.
+    #[default]
     Dev,
     /// FUSE-over-io_uring.
     Uring,
@@ -42,6 +50,23 @@ impl Transport {
 
     fn index(self) -> usize {
         self as usize
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Transport, String> {
+        Transport::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown transport {s:?} (dev, uring, ring or inprocess)"))
     }
 }
 

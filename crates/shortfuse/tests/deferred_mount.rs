@@ -158,10 +158,10 @@ struct Mounted {
 }
 
 impl Mounted {
-    fn new(tag: &str, uring: bool) -> Mounted {
+    fn new(tag: &str, transport: Transport) -> Mounted {
         let fs = Arc::new(Later::default());
         let opts = MountOptions {
-            uring,
+            transport,
             ..MountOptions::default()
         };
         let m = support::Mounted::new(&format!("deferred-{tag}"), fs.clone(), opts);
@@ -242,7 +242,7 @@ fn a_killed_reader_is_interrupted(m: &Mounted) {
 
 #[test]
 fn answered_later_over_dev() {
-    let m = Mounted::new("dev", false);
+    let m = Mounted::new("dev", Transport::Dev);
     many_held_then_answered_from_another_thread(&m);
     a_killed_reader_is_interrupted(&m);
     assert!(m.m.served_over(Transport::Dev) > 0);
@@ -250,7 +250,7 @@ fn answered_later_over_dev() {
 
 #[test]
 fn answered_later_over_uring() {
-    let m = Mounted::new("uring", true);
+    let m = Mounted::new("uring", Transport::Uring);
     many_held_then_answered_from_another_thread(&m);
     a_killed_reader_is_interrupted(&m);
     assert!(m.m.served_over(Transport::Uring) > 0, "the reads went over the rings");

@@ -145,7 +145,7 @@ struct Mounted {
 }
 
 impl Mounted {
-    fn new(tag: &str, uring: bool) -> Mounted {
+    fn new(tag: &str, transport: Transport) -> Mounted {
         let root = Arc::new(Dir::default());
         let fs = Arc::new(NodeFs::new(root.clone()));
         let opts = MountOptions {
@@ -153,7 +153,7 @@ impl Mounted {
             entry_timeout: HOUR,
             negative_timeout: HOUR,
             keep_cache: true,
-            uring,
+            transport,
             ..MountOptions::default()
         };
         let m = support::Mounted::new(&format!("node-{tag}"), fs.clone(), opts);
@@ -250,13 +250,13 @@ fn req() -> Request {
 
 #[test]
 fn a_writable_node_tree_over_dev() {
-    let m = Mounted::new("dev", false);
+    let m = Mounted::new("dev", Transport::Dev);
     everything(&m);
 }
 
 #[test]
 fn a_writable_node_tree_over_uring() {
-    let m = Mounted::new("uring", true);
+    let m = Mounted::new("uring", Transport::Uring);
     everything(&m);
     assert!(m.m.served_over(Transport::Uring) > 0, "nothing travelled over io_uring");
 }

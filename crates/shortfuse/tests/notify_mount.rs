@@ -145,7 +145,7 @@ struct Mounted {
 }
 
 impl Mounted {
-    fn new(tag: &str, uring: bool) -> Mounted {
+    fn new(tag: &str, transport: Transport) -> Mounted {
         let fs = Arc::new(Changing::default());
         fs.set("f", 2, b"old content");
         fs.set("g", 3, b"to be removed");
@@ -156,7 +156,7 @@ impl Mounted {
             entry_timeout: HOUR,
             negative_timeout: HOUR,
             keep_cache: true,
-            uring,
+            transport,
             ..MountOptions::default()
         };
         let m = support::Mounted::new(&format!("notify-{tag}"), fs.clone(), opts);
@@ -263,13 +263,13 @@ fn everything(m: &Mounted) {
 
 #[test]
 fn notifications_over_dev() {
-    let m = Mounted::new("dev", false);
+    let m = Mounted::new("dev", Transport::Dev);
     everything(&m);
 }
 
 #[test]
 fn notifications_over_uring() {
-    let m = Mounted::new("uring", true);
+    let m = Mounted::new("uring", Transport::Uring);
     everything(&m);
     assert!(m.m.served_over(Transport::Uring) > 0, "nothing travelled over io_uring");
 }

@@ -43,10 +43,13 @@ fn sigint_at_a_thread_started_before_the_session_unmounts() {
     let early_tid = tid_rx.recv().unwrap();
     let session = SessionOptions {
         control_socket: false,
-        threads: Some(1),
         ..SessionOptions::default()
     };
-    let dev = DevSession::mount(Arc::new(Empty), &dir, MountOptions::default(), session).expect("mount");
+    let opts = MountOptions {
+        threads: Some(1),
+        ..MountOptions::default()
+    };
+    let dev = DevSession::mount(Arc::new(Empty), &dir, opts, session).expect("mount");
     let (ready_tx, ready_rx) = mpsc::channel();
     let runner = thread::spawn(move || dev.run(move || ready_tx.send(()).unwrap()));
     ready_rx

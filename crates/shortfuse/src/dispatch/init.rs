@@ -15,7 +15,7 @@
 //!   Off with `writeback_cache`, where the kernel owns mtime and size and
 //!   would otherwise throw away pages on its own attribute refreshes.
 //! - `INIT_EXT`: needed to send any flag of the second word.
-//! - `OVER_IO_URING`: only with `MountOptions::uring` (the uring session).
+//! - `OVER_IO_URING`: only with `Transport::Uring` in `MountOptions::transport` (the uring session).
 //!   Once accepted, the kernel holds every request (in `fuse_get_req`) until
 //!   every queue has a registered ring entry; nothing falls back to
 //!   /dev/fuse, so a /dev/fuse-only session that accepted it would hang.
@@ -35,6 +35,7 @@ use shortfuse_abi as abi;
 use crate::filesystem::InitConfig;
 use crate::notify::Notifier;
 use crate::options::{MountOptions, Readdirplus};
+use crate::stats::Transport;
 
 /// Page size the kernel counts `max_pages` in.
 pub(crate) const PAGE: usize = 4096;
@@ -140,7 +141,7 @@ pub(crate) fn initial_config(
     set(opts.splice_read, abi::FUSE_SPLICE_READ);
     set(opts.splice_write, abi::FUSE_SPLICE_WRITE);
     set(opts.splice_move, abi::FUSE_SPLICE_MOVE);
-    set(opts.uring, abi::FUSE_OVER_IO_URING);
+    set(opts.transport == Transport::Uring, abi::FUSE_OVER_IO_URING);
     set(opts.passthrough, abi::FUSE_PASSTHROUGH);
     match opts.readdirplus {
         Readdirplus::No => {}

@@ -14,8 +14,9 @@
 //! with no users left that ends the connection at once. A second signal
 //! aborts the connection even if the detached file system is still in use.
 //!
-//! With `MountOptions::uring` the requests travel over FUSE-over-io_uring
-//! rings ([`super::uring`]) once INIT is answered; one /dev/fuse worker
+//! With `MountOptions::transport` set to `Transport::Uring` the requests
+//! travel over FUSE-over-io_uring rings ([`super::uring`]) once INIT is
+//! answered; one /dev/fuse worker
 //! stays for INIT, FORGET, INTERRUPT and notifications.
 
 use crate::sync::Unpoison;
@@ -58,13 +59,22 @@ impl DevSession {
     ) -> io::Result<DevSession> {
         // Before mounting: the kernel offers io_uring in INIT only if the
         // switch is on when the mount sends INIT.
-        if opts.uring {
-            if let Err(why) = uring::enable_kernel_switch() {
-                tracing::warn!("--transport uring unavailable, serving over /dev/fuse: {why}");
-                opts.uring = false;
+        match opts.transport {
+            Transport::Dev => {}
+            Transport::Uring => {
+                if let Err(why) = uring::enable_kernel_switch() {
+                    tracing::warn!("--transport uring unavailable, serving over /dev/fuse: {why}");
+                    opts.transport = Transport::Dev;
+                }
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a kernel mount is served over dev or uring, not {other}"),
+                ))
             }
         }
-        let threads = if opts.uring { 1 } else { session.worker_threads(&opts) };
+        let threads = opts.worker_threads();
         let (mount, dev) = Mount::new(mount_point, &opts, session.method)?;
         let dispatcher = Dispatcher::new(fs, opts, Arc::new(Stats::new()));
         // Notifications go over /dev/fuse whatever carries the requests.
@@ -132,7 +142,7 @@ impl DevSession {
             let about = crate::control::About {
                 fs: subtype.strip_prefix("shortfuse-").unwrap_or(subtype).to_string(),
                 source: o.fsname.clone().unwrap_or_default(),
-                transport: if o.uring { "uring" } else { "dev" }.to_string(),
+                transport: o.transport.to_string(),
             };
             Some(ControlServer::start_described(
                 mount.mount_point(),
@@ -146,7 +156,7 @@ impl DevSession {
             // Backing ids are registered on the connection's fd (kernel passthrough).
             dispatcher.passthrough().attach_device(std::os::fd::AsFd::as_fd(&dev))?;
         }
-        let ring_dev = if dispatcher.options().uring {
+        let ring_dev = if dispatcher.options().transport == Transport::Uring {
             Some(dev.try_clone()?)
         } else {
             None
@@ -296,7 +306,7 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
     let mut reply = Vec::with_capacity(4096);
     let mut backlog = Backlog::default();
     // Under uring this reader only sees INIT, FORGET and INTERRUPT.
-    let grows = !dispatcher.options().uring;
+    let grows = dispatcher.options().transport != Transport::Uring;
     loop {
         let n = match (&dev).read(&mut buf) {
             Ok(0) => return Ok(()),

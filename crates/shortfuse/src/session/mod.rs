@@ -22,10 +22,8 @@ pub use dev::DevSession;
 
 /// How a session runs, as opposed to what the mount looks like.
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// (Worker threads are [`MountOptions::threads`].)
 pub struct SessionOptions {
-    /// Worker threads, each reading its own cloned /dev/fuse fd. `None`: what
-    /// the mount options ask for (`-o base` means 1), else one per CPU.
-    pub threads: Option<usize>,
     /// How to mount: mount(2) as root, fusermount3 otherwise.
     pub method: MountMethod,
     /// Listen on the control socket (`shortfuse stats`).
@@ -39,21 +37,10 @@ pub struct SessionOptions {
 impl Default for SessionOptions {
     fn default() -> SessionOptions {
         SessionOptions {
-            threads: None,
             method: MountMethod::Auto,
             control_socket: true,
             handle_signals: true,
         }
-    }
-}
-
-impl SessionOptions {
-    /// The number of worker threads this session runs with `opts`.
-    pub fn worker_threads(&self, opts: &MountOptions) -> usize {
-        self.threads
-            .or(opts.threads)
-            .unwrap_or_else(crate::sys::available_cpus)
-            .max(1)
     }
 }
 

@@ -19,15 +19,15 @@ pub struct Mounted {
 impl Mounted {
     /// Mounts `fs` at a fresh directory named after `tag`, and waits for
     /// INIT (the first request waits for it).
-    pub fn new(tag: &str, fs: Arc<dyn Filesystem>, opts: MountOptions) -> Mounted {
+    pub fn new(tag: &str, fs: Arc<dyn Filesystem>, mut opts: MountOptions) -> Mounted {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "mounting needs root");
         let dir = std::env::temp_dir().join(format!("lib-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mp = dir.join("mnt");
         fs::create_dir_all(&mp).unwrap();
+        opts.threads = Some(2);
         let session = SessionOptions {
-            threads: Some(2),
             method: MountMethod::Auto,
             control_socket: false,
             handle_signals: false,
