@@ -32,7 +32,7 @@ use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-use shortfuse::{Errno, Lock};
+use shortfuse::{Errno, Lock, LockType};
 
 /// Lock owners of ring clients' POSIX locks: this bit and the pid.
 pub const POSIX_OWNER: u64 = 1 << 62;
@@ -43,8 +43,8 @@ struct Range {
     start: u64,
     /// Inclusive; `u64::MAX` to end of file.
     end: u64,
-    /// F_RDLCK or F_WRLCK.
-    typ: i32,
+    /// Read or Write.
+    typ: LockType,
     pid: u32,
 }
 
@@ -57,8 +57,8 @@ impl Range {
 #[derive(Default)]
 struct NodeLocks {
     posix: Vec<Range>,
-    /// (owner, F_RDLCK or F_WRLCK)
-    flock: Vec<(u64, i32)>,
+    /// (owner, Read or Write)
+    flock: Vec<(u64, LockType)>,
 }
 
 /// Every lock of a daemon.
@@ -70,8 +70,8 @@ pub struct Locks {
     on_change: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
-fn conflicts(a: i32, b: i32) -> bool {
-    a == libc::F_WRLCK || b == libc::F_WRLCK
+fn conflicts(a: LockType, b: LockType) -> bool {
+    a == LockType::Write || b == LockType::Write
 }
 
 impl Locks {
@@ -96,7 +96,7 @@ impl Locks {
     }
 
     /// F_GETLK: the first lock of another owner that conflicts with `lock`,
-    /// or `lock` with `typ` F_UNLCK.
+    /// or `lock` with `typ` Unlock.
     pub fn test(&self, node: u64, owner: u64, lock: &Lock) -> Lock {
         let t = self.table();
         let hit = t.get(&node).and_then(|n| {
@@ -112,7 +112,7 @@ impl Locks {
                 pid: r.pid,
             },
             None => Lock {
-                typ: libc::F_UNLCK,
+                typ: LockType::Unlock,
                 ..*lock
             },
         }
@@ -121,12 +121,12 @@ impl Locks {
     /// F_SETLK: takes, changes or drops `owner`'s lock on the range;
     /// EAGAIN when another owner's lock conflicts.
     pub fn set(&self, node: u64, owner: u64, lock: &Lock) -> Result<(), Errno> {
-        if lock.start > lock.end || !matches!(lock.typ, libc::F_RDLCK | libc::F_WRLCK | libc::F_UNLCK) {
+        if lock.start > lock.end {
             return Err(Errno::EINVAL);
         }
         let mut t = self.table();
         let n = t.entry(node).or_default();
-        if lock.typ != libc::F_UNLCK
+        if lock.typ != LockType::Unlock
             && n.posix
                 .iter()
                 .any(|r| r.owner != owner && r.overlaps(lock.start, lock.end) && conflicts(r.typ, lock.typ))
@@ -155,7 +155,7 @@ impl Locks {
                 });
             }
         }
-        if lock.typ != libc::F_UNLCK {
+        if lock.typ != LockType::Unlock {
             kept.push(Range {
                 owner,
                 start: lock.start,
@@ -203,20 +203,20 @@ impl Locks {
     /// caller waits, see [`Locks::flock_wait`]). EWOULDBLOCK on conflict.
     pub fn flock(&self, node: u64, owner: u64, op: i32) -> Result<(), Errno> {
         let typ = match op & !libc::LOCK_NB {
-            libc::LOCK_SH => libc::F_RDLCK,
-            libc::LOCK_EX => libc::F_WRLCK,
-            libc::LOCK_UN => libc::F_UNLCK,
+            libc::LOCK_SH => LockType::Read,
+            libc::LOCK_EX => LockType::Write,
+            libc::LOCK_UN => LockType::Unlock,
             _ => return Err(Errno::EINVAL),
         };
         let mut t = self.table();
         let n = t.entry(node).or_default();
-        if typ != libc::F_UNLCK && n.flock.iter().any(|&(o, held)| o != owner && conflicts(held, typ)) {
+        if typ != LockType::Unlock && n.flock.iter().any(|&(o, held)| o != owner && conflicts(held, typ)) {
             return Err(Errno::EAGAIN);
         }
         let before = n.flock.len();
         n.flock.retain(|&(o, _)| o != owner);
         let dropped = n.flock.len() != before;
-        if typ != libc::F_UNLCK {
+        if typ != LockType::Unlock {
             n.flock.push((owner, typ));
         }
         self.settle(t, node, dropped);
@@ -390,7 +390,7 @@ mod sys {
 mod tests {
     use super::*;
 
-    fn lk(start: u64, end: u64, typ: i32) -> Lock {
+    fn lk(start: u64, end: u64, typ: LockType) -> Lock {
         Lock {
             start,
             end,
@@ -402,23 +402,23 @@ mod tests {
     #[test]
     fn byte_ranges_conflict_split_and_go_with_their_owner() {
         let l = Locks::new();
-        l.set(1, 10, &lk(0, 99, libc::F_WRLCK)).unwrap();
-        assert_eq!(l.set(1, 20, &lk(50, 60, libc::F_RDLCK)), Err(Errno::EAGAIN));
-        assert_eq!(l.test(1, 20, &lk(50, 60, libc::F_RDLCK)).start, 0);
+        l.set(1, 10, &lk(0, 99, LockType::Write)).unwrap();
+        assert_eq!(l.set(1, 20, &lk(50, 60, LockType::Read)), Err(Errno::EAGAIN));
+        assert_eq!(l.test(1, 20, &lk(50, 60, LockType::Read)).start, 0);
         // The owner's own lock never conflicts; a hole in the middle.
-        l.set(1, 10, &lk(40, 59, libc::F_UNLCK)).unwrap();
-        l.set(1, 20, &lk(45, 55, libc::F_WRLCK)).unwrap();
-        assert_eq!(l.test(1, 30, &lk(0, 10, libc::F_RDLCK)).typ, libc::F_WRLCK);
-        assert_eq!(l.test(1, 30, &lk(60, 99, libc::F_RDLCK)).start, 60);
+        l.set(1, 10, &lk(40, 59, LockType::Unlock)).unwrap();
+        l.set(1, 20, &lk(45, 55, LockType::Write)).unwrap();
+        assert_eq!(l.test(1, 30, &lk(0, 10, LockType::Read)).typ, LockType::Write);
+        assert_eq!(l.test(1, 30, &lk(60, 99, LockType::Read)).start, 60);
         // Readers share.
-        l.set(2, 10, &lk(0, u64::MAX, libc::F_RDLCK)).unwrap();
-        l.set(2, 20, &lk(5, 5, libc::F_RDLCK)).unwrap();
-        assert_eq!(l.set(2, 30, &lk(5, 5, libc::F_WRLCK)), Err(Errno::EAGAIN));
+        l.set(2, 10, &lk(0, u64::MAX, LockType::Read)).unwrap();
+        l.set(2, 20, &lk(5, 5, LockType::Read)).unwrap();
+        assert_eq!(l.set(2, 30, &lk(5, 5, LockType::Write)), Err(Errno::EAGAIN));
         l.release_on(2, 10);
         l.release_owner(20);
-        l.set(2, 30, &lk(5, 5, libc::F_WRLCK)).unwrap();
-        assert_eq!(l.test(1, 30, &lk(45, 55, libc::F_RDLCK)).typ, libc::F_UNLCK);
-        assert_eq!(l.set(1, 1, &lk(9, 3, libc::F_RDLCK)), Err(Errno::EINVAL));
+        l.set(2, 30, &lk(5, 5, LockType::Write)).unwrap();
+        assert_eq!(l.test(1, 30, &lk(45, 55, LockType::Read)).typ, LockType::Unlock);
+        assert_eq!(l.set(1, 1, &lk(9, 3, LockType::Read)), Err(Errno::EINVAL));
     }
 
     #[test]
@@ -427,7 +427,7 @@ mod tests {
         l.flock(1, 10, libc::LOCK_SH).unwrap();
         l.flock(1, 20, libc::LOCK_SH).unwrap();
         assert_eq!(l.flock(1, 30, libc::LOCK_EX | libc::LOCK_NB), Err(Errno::EAGAIN));
-        l.set(1, 30, &lk(0, u64::MAX, libc::F_WRLCK)).unwrap();
+        l.set(1, 30, &lk(0, u64::MAX, LockType::Write)).unwrap();
         l.flock(1, 10, libc::LOCK_UN).unwrap();
         l.release_owner(20);
         l.flock(1, 30, libc::LOCK_EX).unwrap();
@@ -437,9 +437,9 @@ mod tests {
     #[test]
     fn a_waiter_wakes_when_the_holder_lets_go() {
         let l = std::sync::Arc::new(Locks::new());
-        l.set(1, 10, &lk(0, 0, libc::F_WRLCK)).unwrap();
+        l.set(1, 10, &lk(0, 0, LockType::Write)).unwrap();
         let l2 = l.clone();
-        let t = std::thread::spawn(move || l2.set_wait(1, 20, &lk(0, 0, libc::F_WRLCK)));
+        let t = std::thread::spawn(move || l2.set_wait(1, 20, &lk(0, 0, LockType::Write)));
         std::thread::sleep(std::time::Duration::from_millis(50));
         l.release_owner(10);
         assert_eq!(t.join().unwrap(), Ok(()));

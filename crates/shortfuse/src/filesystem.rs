@@ -346,7 +346,7 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// `poll(2)`, `select(2)` and `epoll` on an open file: returns the
-    /// ready events among `events` (`POLLIN`, `POLLOUT`...). When `handle` is
+    /// ready events among `events` ([`PollEvents::IN`], [`PollEvents::OUT`]...). When `handle` is
     /// given the caller will wait: keep it and call
     /// [`Notifier::poll_wakeup`] once the file becomes ready (the kernel then
     /// asks again). `ENOSYS` is permanent: the kernel takes every file as
@@ -357,8 +357,8 @@ pub trait Filesystem: Send + Sync + 'static {
         node: NodeId,
         fh: FileHandle,
         handle: Option<PollHandle>,
-        events: u32,
-    ) -> Result<u32> {
+        events: PollEvents,
+    ) -> Result<PollEvents> {
         Err(Errno::ENOSYS)
     }
 

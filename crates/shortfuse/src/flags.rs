@@ -1,7 +1,8 @@
 //! Typed flags of the [`Filesystem`](crate::Filesystem) and
 //! [`Node`](crate::Node) methods: what `open(2)`, `access(2)`,
-//! `flock(2)`, `lseek(2)`, `setxattr(2)` and `fallocate(2)` were called
-//! with, so that an author needs neither `libc` nor the kernel's numbers.
+//! `flock(2)`, `fcntl(2)` locks, `lseek(2)`, `setxattr(2)`,
+//! `fallocate(2)` and `poll(2)` were called with, so that an author needs
+//! neither `libc` nor the kernel's numbers.
 //!
 //! The bit sets are [`bitflags`] types: `flags.contains(OpenFlags::APPEND)`,
 //! `flags.bits()` for the raw value to hand to a system call. Bits the
@@ -217,6 +218,81 @@ impl FlockOp {
     }
 }
 
+/// The type of a POSIX byte-range lock (`fcntl(2)`'s `l_type`), in
+/// [`Lock::typ`](crate::Lock::typ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum LockType {
+    /// `F_RDLCK`: a shared lock; other read locks may overlap it.
+    Read,
+    /// `F_WRLCK`: an exclusive lock; no other lock may overlap it.
+    Write,
+    /// `F_UNLCK`: at SETLK, release the range; in GETLK's answer, no lock
+    /// conflicts.
+    #[default]
+    Unlock,
+}
+
+impl LockType {
+    /// Decodes `F_RDLCK`, `F_WRLCK` or `F_UNLCK`; `None` for anything else.
+    pub fn from_raw(typ: i32) -> Option<LockType> {
+        Some(match typ {
+            libc::F_RDLCK => LockType::Read,
+            libc::F_WRLCK => LockType::Write,
+            libc::F_UNLCK => LockType::Unlock,
+            _ => return None,
+        })
+    }
+
+    /// The `F_*LCK` value for `fcntl(2)`.
+    pub fn raw(self) -> i32 {
+        match self {
+            LockType::Read => libc::F_RDLCK,
+            LockType::Write => libc::F_WRLCK,
+            LockType::Unlock => libc::F_UNLCK,
+        }
+    }
+}
+
+bitflags! {
+    /// The events of `poll(2)`, `select(2)` and `epoll` that POLL asks
+    /// about and its answer reports (the kernel's `__poll_t`, whose bits
+    /// are the `POLL*` values).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct PollEvents: u32 {
+        /// `POLLIN`: there is data to read.
+        const IN = libc::POLLIN as u32;
+        /// `POLLPRI`: there is urgent data to read.
+        const PRI = libc::POLLPRI as u32;
+        /// `POLLOUT`: a write would not block.
+        const OUT = libc::POLLOUT as u32;
+        /// `POLLERR`: an error condition (reported whether asked or not).
+        const ERR = libc::POLLERR as u32;
+        /// `POLLHUP`: hung up (reported whether asked or not).
+        const HUP = libc::POLLHUP as u32;
+        /// `POLLNVAL`: the descriptor is not open.
+        const NVAL = libc::POLLNVAL as u32;
+        /// `POLLRDNORM`: normal data to read.
+        const RDNORM = libc::POLLRDNORM as u32;
+        /// `POLLRDBAND`: priority-band data to read.
+        const RDBAND = libc::POLLRDBAND as u32;
+        /// `POLLWRNORM`: normal data may be written.
+        const WRNORM = libc::POLLWRNORM as u32;
+        /// `POLLWRBAND`: priority-band data may be written.
+        const WRBAND = libc::POLLWRBAND as u32;
+        /// `POLLRDHUP`: the peer closed its writing end.
+        const RDHUP = libc::POLLRDHUP as u32;
+        // Bits without a name here (EPOLLEXCLUSIVE...) are kept.
+        const _ = !0;
+    }
+}
+
+impl PollEvents {
+    /// The events from the raw `POLL*` value, every bit kept.
+    pub const fn from_raw(raw: u32) -> PollEvents {
+        PollEvents::from_bits_retain(raw)
+    }
+}
+
 /// Where an `lseek(2)` offset counts from. The kernel sends only
 /// [`Whence::Data`] and [`Whence::Hole`] to a file system (it handles the
 /// others itself); the preload shim may send any.
@@ -301,5 +377,16 @@ mod tests {
             assert_eq!(Whence::from_raw(raw).map(Whence::raw), Some(raw));
         }
         assert_eq!(Whence::from_raw(9), None);
+        for raw in [libc::F_RDLCK, libc::F_WRLCK, libc::F_UNLCK] {
+            assert_eq!(LockType::from_raw(raw).map(LockType::raw), Some(raw));
+        }
+        assert_eq!(LockType::from_raw(7), None);
+    }
+
+    #[test]
+    fn poll_events_keep_unnamed_bits() {
+        let e = PollEvents::from_raw(libc::POLLIN as u32 | 1 << 28);
+        assert!(e.contains(PollEvents::IN) && !e.contains(PollEvents::OUT));
+        assert_eq!(e.bits(), libc::POLLIN as u32 | 1 << 28);
     }
 }

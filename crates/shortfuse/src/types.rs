@@ -5,7 +5,9 @@ use std::ffi::OsStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::datamap::DataMap;
-pub use crate::flags::{AccessMode, FallocateFlags, FlockKind, FlockOp, OpenFlags, Whence, XattrFlags};
+pub use crate::flags::{
+    AccessMode, FallocateFlags, FlockKind, FlockOp, LockType, OpenFlags, PollEvents, Whence, XattrFlags,
+};
 
 /// The kernel's node id for an inode (`fuse_in_header.nodeid`). Distinct from
 /// the `st_ino` a file system reports in [`Attr::ino`].
@@ -505,20 +507,23 @@ pub struct Lock {
     pub start: u64,
     /// Last byte included; `u64::MAX` means to end of file.
     pub end: u64,
-    /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
-    pub typ: i32,
+    /// Read, write or none (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`).
+    pub typ: LockType,
     /// The process holding the lock (`F_GETLK`'s answer).
     pub pid: u32,
 }
 
-impl From<&shortfuse_abi::fuse_file_lock> for Lock {
-    fn from(lk: &shortfuse_abi::fuse_file_lock) -> Lock {
-        Lock {
+/// `EINVAL` for a lock type other than `F_RDLCK`, `F_WRLCK` and `F_UNLCK`.
+impl TryFrom<&shortfuse_abi::fuse_file_lock> for Lock {
+    type Error = crate::Errno;
+
+    fn try_from(lk: &shortfuse_abi::fuse_file_lock) -> crate::Result<Lock> {
+        Ok(Lock {
             start: lk.start,
             end: lk.end,
-            typ: lk.typ as i32,
+            typ: LockType::from_raw(lk.typ as i32).ok_or(crate::Errno::EINVAL)?,
             pid: lk.pid,
-        }
+        })
     }
 }
 
@@ -528,7 +533,7 @@ impl From<Lock> for shortfuse_abi::fuse_lk_out {
             lk: shortfuse_abi::fuse_file_lock {
                 start: l.start,
                 end: l.end,
-                typ: l.typ as u32,
+                typ: l.typ.raw() as u32,
                 pid: l.pid,
             },
         }

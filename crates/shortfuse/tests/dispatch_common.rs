@@ -285,7 +285,10 @@ impl Filesystem for TestFs {
     ) -> Result<()> {
         self.log(format!(
             "setlk {} {}-{} {} {sleep}",
-            node.0, lock.start, lock.end, lock.typ
+            node.0,
+            lock.start,
+            lock.end,
+            lock.typ.raw()
         ));
         Ok(())
     }

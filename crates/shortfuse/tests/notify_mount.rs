@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use shortfuse::{
     Attr, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig, MountOptions, NodeId, Notifier,
-    PollHandle, Request, Transport,
+    PollEvents, PollHandle, Request, Transport,
 };
 
 mod support;
@@ -127,15 +127,15 @@ impl Filesystem for Changing {
         _node: NodeId,
         _fh: FileHandle,
         handle: Option<PollHandle>,
-        events: u32,
-    ) -> shortfuse::Result<u32> {
+        events: PollEvents,
+    ) -> shortfuse::Result<PollEvents> {
         if self.ready.load(Ordering::SeqCst) {
-            return Ok(events & libc::POLLIN as u32);
+            return Ok(events & PollEvents::IN);
         }
         if let Some(h) = handle {
             *self.waiting.lock().unwrap() = Some(h);
         }
-        Ok(0)
+        Ok(PollEvents::empty())
     }
 }
 

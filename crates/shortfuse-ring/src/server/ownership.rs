@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
-use shortfuse::Transport;
+use shortfuse::{LockType, Transport};
 use shortfuse_abi as abi;
 use zerocopy::FromBytes;
 
@@ -106,11 +106,17 @@ impl Conn {
             error_reply(reply, h.unique, libc::EINVAL);
             return Some(Locked::Done);
         };
-        let lock = shortfuse::Lock::from(&arg.lk);
+        let lock = match shortfuse::Lock::try_from(&arg.lk) {
+            Ok(l) => l,
+            Err(e) => {
+                error_reply(reply, h.unique, e.raw());
+                return Some(Locked::Done);
+            }
+        };
         let (node, owner) = (h.nodeid, arg.owner);
         if h.opcode == abi::FUSE_GETLK {
             let mut l = shared.locks.test(node, owner, &lock);
-            if l.typ != libc::F_UNLCK {
+            if l.typ != LockType::Unlock {
                 // The holder may be a description closed a moment ago.
                 shared.settle_anchors();
                 l = shared.locks.test(node, owner, &lock);
@@ -122,9 +128,9 @@ impl Conn {
         let take = || {
             if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
                 let op = match lock.typ {
-                    libc::F_RDLCK => libc::LOCK_SH,
-                    libc::F_WRLCK => libc::LOCK_EX,
-                    _ => libc::LOCK_UN,
+                    LockType::Read => libc::LOCK_SH,
+                    LockType::Write => libc::LOCK_EX,
+                    LockType::Unlock => libc::LOCK_UN,
                 };
                 shared.locks.flock(node, owner, op)
             } else {
@@ -142,7 +148,7 @@ impl Conn {
         if r == Err(shortfuse::Errno::EAGAIN) && h.opcode == abi::FUSE_SETLKW && park {
             return Some(Locked::Wait);
         }
-        if r.is_ok() && lock.typ != libc::F_UNLCK && owner & (DESCRIPTION_OWNER | POSIX_OWNER) == POSIX_OWNER {
+        if r.is_ok() && lock.typ != LockType::Unlock && owner & (DESCRIPTION_OWNER | POSIX_OWNER) == POSIX_OWNER {
             let pid = owner as u32;
             if !shared.reaper.watch(pid) {
                 shared.process_ended(pid);

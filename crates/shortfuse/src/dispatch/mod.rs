@@ -611,7 +611,7 @@ impl Dispatcher {
                 ok(reply, unique)
             }
             Operation::Getlk { arg } => {
-                let lock = fs.getlk(&req, node, FileHandle(arg.fh), arg.owner, &Lock::from(&arg.lk))?;
+                let lock = fs.getlk(&req, node, FileHandle(arg.fh), arg.owner, &Lock::try_from(&arg.lk)?)?;
                 reply_struct(reply, unique, &abi::fuse_lk_out::from(lock));
                 Ok(Outcome::Reply)
             }
@@ -656,7 +656,8 @@ impl Dispatcher {
             }
             Operation::Poll { arg } => {
                 let handle = (arg.flags & abi::FUSE_POLL_SCHEDULE_NOTIFY != 0).then_some(PollHandle(arg.kh));
-                let revents = fs.poll(&req, node, FileHandle(arg.fh), handle, arg.events)?;
+                let events = PollEvents::from_raw(arg.events);
+                let revents = fs.poll(&req, node, FileHandle(arg.fh), handle, events)?.bits();
                 reply_struct(reply, unique, &abi::fuse_poll_out { revents, padding: 0 });
                 Ok(Outcome::Reply)
             }
@@ -877,15 +878,15 @@ impl Dispatcher {
     ) -> Served {
         let fh = FileHandle(arg.fh);
         if arg.lk_flags & abi::FUSE_LK_FLOCK != 0 {
-            let kind = match arg.lk.typ as i32 {
-                libc::F_RDLCK => FlockKind::Shared,
-                libc::F_WRLCK => FlockKind::Exclusive,
-                libc::F_UNLCK => FlockKind::Unlock,
-                _ => return Err(Errno::EINVAL),
+            let kind = match LockType::from_raw(arg.lk.typ as i32) {
+                Some(LockType::Read) => FlockKind::Shared,
+                Some(LockType::Write) => FlockKind::Exclusive,
+                Some(LockType::Unlock) => FlockKind::Unlock,
+                None => return Err(Errno::EINVAL),
             };
             fs.flock(req, node, fh, arg.owner, FlockOp { kind, wait: sleep })?;
         } else {
-            fs.setlk(req, node, fh, arg.owner, &Lock::from(&arg.lk), sleep)?;
+            fs.setlk(req, node, fh, arg.owner, &Lock::try_from(&arg.lk)?, sleep)?;
         }
         ok(reply, unique)
     }

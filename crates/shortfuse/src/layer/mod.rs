@@ -111,7 +111,7 @@ layer! {
     fn flock(&self, req: &Request, node: NodeId, fh: FileHandle, lock_owner: u64, op: FlockOp) -> Result<()>;
     fn fallocate(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, length: u64, mode: FallocateFlags) -> Result<()>;
     fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: Whence) -> Result<u64>;
-    fn poll(&self, req: &Request, node: NodeId, fh: FileHandle, handle: Option<PollHandle>, events: u32) -> Result<u32>;
+    fn poll(&self, req: &Request, node: NodeId, fh: FileHandle, handle: Option<PollHandle>, events: PollEvents) -> Result<PollEvents>;
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize>;
 }
 

@@ -271,8 +271,8 @@ impl Filesystem for Recording {
         _node: NodeId,
         _fh: FileHandle,
         _handle: Option<PollHandle>,
-        _events: u32,
-    ) -> Result<u32> {
+        _events: PollEvents,
+    ) -> Result<PollEvents> {
         self.hit("poll");
         Err(Errno::EIO)
     }
@@ -397,7 +397,7 @@ fn call_every_method(fs: &dyn Filesystem) {
     );
     let _ = fs.fallocate(&req, NodeId(2), FileHandle(4), 0, 1, FallocateFlags::empty());
     let _ = fs.lseek(&req, NodeId(2), FileHandle(4), 0, Whence::Data);
-    let _ = fs.poll(&req, NodeId(2), FileHandle(4), None, 0);
+    let _ = fs.poll(&req, NodeId(2), FileHandle(4), None, PollEvents::IN);
     let _ = fs.copy_file_range(&req, &range);
 }
 
