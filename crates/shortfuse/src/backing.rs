@@ -193,6 +193,7 @@ impl Passthrough {
     }
 
     /// Inodes with open files, and how many of them are in passthrough.
+    #[cfg(test)]
     pub fn open_inodes(&self) -> (usize, usize) {
         let nodes = self.nodes.lock().unpoison();
         let kernel = nodes.values().filter(|o| matches!(o.mode, Mode::Kernel(_))).count();

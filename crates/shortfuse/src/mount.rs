@@ -77,7 +77,7 @@ fn unescape(field: &str) -> String {
 }
 
 /// Parses mountinfo text; malformed lines are skipped.
-pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
@@ -174,7 +174,7 @@ fn check_mount_point(path: &Path) -> io::Result<PathBuf> {
 }
 
 /// Opens /dev/fuse read-write (std opens with O_CLOEXEC).
-pub fn open_dev_fuse() -> io::Result<File> {
+pub(crate) fn open_dev_fuse() -> io::Result<File> {
     File::options()
         .read(true)
         .write(true)

@@ -72,9 +72,9 @@ impl std::str::FromStr for Transport {
 
 /// Opcodes below this number get their own counters; the rest (CUSE_INIT,
 /// garbage) share the last slot.
-pub const OPCODE_SLOTS: usize = 64;
+pub(crate) const OPCODE_SLOTS: usize = 64;
 /// Number of log2 buckets per histogram.
-pub const BUCKETS: usize = 64;
+pub(crate) const BUCKETS: usize = 64;
 
 struct OpCounters {
     count: AtomicU64,
@@ -331,12 +331,12 @@ impl Default for Stats {
 }
 
 /// The bucket that counts a latency of `nanos`.
-pub fn bucket_of(nanos: u64) -> usize {
+pub(crate) fn bucket_of(nanos: u64) -> usize {
     ((u64::BITS - nanos.leading_zeros()) as usize).min(BUCKETS - 1)
 }
 
 /// Smallest and largest latency counted by bucket `b`.
-pub fn bucket_range(b: usize) -> (u64, u64) {
+pub(crate) fn bucket_range(b: usize) -> (u64, u64) {
     match b {
         0 => (0, 0),
         b if b >= BUCKETS - 1 => (1 << (BUCKETS - 2), u64::MAX),
@@ -455,7 +455,7 @@ impl Stats {
 /// One opcode's counters at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpStats {
-    /// `None` for the slot shared by opcodes >= [`OPCODE_SLOTS`].
+    /// `None` for the slot shared by opcodes 64 and above.
     pub opcode: Option<u32>,
     /// Requests served.
     pub count: u64,
@@ -463,7 +463,8 @@ pub struct OpStats {
     pub sum_nanos: u64,
     /// The longest one.
     pub max_nanos: u64,
-    /// Requests per log2 latency bucket (see [`bucket_range`]).
+    /// Requests per log2 latency bucket: bucket `b` counts latencies in
+    /// `[2^(b-1), 2^b)` nanoseconds, bucket 0 counts zero.
     pub buckets: [u64; BUCKETS],
 }
 
@@ -524,7 +525,7 @@ pub struct StatsSnapshot {
 }
 
 /// `1234` ns as `1.23µs`, and so on: three significant digits.
-pub fn format_nanos(n: u64) -> String {
+pub(crate) fn format_nanos(n: u64) -> String {
     let (v, unit) = match n {
         0..=999 => return format!("{n}ns"),
         1_000..=999_999 => (n as f64 / 1e3, "µs"),

@@ -61,7 +61,7 @@ use crate::types::*;
 pub use meta::MetaCache;
 pub use options::{CacheMode, CacheOptions, CACHE_KEYS, CACHE_OPTION_HELP};
 use page::PageStore;
-pub use page::{FxHasher, Policy};
+pub use page::Policy;
 pub use seen::Seen;
 use state::State;
 

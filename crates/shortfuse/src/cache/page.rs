@@ -40,7 +40,7 @@ impl Policy {
 /// FxHash (rustc's): keys here are node numbers and short names, not
 /// attacker-chosen flood material worth SipHash's cost on every lookup.
 #[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
+pub(crate) struct FxHasher(u64);
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
@@ -81,7 +81,7 @@ impl Hasher for FxHasher {
 }
 
 /// The hasher of the cache's maps (fast, not DoS-resistant: keys are node ids and offsets).
-pub type FxBuild = BuildHasherDefault<FxHasher>;
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 
 const NIL: usize = usize::MAX;
 

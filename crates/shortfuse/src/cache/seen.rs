@@ -7,8 +7,8 @@
 //! cached then cannot be told from stale ones ("racy", as git calls its
 //! index entries in the same spot). Attributes are therefore trusted only
 //! when the mtime is older than the moment they were taken by a window:
-//! [`COARSE_WINDOW`] for whole-second mtimes (one second of granule, one
-//! of a server clock a little ahead of ours), [`FINE_WINDOW`] for mtimes
+//! `COARSE_WINDOW` for whole-second mtimes (one second of granule, one
+//! of a server clock a little ahead of ours), `FINE_WINDOW` for mtimes
 //! with a fraction (a local clock's tick, 4-10 ms, with room to spare). A
 //! racily clean file's pages are dropped at open, and trusted again once a
 //! later look finds it settled.
@@ -16,9 +16,9 @@
 use crate::types::{Attr, Timestamp};
 
 /// How much older than the look a whole-second mtime must be, in ns.
-pub const COARSE_WINDOW: i128 = 2_000_000_000;
+pub(crate) const COARSE_WINDOW: i128 = 2_000_000_000;
 /// The same for an mtime with a fraction of a second, in ns.
-pub const FINE_WINDOW: i128 = 50_000_000;
+pub(crate) const FINE_WINDOW: i128 = 50_000_000;
 
 /// The size and mtime a cache saw, and when it looked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -198,14 +198,9 @@ impl Dispatcher {
         &self.stats
     }
 
-    /// The file system served.
-    pub fn filesystem(&self) -> &Arc<dyn Filesystem> {
-        &self.fs
-    }
-
     /// Kernel passthrough bookkeeping. A kernel session calls
     /// `Passthrough::attach_device` with its /dev/fuse fd before serving.
-    pub fn passthrough(&self) -> &Passthrough {
+    pub(crate) fn passthrough(&self) -> &Passthrough {
         &self.passthrough
     }
 
