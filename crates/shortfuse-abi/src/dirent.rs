@@ -12,9 +12,11 @@ use crate::request::wire;
 wire! {
     /// The fixed part of one READDIR entry; `namelen` name bytes follow.
     pub struct fuse_dirent {
+        /// Inode number shown as `d_ino`.
         pub ino: u64,
         /// Offset of the next entry (what a later READDIR resumes from).
         pub off: u64,
+        /// Bytes of the name.
         pub namelen: u32,
         /// `DT_*` (mode >> 12).
         pub typ: u32,
@@ -23,7 +25,13 @@ wire! {
 
 wire! {
     /// The fixed part of one READDIRPLUS entry; `dirent.namelen` name bytes follow.
-    pub struct fuse_direntplus { pub entry_out: fuse_entry_out, pub dirent: fuse_dirent }
+    pub struct fuse_direntplus {
+        /// What LOOKUP of the name would answer; counts as a lookup
+        /// unless `nodeid` is 0.
+        pub entry_out: fuse_entry_out,
+        /// The entry.
+        pub dirent: fuse_dirent,
+    }
 }
 
 /// Rounds `x` up to the 8-byte record alignment (`FUSE_REC_ALIGN`).

@@ -7,7 +7,14 @@ use crate::request::wire;
 
 wire! {
     /// Argument of `FUSE_DEV_IOC_BACKING_OPEN`; `flags` and `padding` must be 0.
-    pub struct fuse_backing_map { pub fd: i32, pub flags: u32, pub padding: u64 }
+    pub struct fuse_backing_map {
+        /// The backing file's descriptor in the daemon.
+        pub fd: i32,
+        /// Zero.
+        pub flags: u32,
+        /// Zero.
+        pub padding: u64,
+    }
 }
 
 /// ioctl type byte of /dev/fuse.

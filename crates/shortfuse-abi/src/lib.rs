@@ -9,6 +9,7 @@
 //! traits: encode with `IntoBytes::as_bytes`, decode with [`parse()`].
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 #![allow(non_camel_case_types)]
 
 pub mod dirent;

@@ -5,45 +5,99 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::request::wire;
 
+/// Wake the callers polling a file: it may be ready now.
 pub const FUSE_NOTIFY_POLL: u32 = 1;
+/// Drop cached attributes and a range of cached pages of a node.
 pub const FUSE_NOTIFY_INVAL_INODE: u32 = 2;
+/// Drop a cached name (and, with `FUSE_EXPIRE_ONLY`, only expire it).
 pub const FUSE_NOTIFY_INVAL_ENTRY: u32 = 3;
+/// Place data in a node's page cache.
 pub const FUSE_NOTIFY_STORE: u32 = 4;
+/// Ask for data from a node's page cache; the kernel answers with
+/// `FUSE_NOTIFY_REPLY`.
 pub const FUSE_NOTIFY_RETRIEVE: u32 = 5;
+/// A name was deleted: drop it and tell `inotify` watchers.
 pub const FUSE_NOTIFY_DELETE: u32 = 6;
 /// Ask the kernel to resend every pending request (no payload).
 pub const FUSE_NOTIFY_RESEND: u32 = 7;
 /// Bump the connection epoch: dentries from older epochs are invalid (no payload).
 pub const FUSE_NOTIFY_INC_EPOCH: u32 = 8;
 
-wire! { pub struct fuse_notify_poll_wakeup_out { pub kh: u64 } }
-
 wire! {
-    /// Negative `off`: attributes only; `len` 0: to the end of the file.
-    pub struct fuse_notify_inval_inode_out { pub ino: u64, pub off: i64, pub len: i64 }
+    /// `FUSE_NOTIFY_POLL`.
+    pub struct fuse_notify_poll_wakeup_out {
+        /// The `kh` of the POLL request that asked to be woken.
+        pub kh: u64,
+    }
 }
 
 wire! {
-    /// Followed by the name and a NUL byte.
-    pub struct fuse_notify_inval_entry_out { pub parent: u64, pub namelen: u32, pub flags: u32 }
+    /// `FUSE_NOTIFY_INVAL_INODE`. Negative `off`: attributes only; `len`
+    /// 0: to the end of the file.
+    pub struct fuse_notify_inval_inode_out {
+        /// The node.
+        pub ino: u64,
+        /// First byte of the cached pages to drop.
+        pub off: i64,
+        /// Bytes to drop.
+        pub len: i64,
+    }
 }
 
 wire! {
-    /// Followed by the name and a NUL byte.
-    pub struct fuse_notify_delete_out { pub parent: u64, pub child: u64, pub namelen: u32, pub padding: u32 }
+    /// `FUSE_NOTIFY_INVAL_ENTRY`: followed by the name and a NUL byte.
+    pub struct fuse_notify_inval_entry_out {
+        /// The directory.
+        pub parent: u64,
+        /// Bytes of the name, NUL excluded.
+        pub namelen: u32,
+        /// `FUSE_EXPIRE_ONLY`: mark the entry stale rather than drop it.
+        pub flags: u32,
+    }
 }
 
 wire! {
-    /// Followed by `size` bytes of data to place in the page cache.
-    pub struct fuse_notify_store_out { pub nodeid: u64, pub offset: u64, pub size: u32, pub padding: u32 }
+    /// `FUSE_NOTIFY_DELETE`: followed by the name and a NUL byte.
+    pub struct fuse_notify_delete_out {
+        /// The directory.
+        pub parent: u64,
+        /// The node the name led to.
+        pub child: u64,
+        /// Bytes of the name, NUL excluded.
+        pub namelen: u32,
+        /// Zero.
+        pub padding: u32,
+    }
 }
 
 wire! {
-    pub struct fuse_notify_retrieve_out {
-        pub notify_unique: u64,
+    /// `FUSE_NOTIFY_STORE`: followed by `size` bytes of data to place in
+    /// the page cache.
+    pub struct fuse_notify_store_out {
+        /// The node.
         pub nodeid: u64,
+        /// Where the data goes in the file.
         pub offset: u64,
+        /// Bytes that follow.
         pub size: u32,
+        /// Zero.
+        pub padding: u32,
+    }
+}
+
+wire! {
+    /// `FUSE_NOTIFY_RETRIEVE`.
+    pub struct fuse_notify_retrieve_out {
+        /// Chosen by the daemon; the `unique` of the kernel's
+        /// `FUSE_NOTIFY_REPLY`.
+        pub notify_unique: u64,
+        /// The node.
+        pub nodeid: u64,
+        /// First byte wanted.
+        pub offset: u64,
+        /// Bytes wanted.
+        pub size: u32,
+        /// Zero.
         pub padding: u32,
     }
 }
@@ -52,11 +106,17 @@ wire! {
     /// The argument of `FUSE_NOTIFY_REPLY`, followed by the data. Matches
     /// the size of `fuse_write_in` so the kernel can reuse its paths.
     pub struct fuse_notify_retrieve_in {
+        /// Unused.
         pub dummy1: u64,
+        /// Where the data starts in the file.
         pub offset: u64,
+        /// Bytes of data that follow (only what was cached).
         pub size: u32,
+        /// Unused.
         pub dummy2: u32,
+        /// Unused.
         pub dummy3: u64,
+        /// Unused.
         pub dummy4: u64,
     }
 }

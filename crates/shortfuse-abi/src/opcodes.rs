@@ -6,62 +6,109 @@ use core::mem::size_of;
 
 use crate::request::*;
 
+/// Look up a name in a directory; counts one lookup of the node found.
 pub const FUSE_LOOKUP: u32 = 1;
-/// No reply.
+/// The kernel drops lookups of a node. No reply.
 pub const FUSE_FORGET: u32 = 2;
+/// Attributes of a node.
 pub const FUSE_GETATTR: u32 = 3;
+/// Change attributes (chmod, chown, truncate, utimens).
 pub const FUSE_SETATTR: u32 = 4;
+/// Target of a symbolic link.
 pub const FUSE_READLINK: u32 = 5;
+/// Create a symbolic link.
 pub const FUSE_SYMLINK: u32 = 6;
+/// Create a regular, device, FIFO or socket node.
 pub const FUSE_MKNOD: u32 = 8;
+/// Create a directory.
 pub const FUSE_MKDIR: u32 = 9;
+/// Remove a name (not a directory).
 pub const FUSE_UNLINK: u32 = 10;
+/// Remove an empty directory.
 pub const FUSE_RMDIR: u32 = 11;
+/// Move a name.
 pub const FUSE_RENAME: u32 = 12;
+/// Create a hard link.
 pub const FUSE_LINK: u32 = 13;
+/// Open a file.
 pub const FUSE_OPEN: u32 = 14;
+/// Read from an open file.
 pub const FUSE_READ: u32 = 15;
+/// Write to an open file.
 pub const FUSE_WRITE: u32 = 16;
+/// File system figures (`statfs(2)`).
 pub const FUSE_STATFS: u32 = 17;
+/// Last close of an open file.
 pub const FUSE_RELEASE: u32 = 18;
+/// Sync an open file to storage.
 pub const FUSE_FSYNC: u32 = 20;
+/// Set an extended attribute.
 pub const FUSE_SETXATTR: u32 = 21;
+/// Get an extended attribute.
 pub const FUSE_GETXATTR: u32 = 22;
+/// List extended attribute names.
 pub const FUSE_LISTXATTR: u32 = 23;
+/// Remove an extended attribute.
 pub const FUSE_REMOVEXATTR: u32 = 24;
+/// A `close(2)` of one descriptor of an open file.
 pub const FUSE_FLUSH: u32 = 25;
+/// First request of a connection: negotiates version and capabilities.
 pub const FUSE_INIT: u32 = 26;
+/// Open a directory.
 pub const FUSE_OPENDIR: u32 = 27;
+/// List a directory.
 pub const FUSE_READDIR: u32 = 28;
+/// Last close of an open directory.
 pub const FUSE_RELEASEDIR: u32 = 29;
+/// Sync an open directory.
 pub const FUSE_FSYNCDIR: u32 = 30;
+/// Test for a conflicting POSIX lock (`F_GETLK`).
 pub const FUSE_GETLK: u32 = 31;
+/// Take or drop a lock without waiting (`F_SETLK`, `flock` with `LOCK_NB`).
 pub const FUSE_SETLK: u32 = 32;
+/// Take a lock, waiting for conflicting ones to go (`F_SETLKW`, `flock`).
 pub const FUSE_SETLKW: u32 = 33;
+/// Permission check (`access(2)`, `chdir`), without `default_permissions`.
 pub const FUSE_ACCESS: u32 = 34;
+/// Create and open a file.
 pub const FUSE_CREATE: u32 = 35;
-/// No reply.
+/// The caller gave up on an earlier request (a signal). No reply of its own.
 pub const FUSE_INTERRUPT: u32 = 36;
+/// Map a file block to a device block (`fuseblk` mounts).
 pub const FUSE_BMAP: u32 = 37;
+/// The connection ends (sent to `fuseblk` mounts only).
 pub const FUSE_DESTROY: u32 = 38;
+/// An ioctl on an open file.
 pub const FUSE_IOCTL: u32 = 39;
+/// Poll an open file for readiness.
 pub const FUSE_POLL: u32 = 40;
-/// The daemon's answer to `FUSE_NOTIFY_RETRIEVE`; no reply.
+/// The kernel's answer to `FUSE_NOTIFY_RETRIEVE`, with the data; no reply.
 pub const FUSE_NOTIFY_REPLY: u32 = 41;
-/// No reply.
+/// FORGET of several nodes. No reply.
 pub const FUSE_BATCH_FORGET: u32 = 42;
+/// Allocate, punch or zero a range of a file.
 pub const FUSE_FALLOCATE: u32 = 43;
+/// List a directory with each entry's attributes.
 pub const FUSE_READDIRPLUS: u32 = 44;
+/// Move a name, with `renameat2(2)` flags.
 pub const FUSE_RENAME2: u32 = 45;
+/// Find data or a hole (`SEEK_DATA`, `SEEK_HOLE`).
 pub const FUSE_LSEEK: u32 = 46;
+/// Copy a range between open files in the file system.
 pub const FUSE_COPY_FILE_RANGE: u32 = 47;
+/// Map part of a file into the DAX window (virtio-fs).
 pub const FUSE_SETUPMAPPING: u32 = 48;
+/// Remove DAX mappings (virtio-fs).
 pub const FUSE_REMOVEMAPPING: u32 = 49;
+/// Sync the whole file system (`syncfs(2)`).
 pub const FUSE_SYNCFS: u32 = 50;
+/// Create an unnamed file (`O_TMPFILE`).
 pub const FUSE_TMPFILE: u32 = 51;
+/// Extended attributes of a node (`statx(2)`).
 pub const FUSE_STATX: u32 = 52;
 /// 7.45: like `FUSE_COPY_FILE_RANGE` with a 64-bit byte count in the reply.
 pub const FUSE_COPY_FILE_RANGE_64: u32 = 53;
+/// First request of a CUSE (character device) connection.
 pub const CUSE_INIT: u32 = 4096;
 /// Byte-swapped `CUSE_INIT`: reserved to detect a peer of the other endianness.
 pub const CUSE_INIT_BSWAP_RESERVED: u32 = 1_048_576;
@@ -71,6 +118,7 @@ pub const FUSE_INIT_BSWAP_RESERVED: u32 = 436_207_616;
 /// What the protocol says about one opcode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpInfo {
+    /// The `FUSE_*` number.
     pub opcode: u32,
     /// The kernel's name without the `FUSE_` prefix (`"LOOKUP"`).
     pub name: &'static str,

@@ -26,17 +26,21 @@ pub struct ParseConfig {
 /// One parsed request: header, per-opcode arguments, raw extensions.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
+    /// The header: opcode, `unique`, node, caller.
     pub header: fuse_in_header,
+    /// The opcode's arguments.
     pub op: Operation<'a>,
     /// Request extensions (`total_extlen * 8` bytes at the end), unparsed.
     pub extensions: &'a [u8],
 }
 
 impl Request<'_> {
+    /// The `FUSE_*` opcode.
     pub fn opcode(&self) -> u32 {
         self.header.opcode
     }
 
+    /// The request id the reply carries back.
     pub fn unique(&self) -> u64 {
         self.header.unique
     }
@@ -47,14 +51,17 @@ impl Request<'_> {
 pub struct ForgetList<'a>(&'a [u8]);
 
 impl<'a> ForgetList<'a> {
+    /// Number of forgotten nodes.
     pub fn len(&self) -> usize {
         self.0.len() / core::mem::size_of::<fuse_forget_one>()
     }
 
+    /// No forgotten nodes.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Each of them, in order.
     pub fn iter(&self) -> impl Iterator<Item = fuse_forget_one> + 'a {
         self.0
             .chunks_exact(core::mem::size_of::<fuse_forget_one>())
@@ -67,14 +74,17 @@ impl<'a> ForgetList<'a> {
 pub struct RemoveMappingList<'a>(&'a [u8]);
 
 impl<'a> RemoveMappingList<'a> {
+    /// Number of ranges.
     pub fn len(&self) -> usize {
         self.0.len() / core::mem::size_of::<fuse_removemapping_one>()
     }
 
+    /// No ranges.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
+    /// Each of them, in order.
     pub fn iter(&self) -> impl Iterator<Item = fuse_removemapping_one> + 'a {
         self.0
             .chunks_exact(core::mem::size_of::<fuse_removemapping_one>())
@@ -85,174 +95,293 @@ impl<'a> RemoveMappingList<'a> {
 /// The arguments of each opcode. Names are given without their NUL byte.
 #[derive(Clone, Copy, Debug)]
 pub enum Operation<'a> {
+    /// LOOKUP: find a name in the header's directory.
     Lookup {
+        /// The name looked up.
         name: &'a OsStr,
     },
+    /// FORGET: the kernel drops lookups of the header's node (no reply).
     Forget {
+        /// The fixed argument.
         arg: fuse_forget_in,
     },
+    /// GETATTR: the header's node's attributes.
     Getattr {
+        /// The fixed argument.
         arg: fuse_getattr_in,
     },
+    /// SETATTR: change the header's node's attributes.
     Setattr {
+        /// The fixed argument.
         arg: fuse_setattr_in,
     },
+    /// READLINK: the target of the header's symbolic link.
     Readlink,
+    /// SYMLINK: create a symbolic link in the header's directory.
     Symlink {
+        /// Name of the new link.
         name: &'a OsStr,
+        /// What the link points to.
         target: &'a OsStr,
     },
+    /// MKNOD: create a node in the header's directory.
     Mknod {
+        /// The fixed argument.
         arg: fuse_mknod_in,
+        /// Name of the new node.
         name: &'a OsStr,
     },
+    /// MKDIR: create a directory in the header's directory.
     Mkdir {
+        /// The fixed argument.
         arg: fuse_mkdir_in,
+        /// Name of the new directory.
         name: &'a OsStr,
     },
+    /// UNLINK: remove a name from the header's directory.
     Unlink {
+        /// The name removed.
         name: &'a OsStr,
     },
+    /// RMDIR: remove an empty directory from the header's directory.
     Rmdir {
+        /// The name removed.
         name: &'a OsStr,
     },
+    /// RENAME: move a name of the header's directory to `arg.newdir`.
     Rename {
+        /// The fixed argument.
         arg: fuse_rename_in,
+        /// The name in the header's directory.
         name: &'a OsStr,
+        /// The name in `arg.newdir`.
         new_name: &'a OsStr,
     },
+    /// LINK: a new name in the header's directory for `arg.oldnodeid`.
     Link {
+        /// The fixed argument.
         arg: fuse_link_in,
+        /// The new name.
         name: &'a OsStr,
     },
+    /// OPEN: open the header's file.
     Open {
+        /// The fixed argument.
         arg: fuse_open_in,
     },
+    /// READ from an open file.
     Read {
+        /// The fixed argument.
         arg: fuse_read_in,
     },
+    /// WRITE to an open file.
     Write {
+        /// The fixed argument.
         arg: fuse_write_in,
+        /// The bytes to write.
         data: &'a [u8],
     },
+    /// STATFS: the file system's figures.
     Statfs,
+    /// RELEASE: the last close of an open file.
     Release {
+        /// The fixed argument.
         arg: fuse_release_in,
     },
+    /// FSYNC: sync an open file.
     Fsync {
+        /// The fixed argument.
         arg: fuse_fsync_in,
     },
-    /// Without `FUSE_SETXATTR_EXT`, `setxattr_flags` reads as 0.
+    /// SETXATTR: set an extended attribute. Without `FUSE_SETXATTR_EXT`,
+    /// `setxattr_flags` reads as 0.
     Setxattr {
+        /// The fixed argument.
         arg: fuse_setxattr_in,
+        /// The attribute's name.
         name: &'a OsStr,
+        /// The value.
         value: &'a [u8],
     },
+    /// GETXATTR: an extended attribute of the header's node.
     Getxattr {
+        /// The fixed argument.
         arg: fuse_getxattr_in,
+        /// The attribute's name.
         name: &'a OsStr,
     },
+    /// LISTXATTR: the extended attribute names of the header's node.
     Listxattr {
+        /// The fixed argument.
         arg: fuse_getxattr_in,
     },
+    /// REMOVEXATTR: remove an extended attribute.
     Removexattr {
+        /// The attribute's name.
         name: &'a OsStr,
     },
+    /// FLUSH: a `close(2)` of one descriptor of an open file.
     Flush {
+        /// The fixed argument.
         arg: fuse_flush_in,
     },
-    /// From a kernel older than 7.36 the missing fields read as 0.
+    /// INIT: the kernel's offer. From a kernel older than 7.36 the
+    /// missing fields read as 0.
     Init {
+        /// The fixed argument.
         arg: fuse_init_in,
     },
+    /// OPENDIR: open the header's directory.
     Opendir {
+        /// The fixed argument.
         arg: fuse_open_in,
     },
+    /// READDIR: list an open directory.
     Readdir {
+        /// The fixed argument.
         arg: fuse_read_in,
     },
+    /// RELEASEDIR: the last close of an open directory.
     Releasedir {
+        /// The fixed argument.
         arg: fuse_release_in,
     },
+    /// FSYNCDIR: sync an open directory.
     Fsyncdir {
+        /// The fixed argument.
         arg: fuse_fsync_in,
     },
+    /// GETLK: test for a conflicting POSIX lock.
     Getlk {
+        /// The fixed argument.
         arg: fuse_lk_in,
     },
+    /// SETLK: take or drop a lock without waiting.
     Setlk {
+        /// The fixed argument.
         arg: fuse_lk_in,
     },
+    /// SETLKW: take a lock, waiting for conflicting ones to go.
     Setlkw {
+        /// The fixed argument.
         arg: fuse_lk_in,
     },
+    /// ACCESS: may the caller access the header's node.
     Access {
+        /// The fixed argument.
         arg: fuse_access_in,
     },
+    /// CREATE: create and open a file in the header's directory.
     Create {
+        /// The fixed argument.
         arg: fuse_create_in,
+        /// Name of the new file.
         name: &'a OsStr,
     },
+    /// INTERRUPT: the caller gave up on an earlier request.
     Interrupt {
+        /// The fixed argument.
         arg: fuse_interrupt_in,
     },
+    /// BMAP: map a file block to a device block.
     Bmap {
+        /// The fixed argument.
         arg: fuse_bmap_in,
     },
+    /// DESTROY: the connection ends.
     Destroy,
+    /// IOCTL on an open file.
     Ioctl {
+        /// The fixed argument.
         arg: fuse_ioctl_in,
+        /// `arg.in_size` bytes of input.
         data: &'a [u8],
     },
+    /// POLL: is an open file ready.
     Poll {
+        /// The fixed argument.
         arg: fuse_poll_in,
     },
+    /// NOTIFY_REPLY: the kernel's answer to `FUSE_NOTIFY_RETRIEVE` (no reply).
     NotifyReply {
+        /// The fixed argument.
         arg: fuse_notify_retrieve_in,
+        /// The cached bytes found.
         data: &'a [u8],
     },
+    /// BATCH_FORGET: FORGET of several nodes (no reply).
     BatchForget {
+        /// The fixed argument.
         arg: fuse_batch_forget_in,
+        /// The nodes and the lookups dropped of each.
         nodes: ForgetList<'a>,
     },
+    /// FALLOCATE: allocate, punch or zero a range of an open file.
     Fallocate {
+        /// The fixed argument.
         arg: fuse_fallocate_in,
     },
+    /// READDIRPLUS: list an open directory with attributes.
     Readdirplus {
+        /// The fixed argument.
         arg: fuse_read_in,
     },
+    /// RENAME2: RENAME with `renameat2(2)` flags.
     Rename2 {
+        /// The fixed argument.
         arg: fuse_rename2_in,
+        /// The name in the header's directory.
         name: &'a OsStr,
+        /// The name in `arg.newdir`.
         new_name: &'a OsStr,
     },
+    /// LSEEK: find data or a hole in an open file.
     Lseek {
+        /// The fixed argument.
         arg: fuse_lseek_in,
     },
+    /// COPY_FILE_RANGE: copy between two open files.
     CopyFileRange {
+        /// The fixed argument.
         arg: fuse_copy_file_range_in,
     },
+    /// SETUPMAPPING: map part of a file into the DAX window.
     SetupMapping {
+        /// The fixed argument.
         arg: fuse_setupmapping_in,
     },
+    /// REMOVEMAPPING: remove DAX mappings.
     RemoveMapping {
+        /// The fixed argument.
         arg: fuse_removemapping_in,
+        /// The ranges to unmap.
         entries: RemoveMappingList<'a>,
     },
+    /// SYNCFS: sync the whole file system.
     Syncfs {
+        /// The fixed argument.
         arg: fuse_syncfs_in,
     },
+    /// TMPFILE: create an unnamed open file in the header's directory.
     Tmpfile {
+        /// The fixed argument.
         arg: fuse_create_in,
+        /// Name the kernel gives the unnamed file.
         name: &'a OsStr,
     },
+    /// STATX: the header's node's `statx(2)` attributes.
     Statx {
+        /// The fixed argument.
         arg: fuse_statx_in,
     },
+    /// COPY_FILE_RANGE_64: COPY_FILE_RANGE with a 64-bit count in the reply.
     CopyFileRange64 {
+        /// The fixed argument.
         arg: fuse_copy_file_range_in,
     },
+    /// CUSE_INIT: first request of a CUSE connection.
     CuseInit {
+        /// The fixed argument.
         arg: cuse_init_in,
     },
 }
@@ -262,28 +391,37 @@ pub enum Operation<'a> {
 pub enum ParseErrorKind {
     /// Fewer bytes than a `fuse_in_header`.
     ShortHeader {
+        /// Bytes in the message.
         have: usize,
     },
     /// `fuse_in_header.len` differs from the message length.
     LengthMismatch {
+        /// What the header says.
         header_len: u32,
+        /// Bytes in the message.
         have: usize,
     },
     /// `total_extlen` claims more bytes than the body holds.
     BadExtensions {
+        /// Bytes of extensions claimed.
         extlen: usize,
+        /// Bytes after the header.
         body: usize,
     },
+    /// An opcode this crate does not know.
     UnknownOpcode,
     /// The fixed argument or trailing data is cut short.
     Truncated {
+        /// Bytes the opcode needs.
         need: usize,
+        /// Bytes there are.
         have: usize,
     },
     /// A name has no terminating NUL byte.
     UnterminatedName,
     /// A count field does not fit the message.
     BadCount {
+        /// The count.
         count: u64,
     },
 }
@@ -293,11 +431,14 @@ pub enum ParseErrorKind {
 /// `unique` with an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParseError {
+    /// The header, when it could be read.
     pub header: Option<fuse_in_header>,
+    /// What is wrong.
     pub kind: ParseErrorKind,
 }
 
 impl ParseError {
+    /// The header, when it could be read.
     pub fn header(&self) -> Option<&fuse_in_header> {
         self.header.as_ref()
     }

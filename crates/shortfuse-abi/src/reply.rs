@@ -17,21 +17,37 @@ wire! {
 }
 
 wire! {
+    /// A node's attributes, as `stat(2)` reports them.
     pub struct fuse_attr {
+        /// Inode number shown as `st_ino` (not necessarily the node id).
         pub ino: u64,
+        /// Size in bytes.
         pub size: u64,
+        /// 512-byte blocks allocated.
         pub blocks: u64,
+        /// Last access, seconds since the epoch.
         pub atime: u64,
+        /// Last data change, seconds since the epoch.
         pub mtime: u64,
+        /// Last status change, seconds since the epoch.
         pub ctime: u64,
+        /// Nanoseconds of `atime`.
         pub atimensec: u32,
+        /// Nanoseconds of `mtime`.
         pub mtimensec: u32,
+        /// Nanoseconds of `ctime`.
         pub ctimensec: u32,
+        /// File type and permission bits (`st_mode`).
         pub mode: u32,
+        /// Hard links.
         pub nlink: u32,
+        /// Owner's user id.
         pub uid: u32,
+        /// Owner's group id.
         pub gid: u32,
+        /// Device number of a device file.
         pub rdev: u32,
+        /// Preferred I/O size (`st_blksize`); 0 lets the kernel pick.
         pub blksize: u32,
         /// `FUSE_ATTR_*`.
         pub flags: u32,
@@ -40,47 +56,86 @@ wire! {
 
 wire! {
     /// Same layout as `statx(2)`'s `struct statx_timestamp`.
-    pub struct fuse_sx_time { pub tv_sec: i64, pub tv_nsec: u32, pub reserved: i32 }
+    pub struct fuse_sx_time {
+        /// Seconds since the epoch.
+        pub tv_sec: i64,
+        /// Nanoseconds.
+        pub tv_nsec: u32,
+        /// Zero.
+        pub reserved: i32,
+    }
 }
 
 wire! {
     /// Same layout as `statx(2)`'s `struct statx`.
     pub struct fuse_statx {
+        /// `STATX_*` bits of the fields filled in.
         pub mask: u32,
+        /// Preferred I/O size.
         pub blksize: u32,
+        /// `STATX_ATTR_*` flags.
         pub attributes: u64,
+        /// Hard links.
         pub nlink: u32,
+        /// Owner's user id.
         pub uid: u32,
+        /// Owner's group id.
         pub gid: u32,
+        /// File type and permission bits.
         pub mode: u16,
+        /// Zero.
         pub spare0: [u16; 1],
+        /// Inode number shown to programs.
         pub ino: u64,
+        /// Size in bytes.
         pub size: u64,
+        /// 512-byte blocks allocated.
         pub blocks: u64,
+        /// The `STATX_ATTR_*` bits `attributes` can report.
         pub attributes_mask: u64,
+        /// Last access.
         pub atime: fuse_sx_time,
+        /// Creation (birth).
         pub btime: fuse_sx_time,
+        /// Last status change.
         pub ctime: fuse_sx_time,
+        /// Last data change.
         pub mtime: fuse_sx_time,
+        /// Major device number of a device file.
         pub rdev_major: u32,
+        /// Minor device number of a device file.
         pub rdev_minor: u32,
+        /// Major number of the device the file lives on.
         pub dev_major: u32,
+        /// Minor number of the device the file lives on.
         pub dev_minor: u32,
+        /// Zero.
         pub spare2: [u64; 14],
     }
 }
 
 wire! {
+    /// The file system's figures, as `statfs(2)` reports them.
     pub struct fuse_kstatfs {
+        /// Total blocks of `frsize` bytes.
         pub blocks: u64,
+        /// Free blocks.
         pub bfree: u64,
+        /// Free blocks unprivileged users may use.
         pub bavail: u64,
+        /// Total inodes.
         pub files: u64,
+        /// Free inodes.
         pub ffree: u64,
+        /// Preferred I/O block size.
         pub bsize: u32,
+        /// Longest file name.
         pub namelen: u32,
+        /// Fragment size: the unit of `blocks`.
         pub frsize: u32,
+        /// Zero.
         pub padding: u32,
+        /// Zero.
         pub spare: [u32; 6],
     }
 }
@@ -90,6 +145,8 @@ pub const FUSE_COMPAT_ENTRY_OUT_SIZE: usize = 120;
 wire! {
     /// LOOKUP, MKNOD, MKDIR, SYMLINK, LINK, and the first half of CREATE.
     pub struct fuse_entry_out {
+        /// The node's id in later requests; 0 in a LOOKUP reply caches a
+        /// negative entry for `entry_valid`.
         pub nodeid: u64,
         /// nodeid:generation must be unique for the file system's lifetime.
         pub generation: u64,
@@ -97,8 +154,11 @@ wire! {
         pub entry_valid: u64,
         /// Cache timeout of the attributes.
         pub attr_valid: u64,
+        /// Nanoseconds of `entry_valid`.
         pub entry_valid_nsec: u32,
+        /// Nanoseconds of `attr_valid`.
         pub attr_valid_nsec: u32,
+        /// The node's attributes.
         pub attr: fuse_attr,
     }
 }
@@ -106,15 +166,31 @@ wire! {
 /// `fuse_attr_out` size before 7.9.
 pub const FUSE_COMPAT_ATTR_OUT_SIZE: usize = 96;
 wire! {
-    pub struct fuse_attr_out { pub attr_valid: u64, pub attr_valid_nsec: u32, pub dummy: u32, pub attr: fuse_attr }
+    /// GETATTR and SETATTR.
+    pub struct fuse_attr_out {
+        /// Cache timeout of the attributes, seconds.
+        pub attr_valid: u64,
+        /// Nanoseconds of `attr_valid`.
+        pub attr_valid_nsec: u32,
+        /// Zero.
+        pub dummy: u32,
+        /// The node's attributes.
+        pub attr: fuse_attr,
+    }
 }
 
 wire! {
+    /// STATX.
     pub struct fuse_statx_out {
+        /// Cache timeout of the attributes, seconds.
         pub attr_valid: u64,
+        /// Nanoseconds of `attr_valid`.
         pub attr_valid_nsec: u32,
+        /// Zero (no flags defined yet).
         pub flags: u32,
+        /// Zero.
         pub spare: [u64; 2],
+        /// The node's attributes.
         pub stat: fuse_statx,
     }
 }
@@ -122,6 +198,7 @@ wire! {
 wire! {
     /// OPEN, OPENDIR, and the second half of CREATE.
     pub struct fuse_open_out {
+        /// File handle the kernel passes back with every request on this open.
         pub fh: u64,
         /// `FOPEN_*`.
         pub open_flags: u32,
@@ -130,61 +207,150 @@ wire! {
     }
 }
 
-wire! { pub struct fuse_write_out { pub size: u32, pub padding: u32 } }
+wire! {
+    /// WRITE.
+    pub struct fuse_write_out {
+        /// Bytes written.
+        pub size: u32,
+        /// Zero.
+        pub padding: u32,
+    }
+}
 
 /// `fuse_statfs_out` size before 7.4.
 pub const FUSE_COMPAT_STATFS_SIZE: usize = 48;
-wire! { pub struct fuse_statfs_out { pub st: fuse_kstatfs } }
+wire! {
+    /// STATFS.
+    pub struct fuse_statfs_out {
+        /// The figures.
+        pub st: fuse_kstatfs,
+    }
+}
 
-wire! { pub struct fuse_getxattr_out { pub size: u32, pub padding: u32 } }
-wire! { pub struct fuse_lk_out { pub lk: fuse_file_lock } }
+wire! {
+    /// GETXATTR and LISTXATTR asked with size 0.
+    pub struct fuse_getxattr_out {
+        /// Bytes the value (or the list of names) takes.
+        pub size: u32,
+        /// Zero.
+        pub padding: u32,
+    }
+}
+wire! {
+    /// GETLK.
+    pub struct fuse_lk_out {
+        /// A lock that conflicts with the one asked about, or that one
+        /// with type `F_UNLCK` when none does.
+        pub lk: fuse_file_lock,
+    }
+}
 
 /// `fuse_init_out` size before 7.5.
 pub const FUSE_COMPAT_INIT_OUT_SIZE: usize = 8;
 /// `fuse_init_out` size before 7.23.
 pub const FUSE_COMPAT_22_INIT_OUT_SIZE: usize = 24;
 wire! {
+    /// INIT: what the daemon accepts of the kernel's offer.
     pub struct fuse_init_out {
+        /// Protocol major version (7).
         pub major: u32,
+        /// Protocol minor version the daemon speaks.
         pub minor: u32,
+        /// Largest read-ahead, bytes.
         pub max_readahead: u32,
+        /// `FUSE_*` capability bits accepted (the low 32).
         pub flags: u32,
+        /// Most background requests (read-ahead, write-back) in flight.
         pub max_background: u16,
+        /// Background requests in flight at which the connection counts
+        /// as congested.
         pub congestion_threshold: u16,
+        /// Largest WRITE payload, bytes.
         pub max_write: u32,
         /// Timestamp granularity in nanoseconds.
         pub time_gran: u32,
         /// With `FUSE_MAX_PAGES`: most pages in one request.
         pub max_pages: u16,
+        /// With `FUSE_MAP_ALIGNMENT`: log2 of the DAX mapping alignment.
         pub map_alignment: u16,
+        /// `FUSE_*` capability bits accepted, the high 32 (with `FUSE_INIT_EXT`).
         pub flags2: u32,
         /// With `FUSE_PASSTHROUGH`: stacking depth of backing files (1 or 2).
         pub max_stack_depth: u32,
         /// With `FUSE_REQUEST_TIMEOUT`: seconds before the kernel aborts.
         pub request_timeout: u16,
+        /// Zero.
         pub unused: [u16; 11],
     }
 }
 
 wire! {
+    /// CUSE_INIT: a character device served from user space.
     pub struct cuse_init_out {
+        /// Protocol major version (7).
         pub major: u32,
+        /// Protocol minor version.
         pub minor: u32,
+        /// Zero.
         pub unused: u32,
+        /// `CUSE_*` bits.
         pub flags: u32,
+        /// Largest READ, bytes.
         pub max_read: u32,
+        /// Largest WRITE, bytes.
         pub max_write: u32,
+        /// Major number of the device to create.
         pub dev_major: u32,
+        /// Minor number of the device to create.
         pub dev_minor: u32,
+        /// Zero.
         pub spare: [u32; 10],
     }
 }
 
-wire! { pub struct fuse_bmap_out { pub block: u64 } }
-wire! { pub struct fuse_ioctl_out { pub result: i32, pub flags: u32, pub in_iovs: u32, pub out_iovs: u32 } }
-wire! { pub struct fuse_poll_out { pub revents: u32, pub padding: u32 } }
-wire! { pub struct fuse_lseek_out { pub offset: u64 } }
-wire! { pub struct fuse_copy_file_range_out { pub bytes_copied: u64 } }
+wire! {
+    /// BMAP.
+    pub struct fuse_bmap_out {
+        /// The device block that holds the file's block.
+        pub block: u64,
+    }
+}
+wire! {
+    /// IOCTL.
+    pub struct fuse_ioctl_out {
+        /// The ioctl's return value.
+        pub result: i32,
+        /// `FUSE_IOCTL_RETRY` to have the kernel retry with the iovecs that follow.
+        pub flags: u32,
+        /// With `FUSE_IOCTL_RETRY`: input iovecs that follow.
+        pub in_iovs: u32,
+        /// With `FUSE_IOCTL_RETRY`: output iovecs that follow the input ones.
+        pub out_iovs: u32,
+    }
+}
+wire! {
+    /// POLL.
+    pub struct fuse_poll_out {
+        /// Ready events (`POLL*` bits).
+        pub revents: u32,
+        /// Zero.
+        pub padding: u32,
+    }
+}
+wire! {
+    /// LSEEK.
+    pub struct fuse_lseek_out {
+        /// The offset found.
+        pub offset: u64,
+    }
+}
+wire! {
+    /// COPY_FILE_RANGE_64.
+    pub struct fuse_copy_file_range_out {
+        /// Bytes copied.
+        pub bytes_copied: u64,
+    }
+}
 
 #[cfg(test)]
 mod tests {

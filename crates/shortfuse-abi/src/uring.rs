@@ -11,13 +11,17 @@ pub const FUSE_URING_IN_OUT_HEADER_SZ: usize = 128;
 pub const FUSE_URING_OP_IN_OUT_SZ: usize = 128;
 
 wire! {
+    /// The per-entry part of the ring header.
     pub struct fuse_uring_ent_in_out {
+        /// Zero (no flags defined yet).
         pub flags: u64,
         /// The request's `unique`; given back in COMMIT_AND_FETCH.
         pub commit_id: u64,
         /// Bytes of the payload buffer in use.
         pub payload_sz: u32,
+        /// Zero.
         pub padding: u32,
+        /// Zero.
         pub reserved: u64,
     }
 }
@@ -30,6 +34,7 @@ pub struct fuse_uring_req_header {
     pub in_out: [u8; FUSE_URING_IN_OUT_HEADER_SZ],
     /// The request's fixed argument.
     pub op_in: [u8; FUSE_URING_OP_IN_OUT_SZ],
+    /// Commit id and payload size.
     pub ring_ent_in_out: fuse_uring_ent_in_out,
 }
 
@@ -43,11 +48,13 @@ pub const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 wire! {
     /// In the SQE's command area (SQE128 rings).
     pub struct fuse_uring_cmd_req {
+        /// Zero (no flags defined yet).
         pub flags: u64,
         /// For COMMIT_AND_FETCH: the `unique` of the request answered.
         pub commit_id: u64,
         /// Queue (CPU) index.
         pub qid: u16,
+        /// Zero.
         pub padding: [u8; 6],
     }
 }
