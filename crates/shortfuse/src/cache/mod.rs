@@ -31,7 +31,7 @@
 //!
 //! Close-to-open: `open` asks the inner file system for the size and
 //! mtime, and drops the node's pages when they differ from what the cache
-//! last saw, or when the mtime was too recent to tell ([`seen`]), so a
+//! last saw, or when the mtime was too recent to tell (`seen.rs`), so a
 //! change made elsewhere (on the server) shows after reopening; within an open, the cache's pages and size are what reads
 //! see. Attributes and names changed elsewhere show after `meta_ttl`.
 //!
@@ -44,7 +44,11 @@ mod io;
 mod layer;
 mod meta;
 pub mod options;
+// The VFS's page cache and the benchmarks build on the page store and the
+// mtime rule; an author configures the cache through `CacheOptions`.
+#[doc(hidden)]
 pub mod page;
+#[doc(hidden)]
 pub mod seen;
 mod state;
 
@@ -62,6 +66,7 @@ pub use meta::MetaCache;
 pub use options::{CacheMode, CacheOptions, CACHE_KEYS, CACHE_OPTION_HELP};
 use page::PageStore;
 pub use page::Policy;
+#[doc(hidden)]
 pub use seen::Seen;
 use state::State;
 
