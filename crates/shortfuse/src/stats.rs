@@ -711,6 +711,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn transports_parse_and_display_as_the_cli_spells_them() {
+        for t in Transport::ALL {
+            assert_eq!(t.to_string().parse::<Transport>(), Ok(t));
+        }
+        assert_eq!("uring".parse::<Transport>(), Ok(Transport::Uring));
+        assert!("io_uring".parse::<Transport>().is_err());
+        assert_eq!(Transport::default(), Transport::Dev);
+    }
+
+    #[test]
     fn buckets_are_log2() {
         assert_eq!(bucket_of(0), 0);
         assert_eq!(bucket_of(1), 1);

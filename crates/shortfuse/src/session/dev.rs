@@ -364,3 +364,42 @@ impl ReplySink for LaterReplies {
         let _ = write_reply(&self.0, reply);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Empty;
+    impl Filesystem for Empty {}
+
+    #[test]
+    fn a_kernel_mount_refuses_the_transports_that_bypass_the_kernel() {
+        let dir = std::env::temp_dir().join(format!("lib-transport-{}", std::process::id()));
+        for transport in [Transport::Ring, Transport::InProcess] {
+            let opts = MountOptions {
+                transport,
+                ..MountOptions::default()
+            };
+            let err = DevSession::mount(Arc::new(Empty), &dir, opts, SessionOptions::default())
+                .err()
+                .expect("refused before mounting");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{transport}: {err}");
+        }
+    }
+
+    #[test]
+    fn worker_threads_are_read_from_the_mount_options() {
+        let o = MountOptions {
+            threads: Some(3),
+            ..MountOptions::default()
+        };
+        assert_eq!(o.worker_threads(), 3);
+        let base = MountOptions::base();
+        assert_eq!(base.worker_threads(), 1);
+        let uring = MountOptions {
+            transport: Transport::Uring,
+            ..o
+        };
+        assert_eq!(uring.worker_threads(), 1, "one /dev/fuse reader beside the rings");
+    }
+}
