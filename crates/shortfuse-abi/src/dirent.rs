@@ -27,7 +27,7 @@ wire! {
     /// The fixed part of one READDIRPLUS entry; `dirent.namelen` name bytes follow.
     pub struct fuse_direntplus {
         /// What LOOKUP of the name would answer; counts as a lookup
-        /// unless `nodeid` is 0.
+        /// unless `nodeid` is 0 or the name is `.` or `..`.
         pub entry_out: fuse_entry_out,
         /// The entry.
         pub dirent: fuse_dirent,

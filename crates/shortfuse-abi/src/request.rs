@@ -29,8 +29,8 @@ wire! {
         pub uid: u32,
         /// Caller's file system group id.
         pub gid: u32,
-        /// Caller's thread group id (0 when the caller is in no visible
-        /// pid namespace, or for requests the kernel sends on its own).
+        /// Caller's thread id, as the mount's pid namespace numbers it (0
+        /// when the caller is outside that namespace).
         pub pid: u32,
         /// Length of request extensions at the end, in 8-byte units.
         pub total_extlen: u16,
@@ -234,7 +234,8 @@ wire! {
     pub struct fuse_read_in {
         /// The handle OPEN or OPENDIR gave.
         pub fh: u64,
-        /// Byte offset (READ) or the offset of the last entry returned (READDIR).
+        /// Byte offset (READ), or the `off` of the last entry returned
+        /// (READDIR, READDIRPLUS; 0 at the start).
         pub offset: u64,
         /// Most bytes to return.
         pub size: u32,
