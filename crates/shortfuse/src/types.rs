@@ -32,7 +32,9 @@ pub struct Request {
     pub uid: u32,
     /// The caller's file-system group id.
     pub gid: u32,
-    /// The caller's thread-group id (0 when the kernel does not know it).
+    /// The caller: over /dev/fuse and io_uring the calling thread's id in
+    /// the mount's pid namespace (0 when it has none there); over the rings
+    /// and in process, the calling process's id.
     pub pid: u32,
 }
 
