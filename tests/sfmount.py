@@ -86,8 +86,11 @@ _DIST_UNSUPPORTED = {
 # Every configuration the suites know, in one place. SHORTFUSE_FS picks among them.
 FILE_SYSTEMS: dict[str, FsSpec] = {
     "mem": FsSpec("mem"),
-    "passthrough": FsSpec("passthrough", sources=1),
-    # Kernel passthrough: after open, READ/WRITE go from the kernel to the source file directly.
+    # The daemon serves file data: kernel passthrough, `shortfuse mount passthrough`'s
+    # default as root, is turned off so that READ and WRITE reach the daemon.
+    "passthrough": FsSpec("passthrough", sources=1, options=("no_passthrough",)),
+    # Kernel passthrough: after open, READ/WRITE go from the kernel to the source file directly
+    # (the mount's default as root; said here so that the configuration does not hang on it).
     "passthrough+kp": FsSpec("passthrough", sources=1, options=("passthrough",), fsx_ops=30_000),
     # 64 KiB stripes over 3 directories: the suites' files (up to a few MiB) cross every chunk boundary.
     "stripe": FsSpec("stripe", sources=3, options=("stripe_size=64K",), unsupported=_METAFS_UNSUPPORTED, fsx_ops=30_000),

@@ -19,6 +19,19 @@ import test_cache
 PASSTHROUGH = sfmount.Config("passthrough", "dev")
 
 
+class MountDefaults(sfmount.Config):
+    """A configuration mounted with none of the suites' options: what
+    `shortfuse mount FS SOURCE MNT` does by itself (the suites' `passthrough`
+    turns kernel passthrough off, to test the daemon's own data path)."""
+
+    @property
+    def options(self) -> list[str]:
+        return []
+
+
+PASSTHROUGH_DEFAULTS = MountDefaults("passthrough", "dev")
+
+
 def as_user(user: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=60)
 
@@ -112,11 +125,18 @@ def test_close_to_open_sees_a_same_size_change_in_the_same_second(mount_factory)
     assert (m.path / "g").read_bytes() == b"C" * 40_000
 
 
-def lookups(mp) -> int:
+def daemon_counts(mp) -> dict[str, int]:
+    """The daemon's requests so far, by name (`shortfuse stats --json`)."""
     p = subprocess.run([str(sfmount.shortfuse_bin()), "stats", "--json", str(mp)], capture_output=True, timeout=30)
     assert p.returncode == 0, p.stderr.decode()
-    ops = json.loads(p.stdout)["ops"]
-    return sum(o["count"] for o in ops if o["name"] == "LOOKUP")
+    counts: dict[str, int] = {}
+    for o in json.loads(p.stdout)["ops"]:
+        counts[o["name"]] = counts.get(o["name"], 0) + o["count"]
+    return counts
+
+
+def lookups(mp) -> int:
+    return daemon_counts(mp).get("LOOKUP", 0)
 
 
 @pytest.mark.parametrize("opts", [None, ["negative_timeout=0"]], ids=["default", "negative_timeout=0"])
@@ -143,3 +163,46 @@ def test_passthrough_caches_missing_names_until_the_mount_creates_them(mount_fac
     with pytest.raises(FileNotFoundError):
         os.stat(missing)
     assert not (m.source / "missing").exists()
+
+
+@pytest.mark.parametrize("opts", [None, ["no_passthrough"]], ids=["default", "no_passthrough"])
+def test_passthrough_default_keeps_file_data_away_from_the_daemon(mount_factory, opts):
+    """As root, `shortfuse mount passthrough` hands open files to the kernel
+    (FUSE_PASSTHROUGH): their reads and writes go to the source file without
+    a READ or WRITE reaching the daemon. `-o no_passthrough` brings them back."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS, opts)
+    data = os.urandom(256 * 1024)
+    # Written in the source, so that nothing of it is in the mount's page cache.
+    (m.source / "old").write_bytes(data)
+    before = daemon_counts(m.path)
+    assert (m.path / "old").read_bytes() == data
+    with open(m.path / "new", "wb") as f:
+        f.write(data[:100_000])
+    assert (m.source / "new").read_bytes() == data[:100_000]
+    counts = daemon_counts(m.path)
+    asked = {op: counts.get(op, 0) - before.get(op, 0) for op in ("OPEN", "CREATE", "READ", "WRITE")}
+    assert asked["OPEN"] >= 1 and asked["CREATE"] >= 1, asked
+    if opts is None:
+        assert asked["READ"] == 0 and asked["WRITE"] == 0, asked
+    else:
+        assert asked["READ"] > 0 and asked["WRITE"] > 0, asked
+
+
+@pytest.mark.parametrize("opts", [None, ["no_passthrough"]], ids=["default", "no_passthrough"])
+def test_closing_a_file_on_a_local_source_sends_no_flush(mount_factory, opts):
+    """A FLUSH at close(2) lets a source that defers write errors (NFS)
+    report them; a local source (ext4, tmpfs, ...) has none to report, so
+    no open of it, for writing or not, costs a FLUSH at close."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS, opts)
+    (m.source / "old").write_bytes(b"x" * 10)
+    before = daemon_counts(m.path)
+    for i in range(5):
+        with open(m.path / f"made{i}", "wb") as f:  # CREATE
+            f.write(b"made")
+        for mode in (os.O_WRONLY, os.O_RDWR | os.O_APPEND, os.O_RDONLY):  # OPEN
+            os.close(os.open(m.path / "old", mode))
+    counts = daemon_counts(m.path)
+    asked = {op: counts.get(op, 0) - before.get(op, 0) for op in ("OPEN", "CREATE", "RELEASE", "FLUSH")}
+    assert asked["CREATE"] == 5 and asked["OPEN"] == 15 and asked["RELEASE"] >= 1, asked
+    assert asked["FLUSH"] == 0, asked
+    assert all((m.source / f"made{i}").read_bytes() == b"made" for i in range(5))

@@ -359,7 +359,7 @@ pub(crate) fn mount(
         ..MountOptions::default()
     };
     // The file system's defaults first: the user's options, later, win.
-    for (o, _) in filesystems::find(fs_name)?.mount_defaults {
+    for o in defaults(filesystems::find(fs_name)?, &opts, options) {
         opts.apply(o, None)?;
     }
     let mut rest = FsOptions::new();
@@ -414,6 +414,25 @@ pub(crate) fn mount(
         return finish(dev.run(sys::notify_ready));
     }
     background(dev, start_metrics, finish)
+}
+
+/// The mount defaults of `kind` that go on top of `base` before the user's
+/// `options`: those the daemon's user cannot have (kernel passthrough
+/// without root) and those the user's options cannot go with (their
+/// `writeback_cache` beside the default `passthrough`) are left out, so
+/// that the user's choice wins rather than fails.
+fn defaults<'a>(kind: &'a shortfuse_fs::registry::FsKind, base: &MountOptions, options: &[String]) -> Vec<&'a str> {
+    let euid = sys::effective_ids().0;
+    kind.mount_defaults
+        .iter()
+        .map(|(o, _)| *o)
+        .filter(|o| shortfuse_fs::registry::default_applies(o, euid))
+        .filter(|o| {
+            let mut with = base.clone();
+            let mut rest = FsOptions::new();
+            with.apply(o, None).is_ok() && options.iter().all(|u| with.apply(u, Some(&mut rest)).is_ok())
+        })
+        .collect()
 }
 
 /// Forks: the child serves, the parent waits until the child reports that

@@ -313,6 +313,33 @@ fn passthrough_and_mem_mount() {
     assert!(shortfuse(&["umount", dir.s()]).status.success());
 }
 
+#[test]
+fn a_users_writeback_cache_wins_over_the_passthrough_default() {
+    // Kernel passthrough, a default of passthrough as root, cannot go with
+    // the write-back cache: the user's choice leaves the default out
+    // rather than failing the mount.
+    let src = MountDir::new("pt-wb-src");
+    let dir = MountDir::new("pt-wb");
+    for o in ["writeback_cache", "optimized"] {
+        let out = shortfuse(&["mount", "passthrough", src.s(), dir.s(), "-o", o]);
+        assert!(out.status.success(), "-o {o}: {}", stderr(&out));
+        std::fs::write(dir.path.join("f"), o).unwrap();
+        assert_eq!(std::fs::read(src.path.join("f")).unwrap(), o.as_bytes());
+        assert!(shortfuse(&["umount", dir.s()]).status.success());
+    }
+    // Both said by the user are still refused.
+    let out = shortfuse(&[
+        "mount",
+        "passthrough",
+        src.s(),
+        dir.s(),
+        "-o",
+        "passthrough,writeback_cache",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("cannot be combined"), "{}", stderr(&out));
+}
+
 /// What `shortfuse mount --help` must say, written out here rather than read
 /// from the table the help is printed from: each option's spelling as a user
 /// types it, and words of its meaning (defaults and bounds included), on the
@@ -357,7 +384,7 @@ const HELP_MUST_SAY: &[(&str, &[&str])] = &[
         &["splice(2)", "default off"],
     ),
     ("handle_killpriv_v2", &["suid/sgid on write"]),
-    ("passthrough", &["kernel passthrough"]),
+    ("passthrough / no_passthrough", &["kernel passthrough", "default off"]),
     ("threads=N", &["worker threads", "--threads wins"]),
     ("uring_depth=N", &["--transport uring", "1 to 1024", "default 8"]),
     ("uring_workers=N", &["--transport uring", "1 to 64", "default 1"]),
@@ -419,6 +446,13 @@ fn help_says_what_each_option_does() {
     for w in ["passthrough:", "behind the mount", "negative_timeout=0"] {
         assert!(line.contains(w), "--help says {w:?} about the default: {line:?}");
     }
+    let line = defaults
+        .lines()
+        .find(|l| l.trim_start().starts_with("passthrough "))
+        .unwrap_or_else(|| panic!("--help lists passthrough's kernel passthrough default:\n{help}"));
+    for w in ["as root", "no READ or WRITE", "no_passthrough", "writeback_cache"] {
+        assert!(line.contains(w), "--help says {w:?} about the default: {line:?}");
+    }
 }
 
 #[test]
@@ -466,6 +500,7 @@ fn every_option_the_help_lists_is_accepted() {
         "splice_move",
         "handle_killpriv_v2",
         "passthrough",
+        "no_passthrough",
         "threads=2",
         "uring_depth=8",
         "uring_workers=1",

@@ -96,17 +96,43 @@ pub struct FsKind {
     pub build: fn(&Build<'_>) -> io::Result<Arc<dyn Filesystem>>,
 }
 
-/// `passthrough`'s mount defaults. Missing names are cached as long as
-/// names are (`entry_timeout`, 1 s by default): a failing lookup (a shell's
-/// `$PATH` search, a compiler's include path) is then answered by the kernel
-/// instead of a round trip to the daemon. A name created through the mount
-/// replaces the cached miss at once (the kernel fills the negative dentry
-/// it made the file in); one created in the source behind the mount shows
-/// up within the timeout, as a removed one already disappears only then.
-pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[(
-    "negative_timeout=1",
-    "missing names cached as long as names (1 s): a name created in SOURCE behind the mount shows after at most 1 s; negative_timeout=0 asks the source every time",
-)];
+/// `passthrough`'s mount defaults.
+///
+/// Missing names are cached as long as names are (`entry_timeout`, 1 s by
+/// default): a failing lookup (a shell's `$PATH` search, a compiler's
+/// include path) is then answered by the kernel instead of a round trip to
+/// the daemon. A name created through the mount replaces the cached miss at
+/// once (the kernel fills the negative dentry it made the file in); one
+/// created in the source behind the mount shows up within the timeout, as a
+/// removed one already disappears only then.
+///
+/// Kernel passthrough: the kernel reads and writes each open file's source
+/// file itself, at the source's own speed (the page cache of the source is
+/// the only one, so a change made behind the mount shows at once). The
+/// mount leaves it out where it cannot work: for a user other than root
+/// (registering a backing file needs CAP_SYS_ADMIN) and beside the user's
+/// `writeback_cache` (or `optimized`), which the kernel does not combine with
+/// it; a kernel older than 6.9 does not offer it and the daemon serves the
+/// data. The write-back cache is no default: with it the kernel keeps a
+/// file's size and times itself, so a change made in SOURCE behind the mount
+/// could be overwritten or hidden.
+pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
+    (
+        "negative_timeout=1",
+        "missing names cached as long as names (1 s): a name created in SOURCE behind the mount shows after at most 1 s; negative_timeout=0 asks the source every time",
+    ),
+    (
+        "passthrough",
+        "as root, on Linux 6.9+: the kernel reads, writes and maps each open file's source file itself, at the source's speed; the daemon sees no READ or WRITE (not in `shortfuse stats`, and the cache= tier then serves no file data); left out for other users and beside writeback_cache or optimized; no_passthrough serves file data in the daemon. (writeback_cache is no default: the kernel would keep sizes and times itself, and a change made in SOURCE behind the mount could be lost)",
+    ),
+];
+
+/// Whether a file system's mount default `option` can work for a daemon
+/// running with effective user id `euid`: kernel passthrough needs
+/// CAP_SYS_ADMIN to register backing files, which only root has here.
+pub fn default_applies(option: &str, euid: u32) -> bool {
+    option != "passthrough" || euid == 0
+}
 
 /// Every file system of this crate, in help order.
 pub static BUNDLED: &[FsKind] = &[

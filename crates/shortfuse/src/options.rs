@@ -264,7 +264,10 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
         "handle_killpriv_v2",
         "the daemon clears suid/sgid on write, saving a getxattr per write",
     ),
-    ("passthrough", "kernel passthrough of file data to backing files"),
+    (
+        "passthrough / no_passthrough",
+        "kernel passthrough of file data to backing files (default off; on for passthrough as root, below)",
+    ),
     ("threads=N", "worker threads (like --threads; --threads wins)"),
     (
         "uring_depth=N",
@@ -406,6 +409,7 @@ impl MountOptions {
             "splice_move" => flag(value).map(|_| self.splice_move = true)?,
             "handle_killpriv_v2" => flag(value).map(|_| self.handle_killpriv_v2 = true)?,
             "passthrough" => flag(value).map(|_| self.passthrough = true)?,
+            "no_passthrough" => flag(value).map(|_| self.passthrough = false)?,
             "fsname" => self.fsname = Some(name_value(key, value)?),
             "subtype" => self.subtype = Some(name_value(key, value)?),
             "max_read" => self.max_read = Some(size_value(key, value, 1, u32::MAX as u64)? as u32),
@@ -593,6 +597,12 @@ mod tests {
         assert!(o.writeback_cache && !o.parallel_dirops && !o.async_read && o.keep_cache && o.direct_io);
         assert!(o.splice_read && o.splice_write && o.splice_move && o.handle_killpriv_v2 && !o.passthrough);
         assert!(MountOptions::parse("passthrough").unwrap().passthrough);
+        assert!(!MountOptions::parse("passthrough,no_passthrough").unwrap().passthrough);
+        assert!(
+            MountOptions::parse("no_passthrough,writeback_cache")
+                .unwrap()
+                .writeback_cache
+        );
         let e = MountOptions::parse("passthrough,writeback_cache").unwrap_err();
         assert!(e.to_string().contains("cannot be combined with writeback_cache"), "{e}");
         assert!(MountOptions::parse("optimized,passthrough").is_err());

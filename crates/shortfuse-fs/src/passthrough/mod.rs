@@ -766,19 +766,21 @@ impl Filesystem for PassthroughFs {
             flags |= libc::O_NONBLOCK;
         }
         let fd = sys::reopen(inode.fd()?.as_fd(), flags)?;
+        // FLUSH is a close of a duplicate, which reports a writer's
+        // deferred errors (NFS sources); a reader has none, nor has a
+        // writer on a local source, and without FUSE_POSIX_LOCKS there are
+        // no locks of ours to drop, so their close saves the round trip
+        // (the kernel still flushes its own cache first under
+        // writeback_cache, where it ignores the flag).
+        let noflush = flags & libc::O_ACCMODE == libc::O_RDONLY || sys::close_reports_nothing(fd.as_fd());
         let file = OpenFile::file(node, fd, flags);
         let data_map = (inode.kind == FileType::Regular).then(|| DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
         inode.nopen.fetch_add(1, Ordering::Relaxed);
         Ok(Opened {
             fh,
-            // FLUSH is a close of a duplicate, which reports a writer's
-            // deferred errors (NFS sources); a reader has none, and without
-            // FUSE_POSIX_LOCKS there are no locks of ours to drop, so its
-            // close saves the round trip (the kernel still flushes its own
-            // cache first under writeback_cache, where it ignores the flag).
             flags: FopenFlags {
-                noflush: flags & libc::O_ACCMODE == libc::O_RDONLY,
+                noflush,
                 ..FopenFlags::default()
             },
             data_map,
@@ -796,6 +798,8 @@ impl Filesystem for PassthroughFs {
             sys::openat2(parent.fd()?.as_fd(), &name, flags, mode, self.resolve)?
         };
         let entry = self.intern_open(&fd)?;
+        // No FLUSH at close where it has nothing to report (see `open`).
+        let noflush = sys::close_reports_nothing(fd.as_fd());
         let file = OpenFile::file(entry.node, fd, flags);
         let data_map = Some(DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
@@ -806,8 +810,11 @@ impl Filesystem for PassthroughFs {
             entry,
             opened: Opened {
                 fh,
+                flags: FopenFlags {
+                    noflush,
+                    ..FopenFlags::default()
+                },
                 data_map,
-                ..Opened::default()
             },
         })
     }
@@ -839,8 +846,9 @@ impl Filesystem for PassthroughFs {
         sys::pwrite(file.fd(), data, args.offset)
     }
 
-    /// Sent for writers only (see `open`): closing a duplicate makes the
-    /// source report deferred write errors at `close(2)`, as it would natively.
+    /// Sent for writers on sources that may defer write errors only (see
+    /// `open`): closing a duplicate makes the source report them at
+    /// `close(2)`, as it would natively.
     fn flush(&self, _req: &Request, node: NodeId, fh: FileHandle, _lock_owner: u64) -> Result<()> {
         sys::close_dup(self.file(node, fh)?.fd())
     }

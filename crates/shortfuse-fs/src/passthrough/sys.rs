@@ -156,6 +156,29 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> Result<libc::statvfs> {
     Ok(unsafe { st.assume_init() })
 }
 
+/// Whether close(2) of a file on the file system holding `fd` can report
+/// nothing that fsync(2) would not: the local file systems named here have
+/// no `flush` of their own and report write errors at fsync. Network and
+/// stacked ones (NFS, CIFS, FUSE, ...) may report deferred write errors at
+/// close, and any file system not named here is taken to be one of them.
+pub fn close_reports_nothing(fd: BorrowedFd<'_>) -> bool {
+    let mut st = MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `st` is a valid out-pointer for one `struct statfs`.
+    if retry(|| unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) }).is_err() {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded and filled the struct.
+    let kind = unsafe { st.assume_init() }.f_type;
+    [
+        libc::EXT4_SUPER_MAGIC,
+        libc::XFS_SUPER_MAGIC,
+        libc::BTRFS_SUPER_MAGIC,
+        libc::TMPFS_MAGIC,
+        libc::F2FS_SUPER_MAGIC,
+    ]
+    .contains(&kind)
+}
+
 pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Result<usize> {
     // SAFETY: the pointer and length describe `buf`, which is writable.
     let n = retry(|| unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset as i64) })?;
