@@ -8,6 +8,7 @@ program (which the shim never reaches) after `cd` into a mount.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -257,29 +258,44 @@ def spawn_on_mount():
 
 
 @pytest.mark.parametrize("intercept", ["both", "sud"])
-@pytest.mark.parametrize("mount", ["passthrough", "serve-passthrough", "serve-mem"], indirect=True)
+@pytest.mark.parametrize("mount", ["passthrough", "mem", "serve-passthrough", "serve-mem"], indirect=True)
 def test_posix_spawn_children_reach_the_mount(shortfuse, scratch, mount, intercept, spawn_on_mount):
     # A posix_spawn child runs without the parent's tables until its exec:
     # its calls used to reach the kernel unserved wherever no site was
     # rewritten for it: every call with Syscall User Dispatch alone (the
     # exec of a program on the mount failed with ENOENT), and the open of
     # posix_spawn_file_actions_addopen once the parent had a second thread
-    # (that site can only be rewritten while a process has one).
+    # (that site can only be rewritten while a process has one). On a
+    # mount without a source directory that open failed with ENOENT.
     spec, mp, src = mount
     env = {**os.environ, "SHORTFUSE_INTERCEPT": intercept}
+    own_mem = spec.endswith("=mem")
     if src is not None:
         shutil.copy("/bin/echo", src / "echo")
         (src / "f").write_text("file on the mount\n")
-    else:
-        p = under(shortfuse, [spec], ["cp", "/bin/echo", f"{mp}/echo"])
+    elif not own_mem:
+        p = under(shortfuse, [spec], ["sh", "-c", f"cp /bin/echo {mp}/echo && echo file on the mount > {mp}/f"])
         assert p.returncode == 0, output(p, str(scratch))
-    for _ in range(3):
-        p = under(shortfuse, [spec], [str(spawn_on_mount), "run", f"{mp}/echo"], env=env)
+    for i in range(3):
+        if not own_mem:
+            p = under(shortfuse, [spec], [str(spawn_on_mount), "run", f"{mp}/echo"], env=env)
+            assert p.returncode == 0, output(p, str(scratch))
+            assert p.stdout == b"spawned\n"
+        # The parent of an in-process mem mount writes the file in its own
+        # mount first: the child gets a copy of it.
+        text = ["file on the mount\n"] if own_mem else []
+        p = under(shortfuse, [spec], [str(spawn_on_mount), "open", f"{mp}/f", *text], env=env)
+        assert p.returncode == 0, output(p, str(scratch))
+        assert p.stdout == b"file on the mount\n"
+        if own_mem:
+            # Writing there would reach no file: refused.
+            p = under(shortfuse, [spec], [str(spawn_on_mount), "write", f"{mp}/w"], env=env)
+            assert p.returncode == 100 + errno.EACCES, output(p, str(scratch))
+            continue
+        # What the child writes through the opened descriptor is in the
+        # file, for the next program of the mount.
+        p = under(shortfuse, [spec], [str(spawn_on_mount), "write", f"{mp}/w{i}"], env=env)
+        assert p.returncode == 0, output(p, str(scratch))
+        p = under(shortfuse, [spec], ["cat", f"{mp}/w{i}"])
         assert p.returncode == 0, output(p, str(scratch))
         assert p.stdout == b"spawned\n"
-        if src is not None:
-            # A mount without a source cannot hand a file to a child that
-            # must not change its parent's tables (see the README).
-            p = under(shortfuse, [spec], [str(spawn_on_mount), "open", f"{mp}/f"], env=env)
-            assert p.returncode == 0, output(p, str(scratch))
-            assert p.stdout == b"file on the mount\n"

@@ -1,7 +1,11 @@
 /* posix_spawn as programs use it on a mount:
- *   spawn_on_mount open FILE   a program that already has a second thread
+ *   spawn_on_mount open FILE [TEXT]
+ *                              a program that already has a second thread
  *                              spawns cat with FILE opened on its stdin by
- *                              posix_spawn_file_actions_addopen;
+ *                              posix_spawn_file_actions_addopen (having
+ *                              written TEXT to FILE itself first, if given);
+ *   spawn_on_mount write FILE  spawns `echo spawned` with FILE opened on its
+ *                              stdout (O_WRONLY|O_CREAT|O_TRUNC) by addopen;
  *   spawn_on_mount run PROG    spawns PROG (a path that may be on a mount)
  *                              with the argument "spawned".
  * Exits with the child's status, or 100 + errno when posix_spawn fails. */
@@ -43,14 +47,29 @@ static int finish(int rc, pid_t pid, const char *what) {
 int main(int argc, char **argv) {
     pid_t pid;
     int rc;
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s open FILE | run PROG\n", argv[0]);
+    if (argc != 3 && !(argc == 4 && strcmp(argv[1], "open") == 0)) {
+        fprintf(stderr, "usage: %s open FILE [TEXT] | write FILE | run PROG\n", argv[0]);
         return 2;
+    }
+    if (strcmp(argv[1], "write") == 0) {
+        posix_spawn_file_actions_t fa;
+        char *echo[] = {"echo", "spawned", NULL};
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        rc = posix_spawnp(&pid, "echo", &fa, NULL, echo, environ);
+        return finish(rc, pid, argv[2]);
     }
     if (strcmp(argv[1], "open") == 0) {
         pthread_t t;
         posix_spawn_file_actions_t fa;
         char *cat[] = {"cat", NULL};
+        if (argc == 4) {
+            FILE *f = fopen(argv[2], "w");
+            if (f == NULL || fputs(argv[3], f) < 0 || fclose(f) != 0) {
+                perror(argv[2]);
+                return 95;
+            }
+        }
         if (pipe(wake) != 0 || pthread_create(&t, NULL, idle, NULL) != 0) {
             perror("thread");
             return 97;

@@ -345,7 +345,15 @@ fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
     let n = f.pread(&mut head, 0)?;
     let elf = n == 4 && head == *b"\x7fELF";
     let flags = if elf { libc::MFD_CLOEXEC } else { 0 };
-    let fd = fs::memfd_create(c"shortfuse-exec", flags);
+    let fd = copy_to_memfd(&f, c"shortfuse-exec", flags)?;
+    fs::fchmod(fd as i32, mode & 0o7777);
+    Ok(fd)
+}
+
+/// A new memfd (`name`, memfd_create `flags`) holding the bytes of `f`,
+/// at offset 0.
+pub(super) fn copy_to_memfd(f: &OpenFile, name: &std::ffi::CStr, flags: u32) -> Result<i64, Errno> {
+    let fd = fs::memfd_create(name, flags);
     if fd < 0 {
         return Err(Errno::from_raw(-fd as i32));
     }
@@ -382,7 +390,6 @@ fn copy_program(vfs: &Arc<Vfs>, t: &Target, mode: u32) -> Result<i64, Errno> {
         }
         off += got as u64;
     }
-    fs::fchmod(fd as i32, mode & 0o7777);
     Ok(fd)
 }
 

@@ -314,6 +314,25 @@ pub fn sent(c: &Call) {
     anchor(files.iter().map(|f| &**f));
 }
 
+/// A descriptor of a shared description of `f`, for a process that is not
+/// to keep `f` in its table (a vfork child's open, see `spawn`): the
+/// description is made and its handle given to the daemon at once, so
+/// that the image the child execs adopts it (it is never this process's
+/// to release). The lowest free descriptor, close-on-exec when `cloexec`;
+/// or a negated errno, and then `f` releases its handle as usual.
+pub fn hand_out(f: &OpenFile, cloexec: bool) -> i64 {
+    let own = match memfd(f) {
+        Ok(own) => own,
+        Err(e) => return e,
+    };
+    f.share(owned_file(own));
+    if shortfuse_vfs::anchor_files(std::iter::once(f)).is_err() || !f.anchored() {
+        return -i64::from(libc::EIO);
+    }
+    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+    fs::fcntl_int(own as i32, cmd, 0)
+}
+
 fn anchor<'a>(files: impl Iterator<Item = &'a OpenFile> + Clone) {
     // On failure (the daemon is gone or stuck) the handles stay this
     // process's: right within it, not beyond it.

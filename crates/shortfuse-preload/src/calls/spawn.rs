@@ -17,9 +17,13 @@
 //!   start there;
 //! - an open of a path on a mount with a source directory opens the backing
 //!   file in the kernel, the descriptor the new image inherits (as the
-//!   parent's own opens of such a file do). A file of a mount without one
-//!   (mem, a daemon's) cannot be handed over from a child that may not
-//!   touch our tables: that open fails as it did (ENOENT).
+//!   parent's own opens of such a file do). On a mount without one the
+//!   file system opens it, on a stack of its own: a daemon's file gets
+//!   its shared description at once, held by the daemon rather than by
+//!   our tables, which the new image adopts (see `shared`); a file of
+//!   `mem` in process, opened for reading, gets a memfd copy of its bytes
+//!   (the new image's `mem` is a new one), and other opens there fail
+//!   with EACCES: nothing the new image could write would reach the file.
 //!
 //! The calls reach us through a rewritten site or, where there is none
 //! (Syscall User Dispatch alone; glibc 2.36's `__open64_nocancel`, which
@@ -36,7 +40,7 @@ use shortfuse_vfs::{Location, Vfs, Walk, WalkFlags};
 
 use super::directories::enter_dead_directory;
 use super::reply::err;
-use super::resolve::{mount_of, with_nul};
+use super::resolve::{mount_of, resolve_for, with_nul, Resolved};
 use super::table::Call;
 use crate::state;
 
@@ -209,9 +213,49 @@ fn directory(vfs: &Arc<Vfs>, rest: &[u8]) -> i64 {
 fn open(dirfd: i64, path: &[u8], flags: i32, mode: u32) -> Option<i64> {
     let abs = absolute(dirfd, path)?;
     let (vfs, rest) = mount_of(&abs)?;
-    let Some(src) = vfs.source() else {
-        return Some(err(Errno::ENOENT));
+    if let Some(src) = vfs.source() {
+        let p = super::exec::backing_path(src, &slash(rest));
+        return Some(fs::openat(libc::AT_FDCWD, &p, flags, mode));
+    }
+    // The file system's code needs more stack than the child has.
+    let mut got = err(Errno::ENOMEM);
+    crate::sys::on_own_stack(&mut || got = open_unbacked(&abs, flags, mode));
+    Some(got)
+}
+
+/// An open of absolute path `abs` on a mount without a source directory
+/// (see the module doc): a daemon's regular file gets a shared description
+/// of its own, which the daemon holds and the new image adopts; a regular
+/// file of a mount served in process, opened for reading, gets a memfd
+/// copy (the new image has a file system of its own, where the file is
+/// not); anything else there fails with EACCES.
+fn open_unbacked(abs: &[u8], flags: i32, mode: u32) -> i64 {
+    let excl = libc::O_CREAT | libc::O_EXCL;
+    let follow = flags & libc::O_NOFOLLOW == 0 && flags & excl != excl;
+    let walk = WalkFlags { follow, create: false };
+    let (vfs, t) = match resolve_for(libc::AT_FDCWD, abs, walk) {
+        Ok(Resolved::Ours(vfs, t)) => (vfs, t),
+        // A walk that left the mount: the kernel opens what it reached.
+        Ok(Resolved::Kernel(p)) => {
+            let p = p.unwrap_or_else(|| with_nul(abs.to_vec()));
+            return fs::openat(libc::AT_FDCWD, &p, flags, mode);
+        }
+        Err(e) => return err(e),
     };
-    let p = super::exec::backing_path(src, &slash(rest));
-    Some(fs::openat(libc::AT_FDCWD, &p, flags, mode))
+    let f = match vfs.open(&t, flags, mode) {
+        Ok(f) => f,
+        Err(e) => return err(e),
+    };
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    if super::shared::wanted(&f, flags) {
+        return super::shared::hand_out(&f, cloexec);
+    }
+    if f.file_type() != FileType::Regular || flags & libc::O_ACCMODE != libc::O_RDONLY || vfs.client().shared() {
+        return err(Errno::EACCES);
+    }
+    let mflags = if cloexec { libc::MFD_CLOEXEC } else { 0 };
+    match super::exec::copy_to_memfd(&f, c"shortfuse-copy", mflags) {
+        Ok(fd) => fd,
+        Err(e) => err(e),
+    }
 }
