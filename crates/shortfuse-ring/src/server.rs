@@ -525,7 +525,7 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
             Ok((n, fd)) => {
                 if let Some(m) = Backings::parse(&buf[..n]) {
                     let owns = conn.owns(&m, fd.as_ref().map(|f| f.as_fd()), &shared);
-                    shared.backings.answer(sock.as_fd(), &m, owns);
+                    shared.backings.answer(sock.as_fd(), &m, owns, &*shared.fs);
                     continue;
                 }
                 if let Some(m) = Nodes::parse(&buf[..n]) {

@@ -30,6 +30,7 @@
 
 use std::ffi::OsStr;
 
+use crate::datamap::BackingFile;
 use crate::errno::{Errno, Result};
 use crate::notify::{Notifier, PollHandle};
 use crate::reply::{ReplyAttr, ReplyData, ReplyEntry, ReplyWrite};
@@ -366,6 +367,24 @@ pub trait Filesystem: Send + Sync + 'static {
     /// read/write for the rest of the connection.
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize> {
         Err(Errno::ENOSYS)
+    }
+
+    /// A kernel file holding the bytes of regular file `node` (open as
+    /// `fh`), for a program that maps it where no kernel mount does the
+    /// mapping: a program of a `shortfuse serve` daemon, reached over the
+    /// shared-memory rings, gets its descriptor from the daemon and maps it
+    /// (`MAP_SHARED` and `MAP_PRIVATE`). Every such map of the file then
+    /// shares that file's pages, so from the first call on the file
+    /// system's own `read`, `write`, truncation and `fallocate` of the file
+    /// must go through that same kernel file (a memfd does), or the
+    /// programs' stores and the file system's bytes part. The size stays
+    /// the file system's to keep: a map cannot change it. Called after the
+    /// caller's access to `fh` was checked; the program's own access mode
+    /// limits what it may map. `ENODEV` (the default): the file cannot be
+    /// mapped so. A file system whose `open` returns a 1-to-1 [`DataMap`](crate::DataMap)
+    /// needs none: the daemon lends that backing file.
+    fn map_file(&self, node: NodeId, fh: FileHandle) -> Result<BackingFile> {
+        Err(Errno::ENODEV)
     }
 
     /// True when the file system answers LOOKUP, GETATTR, READ and WRITE

@@ -45,9 +45,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use shortfuse::{
-    AccessMode, Attr, CopyRange, Created, DirPlusSink, DirSink, Entry, Errno, FallocateFlags, FileHandle, FileType,
-    Filesystem, InitConfig, NewNode, NodeId, OpenFlags, Opened, RenameFlags, Request, Result, SetAttr, SetTime, Statfs,
-    Timestamp, Whence, WriteArgs, XattrFlags,
+    AccessMode, Attr, BackingFile, CopyRange, Created, DirPlusSink, DirSink, Entry, Errno, FallocateFlags, FileHandle,
+    FileType, Filesystem, InitConfig, NewNode, NodeId, OpenFlags, Opened, RenameFlags, Request, Result, SetAttr,
+    SetTime, Statfs, Timestamp, Whence, WriteArgs, XattrFlags,
 };
 
 use data::{FileData, BLOCK};
@@ -499,6 +499,8 @@ impl MemFs {
             Content::File(f) => {
                 if size < st.size {
                     self.usage.add(f.truncate(size));
+                } else {
+                    f.grow(size)?;
                 }
                 st.size = size;
                 // ext4 moves mtime and ctime at every truncation, to the
@@ -625,7 +627,7 @@ impl MemFs {
             return Err(Errno::EFBIG);
         }
         let len = (data.len() as u64).min(MAX_FILE_SIZE - offset) as usize;
-        self.usage.add(f.write(offset, &data[..len]));
+        self.usage.add(f.write(offset, &data[..len])?);
         st.size = st.size.max(offset + len as u64);
         st.touch_modified(Timestamp::now());
         if args.write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
@@ -1280,12 +1282,13 @@ impl Filesystem for MemFs {
                     f.punch(offset, stop)
                 }
             } else if zero {
-                f.zero_range(offset, end)
+                f.zero_range(offset, end)?
             } else {
-                f.allocate(offset, end)
+                f.allocate(offset, end)?
             };
             self.usage.add(delta);
             if !keep_size && end > size {
+                f.grow(end)?;
                 st.size = end;
             }
             st.touch_modified(Timestamp::now());
@@ -1303,6 +1306,20 @@ impl Filesystem for MemFs {
                 Whence::Hole => f.seek_hole(st.size, offset).ok_or(Errno::ENXIO),
                 _ => Err(Errno::EINVAL),
             }
+        })
+    }
+
+    /// The file's bytes move into a memfd (see `data`), which the daemon
+    /// lends to the programs that map the file.
+    fn map_file(&self, node: NodeId, _fh: FileHandle) -> Result<BackingFile> {
+        self.file_op(node, |st| {
+            let size = st.size;
+            let Content::File(f) = &mut st.content else {
+                return Err(Errno::ENODEV);
+            };
+            let (file, delta) = f.kernel_file(size)?;
+            self.usage.add(delta);
+            Ok(file)
         })
     }
 

@@ -4,8 +4,9 @@
 //! A descriptor of a daemon's file is a placeholder or a sealed memfd
 //! standing for the open file description (see `shared`), so the kernel
 //! has no pages to map for it. When the daemon's file system has a single
-//! backing file for the open (passthrough), the daemon hands its descriptor
-//! over the ring's socket and the map is the kernel's map of that file:
+//! backing file for the open (passthrough), or keeps the file's bytes in a
+//! kernel file for maps (mem's memfd, `Filesystem::map_file`), the daemon
+//! hands its descriptor over the ring's socket and the map is the kernel's map of that file:
 //! MAP_SHARED maps of every program of the daemon share the backing file's
 //! page cache, and with it the daemon's own reads and writes, so they are
 //! coherent as on the host; MAP_PRIVATE maps load lazily and share clean

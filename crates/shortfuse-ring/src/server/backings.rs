@@ -11,6 +11,10 @@
 //! the kernel's page cache, so the maps are coherent with each other and
 //! with read and write, as on the host.
 //!
+//! A file system without such a map may still keep a file's bytes in a
+//! kernel file for maps ([`Filesystem::map_file`]: mem moves a mapped
+//! file into a memfd); that file is lent the same way.
+//!
 //! The table keeps weak references: the file system's handle owns the
 //! descriptor, and a released handle leaves a dead entry that the next
 //! insert prunes (so the table stays the size of the open handles).
@@ -20,7 +24,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
 
-use shortfuse::{DataMap, FileHandle, MapTap, NodeId};
+use shortfuse::{DataMap, Errno, FileHandle, Filesystem, MapTap, NodeId};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{BackingMsg, BackingReply, BACKING_MAGIC};
@@ -71,20 +75,28 @@ impl Backings {
     }
 
     /// Answers `m` on `sock`: the backing file when `owns` says the handle
-    /// is the asker's and the file has one.
-    pub fn answer(&self, sock: BorrowedFd<'_>, m: &BackingMsg, owns: bool) {
-        let file = if owns { self.get(m.node, m.fh) } else { None };
-        let errno = match (&file, owns) {
-            (Some(_), _) => 0,
-            (None, true) => libc::ENODEV,
-            (None, false) => libc::EPERM,
+    /// is the asker's and the file has one: the open's 1-to-1 map, or else
+    /// the kernel file `fs` keeps the bytes in for maps
+    /// ([`Filesystem::map_file`], mem's memfd).
+    pub fn answer(&self, sock: BorrowedFd<'_>, m: &BackingMsg, owns: bool, fs: &dyn Filesystem) {
+        let file = if owns {
+            match self.get(m.node, m.fh) {
+                Some(f) => Ok(f),
+                None => fs.map_file(NodeId(m.node), FileHandle(m.fh)),
+            }
+        } else {
+            Err(Errno::EPERM)
+        };
+        let errno = match &file {
+            Ok(_) => 0,
+            Err(e) => e.raw(),
         };
         let reply = BackingReply {
             magic: BACKING_MAGIC,
             cookie: m.cookie,
             errno: errno as u32,
         };
-        if let Err(e) = sys::send(sock, reply.as_bytes(), file.as_ref().map(|f| f.as_fd())) {
+        if let Err(e) = sys::send(sock, reply.as_bytes(), file.as_ref().ok().map(|f| f.as_fd())) {
             tracing::debug!("shortfuse ring: answering a backing file request: {e}");
         }
     }

@@ -50,6 +50,13 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         None
     }
 
+    /// ENODEV: the data must pass through the cache, which a map of the
+    /// inner file system's bytes would go around (as `open` drops the
+    /// data map).
+    fn map_file(&self, _node: NodeId, _fh: FileHandle) -> Result<crate::BackingFile> {
+        Err(crate::Errno::ENODEV)
+    }
+
     fn lookup(&self, req: &Request, parent: NodeId, name: &OsStr) -> Result<Entry> {
         let now = MetaCache::now();
         let cached = {

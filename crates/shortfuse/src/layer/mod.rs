@@ -113,6 +113,7 @@ layer! {
     fn lseek(&self, req: &Request, node: NodeId, fh: FileHandle, offset: u64, whence: Whence) -> Result<u64>;
     fn poll(&self, req: &Request, node: NodeId, fh: FileHandle, handle: Option<PollHandle>, events: PollEvents) -> Result<PollEvents>;
     fn copy_file_range(&self, req: &Request, range: &CopyRange) -> Result<usize>;
+    fn map_file(&self, node: NodeId, fh: FileHandle) -> Result<crate::BackingFile>;
 }
 
 #[cfg(test)]

@@ -281,6 +281,11 @@ impl Filesystem for Recording {
         self.hit("copy_file_range");
         Err(Errno::EIO)
     }
+
+    fn map_file(&self, _node: NodeId, _fh: FileHandle) -> Result<crate::BackingFile> {
+        self.hit("map_file");
+        Err(Errno::EIO)
+    }
 }
 
 /// A layer that changes nothing.
@@ -399,6 +404,7 @@ fn call_every_method(fs: &dyn Filesystem) {
     let _ = fs.lseek(&req, NodeId(2), FileHandle(4), 0, Whence::Data);
     let _ = fs.poll(&req, NodeId(2), FileHandle(4), None, PollEvents::IN);
     let _ = fs.copy_file_range(&req, &range);
+    let _ = fs.map_file(NodeId(2), FileHandle(4));
 }
 
 /// The names of the methods of `Filesystem`, read from its source.
