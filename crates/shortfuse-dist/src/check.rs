@@ -311,9 +311,11 @@ pub fn check(ops: &[Op]) -> Vec<Violation> {
 }
 
 /// A client that is a directory of a mount: files `DIR/check-N`, kept
-/// open.
+/// open twice: read-write for the writes, read-only for the reads (a mount
+/// may cache the pages of read-only opens, which the check then covers).
 pub struct MountClient {
     files: Vec<File>,
+    readers: Vec<File>,
 }
 
 impl MountClient {
@@ -334,7 +336,10 @@ impl MountClient {
                 }
             })
             .collect::<io::Result<Vec<File>>>()?;
-        Ok(MountClient { files })
+        let readers = (0..files.len())
+            .map(|i| File::open(check_file(dir, i)))
+            .collect::<io::Result<Vec<File>>>()?;
+        Ok(MountClient { files, readers })
     }
 }
 
@@ -350,7 +355,7 @@ impl Register for MountClient {
     fn read(&self, file: usize, buf: &mut [u8]) -> io::Result<usize> {
         let mut done = 0;
         while done < buf.len() {
-            match self.files[file].read_at(&mut buf[done..], done as u64)? {
+            match self.readers[file].read_at(&mut buf[done..], done as u64)? {
                 0 => break,
                 n => done += n,
             }
