@@ -190,7 +190,8 @@ impl Config {
     /// files except DeFUSE's uring-passthrough pairing and the network
     /// rows; `sshfs-read` is the comparison of the Prefuse-SSHFS caching thesis (native, dev, Debian's sshfs
     /// with and without the kernel page cache, our sftp in the daemon and
-    /// in process without and with the user-space cache); `latency` and
+    /// in process without and with the user-space cache); `sftp` times `cp`
+    /// and `ls -lR` on our SFTP client and Debian's sshfs; `latency` and
     /// `meta` (the fxmark workloads: run it with `--threads 1` and
     /// `--threads 2`) add the shim in process (`preload`) and over the
     /// rings (`ring`).
@@ -223,6 +224,7 @@ impl Config {
                 "sftp-preload",
                 "sftp-preload-cache",
             ],
+            "sftp" => &["native", "sftp", "sshfs"],
             "programs" => &["native", "preload", "ring", "dev", "uring"],
             "latency" | "meta" => &[
                 "native",
@@ -359,6 +361,9 @@ pub struct Env {
 /// unmounts and removes the scratch directories.
 pub struct Prepared {
     pub dir: PathBuf,
+    /// The directory the mount serves (the same as `dir` on native; for
+    /// the network rows, the directory the loopback sshd serves).
+    pub source: PathBuf,
     root: PathBuf,
     mountpoint: Option<PathBuf>,
     uring: bool,
@@ -635,6 +640,7 @@ impl Config {
         std::fs::create_dir_all(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
         let mut prepared = Prepared {
             dir: src.clone(),
+            source: src.clone(),
             root,
             mountpoint: None,
             uring: self.wants_uring(),

@@ -24,6 +24,7 @@ pub mod report;
 pub mod rings;
 mod samples;
 pub mod scale;
+pub mod sftp;
 pub mod sshd;
 pub mod sshfs_read;
 mod sys;
@@ -45,6 +46,7 @@ pub const SUITES: &[&str] = &[
     "workloads",
     "personalities",
     "sshfs-read",
+    "sftp",
     "data",
     "transport",
     "dist",
@@ -210,6 +212,7 @@ impl Plan {
                 personalities::Persona::describe(s, personalities::duration(s))
             ),
             "sshfs-read" => sshfs_read::describe(s),
+            "sftp" => sftp::describe(s),
             "data" => data::describe(s),
             "transport" => transport::describe(s),
             "dist" => dist::describe(s),
@@ -225,6 +228,7 @@ impl Plan {
         suite: &str,
         config: &Config,
         dir: &Path,
+        source: &Path,
         raw: &Path,
         progress: &mut dyn FnMut(&str),
     ) -> std::io::Result<Vec<Figure>> {
@@ -233,6 +237,11 @@ impl Plan {
             let holds = config.holds_files();
             return latency::suite_in_worker(&w, suite, dir, s, self.meta_workers, holds, progress);
         }
+        if config.needs_shim() && suite == "sftp" {
+            return Err(std::io::Error::other(
+                "not applicable: sftp times programs on a kernel mount (cold and warm mean a fresh mount and the same one)",
+            ));
+        }
         match suite {
             "latency" => latency::run(dir, latency::Sizes::of(s), progress),
             "fio" => fio::run(dir, raw, s, progress),
@@ -240,6 +249,7 @@ impl Plan {
             "workloads" => workloads::run(dir, s, self.n, progress),
             "personalities" => personalities::suite(dir, s, progress),
             "sshfs-read" => sshfs_read::run(dir, s, progress),
+            "sftp" => sftp::run(dir, source, &self.work.join("sftp-local"), s, progress),
             "data" => data::run(dir, s, progress),
             "transport" => transport::run(dir, s, config.holds_files(), progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
@@ -326,7 +336,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
                     .join(format!("run-{}", round + 1));
                 let outcome = config.prepare(&env).and_then(|p| {
                     let figures = plan
-                        .run(suite, config, &p.dir, &raw, &mut progress)
+                        .run(suite, config, &p.dir, &p.source, &raw, &mut progress)
                         .map_err(|e| format!("workload failed: {e}"))?;
                     p.check_transport(&env)?;
                     if figures.is_empty() {

@@ -1,6 +1,6 @@
 //! The network rows at a tiny scale: `sftp` (shortfuse's client) and
 //! `sshfs` (Debian's) on the loopback sshd the bench starts itself. The
-//! sshfs-read and latency suites give figures for both and the "sftp vs sshfs"
+//! sshfs-read, sftp and latency suites give figures for both and the "sftp vs sshfs"
 //! comparison; afterwards no mount, no server or session process and no
 //! scratch directory is left, also when a mount fails after the server
 //! started and when the bench is interrupted.
@@ -74,9 +74,9 @@ fn nothing_left(out: &Path) {
 }
 
 #[test]
-fn sshfs_read_and_latency_on_sftp_and_sshfs() {
+fn sshfs_read_sftp_and_latency_on_sftp_and_sshfs() {
     let _one = SERIAL.lock().unpoison();
-    let opts = options("run", &["sshfs-read", "latency"], &["native", "sftp", "sshfs"]);
+    let opts = options("run", &["sshfs-read", "sftp", "latency"], &["native", "sftp", "sshfs"]);
     let report = shortfuse_bench::run(&opts).expect("run");
     let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
     let json: serde_json::Value =

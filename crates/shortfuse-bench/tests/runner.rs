@@ -307,6 +307,7 @@ fn every_suite_is_covered() {
         "fio",
         "meta",
         "sshfs-read",
+        "sftp", // tests/network.rs
         "workloads",
         "personalities",
         "data",
