@@ -91,10 +91,29 @@ struct DirEnt {
     attrs: FileAttributes,
 }
 
+/// An open directory: its listing, fetched at `opendir` unless the kernel
+/// was told to keep the listing it cached (then at the first `readdir`, if
+/// the kernel dropped its copy after all).
+struct OpenDir {
+    list: Mutex<Option<Arc<Vec<DirEnt>>>>,
+}
+
 enum Handle {
     File(Arc<OpenFile>),
-    Dir(Arc<Vec<DirEnt>>),
+    Dir(Arc<OpenDir>),
 }
+
+/// How long the kernel may answer `readdir` from the listing it cached,
+/// counted from when the server gave it: as long as it trusts names
+/// (`entry_timeout`, 1 s by default). A name added or removed behind the
+/// mount shows within that time; through the mount, at once (the kernel
+/// drops its cached listing of a directory it changes).
+const LISTING_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// READDIR requests on the wire at once: the server answers them in
+/// order (OpenSSH: up to 100 names each), so a directory of a few hundred
+/// names takes one round trip, not one per hundred.
+const READDIR_AHEAD: usize = 4;
 
 /// The `sftp` file system. See the module docs.
 pub struct SftpFs {
@@ -108,6 +127,9 @@ pub struct SftpFs {
     nodes: Nodes,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// When each directory's listing last went to the kernel from the
+    /// server (see [`LISTING_TTL`]).
+    listed: Mutex<HashMap<NodeId, std::time::Instant>>,
 }
 
 /// The session and what decides its loss, shared with the tasks that
@@ -303,6 +325,7 @@ impl SftpFs {
             nodes: Nodes::new(root),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            listed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -547,26 +570,62 @@ impl SftpFs {
         self.call(|c| async move {
             let h = c.sftp.opendir(p).await?.handle;
             let mut out = Vec::new();
-            let r = loop {
-                match c.sftp.readdir(h.clone()).await {
-                    Ok(name) => out.extend(name.files.into_iter().map(|f| DirEnt {
-                        name: f.filename,
-                        attrs: f.attrs,
-                    })),
-                    Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(out),
-                    Err(e) => break Err(e),
+            let r = 'list: loop {
+                let batch = (0..READDIR_AHEAD).map(|_| c.sftp.readdir(h.clone()));
+                let mut end = false;
+                for r in futures_util::future::join_all(batch).await {
+                    match r {
+                        Ok(name) => out.extend(name.files.into_iter().map(|f| DirEnt {
+                            name: f.filename,
+                            attrs: f.attrs,
+                        })),
+                        Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => end = true,
+                        Err(e) => break 'list Err(e),
+                    }
+                }
+                if end {
+                    break Ok(out);
                 }
             };
-            let _ = c.sftp.close(h).await;
+            // Nothing waits for the close in a daemon (its runtime has
+            // threads to send it); in process nothing would drive it later.
+            if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+                let c = c.clone();
+                tokio::spawn(async move { c.sftp.close(h).await });
+            } else {
+                let _ = c.sftp.close(h).await;
+            }
             r
         })
     }
 
-    fn dir(&self, fh: FileHandle) -> Result<Arc<Vec<DirEnt>>> {
-        match lock(&self.handles).get(&fh.0) {
-            Some(Handle::Dir(d)) => Ok(d.clone()),
-            _ => Err(Errno::EBADF),
+    /// `node`'s listing from the server, noted as handed to the kernel now.
+    fn fetch_listing(&self, node: NodeId) -> Result<Arc<Vec<DirEnt>>> {
+        let list = Arc::new(self.list(&self.nodes.path(node)?)?);
+        let now = std::time::Instant::now();
+        let mut listed = lock(&self.listed);
+        if listed.len() >= 4096 {
+            listed.retain(|_, t| now.duration_since(*t) < LISTING_TTL);
         }
+        listed.insert(node, now);
+        Ok(list)
+    }
+
+    /// The listing of open directory `fh` of `node`: the one fetched at
+    /// `opendir`, else fetched now (the kernel was told to keep its cached
+    /// listing but had none).
+    fn dir(&self, node: NodeId, fh: FileHandle) -> Result<Arc<Vec<DirEnt>>> {
+        let d = match lock(&self.handles).get(&fh.0) {
+            Some(Handle::Dir(d)) => d.clone(),
+            _ => return Err(Errno::EBADF),
+        };
+        let mut list = lock(&d.list);
+        if let Some(l) = list.as_ref() {
+            return Ok(l.clone());
+        }
+        let l = self.fetch_listing(node)?;
+        *list = Some(l.clone());
+        Ok(l)
     }
 
     fn map(&self, conn: &Conn, e: SftpError) -> Errno {
@@ -1198,14 +1257,23 @@ impl Filesystem for SftpFs {
         }
     }
 
+    /// The kernel caches what `readdir` returns (`FOPEN_CACHE_DIR`) and
+    /// keeps it for the next open (`FOPEN_KEEP_CACHE`) while the server's
+    /// listing it came from is younger than [`LISTING_TTL`]: a second `ls`
+    /// right after the first costs no round trip. Otherwise the listing is
+    /// fetched here, so a directory that went away fails the open.
     fn opendir(&self, _req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
-        let path = self.nodes.path(node)?;
-        let list = self.list(&path)?;
-        Ok(Opened::handle(self.add_handle(Handle::Dir(Arc::new(list))).0))
+        let fresh = lock(&self.listed).get(&node).is_some_and(|t| t.elapsed() < LISTING_TTL);
+        let list = if fresh { None } else { Some(self.fetch_listing(node)?) };
+        let fh = self.add_handle(Handle::Dir(Arc::new(OpenDir { list: Mutex::new(list) })));
+        let mut opened = Opened::handle(fh.0);
+        opened.flags.cache_dir = true;
+        opened.flags.keep_cache = fresh;
+        Ok(opened)
     }
 
     fn readdir(&self, _req: &Request, node: NodeId, fh: FileHandle, offset: u64, sink: &mut dyn DirSink) -> Result<()> {
-        let list = self.dir(fh)?;
+        let list = self.dir(node, fh)?;
         let dir = self.nodes.path(node)?;
         for (i, e) in list.iter().enumerate().skip(offset as usize) {
             let path = join(&dir, &e.name);
@@ -1229,7 +1297,7 @@ impl Filesystem for SftpFs {
         offset: u64,
         sink: &mut dyn DirPlusSink,
     ) -> Result<()> {
-        let list = self.dir(fh)?;
+        let list = self.dir(node, fh)?;
         let dir = self.nodes.path(node)?;
         for (i, e) in list.iter().enumerate().skip(offset as usize) {
             let next = i as u64 + 1;
