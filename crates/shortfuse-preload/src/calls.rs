@@ -60,14 +60,14 @@ pub fn vfork_call(nr: i64, a: [i64; 6]) -> Option<i64> {
 
 /// Serves a file call, or a clone-family call before the entry runs it.
 pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
+    let call = Call::decode(nr, a)?;
+    let regs = Regs { nr, a };
     // The calls on a FUSE daemon's own /dev/fuse descriptor (see `daemon`).
     if crate::daemon::on() {
-        if let Some(r) = crate::daemon::call(nr, a) {
+        if let Some(r) = crate::daemon::call(&call, regs) {
             return Some(r);
         }
     }
-    let call = Call::decode(nr, a)?;
-    let regs = Regs { nr, a };
     // Where a daemon's descriptions may reach another process (see `shared`).
     match call {
         Call::Clone { flags } => {
@@ -108,7 +108,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::Advise { fd } => descriptors::advise(fd),
         Call::Ioctl { fd } => descriptors::ioctl(regs, fd),
         Call::Mmap { fd, flags } => descriptors::mmap(regs, fd, flags),
-        Call::Copy { out, input } => descriptors::copy(regs, out, input),
+        Call::Copy { out, input, .. } => descriptors::copy(regs, out, input),
         Call::Close { fd } => descriptors::close(fd),
         Call::CloseRange { first, last, flags } => descriptors::close_range(first, last, flags),
         Call::Dup { fd } => descriptors::dup(fd),
@@ -145,6 +145,6 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::Xattr { on, op } => xattr::call(regs, on, op),
         Call::Execve { exec } => exec::execve(exec),
         Call::Execveat { exec } => exec::execveat(exec),
-        Call::Clone { .. } | Call::Send { .. } | Call::Socket { .. } => None,
+        Call::Clone { .. } | Call::Send { .. } | Call::Socket { .. } | Call::Recv { .. } => None,
     }
 }

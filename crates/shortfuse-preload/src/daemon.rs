@@ -34,6 +34,7 @@ use shortfuse_ring::foreign::{
     lane_of, DAEMON_FD_VAR, DAEMON_LANES_VAR, LANES, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE,
 };
 
+use crate::calls::table::{is_daemon_call, Call, Direction, Offset, Regs};
 use crate::sys::{fs, raw};
 use crate::user;
 
@@ -122,7 +123,7 @@ fn reply_fd(unique: u64) -> i32 {
 
 /// The calls daemon mode serves that are not file calls.
 pub fn wants(nr: i64) -> bool {
-    nr == libc::SYS_recvmsg && on()
+    is_daemon_call(nr) && on()
 }
 
 fn dev(fd: i64) -> u8 {
@@ -161,29 +162,28 @@ fn is_fuse_device(fd: i64) -> bool {
         && st.st_rdev == libc::makedev(10, 229)
 }
 
-/// Serves `nr` when it concerns a /dev/fuse descriptor of the daemon or
-/// our socket; None: the call goes on as usual.
-pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
-    match nr {
-        libc::SYS_open | libc::SYS_openat => {
-            let p = if nr == libc::SYS_open { a[0] } else { a[1] };
+/// Serves call `c` (`regs` as the program made it) when it concerns a
+/// /dev/fuse descriptor of the daemon or our socket; None: the call goes
+/// on as usual.
+pub fn call(c: &Call, regs: Regs) -> Option<i64> {
+    // SAFETY (of each use): the program's own call, its arguments as it
+    // gave them: the kernel checks them as it would have.
+    let reissue = || unsafe { crate::sys::raw6(regs.nr, regs.a) };
+    match *c {
+        Call::Open { at, .. } => {
             // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-            if unsafe { user::cstr(p) }.ok()? != b"/dev/fuse" {
+            if unsafe { user::cstr(at.path.0) }.ok()? != b"/dev/fuse" {
                 return None;
             }
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have.
-            let r = unsafe { crate::sys::raw6(nr, a) };
+            let r = reissue();
             register(r);
             Some(r)
         }
-        libc::SYS_recvmsg => {
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have.
-            let r = unsafe { crate::sys::raw6(nr, a) };
+        Call::Recv { msg } => {
+            let r = reissue();
             if r >= 0 {
                 // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
-                if let Ok(msg) = unsafe { user::get::<libc::msghdr>(a[1]) } {
+                if let Ok(msg) = unsafe { user::get::<libc::msghdr>(msg.0) } {
                     let mut fds = Vec::new();
                     user::passed_fds(&msg, &mut fds);
                     for fd in fds {
@@ -195,87 +195,95 @@ pub fn call(nr: i64, a: [i64; 6]) -> Option<i64> {
             }
             Some(r)
         }
-        libc::SYS_close if ours(a[0]) => Some(0),
-        libc::SYS_close => {
-            set_dev(a[0], 0);
+        Call::Close { fd } if ours(fd.into()) => Some(0),
+        Call::Close { fd } => {
+            set_dev(fd.into(), 0);
             None
         }
-        libc::SYS_dup2 | libc::SYS_dup3 if ours(a[1]) => Some(-i64::from(libc::EBUSY)),
-        libc::SYS_dup | libc::SYS_dup2 | libc::SYS_dup3 => {
-            let from = dev(a[0]);
-            if nr != libc::SYS_dup {
-                set_dev(a[1], 0);
+        Call::Dup3 { new, .. } if ours(new.into()) => Some(-i64::from(libc::EBUSY)),
+        Call::Dup { fd: old } | Call::Dup3 { old, .. } => {
+            let from = dev(old.into());
+            if let Call::Dup3 { new, .. } = *c {
+                set_dev(new.into(), 0);
             }
             if from == 0 {
                 return None;
             }
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have.
-            let r = unsafe { crate::sys::raw6(nr, a) };
+            let r = reissue();
             if r >= 0 {
                 set_dev(r, from);
             }
             Some(r)
         }
-        libc::SYS_fcntl if dev(a[0]) != 0 => fcntl(a),
-        libc::SYS_read if dev(a[0]) != 0 => {
+        Call::Fcntl { fd, cmd, arg } if dev(fd.into()) != 0 => fcntl(fd.into(), cmd, arg, reissue),
+        Call::Read { fd, buf, len } if dev(fd.into()) != 0 => {
             let iov = [libc::iovec {
-                iov_base: a[1] as *mut libc::c_void,
-                iov_len: a[2] as usize,
+                iov_base: buf.0 as *mut libc::c_void,
+                iov_len: len,
             }];
-            Some(read(a[0], &iov))
+            Some(read(fd.into(), &iov))
         }
-        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        libc::SYS_readv if dev(a[0]) != 0 => Some(match unsafe { user::iovecs(a[1], a[2]) } {
-            Ok(iov) => read(a[0], iov),
-            Err(e) => -(e.raw() as i64),
-        }),
-        libc::SYS_write if dev(a[0]) != 0 => {
+        Call::Write { fd, buf, len } if dev(fd.into()) != 0 => {
             let iov = [libc::iovec {
-                iov_base: a[1] as *mut libc::c_void,
-                iov_len: a[2] as usize,
+                iov_base: buf.0 as *mut libc::c_void,
+                iov_len: len,
             }];
-            Some(write(a[0], &iov))
+            Some(write(fd.into(), &iov))
         }
-        // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        libc::SYS_writev if dev(a[0]) != 0 => Some(match unsafe { user::iovecs(a[1], a[2]) } {
-            Ok(iov) => write(a[0], iov),
-            Err(e) => -(e.raw() as i64),
-        }),
-        libc::SYS_splice if dev(a[0]) != 0 => Some(splice_out(a[0], a[2], a[4] as usize)),
-        libc::SYS_splice if dev(a[2]) != 0 => Some(splice_in(a[0], a[2], a[4] as usize)),
+        // readv and writev (preadv2 and pwritev2 at offset -1 alike).
+        Call::Vectored {
+            fd,
+            iov,
+            iovcnt,
+            dir,
+            at: Offset::Current,
+        } if dev(fd.into()) != 0 => {
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            Some(match unsafe { user::iovecs(iov.0, iovcnt) } {
+                Ok(iov) if dir == Direction::Read => read(fd.into(), iov),
+                Ok(iov) => write(fd.into(), iov),
+                Err(e) => -(e.raw() as i64),
+            })
+        }
+        Call::Copy {
+            out,
+            input,
+            len,
+            splice: true,
+        } if dev(input.into()) != 0 => Some(splice_out(input.into(), out.into(), len)),
+        Call::Copy {
+            out,
+            input,
+            len,
+            splice: true,
+        } if dev(out.into()) != 0 => Some(splice_in(input.into(), out.into(), len)),
         _ => None,
     }
 }
 
 /// fcntl on a /dev/fuse descriptor: it stays non-blocking underneath,
-/// while the daemon sees (and sets) the flag it asked for.
-fn fcntl(a: [i64; 6]) -> Option<i64> {
+/// while the daemon sees (and sets) the flag it asked for. `reissue`
+/// makes the program's call as it is.
+fn fcntl(fd: i64, cmd: i32, arg: i64, reissue: impl Fn() -> i64) -> Option<i64> {
     let nb = i64::from(libc::O_NONBLOCK);
-    match a[1] as i32 {
+    match cmd {
         libc::F_GETFL => {
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have.
-            let r = unsafe { crate::sys::raw6(libc::SYS_fcntl, a) };
-            if r < 0 || dev(a[0]) & DEV_NONBLOCK != 0 {
+            let r = reissue();
+            if r < 0 || dev(fd) & DEV_NONBLOCK != 0 {
                 return Some(r);
             }
             Some(r & !nb)
         }
         libc::F_SETFL => {
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have (with O_NONBLOCK added to the flags).
-            let r = unsafe { raw(libc::SYS_fcntl, a[0], a[1], a[2] | nb, 0, 0, 0) };
+            let r = fs::fcntl_int(fd as i32, libc::F_SETFL, arg | nb);
             if r == 0 {
-                set_dev(a[0], DEV | if a[2] & nb != 0 { DEV_NONBLOCK } else { 0 });
+                set_dev(fd, DEV | if arg & nb != 0 { DEV_NONBLOCK } else { 0 });
             }
             Some(r)
         }
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
-            let from = dev(a[0]);
-            // SAFETY: the program's own call, its arguments as it gave them: the kernel checks them
-            // as it would have.
-            let r = unsafe { crate::sys::raw6(libc::SYS_fcntl, a) };
+            let from = dev(fd);
+            let r = reissue();
             if r >= 0 {
                 set_dev(r, from);
             }

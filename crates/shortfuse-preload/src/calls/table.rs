@@ -19,6 +19,12 @@ impl Fd {
     }
 }
 
+impl From<Fd> for i64 {
+    fn from(fd: Fd) -> i64 {
+        i64::from(fd.0)
+    }
+}
+
 /// An address in the program's memory, as the program passed it: nothing
 /// is read from it while decoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +261,8 @@ pub enum Call {
     Copy {
         out: Fd,
         input: Fd,
+        len: usize,
+        splice: bool,
     },
     Close {
         fd: Fd,
@@ -421,6 +429,11 @@ pub enum Call {
     Clone {
         flags: i64,
     },
+    /// recvmsg: what a FUSE daemon under `serve -- COMMAND` may receive
+    /// /dev/fuse by (see `daemon`).
+    Recv {
+        msg: Ptr,
+    },
 }
 
 /// Declares the table: `NUMBER => Variant { field: expression of the
@@ -501,9 +514,9 @@ calls! { a;
         SYS_sync_file_range => Advise { fd: Fd::of(a[0]) },
         SYS_ioctl => Ioctl { fd: Fd::of(a[0]) },
         SYS_mmap => Mmap { fd: Fd::of(a[4]), flags: a[3] as i32 },
-        SYS_copy_file_range => Copy { out: Fd::of(a[2]), input: Fd::of(a[0]) },
-        SYS_sendfile => Copy { out: Fd::of(a[0]), input: Fd::of(a[1]) },
-        SYS_splice => Copy { out: Fd::of(a[2]), input: Fd::of(a[0]) },
+        SYS_copy_file_range => Copy { out: Fd::of(a[2]), input: Fd::of(a[0]), len: a[4] as usize, splice: false },
+        SYS_sendfile => Copy { out: Fd::of(a[0]), input: Fd::of(a[1]), len: a[3] as usize, splice: false },
+        SYS_splice => Copy { out: Fd::of(a[2]), input: Fd::of(a[0]), len: a[4] as usize, splice: true },
         SYS_close => Close { fd: Fd::of(a[0]) },
         SYS_close_range => CloseRange { first: a[0] as u32, last: a[1] as u32, flags: a[2] as u32 },
         SYS_dup => Dup { fd: Fd::of(a[0]) },
@@ -592,6 +605,12 @@ calls! { a;
         SYS_fork => Clone { flags: 0 },
         SYS_vfork => Clone { flags: 0 },
     }
+
+    /// The calls daemon mode serves beyond the file calls (see `daemon`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    group DAEMON_CALLS, is_daemon_call {
+        SYS_recvmsg => Recv { msg: Ptr(a[1]) },
+    }
 }
 
 /// The calls the assembly entry runs itself once the hook has seen them
@@ -645,15 +664,18 @@ mod tests {
 
     #[test]
     fn every_listed_number_decodes_and_no_other() {
-        for &nr in FILE_CALLS.iter().chain(CLONE_CALLS) {
+        for &nr in FILE_CALLS.iter().chain(CLONE_CALLS).chain(DAEMON_CALLS) {
             assert!(Call::decode(nr, [0; 6]).is_some(), "{nr}");
         }
         for nr in 0..512 {
-            let listed = is_file_call(nr) || is_clone(nr);
+            let listed = is_file_call(nr) || is_clone(nr) || is_daemon_call(nr);
             assert_eq!(Call::decode(nr, [0; 6]).is_some(), listed, "{nr}");
             assert_eq!(is_file_call(nr), FILE_CALLS.contains(&nr), "{nr}");
+            assert_eq!(is_daemon_call(nr), DAEMON_CALLS.contains(&nr), "{nr}");
         }
-        assert!(FILE_CALLS.iter().all(|nr| !CLONE_CALLS.contains(nr)));
+        assert!(FILE_CALLS
+            .iter()
+            .all(|nr| !CLONE_CALLS.contains(nr) && !DAEMON_CALLS.contains(nr)));
         for nr in 0..512 {
             assert_eq!(is_entry_call(nr), ENTRY_CALLS.contains(&nr), "{nr}");
         }
