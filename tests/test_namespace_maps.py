@@ -209,16 +209,20 @@ def test_over_the_ring_the_daemon_sees_no_lookup_beneath_the_map(shortfuse, tree
 
 
 # File calls beneath the mount, one JSON line of what the program saw.
-CHANGES = r"""
+# What the scripts below start with: `e` gives a call's result or errno name.
+SCRIPT_START = r"""
 import errno, fcntl, json, os, stat, sys
-mp, src = sys.argv[1], sys.argv[2]
-d = f"{mp}/a/b/c"
 out = {}
 def e(f):
     try:
         return f()
     except OSError as x:
         return errno.errorcode[x.errno]
+"""
+
+CHANGES = SCRIPT_START + r"""
+mp, src = sys.argv[1], sys.argv[2]
+d = f"{mp}/a/b/c"
 out["mount"] = os.stat(mp).st_dev
 fd = os.open(f"{d}/new", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
 os.write(fd, b"hello")
@@ -321,3 +325,161 @@ def test_a_file_made_in_the_source_is_seen_by_the_next_open(shortfuse, tree):
     )
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     assert p.stdout.decode().split() == ["missing", "made", "outside", "False"]
+
+
+# Directory descriptors beneath the mount, one JSON line of what the
+# program saw: listings, `*at` calls from the descriptor, fchdir, `..`.
+DIRS = SCRIPT_START + r"""
+mp = sys.argv[1]
+fd = os.open(f"{mp}/a/b", os.O_RDONLY | os.O_DIRECTORY)
+st = os.fstat(fd)
+out["fstat"] = [st.st_dev, st.st_ino]
+out["fd_link"] = os.readlink(f"/proc/self/fd/{fd}")
+# getdents64 on the descriptor: the names and the inode numbers.
+out["entries"] = sorted([x.name, x.inode()] for x in os.scandir(fd))
+s = os.stat("c", dir_fd=fd, follow_symlinks=False)
+out["stat_at"] = [s.st_dev, s.st_ino]
+out["deep_at"] = os.stat("c/d/e/f", dir_fd=fd).st_ino
+out["missing_at"] = e(lambda: os.stat("nope", dir_fd=fd))
+sub = os.open("c", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+out["sub_fstat"] = os.fstat(sub).st_ino
+out["sub_entries"] = sorted(x.name for x in os.scandir(sub))
+up = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=sub)
+out["dotdot"] = [os.fstat(up).st_dev, os.fstat(up).st_ino]
+os.mkdir("made", dir_fd=sub)
+f = os.open("made/x", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=sub)
+os.close(f)
+out["made"] = sorted(os.listdir(f"{mp}/a/b/c/made"))
+os.unlink("made/x", dir_fd=sub)
+os.rmdir("made", dir_fd=sub)
+# A file is no directory to start from.
+f = os.open(f"{mp}/{'a/b/c/d/e/f'}", os.O_RDONLY)
+out["from_file"] = e(lambda: os.stat("x", dir_fd=f))
+os.close(f)
+os.fchdir(sub)
+out["cwd"] = os.getcwd()
+out["rel"] = os.stat("d/e/f").st_ino
+os.chdir("/")
+# The program renames the directory it holds: the descriptor follows.
+os.rename(f"{mp}/a/b", f"{mp}/a/B")
+out["after_rename"] = os.stat("c/d/e/f", dir_fd=fd).st_ino
+# Moved from under the path it was opened by: `..` and fchdir take it
+# where it is now.
+os.rename(f"{mp}/a/B/c", f"{mp}/c2")
+top = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=sub)
+out["moved_up"] = os.fstat(top).st_ino
+os.close(top)
+os.fchdir(sub)
+out["moved_cwd"] = os.getcwd()
+os.chdir("/")
+os.close(sub)
+os.close(up)
+os.close(fd)
+print(json.dumps(out))
+"""
+
+
+def listings_read(log: Path) -> list[int]:
+    """The descriptors of the getdents64 calls in an strace log: the
+    program's are small numbers, the in-process file system's (the
+    shim's) from 100 up."""
+    return [int(l.split("getdents64(")[1].split(",")[0]) for l in log.read_text().splitlines() if "getdents64(" in l]
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_directories_beneath_the_map_are_the_kernels(shortfuse, tree, transport):
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    src = tree / "src"
+    try:
+        log = tree / "strace.log"
+        trace = ["strace", "-f", "-qq", "-e", "trace=getdents64", "-o", str(log)]
+        out = subprocess.check_output(
+            [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", DIRS, str(mp)], timeout=120
+        )
+        got = json.loads(out.decode().splitlines()[-1])
+        dev = got["fstat"][0]
+        b = src / "a/B"
+        assert dev != src.stat().st_dev
+        assert got["fstat"][1] == b.stat().st_ino
+        assert got["fd_link"] == f"{mp}/a/b"
+        assert got["entries"] == [["c", (src / "c2").stat().st_ino]]
+        assert got["stat_at"] == [dev, (src / "c2").stat().st_ino]
+        assert got["deep_at"] == (src / "c2/d/e/f").stat().st_ino
+        assert got["missing_at"] == "ENOENT"
+        assert got["sub_fstat"] == got["stat_at"][1]
+        assert got["sub_entries"] == ["d"]
+        assert got["dotdot"] == [dev, b.stat().st_ino]
+        assert got["made"] == ["x"]
+        assert got["from_file"] == "ENOTDIR"
+        assert got["cwd"] == f"{mp}/a/b/c"
+        assert got["rel"] == got["deep_at"]
+        assert got["after_rename"] == got["deep_at"]
+        assert got["moved_up"] == src.stat().st_ino
+        assert got["moved_cwd"] == f"{mp}/c2"
+        # Every listing was read by the program's own descriptor.
+        fds = listings_read(log)
+        assert fds and all(fd < 100 for fd in fds), fds
+        if daemon:
+            # No listing reached the daemon; one directory was opened the
+            # usual way: the root, as `..` of the moved directory, which
+            # the walk takes (the root is no name beneath the map).
+            assert daemon.count("READDIR") == 0 and daemon.count("READDIRPLUS") == 0
+            assert daemon.count("OPENDIR") == 1
+    finally:
+        if daemon:
+            daemon.stop()
+
+
+# What find, coreutils and tar make of a tree: what they print first
+# (native and through the shim alike), then what they change.
+LISTINGS = r"""
+set -e
+cd "$1"
+find . -printf '%p %i %y %s %m %n %U %G %T@\n'
+ls -liR --time-style=full-iso .
+du -a .
+tar cf - . | sha256sum
+"""
+CHANGES_TREE = r"""
+set -e
+cd "$1"
+cp -a a copy
+rm -rf copy a/b/c
+find . | sort
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_listings_beneath_the_map_match_native(shortfuse, tree, transport):
+    src = tree / "src"
+    for i in range(300):
+        (src / "a/b" / f"f{i}").write_text("x" * i)
+    native = subprocess.run(["sh", "-c", LISTINGS, "sh", str(src)], capture_output=True, timeout=120)
+    assert native.returncode == 0, native.stderr.decode()
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    run = [str(shortfuse), "run", *spec, "--", "sh", "-c"]
+    try:
+        p = subprocess.run(
+            ["strace", "-f", "-qq", "-e", "trace=getdents64", "-o", str(log), *run, LISTINGS, "sh", str(mp)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        changed = subprocess.run([*run, CHANGES_TREE, "sh", str(mp)], capture_output=True, timeout=120)
+        assert changed.returncode == 0, changed.stderr.decode()[-3000:]
+        if daemon:
+            for op in ["OPENDIR", "READDIR", "READDIRPLUS"]:
+                assert daemon.count(op) == 0, op
+    finally:
+        if daemon:
+            daemon.stop()
+    # Byte for byte: names, order, inode numbers, sizes, modes, times.
+    assert p.stdout.decode() == native.stdout.decode()
+    # Every listing was the program's own (in process, the file system's
+    # reads of a directory are on the shim's descriptors, from 100 up).
+    fds = listings_read(log)
+    assert len(fds) > 20 and all(fd < 100 for fd in fds), fds
+    listed = changed.stdout.decode().split()
+    assert "./a/b/f299" in listed and "./a/b/c" not in listed and "./copy" not in listed
+    assert not (src / "a/b/c").exists() and not (src / "copy").exists()

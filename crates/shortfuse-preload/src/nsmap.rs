@@ -12,12 +12,13 @@
 //! `openat2(RESOLVE_BENEATH)` and kept for the entry timeout
 //! ([`shortfuse_vfs::Namespace`]). The file system sees none of it.
 //!
-//! An open hands the program the kernel's descriptor of the backing file,
-//! recorded in the descriptor table as the mount's
+//! An open hands the program the kernel's descriptor of the backing file
+//! or directory, recorded in the descriptor table as the mount's
 //! (`Vfs::open_beneath_map`): the kernel serves it like the kernel-backed
-//! descriptors of data maps (see `calls::kernel`), and what needs the
-//! mount's view (fstat, /proc/self/fd) takes the mount's device number and
-//! the path it was opened by. A call that creates, removes or renames a
+//! descriptors of data maps (see `calls::kernel`; a directory's listing
+//! too), and what needs the mount's view (fstat, /proc/self/fd, fchdir)
+//! takes the mount's device number and the path it was opened by. A path
+//! relative to such a directory starts at the program's descriptor itself. A call that creates, removes or renames a
 //! name drops what this image's name cache held of it, since the file
 //! system never hears of the change.
 //!
@@ -26,9 +27,9 @@
 //! follow as the last name, a directory path that leaves the backing
 //! directory through a symbolic link (`EXDEV` from `RESOLVE_BENEATH`), `.`
 //! or `..` components, the mount's root itself, a mount inside the mount,
-//! a relative path from a kernel descriptor; and opens of directories,
-//! O_PATH and O_TMPFILE, whose descriptors the shim answers for with a
-//! location in the mount.
+//! a relative path from a kernel descriptor; and O_PATH and O_TMPFILE
+//! opens, whose descriptors the shim answers for with a location in the
+//! mount.
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
@@ -139,7 +140,7 @@ pub fn call(c: &Call) -> Option<i64> {
     if matches!(op, Op::Readlink(..)) && (path.starts_with(b"/proc/") || path.starts_with(b"/dev/fd/")) {
         return None;
     }
-    let (vfs, rel) = beneath(dirfd, path)?;
+    let (vfs, rel, from) = beneath(dirfd, path, false)?;
     let ns = vfs.namespace_current()?;
     if let Op::Access(mode, _) = op {
         if mode & libc::W_OK != 0 && vfs.is_read_only() {
@@ -150,7 +151,7 @@ pub fn call(c: &Call) -> Option<i64> {
     if !ns.serves(&caller) {
         return None;
     }
-    let place = match Place::of(ns, &caller, &rel) {
+    let place = match Place::of(ns, &caller, &rel, from) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -248,23 +249,37 @@ pub fn call(c: &Call) -> Option<i64> {
 /// NUL-terminated.
 struct Place {
     held: Option<Arc<OwnedFd>>,
+    /// The directory a path with `..` starts at, kept while it is used.
+    _start: Option<Arc<OwnedFd>>,
+    /// The backing root, or the program's descriptor the path starts at.
     root: i64,
     name: [u8; 256],
 }
 
 impl Place {
-    /// The place of `rel` (see [`beneath`]) as `caller` reaches it; `Err`
-    /// holds the answer when the kernel decided the walk to its directory
-    /// (`Some`), or `None` for the usual way.
-    fn of(ns: &Namespace, caller: &Arc<shortfuse_vfs::Caller>, rel: &[u8]) -> Result<Place, Option<i64>> {
-        let (dir, name) = match rel.iter().rposition(|&b| b == b'/') {
-            Some(i) => (&rel[..i], &rel[i + 1..]),
-            None => (&rel[..0], rel),
+    /// The place of `rel` (see [`beneath`]) as `caller` reaches it from
+    /// `from`; `Err` holds the answer when the kernel decided the walk to
+    /// its directory (`Some`), or `None` for the usual way.
+    fn of(ns: &Namespace, caller: &Arc<shortfuse_vfs::Caller>, rel: &[u8], from: From) -> Result<Place, Option<i64>> {
+        let (base, sub, start) = match from {
+            From::Root => (None, rel, None),
+            From::Dir(fd, at, start) => (Some(fd), rel.get(at..).unwrap_or_default(), start),
         };
+        let (dir, name) = match sub.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&sub[..i], &sub[i + 1..]),
+            None => (&sub[..0], sub),
+        };
+        let root = i64::from(ns.root().as_raw_fd());
         let held = if dir.is_empty() {
             None
         } else {
-            match ns.dir(dir, caller, || open_dir(ns, dir)) {
+            // From the program's own directory descriptor the kernel
+            // follows the directory wherever it moved: nothing to keep.
+            let found = match base {
+                Some(fd) => open_dir(ns, fd, dir).map(Arc::new),
+                None => ns.dir(dir, caller, || open_dir(ns, root, dir)),
+            };
+            match found {
                 Ok(fd) => Some(fd),
                 // Decided beneath the backing directory as the walk decides.
                 Err(e @ (Errno::ENOENT | Errno::ENOTDIR | Errno::EACCES | Errno::ENAMETOOLONG)) => {
@@ -274,6 +289,8 @@ impl Place {
                 Err(_) => return Err(None),
             }
         };
+        // The directory the path starts at itself (see `beneath`).
+        let name = if name.is_empty() { &b"."[..] } else { name };
         let mut cname = [0u8; 256];
         if name.len() >= cname.len() {
             return Err(Some(err(Errno::ENAMETOOLONG)));
@@ -281,7 +298,8 @@ impl Place {
         cname[..name.len()].copy_from_slice(name);
         Ok(Place {
             held,
-            root: i64::from(ns.root().as_raw_fd()),
+            _start: start,
+            root: base.unwrap_or(root),
             name: cname,
         })
     }
@@ -299,10 +317,10 @@ impl Place {
 /// The mount `path` (from `dirfd`) leads into beneath a map this caller may
 /// use, with the path below its root and the caller's credentials; `None`
 /// for the usual way (a read-only mount too: it says EROFS itself).
-fn mapped(at: PathAt) -> Option<(Arc<Vfs>, Vec<u8>, Arc<shortfuse_vfs::Caller>)> {
+fn mapped(at: PathAt, whole: bool) -> Option<Mapped> {
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
     let path = unsafe { user::cstr(at.path.0) }.ok()?;
-    let (vfs, rel) = beneath(i64::from(at.dirfd), path)?;
+    let (vfs, rel, from) = beneath(i64::from(at.dirfd), path, whole)?;
     let ns = vfs.namespace_current()?;
     if vfs.is_read_only() {
         return None;
@@ -312,25 +330,34 @@ fn mapped(at: PathAt) -> Option<(Arc<Vfs>, Vec<u8>, Arc<shortfuse_vfs::Caller>)>
         return None;
     }
     let rel = rel.into_owned();
-    Some((vfs, rel, caller))
+    Some((vfs, rel, from, caller))
 }
+
+/// What [`mapped`] finds: the mount, the path below its root, where the
+/// kernel starts it, and the caller.
+type Mapped = (Arc<Vfs>, Vec<u8>, From, Arc<shortfuse_vfs::Caller>);
 
 /// open, creat, unlink, rmdir and mkdir of a name beneath a map: one `*at`
 /// call on the directory holding it. The names the call may have changed
 /// leave this image's cache, which the file system does not hear of.
 fn one(at: PathAt, op: Op) -> Option<i64> {
     if let Op::Open(flags, _) = op {
-        // O_PATH, O_TMPFILE and directories: descriptors the shim answers
-        // for with a location of the mount (fchdir, `*at` calls from them,
-        // listings). An access mode of 3 is the usual way's to refuse.
-        let ours = libc::O_PATH | libc::O_TMPFILE | libc::O_DIRECTORY;
-        if flags & ours != 0 || flags & libc::O_ACCMODE == libc::O_ACCMODE {
+        // O_PATH and O_TMPFILE: descriptors the shim answers for with a
+        // location of the mount. An access mode of 3 is the usual way's
+        // to refuse.
+        // (O_TMPFILE holds O_DIRECTORY's bit.)
+        let ours = flags & libc::O_PATH != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE;
+        if ours || flags & libc::O_ACCMODE == libc::O_ACCMODE {
             return None;
         }
     }
-    let (vfs, rel, caller) = mapped(at)?;
+    // Only a read-only open may name where the path starts (`.`, the
+    // root): a directory, which it changes nothing of.
+    let whole =
+        matches!(op, Op::Open(flags, _) if flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
+    let (vfs, rel, from, caller) = mapped(at, whole)?;
     let ns = vfs.namespace()?;
-    let place = match Place::of(ns, &caller, &rel) {
+    let place = match Place::of(ns, &caller, &rel, from) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -397,12 +424,11 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
     } else {
         shortfuse::FileType::Regular
     };
-    if kind == shortfuse::FileType::Directory {
-        // Only a read-only open without O_CREAT gets here, which changed
-        // nothing: the usual way opens it as a directory of the mount.
-        crate::sys::fs::close(fd as i32);
-        return None;
-    }
+    // A directory too (only a read-only open without O_CREAT gets one):
+    // its listing is the kernel's (the map's promise: the same names, the
+    // same inode numbers), and so are the `*at` calls from it (see
+    // [`beneath`]); what needs its place in the mount (fchdir, `..`) finds
+    // it by its path when asked (`OpenFile::location`).
     let mut path = Vec::with_capacity(rel.len() + 1);
     path.push(b'/');
     path.extend_from_slice(rel);
@@ -414,13 +440,13 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
 /// rename, renameat and renameat2 of two names beneath one map: one
 /// renameat2 between the directories holding them.
 fn rename(old: PathAt, new: PathAt, flags: u32) -> Option<i64> {
-    let (vfs, from, caller) = mapped(old)?;
-    let (other, to, _) = mapped(new)?;
+    let (vfs, from, start, caller) = mapped(old, false)?;
+    let (other, to, end, _) = mapped(new, false)?;
     if !Arc::ptr_eq(&vfs, &other) {
         return None;
     }
     let ns = vfs.namespace()?;
-    let (a, b) = match (Place::of(ns, &caller, &from), Place::of(ns, &caller, &to)) {
+    let (a, b) = match (Place::of(ns, &caller, &from, start), Place::of(ns, &caller, &to, end)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(r), _) | (_, Err(r)) => return r,
     };
@@ -464,16 +490,44 @@ fn err(e: Errno) -> i64 {
     -(e.raw() as i64)
 }
 
-/// The mount `path` (from `dirfd`) leads into and the path below its root,
-/// when that mount has a namespace map and the path is one the kernel can
-/// follow beneath the backing directory: no `.`, `..` or empty components,
-/// not the root itself, no other mount inside.
-fn beneath(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Cow<'_, [u8]>)> {
+/// Where a path beneath a map starts.
+enum From {
+    /// The backing directory (the path below the mount's root).
+    Root,
+    /// A directory the kernel opened beneath the map for the program (or
+    /// one above it, for a path that starts with `..`): its descriptor,
+    /// where in the path below the mount's root the path from it starts,
+    /// and the descriptor when it is ours.
+    Dir(i64, usize, Option<Arc<OwnedFd>>),
+}
+
+/// The mount `path` (from `dirfd`) leads into, the path below its root and
+/// where the kernel starts it, when that mount has a namespace map and the
+/// path is one the kernel can follow beneath the backing directory: no
+/// `.`, `..` or empty components, not the root itself, no other mount
+/// inside. With `whole`, the path may also name the directory it starts at
+/// (`.`, the mount point; the path below the root is then empty for the
+/// root).
+fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u8]>, From)> {
     let st = state();
     let dirfd = dirfd as i32 as i64;
     if path.is_empty() {
         return None;
     }
+    // A relative path starts at a directory: `./` before it changes nothing.
+    let mut path = path;
+    if !path.starts_with(b"/") {
+        while let Some(p) = path.strip_prefix(b"./") {
+            path = p;
+        }
+        if path == b"." {
+            path = b"";
+        }
+        if path.is_empty() && !whole {
+            return None;
+        }
+    }
+    let mut from = From::Root;
     let (vfs, rel): (Arc<Vfs>, Cow<'_, [u8]>) = if path.starts_with(b"/") {
         let (vfs, rest) = mount_of(path)?;
         vfs.namespace()?;
@@ -496,23 +550,55 @@ fn beneath(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Cow<'_, [u8]>)> {
                     let (vfs, rest) = mount_of(&abs)?;
                     vfs.namespace()?;
                     let rest = rest.strip_prefix(b"/").unwrap_or(rest).to_vec();
-                    return plain(&rest).then_some((vfs, Cow::Owned(rest)));
+                    return plain(&rest).then_some((vfs, Cow::Owned(rest), From::Root));
                 }
             }
         } else {
             let f = st.fds.get(dirfd as i32)?;
             f.vfs().namespace()?;
-            (f.vfs().clone(), f.location()?.path())
+            if f.beneath_map() {
+                // The program's descriptor is the kernel's, of the backing
+                // directory: the path starts there (a file's: the walk
+                // says ENOTDIR).
+                if f.file_type() != shortfuse::FileType::Directory {
+                    return None;
+                }
+                // `..` (fts climbs back up so): the directory above it.
+                let mut up = 0;
+                while path == b".." || path.starts_with(b"../") {
+                    path = path.get(3..).unwrap_or_default();
+                    up += 1;
+                }
+                if path.is_empty() && !whole {
+                    return None;
+                }
+                let mut start = f.path().to_vec();
+                for _ in 0..up {
+                    // Above the root: out of the mount, the walk's.
+                    let cut = start.iter().rposition(|&b| b == b'/').filter(|_| start != b"/")?;
+                    start.truncate(cut.max(1));
+                }
+                let at = if start == b"/" { 0 } else { start.len() };
+                from = if up == 0 {
+                    From::Dir(dirfd, at, None)
+                } else {
+                    let (fd, own) = above(f.vfs().namespace()?, dirfd, &start, up)?;
+                    From::Dir(fd, at, own)
+                };
+                (f.vfs().clone(), start)
+            } else {
+                (f.vfs().clone(), f.location()?.path())
+            }
         };
         let mut rel = base;
-        if rel != b"/" {
+        if rel != b"/" && !path.is_empty() {
             rel.push(b'/');
         }
         rel.extend_from_slice(path);
         rel.remove(0);
         (vfs, Cow::Owned(rel))
     };
-    if !plain(&rel) {
+    if !(plain(&rel) || whole && rel.is_empty()) {
         return None;
     }
     // A mount inside this one takes its paths: the walk knows where.
@@ -521,7 +607,51 @@ fn beneath(dirfd: i64, path: &[u8]) -> Option<(Arc<Vfs>, Cow<'_, [u8]>)> {
         let p = m.mountpoint();
         p.len() > mp.len() && p.starts_with(mp) && (mp == b"/" || p[mp.len()] == b'/')
     });
-    (!inner).then_some((vfs, rel))
+    (!inner).then_some((vfs, rel, from))
+}
+
+/// The directory `up` levels above the program's directory `dirfd`, when
+/// it is the one `start` (its path below the mount's root) names beneath
+/// the backing directory: the program's directory may have moved since it
+/// was opened, even out of the source, and `..` is the kernel's. Its
+/// descriptor, and the descriptor again when it is ours to close.
+fn above(ns: &Namespace, dirfd: i64, start: &[u8], up: usize) -> Option<(i64, Option<Arc<OwnedFd>>)> {
+    let mut dots = Vec::with_capacity(3 * up);
+    for i in 0..up {
+        if i > 0 {
+            dots.push(b'/');
+        }
+        dots.extend_from_slice(b"..");
+    }
+    dots.push(0);
+    let mut real: libc::stat = user::zeroed();
+    let nofollow = i64::from(libc::AT_SYMLINK_NOFOLLOW);
+    // SAFETY: a NUL-terminated path of ours and a stat struct of ours.
+    let r = unsafe {
+        raw(
+            libc::SYS_newfstatat,
+            dirfd,
+            dots.as_ptr() as i64,
+            &mut real as *mut libc::stat as i64,
+            nofollow,
+            0,
+            0,
+        )
+    };
+    if r < 0 {
+        return None;
+    }
+    let rel = start.strip_prefix(b"/").unwrap_or(start);
+    let (fd, own) = if rel.is_empty() {
+        (i64::from(ns.root().as_raw_fd()), None)
+    } else {
+        let o = Arc::new(open_dir(ns, i64::from(ns.root().as_raw_fd()), rel).ok()?);
+        (i64::from(o.as_raw_fd()), Some(o))
+    };
+    let mut named: libc::stat = user::zeroed();
+    let same =
+        crate::sys::fs::fstat(fd as i32, &mut named) == 0 && named.st_dev == real.st_dev && named.st_ino == real.st_ino;
+    same.then_some((fd, own))
 }
 
 /// A relative path of names alone: no empty, `.` or `..` component (so no
@@ -533,9 +663,9 @@ fn plain(rel: &[u8]) -> bool {
             .all(|c| !c.is_empty() && c != b"." && c != b"..")
 }
 
-/// `openat2(root, dir, O_PATH | O_DIRECTORY, RESOLVE_BENEATH ...)`, the
+/// `openat2(base, dir, O_PATH | O_DIRECTORY, RESOLVE_BENEATH ...)`, the
 /// descriptor kept above the program's numbers.
-fn open_dir(ns: &Namespace, dir: &[u8]) -> Result<OwnedFd, Errno> {
+fn open_dir(ns: &Namespace, base: i64, dir: &[u8]) -> Result<OwnedFd, Errno> {
     let mut c = Vec::with_capacity(dir.len() + 1);
     c.extend_from_slice(dir);
     c.push(0);
@@ -551,7 +681,7 @@ fn open_dir(ns: &Namespace, dir: &[u8]) -> Result<OwnedFd, Errno> {
         nested(
             libc::SYS_openat2,
             [
-                i64::from(ns.root().as_raw_fd()),
+                base,
                 c.as_ptr() as i64,
                 how.as_ptr() as i64,
                 std::mem::size_of_val(&how) as i64,

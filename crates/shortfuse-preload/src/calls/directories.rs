@@ -33,10 +33,10 @@ pub fn fchdir(fd: Fd) -> Option<i64> {
         }
         return Some(r);
     };
-    let Some(loc) = f.location() else {
+    let Some(loc) = super::resolve::location_of(fd.0, &f) else {
         return Some(err(Errno::ENOTDIR));
     };
-    set_cwd(Some((f.vfs().clone(), loc.clone())));
+    set_cwd(Some((f.vfs().clone(), loc)));
     Some(0)
 }
 

@@ -121,8 +121,8 @@ pub fn resolve_for(dirfd: i32, path: &[u8], flags: WalkFlags) -> Result<Resolved
             abs = host.into();
         }
     } else if let Some(f) = st.fds.get(dirfd) {
-        let loc = f.location().ok_or(Errno::ENOTDIR)?;
-        first = Some(walk(f.vfs(), loc, path, 0).map(|w| (f.vfs().clone(), w))?);
+        let loc = location_of(dirfd, &f).ok_or(Errno::ENOTDIR)?;
+        first = Some(walk(f.vfs(), &loc, path, 0).map(|w| (f.vfs().clone(), w))?);
         abs = Default::default();
     } else {
         // A kernel directory descriptor: only its path tells whether the
@@ -182,6 +182,34 @@ pub fn magic_link(path: &[u8]) -> Option<i32> {
         return None;
     }
     std::str::from_utf8(n).ok()?.parse().ok()
+}
+
+/// The directory descriptor `fd` of ours names, for a walk from it and
+/// fchdir. One the kernel opened beneath a namespace map is where the
+/// kernel finds it now, below the source (the program may have moved it
+/// since it opened it): `None` when it is no directory of the mount.
+pub fn location_of(fd: i32, f: &OpenFile) -> Option<shortfuse_vfs::Location> {
+    if !f.beneath_map() || f.file_type() != shortfuse::FileType::Directory {
+        return f.location().cloned();
+    }
+    let src = f.vfs().source()?;
+    let src = src.strip_suffix(b"/").unwrap_or(src);
+    let link = with_nul(format!("/proc/self/fd/{fd}").into_bytes());
+    let mut buf = [0u8; 4096];
+    let n = fs::readlink(&link, &mut buf);
+    let rest = buf[..n.max(0) as usize].strip_prefix(src)?;
+    if !rest.is_empty() && !rest.starts_with(b"/") {
+        return None;
+    }
+    let rel = rest.strip_prefix(b"/").unwrap_or(rest);
+    let flags = WalkFlags {
+        follow: false,
+        create: false,
+    };
+    match f.vfs().walk(&shortfuse_vfs::Location::root(), rel, flags, 0).ok()? {
+        Walk::Inside(t) => t.location(),
+        Walk::Outside { .. } => None,
+    }
 }
 
 /// What a descriptor of ours names, as a walk would have found it.

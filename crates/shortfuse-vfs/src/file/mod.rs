@@ -51,6 +51,10 @@ pub struct OpenFile {
     pos: Mutex<DirPos>,
     /// The directory's location, for `*at` calls and `fchdir`.
     loc: Option<Location>,
+    /// The location of a directory opened beneath a namespace map, found
+    /// by a walk of its path the first time a call needs it (see
+    /// [`OpenFile::location`]).
+    found: OnceLock<Location>,
     /// The path below the mount point it was opened by (names may move
     /// later): what a descriptor handed over at exec reopens.
     path: Vec<u8>,
@@ -110,9 +114,24 @@ impl OpenFile {
             .store((old & !SETFL_MASK) | (flags & SETFL_MASK), Ordering::Relaxed);
     }
 
-    /// The directory this descriptor names, for `*at` and `fchdir`.
+    /// The directory this descriptor names, for `*at` and `fchdir`. A
+    /// directory the kernel opened beneath a namespace map has none until
+    /// a call needs it: then a walk of the path it was opened by finds it
+    /// (most calls from its descriptor are the kernel's and never ask).
     pub fn location(&self) -> Option<&Location> {
-        self.loc.as_ref()
+        if self.loc.is_some() || !self.beneath_map || self.kind != FileType::Directory {
+            return self.loc.as_ref();
+        }
+        if let Some(l) = self.found.get() {
+            return Some(l);
+        }
+        let l = self.walk_path().ok()?.location()?;
+        self.vfs.pin_location(&l);
+        if let Err(l) = self.found.set(l) {
+            // Another thread found it first.
+            self.vfs.unpin_location(&l);
+        }
+        self.found.get()
     }
 
     /// The path below the mount point (starting with '/') this file was
@@ -429,7 +448,7 @@ impl Drop for OpenFile {
                 .client()
                 .release(self.node, fh, self.flags(), self.kind == FileType::Directory);
         }
-        if let Some(loc) = &self.loc {
+        if let Some(loc) = self.loc.as_ref().or(self.found.get()) {
             self.vfs.unpin_location(loc);
         }
         if self.pinned {
