@@ -427,24 +427,10 @@ impl Client {
             arg.valid |= abi::FATTR_FH;
             arg.fh = fh.0;
         }
-        match set.atime {
-            Some(SetTime::Now) => arg.valid |= abi::FATTR_ATIME | abi::FATTR_ATIME_NOW,
-            Some(SetTime::At(t)) => {
-                arg.valid |= abi::FATTR_ATIME;
-                arg.atime = t.sec as u64;
-                arg.atimensec = t.nsec;
-            }
-            None => {}
-        }
-        match set.mtime {
-            Some(SetTime::Now) => arg.valid |= abi::FATTR_MTIME | abi::FATTR_MTIME_NOW,
-            Some(SetTime::At(t)) => {
-                arg.valid |= abi::FATTR_MTIME;
-                arg.mtime = t.sec as u64;
-                arg.mtimensec = t.nsec;
-            }
-            None => {}
-        }
+        let (a, m);
+        (a, arg.atime, arg.atimensec) = time_in(set.atime, abi::FATTR_ATIME, abi::FATTR_ATIME_NOW);
+        (m, arg.mtime, arg.mtimensec) = time_in(set.mtime, abi::FATTR_MTIME, abi::FATTR_MTIME_NOW);
+        arg.valid |= a | m;
         if let Some(t) = set.ctime {
             arg.valid |= abi::FATTR_CTIME;
             arg.ctime = t.sec as u64;
@@ -887,4 +873,15 @@ fn entry_reply(p: &[u8]) -> Result<EntryOut, Errno> {
         return Err(Errno::EIO);
     }
     Ok(entry_from(&e))
+}
+
+/// One settable time as SETATTR carries it: the `valid` bits (`set`, and
+/// `now` too when the file system is to read its own clock) and the time
+/// (zero unless given).
+fn time_in(t: Option<SetTime>, set: u32, now: u32) -> (u32, u64, u32) {
+    match t {
+        Some(SetTime::Now) => (set | now, 0, 0),
+        Some(SetTime::At(t)) => (set, t.sec as u64, t.nsec),
+        None => (0, 0, 0),
+    }
 }
