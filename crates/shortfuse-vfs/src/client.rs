@@ -398,34 +398,16 @@ impl Client {
 
     pub fn setattr(&self, node: NodeId, set: &SetAttr) -> Result<(Attr, Duration), Errno> {
         let mut arg = abi::fuse_setattr_in::default();
-        if let Some(m) = set.mode {
-            arg.valid |= abi::FATTR_MODE;
-            arg.mode = m;
-        }
-        if let Some(u) = set.uid {
-            arg.valid |= abi::FATTR_UID;
-            arg.uid = u;
-        }
-        if let Some(g) = set.gid {
-            arg.valid |= abi::FATTR_GID;
-            arg.gid = g;
-        }
-        if let Some(s) = set.size {
-            arg.valid |= abi::FATTR_SIZE;
-            arg.size = s;
-            // As the kernel's FUSE client: a truncation by a caller
-            // without CAP_FSETID clears the set-id bits (the file system
-            // decides which, from the mode and the caller's groups).
-            if self.caller().uid != 0 {
-                arg.valid |= abi::FATTR_KILL_SUIDGID;
-            }
-        }
-        if set.kill_suidgid {
+        field_in(&mut arg.valid, abi::FATTR_MODE, set.mode, &mut arg.mode);
+        field_in(&mut arg.valid, abi::FATTR_UID, set.uid, &mut arg.uid);
+        field_in(&mut arg.valid, abi::FATTR_GID, set.gid, &mut arg.gid);
+        field_in(&mut arg.valid, abi::FATTR_SIZE, set.size, &mut arg.size);
+        field_in(&mut arg.valid, abi::FATTR_FH, set.fh.map(|fh| fh.0), &mut arg.fh);
+        // As the kernel's FUSE client: a truncation by a caller without
+        // CAP_FSETID clears the set-id bits (the file system decides which,
+        // from the mode and the caller's groups).
+        if set.kill_suidgid || (set.size.is_some() && self.caller().uid != 0) {
             arg.valid |= abi::FATTR_KILL_SUIDGID;
-        }
-        if let Some(fh) = set.fh {
-            arg.valid |= abi::FATTR_FH;
-            arg.fh = fh.0;
         }
         let (a, m);
         (a, arg.atime, arg.atimensec) = time_in(set.atime, abi::FATTR_ATIME, abi::FATTR_ATIME_NOW);
@@ -873,6 +855,14 @@ fn entry_reply(p: &[u8]) -> Result<EntryOut, Errno> {
         return Err(Errno::EIO);
     }
     Ok(entry_from(&e))
+}
+
+/// One optional SETATTR field: when given, its `valid` bit and its value.
+fn field_in<T>(valid: &mut u32, bit: u32, value: Option<T>, slot: &mut T) {
+    if let Some(v) = value {
+        *valid |= bit;
+        *slot = v;
+    }
 }
 
 /// One settable time as SETATTR carries it: the `valid` bits (`set`, and
