@@ -163,6 +163,9 @@ def test_bash_coreutils_and_tar_on_passthrough_match_ext4(shortfuse, scratch):
     assert "same\n" in output(s, mp)
 
 
+# Test set-up of the same shape as the PY of tests/test_sftp.py and
+# crates/shortfuse-preload/tests/programs.rs: kept apart so each test reads on
+# its own.
 PY = r"""
 import os, sys
 root = sys.argv[1]

@@ -154,6 +154,8 @@ if r2 == 0:
 os.waitpid(r2, 0)
 """
 
+# Test set-up of the same shape as the PY of tests/test_run.py: kept apart so
+# each test reads on its own.
 PY = r"""
 import os, sys
 root = sys.argv[1]

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use crate::report::Figure;
 use crate::scale::Scale;
+use shortfuse_fs::pattern::bytes;
 
 /// The rows, in report order.
 pub const ROWS: &[&str] = &["cp-down", "cp-up", "ls-lR-cold", "ls-lR-warm"];
@@ -51,24 +52,10 @@ pub fn describe(scale: Scale) -> String {
     )
 }
 
-/// Bytes of the test file: not one repeated byte, so a copy that moved the
-/// wrong block shows.
-fn pattern(len: usize, salt: u64) -> Vec<u8> {
-    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Writes `size` bytes of blocks of [`pattern`] to `path`.
+/// Writes `size` bytes of blocks of [`bytes`] to `path`.
 fn lay_out_file(path: &Path, size: u64) -> io::Result<()> {
     use std::io::Write;
-    let block = pattern(1 << 20, 7);
+    let block = bytes(7, 1 << 20);
     let mut f = std::fs::File::create(path)?;
     let mut left = size;
     while left > 0 {
@@ -89,7 +76,7 @@ fn check_file(path: &Path, size: u64) -> io::Result<()> {
             got.len()
         )));
     }
-    let block = pattern(1 << 20, 7);
+    let block = bytes(7, 1 << 20);
     for (i, piece) in got.chunks(block.len()).enumerate() {
         if piece != &block[..piece.len()] {
             return Err(io::Error::other(format!(

@@ -14,6 +14,7 @@ use std::time::Duration;
 use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions};
 use shortfuse_dist::client::{ClientConfig, DistFs};
 use shortfuse_dist::server::{DistServer, ServerConfig};
+use shortfuse_fs::pattern::bytes;
 
 fn require_root() {
     // SAFETY: geteuid cannot fail and touches no memory.
@@ -21,6 +22,8 @@ fn require_root() {
     assert_eq!(euid, 0, "mounted tests need root (mount(2), /dev/fuse)");
 }
 
+// Test set-up of the same shape as crates/shortfuse-fs/tests/datamap_mount.rs:
+// kept apart so each test reads on its own.
 struct Mounted {
     mp: PathBuf,
     thread: Option<JoinHandle<std::io::Result<()>>>,
@@ -74,18 +77,6 @@ impl Drop for Mounted {
             let _ = shortfuse::mount::unmount(&self.mp, true);
         }
     }
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn mount_client(s: &DistServer, mp: &Path) -> Mounted {

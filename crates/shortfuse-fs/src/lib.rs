@@ -5,6 +5,7 @@ pub mod mem;
 pub mod null;
 pub mod pack;
 pub mod passthrough;
+pub mod pattern;
 pub mod registry;
 pub mod sftp;
 pub mod stripe;

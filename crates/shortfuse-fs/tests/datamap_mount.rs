@@ -12,6 +12,7 @@ use shortfuse::stats::Stats;
 use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions};
 use shortfuse_fs::pack::PackFs;
 use shortfuse_fs::passthrough::PassthroughFs;
+use shortfuse_fs::pattern::bytes;
 use shortfuse_fs::stripe::StripeFs;
 
 fn require_root() {
@@ -27,6 +28,8 @@ fn tempdir(tag: &str) -> PathBuf {
     d
 }
 
+// Test set-up of the same shape as crates/shortfuse-dist/tests/mounted.rs:
+// kept apart so each test reads on its own.
 struct Mounted {
     mp: PathBuf,
     stats: Arc<Stats>,
@@ -92,18 +95,6 @@ impl Drop for Mounted {
             let _ = shortfuse::mount::unmount(&self.mp, true);
         }
     }
-}
-
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]

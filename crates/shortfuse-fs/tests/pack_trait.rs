@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use shortfuse::{Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
 use shortfuse_fs::pack::PackFs;
+use shortfuse_fs::pattern::bytes;
 
 const REQ: Request = Request {
     unique: 1,
@@ -20,19 +21,6 @@ fn tempdir(tag: &str) -> PathBuf {
     d
 }
 
-/// xorshift bytes: reproducible data without a dependency.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn file_mode() -> NewNode {
     NewNode {
         mode: libc::S_IFREG | 0o644,
@@ -42,6 +30,8 @@ fn file_mode() -> NewNode {
 }
 
 /// Creates `name` in the root with `data` written in 128 KiB pieces.
+// Test set-up of the same shape as put in stripe_trait.rs: kept apart so each
+// test reads on its own.
 fn put(fs: &PackFs, name: &str, data: &[u8]) -> NodeId {
     let c = fs
         .create(&REQ, NodeId::ROOT, OsStr::new(name), &file_mode(), OpenFlags::WRONLY)

@@ -11,6 +11,7 @@ use shortfuse::{
     DirPlusSink, DirSink, Entry, Errno, FileType, Filesystem, NewNode, NodeId, OpenFlags, RenameFlags, Request,
     SetAttr, SetTime, Timestamp, WriteArgs,
 };
+use shortfuse_fs::pattern::bytes;
 use shortfuse_fs::sftp::SftpFs;
 
 const REQ: Request = Request {
@@ -44,18 +45,6 @@ fn connect(s: &Sshd, extra: &[(&str, Option<&str>)]) -> SftpFs {
     SftpFs::connect(&s.target(), &s.options(extra)).unwrap_or_else(|e| panic!("connect: {e}"))
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[derive(Default)]
 struct Names(Vec<(OsString, FileType)>);
 
@@ -84,7 +73,7 @@ fn large_file_round_trip() {
         .create(&REQ, NodeId::ROOT, n("big"), &file_mode(0o644), OpenFlags::RDWR)
         .unwrap();
     let (node, fh) = (c.entry.node, c.opened.fh);
-    let data = pattern(6 << 20, 7);
+    let data = bytes(7, 6 << 20);
     // 1 MiB writes, each pipelined over many requests.
     for (i, piece) in data.chunks(1 << 20).enumerate() {
         let args = WriteArgs {
@@ -411,7 +400,7 @@ fn reconnect_after_server_loss() {
 #[test]
 fn in_flight_reads_fail_when_the_server_dies() {
     let mut s = Sshd::start();
-    std::fs::write(s.data.join("big"), pattern(8 << 20, 3)).unwrap();
+    std::fs::write(s.data.join("big"), bytes(3, 8 << 20)).unwrap();
     let fs = std::sync::Arc::new(connect(&s, &[("reconnect", None)]));
     let e = fs.lookup(&REQ, NodeId::ROOT, n("big")).unwrap();
     let o = fs.open(&REQ, e.node, OpenFlags::RDONLY).unwrap();
@@ -451,7 +440,7 @@ fn in_flight_reads_fail_when_the_server_dies() {
     s.restart();
     let mut buf = vec![0u8; 1 << 20];
     assert_eq!(fs.read(&REQ, e.node, o.fh, 0, &mut buf).unwrap(), buf.len());
-    assert_eq!(buf, pattern(8 << 20, 3)[..1 << 20]);
+    assert_eq!(buf, bytes(3, 8 << 20)[..1 << 20]);
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use shortfuse::{Filesystem, NewNode, NodeId, OpenFlags, ReleaseArgs, RenameFlags, Request, SetAttr, WriteArgs};
+use shortfuse_fs::pattern::bytes;
 use shortfuse_fs::stripe::StripeFs;
 
 const REQ: Request = Request {
@@ -23,18 +24,8 @@ fn dirs(tag: &str) -> (PathBuf, Vec<PathBuf>) {
     (base, dirs)
 }
 
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
+// Test set-up of the same shape as put in pack_trait.rs: kept apart so each
+// test reads on its own.
 fn put(fs: &StripeFs, name: &str, data: &[u8]) -> NodeId {
     let mode = NewNode {
         mode: libc::S_IFREG | 0o644,

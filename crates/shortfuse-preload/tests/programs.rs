@@ -20,6 +20,8 @@ fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
 }
 
+// Test set-up of the same shape as the PY of tests/test_run.py: kept apart so
+// each test reads on its own.
 const PY: &str = r#"
 import os, sys
 root = sys.argv[1]

@@ -148,6 +148,19 @@ impl Target {
             _ => Err(not_a_name),
         }
     }
+
+    /// The name a call is to make: EEXIST where the name is taken, and
+    /// ENOENT for a trailing '/' unless the call makes a directory.
+    fn new_name(&self, directory: bool) -> Result<&[u8], Errno> {
+        let name = self.name(Errno::EEXIST)?;
+        if self.node.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if self.trailing_slash && !directory {
+            return Err(Errno::ENOENT);
+        }
+        Ok(name)
+    }
 }
 
 /// Where a walk ended.
@@ -420,13 +433,21 @@ impl Vfs {
 
     /// Records an entry the file system handed out and caches its name.
     pub(crate) fn remember(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
+        self.cache_entry(parent, name, e, true);
+    }
+
+    /// Records an entry and caches its name; `parent_changed` (the entry
+    /// was made, not looked up) drops the parent's attributes too.
+    fn cache_entry(&self, parent: NodeId, name: &[u8], e: &EntryOut, parent_changed: bool) {
         let now = Instant::now();
         let mut forgets = Forgets::new();
         {
             let mut c = self.lock();
             c.add_lookup(e.node, e.attr, e.attr_ttl, now);
             c.set_dentry(parent, name, Some(e.node), e.entry_ttl, now, &mut forgets);
-            c.invalidate_attr(parent);
+            if parent_changed {
+                c.invalidate_attr(parent);
+            }
         }
         self.forget(forgets);
     }
@@ -499,14 +520,7 @@ impl Vfs {
     }
 
     fn remember_lookup(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
-        let now = Instant::now();
-        let mut forgets = Forgets::new();
-        {
-            let mut c = self.lock();
-            c.add_lookup(e.node, e.attr, e.attr_ttl, now);
-            c.set_dentry(parent, name, Some(e.node), e.entry_ttl, now, &mut forgets);
-        }
-        self.forget(forgets);
+        self.cache_entry(parent, name, e, false);
     }
 
     /// Drops what the cache says of the name at `rel` (a path below the
@@ -652,6 +666,21 @@ impl Vfs {
         self.lock().nlookup(node)
     }
 
+    /// A walk's end at the directory `loc` itself (a path with nothing
+    /// left to walk, or a link to the mount's root).
+    fn dir_itself(&self, loc: Location, trailing_slash: bool, links: u32) -> Result<Walk, Errno> {
+        let node = loc.node();
+        let attr = self.getattr(node)?;
+        Ok(Walk::Inside(Target {
+            dir: loc,
+            last: Last::Dir,
+            node: Some((node, attr)),
+            trailing_slash,
+            links,
+            unasked: false,
+        }))
+    }
+
     /// Resolves `path` from `start`. A leading '/' starts from the mount's
     /// root (callers strip the mount point from absolute paths first).
     /// `links` counts symbolic links already followed.
@@ -676,16 +705,7 @@ impl Vfs {
             let trailing = is_last && buf[pos + comp_len..].contains(&b'/');
             if comp.is_empty() {
                 // Nothing (left) to walk: the path names the directory itself.
-                let node = loc.node();
-                let attr = self.getattr(node)?;
-                return Ok(Walk::Inside(Target {
-                    dir: loc,
-                    last: Last::Dir,
-                    node: Some((node, attr)),
-                    trailing_slash: true,
-                    links,
-                    unasked: false,
-                }));
+                return self.dir_itself(loc, true, links);
             }
             // As the kernel's may_lookup: every name, dots included, is
             // looked up in a directory the caller may search.
@@ -776,16 +796,7 @@ impl Vfs {
                 pos = buf.iter().take_while(|&&b| b == b'/').count();
                 if buf[pos..].is_empty() {
                     // "link" -> "/mnt/x": the mount's root itself.
-                    let node = loc.node();
-                    let attr = self.getattr(node)?;
-                    return Ok(Walk::Inside(Target {
-                        dir: loc,
-                        last: Last::Dir,
-                        node: Some((node, attr)),
-                        trailing_slash: trailing,
-                        links,
-                        unasked: false,
-                    }));
+                    return self.dir_itself(loc, trailing, links);
                 }
                 continue;
             }
@@ -818,10 +829,7 @@ impl Vfs {
     }
 
     pub fn mkdir(&self, t: &Target, mode: u32) -> Result<Attr, Errno> {
-        let name = t.name(Errno::EEXIST)?;
-        if t.node.is_some() {
-            return Err(Errno::EEXIST);
-        }
+        let name = t.new_name(true)?;
         self.writable()?;
         let parent = t.dir.node();
         let umask = self.umask();
@@ -840,13 +848,7 @@ impl Vfs {
 
     /// `mknod(2)` for regular files, FIFOs, sockets and devices.
     pub fn mknod(&self, t: &Target, mode: u32, rdev: u32) -> Result<Attr, Errno> {
-        let name = t.name(Errno::EEXIST)?;
-        if t.node.is_some() {
-            return Err(Errno::EEXIST);
-        }
-        if t.trailing_slash {
-            return Err(Errno::ENOENT);
-        }
+        let name = t.new_name(false)?;
         self.writable()?;
         let parent = t.dir.node();
         let umask = self.umask();
@@ -871,13 +873,7 @@ impl Vfs {
     }
 
     pub fn symlink(&self, target: &[u8], t: &Target) -> Result<Attr, Errno> {
-        let name = t.name(Errno::EEXIST)?;
-        if t.node.is_some() {
-            return Err(Errno::EEXIST);
-        }
-        if t.trailing_slash {
-            return Err(Errno::ENOENT);
-        }
+        let name = t.new_name(false)?;
         if target.is_empty() {
             return Err(Errno::ENOENT);
         }
@@ -898,13 +894,7 @@ impl Vfs {
         if old.trailing_slash {
             return Err(Errno::ENOTDIR);
         }
-        let name = new.name(Errno::EEXIST)?;
-        if new.node.is_some() {
-            return Err(Errno::EEXIST);
-        }
-        if new.trailing_slash {
-            return Err(Errno::ENOENT);
-        }
+        let name = new.new_name(false)?;
         self.writable()?;
         self.may_link(&attr)?;
         let parent = new.dir.node();
