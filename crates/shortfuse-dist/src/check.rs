@@ -26,6 +26,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use shortfuse_fs::pattern::Xorshift;
+
 /// One client's access to the shared files `0..files`.
 pub trait Register: Send + Sync {
     /// Replaces file `file`'s contents with `data` (from offset 0).
@@ -190,17 +192,6 @@ fn decode(buf: &[u8], n: usize, size: usize) -> Seen {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Runs `w` with one thread per client and checks the history.
 pub fn run(clients: &[&dyn Register], w: &Workload) -> io::Result<Outcome> {
     if w.size < 8 || !w.size.is_multiple_of(8) || w.files == 0 || w.read_percent > 100 {
@@ -216,13 +207,13 @@ pub fn run(clients: &[&dyn Register], w: &Workload) -> io::Result<Outcome> {
             .enumerate()
             .map(|(client, reg)| {
                 s.spawn(move || {
-                    let mut rng = Rng((w.seed.wrapping_add(client as u64 + 1)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+                    let mut rng = Xorshift::seeded(w.seed.wrapping_add(client as u64 + 1));
                     let mut ops = Vec::with_capacity(w.ops);
                     let mut buf = vec![0u8; w.size];
                     let mut seq = 0;
                     for _ in 0..w.ops {
-                        let file = (rng.next() % w.files as u64) as usize;
-                        let is_read = rng.next() % 100 < u64::from(w.read_percent);
+                        let file = (rng.next_u64() % w.files as u64) as usize;
+                        let is_read = rng.next_u64() % 100 < u64::from(w.read_percent);
                         let (start, kind);
                         if is_read {
                             start = t0.elapsed();

@@ -43,6 +43,8 @@ fn names(entries: Vec<shortfuse_dist::proto::DirEntryInfo>) -> Vec<Vec<u8>> {
     entries.into_iter().map(|e| e.name).collect()
 }
 
+// Test set-up of the same shape recurs from test to test below: kept apart
+// so each test reads on its own.
 #[test]
 fn two_agents_see_each_others_changes_at_once() {
     let etcd = TestEtcd::start().unwrap();

@@ -70,6 +70,8 @@ fn list(fs: &MemFs, dir: NodeId, room: usize) -> Vec<OsString> {
     }
 }
 
+// Test set-up of the same shape recurs from test to test below: kept apart
+// so each test reads on its own.
 #[test]
 fn readdir_pages_with_full_sink() {
     let fs = MemFs::new();

@@ -37,6 +37,8 @@ fn release(fs: &PassthroughFs, node: NodeId, fh: FileHandle) {
     fs.release(&root_req(), node, fh, &ReleaseArgs::default()).unwrap();
 }
 
+// Test set-up of the same shape recurs from test to test below: kept apart
+// so each test reads on its own.
 #[test]
 fn construction_errors_are_clear() {
     let tmp = TempDir::new("ctor");

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use shortfuse::{Attr, Errno, FileHandle, Filesystem, MountOptions, NodeId, Stats};
 use shortfuse_abi as abi;
 use shortfuse_fs::mem::MemFs;
+use shortfuse_fs::pattern::Xorshift;
 use shortfuse_ring::region::{self, slot, Geometry};
 use shortfuse_ring::{Anchoring, Notice, RingClient, Server, ServerConfig};
 use zerocopy::{FromBytes, IntoBytes};
@@ -165,6 +166,8 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+// Test set-up of the same shape recurs from test to test below: kept apart
+// so each test reads on its own.
 #[test]
 fn requests_round_trip_and_largest_writes_fit() {
     let path = scratch("rt");
@@ -746,17 +749,6 @@ fn raw_client(path: &Path) -> (OwnedFd, OwnedFd, Geometry) {
     }
 }
 
-/// xorshift: reproducible garbage.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 #[test]
 fn garbage_in_a_clients_ring_harms_nobody_else() {
     let path = scratch("fuzz");
@@ -787,37 +779,38 @@ fn garbage_in_a_clients_ring_harms_nobody_else() {
         // SAFETY: `off` is inside the mapping and 4-aligned.
         unsafe { &*(base.add(off) as *const AtomicU32) }
     };
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // xorshift: reproducible garbage.
+    let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
     let started = Instant::now();
     let mut rounds = 0;
     while started.elapsed() < Duration::from_secs(2) {
         rounds += 1;
         for _ in 0..64 {
-            let q = (rng.next() % u64::from(g.queues)) as usize;
-            let i = (rng.next() % u64::from(g.slots)) as usize;
+            let q = (rng.next_u64() % u64::from(g.queues)) as usize;
+            let i = (rng.next_u64() % u64::from(g.slots)) as usize;
             let off = g.slot_off(q, i);
-            match rng.next() % 6 {
+            match rng.next_u64() % 6 {
                 // Random words anywhere in the region.
-                0 => word((rng.next() as usize % (len / 4)) * 4).store(rng.next() as u32, Ordering::Relaxed),
+                0 => word((rng.next_u64() as usize % (len / 4)) * 4).store(rng.next_u64() as u32, Ordering::Relaxed),
                 // A slot with an absurd length, or a plausible header with a
                 // random opcode and random body.
-                1 => word(off + 4).store(rng.next() as u32, Ordering::Relaxed),
+                1 => word(off + 4).store(rng.next_u64() as u32, Ordering::Relaxed),
                 2 | 3 => {
-                    let n = 40 + (rng.next() % 200) as usize;
+                    let n = 40 + (rng.next_u64() % 200) as usize;
                     for k in (0..n).step_by(4) {
-                        word(off + region::SLOT_HEADER + k).store(rng.next() as u32, Ordering::Relaxed);
+                        word(off + region::SLOT_HEADER + k).store(rng.next_u64() as u32, Ordering::Relaxed);
                     }
                     word(off + region::SLOT_HEADER).store(n as u32, Ordering::Relaxed);
-                    word(off + region::SLOT_HEADER + 4).store((rng.next() % 60) as u32, Ordering::Relaxed);
+                    word(off + region::SLOT_HEADER + 4).store((rng.next_u64() % 60) as u32, Ordering::Relaxed);
                     word(off + 4).store(n as u32, Ordering::Relaxed);
                 }
                 // Publish random (often out-of-range) indices, ring the bell.
                 _ => {
                     let pos = word(g.tail_off(q)).fetch_add(1, Ordering::Relaxed);
-                    let idx = if rng.next().is_multiple_of(2) {
+                    let idx = if rng.next_u64().is_multiple_of(2) {
                         i as u32
                     } else {
-                        rng.next() as u32
+                        rng.next_u64() as u32
                     };
                     word(g.entry_off(q, pos)).store(region::entry(pos, idx), Ordering::Release);
                     word(g.slot_off(q, i)).store(slot::SUBMITTED, Ordering::Release);

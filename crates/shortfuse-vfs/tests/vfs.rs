@@ -309,6 +309,8 @@ const CASES: &[Op] = &[
     Op::Stat("a/f"),
 ];
 
+// Test set-up of the same shape recurs from test to test below: kept apart
+// so each test reads on its own.
 #[test]
 fn path_operations_match_a_real_directory() {
     let dir = std::env::temp_dir().join(format!("sfvfs-{}", std::process::id()));

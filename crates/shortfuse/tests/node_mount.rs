@@ -248,6 +248,8 @@ fn req() -> Request {
     }
 }
 
+// Test set-up of the same shape as notify_mount.rs (one test per kernel
+// transport): kept apart so each test reads on its own.
 #[test]
 fn a_writable_node_tree_over_dev() {
     let m = Mounted::new("dev", Transport::Dev);

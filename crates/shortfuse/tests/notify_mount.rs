@@ -261,6 +261,8 @@ fn everything(m: &Mounted) {
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
 }
 
+// Test set-up of the same shape as node_mount.rs (one test per kernel
+// transport): kept apart so each test reads on its own.
 #[test]
 fn notifications_over_dev() {
     let m = Mounted::new("dev", Transport::Dev);
