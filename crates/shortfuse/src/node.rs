@@ -42,6 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::errno::{Errno, Result};
 use crate::filesystem::{Filesystem, InitConfig};
+use crate::lookups::LookupCount;
 use crate::notify::Notifier;
 use crate::types::*;
 
@@ -203,7 +204,7 @@ pub struct NodeFs {
 struct Known {
     node: Arc<dyn Node>,
     /// Entries the kernel holds (the root's is never counted down).
-    lookups: u64,
+    lookups: LookupCount,
     /// Names it was looked up by, to forget them with it.
     names: Vec<(u64, OsString)>,
 }
@@ -233,7 +234,7 @@ impl NodeFs {
             NodeId::ROOT.0,
             Known {
                 node: root,
-                lookups: 1,
+                lookups: LookupCount::new(1),
                 names: Vec::new(),
             },
         );
@@ -314,7 +315,7 @@ impl NodeFs {
                     id,
                     Known {
                         node: child,
-                        lookups: 0,
+                        lookups: LookupCount::default(),
                         names: Vec::new(),
                     },
                 );
@@ -323,7 +324,7 @@ impl NodeFs {
         };
         let link = (parent.0, name.to_os_string());
         let known = t.by_id.get_mut(&id).expect("inserted above");
-        known.lookups += 1;
+        known.lookups.add(1);
         if !known.names.contains(&link) {
             known.names.push(link.clone());
         }
@@ -386,8 +387,7 @@ impl Filesystem for NodeFs {
         let Some(k) = t.by_id.get_mut(&node.0) else {
             return;
         };
-        k.lookups = k.lookups.saturating_sub(nlookup);
-        if k.lookups > 0 {
+        if !k.lookups.forget(nlookup) {
             return;
         }
         let k = t.by_id.remove(&node.0).expect("found above");

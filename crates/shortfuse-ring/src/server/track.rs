@@ -3,6 +3,7 @@
 //! processes goes.
 
 use shortfuse::sync::lock;
+use shortfuse::LookupCount;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -17,8 +18,9 @@ use super::{build, Conn, Shared};
 pub(super) struct Track {
     /// (fh, directory?) -> what the handle is open on, and who owns it.
     pub(super) handles: HashMap<(u64, bool), Handle>,
-    /// node -> lookups handed out and not forgotten.
-    pub(super) lookups: HashMap<u64, u64>,
+    /// node -> lookups handed out to this client and not forgotten (the
+    /// client's share of the file system's count of the node).
+    pub(super) lookups: HashMap<u64, LookupCount>,
     /// The anchored descriptions (by lock owner) this client anchored or
     /// claimed (see [`crate::proto::CLAIM_MAGIC`]): it may name their
     /// nodes.
@@ -111,7 +113,7 @@ impl Conn {
             }
             Operation::Create { .. } => {
                 if let Some(e) = entry().filter(|e| e.nodeid != 0) {
-                    *t.lookups.entry(e.nodeid).or_default() += 1;
+                    t.lookups.entry(e.nodeid).or_default().add(1);
                     let rest = body.get(std::mem::size_of::<abi::fuse_entry_out>()..).unwrap_or(&[]);
                     if let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(rest) {
                         t.handles.insert((o.fh, false), Handle { node: e.nodeid, pid });
@@ -125,7 +127,7 @@ impl Conn {
             | Operation::Symlink { .. }
             | Operation::Link { .. } => {
                 if let Some(e) = entry().filter(|e| e.nodeid != 0) {
-                    *t.lookups.entry(e.nodeid).or_default() += 1;
+                    t.lookups.entry(e.nodeid).or_default().add(1);
                 }
             }
             _ => {}
@@ -149,7 +151,7 @@ impl Conn {
             .into_iter()
             .map(|(nodeid, n)| abi::fuse_forget_one {
                 nodeid,
-                nlookup: shared.keep_lookups(nodeid, n),
+                nlookup: shared.keep_lookups(nodeid, n.get()),
             })
             .filter(|f| f.nlookup > 0)
             .collect();
@@ -252,11 +254,8 @@ pub(super) struct Handle {
 
 impl Track {
     pub(super) fn forget(&mut self, node: u64, n: u64) {
-        if let Some(c) = self.lookups.get_mut(&node) {
-            *c = c.saturating_sub(n);
-            if *c == 0 {
-                self.lookups.remove(&node);
-            }
+        if self.lookups.get_mut(&node).is_some_and(|c| c.forget(n)) {
+            self.lookups.remove(&node);
         }
     }
 }

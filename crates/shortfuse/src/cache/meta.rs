@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::page::{FxBuild, Policy, Store};
 use super::CachedFs;
 use crate::filesystem::Filesystem;
+use crate::lookups::LookupCount;
 use crate::types::*;
 
 /// A cached name: the node, its generation, the name itself (the key only
@@ -22,11 +23,13 @@ struct Name {
 }
 
 /// Lookups of one node: handed out by the inner file system and not yet
-/// forgotten there, and answered from the cache (not yet forgotten).
+/// forgotten there, and answered from the cache (not yet forgotten). The
+/// kernel's count of the node is the sum; a FORGET gives back the cache's
+/// own first.
 #[derive(Default)]
 struct Counts {
-    inner: u64,
-    absorbed: u64,
+    inner: LookupCount,
+    absorbed: LookupCount,
     /// Cached names pointing at the node.
     names: u32,
 }
@@ -108,7 +111,7 @@ impl MetaCache {
     pub(super) fn unref_name(&mut self, node: NodeId) {
         if let Some(c) = self.counts.get_mut(&node.0) {
             c.names = c.names.saturating_sub(1);
-            if c.inner == 0 && c.absorbed == 0 && c.names == 0 {
+            if !c.inner.held() && !c.absorbed.held() && c.names == 0 {
                 self.counts.remove(&node.0);
             }
         }
@@ -139,17 +142,17 @@ impl MetaCache {
 
     /// Whether the inner file system still holds a lookup of `node`.
     pub(super) fn alive(&self, node: NodeId) -> bool {
-        self.counts.get(&node.0).is_some_and(|c| c.inner > 0)
+        self.counts.get(&node.0).is_some_and(|c| c.inner.held())
     }
 
     /// One lookup of `node` handed out by the inner file system.
     pub(super) fn counted(&mut self, node: NodeId) {
-        self.counts.entry(node.0).or_default().inner += 1;
+        self.counts.entry(node.0).or_default().inner.add(1);
     }
 
     /// One lookup answered from the cache.
     pub(super) fn absorbed(&mut self, node: NodeId) {
-        self.counts.entry(node.0).or_default().absorbed += 1;
+        self.counts.entry(node.0).or_default().absorbed.add(1);
     }
 
     /// The part of a FORGET of `n` lookups that goes to the inner file
@@ -158,11 +161,8 @@ impl MetaCache {
         let Some(c) = self.counts.get_mut(&node.0) else {
             return n;
         };
-        let mine = c.absorbed.min(n);
-        c.absorbed -= mine;
-        let rest = n - mine;
-        c.inner = c.inner.saturating_sub(rest);
-        if c.inner == 0 {
+        let rest = n - c.absorbed.take(n);
+        if c.inner.forget(rest) {
             // The inner file system may drop the node now: nothing cached
             // may name it any more.
             if c.names > 0 {
@@ -170,7 +170,7 @@ impl MetaCache {
             }
             self.attrs.remove(&node.0);
             if let Some(c) = self.counts.get(&node.0) {
-                if c.absorbed == 0 && c.names == 0 {
+                if !c.absorbed.held() && c.names == 0 {
                     self.counts.remove(&node.0);
                 }
             }
