@@ -90,6 +90,39 @@ fn accmode(flags: i32) -> i32 {
 }
 
 impl OpenFile {
+    /// A description of `node` with only what every open has: the open
+    /// flags that stay after the open, at offset 0, no location or map,
+    /// not kernel-backed, shared or anchored, its node pinned. Each way of
+    /// opening sets what differs.
+    fn new(vfs: Arc<Vfs>, node: NodeId, fh: Option<u64>, kind: FileType, flags: i32, path: Vec<u8>) -> OpenFile {
+        OpenFile {
+            vfs,
+            node,
+            fh,
+            kind,
+            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
+            pos: Mutex::new(DirPos::default()),
+            loc: None,
+            found: OnceLock::new(),
+            path,
+            noflush: false,
+            path_only: false,
+            map: None,
+            kernel: AtomicBool::new(false),
+            lock: OnceLock::new(),
+            shared: OnceLock::new(),
+            anchored: AtomicBool::new(false),
+            pinned: true,
+            beneath_map: false,
+        }
+    }
+
+    /// This description with what one way of opening sets differently.
+    fn with(mut self, set: impl FnOnce(&mut OpenFile)) -> OpenFile {
+        set(&mut self);
+        self
+    }
+
     pub fn vfs(&self) -> &Arc<Vfs> {
         &self.vfs
     }

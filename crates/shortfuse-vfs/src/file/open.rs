@@ -4,13 +4,13 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicI32};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use shortfuse::{Attr, Errno, FileHandle, FileType, NodeId, SetAttr};
 use shortfuse_abi as abi;
 
-use super::{accmode, DirPos, OpenFile};
+use super::{accmode, OpenFile};
 use crate::vfs::{Target, Vfs};
 
 impl Vfs {
@@ -159,26 +159,14 @@ impl Vfs {
         if let Some(l) = &loc {
             self.pin_location(l);
         }
-        Ok(Arc::new(OpenFile {
-            vfs: self.clone(),
-            node,
-            fh,
-            kind,
-            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
-            pos: Mutex::new(DirPos::default()),
-            loc,
-            found: OnceLock::new(),
-            path: t.path(),
-            noflush,
-            path_only,
-            map,
-            kernel: AtomicBool::new(false),
-            lock: OnceLock::new(),
-            shared: OnceLock::new(),
-            anchored: AtomicBool::new(false),
-            pinned: true,
-            beneath_map: false,
-        }))
+        Ok(Arc::new(
+            OpenFile::new(self.clone(), node, fh, kind, flags, t.path()).with(|f| {
+                f.loc = loc;
+                f.noflush = noflush;
+                f.path_only = path_only;
+                f.map = map;
+            }),
+        ))
     }
 
     /// The M-Cache (DeFUSE): a re-open of a regular file whose map is
@@ -216,26 +204,12 @@ impl Vfs {
             return None;
         }
         self.pin(node);
-        Some(Arc::new(OpenFile {
-            vfs: self.clone(),
-            node,
-            fh: None,
-            kind: FileType::Regular,
-            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
-            pos: Mutex::new(DirPos::default()),
-            loc: None,
-            found: OnceLock::new(),
-            path: t.path(),
-            noflush: true,
-            path_only: false,
-            map: Some(map),
-            kernel: AtomicBool::new(false),
-            lock: OnceLock::new(),
-            shared: OnceLock::new(),
-            anchored: AtomicBool::new(false),
-            pinned: true,
-            beneath_map: false,
-        }))
+        Some(Arc::new(
+            OpenFile::new(self.clone(), node, None, FileType::Regular, flags, t.path()).with(|f| {
+                f.noflush = true;
+                f.map = Some(map);
+            }),
+        ))
     }
 
     /// An open file description this image inherited (exec) from an image
@@ -251,26 +225,10 @@ impl Vfs {
         path: Vec<u8>,
         description: File,
     ) -> Arc<OpenFile> {
-        let f = OpenFile {
-            vfs: self.clone(),
-            node,
-            fh: Some(fh),
-            kind: FileType::Regular,
-            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
-            pos: Mutex::new(DirPos::default()),
-            loc: None,
-            found: OnceLock::new(),
-            path,
-            noflush: false,
-            path_only: false,
-            map: None,
-            kernel: AtomicBool::new(false),
-            lock: OnceLock::new(),
-            shared: OnceLock::new(),
-            anchored: AtomicBool::new(true),
-            pinned: false,
-            beneath_map: false,
-        };
+        let f = OpenFile::new(self.clone(), node, Some(fh), FileType::Regular, flags, path).with(|f| {
+            f.anchored = AtomicBool::new(true);
+            f.pinned = false;
+        });
         let _ = f.shared.set(description);
         Arc::new(f)
     }
@@ -308,26 +266,12 @@ impl Vfs {
         path: Vec<u8>,
         beneath_map: bool,
     ) -> Arc<OpenFile> {
-        Arc::new(OpenFile {
-            vfs: self.clone(),
-            node,
-            fh: None,
-            kind,
-            flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
-            pos: Mutex::new(DirPos::default()),
-            loc: None,
-            found: OnceLock::new(),
-            path,
-            noflush: true,
-            path_only: false,
-            map: None,
-            kernel: AtomicBool::new(true),
-            lock: OnceLock::new(),
-            shared: OnceLock::new(),
-            anchored: AtomicBool::new(false),
-            pinned: !beneath_map,
-            beneath_map,
-        })
+        Arc::new(OpenFile::new(self.clone(), node, None, kind, flags, path).with(|f| {
+            f.noflush = true;
+            f.kernel = AtomicBool::new(true);
+            f.pinned = !beneath_map;
+            f.beneath_map = beneath_map;
+        }))
     }
 
     fn remember_created(&self, parent: NodeId, name: &[u8], e: &crate::client::EntryOut) {
