@@ -27,6 +27,16 @@ pub(super) fn readable<T>(flags: OpenFlags, open: impl Fn(OpenFlags) -> Result<T
     }
 }
 
+/// The cache holds what a writer wrote until its FLUSH, so the close of an
+/// open that may write must send one, whatever the inner file system said
+/// (passthrough marks writers on a local source NOFLUSH: it has nothing to
+/// report at close, but the cache has pages to write back).
+fn flush_writes(flags: OpenFlags, opened: &mut Opened) {
+    if flags.access_mode() != OpenFlags::RDONLY {
+        opened.flags.noflush = false;
+    }
+}
+
 /// Misses that fetch without the lock before one fetches holding it (a
 /// file written all the time would otherwise keep its readers fetching).
 const UNLOCKED_TRIES: u32 = 3;
@@ -233,6 +243,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         let (mut opened, write_only) = readable(flags, |f| self.inner.open(req, node, f))?;
         // The data must pass through the cache, not around it.
         opened.data_map = None;
+        flush_writes(flags, &mut opened);
         let mut st = self.lock();
         if write_only {
             st.write_only.insert(opened.fh.0);
@@ -265,6 +276,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
         let (mut c, write_only) = readable(flags, |f| self.inner.create(req, parent, name, new, f))?;
         c.opened.data_map = None;
+        flush_writes(flags, &mut c.opened);
         self.remember(parent, name, &c.entry);
         let mut st = self.lock();
         if write_only {
