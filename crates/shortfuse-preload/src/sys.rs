@@ -26,35 +26,11 @@ pub mod process;
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
-/// A system call straight to the kernel. Our own mapping is never
-/// rewritten and is exempt from Syscall User Dispatch, so this `syscall`
-/// instruction always reaches the kernel. The typed wrappers of `fs` and
-/// `process` are the safe way in.
-///
-/// # Safety
-///
-/// The call may do anything a system call can to this process: the caller
-/// vouches that every pointer argument is either the program's own, handed
-/// on as the program gave it (the kernel checks it as it would have), or
-/// memory of ours valid for what call `nr` reads and writes there; and
-/// that the call does not unmap, remap or overwrite memory Rust code
-/// still uses, nor close a descriptor something else of ours owns.
-#[inline(always)]
-pub unsafe fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
-    let ret: i64;
-    // SAFETY: see the function's contract. rcx and r11 are clobbered by
-    // `syscall`.
-    unsafe {
-        asm!(
-            "syscall",
-            inlateout("rax") nr => ret,
-            in("rdi") a1, in("rsi") a2, in("rdx") a3, in("r10") a4, in("r8") a5, in("r9") a6,
-            lateout("rcx") _, lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret
-}
+/// A system call straight to the kernel: the rings' wrapper of the
+/// `syscall` instruction, inlined here, in our own mapping, which is never
+/// rewritten and is exempt from Syscall User Dispatch. Its `# Safety`
+/// section is the contract of every caller.
+pub use shortfuse_ring::raw_syscall as raw;
 
 /// Bytes of the stack [`on_own_stack`] runs code on.
 const OWN_STACK: usize = 8 << 20;
@@ -817,7 +793,10 @@ global_asm!(
     "sub %rcx, 80(%r11)",
     "add $0x80, %rsp",
     "ret",
-    // clone, fork, vfork: the hook has run; now the call itself
+    // clone, fork, vfork: the hook has run; now the call itself. The
+    // unwinding is the one above, written twice on purpose: once popfq has
+    // put back the program's flags, and the other registers hold the call's
+    // arguments and the stack pointers, no register is left to branch on.
     "15:",
     "mov -64(%rbp), %rax",
     "lea -8(%rbp), %rsp",

@@ -40,3 +40,7 @@ pub use locks::{Locks, POSIX_OWNER};
 pub use proto::{socket_path, socket_paths};
 pub use region::Geometry;
 pub use server::{changes, Announcer, Server, ServerConfig, DEFAULT_SPIN_US};
+/// The raw system call the preload shim shares with the rings (one copy of
+/// the `syscall` instruction's wrapper); not for file-system authors.
+#[doc(hidden)]
+pub use sys::raw as raw_syscall;

@@ -263,7 +263,7 @@ impl Server {
         // Anybody may connect: the handshake tells another user why it is
         // refused (without `allow_other`), or serves it.
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
-        let owner = sys::raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32;
+        let owner = sys::geteuid();
         let shared = Arc::new(Shared {
             fs,
             forward,

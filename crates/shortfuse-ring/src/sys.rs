@@ -11,13 +11,27 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// A system call straight to the kernel; returns the raw result
-/// (negative errno on failure).
+/// (negative errno on failure). The one raw system call of the rings and
+/// of the preload shim (which re-exports it): inlined into the shim's
+/// mapping, which is never rewritten and is exempt from Syscall User
+/// Dispatch, this `syscall` instruction always reaches the kernel. The
+/// typed wrappers below (and the shim's `fs` and `process`) are the safe
+/// way in.
+///
+/// # Safety
+///
+/// The call may do anything a system call can to this process: the caller
+/// vouches that every pointer argument is either the program's own, handed
+/// on as the program gave it (the kernel checks it as it would have), or
+/// memory of ours valid for what call `nr` reads and writes there; and
+/// that the call does not unmap, remap or overwrite memory Rust code
+/// still uses, nor close a descriptor something else of ours owns.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
+pub unsafe fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
     let ret: i64;
-    // SAFETY: the kernel checks every argument; callers pass pointers to
-    // live memory of the right size. rcx and r11 are clobbered by `syscall`.
+    // SAFETY: see the function's contract. rcx and r11 are clobbered by
+    // `syscall`.
     unsafe {
         core::arch::asm!(
             "syscall",
@@ -30,9 +44,14 @@ pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64
     ret
 }
 
+/// As the x86_64 `raw`, through libc's wrapper.
+///
+/// # Safety
+///
+/// As for the x86_64 `raw`.
 #[cfg(not(target_arch = "x86_64"))]
-pub fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
-    // SAFETY: as above; libc's wrapper returns -1 and sets errno.
+pub unsafe fn raw(nr: i64, a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6: i64) -> i64 {
+    // SAFETY: the caller's contract; libc's wrapper returns -1 and sets errno.
     let r = unsafe { libc::syscall(nr, a1, a2, a3, a4, a5, a6) };
     if r < 0 {
         -(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) as i64)
@@ -50,32 +69,39 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
     let tsp = ts.as_ref().map_or(0, |t| t as *const libc::timespec as i64);
-    raw(
-        libc::SYS_futex,
-        word.as_ptr() as i64,
-        i64::from(libc::FUTEX_WAIT),
-        i64::from(expected),
-        tsp,
-        0,
-        0,
-    );
+    // SAFETY: `word` and `ts` are live for the call; the kernel only reads them.
+    unsafe {
+        raw(
+            libc::SYS_futex,
+            word.as_ptr() as i64,
+            i64::from(libc::FUTEX_WAIT),
+            i64::from(expected),
+            tsp,
+            0,
+            0,
+        )
+    };
 }
 
 /// Wakes up to `n` sleepers on `word`.
 pub fn futex_wake(word: &AtomicU32, n: i32) {
-    raw(
-        libc::SYS_futex,
-        word.as_ptr() as i64,
-        i64::from(libc::FUTEX_WAKE),
-        i64::from(n),
-        0,
-        0,
-        0,
-    );
+    // SAFETY: `word` is live; FUTEX_WAKE only reads its address.
+    unsafe {
+        raw(
+            libc::SYS_futex,
+            word.as_ptr() as i64,
+            i64::from(libc::FUTEX_WAKE),
+            i64::from(n),
+            0,
+            0,
+            0,
+        )
+    };
 }
 
 pub fn getpid() -> u32 {
-    raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32
+    // SAFETY: no arguments.
+    unsafe { raw(libc::SYS_getpid, 0, 0, 0, 0, 0, 0) as u32 }
 }
 
 /// Registers `child` to run in the child of every fork(3).
@@ -95,20 +121,24 @@ pub fn lock_file(fd: BorrowedFd<'_>, lock: bool) {
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as i16;
     fl.l_whence = libc::SEEK_SET as i16;
-    while raw(
-        libc::SYS_fcntl,
-        i64::from(fd.as_raw_fd()),
-        i64::from(libc::F_SETLKW),
-        &fl as *const libc::flock as i64,
-        0,
-        0,
-        0,
-    ) == -i64::from(libc::EINTR)
+    // SAFETY: `fl` is live for the call; F_SETLKW only reads it.
+    while unsafe {
+        raw(
+            libc::SYS_fcntl,
+            i64::from(fd.as_raw_fd()),
+            i64::from(libc::F_SETLKW),
+            &fl as *const libc::flock as i64,
+            0,
+            0,
+            0,
+        )
+    } == -i64::from(libc::EINTR)
     {}
 }
 
 pub fn sched_yield() {
-    raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+    // SAFETY: no arguments.
+    unsafe { raw(libc::SYS_sched_yield, 0, 0, 0, 0, 0, 0) };
 }
 
 /// True when the peer of a connected SOCK_SEQPACKET socket has closed it
@@ -116,15 +146,18 @@ pub fn sched_yield() {
 /// so a live peer leaves nothing to read: EAGAIN.
 pub fn peer_gone(fd: RawFd) -> bool {
     let mut b = 0u8;
-    let r = raw(
-        libc::SYS_recvfrom,
-        i64::from(fd),
-        &mut b as *mut u8 as i64,
-        1,
-        i64::from(libc::MSG_PEEK | libc::MSG_DONTWAIT),
-        0,
-        0,
-    );
+    // SAFETY: `b` is one live byte the kernel may write; no address asked.
+    let r = unsafe {
+        raw(
+            libc::SYS_recvfrom,
+            i64::from(fd),
+            &mut b as *mut u8 as i64,
+            1,
+            i64::from(libc::MSG_PEEK | libc::MSG_DONTWAIT),
+            0,
+            0,
+        )
+    };
     r == 0 || (r < 0 && r != -i64::from(libc::EAGAIN) && r != -i64::from(libc::EINTR))
 }
 
@@ -137,7 +170,8 @@ pub fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> bool {
         revents: 0,
     };
     let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX).max(1);
-    let r = raw(libc::SYS_poll, &mut p as *mut libc::pollfd as i64, 1, ms, 0, 0, 0);
+    // SAFETY: `p` is one live pollfd the kernel may write.
+    let r = unsafe { raw(libc::SYS_poll, &mut p as *mut libc::pollfd as i64, 1, ms, 0, 0, 0) };
     r > 0
 }
 
@@ -419,32 +453,68 @@ pub fn peer_creds(sock: BorrowedFd<'_>) -> io::Result<(u32, u32, u32)> {
 /// keeps the capabilities each step needs: groups and gid while the fsuid
 /// is still 0. Returns false if one did not take.
 pub fn set_thread_creds(uid: u32, gid: u32, groups: &[u32]) -> bool {
-    let g = raw(
-        libc::SYS_setgroups,
-        groups.len() as i64,
-        groups.as_ptr() as i64,
-        0,
-        0,
-        0,
-        0,
-    );
-    raw(libc::SYS_setfsgid, i64::from(gid), 0, 0, 0, 0, 0);
-    raw(libc::SYS_setfsuid, i64::from(uid), 0, 0, 0, 0, 0);
+    // SAFETY: `groups` is live and holds `groups.len()` ids the kernel
+    // reads; the id calls take no pointers.
+    let g = unsafe {
+        raw(
+            libc::SYS_setgroups,
+            groups.len() as i64,
+            groups.as_ptr() as i64,
+            0,
+            0,
+            0,
+            0,
+        )
+    };
+    set_fsgid(gid);
+    set_fsuid(uid);
     // setfsuid and setfsgid return the previous id, never an error: ask
     // again with an invalid one, which changes nothing.
-    g == 0
-        && raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) == i64::from(uid)
-        && raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) == i64::from(gid)
+    g == 0 && fsuid() == uid && fsgid() == gid
+}
+
+/// This thread's file-system user id (setfsuid with an invalid id changes
+/// nothing and returns the current one).
+pub fn fsuid() -> u32 {
+    // SAFETY: no pointers.
+    unsafe { raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) as u32 }
+}
+
+/// This thread's file-system group id, as [`fsuid`].
+pub fn fsgid() -> u32 {
+    // SAFETY: no pointers.
+    unsafe { raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) as u32 }
+}
+
+/// Sets this thread's file-system user id (this thread alone, unlike
+/// glibc's wrapper); check with [`fsuid`].
+pub fn set_fsuid(uid: u32) {
+    // SAFETY: no pointers.
+    unsafe { raw(libc::SYS_setfsuid, i64::from(uid), 0, 0, 0, 0, 0) };
+}
+
+/// Sets this thread's file-system group id, as [`set_fsuid`].
+pub fn set_fsgid(gid: u32) {
+    // SAFETY: no pointers.
+    unsafe { raw(libc::SYS_setfsgid, i64::from(gid), 0, 0, 0, 0, 0) };
+}
+
+/// The process's effective user id.
+pub fn geteuid() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { raw(libc::SYS_geteuid, 0, 0, 0, 0, 0, 0) as u32 }
 }
 
 /// The calling thread's supplementary groups.
 pub fn thread_groups() -> Vec<u32> {
-    let n = raw(libc::SYS_getgroups, 0, 0, 0, 0, 0, 0);
+    // SAFETY: a size of 0 asks for the count and writes nothing.
+    let n = unsafe { raw(libc::SYS_getgroups, 0, 0, 0, 0, 0, 0) };
     if n <= 0 {
         return Vec::new();
     }
     let mut g = vec![0u32; n as usize];
-    let got = raw(libc::SYS_getgroups, n, g.as_mut_ptr() as i64, 0, 0, 0, 0);
+    // SAFETY: `g` holds `n` live ids the kernel may write.
+    let got = unsafe { raw(libc::SYS_getgroups, n, g.as_mut_ptr() as i64, 0, 0, 0, 0) };
     g.truncate(got.max(0) as usize);
     g
 }

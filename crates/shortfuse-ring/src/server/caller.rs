@@ -126,8 +126,8 @@ impl Acting {
         if !impersonate || who.uid == 0 {
             return Ok(Acting { own: None });
         }
-        let uid = sys::raw(libc::SYS_setfsuid, -1, 0, 0, 0, 0, 0) as u32;
-        let gid = sys::raw(libc::SYS_setfsgid, -1, 0, 0, 0, 0, 0) as u32;
+        let uid = sys::fsuid();
+        let gid = sys::fsgid();
         let own = (uid, gid, sys::thread_groups());
         let groups: Vec<u32> = who.groups().collect();
         let acting = Acting { own: Some(own) };
@@ -144,7 +144,7 @@ impl Drop for Acting {
             // Back to root first: setgroups and setfsgid need the
             // capabilities a non-zero fsuid does not drop, but in this
             // order nothing depends on that.
-            sys::raw(libc::SYS_setfsuid, i64::from(uid), 0, 0, 0, 0, 0);
+            sys::set_fsuid(uid);
             sys::set_thread_creds(uid, gid, &groups);
         }
     }
