@@ -32,6 +32,7 @@
 //! mount.
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::borrow::Cow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -534,7 +535,7 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
         (vfs, Cow::Borrowed(rest.strip_prefix(b"/").unwrap_or(rest)))
     } else {
         let (vfs, base) = if dirfd == AT_FDCWD {
-            let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner());
+            let cwd = st.cwd.lock().unpoison();
             match &*cwd {
                 Some((vfs, loc)) => {
                     vfs.namespace()?;
@@ -542,7 +543,7 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
                 }
                 None => {
                     drop(cwd);
-                    let host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner());
+                    let host = st.host_cwd.lock().unpoison();
                     let mut abs = host.clone();
                     drop(host);
                     abs.push(b'/');

@@ -13,6 +13,7 @@
 //! directories are kept for one set of credentials, since the kernel
 //! checked search permission on the way to them for those alone.
 
+use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,7 +82,7 @@ impl Namespace {
     }
 
     fn lock(&self) -> MutexGuard<'_, Dirs> {
-        self.dirs.lock().unwrap_or_else(|e| e.into_inner())
+        self.dirs.lock().unpoison()
     }
 
     /// The directory at `path` (relative to the root, no `.` or `..`

@@ -2,6 +2,7 @@
 //! mount, with the kernel's kept somewhere safe) and directory listings.
 #![allow(unsafe_code)] // the program's memory, through `user`
 
+use shortfuse::sync::Unpoison;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ pub fn fchdir(fd: Fd) -> Option<i64> {
 }
 
 pub fn getcwd(buf: Ptr, len: usize) -> Option<i64> {
-    let cwd = state().cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let cwd = state().cwd.lock().unpoison().clone();
     let (vfs, loc) = cwd?;
     // As the kernel: a removed current directory has no path.
     match vfs.getattr_fresh(loc.node(), None) {
@@ -69,7 +70,7 @@ fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
         vfs.pin_location(loc);
         kernel_cwd_inside(vfs, loc);
     }
-    let old = std::mem::replace(&mut *st.cwd.lock().unwrap_or_else(|e| e.into_inner()), new);
+    let old = std::mem::replace(&mut *st.cwd.lock().unpoison(), new);
     if let Some((vfs, loc)) = old {
         vfs.unpin_location(&loc);
     }
@@ -165,7 +166,7 @@ fn follow_kernel_cwd() {
     let n = fs::getcwd(&mut buf);
     if n > 0 {
         buf.truncate(n as usize - 1);
-        *state().host_cwd.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+        *state().host_cwd.lock().unpoison() = buf;
     }
     set_cwd(None);
 }

@@ -15,6 +15,7 @@
 //! last close of the description.
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::sync::{Arc, Mutex};
 
 use shortfuse::{Errno, FileType, NodeId};
@@ -146,7 +147,7 @@ pub fn fcntl(f: &Arc<OpenFile>, cmd: i32, arg: i64) -> i64 {
     match client.setlk(f.node(), fh, owner, &lk, sleep, false) {
         Ok(()) => {
             if !ofd && typ != libc::F_UNLCK {
-                let mut l = LOCKED.lock().unwrap_or_else(|e| e.into_inner());
+                let mut l = LOCKED.lock().unpoison();
                 if !l.contains(&key(f)) {
                     l.push(key(f));
                 }
@@ -185,7 +186,7 @@ pub fn closed(f: &OpenFile) {
     }
     if remote(f) {
         let held = {
-            let mut l = LOCKED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut l = LOCKED.lock().unpoison();
             let before = l.len();
             l.retain(|k| *k != key(f));
             l.len() != before

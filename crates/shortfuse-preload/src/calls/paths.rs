@@ -3,6 +3,7 @@
 //! inotify watches, and the umask that creations apply.
 #![allow(unsafe_code)] // the program's memory, through `user`
 
+use shortfuse::sync::Unpoison;
 use std::sync::Arc;
 
 use shortfuse::Errno;
@@ -251,7 +252,7 @@ fn proc_link(path: Ptr, buf: Ptr, len: i32) -> Option<i64> {
         }
         p
     } else if is_cwd_link(path) {
-        let cwd = state().cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cwd = state().cwd.lock().unpoison().clone();
         let (vfs, loc) = cwd?;
         vfs.host_path(&loc)
     } else {

@@ -2,6 +2,7 @@
 //! path rewritten when a walk left a mount), and the descriptors of ours.
 #![allow(unsafe_code)] // the program's memory, through `user`
 
+use shortfuse::sync::Unpoison;
 use std::sync::Arc;
 
 use shortfuse::Errno;
@@ -110,12 +111,12 @@ pub fn resolve_for(dirfd: i32, path: &[u8], flags: WalkFlags) -> Result<Resolved
     if path.starts_with(b"/") {
         abs = path.into();
     } else if dirfd == libc::AT_FDCWD {
-        let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cwd = st.cwd.lock().unpoison().clone();
         if let Some((vfs, loc)) = cwd {
             first = Some(walk(&vfs, &loc, path, 0).map(|w| (vfs, w))?);
             abs = Default::default();
         } else {
-            let mut host = st.host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut host = st.host_cwd.lock().unpoison().clone();
             host.push(b'/');
             host.extend_from_slice(path);
             abs = host.into();

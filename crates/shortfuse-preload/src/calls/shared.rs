@@ -65,6 +65,7 @@
 //! created), so there is nothing the new image could open again.
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -99,7 +100,7 @@ pub fn pending(f: &OpenFile) -> bool {
 /// since closed or reused. `close` needs none: it leaves the table first.
 pub fn descriptors() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    LOCK.lock().unpoison()
 }
 
 /// Makes the shared descriptions of those `files` still [`pending`]: a

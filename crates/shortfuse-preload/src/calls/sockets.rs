@@ -14,6 +14,7 @@
 //! that is also a kernel mount needs nothing: its paths are the kernel's.
 #![allow(unsafe_code)] // the program's memory, through `user`
 
+use shortfuse::sync::Unpoison;
 use shortfuse::Errno;
 
 use super::table::{Fd, Ptr};
@@ -46,7 +47,7 @@ pub fn call(fd: Fd, addr: Ptr, len: u32, bind: bool) -> Option<i64> {
     let abs = if path.starts_with(b"/") {
         shortfuse_vfs::normalize(path)
     } else {
-        let cwd = state().cwd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cwd = state().cwd.lock().unpoison().clone();
         let (vfs, loc) = cwd?;
         let mut p = vfs.host_path(&loc);
         p.push(b'/');

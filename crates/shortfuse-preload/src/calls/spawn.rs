@@ -32,6 +32,7 @@
 //! assembly turns on in the child too (`sys`).
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -86,7 +87,7 @@ pub fn mount_cwd() -> Option<Vec<u8>> {
         Cwd::Kernel => None,
         Cwd::Parent => {
             let st = state();
-            let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner());
+            let cwd = st.cwd.lock().unpoison();
             cwd.as_ref().map(|(vfs, loc)| vfs.host_path(loc))
         }
     }
@@ -102,7 +103,7 @@ pub fn absolute(dirfd: i64, path: &[u8]) -> Option<Vec<u8>> {
         match mount_cwd() {
             Some(p) => p,
             None if matches!(child_cwd(), Cwd::Kernel) => return None,
-            None => state().host_cwd.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            None => state().host_cwd.lock().unpoison().clone(),
         }
     } else {
         let f = state().fds.get(dirfd as i32)?;

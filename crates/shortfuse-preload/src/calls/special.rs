@@ -31,6 +31,7 @@
 //! meanwhile. No request reaches the daemon, so no daemon thread waits.
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -155,7 +156,7 @@ fn held() -> &'static Mutex<Held> {
 /// `/proc/self/fd/N` of the held node standing for `node` of an in-process
 /// mount, made at first use.
 fn held_node(vfs: &Vfs, dir: &[u8], node: NodeId, attr: &Attr) -> Result<Vec<u8>, Errno> {
-    let mut table = held().lock().unwrap_or_else(|e| e.into_inner());
+    let mut table = held().lock().unpoison();
     let key = (vfs.mountpoint().to_vec(), node.0);
     let fd = match table.get(&key) {
         Some(&fd) => fd,

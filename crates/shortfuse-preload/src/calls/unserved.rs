@@ -10,6 +10,7 @@
 //! `calls::kernel_cwd_inside`.)
 #![allow(unsafe_code)]
 
+use shortfuse::sync::Unpoison;
 use std::sync::Arc;
 
 use shortfuse_vfs::Vfs;
@@ -47,7 +48,7 @@ pub fn kernel_mounted(vfs: &Vfs) -> bool {
 /// The mount our current directory is in.
 pub fn cwd_mount() -> Option<Arc<Vfs>> {
     let st = state();
-    let cwd = st.cwd.lock().unwrap_or_else(|e| e.into_inner());
+    let cwd = st.cwd.lock().unpoison();
     cwd.as_ref().map(|(v, _)| v.clone())
 }
 
