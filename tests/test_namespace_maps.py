@@ -483,3 +483,121 @@ def test_listings_beneath_the_map_match_native(shortfuse, tree, transport):
     listed = changed.stdout.decode().split()
     assert "./a/b/f299" in listed and "./a/b/c" not in listed and "./copy" not in listed
     assert not (src / "a/b/c").exists() and not (src / "copy").exists()
+
+
+# What programs do to a tree's names, modes, owners, times and extended
+# attributes (coreutils, attr): printed as they see it, native and through
+# the shim alike. Only names inside the tree; times the scripts set. Paths
+# are absolute (a process started in the mount finds its working directory
+# by a walk) and printed relative to the tree.
+MAKES = r"""
+set -eo pipefail
+R=$1
+{
+mkdir $R/d
+echo hi > $R/d/f
+echo x > $R/d/g
+ln $R/d/f $R/d/hard
+ln -s f $R/d/soft
+ln -s missing $R/d/dangling
+mkfifo $R/d/fifo
+truncate -s 1000 $R/d/g
+truncate -s 3 $R/d/hard
+python3 -c 'import os, stat, sys; os.truncate(sys.argv[1] + "/d/g", 700); os.mknod(sys.argv[1] + "/d/sock", 0o600 | stat.S_IFSOCK)' $R
+touch -d '2001-02-03 04:05:06.789' $R/d/f
+touch -h -d '2002-02-03 04:05:06' $R/d/soft
+touch -d '2003-02-03 04:05:06' -m $R/d/g
+chmod -R go-rwx $R/d
+chmod 4755 $R/d/g
+chown 1234:2345 $R/d/g
+chown -h 1234:2345 $R/d/soft
+setfattr -n user.a -v hello $R/d/f
+setfattr -n user.b -v 0x00ff $R/d/g
+setfattr -n user.c -v gone $R/d/g
+setfattr -x user.c $R/d/g
+ls -l --time-style=+%Y $R/d
+} 2>&1 | sed -e "s|$R|.|g" -e "s|${R#/}|.|g"
+"""
+
+# What the programs above made, copied and shown.
+COPIES = r"""
+set -eo pipefail
+R=$1
+{
+cp -a $R/d $R/e
+ls -lR --time-style=+%Y $R
+stat -c '%n %s %a %u %g %h %F %y' $R/d/f $R/d/g $R/d/soft $R/e/f $R/e/g $R/e/soft
+stat -c '%n %s %a %u %g %h %F' $R/e/fifo
+getfattr -R -h -d --absolute-names $R | sort
+getfattr -h -n user.a $R/d/hard
+readlink $R/d/soft $R/e/soft $R/e/dangling
+cat $R/e/hard
+} 2>&1 | sed -e "s|$R|.|g" -e "s|${R#/}|.|g"
+"""
+
+# What the same programs are refused (the messages name the paths), and
+# what is the walk's beneath the map: `mkfifo -m` changes the mode through
+# an O_PATH descriptor, a name followed through a symbolic link.
+REFUSALS = r"""
+R=$1
+export T='import os, sys; os.truncate(sys.argv[1], 1)'
+for c in 'ln d/f d/hard' 'ln d d/dirlink' 'ln -s x d/f' 'mkfifo d/fifo' 'truncate -s 5 d/nope/x' \
+         'truncate -s 5 d' 'truncate -s 1 d/fifo' 'chmod 700 d/f/' 'chmod 600 d/nope' 'chown 1:1 d/nope' \
+         'touch -c -d 2001-01-01 d/f/' 'setfattr -n user.z -v 1 d/fifo' 'getfattr -n user.nope d/f' \
+         'setfattr -h -n user.z -v 1 d/soft' 'ln -s x d/nope/y' 'ln d/f d/nope/y' \
+         'python3 -c "$T" d' 'python3 -c "$T" d/fifo' 'python3 -c "$T" d/nope' \
+         'mkfifo -m 600 d/fifo2' 'stat -c "%n %a %F" d/fifo2' 'getfattr -n user.a d/soft' 'chmod 640 d/soft' \
+         'stat -c "%n %a %F" d/f'; do
+  echo "== $c"
+  (cd $R && sh -c "$c" 2>&1)
+  echo "rc=$?"
+done
+"""
+
+
+def passthrough_lookups(log: Path) -> list[str]:
+    """The in-process passthrough's lookups (openat2 O_PATH with
+    RESOLVE_NO_SYMLINKS, one per name) in an strace log."""
+    return [l for l in log.read_text().splitlines() if "RESOLVE_NO_SYMLINKS" in l and "O_PATH" in l]
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_name_and_attribute_changes_beneath_the_map_match_native(shortfuse, tree, transport):
+    native_dir = tree / "native"
+    native_dir.mkdir()
+    (tree / "src" / "work").mkdir()
+    native = subprocess.run(["bash", "-c", MAKES, "sh", str(native_dir)], capture_output=True, timeout=120)
+    assert native.returncode == 0, native.stderr.decode()
+    native_copies = subprocess.run(["bash", "-c", COPIES, "sh", str(native_dir)], capture_output=True, timeout=120)
+    assert native_copies.returncode == 0, native_copies.stderr.decode()
+    native_refused = subprocess.run(["bash", "-c", REFUSALS, "sh", str(native_dir)], capture_output=True, timeout=120)
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    run = [str(shortfuse), "run", *spec, "--", "bash", "-c"]
+    trace = ["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)] if not daemon else []
+    try:
+        p = subprocess.run([*trace, *run, MAKES, "sh", f"{mp}/work"], capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        if daemon:
+            ops = ["LOOKUP", "LINK", "SYMLINK", "MKNOD", "SETATTR", "READLINK"]
+            # (Each process's start-up sends one GETATTR, of the root.)
+            ops += ["GETXATTR", "LISTXATTR", "SETXATTR", "REMOVEXATTR"]
+            seen = {op: daemon.count(op) for op in ops}
+            assert seen == dict.fromkeys(ops, 0)
+        else:
+            assert passthrough_lookups(log) == []
+        copies = subprocess.run([*run, COPIES, "sh", f"{mp}/work"], capture_output=True, timeout=120)
+        assert copies.returncode == 0, copies.stderr.decode()[-3000:]
+        if daemon:
+            # cp's own calls on names: the kernel's.
+            ops = ["LINK", "SYMLINK", "MKNOD", "SETATTR", "GETXATTR", "LISTXATTR", "SETXATTR", "REMOVEXATTR"]
+            ops += ["READLINK"]
+            assert {op: daemon.count(op) for op in ops} == dict.fromkeys(ops, 0)
+        refused = subprocess.run([*run, REFUSALS, "sh", f"{mp}/work"], capture_output=True, timeout=120)
+    finally:
+        if daemon:
+            daemon.stop()
+    # Byte for byte: names, link counts, sizes, modes, owners, times, types, attributes.
+    assert p.stdout.decode() == native.stdout.decode()
+    assert copies.stdout.decode() == native_copies.stdout.decode()
+    assert refused.stdout.decode() == native_refused.stdout.decode()

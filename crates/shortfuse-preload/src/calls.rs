@@ -26,7 +26,7 @@ pub mod spawn;
 pub mod special;
 pub mod table;
 mod unserved;
-mod xattr;
+pub(crate) mod xattr;
 
 pub use descriptors::{nested, OWN_FD_FLOOR};
 pub(crate) use directories::kernel_cwd_inside;

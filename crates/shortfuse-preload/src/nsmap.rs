@@ -32,6 +32,8 @@
 //! mount.
 #![allow(unsafe_code)]
 
+mod changes;
+
 use shortfuse::sync::Unpoison;
 use std::borrow::Cow;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -40,7 +42,7 @@ use std::sync::Arc;
 use shortfuse::{Attr, Errno};
 use shortfuse_vfs::{Namespace, Vfs};
 
-use crate::calls::table::{Call, PathAt, XattrOp};
+use crate::calls::table::{Call, PathAt, XattrOn, XattrOp};
 use crate::calls::{mount_of, nested, to_stat, to_statx};
 use crate::state;
 use crate::sys::raw;
@@ -97,6 +99,12 @@ pub fn call(c: &Call) -> Option<i64> {
         let r = match *c {
             Call::Rename { old, new, flags } => rename(old, new, flags),
             Call::Unlink { at, flags } if flags == libc::AT_REMOVEDIR => one(at, Op::Unlink(flags)),
+            Call::Chmod { at, mode, flags } => changes::chmod(at, mode, flags),
+            Call::Chown { at, uid, gid, flags } => changes::chown(at, uid, gid, flags),
+            Call::Xattr {
+                on: XattrOn::Path { at, follow },
+                op,
+            } => changes::xattr(at, follow, op),
             _ => return None,
         };
         if r.is_some() {
@@ -132,6 +140,15 @@ pub fn call(c: &Call) -> Option<i64> {
         // (With AT_REMOVEDIR it was taken above.)
         Call::Unlink { at, flags: 0 } => return one(at, Op::Unlink(0)),
         Call::Mkdir { at, mode } => return one(at, Op::Mkdir(mode)),
+        Call::Link { old, new, flags } => return changes::link(old, new, flags),
+        Call::Symlink { target, at } => return changes::symlink(target, at),
+        Call::Mknod { at, mode, dev } => return changes::mknod(at, mode, dev),
+        Call::Truncate { at, len } => return changes::truncate(at, len),
+        Call::Utimensat { at, times, flags } => return changes::utimens(at, times, flags),
+        Call::Xattr {
+            on: XattrOn::Path { at, follow },
+            op,
+        } => return changes::xattr(at, follow, op),
         _ => return None,
     };
     let (dirfd, path) = (i64::from(at.dirfd), at.path.0);

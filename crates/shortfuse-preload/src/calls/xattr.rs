@@ -27,11 +27,11 @@ fn unsupported(e: Errno) -> Errno {
     }
 }
 
-/// An xattr call on a descriptor the kernel opened beneath a namespace
-/// map: the kernel's, on the backing file's own descriptor (`None`), but
-/// for a name or value in page 0, which the kernel would read from the
-/// trampoline: EFAULT, as natively.
-fn on_backing_file(op: XattrOp) -> Option<i64> {
+/// An xattr call the kernel serves beneath a namespace map (on the
+/// backing file's own descriptor, or by path on the directory holding
+/// it): `None`, but for a name or value in page 0, which the kernel would
+/// read from the trampoline: EFAULT, as natively.
+pub(crate) fn reads_page_zero(op: XattrOp) -> Option<i64> {
     let low = |p: super::table::Ptr| (p.0 as u64) < crate::zpoline::PAGE as u64;
     let reads_page_zero = match op {
         XattrOp::Get { name, .. } | XattrOp::Remove { name } => low(name),
@@ -48,7 +48,7 @@ pub fn call(regs: Regs, on: XattrOn, op: XattrOp) -> Option<i64> {
         XattrOn::Fd(fd) => {
             let f = file(fd)?;
             if f.beneath_map() {
-                return on_backing_file(op);
+                return reads_page_zero(op);
             }
             (f.vfs().clone(), f.node(), f.file_type())
         }
