@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -555,6 +556,16 @@ done
 """
 
 
+# Changes through a path that leaves the mount by a symbolic link.
+OUTSIDE = r"""
+set -e
+truncate -s 2 "$1"
+chmod 604 "$1"
+setfattr -n user.o -v out "$1"
+touch -m -d '2001-02-03 04:05:06' "$1"
+"""
+
+
 def passthrough_lookups(log: Path) -> list[str]:
     """The in-process passthrough's lookups (openat2 O_PATH with
     RESOLVE_NO_SYMLINKS, one per name) in an strace log."""
@@ -594,10 +605,19 @@ def test_name_and_attribute_changes_beneath_the_map_match_native(shortfuse, tree
             ops += ["READLINK"]
             assert {op: daemon.count(op) for op in ops} == dict.fromkeys(ops, 0)
         refused = subprocess.run([*run, REFUSALS, "sh", f"{mp}/work"], capture_output=True, timeout=120)
+        # Through a symbolic link that leaves the mount (a/up is
+        # ../../outside): followed from the mount point, as the mount
+        # follows it, never from the backing directory.
+        out = subprocess.run([*run, OUTSIDE, "sh", f"{mp}/a/up/g"], capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()[-3000:]
     finally:
         if daemon:
             daemon.stop()
     # Byte for byte: names, link counts, sizes, modes, owners, times, types, attributes.
     assert p.stdout.decode() == native.stdout.decode()
     assert copies.stdout.decode() == native_copies.stdout.decode()
+    g = tree / "m" / "outside" / "g"
+    st = g.stat()
+    assert (st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime) == (2, 0o604, 981173106)
+    assert os.getxattr(g, "user.o") == b"out"
     assert refused.stdout.decode() == native_refused.stdout.decode()

@@ -4,7 +4,9 @@
 //!
 //! stat, lstat, fstatat, statx, access, faccessat, readlink, open, openat,
 //! creat, unlink, unlinkat, rmdir, mkdir, mkdirat and the renames of a path
-//! beneath such a mount become one `*at` call on the directory that holds
+//! beneath such a mount (and the calls of [`changes`]: links, symbolic
+//! links, mknod, truncate, utimensat, chmod, chown, extended attributes)
+//! become one `*at` call on the directory that holds
 //! the last name, with the program's own credentials (so the kernel checks
 //! every permission), presented as the file system presents them (the
 //! mount's device number, the backing inode's attributes and number). The
@@ -334,13 +336,14 @@ impl Place {
 
 /// The mount `path` (from `dirfd`) leads into beneath a map this caller may
 /// use, with the path below its root and the caller's credentials; `None`
-/// for the usual way (a read-only mount too: it says EROFS itself).
-fn mapped(at: PathAt, whole: bool) -> Option<Mapped> {
+/// for the usual way (for a call that `writes`, a read-only mount too: it
+/// says EROFS itself).
+fn mapped(at: PathAt, whole: bool, writes: bool) -> Option<Mapped> {
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
     let path = unsafe { user::cstr(at.path.0) }.ok()?;
     let (vfs, rel, from) = beneath(i64::from(at.dirfd), path, whole)?;
     let ns = vfs.namespace_current()?;
-    if vfs.is_read_only() {
+    if writes && vfs.is_read_only() {
         return None;
     }
     let caller = crate::creds::current();
@@ -373,7 +376,7 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     // root): a directory, which it changes nothing of.
     let whole =
         matches!(op, Op::Open(flags, _) if flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
-    let (vfs, rel, from, caller) = mapped(at, whole)?;
+    let (vfs, rel, from, caller) = mapped(at, whole, true)?;
     let ns = vfs.namespace()?;
     let place = match Place::of(ns, &caller, &rel, from) {
         Ok(p) => p,
@@ -458,8 +461,8 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
 /// rename, renameat and renameat2 of two names beneath one map: one
 /// renameat2 between the directories holding them.
 fn rename(old: PathAt, new: PathAt, flags: u32) -> Option<i64> {
-    let (vfs, from, start, caller) = mapped(old, false)?;
-    let (other, to, end, _) = mapped(new, false)?;
+    let (vfs, from, start, caller) = mapped(old, false, true)?;
+    let (other, to, end, _) = mapped(new, false, true)?;
     if !Arc::ptr_eq(&vfs, &other) {
         return None;
     }

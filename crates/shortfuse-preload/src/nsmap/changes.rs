@@ -19,7 +19,7 @@ use std::sync::Arc;
 use shortfuse::Errno;
 use shortfuse_vfs::Vfs;
 
-use super::{beneath, err, mapped, Place};
+use super::{err, mapped, Place};
 use crate::calls::nested;
 use crate::calls::table::{AtFlags, PathAt, Ptr, XattrOp};
 use crate::sys::raw;
@@ -48,11 +48,7 @@ impl Found {
     /// reads it. `Err` holds the answer when the kernel decided the walk
     /// (`Some`), or `None` for the usual way.
     fn of(at: PathAt, writes: bool) -> Result<Found, Option<i64>> {
-        let (vfs, rel, from, caller) = if writes {
-            mapped(at, false).ok_or(None)?
-        } else {
-            reading(at).ok_or(None)?
-        };
+        let (vfs, rel, from, caller) = mapped(at, false, writes).ok_or(None)?;
         let ns = vfs.namespace().ok_or(None)?;
         let place = Place::of(ns, &caller, &rel, from)?;
         Ok(Found { vfs, rel, place })
@@ -93,20 +89,6 @@ impl Found {
         self.vfs.drop_cached_path(&self.rel);
         Some(r)
     }
-}
-
-/// [`mapped`] for a call that only reads: a read-only mount too.
-fn reading(at: PathAt) -> Option<super::Mapped> {
-    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-    let path = unsafe { user::cstr(at.path.0) }.ok()?;
-    let (vfs, rel, from) = beneath(i64::from(at.dirfd), path, false)?;
-    let ns = vfs.namespace_current()?;
-    let caller = crate::creds::current();
-    if !ns.serves(&caller) {
-        return None;
-    }
-    let rel = rel.into_owned();
-    Some((vfs, rel, from, caller))
 }
 
 /// Runs `f` on the found name, or answers as [`Found::of`] decided.
