@@ -505,6 +505,7 @@ mkfifo $R/d/fifo
 truncate -s 1000 $R/d/g
 truncate -s 3 $R/d/hard
 python3 -c 'import os, stat, sys; os.truncate(sys.argv[1] + "/d/g", 700); os.mknod(sys.argv[1] + "/d/sock", 0o600 | stat.S_IFSOCK)' $R
+python3 -c 'import ctypes, os, sys; c = ctypes.CDLL(None, use_errno=True); fd = os.open(sys.argv[1], os.O_RDONLY); print("utimensat AT_EMPTY_PATH", c.utimensat(fd, b"", None, 0x1000), ctypes.get_errno())' $R/d/g
 touch -d '2001-02-03 04:05:06.789' $R/d/f
 touch -h -d '2002-02-03 04:05:06' $R/d/soft
 touch -d '2003-02-03 04:05:06' -m $R/d/g

@@ -135,7 +135,8 @@ pub fn fchown(fd: Fd, uid: i64, gid: i64) -> Option<i64> {
     Some(done(own(file(fd)?)?.setattr(&owner_set(uid, gid))))
 }
 
-/// utimensat; a null path is futimens(2): the descriptor itself.
+/// utimensat; a null path is futimens(2): the descriptor itself, and so is
+/// an empty one with AT_EMPTY_PATH.
 pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i64> {
     // Two struct timespec, or null for "both now", read first as the
     // kernel does: a bad pointer is EFAULT and both times UTIME_OMIT return
@@ -153,7 +154,7 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
     if times.is_some_and(|t| t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT) {
         return Some(0);
     }
-    let (vfs, node) = if at.path.is_null() {
+    let (vfs, node) = if at.path.is_null() || empty_path(at.path, flags, Null::Fault) {
         let f = own(file(Fd(at.dirfd))?)?;
         (f.vfs().clone(), f.node())
     } else {
