@@ -37,7 +37,10 @@ impl Announcing {
     /// for the kernel's requests as for the rings'.
     pub fn attach(&self, to: Announcer, kernel: &Dispatcher) {
         let announce = to.clone();
-        kernel.observe(Box::new(move |r| crate::changes(r, |n| announce.notify_all(n))));
+        kernel.observe(Box::new(move |r| {
+            crate::changes(r, |n| announce.notify_all(n));
+            announce.mirror(r);
+        }));
         let _ = self.to.set(to);
     }
 }

@@ -30,8 +30,8 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{
-    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, NodeMsg, Welcome, ANCHOR_MAGIC, BACKING_MAGIC,
-    CLAIM_MAGIC, NAMES_MAGIC, NODE_MAGIC,
+    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, NodeMsg, WatchMsg, Welcome, ANCHOR_MAGIC,
+    BACKING_MAGIC, CLAIM_MAGIC, NAMES_MAGIC, NODE_MAGIC, WATCH_MAGIC,
 };
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
@@ -455,6 +455,25 @@ impl RingClient {
             };
             sys::send(self.sock.as_fd(), msg.as_bytes(), None).map_err(errno)?;
             self.descriptor_answer(NODE_MAGIC, cookie)
+        })
+    }
+
+    /// An O_PATH descriptor of the daemon's mirror of node `node`, named
+    /// `name` in directory `parent` (see [`crate::proto::WatchMsg`]), on
+    /// which the program puts its inotify watch.
+    pub fn watch_node(&self, node: u64, parent: u64, name: &[u8]) -> Result<OwnedFd, Errno> {
+        self.on_socket(|cookie| {
+            let msg = WatchMsg {
+                magic: WATCH_MAGIC,
+                node,
+                parent,
+                cookie,
+                len: name.len() as u32,
+            };
+            let mut bytes = msg.as_bytes().to_vec();
+            bytes.extend_from_slice(name);
+            sys::send(self.sock.as_fd(), &bytes, None).map_err(errno)?;
+            self.descriptor_answer(WATCH_MAGIC, cookie)
         })
     }
 

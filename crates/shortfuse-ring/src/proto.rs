@@ -159,6 +159,32 @@ pub type NodeReply = BackingReply;
 /// `NodeMsg::magic` and `NodeReply::magic`.
 pub const NODE_MAGIC: u64 = 0x5346_4b4e_4f44_4553;
 
+/// The client's fourth message: "give me a kernel object to watch for
+/// node `node`" (inotify on a file system without a source directory). The
+/// daemon keeps, for each node asked for, a mirror in its nodes directory:
+/// a directory holding one empty entry per name of the node's (or an empty
+/// file for a file), on which it replays every change made to the node
+/// through the rings or the daemon's kernel mount (a creation creates the
+/// name, a write truncates it, a chmod or utimes touches it, a rename
+/// renames it...), so the kernel's own inotify produces the events, with
+/// its masks, cookies, queue and descriptor semantics. The answer is a
+/// [`NodeReply`] (magic [`WATCH_MAGIC`]) with an O_PATH descriptor of the
+/// mirror. `parent` and the `len` name bytes that follow say where the
+/// node is (0 and none for the root), so that its removal removes the
+/// mirror (IN_DELETE_SELF, IN_IGNORED).
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct WatchMsg {
+    pub magic: u64,
+    pub node: u64,
+    pub parent: u64,
+    pub cookie: u32,
+    pub len: u32,
+}
+
+/// `WatchMsg::magic` and the magic of its [`NodeReply`].
+pub const WATCH_MAGIC: u64 = 0x5346_5741_5443_4853;
+
 /// Follows the [`Welcome`] when the file system mirrors a host directory
 /// (passthrough): the directory, as the daemon names it, and its device and
 /// inode. A client that finds that same directory at that path (same mount

@@ -51,10 +51,12 @@ mod nodes;
 mod notices;
 mod ownership;
 mod track;
+mod watches;
 mod worker;
 
 use backings::Backings;
 use nodes::Nodes;
+use watches::Watches;
 
 use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
@@ -171,6 +173,8 @@ struct Shared {
     backings: Arc<Backings>,
     /// The kernel nodes standing for FIFOs and device nodes.
     nodes: Nodes,
+    /// The kernel objects standing for watched nodes (inotify).
+    watches: Watches,
 }
 
 /// One client's connection.
@@ -264,6 +268,7 @@ impl Server {
         // refused (without `allow_other`), or serves it.
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let owner = sys::geteuid();
+        let nodes = Nodes::new(path, owner == 0);
         let shared = Arc::new(Shared {
             fs,
             forward,
@@ -284,7 +289,8 @@ impl Server {
             retry_again: AtomicBool::new(false),
             notifier: notifier.clone(),
             backings: Arc::default(),
-            nodes: Nodes::new(path, owner == 0),
+            watches: Watches::new(nodes.dir().map(Path::to_path_buf)),
+            nodes,
         });
         notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);
@@ -376,6 +382,7 @@ impl Server {
         for c in &clients {
             c.join_workers();
         }
+        self.shared.watches.clear();
         self.shared.nodes.remove();
         let _ = std::fs::remove_file(&self.path);
     }
@@ -395,6 +402,12 @@ impl Announcer {
     /// The lock table of the server.
     pub fn locks(&self) -> &Arc<Locks> {
         &self.0.locks
+    }
+
+    /// Replays a change the kernel mount made on the mirrors of watched
+    /// nodes (see `watches`).
+    pub fn mirror(&self, r: &abi::Request<'_>) {
+        self.0.watches.apply(r, None);
     }
 
     pub fn notify_all(&self, notice: Notice<'_>) {
@@ -432,7 +445,8 @@ fn accept_loop(shared: Arc<Shared>) {
 
 /// Handshake, workers, then wait for the client to go and clean up.
 fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
-    let mut buf = [0u8; 64];
+    // Room for the longest message: a watch with a name of NAME_MAX bytes.
+    let mut buf = [0u8; 512];
     let ok = match sys::recv(sock.as_fd(), &mut buf) {
         Ok((n, _)) => Hello::read_from_prefix(&buf[..n])
             .ok()
@@ -530,6 +544,10 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 }
                 if let Some(m) = Nodes::parse(&buf[..n]) {
                     Nodes::answer(sock.as_fd(), &m, conn.kernel_node(&shared, m.node));
+                    continue;
+                }
+                if let Some((m, name)) = Watches::parse(&buf[..n]) {
+                    Watches::answer(sock.as_fd(), &m, conn.watch_node(&shared, &m, name));
                     continue;
                 }
                 let Ok((m, _)) = AnchorMsg::read_from_prefix(&buf[..n]) else {

@@ -531,11 +531,41 @@ pub fn same_dir(path: &[u8], dev: u64, ino: u64) -> bool {
 /// mknod(2) of `path` with `mode` (type and permission bits) and device
 /// number `rdev`.
 pub fn mknod(path: &std::path::Path, mode: u32, rdev: u64) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let c = c_path(path)?;
     // SAFETY: a NUL-terminated path.
-    if unsafe { libc::mknod(c.as_ptr(), mode, rdev) } < 0 {
+    done(unsafe { libc::mknod(c.as_ptr(), mode, rdev) })
+}
+
+fn c_path(path: &std::path::Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?)
+}
+
+fn done(r: i32) -> io::Result<()> {
+    if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// truncate(2) of `path` to `len` bytes (by path: no open, so no IN_OPEN).
+pub fn truncate(path: &std::path::Path, len: i64) -> io::Result<()> {
+    let c = c_path(path)?;
+    // SAFETY: a NUL-terminated path.
+    done(unsafe { libc::truncate(c.as_ptr(), len) })
+}
+
+/// Sets both times of `path` (not following a final symlink) to now, as
+/// utimes(2) does.
+pub fn touch(path: &std::path::Path) -> io::Result<()> {
+    let c = c_path(path)?;
+    // SAFETY: a NUL-terminated path; a null `times` means now.
+    done(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW) })
+}
+
+/// renameat2(2) of `from` to `to` with `flags` (RENAME_*).
+pub fn rename2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> io::Result<()> {
+    let (f, t) = (c_path(from)?, c_path(to)?);
+    // SAFETY: NUL-terminated paths.
+    done(unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), flags) })
 }

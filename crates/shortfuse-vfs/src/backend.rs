@@ -84,6 +84,15 @@ pub trait Backend: Send + Sync {
         let _ = node;
         Err(Errno::ENOSYS)
     }
+
+    /// An O_PATH descriptor of a kernel object on which the daemon replays
+    /// every change to node `node` (named `name` in `parent`), for inotify
+    /// watches (see `shortfuse_ring`'s `WatchMsg`). ENOSYS where there is
+    /// no daemon.
+    fn watch_node(&self, node: NodeId, parent: NodeId, name: &[u8]) -> Result<OwnedFd, Errno> {
+        let _ = (node, parent, name);
+        Err(Errno::ENOSYS)
+    }
 }
 
 /// An open handle given to an open file description (see [`Backend::anchor`]).

@@ -746,6 +746,11 @@ impl Client {
         self.backend.kernel_node(node)
     }
 
+    /// See [`Backend::watch_node`].
+    pub fn watch_node(&self, node: NodeId, parent: NodeId, name: &[u8]) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.backend.watch_node(node, parent, name)
+    }
+
     /// FUSE_GETLK: the first lock that would conflict with `lock` taken by
     /// `owner` (`typ` F_UNLCK when none).
     pub fn getlk(

@@ -86,6 +86,10 @@ impl Backend for Ring {
         self.client.kernel_node(node.0)
     }
 
+    fn watch_node(&self, node: NodeId, parent: NodeId, name: &[u8]) -> Result<std::os::fd::OwnedFd, Errno> {
+        self.client.watch_node(node.0, parent.0, name)
+    }
+
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
         self.client.notices(|n| {
             apply(match n {

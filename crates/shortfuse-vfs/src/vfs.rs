@@ -129,6 +129,16 @@ impl Target {
         Some(loc)
     }
 
+    /// Where the object is: its directory's node and its name (None for
+    /// the root).
+    pub fn place(&self) -> Option<(NodeId, &[u8])> {
+        if let Last::Name(n) = &self.last {
+            return Some((self.dir.node(), n));
+        }
+        let (last, up) = self.dir.chain.split_last()?;
+        Some((up.last().map_or(NodeId::ROOT, |c| c.0), &last.1))
+    }
+
     /// The path of the object below the mount point ("/" for the root).
     pub fn path(&self) -> Vec<u8> {
         let mut p = self.dir.path();

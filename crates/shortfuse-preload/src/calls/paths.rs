@@ -6,12 +6,13 @@
 use shortfuse::sync::Unpoison;
 use std::sync::Arc;
 
-use shortfuse::Errno;
+use shortfuse::{Errno, NodeId};
 use shortfuse_vfs::{Target, Vfs};
+use std::os::fd::AsRawFd;
 
 use super::exec;
 use super::reply::{done, err};
-use super::resolve::{file, lookup_follow, magic_link, ours, resolve, target_of, Resolved};
+use super::resolve::{file, lookup_follow, magic_link, ours, resolve, target_of, with_nul, Resolved};
 use super::table::{Fd, PathAt, Ptr, Regs};
 use crate::state;
 use crate::sys::{fs, process};
@@ -175,18 +176,29 @@ pub fn link(old: PathAt, new: PathAt, flags: i32) -> Option<i64> {
 
 /// inotify_add_watch on a mount path: watching the source directory gives
 /// the events of a passthrough mount (names are relative to the watched
-/// directory); a mount without one has no kernel object to watch.
+/// directory); a daemon's mount without one lends the kernel object on
+/// which it replays the node's changes (see `shortfuse_ring`'s `WatchMsg`),
+/// so the watch, and the descriptor the program reads, stay the kernel's.
+/// A file system served in process has neither (ENOSYS).
 pub fn inotify_add_watch(regs: Regs, inotify: Fd, at: PathAt, mask: u32) -> Option<i64> {
     let follow = mask & libc::IN_DONT_FOLLOW == 0;
     let (vfs, t) = ours!(lookup_follow(regs, at, follow));
-    if t.node.is_none() {
+    let Some((node, _)) = t.node else {
         return Some(err(Errno::ENOENT));
-    }
-    let Some(src) = vfs.source() else {
-        return Some(err(Errno::ENOSYS));
     };
-    let path = exec::backing_path(src, &t.path());
-    Some(fs::inotify_add_watch(inotify.0, &path, mask))
+    if let Some(src) = vfs.source() {
+        let path = exec::backing_path(src, &t.path());
+        return Some(fs::inotify_add_watch(inotify.0, &path, mask));
+    }
+    let (parent, name) = t.place().unwrap_or((NodeId(0), b""));
+    let mirror = match vfs.client().watch_node(node, parent, name) {
+        Ok(fd) => fd,
+        Err(e) => return Some(err(e)),
+    };
+    // The walk above followed (or not) the final symlink already; the
+    // mirror is reached through its descriptor's magic link.
+    let path = with_nul(format!("/proc/self/fd/{}", mirror.as_raw_fd()).into_bytes());
+    Some(fs::inotify_add_watch(inotify.0, &path, mask & !libc::IN_DONT_FOLLOW))
 }
 
 /// umask: the kernel's, and every mount's (an in-process file system

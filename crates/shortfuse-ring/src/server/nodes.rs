@@ -59,6 +59,11 @@ impl Nodes {
         }
     }
 
+    /// The directory the nodes are made in.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
     /// Removes the directory and every node in it (the daemon stops).
     pub fn remove(&self) {
         if let Some(d) = &self.dir {

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use shortfuse_abi::{self as abi, Operation};
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::proto::WatchMsg;
+
 use super::{build, Conn, Shared};
 
 /// What a client holds in the file system, to give back when it goes.
@@ -67,20 +69,115 @@ impl Conn {
         if !given {
             return Err(libc::ESTALE);
         }
+        let attr = self.attr_of(shared, node)?;
+        shared.nodes.open(node, &attr)
+    }
+
+    /// Sends the file system request `opcode` on `node` with `parts`, as
+    /// the daemon's own: the answer's body, or the errno.
+    fn own_request(&self, shared: &Shared, opcode: u32, node: u64, parts: &[&[u8]]) -> Result<Vec<u8>, i32> {
         let (mut req, mut reply) = (Vec::new(), Vec::new());
+        build(&mut req, opcode, u64::MAX, node, parts);
+        self.handle(shared, &req, &mut reply);
+        let (out, _) = abi::fuse_out_header::read_from_prefix(&reply).map_err(|_| libc::EIO)?;
+        if out.error != 0 {
+            return Err(-out.error);
+        }
+        Ok(reply.split_off(std::mem::size_of::<abi::fuse_out_header>()))
+    }
+
+    /// The attributes of `node`.
+    fn attr_of(&self, shared: &Shared, node: u64) -> Result<abi::fuse_attr, i32> {
         let arg = abi::fuse_getattr_in {
             getattr_flags: 0,
             dummy: 0,
             fh: 0,
         };
-        build(&mut req, abi::FUSE_GETATTR, u64::MAX, node, &[arg.as_bytes()]);
-        self.handle(shared, &req, &mut reply);
-        let (out, body) = abi::fuse_out_header::read_from_prefix(&reply).map_err(|_| libc::EIO)?;
-        if out.error != 0 {
-            return Err(-out.error);
+        let body = self.own_request(shared, abi::FUSE_GETATTR, node, &[arg.as_bytes()])?;
+        let (attr, _) = abi::fuse_attr_out::read_from_prefix(&body).map_err(|_| libc::EIO)?;
+        Ok(attr.attr)
+    }
+
+    /// The names in directory `node`, with their nodes and `DT_*` types.
+    fn names_of(&self, shared: &Shared, node: u64) -> Result<Vec<(Vec<u8>, u64, u32)>, i32> {
+        let open = abi::fuse_open_in {
+            flags: libc::O_RDONLY as u32,
+            open_flags: 0,
+        };
+        let body = self.own_request(shared, abi::FUSE_OPENDIR, node, &[open.as_bytes()])?;
+        let (o, _) = abi::fuse_open_out::read_from_prefix(&body).map_err(|_| libc::EIO)?;
+        let mut listed = Vec::new();
+        let mut offset = 0;
+        let read = loop {
+            let arg = abi::fuse_read_in {
+                fh: o.fh,
+                offset,
+                size: 64 * 1024,
+                read_flags: 0,
+                lock_owner: 0,
+                flags: 0,
+                padding: 0,
+            };
+            let body = match self.own_request(shared, abi::FUSE_READDIR, node, &[arg.as_bytes()]) {
+                Ok(b) => b,
+                Err(e) => break Err(e),
+            };
+            if body.is_empty() {
+                break Ok(());
+            }
+            let mut rest = &body[..];
+            while let Ok((d, tail)) = abi::fuse_dirent::read_from_prefix(rest) {
+                let Some(name) = tail.get(..d.namelen as usize) else {
+                    break;
+                };
+                if name != b"." && name != b".." {
+                    listed.push((name.to_vec(), d.typ));
+                }
+                offset = d.off;
+                rest = rest.get(abi::fuse_dirent_size(d.namelen as usize)..).unwrap_or(&[]);
+            }
+        };
+        let release = abi::fuse_release_in {
+            fh: o.fh,
+            flags: 0,
+            release_flags: 0,
+            lock_owner: 0,
+        };
+        let _ = self.own_request(shared, abi::FUSE_RELEASEDIR, node, &[release.as_bytes()]);
+        read?;
+        // Each name's node, given back at once: the daemon holds none.
+        let mut names = Vec::with_capacity(listed.len());
+        for (name, typ) in listed {
+            let mut cname = name.clone();
+            cname.push(0);
+            let Ok(body) = self.own_request(shared, abi::FUSE_LOOKUP, node, &[&cname]) else {
+                continue;
+            };
+            let Ok((e, _)) = abi::fuse_entry_out::read_from_prefix(&body) else {
+                continue;
+            };
+            if e.nodeid != 0 {
+                let forget = abi::fuse_forget_in { nlookup: 1 };
+                let mut req = Vec::new();
+                build(&mut req, abi::FUSE_FORGET, u64::MAX, e.nodeid, &[forget.as_bytes()]);
+                self.handle(shared, &req, &mut Vec::new());
+            }
+            names.push((name, e.nodeid, typ));
         }
-        let (attr, _) = abi::fuse_attr_out::read_from_prefix(body).map_err(|_| libc::EIO)?;
-        shared.nodes.open(node, &attr.attr)
+        Ok(names)
+    }
+
+    /// The mirror of `m.node` (named `name` in `m.parent`) for inotify
+    /// watches (see `watches`), for a client that may name the node.
+    pub(super) fn watch_node(&self, shared: &Shared, m: &WatchMsg, name: &[u8]) -> Result<OwnedFd, i32> {
+        let given = self.peer.may_name_any_node(shared.owner) || self.given(shared, &lock(&self.track), m.node);
+        if !given {
+            return Err(libc::ESTALE);
+        }
+        let attr = self.attr_of(shared, m.node)?;
+        let dir = attr.mode & libc::S_IFMT == libc::S_IFDIR;
+        let at = (m.parent != 0).then(|| (m.parent, name.to_vec()));
+        shared.watches.open(m.node, dir, at, || self.names_of(shared, m.node))
     }
 
     /// Records handles and lookups handed out to this client, and their

@@ -157,6 +157,10 @@ impl Conn {
                 shared.announce(self.id, pid, n);
                 shared.tell_kernel(n);
             });
+            // Before the caller has its answer: a program sees the events
+            // of its own changes once the call returns, as on a kernel
+            // file system.
+            shared.watches.apply(&parsed, Some(reply));
         }
     }
 
