@@ -42,6 +42,8 @@ declare -A CMD_PKG=(
     # test_namespace_maps counts the system calls of in-process lookups;
     # test_run what the shim does at a process's start.
     [strace]=strace
+    # The inotify tests compare inotifywait's events with a real directory's.
+    [inotifywait]=inotify-tools
 )
 missing=()
 for cmd in "${!CMD_PKG[@]}"; do

@@ -102,8 +102,10 @@
 //! answered. Extended attributes go to the file
 //! system. inotify_add_watch on a passthrough path (a daemon's too, which
 //! tells its clients its source) watches its backing file or directory
-//! (events name entries relative to it, as on the mount); on a mount
-//! without a source it fails with ENOSYS. bind and connect of a Unix
+//! (events name entries relative to it, as on the mount); on a daemon's
+//! mount without one it watches the kernel mirror of the node on which the
+//! daemon replays its changes (`calls::paths`); in process without a
+//! source it fails with ENOSYS. bind and connect of a Unix
 //! socket to a mount path use the backing path (`calls::sockets`).
 //!
 //! Process exit (Prefuse's open problem, with memory maps): nothing is lost,

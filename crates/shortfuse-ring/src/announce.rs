@@ -37,9 +37,9 @@ impl Announcing {
     /// for the kernel's requests as for the rings'.
     pub fn attach(&self, to: Announcer, kernel: &Dispatcher) {
         let announce = to.clone();
-        kernel.observe(Box::new(move |r| {
+        kernel.observe(Box::new(move |r, reply| {
             crate::changes(r, |n| announce.notify_all(n));
-            announce.mirror(r);
+            announce.mirror(r, reply);
         }));
         let _ = self.to.set(to);
     }

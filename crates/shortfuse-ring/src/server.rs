@@ -404,10 +404,10 @@ impl Announcer {
         &self.0.locks
     }
 
-    /// Replays a change the kernel mount made on the mirrors of watched
-    /// nodes (see `watches`).
-    pub fn mirror(&self, r: &abi::Request<'_>) {
-        self.0.watches.apply(r, None);
+    /// Replays a change the kernel mount made (answered with `reply`) on
+    /// the mirrors of watched nodes (see `watches`).
+    pub fn mirror(&self, r: &abi::Request<'_>, reply: &[u8]) {
+        self.0.watches.apply(r, reply);
     }
 
     pub fn notify_all(&self, notice: Notice<'_>) {

@@ -23,6 +23,7 @@
 //! not see every one of them).
 
 use shortfuse::sync::Unpoison;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
@@ -44,10 +45,10 @@ struct Mirror {
     /// The kernel object: a directory or an empty file.
     path: PathBuf,
     dir: bool,
-    /// Where the node is (parent, name); None for the root or unknown.
+    /// Where the node is (parent, name); None for the root.
     at: Option<(u64, Vec<u8>)>,
-    /// The node of each name of a directory, where known (a name created
-    /// through the kernel mount is known by name alone).
+    /// The node of each name of a directory (0 where the file system did
+    /// not say).
     names: HashMap<Vec<u8>, u64>,
 }
 
@@ -61,10 +62,11 @@ pub(super) struct Watches {
     seq: AtomicU64,
 }
 
-/// A change the replay needs to know the new node of (from the reply).
-fn entry_node(reply: Option<&[u8]>) -> u64 {
+/// The node a creation made, from its reply (CREATE's starts with the
+/// same entry).
+fn entry_node(reply: &[u8]) -> u64 {
     reply
-        .and_then(|r| r.get(std::mem::size_of::<abi::fuse_out_header>()..))
+        .get(std::mem::size_of::<abi::fuse_out_header>()..)
         .and_then(|b| abi::fuse_entry_out::read_from_prefix(b).ok())
         .map_or(0, |(e, _)| e.nodeid)
 }
@@ -115,34 +117,21 @@ impl Watches {
         at: Option<(u64, Vec<u8>)>,
         list: impl FnOnce() -> Result<Vec<(Vec<u8>, u64, u32)>, i32>,
     ) -> Result<OwnedFd, i32> {
-        let root = self.root.as_ref().ok_or(libc::EIO)?;
         let mut mirrors = self.mirrors.lock().unpoison();
-        if !mirrors.contains_key(&node) {
-            match std::fs::DirBuilder::new().mode(0o700).create(root) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(code(e)),
-                _ => {}
+        let path = match mirrors.entry(node) {
+            Entry::Occupied(o) => o.get().path.clone(),
+            Entry::Vacant(v) => {
+                let (path, names) = self.make(node, dir, list)?;
+                v.insert(Mirror {
+                    path: path.clone(),
+                    dir,
+                    at,
+                    names,
+                });
+                self.any.store(true, Ordering::Release);
+                path
             }
-            let path = root.join(format!("w{node}-{}", self.seq.fetch_add(1, Ordering::Relaxed)));
-            let mut names = HashMap::new();
-            if dir {
-                std::fs::DirBuilder::new().mode(0o755).create(&path).map_err(code)?;
-                for (name, child, typ) in list()? {
-                    let p = path.join(OsStr::from_bytes(&name));
-                    let made = if typ == libc::DT_DIR as u32 {
-                        std::fs::DirBuilder::new().mode(0o755).create(&p)
-                    } else {
-                        make_file(&p)
-                    };
-                    made.map_err(code)?;
-                    names.insert(name, child);
-                }
-            } else {
-                make_file(&path).map_err(code)?;
-            }
-            mirrors.insert(node, Mirror { path, dir, at, names });
-            self.any.store(true, Ordering::Release);
-        }
-        let path = &mirrors[&node].path;
+        };
         let f = std::fs::File::options()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
@@ -151,11 +140,43 @@ impl Watches {
         Ok(f.into())
     }
 
-    /// Replays request `r`, answered without an error (with `reply` when
-    /// the caller has it: the kernel mount's observer has not), on the
+    /// Makes the mirror of `node`: its path and, for a directory, the
+    /// node of each of its names.
+    fn make(
+        &self,
+        node: u64,
+        dir: bool,
+        list: impl FnOnce() -> Result<Vec<(Vec<u8>, u64, u32)>, i32>,
+    ) -> Result<(PathBuf, HashMap<Vec<u8>, u64>), i32> {
+        let root = self.root.as_ref().ok_or(libc::EIO)?;
+        match std::fs::DirBuilder::new().mode(0o700).create(root) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(code(e)),
+            _ => {}
+        }
+        let path = root.join(format!("w{node}-{}", self.seq.fetch_add(1, Ordering::Relaxed)));
+        let mut names = HashMap::new();
+        if !dir {
+            make_file(&path).map_err(code)?;
+            return Ok((path, names));
+        }
+        std::fs::DirBuilder::new().mode(0o755).create(&path).map_err(code)?;
+        for (name, child, typ) in list()? {
+            let p = path.join(OsStr::from_bytes(&name));
+            let made = if typ == u32::from(libc::DT_DIR) {
+                std::fs::DirBuilder::new().mode(0o755).create(&p)
+            } else {
+                make_file(&p)
+            };
+            made.map_err(code)?;
+            names.insert(name, child);
+        }
+        Ok((path, names))
+    }
+
+    /// Replays request `r`, answered without an error by `reply`, on the
     /// mirrors it touches. Errors are ignored: a mirror that went wrong
     /// misses events, the file system is not affected.
-    pub fn apply(&self, r: &abi::Request<'_>, reply: Option<&[u8]>) {
+    pub fn apply(&self, r: &abi::Request<'_>, reply: &[u8]) {
         if !self.any.load(Ordering::Acquire) {
             return;
         }
@@ -335,12 +356,14 @@ fn gone(m: &mut HashMap<u64, Mirror>, parent: u64, name: &[u8]) {
     }
 }
 
+/// As the kernel orders them: the node's own IN_DELETE_SELF, then its
+/// directory's IN_DELETE.
 fn remove(m: &mut HashMap<u64, Mirror>, parent: u64, name: &[u8]) {
+    gone(m, parent, name);
     if let Some(d) = m.get_mut(&parent).filter(|d| d.dir) {
         let _ = remove_any(&d.path.join(OsStr::from_bytes(name)));
         d.names.remove(name);
     }
-    gone(m, parent, name);
 }
 
 impl Watches {

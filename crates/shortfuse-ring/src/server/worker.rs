@@ -160,7 +160,7 @@ impl Conn {
             // Before the caller has its answer: a program sees the events
             // of its own changes once the call returns, as on a kernel
             // file system.
-            shared.watches.apply(&parsed, Some(reply));
+            shared.watches.apply(&parsed, reply);
         }
     }
 

@@ -85,9 +85,9 @@ pub struct Dispatcher {
 /// [`Dispatcher::with_map_tap`]).
 pub type MapTap = Arc<dyn Fn(NodeId, FileHandle, &DataMap) + Send + Sync>;
 
-/// Sees every request a dispatcher answered without an error (see
-/// [`Dispatcher::observe`]).
-pub type Observer = Box<dyn Fn(&abi::Request<'_>) + Send + Sync>;
+/// Sees every request a dispatcher answered without an error, and the
+/// reply (see [`Dispatcher::observe`]).
+pub type Observer = Box<dyn Fn(&abi::Request<'_>, &[u8]) + Send + Sync>;
 
 /// Whether `reply` answers its request without an error (an empty one,
 /// of a request that takes none, does not).
@@ -245,7 +245,7 @@ impl Dispatcher {
                     Ok(o) => {
                         if let Some(observe) = self.observer.get() {
                             if answered_ok(reply) {
-                                observe(&req);
+                                observe(&req, reply);
                             }
                         }
                         o
