@@ -295,6 +295,133 @@ def test_a_malformed_reply_fails_that_call_only(shortfuse, scratch):
             sfmount.run(["umount", "-l", m.mountpoint])
 
 
+# A daemon of its own /dev/fuse loop that serves file "f" by kernel
+# passthrough, as libfuse 3.16's fuse_passthrough_open does: INIT agrees
+# FUSE_PASSTHROUGH, OPEN registers the backing file with
+# FUSE_DEV_IOC_BACKING_OPEN and answers FOPEN_PASSTHROUGH with its id,
+# RELEASE closes the registration. It serves READ and WRITE too (a client
+# that does not take the backing file still works), and logs every
+# registration to argv[3].
+PASSTHROUGH_DAEMON = r"""
+import ctypes, errno, os, struct, sys
+mp, backing, log = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open("/dev/fuse", os.O_RDWR)
+libc = ctypes.CDLL(None, use_errno=True)
+opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+if libc.mount(b"ptfuse", mp.encode(), b"fuse.ptfuse", 6, opts) != 0:
+    sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+BACKING_OPEN, BACKING_CLOSE = 0x4010E501, 0x4004E502
+FOPEN_PASSTHROUGH, PASSTHROUGH2 = 1 << 7, 1 << 5  # PASSTHROUGH: flags2 bit 5
+ioctl = libc.ioctl
+ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
+def attr(ino, mode, size):
+    return struct.pack("<QQQQQQIIIIIIIIII", ino, size, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+def file_attr():
+    return attr(2, 0o100644, os.stat(backing).st_size)
+def reply(unique, body=b"", err=0):
+    os.write(fd, struct.pack("<IiQ", 16 + len(body), -err, unique) + body)
+handles, next_fh = {}, 1
+while True:
+    try:
+        req = os.read(fd, 1 << 21)
+    except OSError as e:
+        if e.errno in (errno.EINTR, errno.ENOENT):
+            continue
+        break
+    ln, op, unique, node = struct.unpack_from("<IIQQ", req)
+    body = req[40:]
+    if op == 26:  # INIT
+        major, minor, ra, flags = struct.unpack_from("<IIII", body)
+        flags2 = struct.unpack_from("<I", body, 16)[0] if len(body) >= 20 else 0
+        if not flags2 & PASSTHROUGH2:
+            note("no passthrough offered")
+        # major minor max_readahead flags max_background congestion max_write
+        # time_gran max_pages map_alignment flags2 max_stack_depth, padding.
+        out = struct.pack("<IIIIHHIIHHII", 7, 40, 0, 1 << 30, 16, 12, 1 << 17, 1, 32, 0, PASSTHROUGH2, 1)
+        reply(unique, out + b"\0" * (64 - len(out)))
+    elif op == 3:  # GETATTR
+        a = attr(1, 0o40755, 0) if node == 1 else file_attr()
+        reply(unique, struct.pack("<QII", 0, 0, 0) + a)
+    elif op == 1:  # LOOKUP
+        if body.split(b"\0")[0] == b"f":
+            reply(unique, struct.pack("<QQQQII", 2, 0, 0, 0, 0, 0) + file_attr())
+        else:
+            reply(unique, err=errno.ENOENT)
+    elif op == 14:  # OPEN
+        flags = struct.unpack_from("<I", body)[0]
+        bfd = os.open(backing, flags & os.O_ACCMODE)
+        arg = struct.pack("<iIQ", bfd, 0, 0)
+        buf = ctypes.create_string_buffer(arg, len(arg))
+        bid = ioctl(fd, BACKING_OPEN, ctypes.addressof(buf))
+        if bid <= 0:
+            note("BACKING_OPEN failed: " + os.strerror(ctypes.get_errno()))
+            os.close(bfd)
+            reply(unique, err=errno.EIO)
+            continue
+        note(f"registered {bid}")
+        fh, next_fh = next_fh, next_fh + 1
+        handles[fh] = (bfd, bid)
+        reply(unique, struct.pack("<QIi", fh, FOPEN_PASSTHROUGH, bid))
+    elif op == 18:  # RELEASE
+        fh = struct.unpack_from("<Q", body)[0]
+        bfd, bid = handles.pop(fh)
+        idbuf = ctypes.create_string_buffer(struct.pack("<I", bid), 4)
+        ioctl(fd, BACKING_CLOSE, ctypes.addressof(idbuf))
+        os.close(bfd)
+        reply(unique)
+    elif op == 15:  # READ
+        fh, off, size = struct.unpack_from("<QQI", body)
+        reply(unique, os.pread(handles[fh][0], size, off))
+    elif op == 16:  # WRITE
+        fh, off, size = struct.unpack_from("<QQI", body)
+        reply(unique, struct.pack("<II", os.pwrite(handles[fh][0], body[40:40 + size], off), 0))
+    elif op == 25:  # FLUSH
+        reply(unique)
+    elif op in (2, 42):  # FORGET, BATCH_FORGET
+        pass
+    elif op == 38:  # DESTROY
+        reply(unique)
+        break
+    else:
+        reply(unique, err=errno.ENOSYS)
+"""
+
+PASSTHROUGH_WORK = r"""
+import os, sys
+fd = os.open(sys.argv[1] + "/f", os.O_RDWR)
+os.pwrite(fd, b"through the backing file", 6)
+print(os.pread(fd, 64, 0).decode(), os.fstat(fd).st_size)
+os.close(fd)
+"""
+
+
+def test_kernel_passthrough_registrations_are_lent_to_the_rings(shortfuse, scratch):
+    mp, backing, log = scratch / "mnt", scratch / "backing", scratch / "log"
+    mp.mkdir()
+    backing.write_bytes(b"hello " + b"." * 30)
+    cmd = ["--", sys.executable, "-c", PASSTHROUGH_DAEMON, str(mp), str(backing), str(log)]
+    d = Daemon(shortfuse, scratch, cmd, mp)
+    try:
+        # The kernel mount reads through the registration.
+        assert (mp / "f").read_bytes() == b"hello " + b"." * 30
+        assert "registered" in log.read_text(), log.read_text()
+        p = under(shortfuse, mp, [sys.executable, "-c", PASSTHROUGH_WORK, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["hello", "through", "the", "backing", "file......", "36"]
+        assert backing.read_bytes() == b"hello through the backing file......"
+        # The open went over the rings, its data to the backing file: the
+        # daemon served no READ or WRITE.
+        assert d.count("OPEN") >= 1
+        assert (d.count("READ"), d.count("WRITE")) == (0, 0)
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
 # ------------------------------------------------ the behaviour suite on them
 
 DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER

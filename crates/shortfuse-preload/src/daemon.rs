@@ -22,10 +22,13 @@
 //!
 //! A cloned descriptor (FUSE_DEV_IOC_CLONE on a new open of /dev/fuse) is
 //! one more descriptor of ours, so libfuse's `clone_fd` works; every
-//! thread's read may return a ring request. Not handled: poll or epoll on
+//! thread's read may return a ring request. Kernel passthrough
+//! registrations are lent to the ring clients (see `backing`). Not handled: poll or epoll on
 //! the descriptor (every daemon we know of reads it in blocking loops),
 //! FUSE over io_uring (libfuse then stays on /dev/fuse).
 #![allow(unsafe_code)]
+
+mod backing;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
@@ -216,6 +219,7 @@ pub fn call(c: &Call, regs: Regs) -> Option<i64> {
             Some(r)
         }
         Call::Fcntl { fd, cmd, arg } if dev(fd.into()) != 0 => fcntl(fd.into(), cmd, arg, reissue),
+        Call::Ioctl { fd } if dev(fd.into()) != 0 => backing::ioctl(regs.a[1] as u32, regs.a[2], reissue),
         Call::Read { fd, buf, len } if dev(fd.into()) != 0 => {
             let iov = [libc::iovec {
                 iov_base: buf.0 as *mut libc::c_void,
@@ -296,18 +300,31 @@ fn fcntl(fd: i64, cmd: i32, arg: i64, reissue: impl Fn() -> i64) -> Option<i64> 
 /// The first 16 bytes the iovecs hold (a FUSE header's start), if readable.
 fn head(iov: &[libc::iovec]) -> Option<[u8; 16]> {
     let mut out = [0u8; 16];
-    let mut got = 0;
+    peek(iov, 0, &mut out).then_some(out)
+}
+
+/// Copies the bytes the iovecs hold at `at` into `out`: false when they
+/// do not reach that far or cannot be read.
+fn peek(iov: &[libc::iovec], at: usize, out: &mut [u8]) -> bool {
+    let (mut skip, mut got) = (at, 0);
     for v in iov {
-        if got == 16 {
+        if got == out.len() {
             break;
         }
-        let n = v.iov_len.min(16 - got);
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        let n = (v.iov_len - skip).min(out.len() - got);
         // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        let b = unsafe { user::slice(v.iov_base as i64, n) }.ok()?;
+        let Ok(b) = (unsafe { user::slice(v.iov_base as i64 + skip as i64, n) }) else {
+            return false;
+        };
         out[got..got + n].copy_from_slice(b);
         got += n;
+        skip = 0;
     }
-    (got == 16).then_some(out)
+    got == out.len()
 }
 
 fn u64_at(b: &[u8; 16], at: usize) -> u64 {
@@ -495,7 +512,11 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
             // As the kernel answers a reply nobody waits for.
             return -i64::from(libc::ENOENT);
         }
-        let r = send_with(reply_fd(unique), MSG_REPLY, iov, None);
+        let lent = backing::lent_by(total, |at, out| peek(iov, at, out));
+        let r = send_with(reply_fd(unique), MSG_REPLY, iov, lent);
+        if let Some(fd) = lent {
+            fs::close(fd);
+        }
         if r < 0 {
             // Too large for the socket: that call fails, not the daemon.
             refuse(unique, libc::EIO);

@@ -16,6 +16,12 @@
 //! one way; [`MSG_REPLY`], [`MSG_NOTIFY`], [`MSG_INIT`] the other), then
 //! the FUSE message.
 //!
+//! A daemon that serves files by kernel passthrough (FOPEN_PASSTHROUGH)
+//! sends the backing file with its reply to a ring client's OPEN or
+//! CREATE; the bridge keeps it for the open handle, and the server lends
+//! it to the client ([`Forward::backing`]), whose reads and writes then go
+//! to the backing file as the kernel mount's do, not through the daemon.
+//!
 //! A daemon that dies closes its end: every call waiting for it fails with
 //! ENOTCONN at once, and so do the calls after. A reply that is not a
 //! well-formed FUSE reply fails the call it answers with EIO, nothing else.
@@ -30,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use shortfuse::{FileHandle, Filesystem, NodeId, Outcome, ReleaseArgs, Request};
+use shortfuse::{BackingFile, Errno, FileHandle, Filesystem, NodeId, Outcome, ReleaseArgs, Request};
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -75,22 +81,32 @@ pub trait Forward: Send + Sync + 'static {
     /// Serves one request of a ring client, INIT included; `reply` gets the
     /// whole reply, or stays empty with [`Outcome::NoReply`] (FORGET).
     fn forward(&self, req: &[u8], reply: &mut Vec<u8>) -> Outcome;
+
+    /// The backing file the daemon serves open handle `fh` of `node` from
+    /// by kernel passthrough, if it does.
+    fn backing(&self, node: u64, fh: u64) -> Option<BackingFile> {
+        let _ = (node, fh);
+        None
+    }
 }
+
+/// A reply of the daemon, and the descriptor that came with it.
+type Got = Result<(Vec<u8>, Option<OwnedFd>), i32>;
 
 /// One call waiting for the daemon's reply.
 #[derive(Default)]
 struct Waiter {
-    reply: Mutex<Option<Result<Vec<u8>, i32>>>,
+    reply: Mutex<Option<Got>>,
     ready: Condvar,
 }
 
 impl Waiter {
-    fn give(&self, r: Result<Vec<u8>, i32>) {
+    fn give(&self, r: Got) {
         *lock(&self.reply) = Some(r);
         self.ready.notify_one();
     }
 
-    fn wait(&self) -> Result<Vec<u8>, i32> {
+    fn wait(&self) -> Got {
         let mut g = lock(&self.reply);
         loop {
             if let Some(r) = g.take() {
@@ -126,6 +142,9 @@ pub struct Bridge {
     kernel: Mutex<Option<OwnedFd>>,
     /// The reply lanes free now.
     lanes: Mutex<Vec<Lane>>,
+    /// The backing files of open handles the daemon serves by kernel
+    /// passthrough, by (node, handle).
+    lent: Mutex<HashMap<(u64, u64), BackingFile>>,
 }
 
 impl Bridge {
@@ -154,6 +173,7 @@ impl Bridge {
             announcer: Mutex::new(None),
             kernel: Mutex::new(None),
             lanes: Mutex::new(lanes),
+            lent: Mutex::new(HashMap::new()),
         })
     }
 
@@ -193,7 +213,7 @@ impl Bridge {
             let kind = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let msg = &buf[4..n];
             match kind {
-                MSG_REPLY => self.reply(msg),
+                MSG_REPLY => self.reply(msg, passed),
                 MSG_NOTIFY => self.notified(msg),
                 MSG_INIT => {
                     if let Some(fd) = passed {
@@ -217,12 +237,12 @@ impl Bridge {
         self.init_seen.notify_all();
     }
 
-    fn reply(&self, msg: &[u8]) {
+    fn reply(&self, msg: &[u8], passed: Option<OwnedFd>) {
         let Ok((h, _)) = abi::fuse_out_header::read_from_prefix(msg) else {
             return;
         };
         if let Some(w) = lock(&self.pending).remove(&h.unique) {
-            w.give(Ok(msg.to_vec()));
+            w.give(Ok((msg.to_vec(), passed)));
         }
     }
 
@@ -354,7 +374,7 @@ impl Bridge {
     /// Sends `req` as `id` on lane `lane` and waits there for its reply:
     /// a reply to another id (one the daemon answered twice) is skipped;
     /// the lane closing means the daemon went.
-    fn call_on_lane(&self, lane: &mut Lane, req: &[u8], id: u64) -> Result<Vec<u8>, i32> {
+    fn call_on_lane(&self, lane: &mut Lane, req: &[u8], id: u64) -> Got {
         if self.send(req, id).is_err() {
             return Err(libc::ENOTCONN);
         }
@@ -363,15 +383,15 @@ impl Bridge {
             lane.buf.resize(want, 0);
         }
         loop {
-            let n = match sys::recv(lane.sock.as_fd(), &mut lane.buf) {
+            let (n, passed) = match sys::recv(lane.sock.as_fd(), &mut lane.buf) {
                 Ok((0, _)) | Err(_) => return Err(libc::ENOTCONN),
-                Ok((n, _)) => n,
+                Ok(got) => got,
             };
             let Some(msg) = lane.buf.get(4..n) else {
                 continue;
             };
             match abi::fuse_out_header::read_from_prefix(msg) {
-                Ok((h, _)) if h.unique == id => return Ok(msg.to_vec()),
+                Ok((h, _)) if h.unique == id => return Ok((msg.to_vec(), passed)),
                 _ => continue,
             }
         }
@@ -458,6 +478,10 @@ fn well_formed(msg: &[u8]) -> bool {
 }
 
 impl Forward for Bridge {
+    fn backing(&self, node: u64, fh: u64) -> Option<BackingFile> {
+        lock(&self.lent).get(&(node, fh)).cloned()
+    }
+
     fn forward(&self, req: &[u8], reply: &mut Vec<u8>) -> Outcome {
         reply.clear();
         let Ok(h) = abi::parse_header(req) else {
@@ -465,6 +489,9 @@ impl Forward for Bridge {
         };
         if h.opcode == abi::FUSE_INIT {
             return self.init(req, h.unique, reply);
+        }
+        if h.opcode == abi::FUSE_RELEASE {
+            self.released(h.nodeid, req);
         }
         let replies = abi::op_info(h.opcode).is_none_or(|i| i.reply);
         if self.gone() || req.len() < std::mem::size_of::<abi::fuse_in_header>() {
@@ -479,7 +506,7 @@ impl Forward for Bridge {
         if let Some(mut lane) = lane {
             let id = RING_UNIQUE | ((lane.index as u64 + 1) << LANE_SHIFT) | seq;
             let got = self.call_on_lane(&mut lane, req, id);
-            if got != Err(libc::ENOTCONN) {
+            if !matches!(got, Err(libc::ENOTCONN)) {
                 lock(&self.lanes).push(lane);
             }
             return self.answer(req, h, got, reply);
@@ -514,9 +541,12 @@ impl Forward for Bridge {
 impl Bridge {
     /// The reply to ring request `req` (header `h`) from what the daemon
     /// answered: its reply under the request's own id, or an error.
-    fn answer(&self, req: &[u8], h: abi::fuse_in_header, got: Result<Vec<u8>, i32>, reply: &mut Vec<u8>) -> Outcome {
+    fn answer(&self, req: &[u8], h: abi::fuse_in_header, got: Got, reply: &mut Vec<u8>) -> Outcome {
         match got {
-            Ok(msg) if well_formed(&msg) => {
+            Ok((msg, passed)) if well_formed(&msg) => {
+                if let Some(file) = passed {
+                    self.lend(h, &msg, file);
+                }
                 reply.extend_from_slice(&msg);
                 reply[8..16].copy_from_slice(&h.unique.to_ne_bytes());
                 if msg[4..8] == [0; 4] {
@@ -536,6 +566,42 @@ impl Bridge {
     }
 }
 
+impl Bridge {
+    /// Keeps `file`, which came with the daemon's reply `msg` to request
+    /// `h`, for the handle the reply opens, when it is a successful OPEN
+    /// or CREATE reply served by kernel passthrough (anything else was a
+    /// reply that only looked like one to the shim, and the descriptor is
+    /// dropped).
+    fn lend(&self, h: abi::fuse_in_header, msg: &[u8], file: OwnedFd) {
+        let body = msg.get(16..).unwrap_or(&[]);
+        let (node, open) = match h.opcode {
+            abi::FUSE_OPEN => (h.nodeid, body),
+            abi::FUSE_CREATE => match abi::fuse_entry_out::read_from_prefix(body) {
+                Ok((e, rest)) => (e.nodeid, rest),
+                Err(_) => return,
+            },
+            _ => return,
+        };
+        let Ok((o, _)) = abi::fuse_open_out::read_from_prefix(open) else {
+            return;
+        };
+        if o.open_flags & abi::FOPEN_PASSTHROUGH != 0 && node != 0 {
+            lock(&self.lent).insert((node, o.fh), Arc::new(file));
+        }
+    }
+
+    /// A RELEASE of `node`'s handle going to the daemon: its backing file
+    /// is no longer lent (what a client already holds keeps its own copy).
+    fn released(&self, node: u64, req: &[u8]) {
+        let arg = req
+            .get(std::mem::size_of::<abi::fuse_in_header>()..)
+            .and_then(|b| abi::fuse_release_in::read_from_prefix(b).ok());
+        if let Some((r, _)) = arg {
+            lock(&self.lent).remove(&(node, r.fh));
+        }
+    }
+}
+
 /// The calls the server makes on its own (releases and forgets for clients
 /// that went, and for descriptions that closed), as requests to a
 /// [`Forward`].
@@ -551,6 +617,10 @@ impl ForwardFs {
 }
 
 impl Filesystem for ForwardFs {
+    fn map_file(&self, node: NodeId, fh: FileHandle) -> shortfuse::Result<BackingFile> {
+        self.0.backing(node.0, fh.0).ok_or(Errno::ENODEV)
+    }
+
     fn forget(&self, node: NodeId, nlookup: u64) {
         self.call(abi::FUSE_FORGET, node, abi::fuse_forget_in { nlookup }.as_bytes());
     }

@@ -329,10 +329,12 @@ impl OpenFile {
     /// The map to do I/O through: held, and not replaced since.
     fn mapped(&self) -> Option<&HeldMap> {
         let m = self.map.as_ref()?;
-        self.vfs
-            .maps()
-            .is_some_and(|t| t.current(self.node, m.generation))
-            .then_some(m)
+        match self.vfs.maps() {
+            Some(t) => t.current(self.node, m.generation).then_some(m),
+            // A backing file the daemon lent for this open (kernel
+            // passthrough): the file itself, for the open's life.
+            None => Some(m),
+        }
     }
 
     /// Whether closing a descriptor sends FLUSH (and so needs a lock owner).

@@ -33,6 +33,9 @@ impl Vfs {
             return Err(Errno::EOPNOTSUPP);
         }
         let mut noflush = false;
+        // FOPEN_PASSTHROUGH: the file system serves the open from one
+        // backing file, as the kernel's passthrough.
+        let mut passthrough = false;
         if let Some(f) = self.open_cached(t, flags) {
             return Ok(f);
         }
@@ -71,6 +74,7 @@ impl Vfs {
                     Ok((e, o)) => {
                         self.remember_created(parent, &name, &e);
                         noflush = o.open_flags & abi::FOPEN_NOFLUSH != 0;
+                        passthrough = o.open_flags & abi::FOPEN_PASSTHROUGH != 0;
                         (e.node, e.attr, Some(o.fh))
                     }
                     Err(e) if e == Errno::ENOSYS => {
@@ -138,10 +142,12 @@ impl Vfs {
                 self.invalidate_attr(node);
             }
             noflush = o.open_flags & abi::FOPEN_NOFLUSH != 0;
+            passthrough = o.open_flags & abi::FOPEN_PASSTHROUGH != 0;
             Some(o.fh)
         };
         let map = match (fh, self.maps()) {
             (Some(fh), Some(t)) if kind == FileType::Regular => t.take(node, fh),
+            (Some(fh), None) if passthrough && kind == FileType::Regular => self.lent_map(node, fh),
             _ => None,
         };
         if let (Some(pc), Some(fh), None, FileType::Regular) = (self.page_cache(), fh, &map, kind) {
@@ -167,6 +173,18 @@ impl Vfs {
                 f.map = map;
             }),
         ))
+    }
+
+    /// The map of an open a daemon serves by kernel passthrough: the
+    /// backing file it lends (see [`crate::Backend::backing_file`]), so
+    /// that reads and writes go to the file as they do on the kernel
+    /// mount. None (the file system serves the I/O) when it lends none.
+    fn lent_map(&self, node: NodeId, fh: u64) -> Option<crate::HeldMap> {
+        let file = self.client().backing_file(node, fh, None).ok()?;
+        Some(crate::HeldMap {
+            map: Arc::new(shortfuse::DataMap::whole(Arc::new(file))),
+            generation: 0,
+        })
     }
 
     /// The M-Cache (DeFUSE): a re-open of a regular file whose map is
