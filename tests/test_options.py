@@ -8,8 +8,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +209,91 @@ def test_closing_a_file_on_a_local_source_sends_no_flush(mount_factory, opts):
     assert asked["CREATE"] == 5 and asked["OPEN"] == 15 and asked["RELEASE"] >= 1, asked
     assert asked["FLUSH"] == 0, asked
     assert all((m.source / f"made{i}").read_bytes() == b"made" for i in range(5))
+
+
+class BackingIoctls:
+    """The /dev/fuse backing-file ioctls a daemon makes while the block
+    runs, as strace sees them: FUSE_DEV_IOC_BACKING_OPEN registers a source
+    file with the kernel for passthrough, FUSE_DEV_IOC_BACKING_CLOSE drops
+    the registration."""
+
+    # strace prints the names, or the raw request numbers when it does not
+    # know them.
+    OPEN = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_OPEN|_IOC\(_IOC_WRITE, 0xe5, 0x1, 0x10\))")
+    CLOSE = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_CLOSE|_IOC\(_IOC_WRITE, 0xe5, 0x2, 0x4\))")
+
+    def __init__(self, pid: int, log: Path):
+        self.pid, self.log = pid, log
+        self.opens = self.closes = 0
+
+    def __enter__(self) -> "BackingIoctls":
+        self.err = open(self.log.with_suffix(".err"), "w+")
+        cmd = [sfmount.require_tool("strace"), "-f", "-p", str(self.pid), "-e", "trace=ioctl", "-o", str(self.log)]
+        self.proc = subprocess.Popen(cmd, stderr=self.err)
+
+        def attached() -> bool:
+            # "Process N attached with T threads", once all are.
+            self.err.seek(0)
+            return " attached" in self.err.read()
+
+        assert sfmount.wait_until(attached, 30), "strace did not attach to the daemon"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=30)
+        self.err.close()
+        text = self.log.read_text()
+        self.opens = len(self.OPEN.findall(text))
+        self.closes = len(self.CLOSE.findall(text))
+
+
+def wait_for_requests(mp, before: dict[str, int], ops: tuple[str, ...], at_least: int) -> dict[str, int]:
+    """Waits until the daemon has served `at_least` more requests of `ops`
+    than `before` (RELEASE and FORGET come after close(2) returns)."""
+    seen: dict[str, int] = {}
+
+    def done() -> bool:
+        nonlocal seen
+        seen = daemon_counts(mp)
+        return sum(seen.get(op, 0) - before.get(op, 0) for op in ops) >= at_least
+
+    assert sfmount.wait_until(done, 30, 0.05), (ops, before, seen)
+    return seen
+
+
+def test_passthrough_registers_a_file_once_for_all_its_opens(mount_factory, tmp_path):
+    """Kernel passthrough needs the source file registered with the kernel
+    (an ioctl pair on /dev/fuse). One registration serves every open of
+    the file until the kernel forgets the inode; the next open after that
+    registers it again and works."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS)
+    data = os.urandom(64 * 1024)
+    (m.source / "f").write_bytes(data)
+    os.stat(m.path / "f")
+    [pid] = m.daemon_pids
+
+    before = daemon_counts(m.path)
+    with BackingIoctls(pid, tmp_path / "opens.log") as calls:
+        for i in range(20):
+            with open(m.path / "f", "rb" if i % 2 else "r+b") as f:
+                assert f.read() == data
+        wait_for_requests(m.path, before, ("RELEASE",), 20)
+    assert (calls.opens, calls.closes) == (1, 0), "backing-file registrations and closes over 20 opens"
+
+    # Evicting the kernel's unused inodes sends FORGET: the registration
+    # goes with it.
+    before = daemon_counts(m.path)
+    with BackingIoctls(pid, tmp_path / "forget.log") as calls:
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+        wait_for_requests(m.path, before, ("FORGET", "BATCH_FORGET"), 1)
+    assert (calls.opens, calls.closes) == (0, 1), "registrations and closes at FORGET"
+
+    # The file is looked up, registered and served again.
+    with BackingIoctls(pid, tmp_path / "again.log") as calls:
+        with open(m.path / "f", "r+b") as f:
+            assert f.read() == data
+            f.seek(0)
+            f.write(b"again")
+    assert (calls.opens, calls.closes) == (1, 0), "registrations and closes of the reopened file"
+    assert (m.source / "f").read_bytes() == b"again" + data[5:]

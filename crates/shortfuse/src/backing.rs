@@ -16,26 +16,31 @@
 //!
 //! [`Passthrough`] keeps them: each inode with open files is in one mode,
 //! decided by its first open, until its last release.
-//! - First open with a whole map: `FUSE_DEV_IOC_BACKING_OPEN` on the
-//!   session's /dev/fuse fd; the inode is in passthrough mode and every later
-//!   open of it is answered with the same backing id, whether or not that
-//!   open returned a map (the kernel reopens the backing file with each
+//! - First open with a whole map: the inode is in passthrough mode and every
+//!   later open of it is answered with the same backing id, whether or not
+//!   that open returned a map (the kernel reopens the backing file with each
 //!   open's own flags, so the descriptor's mode does not matter).
 //! - First open without a whole map (or when registering the backing file
 //!   fails): the inode is in daemon mode and every later open of it is
 //!   served by the daemon too, even one that returns a whole map.
-//! - Last release: the mode is forgotten and the backing id closed
-//!   ([`BackingId`] closes it on drop). The kernel holds its own reference
-//!   to the backing file for files still open, so closing the id early is
-//!   safe.
+//! - Last release: the mode is forgotten, the backing id is kept.
 //!
-//! The cost is one mutex-protected hash lookup per OPEN, CREATE and RELEASE,
-//! and none at all when passthrough was not negotiated.
-
+//! A backing id stays valid until `FUSE_DEV_IOC_BACKING_CLOSE`, whatever
+//! happens to the files opened with it: the kernel takes its own reference
+//! to the registered file for each open and gives it back at release. So
+//! one registration serves every open of an inode until the kernel forgets
+//! the inode (FORGET), instead of an ioctl pair around each open. The
+//! registered descriptor is an `O_PATH` one of its own (the kernel uses only
+//! its path), so a kept registration holds no read or write access to the
+//! source file: executing or leasing it in the source is not refused, as it
+//! would be while a writable descriptor is held. At most
+//! [`IDLE_REGISTRATIONS`] inodes without open files keep theirs; beyond
+//! that the longest idle ones are closed ([`BackingId`] closes on drop).
+//!
 use crate::sync::Unpoison;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -77,17 +82,108 @@ impl Drop for BackingId {
     }
 }
 
+/// How many inodes without open files keep their backing id. Each holds
+/// one `O_PATH` file in the kernel; the daemon already holds one descriptor
+/// per inode the kernel knows, so this only bounds what an inode that is
+/// never forgotten keeps besides.
+pub const IDLE_REGISTRATIONS: usize = 1024;
+
 /// How the open files of one inode are served.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    Kernel(BackingId),
+    Kernel,
     Daemon,
 }
 
+/// One inode the table knows: open, or idle with a kept registration.
 #[derive(Debug)]
-struct OpenInode {
+struct Node {
+    /// The inode's registration, kept across opens until FORGET or until
+    /// it is the longest idle one beyond [`IDLE_REGISTRATIONS`].
+    backing: Option<BackingId>,
+    /// How the open files are served; meaningless while `opens` is 0.
     mode: Mode,
     opens: u64,
+    /// The kernel forgot the inode while files were open: nothing is kept
+    /// after the last release.
+    forgotten: bool,
+    /// When it last went idle, to tell a current entry of the idle queue
+    /// from a stale one.
+    idle_since: u64,
+}
+
+impl Node {
+    fn open(backing: Option<BackingId>, mode: Mode) -> Node {
+        Node {
+            backing,
+            mode,
+            opens: 1,
+            forgotten: false,
+            idle_since: 0,
+        }
+    }
+
+    fn backing_id(&self) -> Option<i32> {
+        match self.mode {
+            Mode::Kernel => self.backing.as_ref().map(BackingId::id),
+            Mode::Daemon => None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    nodes: HashMap<NodeId, Node>,
+    /// Inodes that went idle with a registration, oldest first, with the
+    /// `idle_since` they went idle at (entries whose inode was reopened,
+    /// forgotten or evicted since are stale and skipped).
+    idle: VecDeque<(NodeId, u64)>,
+    /// Inodes that are idle with a registration now.
+    idle_count: usize,
+    clock: u64,
+}
+
+impl Table {
+    /// Counts one more open of a node the table knows, and says how it is
+    /// served (`None` when the node is unknown). The open of an idle node
+    /// decides its mode again: through its kept registration when `passes`
+    /// (the file system returned a whole map), else by the daemon.
+    fn join(&mut self, node: NodeId, passes: bool) -> Option<Option<i32>> {
+        let n = self.nodes.get_mut(&node)?;
+        if n.opens == 0 {
+            n.mode = if passes { Mode::Kernel } else { Mode::Daemon };
+            if n.backing.is_some() {
+                self.idle_count -= 1;
+            }
+        }
+        n.opens += 1;
+        Some(n.backing_id())
+    }
+
+    /// Closes the longest idle registrations beyond the limit; returns
+    /// them so that the ioctls run outside the lock.
+    fn evict(&mut self, closed: &mut Vec<BackingId>) {
+        while self.idle_count > IDLE_REGISTRATIONS {
+            let Some((node, since)) = self.idle.pop_front() else {
+                break;
+            };
+            if let Some(n) = self.nodes.get(&node) {
+                if n.opens == 0 && n.idle_since == since {
+                    if let Some(n) = self.nodes.remove(&node) {
+                        closed.extend(n.backing);
+                    }
+                    self.idle_count -= 1;
+                }
+            }
+        }
+        // Stale entries pile up when one inode is opened and closed in a
+        // loop: drop them once they outnumber the live ones.
+        if self.idle.len() > 2 * self.idle_count + 64 {
+            let nodes = &self.nodes;
+            self.idle
+                .retain(|(node, since)| nodes.get(node).is_some_and(|n| n.opens == 0 && n.idle_since == *since));
+        }
+    }
 }
 
 /// The passthrough state of one connection, shared by its workers.
@@ -98,7 +194,7 @@ pub struct Passthrough {
     device: OnceLock<Arc<OwnedFd>>,
     /// Set once INIT negotiated `FUSE_PASSTHROUGH`.
     active: AtomicBool,
-    nodes: Mutex<HashMap<NodeId, OpenInode>>,
+    table: Mutex<Table>,
     open_failure_logged: AtomicBool,
 }
 
@@ -137,67 +233,139 @@ impl Passthrough {
         if !self.is_active() {
             return None;
         }
-        let mut nodes = self.nodes.lock().unpoison();
-        if let Some(open) = nodes.get_mut(&node) {
-            open.opens += 1;
-            return match &open.mode {
-                Mode::Kernel(id) => Some(id.id()),
-                Mode::Daemon => None,
-            };
-        }
-        let mode = match (map.and_then(DataMap::as_whole), self.device.get()) {
-            (Some(file), Some(device)) => match BackingId::open(device, file.as_fd()) {
-                Ok(id) => Mode::Kernel(id),
-                Err(e) => {
-                    if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!("FUSE_DEV_IOC_BACKING_OPEN failed ({e}); such files are served by the daemon");
-                    }
-                    Mode::Daemon
-                }
-            },
-            (Some(_), None) => {
-                if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!("passthrough negotiated but the session gave no /dev/fuse descriptor");
-                }
-                Mode::Daemon
+        let whole = map.and_then(DataMap::as_whole);
+        {
+            let mut table = self.table.lock().unpoison();
+            if let Some(id) = table.join(node, whole.is_some()) {
+                return id;
             }
-            (None, _) => Mode::Daemon,
-        };
-        let id = match &mode {
-            Mode::Kernel(id) => Some(id.id()),
-            Mode::Daemon => None,
-        };
-        nodes.insert(node, OpenInode { mode, opens: 1 });
+            if whole.is_none() {
+                table.nodes.insert(node, Node::open(None, Mode::Daemon));
+                return None;
+            }
+        }
+        // The first open that passes through: register outside the lock
+        // (an open of /proc and an ioctl), then publish, unless another
+        // worker opened the inode meanwhile.
+        let backing = whole.and_then(|file| self.register(file.as_fd()));
+        let mut table = self.table.lock().unpoison();
+        if let Some(id) = table.join(node, true) {
+            drop(table);
+            // The other worker's registration serves; ours is closed.
+            drop(backing);
+            return id;
+        }
+        let mode = if backing.is_some() { Mode::Kernel } else { Mode::Daemon };
+        let n = Node::open(backing, mode);
+        let id = n.backing_id();
+        table.nodes.insert(node, n);
         id
     }
 
-    /// Records one RELEASE of `node`; the last one forgets the inode's mode
-    /// and closes its backing id.
+    /// Registers `file` through an `O_PATH` descriptor of its own (see the
+    /// module's documentation); `None`, logged once, when that fails.
+    fn register(&self, file: BorrowedFd<'_>) -> Option<BackingId> {
+        let registered = match self.device.get() {
+            Some(device) => sys::reopen_path(file).and_then(|path| BackingId::open(device, path.as_fd())),
+            None => {
+                if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("passthrough negotiated but the session gave no /dev/fuse descriptor");
+                }
+                return None;
+            }
+        };
+        match registered {
+            Ok(id) => Some(id),
+            Err(e) => {
+                if !self.open_failure_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("FUSE_DEV_IOC_BACKING_OPEN failed ({e}); such files are served by the daemon");
+                }
+                None
+            }
+        }
+    }
+
+    /// Records one RELEASE of `node`. After the last one the inode keeps
+    /// its registration for later opens (see [`Passthrough::forget`]).
     pub fn release(&self, node: NodeId) {
         if !self.is_active() {
             return;
         }
+        let mut closed = Vec::new();
+        {
+            let mut table = self.table.lock().unpoison();
+            table.clock += 1;
+            let clock = table.clock;
+            let Some(n) = table.nodes.get_mut(&node) else {
+                // A release the table never saw (opened before INIT).
+                return;
+            };
+            if n.opens > 1 {
+                n.opens -= 1;
+                return;
+            }
+            n.opens = 0;
+            if n.forgotten || n.backing.is_none() {
+                if let Some(n) = table.nodes.remove(&node) {
+                    closed.extend(n.backing);
+                }
+            } else {
+                n.idle_since = clock;
+                table.idle.push_back((node, clock));
+                table.idle_count += 1;
+                table.evict(&mut closed);
+            }
+        }
+        // The ioctls run outside the lock.
+        drop(closed);
+    }
+
+    /// Records a FORGET of `node`: the kernel has dropped its inode (or
+    /// part of its lookups), so a kept registration is closed now, or at
+    /// the last release of files still open. A file system may give the
+    /// node's number to another file once it is forgotten.
+    pub fn forget(&self, node: NodeId) {
+        if !self.is_active() {
+            return;
+        }
         let closed = {
-            let mut nodes = self.nodes.lock().unpoison();
-            match nodes.get_mut(&node) {
-                Some(open) if open.opens > 1 => {
-                    open.opens -= 1;
+            let mut table = self.table.lock().unpoison();
+            match table.nodes.get_mut(&node) {
+                Some(n) if n.opens > 0 => {
+                    n.forgotten = true;
                     None
                 }
-                Some(_) => nodes.remove(&node),
+                Some(_) => {
+                    let n = table.nodes.remove(&node);
+                    if n.as_ref().is_some_and(|n| n.backing.is_some()) {
+                        table.idle_count -= 1;
+                    }
+                    n
+                }
                 None => None,
             }
         };
-        // The ioctl runs outside the lock.
         drop(closed);
     }
 
     /// Inodes with open files, and how many of them are in passthrough.
     #[cfg(test)]
     pub fn open_inodes(&self) -> (usize, usize) {
-        let nodes = self.nodes.lock().unpoison();
-        let kernel = nodes.values().filter(|o| matches!(o.mode, Mode::Kernel(_))).count();
-        (nodes.len(), kernel)
+        let table = self.table.lock().unpoison();
+        let open = table.nodes.values().filter(|n| n.opens > 0);
+        let kernel = open.clone().filter(|n| n.mode == Mode::Kernel).count();
+        (open.count(), kernel)
+    }
+
+    /// Inodes without open files that keep a registration.
+    #[cfg(test)]
+    pub fn idle_registrations(&self) -> usize {
+        let table = self.table.lock().unpoison();
+        table
+            .nodes
+            .values()
+            .filter(|n| n.opens == 0 && n.backing.is_some())
+            .count()
     }
 
     /// `fuse_open_out.open_flags` for a passthrough open: only the flags
@@ -237,6 +405,20 @@ mod sys {
             });
         }
         Ok(ret)
+    }
+
+    /// An `O_PATH` descriptor of the file behind `fd`, through its
+    /// `/proc/self/fd` link (the kernel offers no other way to drop a
+    /// descriptor's access mode).
+    pub fn reopen_path(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io::Error::other)?;
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        let ret = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: open returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(ret) })
     }
 
     pub fn backing_close(device: BorrowedFd<'_>, id: i32) -> io::Result<()> {
@@ -288,9 +470,26 @@ mod tests {
         assert_eq!(p.open_inodes(), (1, 0));
         p.release(NodeId(2));
         assert_eq!(p.open_inodes(), (0, 0));
-        // A release the table never saw (opened before INIT) is ignored.
+        // Without a registration nothing is kept after the last release.
+        assert_eq!(p.idle_registrations(), 0);
+        // A release the table never saw (opened before INIT) is ignored,
+        // and so is a FORGET of a node never opened.
         p.release(NodeId(3));
+        p.forget(NodeId(3));
         assert_eq!(p.open_inodes(), (0, 0));
+    }
+
+    #[test]
+    fn a_forget_while_open_keeps_the_mode_until_the_last_release() {
+        let p = Passthrough::new();
+        p.set_active(true);
+        assert_eq!(p.open(NodeId(2), None), None);
+        p.forget(NodeId(2));
+        assert_eq!(p.open_inodes(), (1, 0));
+        assert_eq!(p.open(NodeId(2), Some(&whole())), None, "joins the daemon-mode open");
+        p.release(NodeId(2));
+        p.release(NodeId(2));
+        assert_eq!((p.open_inodes(), p.idle_registrations()), ((0, 0), 0));
     }
 
     #[test]

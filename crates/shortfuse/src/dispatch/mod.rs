@@ -363,6 +363,7 @@ impl Dispatcher {
                 Err(e) => Err(e),
             },
             Operation::Forget { arg } => {
+                self.passthrough.forget(node);
                 fs.forget(node, arg.nlookup);
                 Ok(Outcome::NoReply)
             }
@@ -373,6 +374,7 @@ impl Dispatcher {
                 }; 64];
                 let mut n = 0;
                 for f in nodes.iter() {
+                    self.passthrough.forget(NodeId(f.nodeid));
                     chunk[n] = Forget {
                         node: NodeId(f.nodeid),
                         nlookup: f.nlookup,
