@@ -10,7 +10,8 @@
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use shortfuse::{Errno, Result};
 
@@ -49,8 +50,10 @@ pub struct ProcPath {
 }
 
 impl ProcPath {
+    const PREFIX: &'static [u8] = b"/proc/self/fd/";
+
     pub fn new(fd: BorrowedFd<'_>) -> ProcPath {
-        const PREFIX: &[u8] = b"/proc/self/fd/";
+        const PREFIX: &[u8] = ProcPath::PREFIX;
         let mut buf = [0u8; 32];
         buf[..PREFIX.len()].copy_from_slice(PREFIX);
         let mut digits = [0u8; 10];
@@ -73,6 +76,39 @@ impl ProcPath {
     pub fn as_cstr(&self) -> &CStr {
         // The buffer always ends in zeros: a 14-byte prefix and at most 10 digits.
         CStr::from_bytes_until_nul(&self.buf).unwrap_or(EMPTY)
+    }
+
+    /// The last component, `"N"`: the name in the `/proc/self/fd` directory.
+    fn fd_name(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.buf[Self::PREFIX.len()..]).unwrap_or(EMPTY)
+    }
+}
+
+/// This process's `/proc/self/fd` directory, opened once, as
+/// `pid << 32 | descriptor` (0: not yet). `openat(dir, "N")` then skips
+/// the walk through `/proc` and its `self` link that `open("/proc/self/fd/N")`
+/// makes each time, which here is about as long as the rest of the open
+/// (a C loop of open+close: 7.3 µs through the full path, 4.5-5 µs through
+/// the directory, 3.2-3.5 µs for a plain path). Keyed by pid: a child forked
+/// by a program that runs the file system in process (the preload shim)
+/// inherits the descriptor, which names its parent's table, and opens its own.
+static PROC_FD_DIR: AtomicU64 = AtomicU64::new(0);
+
+fn proc_fd_dir() -> Option<RawFd> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let cached = PROC_FD_DIR.load(Ordering::Acquire);
+    if cached != 0 && (cached >> 32) as u32 == pid {
+        return Some(cached as u32 as RawFd);
+    }
+    let dir = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).ok()?;
+    let mine = (u64::from(pid) << 32) | u64::from(dir.as_raw_fd() as u32);
+    match PROC_FD_DIR.compare_exchange(cached, mine, Ordering::AcqRel, Ordering::Acquire) {
+        // Kept for the life of the process. A parent's inherited copy is
+        // left open: its number may belong to the program by now.
+        Ok(_) => Some(dir.into_raw_fd()),
+        Err(won) if (won >> 32) as u32 == pid => Some(won as u32 as RawFd),
+        Err(_) => None,
     }
 }
 
@@ -128,7 +164,11 @@ pub fn open_dir(dir: BorrowedFd<'_>) -> Result<OwnedFd> {
 /// the magic link would hand the symlink inode itself to `open`, which is
 /// never what a FUSE `open` means.
 pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd> {
-    openat(libc::AT_FDCWD, ProcPath::new(fd).as_cstr(), flags)
+    let path = ProcPath::new(fd);
+    match proc_fd_dir() {
+        Some(dir) => openat(dir, path.fd_name(), flags),
+        None => openat(libc::AT_FDCWD, path.as_cstr(), flags),
+    }
 }
 
 /// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: works on `O_PATH`
@@ -610,4 +650,69 @@ pub fn open_by_handle(mount: BorrowedFd<'_>, handle: &Handle, flags: i32) -> Res
         )
     })?;
     owned(fd as libc::c_int)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn first_byte(fd: BorrowedFd<'_>) -> u8 {
+        let mut b = [0u8; 1];
+        assert_eq!(pread(fd, &mut b, 0), Ok(1));
+        b[0]
+    }
+
+    #[test]
+    fn a_forked_child_reopens_its_own_descriptors() {
+        let dir = std::env::temp_dir().join(format!("sf-reopen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a"), b"a").unwrap();
+        std::fs::write(dir.join("b"), b"b").unwrap();
+        let b_path = std::ffi::CString::new(dir.join("b").into_os_string().into_encoded_bytes()).unwrap();
+        let a = std::fs::File::open(dir.join("a")).unwrap();
+        // The parent's reopen caches its /proc/self/fd.
+        assert_eq!(first_byte(reopen(a.as_fd(), libc::O_RDONLY).unwrap().as_fd()), b'a');
+        // SAFETY: the child makes system calls only, then _exit()s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // The child gives a's number to b: a reopen through the
+            // parent's table would find a again.
+            let code = unsafe {
+                libc::close(a.as_raw_fd());
+                let b = libc::open(b_path.as_ptr(), libc::O_RDONLY);
+                if b != a.as_raw_fd() {
+                    2
+                } else {
+                    match reopen(BorrowedFd::borrow_raw(b), libc::O_RDONLY) {
+                        Ok(fd) if first_byte_or_0(fd.as_raw_fd()) == b'b' => 0,
+                        _ => 1,
+                    }
+                }
+            };
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(libc::WIFEXITED(status), "child status {status}");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "1: the child reopened its parent's file; 2: set-up"
+        );
+    }
+
+    /// `first_byte` without the assertion (a child must not panic).
+    fn first_byte_or_0(fd: RawFd) -> u8 {
+        let mut b = [0u8; 1];
+        // SAFETY: reads one byte into a live local.
+        let n = unsafe { libc::pread(fd, b.as_mut_ptr().cast(), 1, 0) };
+        if n == 1 {
+            b[0]
+        } else {
+            0
+        }
+    }
 }
