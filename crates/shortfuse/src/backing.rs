@@ -23,13 +23,17 @@
 //! - First open without a whole map (or when registering the backing file
 //!   fails): the inode is in daemon mode and every later open of it is
 //!   served by the daemon too, even one that returns a whole map.
-//! - Last release: the mode is forgotten, the backing id is kept.
+//! - Last release: the mode is forgotten. The backing id is closed the
+//!   first time, and kept from the second time on (see below).
 //!
 //! A backing id stays valid until `FUSE_DEV_IOC_BACKING_CLOSE`, whatever
 //! happens to the files opened with it: the kernel takes its own reference
 //! to the registered file for each open and gives it back at release. So
-//! one registration serves every open of an inode until the kernel forgets
-//! the inode (FORGET), instead of an ioctl pair around each open. The
+//! an inode opened again after a last release keeps its second registration
+//! for every later open until the kernel forgets the inode (FORGET),
+//! instead of an ioctl pair around each open. A file opened only once
+//! (created, written, closed, deleted) keeps nothing: its registration is
+//! closed at release as it would be at FORGET, so the ioctl costs the same. The
 //! registered descriptor is an `O_PATH` one of its own (the kernel uses only
 //! its path), so a kept registration holds no read or write access to the
 //! source file: executing or leasing it in the source is not refused, as it
@@ -38,7 +42,7 @@
 //! that the longest idle ones are closed ([`BackingId`] closes on drop).
 //!
 use crate::sync::Unpoison;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +111,8 @@ struct Node {
     /// The kernel forgot the inode while files were open: nothing is kept
     /// after the last release.
     forgotten: bool,
+    /// The registration was kept after a last release before.
+    kept: bool,
     /// When it last went idle, to tell a current entry of the idle queue
     /// from a stale one.
     idle_since: u64,
@@ -119,6 +125,7 @@ impl Node {
             mode,
             opens: 1,
             forgotten: false,
+            kept: false,
             idle_since: 0,
         }
     }
@@ -141,9 +148,27 @@ struct Table {
     /// Inodes that are idle with a registration now.
     idle_count: usize,
     clock: u64,
+    /// Inodes whose registration was closed at their first last release,
+    /// oldest first, at most [`IDLE_REGISTRATIONS`]: the next time such an
+    /// inode is released its registration is kept. A file opened once
+    /// (written, copied, then deleted) keeps nothing in the kernel and
+    /// costs no ioctl at FORGET; a file opened again keeps its.
+    released_once: HashSet<NodeId>,
+    released_order: VecDeque<NodeId>,
 }
 
 impl Table {
+    fn remember_released(&mut self, node: NodeId) {
+        if self.released_once.insert(node) {
+            self.released_order.push_back(node);
+        }
+        if self.released_order.len() > IDLE_REGISTRATIONS {
+            if let Some(old) = self.released_order.pop_front() {
+                self.released_once.remove(&old);
+            }
+        }
+    }
+
     /// Counts one more open of a node the table knows, and says how it is
     /// served (`None` when the node is unknown). The open of an idle node
     /// decides its mode again: through its kept registration when `passes`
@@ -293,7 +318,8 @@ impl Passthrough {
         }
         let mut closed = Vec::new();
         {
-            let mut table = self.table.lock().unpoison();
+            let mut guard = self.table.lock().unpoison();
+            let table = &mut *guard;
             table.clock += 1;
             let clock = table.clock;
             let Some(n) = table.nodes.get_mut(&node) else {
@@ -305,11 +331,17 @@ impl Passthrough {
                 return;
             }
             n.opens = 0;
-            if n.forgotten || n.backing.is_none() {
+            let keep = !n.forgotten && n.backing.is_some() && (n.kept || table.released_once.remove(&node));
+            if !keep {
                 if let Some(n) = table.nodes.remove(&node) {
+                    let remember = !n.forgotten && n.backing.is_some();
                     closed.extend(n.backing);
+                    if remember {
+                        table.remember_released(node);
+                    }
                 }
-            } else {
+            } else if let Some(n) = table.nodes.get_mut(&node) {
+                n.kept = true;
                 n.idle_since = clock;
                 table.idle.push_back((node, clock));
                 table.idle_count += 1;
@@ -330,6 +362,7 @@ impl Passthrough {
         }
         let closed = {
             let mut table = self.table.lock().unpoison();
+            table.released_once.remove(&node);
             match table.nodes.get_mut(&node) {
                 Some(n) if n.opens > 0 => {
                     n.forgotten = true;
