@@ -292,6 +292,20 @@ def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
     assert ["/proc/self/fd" in opened for _, opened in shimmed] == [True, False, False, True], shimmed
 
 
+def test_the_shim_loads_no_unwinder_library(shortfuse, scratch):
+    """Every process started under `run` loads the shim and what it needs.
+    The shim carries its unwinder (libgcc_eh) inside: loading libgcc_s.so.1
+    runs its constructor, whose cpuid instructions trap to the hypervisor in
+    a virtual machine, in every short process of a build."""
+    src = scratch / "src"
+    src.mkdir()
+    r = under(shortfuse, [f"{scratch}/p=passthrough:{src}"], ["cat", "/proc/self/maps"])
+    assert r.returncode == 0, r.stderr.decode()
+    maps = r.stdout.decode()
+    assert "libshortfuse_preload.so" in maps, maps
+    assert "libgcc_s" not in maps, maps
+
+
 MMAP_MIN_ADDR = Path("/proc/sys/vm/mmap_min_addr")
 
 

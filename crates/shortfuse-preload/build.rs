@@ -1,0 +1,21 @@
+//! The shim links the unwinder statically (libgcc_eh) instead of needing
+//! libgcc_s.so.1: every process started under `shortfuse run` loads the shim,
+//! and libgcc_s's constructor asks the CPU for its features with `cpuid`,
+//! which traps to the hypervisor in a virtual machine (tens of µs each, a
+//! good part of what the shim adds to a short process). Rust's standard
+//! library asks the linker for `-lgcc_s`; a linker script of that name, found
+//! first, hands it the static archive instead.
+
+use std::path::PathBuf;
+
+fn main() {
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    if os != "linux" || env != "gnu" {
+        return;
+    }
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+    std::fs::write(out.join("libgcc_s.so"), "INPUT(-lgcc_eh)\n").expect("write the libgcc_s linker script");
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rerun-if-changed=build.rs");
+}
