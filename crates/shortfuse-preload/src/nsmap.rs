@@ -337,10 +337,13 @@ impl Place {
 /// The mount `path` (from `dirfd`) leads into beneath a map this caller may
 /// use, with the path below its root and the caller's credentials; `None`
 /// for the usual way (for a call that `writes`, a read-only mount too: it
-/// says EROFS itself).
-fn mapped(at: PathAt, whole: bool, writes: bool) -> Option<Mapped> {
+/// says EROFS itself). With `dir_only` (the call wants a directory whatever
+/// the path says), trailing slashes are dropped first: `opendir("sub/")`,
+/// as git and others spell it, names the directory `sub` does.
+fn mapped(at: PathAt, whole: bool, writes: bool, dir_only: bool) -> Option<Mapped> {
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
     let path = unsafe { user::cstr(at.path.0) }.ok()?;
+    let path = if dir_only { without_trailing_slashes(path) } else { path };
     let (vfs, rel, from) = beneath(i64::from(at.dirfd), path, whole)?;
     let ns = vfs.namespace_current()?;
     if writes && vfs.is_read_only() {
@@ -376,7 +379,11 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     // root): a directory, which it changes nothing of.
     let whole =
         matches!(op, Op::Open(flags, _) if flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
-    let (vfs, rel, from, caller) = mapped(at, whole, true)?;
+    // A trailing slash asks for a directory, which O_DIRECTORY asks for
+    // already; without O_DIRECTORY it would also follow a symbolic link
+    // as the last name, which this open leaves to the walk.
+    let slash = matches!(op, Op::Open(flags, _) if flags & (libc::O_DIRECTORY | libc::O_CREAT) == libc::O_DIRECTORY);
+    let (vfs, rel, from, caller) = mapped(at, whole, true, slash)?;
     let ns = vfs.namespace()?;
     let place = match Place::of(ns, &caller, &rel, from) {
         Ok(p) => p,
@@ -384,7 +391,7 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     };
     let (dirfd, cname) = (place.dirfd(), place.name());
     let r = match op {
-        Op::Open(flags, mode) => return open(&vfs, ns, &place, &rel, flags, mode),
+        Op::Open(flags, mode) => return open(&vfs, ns, &place, &rel, flags, mode, slash),
         // SAFETY: a NUL-terminated name of ours; no other memory.
         Op::Unlink(flags) => unsafe { raw(libc::SYS_unlinkat, dirfd, cname, i64::from(flags), 0, 0, 0) },
         // SAFETY: as above.
@@ -400,11 +407,13 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
 /// The open of a name beneath a map: the program gets the kernel's
 /// descriptor of the backing file, recorded as the mount's (see
 /// `shortfuse_vfs::Vfs::open_beneath_map`).
-fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32) -> Option<i64> {
+/// `slash`: the program's path ended in `/`, which follows a symbolic link
+/// as the last name even with O_NOFOLLOW.
+fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32, slash: bool) -> Option<i64> {
     // The last name is never followed here: a symbolic link may lead
     // anywhere, and the walk follows it. (RESOLVE_NO_SYMLINKS rather than
     // O_NOFOLLOW, which F_GETFL would show.)
-    let nofollow = flags & libc::O_NOFOLLOW != 0;
+    let nofollow = flags & libc::O_NOFOLLOW != 0 && !slash;
     let creates = flags & libc::O_CREAT != 0;
     let how: [u64; 3] = [
         u64::from(flags as u32),
@@ -461,8 +470,8 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
 /// rename, renameat and renameat2 of two names beneath one map: one
 /// renameat2 between the directories holding them.
 fn rename(old: PathAt, new: PathAt, flags: u32) -> Option<i64> {
-    let (vfs, from, start, caller) = mapped(old, false, true)?;
-    let (other, to, end, _) = mapped(new, false, true)?;
+    let (vfs, from, start, caller) = mapped(old, false, true, false)?;
+    let (other, to, end, _) = mapped(new, false, true, false)?;
     if !Arc::ptr_eq(&vfs, &other) {
         return None;
     }
@@ -675,6 +684,15 @@ fn above(ns: &Namespace, dirfd: i64, start: &[u8], up: usize) -> Option<(i64, Op
     same.then_some((fd, own))
 }
 
+/// `path` without its trailing slashes, unless it is made of slashes alone
+/// (the root stays the root).
+fn without_trailing_slashes(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b != b'/') {
+        Some(last) => &path[..=last],
+        None => path,
+    }
+}
+
 /// A relative path of names alone: no empty, `.` or `..` component (so no
 /// leading, doubled or trailing slash).
 fn plain(rel: &[u8]) -> bool {
@@ -720,6 +738,16 @@ fn open_dir(ns: &Namespace, base: i64, dir: &[u8]) -> Result<OwnedFd, Errno> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailing_slashes_go_but_the_root_stays() {
+        assert_eq!(without_trailing_slashes(b"d000/"), b"d000");
+        assert_eq!(without_trailing_slashes(b"a/b//"), b"a/b");
+        assert_eq!(without_trailing_slashes(b"a/b"), b"a/b");
+        assert_eq!(without_trailing_slashes(b"./"), b".");
+        assert_eq!(without_trailing_slashes(b"/"), b"/");
+        assert_eq!(without_trailing_slashes(b"//"), b"//");
+    }
 
     #[test]
     fn only_names_are_plain() {

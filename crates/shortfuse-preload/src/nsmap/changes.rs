@@ -48,7 +48,7 @@ impl Found {
     /// reads it. `Err` holds the answer when the kernel decided the walk
     /// (`Some`), or `None` for the usual way.
     fn of(at: PathAt, writes: bool) -> Result<Found, Option<i64>> {
-        let (vfs, rel, from, caller) = mapped(at, false, writes).ok_or(None)?;
+        let (vfs, rel, from, caller) = mapped(at, false, writes, false).ok_or(None)?;
         let ns = vfs.namespace().ok_or(None)?;
         let place = Place::of(ns, &caller, &rel, from)?;
         Ok(Found { vfs, rel, place })
