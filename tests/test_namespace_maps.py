@@ -622,3 +622,77 @@ def test_name_and_attribute_changes_beneath_the_map_match_native(shortfuse, tree
     assert (st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime) == (2, 0o604, 981173106)
     assert os.getxattr(g, "user.o") == b"out"
     assert refused.stdout.decode() == native_refused.stdout.decode()
+
+
+# Directory opens spelled with a trailing slash, as git's untracked-file
+# scan spells them (opendir("sub/")), then what each gives: the names, or
+# the errno. `link/` follows a symbolic link to a directory even with
+# O_NOFOLLOW; `file/` is ENOTDIR.
+SLASHED = r"""
+import errno, json, os, sys
+os.chdir(sys.argv[1])
+out = {}
+for p in ["a/", "a/b//", "a/rel/", "missing/", "a/b/c/d/e/f/"]:
+    for nofollow in (0, os.O_NOFOLLOW):
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+            out[f"{p} {nofollow}"] = sorted(x.name for x in os.scandir(fd))
+            os.close(fd)
+        except OSError as e:
+            out[f"{p} {nofollow}"] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+GIT_STATUS = r"""
+set -e
+cd "$1"
+git status --porcelain=v1 --untracked-files=all
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_directory_opens_with_a_trailing_slash_are_the_kernels(shortfuse, tree, transport):
+    src = tree / "src"
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tree)}
+    repo = src / "repo"
+    for d in ["x", "y/z", "new/deep"]:
+        (repo / d).mkdir(parents=True)
+    for f in ["x/1", "y/z/2", "top"]:
+        (repo / f).write_text(f)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True, env=env)
+    subprocess.run([*git, "add", "-A"], check=True, env=env)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True, env=env)
+    (repo / "new/deep/3").write_text("3")
+    (repo / "x/1").write_text("changed")
+    native = {
+        "slashed": subprocess.check_output([sys.executable, "-c", SLASHED, str(src)], timeout=60).decode(),
+        "git": subprocess.check_output(["sh", "-c", GIT_STATUS, "sh", str(repo)], env=env, timeout=60).decode(),
+    }
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    trace = ["strace", "-f", "-qq", "-e", "trace=getdents64", "-o", str(log)]
+    try:
+        got = {
+            "slashed": subprocess.check_output(
+                [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", SLASHED, str(mp)], timeout=120
+            ).decode(),
+        }
+        before = daemon.count("OPENDIR") if daemon else 0
+        got["git"] = subprocess.check_output(
+            [*trace, str(shortfuse), "run", *spec, "--", "sh", "-c", GIT_STATUS, "sh", str(mp / "repo")],
+            env=env,
+            timeout=120,
+        ).decode()
+        assert got == native
+        assert " M x/1" in got["git"] and "?? new/deep/3" in got["git"]
+        # git's listings were read by the program's own descriptors.
+        fds = listings_read(log)
+        assert fds and all(fd < 100 for fd in fds), fds
+        if daemon:
+            # No directory git opened reached the daemon.
+            assert daemon.count("OPENDIR") == before
+            assert daemon.count("READDIR") == 0 and daemon.count("READDIRPLUS") == 0
+    finally:
+        if daemon:
+            daemon.stop()
