@@ -444,6 +444,10 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
             // A symbolic link to follow, a mount point inside, flags
             // openat2 refuses where open ignores them.
             Errno::ELOOP if !nofollow => None,
+            // With a trailing slash and O_NOFOLLOW the kernel says ENOTDIR
+            // of a symbolic link, which the slash would have followed: the
+            // walk tells a link from a file.
+            Errno::ENOTDIR if slash && flags & libc::O_NOFOLLOW != 0 => None,
             Errno::EXDEV | Errno::EINVAL => None,
             _ => Some(fd),
         };
