@@ -284,7 +284,9 @@ def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
         if call.startswith("execve(") and not call.endswith("= -1 ENOENT (No such file or directory)"):
             images.append((call.split('"')[1], set()))
             current[pid] = len(images) - 1
-        elif call.startswith("openat(") and pid in current and '"/proc/self/' in call:
+        elif call.startswith("openat(") and pid in current and '"/proc/self/' in call and "O_PATH" not in call:
+            # (An O_PATH open of /proc/self/fd is passthrough's handle for
+            # reopening its descriptors, which lists nothing.)
             images[current[pid]][1].add(call.split('"')[1])
     shimmed = [(prog, opened) for prog, opened in images if not prog.endswith("/shortfuse")]
     assert [os.path.basename(p) for p, _ in shimmed] == ["bash", "true", "true", "true"], images
