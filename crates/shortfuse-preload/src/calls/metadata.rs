@@ -137,23 +137,28 @@ pub fn fchown(fd: Fd, uid: i64, gid: i64) -> Option<i64> {
 
 /// utimensat; a null path is futimens(2): the descriptor itself, and so is
 /// an empty one with AT_EMPTY_PATH.
-pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i64> {
-    // Two struct timespec, or null for "both now", read first as the
-    // kernel does: a bad pointer is EFAULT and both times UTIME_OMIT return
-    // 0 (nothing changes, ctime included) before the path is looked at;
-    // nanoseconds out of range are EINVAL once it was found.
-    let times = if times.is_null() {
-        None
-    } else {
-        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
-        match unsafe { user::get::<[i64; 4]>(times.0) } {
-            Ok(t) => Some(t),
-            Err(e) => return Some(err(e)),
-        }
-    };
-    if times.is_some_and(|t| t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT) {
-        return Some(0);
+/// utimensat's two struct timespec (`None`: null, "both now"), read first
+/// as the kernel does: a bad pointer is EFAULT and both times UTIME_OMIT
+/// return 0 (nothing changes, ctime included) before the path is looked
+/// at; nanoseconds out of range are EINVAL once it was found. `Err` is
+/// the call's answer already.
+pub fn utime_times(times: Ptr) -> Result<Option<[i64; 4]>, i64> {
+    if times.is_null() {
+        return Ok(None);
     }
+    // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
+    match unsafe { user::get::<[i64; 4]>(times.0) } {
+        Ok(t) if t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT => Err(0),
+        Ok(t) => Ok(Some(t)),
+        Err(e) => Err(err(e)),
+    }
+}
+
+pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i64> {
+    let times = match utime_times(times) {
+        Ok(t) => t,
+        Err(r) => return Some(r),
+    };
     let (vfs, node) = if at.path.is_null() || empty_path(at.path, flags, Null::Fault) {
         let f = own(file(Fd(at.dirfd))?)?;
         (f.vfs().clone(), f.node())

@@ -212,20 +212,11 @@ pub(super) fn utimens(at: PathAt, times: Ptr, flags: AtFlags) -> Option<i64> {
     if at.path.is_null() || flags.0 & !libc::AT_SYMLINK_NOFOLLOW != 0 {
         return None;
     }
-    // Read first as the kernel does (a bad pointer is EFAULT before the
-    // path is looked at), and handed on from our memory.
-    let times = if times.is_null() {
-        None
-    } else {
-        // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
-        match unsafe { user::get::<[i64; 4]>(times.0) } {
-            Ok(t) => Some(t),
-            Err(e) => return Some(err(e)),
-        }
+    // Read first as the kernel does, and handed on from our memory.
+    let times = match crate::calls::utime_times(times) {
+        Ok(t) => t,
+        Err(r) => return Some(r),
     };
-    if times.is_some_and(|t| t[1] == libc::UTIME_OMIT && t[3] == libc::UTIME_OMIT) {
-        return Some(0);
-    }
     with(at, true, |f| {
         if flags.follow() && f.is_link() {
             return None;
