@@ -13,6 +13,8 @@ Environment:
   SHORTFUSE_TRANSPORTS  transports, comma-separated (default dev)
   SHORTFUSE_TEST_DEADLINE  default per-test deadline in seconds (default 180; a configuration
                         may declare a longer one, sfmount.FsSpec.deadline)
+  SHORTFUSE_TEST_GRACE  seconds past its deadline after which a test still stuck has the FUSE
+                        connections it made aborted (default 30)
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import faulthandler
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,6 +36,7 @@ import sfmount  # noqa: E402
 import sshd  # noqa: E402
 
 DEFAULT_DEADLINE = float(os.environ.get("SHORTFUSE_TEST_DEADLINE", "180"))
+GRACE = float(os.environ.get("SHORTFUSE_TEST_GRACE", "30"))
 
 
 def pytest_configure(config):
@@ -112,15 +117,49 @@ class DeadlineExceeded(Exception):
     pass
 
 
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+def _fuse_connections() -> set[str]:
+    """The kernel's FUSE connections, by the fusectl file system (mounted if absent)."""
+    if not os.path.ismount(FUSECTL):
+        subprocess.run(["mount", "-t", "fusectl", "none", str(FUSECTL)], capture_output=True)
+    try:
+        return set(os.listdir(FUSECTL))
+    except OSError:
+        return set()
+
+
+def _abort_new_connections(item, before: set[str], limit: float) -> None:
+    # A test wedged in a FUSE wait cannot take SIGALRM (the kernel waits
+    # killably, not interruptibly, once a request is sent). Aborting the
+    # connections the test made fails those waits with ENOTCONN, so this test
+    # fails with its traceback and the run goes on to the next one.
+    sys.stderr.write(f"\n{item.nodeid}: still running {limit:.0f}s after its deadline; stacks:\n")
+    faulthandler.dump_traceback(all_threads=True)
+    for conn in sorted(_fuse_connections() - before):
+        try:
+            (FUSECTL / conn / "abort").write_text("1")
+            sys.stderr.write(f"{item.nodeid}: aborted FUSE connection {conn}\n")
+        except OSError as e:
+            sys.stderr.write(f"{item.nodeid}: could not abort FUSE connection {conn}: {e}\n")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    # Hard stop: if a test wedges in an uninterruptible FUSE wait, dump every
-    # thread's stack and exit rather than hang CI. Setup and teardown are
-    # covered too (they mount and unmount).
-    faulthandler.dump_traceback_later(_deadline(item) + 120, exit=True)
+    # Setup and teardown are covered too (they mount and unmount).
+    limit = _deadline(item)
+    grace = GRACE
+    watchdog = threading.Timer(limit + grace, _abort_new_connections, (item, _fuse_connections(), limit + grace))
+    watchdog.daemon = True
+    watchdog.start()
+    # Hard stop: if even that does not free the test, dump every thread's
+    # stack and exit rather than hang CI.
+    faulthandler.dump_traceback_later(limit + 120, exit=True)
     try:
         yield
     finally:
+        watchdog.cancel()
         faulthandler.cancel_dump_traceback_later()
 
 

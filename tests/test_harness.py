@@ -5,6 +5,7 @@ out (conftest.pytest_terminal_summary)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,62 @@ def test_summary_names_configurations_run_and_left_out():
     names = set(left[0].split(": ", 1)[1].split(", "))
     assert {"mem-uring", "passthrough-dev", "sftp-uring", "dist-dev", "dist-etcd-dev"} <= names, names
     assert "mem-dev" not in names
+
+
+WEDGED = r'''
+import os, signal, subprocess, tempfile
+import pytest
+import sfmount
+
+
+@pytest.mark.deadline(2)
+def test_wedged():
+    mp = tempfile.mkdtemp(prefix="sf-wedge-")
+    subprocess.run([str(sfmount.shortfuse_bin()), "mount", "mem", mp], check=True, timeout=30,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = sfmount.pids_of_daemon(sfmount.shortfuse_bin(), mp)
+    assert pids
+    # The outer test cleans up after a run that this harness failed to free.
+    with open(os.environ["WEDGED_LEFT"], "w") as f:
+        f.write(mp + "\n" + "\n".join(map(str, pids)))
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        os.stat(os.path.join(mp, "x"))
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+        subprocess.run(["umount", "-l", mp], timeout=30)
+        os.rmdir(mp)
+'''
+
+
+def test_a_test_wedged_in_a_fuse_wait_fails_and_the_run_goes_on(tmp_path):
+    # The daemon is stopped, so the stat waits in the kernel where SIGALRM
+    # cannot reach it: the run must end with this one test failed (its FUSE
+    # connection aborted), not hang or exit without a summary.
+    (tmp_path / "test_wedged.py").write_text(WEDGED)
+    left = tmp_path / "left"
+    env = dict(os.environ, PYTHONPATH=str(TESTS), SHORTFUSE_TEST_GRACE="1", WEDGED_LEFT=str(left))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest"]
+    cmd += ["--rootdir", str(tmp_path), str(tmp_path / "test_wedged.py")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        # A run this harness did not free waits on the stopped daemon, even
+        # for SIGKILL: the daemon goes first.
+        if left.exists():
+            mp, *pids = left.read_text().split("\n")
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["umount", "-l", mp], capture_output=True, timeout=30)
+        p.kill()
+        p.wait()
+    out = stdout + stderr
+    assert p.returncode == 1, out[-3000:]
+    assert "1 failed" in stdout, out[-3000:]
+    assert "aborted FUSE connection" in out, out[-3000:]
