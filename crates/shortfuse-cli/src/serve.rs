@@ -57,10 +57,9 @@ pub struct ServeArgs {
     /// Mount options, comma-separated, as for `shortfuse mount`. May be repeated.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub(crate) options: Vec<String>,
-    /// Also mount in the kernel at MOUNTPOINT: `dev` (/dev/fuse) or `uring`
-    /// (FUSE over io_uring); `none` serves the rings alone.
-    #[arg(long, default_value = "none", value_parser = ["none", "dev", "uring"])]
-    pub(crate) transport: String,
+    /// Also mount in the kernel at MOUNTPOINT, over this transport.
+    #[arg(long, value_enum, default_value_t = KernelMount::None)]
+    pub(crate) transport: KernelMount,
     /// Worker threads of the kernel mount (as for mount).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) threads: Option<u16>,
@@ -74,6 +73,28 @@ pub struct ServeArgs {
     /// Request slots per CPU queue (requests in flight per CPU).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=992))]
     pub(crate) slots: u32,
+}
+
+/// Whether `serve` also mounts in the kernel, and over which transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum KernelMount {
+    /// No kernel mount: the rings alone.
+    None,
+    /// /dev/fuse.
+    Dev,
+    /// FUSE over io_uring.
+    Uring,
+}
+
+impl KernelMount {
+    /// The kernel transport, when there is a kernel mount.
+    fn transport(self) -> Option<Transport> {
+        match self {
+            KernelMount::None => None,
+            KernelMount::Dev => Some(Transport::Dev),
+            KernelMount::Uring => Some(Transport::Uring),
+        }
+    }
 }
 
 /// The mount point as clients name it: absolute, lexically normalised.
@@ -92,13 +113,9 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         [src, mp] => (Some(src.as_path()), mp),
         _ => return Err(filesystems::invalid("expected [SOURCE] MOUNTPOINT".to_string())),
     };
-    let kernel = args.transport != "none";
+    let kernel = args.transport.transport();
     let mut opts = MountOptions {
-        transport: if args.transport == "uring" {
-            Transport::Uring
-        } else {
-            Transport::Dev
-        },
+        transport: kernel.unwrap_or(Transport::Dev),
         ..MountOptions::default()
     };
     let mut rest = FsOptions::new();
@@ -136,7 +153,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         ..ServerConfig::default()
     };
     let ring_path = shortfuse_ring::socket_path(&client_mp);
-    if !kernel {
+    if kernel.is_none() {
         let stats = Arc::new(Stats::new());
         if let Some(c) = &cached {
             stats.attach_cache(c.stats().clone());
@@ -192,7 +209,7 @@ pub fn main(args: ServeArgs) -> io::Result<()> {
         eprintln!(
             "shortfuse serve: {name} at {} (kernel mount over {}; rings: {})",
             client_mp.display(),
-            args.transport,
+            kernel.map_or("none", Transport::name),
             ring_path.display()
         );
     });
