@@ -422,6 +422,162 @@ def test_kernel_passthrough_registrations_are_lent_to_the_rings(shortfuse, scrat
             sfmount.run(["umount", "-l", m.mountpoint])
 
 
+# A daemon of its own /dev/fuse loop serving a directory of FILES files
+# (nodes 2...) with 60 s entry and attribute timeouts, that agrees
+# FUSE_DO_READDIRPLUS when offered, as libfuse 3 and go-fuse do. It logs to
+# argv[2] every INIT, every lookup it hands out (LOOKUP, and each
+# READDIRPLUS entry with a node) and every FORGET, so that a test can see
+# which requests came and that every lookup was given back.
+LISTING_DAEMON = r"""
+import ctypes, errno, os, struct, sys
+mp, log = sys.argv[1], sys.argv[2]
+FILES = 50
+fd = os.open("/dev/fuse", os.O_RDWR)
+libc = ctypes.CDLL(None, use_errno=True)
+opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+if libc.mount(b"lsfuse", mp.encode(), b"fuse.lsfuse", 6, opts) != 0:
+    sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+DO_READDIRPLUS = 1 << 13
+names = [f"f{i}".encode() for i in range(FILES)]
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
+def attr(node):
+    mode = 0o40755 if node == 1 else 0o100644
+    return struct.pack("<QQQQQQIIIIIIIIII", node, 0, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+def entry(node):
+    return struct.pack("<QQQQII", node, 0, 60, 60, 0, 0) + attr(node)
+def reply(unique, body=b"", err=0):
+    os.write(fd, struct.pack("<IiQ", 16 + len(body), -err, unique) + body)
+def listing(body, plus):
+    _, offset, size = struct.unpack_from("<QQI", body)
+    out = b""
+    for i in range(offset, len(names) + 2):
+        name = [b".", b".."][i] if i < 2 else names[i - 2]
+        node = i if i >= 2 else 0
+        rec = struct.pack("<QQII", node or 1, i + 1, len(name), 8 if node else 4) + name
+        rec += b"\0" * (-len(rec) % 8)
+        if plus:
+            rec = (entry(node) if node else b"\0" * 128) + rec
+        if len(out) + len(rec) > size:
+            break
+        if plus and node:
+            note(f"LISTED {node}")
+        out += rec
+    return out
+while True:
+    try:
+        req = os.read(fd, 1 << 21)
+    except OSError as e:
+        if e.errno in (errno.EINTR, errno.ENOENT):
+            continue
+        break
+    ln, op, unique, node = struct.unpack_from("<IIQQ", req)
+    body = req[40:]
+    if op == 26:  # INIT
+        flags = struct.unpack_from("<IIII", body)[3]
+        note("INIT")
+        out = struct.pack("<IIIIHHIIHHII", 7, 40, 0, flags & DO_READDIRPLUS, 16, 12, 1 << 17, 1, 32, 0, 0, 0)
+        reply(unique, out + b"\0" * (64 - len(out)))
+    elif op == 3:  # GETATTR
+        reply(unique, struct.pack("<QII", 60, 0, 0) + attr(node))
+    elif op == 1:  # LOOKUP
+        name = body.split(b"\0")[0]
+        if node == 1 and name in names:
+            child = names.index(name) + 2
+            note(f"LOOKUP {child}")
+            reply(unique, entry(child))
+        else:
+            reply(unique, err=errno.ENOENT)
+    elif op == 27:  # OPENDIR
+        reply(unique, struct.pack("<QII", 7, 0, 0))
+    elif op in (28, 44):  # READDIR, READDIRPLUS
+        if op == 44:
+            note("READDIRPLUS")
+        reply(unique, listing(body, op == 44))
+    elif op == 29:  # RELEASEDIR
+        reply(unique)
+    elif op == 2:  # FORGET
+        note(f"FORGET {node} {struct.unpack_from('<Q', body)[0]}")
+    elif op == 42:  # BATCH_FORGET
+        count = struct.unpack_from("<I", body)[0]
+        for i in range(count):
+            n, k = struct.unpack_from("<QQ", body, 8 + 16 * i)
+            note(f"FORGET {n} {k}")
+    elif op == 38:  # DESTROY
+        reply(unique)
+        break
+    else:
+        reply(unique, err=errno.ENOSYS)
+"""
+
+LS_L = r"""
+import os, sys
+mp = sys.argv[1]
+print(sum(os.lstat(os.path.join(mp, n)).st_size == 0 for n in os.listdir(mp)))
+"""
+
+
+def listing_daemon(shortfuse: Path, base: Path) -> tuple[Daemon, Path, Path]:
+    mp, log = base / "mnt", base / "log"
+    mp.mkdir()
+    log.touch()
+    d = Daemon(shortfuse, base, ["--", sys.executable, "-c", LISTING_DAEMON, str(mp), str(log)], mp)
+    return d, mp, log
+
+
+def held_lookups(log: Path) -> dict[int, int]:
+    """Per node, the lookups the daemon handed out and was not given back."""
+    held: dict[int, int] = {}
+    for line in log.read_text().splitlines():
+        word, *args = line.split()
+        if word in ("LOOKUP", "LISTED"):
+            held[int(args[0])] = held.get(int(args[0]), 0) + 1
+        elif word == "FORGET":
+            held[int(args[0])] = held.get(int(args[0]), 0) - int(args[1])
+    return {n: c for n, c in held.items() if c != 0}
+
+
+def test_a_listing_over_the_rings_brings_the_entries_of_a_readdirplus_daemon(shortfuse, scratch):
+    d, mp, log = listing_daemon(shortfuse, scratch)
+    try:
+        p = under(shortfuse, mp, [sys.executable, "-c", LS_L, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["50"]
+        text = log.read_text().splitlines()
+        # The listing brought every name's node and attributes: the stat
+        # of each was answered from the program's cache, no LOOKUP.
+        assert "READDIRPLUS" in text, text
+        assert [line for line in text if line.startswith("LOOKUP")] == []
+        assert len([line for line in text if line.startswith("LISTED")]) >= 50
+        # The program has gone: every lookup its listing counted is given
+        # back (the server forgets what a departed client held).
+        deadline = time.monotonic() + 10
+        while held_lookups(log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held_lookups(log) == {}
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
+def test_the_daemon_negotiates_init_once_for_its_kernel_mount_and_every_ring_client(shortfuse, scratch):
+    d, mp, log = listing_daemon(shortfuse, scratch)
+    try:
+        assert sorted(os.listdir(mp))[:2] == ["f0", "f1"]
+        for _ in range(3):
+            p = under(shortfuse, mp, [sys.executable, "-c", LS_L, str(mp)])
+            assert p.returncode == 0, p.stderr.decode()
+            assert p.stdout.decode().split() == ["50"]
+        assert d.count("INIT") >= 3, "the ring clients' INITs did not reach serve"
+        assert log.read_text().splitlines().count("INIT") == 1
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
 # ------------------------------------------------ the behaviour suite on them
 
 DRIVER = "import os, sys\nos.mkdir(sys.argv[3])\n" + test_run.DRIVER

@@ -54,6 +54,29 @@ pub const fn fuse_direntplus_size(namelen: usize) -> usize {
     fuse_rec_align(FUSE_NAME_OFFSET_DIRENTPLUS + namelen)
 }
 
+/// The entries of a READDIRPLUS reply body, each with its name. An entry
+/// cut short at the end is left out (the kernel stops there too).
+pub fn direntplus_entries(mut body: &[u8]) -> impl Iterator<Item = (fuse_direntplus, &[u8])> {
+    core::iter::from_fn(move || {
+        let (d, _) = fuse_direntplus::read_from_prefix(body).ok()?;
+        let end = FUSE_NAME_OFFSET_DIRENTPLUS + d.dirent.namelen as usize;
+        let name = body.get(FUSE_NAME_OFFSET_DIRENTPLUS..end)?;
+        body = body
+            .get(fuse_direntplus_size(d.dirent.namelen as usize).min(body.len())..)
+            .unwrap_or(&[]);
+        Some((d, name))
+    })
+}
+
+impl fuse_direntplus {
+    /// Whether the daemon counted this entry as a lookup, to be given back
+    /// with FORGET: a node (not 0) under a name other than `.` and `..`
+    /// (as the kernel's fuse_direntplus_link, which skips those).
+    pub fn counts_as_lookup(&self, name: &[u8]) -> bool {
+        self.entry_out.nodeid != 0 && name != b"." && name != b".."
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +97,26 @@ mod tests {
         assert_eq!(fuse_direntplus_size(1), 160);
         assert_eq!(fuse_rec_align(0), 0);
         assert_eq!(fuse_rec_align(7), 8);
+    }
+
+    #[test]
+    fn direntplus_entries_walk_a_reply_and_leave_out_a_cut_entry() {
+        let mut body = Vec::new();
+        for (node, name) in [(0u64, &b"."[..]), (7, b"file-with-a-long-name")] {
+            let mut d = fuse_direntplus::default();
+            d.entry_out.nodeid = node;
+            d.dirent.namelen = name.len() as u32;
+            body.extend_from_slice(d.as_bytes());
+            body.extend_from_slice(name);
+            body.resize(fuse_rec_align(body.len()), 0);
+        }
+        let got: Vec<(u64, Vec<u8>, bool)> = direntplus_entries(&body)
+            .map(|(d, n)| (d.entry_out.nodeid, n.to_vec(), d.counts_as_lookup(n)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, b".".to_vec(), false), (7, b"file-with-a-long-name".to_vec(), true)]
+        );
+        assert_eq!(direntplus_entries(&body[..body.len() - 8]).count(), 1);
     }
 }

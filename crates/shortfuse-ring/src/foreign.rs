@@ -342,7 +342,11 @@ impl Bridge {
             .and_then(|b| abi::fuse_init_in::read_from_prefix(b).ok())
             .map_or(0, |(i, _)| u64::from(i.flags) | (u64::from(i.flags2) << 32));
         // What the clients implement and the daemon may have agreed to.
-        let known = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT;
+        let known = abi::FUSE_ATOMIC_O_TRUNC
+            | abi::FUSE_BIG_WRITES
+            | abi::FUSE_MAX_PAGES
+            | abi::FUSE_INIT_EXT
+            | abi::FUSE_DO_READDIRPLUS;
         let daemon_flags = u64::from(daemon.flags) | (u64::from(daemon.flags2) << 32);
         let flags = daemon_flags & offered & known;
         let max_write = daemon.max_write.clamp(4096, self.max_io);

@@ -89,6 +89,12 @@ impl Caller {
 
 /// The INIT flags the client offers: the ones whose meaning it implements.
 const OFFERED: u64 = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT;
+/// Offered to a shared daemon too: a listing that brings each entry's
+/// node and attributes saves `ls -l` a LOOKUP round trip per name. A file
+/// system in the program's own process gains nothing from it (its lookups
+/// are calls, not round trips) and would look up every name of every
+/// listing.
+const OFFERED_SHARED: u64 = OFFERED | abi::FUSE_DO_READDIRPLUS;
 /// The largest request the client sends (1 MiB, the dispatcher's cap).
 const MAX_IO: u32 = 1 << 20;
 
@@ -334,12 +340,13 @@ impl Client {
 
     /// FUSE_INIT: must be the first request.
     pub fn init(&self) -> Result<InitOut, Errno> {
+        let offered = if self.shared() { OFFERED_SHARED } else { OFFERED };
         let arg = abi::fuse_init_in {
             major: abi::FUSE_KERNEL_VERSION,
             minor: abi::FUSE_KERNEL_MINOR_VERSION,
             max_readahead: 128 << 10,
-            flags: OFFERED as u32,
-            flags2: (OFFERED >> 32) as u32,
+            flags: offered as u32,
+            flags2: (offered >> 32) as u32,
             unused: [0; 11],
         };
         self.call(abi::FUSE_INIT, NodeId(0), &[arg.as_bytes()], &[], |p| {
@@ -664,6 +671,37 @@ impl Client {
                 p = p
                     .get(abi::fuse_dirent_size(d.namelen as usize).min(p.len())..)
                     .unwrap_or(&[]);
+            }
+            Ok(count)
+        })
+    }
+
+    /// READDIRPLUS: calls `each(entry, ino, next_offset, dt_type, name)`
+    /// for every entry of one reply of at most `size` bytes, `entry` being
+    /// the lookup the file system counted for it (see
+    /// [`abi::fuse_direntplus::counts_as_lookup`]), which the caller must
+    /// record whatever else it does with the entry; returns how many
+    /// entries there were.
+    pub fn readdirplus(
+        &self,
+        node: NodeId,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        mut each: impl FnMut(Option<EntryOut>, u64, u64, u32, &[u8]),
+    ) -> Result<usize, Errno> {
+        let arg = abi::fuse_read_in {
+            fh,
+            offset,
+            size,
+            ..Default::default()
+        };
+        self.call(abi::FUSE_READDIRPLUS, node, &[arg.as_bytes()], &[], |p| {
+            let mut count = 0;
+            for (d, name) in abi::direntplus_entries(p) {
+                let entry = d.counts_as_lookup(name).then(|| entry_from(&d.entry_out));
+                each(entry, d.dirent.ino, d.dirent.off, d.dirent.typ, name);
+                count += 1;
             }
             Ok(count)
         })

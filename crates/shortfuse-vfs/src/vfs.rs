@@ -529,8 +529,16 @@ impl Vfs {
         }
     }
 
-    fn remember_lookup(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
+    /// Records an entry LOOKUP, or a READDIRPLUS of `parent`, brought (a
+    /// lookup to give back), and caches its name: the `stat` after a
+    /// listing finds it.
+    pub(crate) fn remember_lookup(&self, parent: NodeId, name: &[u8], e: &EntryOut) {
         self.cache_entry(parent, name, e, false);
+    }
+
+    /// Whether listings are READDIRPLUS (the file system agreed to it).
+    pub(crate) fn readdirplus(&self) -> bool {
+        self.init.flags & abi::FUSE_DO_READDIRPLUS != 0
     }
 
     /// Drops what the cache says of the name at `rel` (a path below the

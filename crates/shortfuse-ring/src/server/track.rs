@@ -227,6 +227,13 @@ impl Conn {
                     t.lookups.entry(e.nodeid).or_default().add(1);
                 }
             }
+            Operation::Readdirplus { .. } => {
+                for (d, name) in abi::direntplus_entries(body) {
+                    if d.counts_as_lookup(name) {
+                        t.lookups.entry(d.entry_out.nodeid).or_default().add(1);
+                    }
+                }
+            }
             _ => {}
         }
         None
@@ -374,6 +381,7 @@ pub(super) fn tracked(opcode: u32) -> bool {
     matches!(
         opcode,
         abi::FUSE_LOOKUP
+            | abi::FUSE_READDIRPLUS
             | abi::FUSE_FORGET
             | abi::FUSE_BATCH_FORGET
             | abi::FUSE_OPEN

@@ -195,28 +195,50 @@ impl OpenFile {
         // At least a page: a READDIR too small for one entry would read as
         // the end of the directory; entries that do not fit are left for
         // the next call.
-        let size = buf.len().clamp(4096, self.vfs.max_io()) as u32;
+        let room = buf.len();
         let mut used = 0;
         let mut cookie = pos.cookie;
         let mut too_small = false;
-        self.vfs
-            .client()
-            .readdir(self.node, fh, pos.cookie, size, |ino, off, typ, name| {
-                let reclen = (19 + name.len() + 1 + 7) & !7;
-                if too_small || used + reclen > buf.len() {
-                    too_small = true;
-                    return;
+        let mut put = |ino: u64, off: u64, typ: u32, name: &[u8]| {
+            let reclen = (19 + name.len() + 1 + 7) & !7;
+            if too_small || used + reclen > buf.len() {
+                too_small = true;
+                return;
+            }
+            let rec = &mut buf[used..used + reclen];
+            rec[0..8].copy_from_slice(&ino.to_ne_bytes());
+            rec[8..16].copy_from_slice(&off.to_ne_bytes());
+            rec[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+            rec[18] = typ as u8;
+            rec[19..19 + name.len()].copy_from_slice(name);
+            rec[19 + name.len()..].fill(0);
+            used += reclen;
+            cookie = off;
+        };
+        let client = self.vfs.client();
+        if self.vfs.readdirplus() {
+            // A READDIRPLUS entry takes about five times a dirent64's room
+            // (152 bytes before its name): ask for four times the buffer,
+            // so that one round trip still fills it for short names.
+            let size = room.saturating_mul(4).clamp(4096, self.vfs.max_io()) as u32;
+            let mut entries = Vec::new();
+            let got = client.readdirplus(self.node, fh, pos.cookie, size, |entry, ino, off, typ, name| {
+                // Every entry the file system counted is recorded, the
+                // ones that did not fit in `buf` too: they come again with
+                // the next call, counted again.
+                if let Some(e) = entry {
+                    entries.push((name.to_vec(), e));
                 }
-                let rec = &mut buf[used..used + reclen];
-                rec[0..8].copy_from_slice(&ino.to_ne_bytes());
-                rec[8..16].copy_from_slice(&off.to_ne_bytes());
-                rec[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
-                rec[18] = typ as u8;
-                rec[19..19 + name.len()].copy_from_slice(name);
-                rec[19 + name.len()..].fill(0);
-                used += reclen;
-                cookie = off;
-            })?;
+                put(ino, off, typ, name);
+            });
+            for (name, e) in &entries {
+                self.vfs.remember_lookup(self.node, name, e);
+            }
+            got?;
+        } else {
+            let size = room.clamp(4096, self.vfs.max_io()) as u32;
+            client.readdir(self.node, fh, pos.cookie, size, &mut put)?;
+        }
         if used == 0 && too_small {
             return Err(Errno::EINVAL);
         }
