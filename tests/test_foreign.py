@@ -518,12 +518,12 @@ print(sum(os.lstat(os.path.join(mp, n)).st_size == 0 for n in os.listdir(mp)))
 """
 
 
-def listing_daemon(shortfuse: Path, base: Path) -> tuple[Daemon, Path, Path]:
+def listing_daemon(shortfuse: Path, base: Path, options: tuple[str, ...] = ()) -> tuple[Daemon, Path, Path]:
     mp, log = base / "mnt", base / "log"
     mp.mkdir()
     log.touch()
-    d = Daemon(shortfuse, base, ["--", sys.executable, "-c", LISTING_DAEMON, str(mp), str(log)], mp)
-    return d, mp, log
+    cmd = [*options, "--", sys.executable, "-c", LISTING_DAEMON, str(mp), str(log)]
+    return Daemon(shortfuse, base, cmd, mp), mp, log
 
 
 def held_lookups(log: Path) -> dict[int, int]:
@@ -562,6 +562,21 @@ def test_a_listing_over_the_rings_brings_the_entries_of_a_readdirplus_daemon(sho
             sfmount.run(["umount", "-l", m.mountpoint])
 
 
+def test_readdirplus_no_keeps_the_ring_clients_on_readdir(shortfuse, scratch):
+    d, mp, log = listing_daemon(shortfuse, scratch, ("-o", "readdirplus=no"))
+    try:
+        p = under(shortfuse, mp, [sys.executable, "-c", LS_L, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["50"]
+        text = log.read_text().splitlines()
+        assert "READDIRPLUS" not in text
+        assert len([line for line in text if line.startswith("LOOKUP")]) == 50
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
 def test_the_daemon_negotiates_init_once_for_its_kernel_mount_and_every_ring_client(shortfuse, scratch):
     d, mp, log = listing_daemon(shortfuse, scratch)
     try:
@@ -572,6 +587,31 @@ def test_the_daemon_negotiates_init_once_for_its_kernel_mount_and_every_ring_cli
             assert p.stdout.decode().split() == ["50"]
         assert d.count("INIT") >= 3, "the ring clients' INITs did not reach serve"
         assert log.read_text().splitlines().count("INIT") == 1
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
+def test_shortfuse_passthrough_as_the_daemon_lends_files_the_rings_can_read_and_write(shortfuse, scratch):
+    # shortfuse's own passthrough registers each inode once, through an
+    # O_PATH descriptor (the kernel opens the backing file itself with
+    # each open's flags): a ring client lent that descriptor could neither
+    # read nor write through it.
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    (src / "f").write_bytes(b"hello " + b"." * 30)
+    cmd = ["--", str(shortfuse), "mount", "-f", "passthrough", str(src), str(mp)]
+    d = Daemon(shortfuse, scratch, cmd, mp)
+    try:
+        assert (mp / "f").read_bytes() == b"hello " + b"." * 30
+        p = under(shortfuse, mp, [sys.executable, "-c", PASSTHROUGH_WORK, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["hello", "through", "the", "backing", "file......", "36"]
+        assert (src / "f").read_bytes() == b"hello through the backing file......"
+        assert d.count("OPEN") >= 1
+        assert (d.count("READ"), d.count("WRITE")) == (0, 0)
     finally:
         d.stop()
         for m in sfmount.mounts_at(mp):

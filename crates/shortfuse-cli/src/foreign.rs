@@ -11,6 +11,10 @@
 //! there. SIGINT and SIGTERM are passed on to the daemon (which unmounts
 //! as usual); when it exits the rings close, clients' calls fail with
 //! ENOTCONN, and `serve` exits with the daemon's status.
+//!
+//! Ring clients list with READDIRPLUS when the daemon agreed to it with
+//! the kernel, each entry's node and attributes cached as a LOOKUP's
+//! (`-o readdirplus=no` before the `--` keeps them on READDIR).
 
 use std::ffi::OsString;
 use std::io;
@@ -85,7 +89,8 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         max_io: message_room(&ours, config.max_io),
         ..config
     };
-    let bridge = Bridge::new(ours, our_lanes, config.max_io);
+    let readdirplus = opts.readdirplus != shortfuse::Readdirplus::No;
+    let bridge = Bridge::new(ours, our_lanes, config.max_io, readdirplus);
     let b = bridge.clone();
     std::thread::Builder::new()
         .name("sf-serve-daemon".into())

@@ -145,13 +145,17 @@ pub struct Bridge {
     /// The backing files of open handles the daemon serves by kernel
     /// passthrough, by (node, handle).
     lent: Mutex<HashMap<(u64, u64), BackingFile>>,
+    /// Whether ring clients may list with READDIRPLUS where the daemon
+    /// agreed to it (`-o readdirplus=no` keeps them on READDIR).
+    readdirplus: bool,
 }
 
 impl Bridge {
     /// A bridge on `sock` (the other end goes to the daemon) with reply
     /// lanes `lanes` (ours of each pair; at most [`LANES`]); `max_io` as
-    /// the server's [`crate::ServerConfig::max_io`].
-    pub fn new(sock: OwnedFd, lanes: Vec<OwnedFd>, max_io: u32) -> Arc<Bridge> {
+    /// the server's [`crate::ServerConfig::max_io`]; `readdirplus` whether
+    /// ring clients list with READDIRPLUS where the daemon agreed to it.
+    pub fn new(sock: OwnedFd, lanes: Vec<OwnedFd>, max_io: u32, readdirplus: bool) -> Arc<Bridge> {
         let lanes = lanes
             .into_iter()
             .take(LANES)
@@ -174,6 +178,7 @@ impl Bridge {
             kernel: Mutex::new(None),
             lanes: Mutex::new(lanes),
             lent: Mutex::new(HashMap::new()),
+            readdirplus,
         })
     }
 
@@ -342,11 +347,8 @@ impl Bridge {
             .and_then(|b| abi::fuse_init_in::read_from_prefix(b).ok())
             .map_or(0, |(i, _)| u64::from(i.flags) | (u64::from(i.flags2) << 32));
         // What the clients implement and the daemon may have agreed to.
-        let known = abi::FUSE_ATOMIC_O_TRUNC
-            | abi::FUSE_BIG_WRITES
-            | abi::FUSE_MAX_PAGES
-            | abi::FUSE_INIT_EXT
-            | abi::FUSE_DO_READDIRPLUS;
+        let plus = if self.readdirplus { abi::FUSE_DO_READDIRPLUS } else { 0 };
+        let known = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT | plus;
         let daemon_flags = u64::from(daemon.flags) | (u64::from(daemon.flags2) << 32);
         let flags = daemon_flags & offered & known;
         let max_write = daemon.max_write.clamp(4096, self.max_io);
