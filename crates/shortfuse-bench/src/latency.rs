@@ -143,25 +143,38 @@ pub fn suite_worker_main(args: &[String]) -> Option<i32> {
         _ => None,
     };
     let parsed = match args {
-        [_, suite, dir, s, w, h] => match (scale(s), w.parse(), h.parse()) {
-            (Some(s), Ok(w), Ok(h)) => Some((suite.as_str(), Path::new(dir), s, w, h)),
+        [_, suite, dir, s, w, c, h] => match (scale(s), w.parse(), crate::transport::parse_thread_counts(c), h.parse())
+        {
+            (Some(s), Ok(w), Ok(c), Ok(h)) => Some((suite.as_str(), Path::new(dir), s, w, c, h)),
             _ => None,
         },
         _ => None,
     };
     let figures = match parsed {
-        Some(("transport", dir, scale, _, holds)) => crate::transport::run(dir, scale, holds, &mut |_| {}),
-        Some(("meta", dir, scale, workers, _)) => crate::meta::run(dir, scale, workers, &mut |_| {}),
-        Some(("sshfs-read", dir, scale, _, _)) => crate::sshfs_read::run(dir, scale, &mut |_| {}),
-        Some(("personalities", dir, scale, _, _)) => crate::personalities::suite(dir, scale, &mut |_| {}),
+        Some(("transport", dir, scale, _, counts, holds)) => {
+            crate::transport::run(dir, scale, holds, &counts, &mut |_| {})
+        }
+        Some(("meta", dir, scale, workers, _, _)) => crate::meta::run(dir, scale, workers, &mut |_| {}),
+        Some(("sshfs-read", dir, scale, _, _, _)) => crate::sshfs_read::run(dir, scale, &mut |_| {}),
+        Some(("personalities", dir, scale, _, _, _)) => crate::personalities::suite(dir, scale, &mut |_| {}),
         _ => {
             eprintln!(
-                "usage: {SUITE_FLAG} transport|meta|sshfs-read|personalities DIR tiny|quick|full WORKERS true|false"
+                "usage: {SUITE_FLAG} transport|meta|sshfs-read|personalities DIR tiny|quick|full WORKERS THREAD,COUNTS true|false"
             );
             return Some(2);
         }
     };
     Some(print_figures(figures))
+}
+
+/// What a suite run in a worker is told besides its directory and scale.
+pub(crate) struct SuiteParams<'a> {
+    /// `meta`'s workers.
+    pub workers: usize,
+    /// `transport`'s thread counts.
+    pub thread_counts: &'a [usize],
+    /// Whether the configuration keeps files (`transport`).
+    pub holds_files: bool,
 }
 
 /// Runs `suite` in a worker under the shim (a `preload` or ring
@@ -171,8 +184,7 @@ pub(crate) fn suite_in_worker(
     suite: &str,
     dir: &Path,
     scale: crate::Scale,
-    workers: usize,
-    holds_files: bool,
+    p: &SuiteParams<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Figure>> {
     progress(&format!("{suite}, in a worker under shortfuse run"));
@@ -181,8 +193,9 @@ pub(crate) fn suite_in_worker(
         suite.to_string(),
         dir.display().to_string(),
         scale.name().to_string(),
-        workers.to_string(),
-        holds_files.to_string(),
+        p.workers.to_string(),
+        crate::transport::format_thread_counts(p.thread_counts),
+        p.holds_files.to_string(),
     ];
     run_worker(w, &args)
 }

@@ -86,6 +86,9 @@ pub struct BenchOptions {
     /// Workers for `meta` (default: one per core) and N for `workloads`'
     /// N-thread rows (default: two per core).
     pub threads: Option<usize>,
+    /// Thread counts of `transport`'s threaded rows (default: 1 to 2x the
+    /// cores, [`transport::machine_thread_counts`]).
+    pub thread_counts: Option<Vec<usize>>,
 }
 
 impl BenchOptions {
@@ -99,6 +102,7 @@ impl BenchOptions {
             out,
             shortfuse_bin: default_shortfuse_bin(),
             threads: None,
+            thread_counts: None,
         }
     }
 
@@ -133,6 +137,8 @@ struct Plan {
     bin: PathBuf,
     meta_workers: usize,
     n: usize,
+    /// `transport`'s thread counts.
+    thread_counts: Vec<usize>,
     /// The run's scratch directory (not measured): inputs that suites
     /// read, made once per run.
     work: PathBuf,
@@ -214,7 +220,7 @@ impl Plan {
             "sshfs-read" => sshfs_read::describe(s),
             "sftp" => sftp::describe(s),
             "data" => data::describe(s),
-            "transport" => transport::describe(s),
+            "transport" => transport::describe(s, &self.thread_counts),
             "dist" => dist::describe(s),
             "programs" => programs::describe(s),
             "cache" => cache::describe(s),
@@ -234,8 +240,12 @@ impl Plan {
     ) -> std::io::Result<Vec<Figure>> {
         let s = self.scale;
         if let (Some(w), "meta" | "transport" | "sshfs-read" | "personalities") = (config::preload_worker(dir), suite) {
-            let holds = config.holds_files();
-            return latency::suite_in_worker(&w, suite, dir, s, self.meta_workers, holds, progress);
+            let p = latency::SuiteParams {
+                workers: self.meta_workers,
+                thread_counts: &self.thread_counts,
+                holds_files: config.holds_files(),
+            };
+            return latency::suite_in_worker(&w, suite, dir, s, &p, progress);
         }
         if config.needs_shim() && suite == "sftp" {
             return Err(std::io::Error::other(
@@ -251,7 +261,7 @@ impl Plan {
             "sshfs-read" => sshfs_read::run(dir, s, progress),
             "sftp" => sftp::run(dir, source, &self.work.join("sftp-local"), s, progress),
             "data" => data::run(dir, s, progress),
-            "transport" => transport::run(dir, s, config.holds_files(), progress),
+            "transport" => transport::run(dir, s, config.holds_files(), &self.thread_counts, progress),
             "dist" => dist::run(dir, s, &self.bin, progress),
             "programs" => programs::run(dir, &self.work.join("programs-input"), s, progress),
             // In memory: the cache structures alone, no mount.
@@ -291,6 +301,10 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
         bin: opts.shortfuse_bin.clone(),
         meta_workers: opts.threads.unwrap_or_else(cores),
         n: opts.threads.unwrap_or(2 * cores()).max(2),
+        thread_counts: opts
+            .thread_counts
+            .clone()
+            .unwrap_or_else(transport::machine_thread_counts),
         work: env.work.clone(),
     };
     let mut suites = Vec::new();
@@ -402,11 +416,12 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
 }
 
 const USAGE: &str = "usage: shortfuse bench [SUITE...] [--quick | --tiny] [--configs a,b,...] [--out DIR]
-                       [--threads N] [--shortfuse PATH]
+                       [--threads N] [--thread-counts N,N,...] [--shortfuse PATH]
 
 Runs the workloads of the FUSE research it builds on on native ext4, shortfuse and peer FUSE file
 systems, and writes report.md, report.json and plots/*.png to DIR
-(default: bench-results).";
+(default: bench-results). --thread-counts sets the thread counts of transport's threaded rows
+(default: 1 to 2x this machine's cores; e.g. 8,16,32 on 16 cores).";
 
 /// What `--help` prints: the usage, the suites (current names only), the
 /// configurations and each suite's defaults.
@@ -502,6 +517,7 @@ pub fn parse_args(args: &[String]) -> Result<Option<BenchOptions>, String> {
                 }
                 opts.threads = Some(n);
             }
+            "--thread-counts" => opts.thread_counts = Some(transport::parse_thread_counts(&value(a)?)?),
             s if s.starts_with('-') => return Err(format!("unknown option {s}")),
             s => match suite_named(s) {
                 Some(name) => suites.push(name.to_string()),
@@ -584,6 +600,9 @@ mod tests {
         assert!(parse_args(&args("--configs native,nope")).is_err());
         assert!(parse_args(&args("--out")).is_err());
         assert!(parse_args(&args("--threads 0")).is_err());
+        let o = parse_args(&args("transport --thread-counts 16,8,32")).unwrap().unwrap();
+        assert_eq!(o.thread_counts, Some(vec![8, 16, 32]));
+        assert!(parse_args(&args("--thread-counts 0,2")).is_err());
         assert!(parse_args(&args("--frobnicate")).is_err());
         assert!(parse_args(&args("--help")).unwrap().is_none());
     }

@@ -39,6 +39,26 @@ pub fn thread_counts(cores: usize) -> Vec<usize> {
 pub fn machine_thread_counts() -> Vec<usize> {
     thread_counts(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
+
+/// Parses `--thread-counts` (`8,16,32`): at least one count, each at least
+/// 1; sorted, repeats dropped.
+pub fn parse_thread_counts(s: &str) -> Result<Vec<usize>, String> {
+    let mut v = s
+        .split(',')
+        .map(|t| match t.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("thread counts: {t:?} is not a count of at least 1")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
+/// Counts as [`parse_thread_counts`] reads them back (a worker's argument).
+pub fn format_thread_counts(counts: &[usize]) -> String {
+    counts.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
 /// Names the null workload creates over and over (none of them persists).
 const NAMES: usize = 64;
 /// Untimed operations before each timed loop, so that connection and ring
@@ -69,26 +89,32 @@ fn sizes(scale: Scale) -> Sizes {
     }
 }
 
-pub fn describe(scale: Scale) -> String {
+pub fn describe(scale: Scale, counts: &[usize]) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows on {threads:?} threads (1 to 2x this machine's cores): 4 KiB random reads over a {} MiB file, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory (`create`) and in one directory per thread (`create-own-dir`), {:.2} s or {} files each, in ops/s. On preload and ring the rows run in one process under `shortfuse run`, its threads sharing the shim (and, for ring, the connection to the daemon).",
+        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows on {threads:?} threads (by default 1 to 2x this machine's cores; `--thread-counts` chooses others): 4 KiB random reads over a {} MiB file, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory (`create`) and in one directory per thread (`create-own-dir`), {:.2} s or {} files each, in ops/s. On preload and ring the rows run in one process under `shortfuse run`, its threads sharing the shim (and, for ring, the connection to the daemon).",
         scale.name(),
         s.empty_ops,
         s.file >> 20,
         s.row.as_secs_f64(),
         s.row.as_secs_f64(),
         s.max_creates,
-        threads = machine_thread_counts(),
+        threads = counts,
     )
 }
 
 /// Runs the rows that fit the configuration: empty operations where names
 /// do not persist (`holds_files` false), the passthrough rows elsewhere.
-pub fn run(dir: &Path, scale: Scale, holds_files: bool, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+pub fn run(
+    dir: &Path,
+    scale: Scale,
+    holds_files: bool,
+    counts: &[usize],
+    progress: &mut dyn FnMut(&str),
+) -> io::Result<Vec<Figure>> {
     let s = sizes(scale);
     if holds_files {
-        files(dir, &s, progress)
+        files(dir, &s, counts, progress)
     } else {
         empty(dir, &s, progress)
     }
@@ -149,14 +175,13 @@ fn empty(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
     Ok(out)
 }
 
-fn files(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
+fn files(dir: &Path, s: &Sizes, counts: &[usize], progress: &mut dyn FnMut(&str)) -> io::Result<Vec<Figure>> {
     let file = vec![dir.join("rand")];
     progress("laying out");
     prealloc(&file[0], s.file)?;
     let mut out = Vec::new();
-    let counts = machine_thread_counts();
     for (series, flags) in [("rand-read-4K", 0), ("rand-read-4K-direct", libc::O_DIRECT)] {
-        for &threads in &counts {
+        for &threads in counts {
             let op = format!("{series}-{threads}th");
             progress(&op);
             if flags == 0 {
@@ -176,7 +201,7 @@ fn files(dir: &Path, s: &Sizes, progress: &mut dyn FnMut(&str)) -> io::Result<Ve
     }
     std::fs::remove_file(&file[0])?;
     for series in ["create", "create-own-dir"] {
-        for &threads in &counts {
+        for &threads in counts {
             let op = format!("{series}-{threads}th");
             progress(&op);
             let own = series == "create-own-dir";
@@ -258,5 +283,15 @@ mod tests {
         assert_eq!(thread_counts(3), [1, 2, 3, 4, 6]);
         assert_eq!(thread_counts(16), [1, 2, 4, 8, 16, 32]);
         assert_eq!(thread_counts(0), [1, 2]);
+    }
+
+    #[test]
+    fn chosen_counts_are_read_sorted_and_survive_the_worker_argument() {
+        let v = parse_thread_counts("32,8,16,8").unwrap();
+        assert_eq!(v, [8, 16, 32]);
+        assert_eq!(parse_thread_counts(&format_thread_counts(&v)).unwrap(), v);
+        for bad in ["", "0", "4,x", "-1"] {
+            assert!(parse_thread_counts(bad).is_err(), "{bad:?}");
+        }
     }
 }

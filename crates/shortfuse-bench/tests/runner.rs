@@ -258,6 +258,35 @@ fn tiny_transport_on_its_defaults() {
 }
 
 #[test]
+fn transport_threaded_rows_follow_the_chosen_thread_counts_in_and_out_of_the_shim() {
+    // Counts this machine would not pick by itself (3 threads on 2 cores is
+    // not 1 to 2x's powers of two; on 3 cores 5 is not), so the rows can
+    // only come from the flag, through the worker under `shortfuse run`.
+    let names: Vec<String> = ["native", "preload", "ring"].map(String::from).into();
+    let mut opts = options("tcounts", &["transport"], Some(Config::select(&names).unwrap()));
+    opts.thread_counts = Some(vec![3, 5]);
+    let report = shortfuse_bench::run(&opts).expect("run");
+    let suite = &report.suites[0];
+    let mut want = Vec::new();
+    for series in ["rand-read-4K", "rand-read-4K-direct", "create", "create-own-dir"] {
+        want.extend([3, 5].map(|t| format!("{series}-{t}th")));
+    }
+    for c in &names {
+        let r = suite.results.iter().find(|r| &r.config == c).expect(c);
+        assert!(r.error.is_none(), "{c}: {:?}", r.error);
+        assert_eq!(ops_of(suite, c), want, "{c}");
+        for f in &r.figures {
+            assert!(f.value.is_finite() && f.value > 0.0, "{c}: {f:?}");
+            assert!(f.threads == Some(3) || f.threads == Some(5), "{c}: {f:?}");
+        }
+    }
+    let md = std::fs::read_to_string(opts.out.join("report.md")).unwrap();
+    assert!(md.contains("rows on [3, 5] threads"), "{md}");
+    assert!(mounts_under(&opts.out).is_empty());
+    std::fs::remove_dir_all(&opts.out).unwrap();
+}
+
+#[test]
 fn tiny_data_on_its_defaults() {
     let (report, _) = well_formed_on("d", &["data"], None, &["plots/data-fileserver.png"]);
     let suite = &report.suites[0];
