@@ -288,8 +288,19 @@ def mount_table() -> list[MountEntry]:
     return entries
 
 
+def real_up_to_last(path: str | os.PathLike) -> str:
+    """`path` made absolute, with symbolic links resolved in every component
+    but the last, which is never looked at: a mount point's own inode is
+    the mounted file system's root, and looking at it (as `realpath`'s
+    lstat does) is a request to that file system's daemon, which waits as
+    long as the daemon does. The harness asks which mounts and daemons
+    exist without asking any daemon."""
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(os.path.realpath(head), tail) if tail else head
+
+
 def mounts_at(path: str | os.PathLike) -> list[MountEntry]:
-    p = os.path.realpath(path)
+    p = real_up_to_last(path)
     return [e for e in mount_table() if e.mountpoint == p]
 
 
@@ -314,31 +325,53 @@ def wait_until(pred, timeout: float, step: float = 0.02) -> bool:
 
 
 def run(cmd: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess:
-    """Runs a command with a deadline; a hang becomes a clear failure, not a stuck CI job."""
+    """Runs a command with a deadline; a hang becomes a clear failure, not a stuck CI job.
+
+    A command past its deadline is killed and waited for a few seconds at
+    most: one stuck in a FUSE request its daemon never answers cannot die
+    (the kernel waits for the answer once the daemon has read the
+    request), and `subprocess.run` would wait for it for ever."""
+    args = [str(c) for c in cmd]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, **kw)
     try:
-        return subprocess.run(
-            [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw
-        )
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"command did not finish within {timeout}s: {' '.join(map(str, cmd))}") from e
+        p.kill()
+        try:
+            p.wait(timeout=5)
+            state = "killed"
+        except subprocess.TimeoutExpired:
+            state = "unkillable: stuck in the kernel"
+        raise AssertionError(f"command did not finish within {timeout}s ({state}): {' '.join(args)}") from e
+    finally:
+        for f in (p.stdout, p.stderr):
+            f.close()
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
 def pids_of_daemon(binary: Path, mountpoint: str) -> list[int]:
-    """Processes of `binary` whose command line names `mountpoint`."""
+    """Processes of `binary` whose command line names `mountpoint`.
+
+    Arguments are compared as written (made absolute against the process's
+    working directory), never looked up: an argument may be the mount point
+    of another daemon, one that is stuck or stopped, and a lookup would wait
+    for it (see `real_up_to_last`)."""
     found = []
     target = os.path.realpath(binary)
+    want = real_up_to_last(mountpoint)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             exe = os.readlink(f"/proc/{entry}/exe")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
         if exe.removesuffix(" (deleted)") != target:
             continue
-        if any(a and os.path.realpath(a.decode(errors="replace")) == mountpoint for a in argv):
+        if any(a and os.path.normpath(os.path.join(cwd, a.decode(errors="replace"))) == want for a in argv):
             found.append(int(entry))
     return found
 

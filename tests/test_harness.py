@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -90,3 +91,47 @@ def test_a_test_wedged_in_a_fuse_wait_fails_and_the_run_goes_on(tmp_path):
     assert p.returncode == 1, out[-3000:]
     assert "1 failed" in stdout, out[-3000:]
     assert "aborted FUSE connection" in out, out[-3000:]
+
+
+def test_finding_mounts_and_daemons_asks_no_daemon(tmp_path):
+    """Which mounts and daemons exist is read from the kernel's tables and
+    the daemons' command lines, never asked of a daemon: with one daemon
+    stopped (as a stuck one would be), the harness still tells that its
+    mount is there and finds another mount's daemon. A lookup of the
+    stopped mount's root would wait in the kernel for as long as the daemon
+    is stopped, as teardown once did behind a slow distfs daemon."""
+    import sfmount
+
+    binary = sfmount.shortfuse_bin()
+    stopped, other = tmp_path / "stopped", tmp_path / "other"
+    mounted = []
+    for mp in (stopped, other):
+        mp.mkdir()
+        # attr_timeout=0: every lookup of the root reaches the daemon.
+        r = sfmount.run([binary, "mount", "mem", mp, "-o", "attr_timeout=0,entry_timeout=0"])
+        assert r.returncode == 0, r.stderr
+        mounted.append(mp)
+    pids = sfmount.pids_of_daemon(binary, str(stopped))
+    assert pids, "no daemon found for the first mount"
+    found: dict[str, object] = {}
+
+    def look() -> None:
+        found["mounted"] = sfmount.is_mounted(stopped)
+        found["other"] = sfmount.pids_of_daemon(binary, str(other))
+
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    looker = threading.Thread(target=look, daemon=True)
+    try:
+        looker.start()
+        looker.join(20)
+        answered_while_stopped = not looker.is_alive()
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
+        looker.join(30)
+        for mp in mounted:
+            sfmount.run([binary, "umount", mp])
+    assert answered_while_stopped, "the harness waited for a stopped daemon"
+    assert found["mounted"] is True
+    assert found["other"] and not set(found["other"]) & set(pids), found
