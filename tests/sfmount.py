@@ -363,13 +363,16 @@ def pids_of_daemon(binary: Path, mountpoint: str) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            exe = os.readlink(f"/proc/{entry}/exe")
+            # The executable first: reading a command line takes the
+            # process's memory map lock, which a process faulting on a
+            # stuck mount's pages can hold for as long; only the binary's
+            # own processes are read.
+            if os.readlink(f"/proc/{entry}/exe").removesuffix(" (deleted)") != target:
+                continue
             cwd = os.readlink(f"/proc/{entry}/cwd")
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
         except OSError:
-            continue
-        if exe.removesuffix(" (deleted)") != target:
             continue
         if any(a and os.path.normpath(os.path.join(cwd, a.decode(errors="replace"))) == want for a in argv):
             found.append(int(entry))
