@@ -48,10 +48,11 @@ def test_checker_across_hosts(dep):
         mounts = [h0.mount(f"{mode}0", f"consistency={mode}"), h1.mount(f"{mode}1", f"consistency={mode}")]
         assert_checker_passes(mounts, mode, CHECK_OPS)
     assert_weak_is_caught([h0.mount("weak0", "consistency=weak"), h1.mount("weak1", "consistency=weak")], CHECK_OPS)
-    # The checker removes the files it made (and their blocks), so a file
+    # The checker removes the files it made (and the server their blocks,
+    # once the last close reached it: after the checker exits), so a file
     # written and fsync'd here is what shows where blocks go: to the S3
     # server, not to the distfs server's disk.
-    assert not s3_objects(dep)
+    assert sfmount.wait_until(lambda: not s3_objects(dep), 10), s3_objects(dep)
     data = os.urandom(256 * 1024)
     fd = os.open(mounts[0] / "kept", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
