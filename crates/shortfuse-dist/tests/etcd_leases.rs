@@ -243,6 +243,51 @@ fn a_holder_granted_after_a_request_is_revoked_too() {
 }
 
 #[test]
+fn a_request_that_arrives_before_the_grant_it_conflicts_with_is_recorded_still_revokes_it() {
+    let etcd = TestEtcd::start().unwrap();
+    runtime().block_on(async {
+        let (m1, m2) = two_agents(&etcd, Duration::from_secs(30)).await;
+        let (a, mut ra) = session(&m1).await;
+        let (b, _rb) = session(&m2).await;
+        let lg = m1.acquire(a, G, LeaseMode::Write).await.unwrap();
+        // A's grant on F is in etcd (the other agent sees it) but not yet
+        // recorded by its agent, as on a busy agent.
+        m1.pause_grants(true);
+        let m = m1.clone();
+        let granting = tokio::spawn(async move { m.acquire(a, F, LeaseMode::Write).await });
+        let deadline = Instant::now() + BOUND;
+        while m2.holders(F).await.unwrap() != (Some(LeaseMode::Write), [a].into()) {
+            assert!(Instant::now() < deadline, "the grant never reached etcd");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // B asks for F; once its request is in etcd, for G too.
+        let m = m2.clone();
+        let writer_f = tokio::spawn(async move { m.acquire(b, F, LeaseMode::Write).await });
+        let mut kv = etcd_client::Client::connect(etcd.endpoints(), None).await.unwrap();
+        let requests = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        while kv.get("/test/lease/r/", Some(requests.clone())).await.unwrap().count() == 0 {
+            assert!(Instant::now() < deadline, "the request for F never reached etcd");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let m = m2.clone();
+        let writer_g = tokio::spawn(async move { m.acquire(b, G, LeaseMode::Write).await });
+        // The watch brings events in order: A revoked for G means its
+        // agent has seen the request for F, while it held no F lease.
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: G, lease: lg });
+        m1.pause_grants(false);
+        let lf = tokio::time::timeout(BOUND, granting).await.unwrap().unwrap().unwrap();
+        // Recorded, the grant is revoked for the request that came first.
+        assert_eq!(next_revoke(&mut ra).await, ServerMsg::Revoke { gfi: F, lease: lf });
+        m1.release(a, F, lf).await;
+        m1.release(a, G, lg).await;
+        for w in [writer_f, writer_g] {
+            tokio::time::timeout(BOUND, w).await.unwrap().unwrap().unwrap();
+        }
+        assert_eq!(m2.holders(F).await.unwrap(), (Some(LeaseMode::Write), [b].into()));
+    });
+}
+
+#[test]
 fn a_client_that_stops_renewing_loses_its_leases_after_the_ttl() {
     let etcd = TestEtcd::start().unwrap();
     runtime().block_on(async {

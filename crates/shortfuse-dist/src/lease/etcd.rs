@@ -221,6 +221,9 @@ pub struct EtcdLeases {
     /// Set when the agent stops: its sessions must outlive it.
     frozen: AtomicBool,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Test hook ([`EtcdLeases::pause_grants`]): grants wait here between
+    /// their transaction and their record.
+    grants_paused: tokio::sync::watch::Sender<bool>,
 }
 
 /// Running I/O under a lease; the holder key stays until it is dropped.
@@ -453,6 +456,7 @@ impl EtcdLeases {
             kept: Notify::new(),
             frozen: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
+            grants_paused: tokio::sync::watch::Sender::new(false),
         });
         // Reachable now, or the agent refuses to start.
         let mut kv = mgr.etcd.kv_client();
@@ -545,6 +549,13 @@ impl EtcdLeases {
 
     fn frozen(&self) -> bool {
         self.frozen.load(Ordering::Acquire)
+    }
+
+    /// Test hook: with `true`, grants stop after their transaction, before
+    /// this agent records them (as a busy agent's may, for a while), until
+    /// called with `false`.
+    pub fn pause_grants(&self, pause: bool) {
+        self.grants_paused.send_replace(pause);
     }
 
     /// Starts a session; revocations for it are sent to `revokes`.
@@ -960,6 +971,9 @@ impl EtcdLeases {
                     if let Some(r) = &mut request {
                         r.done = true;
                     }
+                    // Not on the way of the grant's reply.
+                    let m = self.clone();
+                    tokio::spawn(async move { m.revoke_for_requests(gfi).await });
                     return Ok(lease);
                 }
                 // A holder changed meanwhile: look again.
@@ -1034,6 +1048,7 @@ impl EtcdLeases {
             return Ok(None);
         }
         let lease = resp.header().map_or(0, |h| h.revision()) as u64;
+        let _ = self.grants_paused.subscribe().wait_for(|paused| !paused).await;
         let mut st = self.lock();
         if !st.sessions.contains_key(&client) {
             // Ended meanwhile: its etcd lease takes the key along.
@@ -1049,6 +1064,28 @@ impl EtcdLeases {
             },
         );
         Ok(Some(lease))
+    }
+
+    /// Revokes this agent's holders of `gfi` for the requests waiting on it
+    /// in etcd, once a grant is recorded. A grant is recorded only after
+    /// its transaction: an agent that saw the new holder key may put its
+    /// request meanwhile, and the watch may bring it before the record,
+    /// when there is no holder here to revoke. That agent does not ask
+    /// again for a holder it has asked already, so its request would wait
+    /// until its client gives up (ETIMEDOUT): on a loaded machine, under
+    /// contention, it did. If etcd fails this look, the holder is revoked
+    /// at the next request for the file.
+    async fn revoke_for_requests(&self, gfi: Gfi) {
+        let mut kv = self.etcd.kv_client();
+        let dir = self.dir("r", &gfi_str(gfi));
+        let Ok(reqs) = self.op(kv.get(dir, Some(GetOptions::new().with_prefix()))).await else {
+            return;
+        };
+        for r in reqs.kvs() {
+            if let (Key::Request(g, asker), Some(mode)) = (self.parse_key(r.key()), parse_mode(r.value())) {
+                self.revoke_for(g, asker, mode);
+            }
+        }
     }
 
     /// Gives lease `lease` back. A release of a lease that is no longer
