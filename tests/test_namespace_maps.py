@@ -702,3 +702,100 @@ def test_directory_opens_with_a_trailing_slash_are_the_kernels(shortfuse, tree, 
     finally:
         if daemon:
             daemon.stop()
+
+
+# O_PATH opens and calls that follow a last symbolic link, beneath the
+# mount: what each gives, with paths and device numbers made relative to
+# the root the script was given (the mount point, or the source natively).
+FOLLOWED = SCRIPT_START + r"""
+r = sys.argv[1]
+dev = os.stat(r + "/a").st_dev
+def rel(p):
+    return p[len(r):] if p.startswith(r + "/") else p
+def st(s):
+    return [s.st_ino, stat.S_IFMT(s.st_mode), s.st_size, s.st_dev == dev]
+def fd_link(fd):
+    return rel(os.readlink(f"/proc/self/fd/{fd}"))
+for p in ["lnk", "a/b/c/d/e/back", "a/b/c/d/e/back/c/d/e/f", "dang", "loop", "a/rel", "a/b/c/d/e/f"]:
+    out[f"stat {p}"] = e(lambda: st(os.stat(f"{r}/{p}")))
+    out[f"access {p}"] = e(lambda: os.access(f"{r}/{p}", os.R_OK))
+    if "back/" in p:
+        continue
+    out[f"open {p}"] = e(lambda: (lambda fd: [fd_link(fd), st(os.fstat(fd))])(os.open(f"{r}/{p}", os.O_RDONLY)))
+    for nf in (0, os.O_NOFOLLOW):
+        def opath():
+            fd = os.open(f"{r}/{p}", os.O_PATH | nf)
+            got = [fd_link(fd), st(os.fstat(fd)), fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_PATH | os.O_NOFOLLOW | os.O_ACCMODE)]
+            got.append(e(lambda: os.read(fd, 1)))
+            got.append(e(lambda: st(os.stat("", dir_fd=fd, follow_symlinks=False))))
+            got.append(e(lambda: os.readlink("", dir_fd=fd)))
+            os.close(fd)
+            return got
+        out[f"opath {nf} {p}"] = e(opath)
+# An O_PATH directory: a walk from it, fchdir to it.
+fd = os.open(f"{r}/lnkdir", os.O_PATH | os.O_DIRECTORY)
+out["at"] = [fd_link(fd), st(os.stat("e/f", dir_fd=fd))]
+g = os.open("e/f", os.O_RDONLY, dir_fd=fd)
+out["at_read"] = os.read(g, 10).decode()
+os.close(g)
+os.fchdir(fd)
+out["fchdir"] = rel(os.getcwd())
+out["cwd_stat"] = st(os.stat("e/f"))
+os.chdir("/")
+os.close(fd)
+# mkfifo -m: a mode set through the O_PATH descriptor's /proc link.
+os.mkfifo(f"{r}/fifo", 0o644)
+fd = os.open(f"{r}/fifo", os.O_PATH | os.O_NOFOLLOW)
+os.chmod(f"/proc/self/fd/{fd}", 0o600)
+os.close(fd)
+out["fifo"] = oct(stat.S_IMODE(os.stat(f"{r}/fifo").st_mode))
+os.unlink(f"{r}/fifo")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_o_path_opens_and_links_followed_beneath_the_map_match_native(shortfuse, tree, transport):
+    src = tree / "src"
+    # Links that stay beneath the map: the walk need not follow them.
+    (src / "lnk").symlink_to("a/b/c/d/e/f")
+    (src / "lnkdir").symlink_to("a/b/c/d")
+    (src / DEEP / "back").symlink_to("../../../../rel")
+    (src / "dang").symlink_to("a/nope")
+    (src / "loop").symlink_to("loop")
+    native = subprocess.run([sys.executable, "-c", FOLLOWED, str(src)], capture_output=True, timeout=60)
+    assert native.returncode == 0, native.stderr.decode()
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    trace = ["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)] if not daemon else []
+    try:
+        p = subprocess.run(
+            [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", FOLLOWED, str(mp)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        got = json.loads(p.stdout.decode().splitlines()[-1])
+        assert got == json.loads(native.stdout.decode())
+        assert got["opath 0 lnk"][0] == "/a/b/c/d/e/f" and got["opath 0 lnk"][1][3]
+        assert got["opath 131072 lnk"][0] == "/lnk" and got["opath 131072 lnk"][5] == "a/b/c/d/e/f"
+        assert got["stat dang"] == "ENOENT" and got["stat loop"] == "ELOOP"
+        if daemon:
+            # No open reached the daemon, and of the names only what the
+            # walk still finds: the link that loops (1), the place in the
+            # mount of the directory fchdir goes to (4: a, b, c, d) and of
+            # the FIFO its /proc link names (1).
+            assert daemon.count("LOOKUP") <= 6 and daemon.count("OPEN") == 0
+        # Links out of the mount still lead where the mount leads them.
+        escapes = probe(shortfuse, spec, [f"{mp}/a/up", f"{mp}/abs"])
+        assert escapes[f"{mp}/a/up"][1] == (tree / "m" / "outside").stat().st_ino
+        assert escapes[f"{mp}/abs"][1] == Path("/etc").stat().st_ino
+    finally:
+        if daemon:
+            daemon.stop()
+    if not daemon:
+        # The in-process passthrough looked up no directory's name on the
+        # way (the shim names them as one path, or a last name alone).
+        lookups = [l for l in passthrough_lookups(log) if any(f'"{d}"' in l for d in "abcde")]
+        # (fchdir's place in the mount is still the walk's: a, b, c, d.)
+        assert len(lookups) <= 4 and not [l for l in lookups if '"e"' in l], lookups

@@ -160,6 +160,17 @@ pub fn call(c: &Call) -> Option<i64> {
     if matches!(op, Op::Readlink(..)) && (path.starts_with(b"/proc/") || path.starts_with(b"/dev/fd/")) {
         return None;
     }
+    // The link itself, by the program's O_PATH descriptor of it: the
+    // kernel's descriptor of the backing link.
+    if let (&Op::Readlink(buf, len), b"") = (&op, path) {
+        let f = state().fds.get(dirfd as i32)?;
+        if !f.beneath_map() {
+            return None;
+        }
+        // SAFETY: an empty name of ours, and the program's own buffer and
+        // size handed on: the kernel checks and fills it.
+        return Some(unsafe { raw(libc::SYS_readlinkat, dirfd, c"".as_ptr() as i64, buf, len, 0, 0) });
+    }
     let (vfs, rel, from) = beneath(dirfd, path, false)?;
     let ns = vfs.namespace_current()?;
     if let Op::Access(mode, _) = op {
@@ -198,6 +209,10 @@ pub fn call(c: &Call) -> Option<i64> {
     };
     let is_link = |k: &libc::stat| k.st_mode & libc::S_IFMT == libc::S_IFLNK;
     let dev = vfs.dev();
+    // What a last name that is a symbolic link leads to (see `Place::follow`).
+    let followed = || place.followed(ns, &rel);
+    let empty = c"".as_ptr() as i64;
+    let at_empty = i64::from(libc::AT_EMPTY_PATH);
     Some(match op {
         // The kernel fills the program's struct (and says EFAULT for a bad
         // one); then it is made what the file system would have reported.
@@ -206,41 +221,76 @@ pub fn call(c: &Call) -> Option<i64> {
             // SAFETY: a NUL-terminated name of ours, and the program's own
             // output struct handed on: the kernel checks and fills it as it
             // would have.
-            let r = unsafe { raw(libc::SYS_newfstatat, dirfd, cname, out, nofollow, 0, 0) };
+            let mut r = unsafe { raw(libc::SYS_newfstatat, dirfd, cname, out, nofollow, 0, 0) };
             if r < 0 {
                 return Some(r);
             }
             let mut link = false;
-            user::amend::<libc::stat>(out, |s| {
-                link = follow && is_link(s);
-                *s = to_stat(&Attr::from_stat(s), dev);
-            });
-            // The walk follows it (it may lead anywhere).
+            user::amend::<libc::stat>(out, |s| link = follow && is_link(s));
             if link {
-                return None;
+                let fd = match followed() {
+                    Ok(fd) => fd,
+                    Err(r) => return r,
+                };
+                let fd = i64::from(fd.as_raw_fd());
+                // SAFETY: our descriptor and an empty name of ours, and the
+                // program's output struct, which the kernel filled above.
+                r = unsafe { raw(libc::SYS_newfstatat, fd, empty, out, at_empty, 0, 0) };
+                if r < 0 {
+                    return Some(r);
+                }
             }
+            user::amend::<libc::stat>(out, |s| *s = to_stat(&Attr::from_stat(s), dev));
             0
         }
         Op::Statx(out) => {
             let flags = i64::from(libc::AT_SYMLINK_NOFOLLOW | (statx_flags & libc::AT_STATX_SYNC_TYPE));
             let mask = i64::from(libc::STATX_BASIC_STATS);
             // SAFETY: as for stat above.
-            let r = unsafe { raw(libc::SYS_statx, dirfd, cname, flags, mask, out, 0) };
+            let mut r = unsafe { raw(libc::SYS_statx, dirfd, cname, flags, mask, out, 0) };
             if r < 0 {
                 return Some(r);
             }
             let mut link = false;
             user::amend::<libc::statx>(out, |s| {
                 link = follow && u32::from(s.stx_mode) & libc::S_IFMT == libc::S_IFLNK;
-                *s = to_statx(&Attr::from_statx(s), dev);
             });
             if link {
-                return None;
+                let fd = match followed() {
+                    Ok(fd) => fd,
+                    Err(r) => return r,
+                };
+                let fd = i64::from(fd.as_raw_fd());
+                let flags = flags | at_empty;
+                // SAFETY: as for stat above.
+                r = unsafe { raw(libc::SYS_statx, fd, empty, flags, mask, out, 0) };
+                if r < 0 {
+                    return Some(r);
+                }
             }
+            user::amend::<libc::statx>(out, |s| *s = to_statx(&Attr::from_statx(s), dev));
             0
         }
         Op::Access(mode, eaccess) => match lstat() {
-            Ok(k) if follow && is_link(&k) => return None,
+            Ok(k) if follow && is_link(&k) => match followed() {
+                // SAFETY: our descriptor and an empty name of ours; no other memory.
+                Ok(fd) => match unsafe {
+                    raw(
+                        libc::SYS_faccessat2,
+                        i64::from(fd.as_raw_fd()),
+                        empty,
+                        i64::from(mode),
+                        i64::from(eaccess) | at_empty,
+                        0,
+                        0,
+                    )
+                } {
+                    // A kernel without AT_EMPTY_PATH for faccessat2.
+                    r if r == err(Errno::EINVAL) => return None,
+                    r => r,
+                },
+                Err(r) => return r,
+            },
             // SAFETY: a NUL-terminated name of ours; no other memory.
             Ok(_) => unsafe {
                 raw(
@@ -273,6 +323,8 @@ struct Place {
     _start: Option<Arc<OwnedFd>>,
     /// The backing root, or the program's descriptor the path starts at.
     root: i64,
+    /// Where in the path below the mount's root the path from `root` starts.
+    skip: usize,
     name: [u8; 256],
 }
 
@@ -281,10 +333,11 @@ impl Place {
     /// `from`; `Err` holds the answer when the kernel decided the walk to
     /// its directory (`Some`), or `None` for the usual way.
     fn of(ns: &Namespace, caller: &Arc<shortfuse_vfs::Caller>, rel: &[u8], from: From) -> Result<Place, Option<i64>> {
-        let (base, sub, start) = match from {
-            From::Root => (None, rel, None),
-            From::Dir(fd, at, start) => (Some(fd), rel.get(at..).unwrap_or_default(), start),
+        let (base, skip, start) = match from {
+            From::Root => (None, 0, None),
+            From::Dir(fd, at, start) => (Some(fd), at, start),
         };
+        let sub = rel.get(skip..).unwrap_or_default();
         let (dir, name) = match sub.iter().rposition(|&b| b == b'/') {
             Some(i) => (&sub[..i], &sub[i + 1..]),
             None => (&sub[..0], sub),
@@ -320,8 +373,57 @@ impl Place {
             held,
             _start: start,
             root: base.unwrap_or(root),
+            skip,
             name: cname,
         })
+    }
+
+    /// The kernel's open of `rel` (the path below the mount's root this
+    /// place was found for) as a whole from where it starts, following
+    /// symbolic links as long as they stay beneath it, the last name's
+    /// too: such a link leads where it leads through the mount, the map
+    /// being a 1-to-1 image. `ours`: a descriptor above the program's
+    /// numbers, else the lowest free one, the program's. `Err` holds the
+    /// answer when the kernel decided it (`Some`), or `None` for the usual
+    /// way: a link out of it (absolute, or `..` above where the path
+    /// starts), through a mount inside, or too many of them.
+    fn follow(&self, ns: &Namespace, rel: &[u8], flags: i32, ours: bool) -> Result<i64, Option<i64>> {
+        let sub = rel.get(self.skip..).unwrap_or_default();
+        let sub = if sub.is_empty() { &b"."[..] } else { sub };
+        let mut c = Vec::with_capacity(sub.len() + 1);
+        c.extend_from_slice(sub);
+        c.push(0);
+        let how: [u64; 3] = [u64::from(flags as u32), 0, ns.resolve()];
+        let args = [
+            self.root,
+            c.as_ptr() as i64,
+            how.as_ptr() as i64,
+            std::mem::size_of_val(&how) as i64,
+            0,
+            0,
+        ];
+        let fd = if ours {
+            // SAFETY: our own openat2 of a NUL-terminated path of ours with
+            // an open_how of ours, its size given.
+            unsafe { nested(libc::SYS_openat2, args) }
+        } else {
+            // SAFETY: as above; the descriptor is the program's.
+            unsafe { raw(libc::SYS_openat2, args[0], args[1], args[2], args[3], 0, 0) }
+        };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        Err(match Errno::from_raw(-fd as i32) {
+            Errno::EXDEV | Errno::ELOOP | Errno::EINVAL | Errno::EAGAIN => None,
+            _ => Some(fd),
+        })
+    }
+
+    /// What the last name, a symbolic link, leads to beneath the map, as
+    /// an `O_PATH` descriptor of ours (see [`Place::follow`]).
+    fn followed(&self, ns: &Namespace, rel: &[u8]) -> Result<OwnedFd, Option<i64>> {
+        let fd = self.follow(ns, rel, libc::O_PATH | libc::O_CLOEXEC, true)?;
+        Ok(OwnedFd::from(crate::sys::owned_file(fd)))
     }
 
     fn dirfd(&self) -> i64 {
@@ -366,19 +468,19 @@ type Mapped = (Arc<Vfs>, Vec<u8>, From, Arc<shortfuse_vfs::Caller>);
 /// leave this image's cache, which the file system does not hear of.
 fn one(at: PathAt, op: Op) -> Option<i64> {
     if let Op::Open(flags, _) = op {
-        // O_PATH and O_TMPFILE: descriptors the shim answers for with a
-        // location of the mount. An access mode of 3 is the usual way's
-        // to refuse.
+        // O_TMPFILE: a file with no name, which the shim answers for with
+        // a location of the mount. An access mode of 3 is the usual way's
+        // to refuse (O_PATH ignores it).
         // (O_TMPFILE holds O_DIRECTORY's bit.)
-        let ours = flags & libc::O_PATH != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE;
-        if ours || flags & libc::O_ACCMODE == libc::O_ACCMODE {
+        let refused = flags & libc::O_ACCMODE == libc::O_ACCMODE && flags & libc::O_PATH == 0;
+        if flags & libc::O_TMPFILE == libc::O_TMPFILE || refused {
             return None;
         }
     }
     // Only a read-only open may name where the path starts (`.`, the
     // root): a directory, which it changes nothing of.
-    let whole =
-        matches!(op, Op::Open(flags, _) if flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
+    let whole = matches!(op, Op::Open(flags, _)
+        if flags & libc::O_PATH != 0 || flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
     // A trailing slash asks for a directory, which O_DIRECTORY asks for
     // already; without O_DIRECTORY it would also follow a symbolic link
     // as the last name, which this open leaves to the walk.
@@ -406,13 +508,15 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
 
 /// The open of a name beneath a map: the program gets the kernel's
 /// descriptor of the backing file, recorded as the mount's (see
-/// `shortfuse_vfs::Vfs::open_beneath_map`).
+/// `shortfuse_vfs::Vfs::open_beneath_map`); an `O_PATH` open too (of a
+/// symbolic link itself with `O_NOFOLLOW`), whose descriptor the kernel
+/// answers for as it would for the mount's.
 /// `slash`: the program's path ended in `/`, which follows a symbolic link
 /// as the last name even with O_NOFOLLOW.
 fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32, slash: bool) -> Option<i64> {
-    // The last name is never followed here: a symbolic link may lead
-    // anywhere, and the walk follows it. (RESOLVE_NO_SYMLINKS rather than
-    // O_NOFOLLOW, which F_GETFL would show.)
+    // The last name is first opened without following it (RESOLVE_NO_SYMLINKS
+    // rather than O_NOFOLLOW, which F_GETFL would show): most names are
+    // none, and a symbolic link is followed whole below.
     let nofollow = flags & libc::O_NOFOLLOW != 0 && !slash;
     let creates = flags & libc::O_CREAT != 0;
     let how: [u64; 3] = [
@@ -441,8 +545,12 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
     }
     if fd < 0 {
         return match Errno::from_raw(-fd as i32) {
-            // A symbolic link to follow, a mount point inside, flags
-            // openat2 refuses where open ignores them.
+            // A symbolic link to follow, where it stays beneath the map.
+            // One that creates goes the usual way: it would make a name
+            // the cache knows nothing of, the link's target.
+            Errno::ELOOP if !nofollow && !creates => followed(vfs, ns, place, rel, flags),
+            // A mount point inside, flags openat2 refuses where open
+            // ignores them.
             Errno::ELOOP if !nofollow => None,
             // With a trailing slash and O_NOFOLLOW the kernel says ENOTDIR
             // of a symbolic link, which the slash would have followed: the
@@ -452,12 +560,6 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
             _ => Some(fd),
         };
     }
-    let mut k: libc::stat = user::zeroed();
-    let kind = if crate::sys::fs::fstat(fd as i32, &mut k) == 0 {
-        shortfuse::FileType::from_mode(k.st_mode)
-    } else {
-        shortfuse::FileType::Regular
-    };
     // A directory too (only a read-only open without O_CREAT gets one):
     // its listing is the kernel's (the map's promise: the same names, the
     // same inode numbers), and so are the `*at` calls from it (see
@@ -466,9 +568,42 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
     let mut path = Vec::with_capacity(rel.len() + 1);
     path.push(b'/');
     path.extend_from_slice(rel);
+    Some(opened(vfs, fd, flags, path))
+}
+
+/// The program's open of a path whose last name is a symbolic link: the
+/// kernel follows it beneath the map (see [`Place::follow`]), and the
+/// descriptor is recorded by the path the target has in the mount, as
+/// the mount's /proc/self/fd shows it.
+fn followed(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32) -> Option<i64> {
+    let fd = match place.follow(ns, rel, flags, false) {
+        Ok(fd) => fd,
+        Err(r) => return r,
+    };
+    let Some(target) = crate::calls::below_source(vfs, fd as i32) else {
+        // Not below the source now (moved out of it meanwhile): the walk's.
+        // SAFETY: the descriptor the kernel just gave, not yet the program's.
+        unsafe { raw(libc::SYS_close, fd, 0, 0, 0, 0, 0) };
+        return None;
+    };
+    let mut path = Vec::with_capacity(target.len() + 1);
+    path.push(b'/');
+    path.extend_from_slice(&target);
+    Some(opened(vfs, fd, flags, path))
+}
+
+/// Records the kernel's descriptor `fd` of the backing file at `path` (in
+/// the mount) as the mount's, and gives it to the program.
+fn opened(vfs: &Arc<Vfs>, fd: i64, flags: i32, path: Vec<u8>) -> i64 {
+    let mut k: libc::stat = user::zeroed();
+    let kind = if crate::sys::fs::fstat(fd as i32, &mut k) == 0 {
+        shortfuse::FileType::from_mode(k.st_mode)
+    } else {
+        shortfuse::FileType::Regular
+    };
     let f = vfs.open_beneath_map(kind, flags, path);
     state().fds.insert(fd as i32, f, flags & libc::O_CLOEXEC != 0);
-    Some(fd)
+    fd
 }
 
 /// rename, renameat and renameat2 of two names beneath one map: one

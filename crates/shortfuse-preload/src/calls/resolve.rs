@@ -193,16 +193,8 @@ pub fn location_of(fd: i32, f: &OpenFile) -> Option<shortfuse_vfs::Location> {
     if !f.beneath_map() || f.file_type() != shortfuse::FileType::Directory {
         return f.location().cloned();
     }
-    let src = f.vfs().source()?;
-    let src = src.strip_suffix(b"/").unwrap_or(src);
-    let link = with_nul(format!("/proc/self/fd/{fd}").into_bytes());
-    let mut buf = [0u8; 4096];
-    let n = fs::readlink(&link, &mut buf);
-    let rest = buf[..n.max(0) as usize].strip_prefix(src)?;
-    if !rest.is_empty() && !rest.starts_with(b"/") {
-        return None;
-    }
-    let rel = rest.strip_prefix(b"/").unwrap_or(rest);
+    let rel = below_source(f.vfs(), fd)?;
+    let rel = &rel[..];
     let flags = WalkFlags {
         follow: false,
         create: false,
@@ -211,6 +203,22 @@ pub fn location_of(fd: i32, f: &OpenFile) -> Option<shortfuse_vfs::Location> {
         Walk::Inside(t) => t.location(),
         Walk::Outside { .. } => None,
     }
+}
+
+/// Where the kernel finds the backing file or directory of descriptor
+/// `fd` now, as a path below `vfs`'s source (empty for the source itself):
+/// `None` when it is not below it (moved out of it, or no map's).
+pub fn below_source(vfs: &Vfs, fd: i32) -> Option<Vec<u8>> {
+    let src = vfs.source()?;
+    let src = src.strip_suffix(b"/").unwrap_or(src);
+    let link = with_nul(format!("/proc/self/fd/{fd}").into_bytes());
+    let mut buf = [0u8; 4096];
+    let n = fs::readlink(&link, &mut buf);
+    let rest = buf[..n.max(0) as usize].strip_prefix(src)?;
+    if !rest.is_empty() && !rest.starts_with(b"/") {
+        return None;
+    }
+    Some(rest.strip_prefix(b"/").unwrap_or(rest).to_vec())
 }
 
 /// What a descriptor of ours names, as a walk would have found it.

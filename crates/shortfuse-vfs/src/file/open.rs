@@ -289,6 +289,8 @@ impl Vfs {
             f.kernel = AtomicBool::new(true);
             f.pinned = !beneath_map;
             f.beneath_map = beneath_map;
+            // An O_PATH descriptor the kernel opened: no I/O, no locks.
+            f.path_only = beneath_map && flags & libc::O_PATH != 0;
         }))
     }
 
