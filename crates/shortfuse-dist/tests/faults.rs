@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shortfuse::{Filesystem, NodeId};
+use shortfuse::{Errno, Filesystem, NodeId};
 use shortfuse_dist::client::{Consistency, DistFs};
 use shortfuse_dist::proto::LeaseMode;
 use shortfuse_dist::server::{DistServer, ServerConfig};
@@ -231,6 +231,41 @@ fn partitioned_writer_cannot_write_over_the_next_holder() {
     let na = lookup(&a, "f");
     assert_eq!(na, NodeId(node.0));
     assert_eq!(read(&a, na, 0, 100), b"B synced");
+}
+
+#[test]
+fn a_writer_that_reconnected_in_a_new_session_reports_its_lost_writes_at_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(1500);
+    let s = server(dir.path(), ttl);
+    let p = Partition::new(s.addr());
+    let a: DistFs = client_at(&p.addr.to_string(), Consistency::Lease);
+    let b = client(&s);
+    let node = create(&a, "f");
+    write(&a, node, 0, b"A synced");
+    a.fsync(&REQ, node, FH, false).unwrap();
+    write(&a, node, 0, b"A cached");
+    let first = a.client_id().unwrap();
+
+    // Cut off, A loses its session and its lease to B.
+    p.cut.store(true, Ordering::Release);
+    let nb = lookup(&b, "f");
+    write(&b, nb, 0, b"B");
+    b.fsync(&REQ, nb, FH, false).unwrap();
+    // The partition heals with A's connection gone: A reconnects, too
+    // late to resume, in a new session, before it fsyncs.
+    p.sever();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while a.client_id().is_none_or(|c| c == first) {
+        assert!(Instant::now() < deadline, "A never reconnected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        a.fsync(&REQ, node, FH, false),
+        Err(Errno::EIO),
+        "A's cached write was lost and fsync did not say so"
+    );
+    assert_eq!(read(&b, nb, 0, 100), b"B synced");
 }
 
 #[test]

@@ -457,8 +457,27 @@ impl Inner {
     pub(super) fn fsync(&self, ino: u64) -> Result<()> {
         let f = self.file(ino)?;
         let conn = self.conn()?;
-        let g = f.lease.read().unpoison();
-        let lost = std::mem::take(&mut lock(&f.cache).lost);
+        let mut g = f.lease.read().unpoison();
+        let mut lost = std::mem::take(&mut lock(&f.cache).lost);
+        if g.mode.is_some() && g.id != NO_LEASE && g.session != conn.client.0 {
+            // A lease of an earlier session: this client was cut off and
+            // has reconnected since, in a new session. What is dirty under
+            // it can never be written back (the manager may have given the
+            // lease to another client meanwhile). Lost, and said so now,
+            // whether or not the reconnection came before this fsync.
+            let (id, session) = (g.id, g.session);
+            drop(g);
+            {
+                let mut w = f.lease.write().unpoison();
+                if w.id == id && w.session == session {
+                    let mut c = lock(&f.cache);
+                    c.clear();
+                    lost |= std::mem::take(&mut c.lost);
+                    *w = Slot::default();
+                }
+            }
+            g = f.lease.read().unpoison();
+        }
         if g.mode == Some(LeaseMode::Write) && (g.session == conn.client.0 || g.id == NO_LEASE) {
             match self.write_back(&f, &conn, g.id, true) {
                 // The server fenced the lease off (gone, or its session
