@@ -48,6 +48,9 @@ def test_readers_grow_under_parallel_load(config, mount_factory):
     m = mount_factory(config, options=["threads=3"])
     assert m.daemon_pids, "no daemon found"
     pid = m.daemon_pids[0]
+    # One request answered: the first reader is running (the mount command
+    # may return before its thread has started).
+    os.stat(m.path)
     assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
     stop = m.base / "stop"
     procs = [subprocess.Popen([sys.executable, "-c", LOAD, str(m.path), str(stop)]) for _ in range(4)]
