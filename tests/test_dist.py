@@ -472,3 +472,67 @@ def test_metrics_show_lease_figures(dist):
     r = sfmount.run([str(sfmount.shortfuse_bin()), "stats", str(b)], timeout=30)
     assert r.returncode == 0 and "lease: granted_read=" in r.stdout, r.stdout
     assert "revocations=0" in r.stdout, r.stdout
+
+
+def read_requests(mp: Path) -> int:
+    """How many READ requests the daemon of `mp` has served."""
+    r = sfmount.run([str(sfmount.shortfuse_bin()), "stats", "--json", str(mp)], timeout=30)
+    assert r.returncode == 0, r.stderr
+    return sum(op["count"] for op in json.loads(r.stdout)["ops"] if op["name"] == "READ")
+
+
+def cached_pages(path: Path) -> int:
+    """Pages of `path` in the kernel's page cache (fincore)."""
+    r = sfmount.run(["fincore", "--bytes", "--noheadings", "--output", "PAGES", str(path)], timeout=30)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.split()[0])
+
+
+@pytest.mark.deadline(150)
+def test_page_cache_serves_rereads_and_drops_pages_before_a_lease_goes(dist):
+    """`-o page_cache`: a read-only open reads through the kernel's page
+    cache, so a second read of the same data sends no READ; when another
+    client writes the file, the reader's lease is revoked and the pages go
+    first: the next read sees the new data at once (not the cached
+    pages), read from the daemon again."""
+    a = dist.mount("a", "page_cache")
+    b = dist.mount("b", "page_cache")
+    size = 256 << 10
+    (b / "f").write_bytes(b"1" * size)
+    fd = os.open(a / "f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, size, 0) == b"1" * size
+        assert cached_pages(a / "f") == size // 4096, "the pages were not cached"
+        before = read_requests(a)
+        assert os.pread(fd, size, 0) == b"1" * size
+        assert read_requests(a) == before, "the second read was not served from the page cache"
+
+        with open(b / "f", "r+b") as w:
+            w.write(b"2" * size)
+        # The write returned: a's lease went, and its pages with it.
+        assert cached_pages(a / "f") == 0, "the reader's pages outlived its lease"
+        assert os.pread(fd, size, 0) == b"2" * size
+        assert read_requests(a) > before
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.deadline(300)
+def test_page_cache_passes_the_checker(dist):
+    """Reads through the page cache are still strongly consistent: the
+    checker, whose reads go through read-only opens, finds no stale read
+    over several seeds of 1,000 operations per client."""
+    mounts = [dist.mount(f"m{i}", "page_cache") for i in range(3)]
+    for seed in range(1, 6):
+        r = check(mounts, seed, ops=1000)
+        assert r.returncode == 0 and ": no violation" in r.stdout, f"seed {seed}: {r.stdout}{r.stderr}"
+
+
+def test_page_cache_needs_leases(dist):
+    mp = dist.base / "weak"
+    mp.mkdir()
+    r = sfmount.run(
+        [str(sfmount.shortfuse_bin()), "mount", "dist", dist.addr, str(mp), "-o", "consistency=weak", "-o", "page_cache"]
+    )
+    assert r.returncode != 0 and "page_cache needs leases" in r.stderr, r.stderr
+    assert not sfmount.is_mounted(mp)

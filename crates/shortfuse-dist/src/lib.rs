@@ -44,7 +44,7 @@ pub static KIND: FsKind = FsKind {
     name: "dist",
     source: Source::Address("ADDR (host:port) of a `shortfuse dist up` server"),
     about: "distfs client: write-back cache kept strongly consistent by per-file leases",
-    options: "consistency=lease|writethrough|weak",
+    options: "consistency=lease|writethrough|weak, lease_hold=MS, direct_spell=MS, page_cache",
     kernel_permissions: true,
     // Not `network` for the cache: distfs caches in its client under
     // leases; pages kept in front of it would outlive a revoked lease.

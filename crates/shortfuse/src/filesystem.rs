@@ -64,6 +64,13 @@ pub struct InitConfig {
     /// behind its cache; keep a clone to use from any method or thread.
     /// See [`crate::notify`].
     pub notifier: Notifier,
+    /// How long the kernel may trust the attributes of regular files,
+    /// when that should differ from the mount's `attr_timeout`: a file
+    /// system whose files change behind the kernel and that tells the
+    /// kernel of changes only while it holds a lease on them sets it to
+    /// zero, so that a size or time the kernel was given outside a lease
+    /// is asked again before use. `None`: the mount's `attr_timeout`.
+    pub file_attr_timeout: Option<std::time::Duration>,
 }
 
 /// A user-space file system. See the module docs for the contract.

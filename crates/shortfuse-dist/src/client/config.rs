@@ -72,6 +72,11 @@ pub struct ClientConfig {
     pub name: String,
     /// Open files with `FOPEN_DIRECT_IO` (see the module docs).
     pub direct_io: bool,
+    /// `lease` and `writethrough`: read-only opens read through the
+    /// kernel's page cache, which is emptied before each lease this
+    /// client holds on the file goes (see the module docs, "Kernel page
+    /// cache"); `-o page_cache`.
+    pub page_cache: bool,
     pub consistency: Consistency,
     /// A revoked lease that is in use here is given back no later than
     /// this after it was granted (see the module docs, "Contention").
@@ -88,6 +93,7 @@ impl ClientConfig {
             addr: addr.into(),
             name: format!("pid {}", std::process::id()),
             direct_io: true,
+            page_cache: false,
             consistency: Consistency::Lease,
             lease_hold: DEFAULT_LEASE_HOLD,
             direct_spell: DEFAULT_DIRECT_SPELL,
@@ -96,12 +102,13 @@ impl ClientConfig {
 
     /// A client of `addr` set up by `shortfuse mount dist`'s own `-o`
     /// options: `consistency=lease|writethrough|weak`, `lease_hold=MS`,
-    /// `direct_spell=MS`.
+    /// `direct_spell=MS`, `page_cache`.
     pub fn from_options(addr: impl Into<String>, opts: &[(String, Option<String>)]) -> std::io::Result<ClientConfig> {
         let mut cfg = ClientConfig::new(addr);
         for (k, v) in opts {
             let bad = |msg: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, msg);
             match (k.as_str(), v) {
+                ("page_cache", None) => cfg.page_cache = true,
                 ("consistency", Some(v)) => cfg.consistency = v.parse().map_err(|e| bad(format!("-o {e}")))?,
                 ("lease_hold", Some(v)) => {
                     let ms: f64 = v
@@ -125,13 +132,24 @@ impl ClientConfig {
                 }
                 _ => {
                     return Err(bad(format!(
-                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak, lease_hold=MS or direct_spell=MS)",
+                    "-o {k}{}: unknown option (neither a mount option nor dist's consistency=lease|writethrough|weak, lease_hold=MS, direct_spell=MS or page_cache)",
                     v.as_ref().map(|v| format!("={v}")).unwrap_or_default()
                 )))
                 }
             }
         }
+        if cfg.page_cache && cfg.consistency == Consistency::Weak {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "-o page_cache needs leases: consistency=lease or writethrough",
+            ));
+        }
         Ok(cfg)
+    }
+
+    /// Whether read-only opens use the kernel's page cache.
+    pub fn caches_pages(&self) -> bool {
+        self.page_cache && self.consistency != Consistency::Weak
     }
 }
 

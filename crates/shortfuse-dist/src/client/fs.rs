@@ -104,7 +104,18 @@ impl Filesystem for DistFs {
         // Direct I/O keeps reads and writes under the leases; mmap still
         // works through the kernel's pages (coherent across clients only
         // as far as close-to-open, as on NFS).
-        config.want |= config.kernel_flags & shortfuse::abi::flags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        if self.inner.cfg.caches_pages() {
+            // Read-only opens read through the page cache, emptied before
+            // a lease goes (see the module docs, "Kernel page cache"): no
+            // attribute of a regular file is trusted outside a lease, no
+            // read asks for attributes while within the size, and no
+            // shared writable mapping makes dirty pages.
+            config.file_attr_timeout = Some(std::time::Duration::ZERO);
+            config.want &= !shortfuse::abi::FUSE_AUTO_INVAL_DATA;
+            let _ = self.inner.notifier.set(config.notifier.clone());
+        } else {
+            config.want |= config.kernel_flags & shortfuse::abi::flags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        }
         // Set-id bits are cleared here (setattr and write): the kernel's
         // own clearing for file systems without HANDLE_KILLPRIV_V2 keeps a
         // set-group-ID bit without group execution, which ext4 clears when
@@ -317,7 +328,14 @@ impl Filesystem for DistFs {
                 return Err(e);
             }
         }
-        Ok(self.opened())
+        let mut opened = self.opened();
+        if self.inner.caches_pages() && f.kind == libc::S_IFREG && flags.access_mode() == OpenFlags::RDONLY {
+            // Pages kept from an earlier open were read under a lease held
+            // since: each lease empties them before it goes.
+            opened.flags.direct_io = false;
+            opened.flags.keep_cache = true;
+        }
+        Ok(opened)
     }
 
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, _flags: OpenFlags) -> Result<Created> {

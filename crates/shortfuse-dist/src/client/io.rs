@@ -155,6 +155,9 @@ impl Inner {
             if slot.mode == Some(LeaseMode::Direct) {
                 return self.read_direct(&f, conn, slot.id, offset, buf);
             }
+            if self.caches_pages() {
+                self.note_served(&f);
+            }
             let size = lock(&f.cache).size;
             if offset >= size || buf.is_empty() {
                 return Ok(ReadOut { len: 0, eof: true });
@@ -490,6 +493,7 @@ impl Inner {
                     if g.id == id && g.session == session {
                         lock(&f.cache).clear();
                         *g = Slot::default();
+                        self.drop_pages_soon(f.gfi.ino);
                     }
                     lock(&f.cache).lost = false;
                     return Err(Errno::EIO);

@@ -212,7 +212,10 @@ impl Inner {
     pub(super) fn wanted(&self, f: &FileState, mode: LeaseMode) -> LeaseMode {
         let until = f.direct_until.load(Ordering::Acquire);
         let spell = until != 0 && (self.epoch.elapsed().as_nanos() as u64) < until;
-        if spell && self.cfg.consistency == Consistency::Lease {
+        // Pages a READ fills stay in the kernel's cache: they must be read
+        // under a caching lease, which empties them before it goes.
+        let reads_pages = mode == LeaseMode::Read && self.caches_pages();
+        if spell && self.cfg.consistency == Consistency::Lease && !reads_pages {
             LeaseMode::Direct
         } else {
             mode
@@ -266,7 +269,16 @@ impl Inner {
 
     /// Algorithm 1, AcquireLease.
     pub(super) fn acquire(&self, f: &FileState, mode: LeaseMode, want: Option<(u64, u64)>, conn: &Conn) -> Result<()> {
-        let mut g = f.lease.write().unpoison();
+        // A live read lease given back below (an upgrade, or a change to
+        // direct): the kernel's pages read under it go first. (Never for a
+        // READ, which asks for a read lease: the notification would wait
+        // for the pages that READ fills.)
+        let mut g = self.lock_dropping_pages(f, conn, |s| {
+            s.mode == Some(LeaseMode::Read)
+                && s.session == conn.client.0
+                && conn.leases_valid()
+                && !s.mode.is_some_and(|m| m.covers(mode))
+        });
         if Self::suffices(&g, mode, conn) {
             return Ok(());
         }
@@ -283,6 +295,7 @@ impl Inner {
                 // The lease died with its connection or on our clock: what
                 // was dirty can no longer be written back safely.
                 lock(&f.cache).clear();
+                self.drop_pages_soon(f.gfi.ino);
             }
             *g = Slot::default();
         }
@@ -422,7 +435,13 @@ impl Inner {
             if let Some(granted) = granted {
                 self.hold(&f, granted);
             }
-            let mut g = f.lease.write().unpoison();
+            // The kernel's pages of a caching lease go before it does (a
+            // step-down too: it may fail and release).
+            let mut g = self.lock_dropping_pages(&f, &conn, |s| {
+                s.id == lease
+                    && s.session == conn.client.0
+                    && matches!(s.mode, Some(LeaseMode::Read | LeaseMode::Write))
+            });
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
                 // Only caching leases step down (the manager asks no
                 // direct holder to).

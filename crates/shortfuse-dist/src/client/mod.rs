@@ -111,6 +111,25 @@
 //! daemon, whose cache the leases protect, and the daemon's cache plays the
 //! part that the kernel page cache plays in DistFUSE's modified kernel.
 //!
+//! With `-o page_cache` (`lease` and `writethrough`), read-only opens read
+//! through the kernel's page cache instead, kept under the leases:
+//! - a READ is served under a caching lease only (never a direct one), so
+//!   every page the kernel holds was read under a lease this client holds;
+//! - before such a lease goes (revoked, or given back to change mode), the
+//!   kernel is told to drop the file's pages and attributes (see
+//!   [`Inner::lock_dropping_pages`] for the order that keeps a READ in
+//!   flight from filling a page behind the notification);
+//! - the kernel trusts no attribute of a regular file (timeout 0): a size
+//!   it was given outside a lease is asked again before a read past it,
+//!   and `FUSE_AUTO_INVAL_DATA` is not asked for, so a read within the
+//!   size asks nothing while the pages are cached;
+//! - writable opens stay direct, and shared writable mappings are refused
+//!   (no `FUSE_DIRECT_IO_ALLOW_MMAP`), so the kernel never holds a dirty
+//!   page that a notification would have to write back.
+//! A lease lost with its session (a client cut off from the manager) is
+//! not given back: its pages are dropped when the loss is noticed here,
+//! so a cut-off client's reads of cached pages may be stale until then.
+//!
 //! # Lock order
 //!
 //! `Inner::conn` and `Inner::files` are leaf locks held for a lookup only,
@@ -134,6 +153,7 @@ mod config;
 mod fs;
 mod io;
 mod lease;
+mod pages;
 mod revokers;
 mod session;
 
@@ -162,6 +182,9 @@ struct FileState {
     /// nanoseconds since [`Inner::epoch`] (0: not contended); see the
     /// module docs, "Contention".
     direct_until: AtomicU64,
+    /// READs served here under a lease (`-o page_cache`): see
+    /// [`Inner::lock_dropping_pages`].
+    served: AtomicU64,
 }
 
 struct Inner {
@@ -183,6 +206,8 @@ struct Inner {
     epoch: Instant,
     /// What `shortfuse stats` shows of the leases.
     figures: Arc<LeaseFigures>,
+    /// Tells the kernel to drop pages (`-o page_cache`), from `init`.
+    notifier: std::sync::OnceLock<shortfuse::Notifier>,
 }
 
 /// The distfs client file system.
@@ -228,6 +253,7 @@ impl DistFs {
                 epoch: Instant::now(),
                 figures: Arc::default(),
                 revokers: Arc::default(),
+                notifier: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -321,6 +347,7 @@ impl Inner {
                     opens: Mutex::new(0),
                     used: AtomicU64::new(0),
                     direct_until: AtomicU64::new(0),
+                    served: AtomicU64::new(0),
                 })
             })
             .clone()

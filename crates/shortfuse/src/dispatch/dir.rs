@@ -71,6 +71,8 @@ pub(crate) struct DirPlusBuf<'a> {
     pub limit: usize,
     pub entry_ttl: Duration,
     pub attr_ttl: Duration,
+    /// The attribute timeout of regular files, when the file system set one.
+    pub file_attr_ttl: Option<Duration>,
 }
 
 impl DirPlusBuf<'_> {
@@ -104,7 +106,11 @@ impl DirPlusSink for DirPlusBuf<'_> {
         if !self.fits(name.len()) {
             return false;
         }
-        let out = encode::entry_out(entry, self.entry_ttl, self.attr_ttl);
+        let attr_ttl = match self.file_attr_ttl {
+            Some(t) if entry.attr.file_type() == FileType::Regular => t,
+            _ => self.attr_ttl,
+        };
+        let out = encode::entry_out(entry, self.entry_ttl, attr_ttl);
         self.push(
             out,
             entry.attr.ino,

@@ -162,6 +162,7 @@ pub(crate) fn initial_config(
         congestion_threshold: opts.congestion_threshold.unwrap_or(0),
         time_gran: 1,
         notifier: Notifier::new(),
+        file_attr_timeout: None,
     }
 }
 

@@ -32,7 +32,7 @@ mod init;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use shortfuse_abi::{self as abi, Operation};
 
@@ -79,6 +79,8 @@ pub struct Dispatcher {
     answers_later: bool,
     inflight: Arc<InFlight>,
     observer: OnceLock<Observer>,
+    /// [`InitConfig::file_attr_timeout`](crate::InitConfig), once agreed.
+    file_attr_timeout: OnceLock<Duration>,
 }
 
 /// Sees the data map of every successful OPEN and CREATE (see
@@ -127,6 +129,7 @@ impl Dispatcher {
             inflight: Arc::default(),
             fs,
             observer: OnceLock::new(),
+            file_attr_timeout: OnceLock::new(),
         }
     }
 
@@ -323,12 +326,15 @@ impl Dispatcher {
             let mut later = |call: &dyn Fn(&Replies)| self.later(unique, sink, reply, call);
             match r.op {
                 Operation::Lookup { name } => {
-                    let (e, a, n) = (o.entry_timeout, o.attr_timeout, o.negative_timeout);
+                    // The type is known only with the answer: the shorter
+                    // of the two timeouts for every node.
+                    let a = self.deferred_attr_ttl();
+                    let (e, n) = (o.entry_timeout, o.negative_timeout);
                     return later(&|rs| fs.lookup_deferred(&req, node, name, rs.entry(e, a, n)));
                 }
                 Operation::Getattr { arg } => {
                     let fh = (arg.getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(FileHandle(arg.fh));
-                    return later(&|rs| fs.getattr_deferred(&req, node, fh, rs.attr(o.attr_timeout)));
+                    return later(&|rs| fs.getattr_deferred(&req, node, fh, rs.attr(self.deferred_attr_ttl())));
                 }
                 Operation::Read { arg } => {
                     let size = checked_size(arg.size, negotiated)?;
@@ -393,12 +399,12 @@ impl Dispatcher {
             Operation::Getattr { arg } => {
                 let fh = (arg.getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(FileHandle(arg.fh));
                 let attr = fs.getattr(&req, node, fh)?;
-                reply_struct(reply, unique, &encode::attr_out(&attr, o.attr_timeout));
+                reply_struct(reply, unique, &encode::attr_out(&attr, self.attr_ttl(&attr)));
                 Ok(Outcome::Reply)
             }
             Operation::Setattr { arg } => {
                 let attr = fs.setattr(&req, node, &set_attr(&arg))?;
-                reply_struct(reply, unique, &encode::attr_out(&attr, o.attr_timeout));
+                reply_struct(reply, unique, &encode::attr_out(&attr, self.attr_ttl(&attr)));
                 Ok(Outcome::Reply)
             }
             Operation::Readlink => {
@@ -481,7 +487,7 @@ impl Dispatcher {
                         return Err(e);
                     }
                 };
-                let entry = encode::entry_out(&created.entry, o.entry_timeout, o.attr_timeout);
+                let entry = encode::entry_out(&created.entry, o.entry_timeout, self.attr_ttl(&created.entry.attr));
                 encode::begin(reply, unique);
                 reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&entry));
                 reply.extend_from_slice(zerocopy::IntoBytes::as_bytes(&open));
@@ -576,6 +582,7 @@ impl Dispatcher {
                     limit: OUT_HEADER + size,
                     entry_ttl: o.entry_timeout,
                     attr_ttl: o.attr_timeout,
+                    file_attr_ttl: self.file_attr_timeout.get().copied(),
                 };
                 match fs.readdirplus(&req, node, FileHandle(arg.fh), arg.offset, &mut sink) {
                     Err(e) if e == Errno::ENOSYS => {
@@ -735,6 +742,9 @@ impl Dispatcher {
         let mut cfg = init::initial_config(&self.opts, arg, kernel_flags, self.max_pages_limit);
         cfg.notifier = self.notifier.clone();
         self.fs.init(&mut cfg)?;
+        if let Some(t) = cfg.file_attr_timeout {
+            let _ = self.file_attr_timeout.set(t);
+        }
         let (negotiated, out) = init::finish(&cfg, arg, kernel_flags, self.max_pages_limit);
         let passthrough = negotiated.has(abi::FUSE_PASSTHROUGH);
         if self.negotiated.set(negotiated).is_err() {
@@ -746,8 +756,25 @@ impl Dispatcher {
         Ok(Outcome::Reply)
     }
 
+    /// How long the kernel may trust `attr`: the file system's timeout for
+    /// regular files, if it set one, else the mount's.
+    fn attr_ttl(&self, attr: &Attr) -> Duration {
+        match self.file_attr_timeout.get() {
+            Some(t) if attr.file_type() == FileType::Regular => *t,
+            _ => self.opts.attr_timeout,
+        }
+    }
+
+    /// [`Dispatcher::attr_ttl`] for an answer whose attributes are not
+    /// known yet: the shorter timeout.
+    fn deferred_attr_ttl(&self) -> Duration {
+        self.file_attr_timeout
+            .get()
+            .map_or(self.opts.attr_timeout, |t| (*t).min(self.opts.attr_timeout))
+    }
+
     fn entry(&self, reply: &mut Vec<u8>, unique: u64, e: &Entry) -> Served {
-        let out = encode::entry_out(e, self.opts.entry_timeout, self.opts.attr_timeout);
+        let out = encode::entry_out(e, self.opts.entry_timeout, self.attr_ttl(&e.attr));
         reply_struct(reply, unique, &out);
         Ok(Outcome::Reply)
     }

@@ -346,6 +346,7 @@ fn call_every_method(fs: &dyn Filesystem) {
         congestion_threshold: 0,
         time_gran: 1,
         notifier: Notifier::new(),
+        file_attr_timeout: None,
     };
     let mut buf = [0u8; 8];
     let (mut sink, mut plus) = (Sink, Sink);
