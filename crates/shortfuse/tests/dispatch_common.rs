@@ -32,6 +32,8 @@ pub struct TestFs {
     /// Serve READDIRPLUS natively (otherwise ENOSYS, emulated).
     pub native_plus: bool,
     pub destroyed: Mutex<bool>,
+    /// What `init` sets as `file_attr_timeout`.
+    pub file_attr_timeout: Option<std::time::Duration>,
 }
 
 pub fn attr_of(node: u64) -> Attr {
@@ -89,6 +91,7 @@ impl TestFs {
 impl Filesystem for TestFs {
     fn init(&self, config: &mut InitConfig) -> Result<()> {
         config.want |= self.init_add;
+        config.file_attr_timeout = self.file_attr_timeout;
         Ok(())
     }
 

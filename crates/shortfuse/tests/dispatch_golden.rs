@@ -652,3 +652,32 @@ fn malformed_requests() {
     let m = msg(abi::FUSE_LOOKUP, 1, 0, b"hello");
     assert_eq!(h.d.handle(&m, &mut buf, Transport::Dev), Outcome::NoReply);
 }
+
+#[test]
+fn a_file_attr_timeout_applies_to_regular_files_only() {
+    // A file system that trusts the kernel with no attribute of a regular
+    // file (distfs with the page cache) sets it at init; directories keep
+    // the mount's timeout.
+    let opts = MountOptions {
+        entry_timeout: Duration::from_secs(3),
+        attr_timeout: Duration::from_secs(4),
+        ..MountOptions::default()
+    };
+    let fs = TestFs {
+        file_attr_timeout: Some(Duration::ZERO),
+        ..TestFs::default()
+    };
+    let mut h = Harness::ready(fs, opts);
+    let getattr = |h: &mut Harness, node| {
+        let p = h.ok(abi::FUSE_GETATTR, node, abi::fuse_getattr_in::default().as_bytes());
+        let a = abi::fuse_attr_out::read_from_bytes(&p).unwrap();
+        (a.attr_valid, a.attr_valid_nsec)
+    };
+    assert_eq!(getattr(&mut h, HELLO), (0, 0));
+    assert_eq!(getattr(&mut h, DIR), (4, 0));
+    let e = abi::fuse_entry_out::read_from_bytes(&h.ok(abi::FUSE_LOOKUP, 1, b"hello\0")).unwrap();
+    assert_eq!((e.entry_valid, e.attr_valid, e.attr_valid_nsec), (3, 0, 0));
+    let all = readdirplus_pages(&mut h, 500);
+    let (e, _, name) = &all[2];
+    assert_eq!((name.as_str(), e.entry_valid, e.attr_valid), ("f000", 3, 0));
+}

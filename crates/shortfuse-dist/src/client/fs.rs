@@ -112,7 +112,13 @@ impl Filesystem for DistFs {
             // shared writable mapping makes dirty pages.
             config.file_attr_timeout = Some(std::time::Duration::ZERO);
             config.want &= !shortfuse::abi::FUSE_AUTO_INVAL_DATA;
-            let _ = self.inner.notifier.set(config.notifier.clone());
+            if self.inner.notifier.set(config.notifier.clone()).is_ok() {
+                let inner = Arc::downgrade(&self.inner);
+                std::thread::Builder::new()
+                    .name("distfs-pages".into())
+                    .spawn(move || super::Inner::watch_leases(inner))
+                    .map_err(Errno::from)?;
+            }
         } else {
             config.want |= config.kernel_flags & shortfuse::abi::flags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }

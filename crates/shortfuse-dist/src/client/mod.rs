@@ -126,9 +126,12 @@
 //! - writable opens stay direct, and shared writable mappings are refused
 //!   (no `FUSE_DIRECT_IO_ALLOW_MMAP`), so the kernel never holds a dirty
 //!   page that a notification would have to write back.
+//!
 //! A lease lost with its session (a client cut off from the manager) is
-//! not given back: its pages are dropped when the loss is noticed here,
-//! so a cut-off client's reads of cached pages may be stale until then.
+//! not given back: a watcher drops every file's pages once this client's
+//! clock no longer vouches for its leases, a tenth of the lease TTL
+//! before the manager's clock lets them go (the margin this client's own
+//! reads and writes already keep; [`Inner::watch_leases`]).
 //!
 //! # Lock order
 //!

@@ -4,7 +4,8 @@
 
 use shortfuse::sync::{lock, Unpoison};
 use std::sync::atomic::Ordering;
-use std::sync::RwLockWriteGuard;
+use std::sync::{RwLockWriteGuard, Weak};
+use std::time::Duration;
 
 use shortfuse::{NodeId, Notifier};
 
@@ -105,6 +106,38 @@ impl Inner {
                     tracing::warn!("distfs: telling the kernel the size of {:?}: {e}", f.gfi);
                 }
             }
+        }
+    }
+
+    /// Runs while `inner` lives (`-o page_cache`): once this client's
+    /// clock no longer vouches for its leases (no renewal confirmed, or
+    /// the connection lost), the kernel drops the pages of every file,
+    /// which no lease covers any more; this client serves nothing under
+    /// those leases meanwhile ([`Inner::suffices`]). Looks a fortieth of
+    /// the TTL apart, well within the tenth of it by which this client's
+    /// clock stops trusting a lease before the manager's does.
+    pub(super) fn watch_leases(inner: Weak<Inner>) {
+        let mut dropped = false;
+        loop {
+            let Some(me) = inner.upgrade() else { return };
+            let conn = lock(&me.conn).clone();
+            let pause = conn.as_ref().map_or(Duration::from_millis(50), |c| c.ttl / 40);
+            match conn {
+                Some(c) if !c.leases_valid() => {
+                    if !dropped {
+                        let files: Vec<u64> = lock(&me.files).keys().copied().collect();
+                        if let Some(notifier) = me.notifier.get() {
+                            for ino in files {
+                                let _ = notifier.inval_inode(NodeId(ino), 0, 0);
+                            }
+                        }
+                        dropped = true;
+                    }
+                }
+                _ => dropped = false,
+            }
+            drop(me);
+            std::thread::sleep(pause);
         }
     }
 
