@@ -112,6 +112,11 @@ impl Filesystem for DistFs {
             // shared writable mapping makes dirty pages.
             config.file_attr_timeout = Some(std::time::Duration::ZERO);
             config.want &= !shortfuse::abi::FUSE_AUTO_INVAL_DATA;
+            // Read-ahead READs in the background would still hold pages
+            // locked after the read that started them returned; a
+            // notification sent while this client's next request is served
+            // (an upgrade, see `lock_dropping_pages`) would wait for them.
+            config.want &= !shortfuse::abi::FUSE_ASYNC_READ;
             if self.inner.notifier.set(config.notifier.clone()).is_ok() {
                 let inner = Arc::downgrade(&self.inner);
                 std::thread::Builder::new()

@@ -98,6 +98,10 @@ impl Inner {
         if byte.is_none() && self.fetch(f, conn, g.id, i, i).is_ok() {
             byte = cached(&lock(&f.cache));
         }
+        // Not held while the kernel stores: it waits for a READ in flight
+        // on that page, which may wait behind a thread asking for the
+        // slot exclusive (a revocation of another lease of this file).
+        drop(g);
         // Without the byte, nothing is stored: a wrong one could be read
         // before the pages go.
         if let Some(byte) = byte {
