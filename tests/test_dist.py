@@ -536,3 +536,102 @@ def test_page_cache_needs_leases(dist):
     )
     assert r.returncode != 0 and "page_cache needs leases" in r.stderr, r.stderr
     assert not sfmount.is_mounted(mp)
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (SIGSTOP)."""
+    tasks = Path(f"/proc/{pid}/task")
+    return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for t in tasks.iterdir())
+
+
+def fuse_connection(mp: Path) -> Path:
+    """The kernel's control directory (fusectl) of the FUSE connection of `mp`."""
+    return Path("/sys/fs/fuse/connections") / str(os.minor(os.stat(mp).st_dev))
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("change", ["write", "truncate"])
+def test_page_cache_one_worker_changes_a_file_behind_a_read_of_it(dist, change):
+    """`-o page_cache` with one worker thread: a write (or a truncation)
+    that must give back the client's read lease, whose pages the kernel
+    must drop first, is taken before a READ of the same file that the
+    kernel sent after it and whose page it holds locked until answered.
+    Dropping the pages waits for that READ, so the change is answered
+    later, from another thread, while the worker serves the READ: both
+    finish, and the reader then sees the change."""
+    a = dist.mount("a", "page_cache", "threads=1")
+    b = dist.mount("b")
+    size = 1 << 20
+    data = bytes(range(256)) * (size // 256)
+    (b / "f").write_bytes(data)
+    ctl = fuse_connection(a)
+    waiting = lambda: int((ctl / "waiting").read_text())  # noqa: E731
+    r = os.open(a / "f", os.O_RDONLY)
+    w = os.open(a / "f", os.O_WRONLY)
+    try:
+        # a's read lease, with the first page in the kernel's cache and
+        # not the last (no read-ahead).
+        os.posix_fadvise(r, 0, 0, os.POSIX_FADV_RANDOM)
+        assert os.pread(r, 4096, 0) == data[:4096]
+        assert cached_pages(a / "f") == 1
+        # Before a truncation the kernel asks for security.capability
+        # (GETXATTR), unless told once that distfs keeps no attributes.
+        try:
+            os.getxattr(a / "f", "security.capability")
+        except OSError:
+            pass
+        pids = sfmount.pids_of_daemon(sfmount.shortfuse_bin(), str(a))
+        assert pids, "no daemon found for the mount"
+        outcome: dict = {}
+
+        def run(name, call):
+            try:
+                outcome[name] = call()
+            except OSError as e:
+                outcome[name] = e
+
+        if change == "write":
+            changing = threading.Thread(target=run, args=("change", lambda: os.pwrite(w, b"x" * 10, 0)))
+        else:
+            changing = threading.Thread(target=run, args=("change", lambda: os.ftruncate(w, size // 2)))
+        reading = threading.Thread(target=run, args=("read", lambda: os.pread(r, 4096, size - 4096)))
+        # The daemon stopped while the kernel queues the change, then the
+        # READ: its only worker takes them in that order. (Briefly: the
+        # client's leases must stay valid on its clock.)
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            # Stopped, it answers nothing: the count only grows.
+            assert sfmount.wait_until(lambda: all(stopped(p) for p in pids), 5), "the daemon did not stop"
+            before = waiting()
+            changing.start()
+            assert sfmount.wait_until(lambda: waiting() == before + 1, 5, step=0.005), "the change was not sent"
+            reading.start()
+            assert sfmount.wait_until(lambda: waiting() == before + 2, 5, step=0.005), "the READ was not sent"
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+        changing.join(20)
+        reading.join(20)
+        hung = changing.is_alive() or reading.is_alive()
+        if hung:
+            # Fails the waits (ENOTCONN) so that the threads end.
+            (ctl / "abort").write_text("1")
+            changing.join(10)
+            reading.join(10)
+        assert not hung, f"the worker waited for the kernel while the kernel waited for it: {outcome}"
+        assert outcome["read"] in (data[size - 4096 :], b""), outcome
+        if change == "write":
+            assert outcome["change"] == 10, outcome
+            assert os.pread(r, 16, 0) == b"x" * 10 + data[10:16], "the reader's page outlived its lease"
+        else:
+            assert outcome["change"] is None, outcome
+            assert os.fstat(r).st_size == size // 2
+            assert os.pread(r, 4096, size - 4096) == b""
+        assert (b / "f").read_bytes()[:16] == (b"x" * 10 + data[10:16] if change == "write" else data[:16])
+    finally:
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the connection was aborted

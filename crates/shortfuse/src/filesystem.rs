@@ -394,8 +394,8 @@ pub trait Filesystem: Send + Sync + 'static {
         Err(Errno::ENODEV)
     }
 
-    /// True when the file system answers LOOKUP, GETATTR, READ and WRITE
-    /// through the `*_deferred` methods below, possibly later and from
+    /// True when the file system answers LOOKUP, GETATTR, READ, WRITE and
+    /// SETATTR through the `*_deferred` methods below, possibly later and from
     /// another thread (see [`crate::reply`]). Asked for every request, so
     /// return a constant. `false` (the default): those go to the
     /// synchronous methods.
@@ -447,6 +447,19 @@ pub trait Filesystem: Send + Sync + 'static {
     ) {
         match self.write(req, node, fh, data, args) {
             Ok(n) => reply.written(n.min(data.len())),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// SETATTR answered through `reply` with the attributes after the
+    /// change (see [`Filesystem::lookup_deferred`]). By default
+    /// [`Filesystem::setattr`]. A file system that must wait for the kernel
+    /// before it can change a file (a notification that drops cached pages
+    /// waits for the READs in flight on them, which a worker must serve)
+    /// answers from another thread, so the worker is free to serve them.
+    fn setattr_deferred(&self, req: &Request, node: NodeId, set: &SetAttr, reply: ReplyAttr) {
+        match self.setattr(req, node, set) {
+            Ok(a) => reply.attr(&a),
             Err(e) => reply.error(e),
         }
     }

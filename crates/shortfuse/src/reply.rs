@@ -7,7 +7,8 @@
 //! ([`crate::Filesystem::lookup_deferred`],
 //! [`crate::Filesystem::getattr_deferred`],
 //! [`crate::Filesystem::read_deferred`],
-//! [`crate::Filesystem::write_deferred`]), handing each a reply handle
+//! [`crate::Filesystem::write_deferred`],
+//! [`crate::Filesystem::setattr_deferred`]), handing each a reply handle
 //! ([`ReplyEntry`], [`ReplyAttr`], [`ReplyData`], [`ReplyWrite`]). The handle
 //! is `Send + 'static`: keep it, return at once, and call it from any
 //! thread when the answer is known. The worker that took the request goes
@@ -48,7 +49,26 @@ use shortfuse_abi as abi;
 use crate::dispatch::encode;
 use crate::errno::Errno;
 use crate::sync::Unpoison;
-use crate::types::{Attr, Entry};
+use crate::types::{Attr, Entry, FileType};
+
+/// How long the kernel may trust the attributes in a reply: the mount's
+/// timeout, or for regular files the file system's own when it set one
+/// ([`crate::InitConfig::file_attr_timeout`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttrTtl {
+    pub(crate) any: Duration,
+    pub(crate) regular: Option<Duration>,
+}
+
+impl AttrTtl {
+    /// The timeout of `attr`.
+    pub(crate) fn of(&self, attr: &Attr) -> Duration {
+        match self.regular {
+            Some(t) if attr.file_type() == FileType::Regular => t,
+            _ => self.any,
+        }
+    }
+}
 
 /// Where a transport sends a reply that is ready after the request left
 /// the dispatcher. Called from whatever thread answers, once per request.
@@ -286,11 +306,11 @@ impl ReplyWrite {
     }
 }
 
-/// The answer to GETATTR: the node's attributes, cached by the kernel for
-/// the mount's attribute timeout.
+/// The answer to GETATTR and SETATTR: the node's attributes, cached by the
+/// kernel for the mount's attribute timeout.
 pub struct ReplyAttr {
     reply: Reply,
-    ttl: Duration,
+    ttl: AttrTtl,
 }
 
 impl ReplyAttr {
@@ -303,7 +323,7 @@ impl ReplyAttr {
 
     /// Answers with `attr`.
     pub fn attr(self, attr: &Attr) {
-        let out = encode::attr_out(attr, self.ttl);
+        let out = encode::attr_out(attr, self.ttl.of(attr));
         self.reply.send(|buf, unique| encode::reply_struct(buf, unique, &out))
     }
 }
@@ -313,7 +333,7 @@ impl ReplyAttr {
 pub struct ReplyEntry {
     reply: Reply,
     entry_ttl: Duration,
-    attr_ttl: Duration,
+    attr_ttl: AttrTtl,
     negative_ttl: Duration,
 }
 
@@ -338,7 +358,7 @@ impl ReplyEntry {
     /// Answers with `entry`. If the kernel no longer waits (the request
     /// was interrupted meanwhile) the reference is lost, as with libfuse.
     pub fn entry(self, entry: &Entry) {
-        let out = encode::entry_out(entry, self.entry_ttl, self.attr_ttl);
+        let out = encode::entry_out(entry, self.entry_ttl, self.attr_ttl.of(&entry.attr));
         self.reply.send(|buf, unique| encode::reply_struct(buf, unique, &out))
     }
 }
@@ -363,14 +383,14 @@ impl Replies {
         ReplyWrite(self.core())
     }
 
-    pub(crate) fn attr(&self, ttl: Duration) -> ReplyAttr {
+    pub(crate) fn attr(&self, ttl: AttrTtl) -> ReplyAttr {
         ReplyAttr {
             reply: self.core(),
             ttl,
         }
     }
 
-    pub(crate) fn entry(&self, entry_ttl: Duration, attr_ttl: Duration, negative_ttl: Duration) -> ReplyEntry {
+    pub(crate) fn entry(&self, entry_ttl: Duration, attr_ttl: AttrTtl, negative_ttl: Duration) -> ReplyEntry {
         ReplyEntry {
             reply: self.core(),
             entry_ttl,

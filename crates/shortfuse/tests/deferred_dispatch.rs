@@ -83,6 +83,18 @@ impl Filesystem for Threads {
         let n = data.len();
         thread::spawn(move || reply.written(n));
     }
+
+    fn setattr_deferred(&self, _req: &Request, node: NodeId, set: &SetAttr, reply: ReplyAttr) {
+        let size = set.size;
+        thread::spawn(move || match size {
+            Some(size) => reply.attr(&Attr {
+                ino: node.0,
+                size,
+                ..Attr::new(FileType::Regular, 0o600)
+            }),
+            None => reply.error(Errno::EPERM),
+        });
+    }
 }
 
 /// A transport's sink that hands each reply to the test.
@@ -144,6 +156,44 @@ fn a_waiting_transport_gets_replies_answered_from_other_threads() {
     write.extend_from_slice(b"abc");
     let r = waited(&d, &msg(abi::FUSE_WRITE, 7, 14, &write));
     assert_eq!(abi::fuse_write_out::read_from_bytes(&r.payload).unwrap().size, 3);
+    assert_eq!(d.deferred_in_flight(), 0);
+}
+
+#[test]
+fn setattr_is_answered_later_at_the_sink() {
+    // A truncation that must wait for the kernel (distfs with the page
+    // cache drops pages first, which waits for READs a worker must serve)
+    // leaves the worker at once.
+    let (_fs, d) = connected(MountOptions::default());
+    let (tx, rx) = mpsc::channel();
+    let sink: Arc<dyn ReplySink> = Arc::new(Channel(Mutex::new(tx)));
+    let mut buf = Vec::new();
+    let truncate = abi::fuse_setattr_in {
+        valid: abi::FATTR_SIZE,
+        size: 42,
+        ..Default::default()
+    };
+    assert_eq!(
+        d.handle_with(
+            &msg(abi::FUSE_SETATTR, 7, 30, truncate.as_bytes()),
+            &mut buf,
+            Transport::Dev,
+            Some(&sink)
+        ),
+        Outcome::Deferred
+    );
+    let (unique, reply) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let r = check_reply(&reply);
+    let out = abi::fuse_attr_out::read_from_bytes(&r.payload).unwrap();
+    assert_eq!((unique, r.error, out.attr.ino, out.attr.size), (30, 0, 7, 42));
+
+    let chmod = abi::fuse_setattr_in {
+        valid: abi::FATTR_MODE,
+        mode: 0o644,
+        ..Default::default()
+    };
+    let r = waited(&d, &msg(abi::FUSE_SETATTR, 7, 31, chmod.as_bytes()));
+    assert_eq!((r.unique, r.error), (31, -libc::EPERM));
     assert_eq!(d.deferred_in_flight(), 0);
 }
 

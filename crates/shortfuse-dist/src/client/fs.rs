@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use shortfuse::{
     Attr, Created, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, FopenFlags, InitConfig, NewNode, NodeId,
-    OpenFlags, Opened, ReleaseArgs, RenameFlags, Request, Result, SetAttr, SetTime, Statfs, Timestamp, WriteArgs,
+    OpenFlags, Opened, ReleaseArgs, RenameFlags, ReplyAttr, ReplyWrite, Request, Result, SetAttr, SetTime, Statfs,
+    Timestamp, WriteArgs,
 };
 
 use super::config::Consistency;
@@ -73,14 +74,14 @@ pub(super) fn wire_time(t: SetTime) -> WireTime {
     }
 }
 
-impl DistFs {
+impl super::Inner {
     /// Clears set-user-ID and set-group-ID as a native write by a user
     /// without CAP_FSETID does ([`Request::setid_bits_to_clear`]): the kernel asks for
     /// it on such writes (`FUSE_WRITE_KILL_SUIDGID`, always set for direct
     /// I/O, which distfs uses). Costs a round trip to the server per such
     /// write; root's writes do not ask.
     fn kill_suidgid(&self, req: &Request, node: NodeId) -> Result<()> {
-        let attr = node_reply(self.inner.call(Req::GetAttr { ino: node.0 })?)?.attr;
+        let attr = node_reply(self.call(Req::GetAttr { ino: node.0 })?)?.attr;
         let mode = attr.mode;
         let kill = req.setid_bits_to_clear(mode, attr.gid);
         if mode & libc::S_IFMT != libc::S_IFREG || kill == 0 {
@@ -90,12 +91,100 @@ impl DistFs {
             mode: Some(mode & 0o7777 & !kill),
             ..AttrChange::default()
         };
-        node_reply(self.inner.call(Req::SetAttr {
+        node_reply(self.call(Req::SetAttr {
             ino: node.0,
             change,
             lease: None,
         })?)
         .map(|_| ())
+    }
+
+    /// Where a write of `args` starts, set-id bits cleared first if the
+    /// kernel asks.
+    pub(super) fn write_start(&self, req: &Request, node: NodeId, args: &WriteArgs) -> Result<At> {
+        if args.write_flags & shortfuse::abi::FUSE_WRITE_KILL_SUIDGID != 0 {
+            self.kill_suidgid(req, node)?;
+        }
+        // An append goes where the file ends when it is written, which
+        // others may change meanwhile (the kernel's idea of the end is
+        // stale with direct I/O); the rest of a long one follows it.
+        Ok(if args.flags.contains(OpenFlags::APPEND) {
+            At::End
+        } else {
+            At::Offset(args.offset)
+        })
+    }
+
+    /// Writes `data[*done..]` from `at`, moving both on as it goes.
+    pub(super) fn write_all(&self, ino: u64, at: &mut At, data: &[u8], done: &mut usize) -> Result<()> {
+        while *done < data.len() {
+            match self.write(ino, *at, &data[*done..]) {
+                Ok((offset, n)) => {
+                    *done += n;
+                    *at = At::Offset(offset + n as u64);
+                }
+                Err(Errno::EAGAIN) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// SETATTR (see [`super::later`] for why it is here).
+    pub(super) fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        let inner = self;
+        let f = inner.file(node.0)?;
+        let chown = set.uid.is_some() || set.gid.is_some() || set.is_empty();
+        let mut mode = set.mode;
+        if mode.is_none() && (set.kill_suidgid || chown) {
+            let attr = node_reply(inner.call(Req::GetAttr { ino: node.0 })?)?.attr;
+            let bits = attr.mode & 0o7777;
+            let kill = if attr.mode & libc::S_IFMT == libc::S_IFDIR {
+                0
+            } else if chown {
+                // chown, even by root and to the same owner: set-user-ID,
+                // and set-group-ID when group-executable.
+                bits & (libc::S_ISUID | if bits & libc::S_IXGRP != 0 { libc::S_ISGID } else { 0 })
+            } else {
+                req.setid_bits_to_clear(bits, attr.gid)
+            };
+            if kill != 0 {
+                mode = Some(bits & !kill);
+            }
+        }
+        let mut change = AttrChange {
+            mode,
+            uid: set.uid,
+            gid: set.gid,
+            size: set.size,
+            atime: set.atime.map(wire_time),
+            mtime: set.mtime.map(wire_time),
+        };
+        let info = match set.size {
+            Some(size) => inner.truncate(&f, size, change)?,
+            None => {
+                if change.mtime.is_some() {
+                    // An explicit mtime must not be overwritten by a later
+                    // write-back of an older one.
+                    let written = inner.with_lease(&f, LeaseMode::Write, |conn, slot| {
+                        inner.write_back(&f, conn, slot.id, false)
+                    });
+                    // Not done on a worker: done again on another thread.
+                    if let Err(e @ super::later::MUST_WAIT) = written {
+                        return Err(e);
+                    }
+                }
+                change.size = None;
+                node_reply(inner.call(Req::SetAttr {
+                    ino: node.0,
+                    change,
+                    lease: None,
+                })?)?
+            }
+        };
+        let mut attr = info.attr;
+        inner.overlay(&f, &mut attr);
+        Ok(to_attr(node.0, &attr, inner.bs() as u32))
     }
 }
 
@@ -117,6 +206,9 @@ impl Filesystem for DistFs {
             // notification sent while this client's next request is served
             // (an upgrade, see `lock_dropping_pages`) would wait for them.
             config.want &= !shortfuse::abi::FUSE_ASYNC_READ;
+            // A truncation at open comes as SETATTR, which a worker may
+            // hand on (see `super::later`); OPEN may not.
+            config.want &= !shortfuse::abi::FUSE_ATOMIC_O_TRUNC;
             if self.inner.notifier.set(config.notifier.clone()).is_ok() {
                 let inner = Arc::downgrade(&self.inner);
                 std::thread::Builder::new()
@@ -174,55 +266,11 @@ impl Filesystem for DistFs {
     }
 
     fn setattr(&self, req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
-        let inner = &self.inner;
-        let f = inner.file(node.0)?;
-        let chown = set.uid.is_some() || set.gid.is_some() || set.is_empty();
-        let mut mode = set.mode;
-        if mode.is_none() && (set.kill_suidgid || chown) {
-            let attr = node_reply(inner.call(Req::GetAttr { ino: node.0 })?)?.attr;
-            let bits = attr.mode & 0o7777;
-            let kill = if attr.mode & libc::S_IFMT == libc::S_IFDIR {
-                0
-            } else if chown {
-                // chown, even by root and to the same owner: set-user-ID,
-                // and set-group-ID when group-executable.
-                bits & (libc::S_ISUID | if bits & libc::S_IXGRP != 0 { libc::S_ISGID } else { 0 })
-            } else {
-                req.setid_bits_to_clear(bits, attr.gid)
-            };
-            if kill != 0 {
-                mode = Some(bits & !kill);
-            }
-        }
-        let mut change = AttrChange {
-            mode,
-            uid: set.uid,
-            gid: set.gid,
-            size: set.size,
-            atime: set.atime.map(wire_time),
-            mtime: set.mtime.map(wire_time),
-        };
-        let info = match set.size {
-            Some(size) => inner.truncate(&f, size, change)?,
-            None => {
-                if change.mtime.is_some() {
-                    // An explicit mtime must not be overwritten by a later
-                    // write-back of an older one.
-                    let _ = inner.with_lease(&f, LeaseMode::Write, |conn, slot| {
-                        inner.write_back(&f, conn, slot.id, false)
-                    });
-                }
-                change.size = None;
-                node_reply(inner.call(Req::SetAttr {
-                    ino: node.0,
-                    change,
-                    lease: None,
-                })?)?
-            }
-        };
-        let mut attr = info.attr;
-        inner.overlay(&f, &mut attr);
-        Ok(to_attr(node.0, &attr, inner.bs() as u32))
+        self.inner.setattr(req, node, set)
+    }
+
+    fn setattr_deferred(&self, req: &Request, node: NodeId, set: &SetAttr, reply: ReplyAttr) {
+        self.setattr_later(req, node, set, reply)
     }
 
     fn readlink(&self, _req: &Request, node: NodeId) -> Result<Vec<u8>> {
@@ -323,8 +371,8 @@ impl Filesystem for DistFs {
             *opens += 1;
         }
         if flags.contains(OpenFlags::TRUNC) {
-            // The kernel sends O_TRUNC here only with atomic_o_trunc, which
-            // is not asked for; a setattr does it otherwise.
+            // The kernel sends O_TRUNC here only with atomic_o_trunc (asked
+            // for unless -o page_cache); a SETATTR does it otherwise.
             let r = self.inner.truncate(
                 &f,
                 0,
@@ -379,30 +427,28 @@ impl Filesystem for DistFs {
     }
 
     fn write(&self, req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
-        // An append goes where the file ends when it is written, which
-        // others may change meanwhile (the kernel's idea of the end is
-        // stale with direct I/O); the rest of a long one follows it.
-        let mut at = if args.flags.contains(OpenFlags::APPEND) {
-            At::End
-        } else {
-            At::Offset(args.offset)
-        };
-        if args.write_flags & shortfuse::abi::FUSE_WRITE_KILL_SUIDGID != 0 {
-            self.kill_suidgid(req, node)?;
-        }
+        let mut at = self.inner.write_start(req, node, args)?;
         let mut done = 0;
-        while done < data.len() {
-            match self.inner.write(node.0, at, &data[done..]) {
-                Ok((offset, n)) => {
-                    done += n;
-                    at = At::Offset(offset + n as u64);
-                }
-                Err(Errno::EAGAIN) => continue,
-                Err(e) if done == 0 => return Err(e),
-                Err(_) => break,
-            }
-        }
-        Ok(done)
+        let r = self.inner.write_all(node.0, &mut at, data, &mut done);
+        super::later::written(done, r)
+    }
+
+    fn write_deferred(
+        &self,
+        req: &Request,
+        node: NodeId,
+        _fh: FileHandle,
+        data: &[u8],
+        args: &WriteArgs,
+        reply: ReplyWrite,
+    ) {
+        self.write_later(req, node, data, args, reply)
+    }
+
+    fn answers_later(&self) -> bool {
+        // Only changes that must wait for the kernel go to another thread
+        // (see [`super::later`]).
+        self.inner.cfg.caches_pages()
     }
 
     fn flush(&self, _req: &Request, node: NodeId, _fh: FileHandle, _lock_owner: u64) -> Result<()> {

@@ -278,7 +278,7 @@ impl Inner {
                 && s.session == conn.client.0
                 && conn.leases_valid()
                 && !s.mode.is_some_and(|m| m.covers(mode))
-        });
+        })?;
         if Self::suffices(&g, mode, conn) {
             return Ok(());
         }
@@ -437,11 +437,13 @@ impl Inner {
             }
             // The kernel's pages of a caching lease go before it does (a
             // step-down too: it may fail and release).
-            let mut g = self.lock_dropping_pages(&f, &conn, |s| {
-                s.id == lease
-                    && s.session == conn.client.0
-                    && matches!(s.mode, Some(LeaseMode::Read | LeaseMode::Write))
-            });
+            let mut g = self
+                .lock_dropping_pages(&f, &conn, |s| {
+                    s.id == lease
+                        && s.session == conn.client.0
+                        && matches!(s.mode, Some(LeaseMode::Read | LeaseMode::Write))
+                })
+                .expect("revocations run on the revokers' threads, never on a worker");
             if g.id == lease && g.session == conn.client.0 && g.mode.is_some() {
                 // Only caching leases step down (the manager asks no
                 // direct holder to).

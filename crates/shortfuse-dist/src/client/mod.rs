@@ -155,6 +155,7 @@ mod cache;
 mod config;
 mod fs;
 mod io;
+mod later;
 mod lease;
 mod pages;
 mod revokers;

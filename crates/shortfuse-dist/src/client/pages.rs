@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{RwLockWriteGuard, Weak};
 use std::time::Duration;
 
-use shortfuse::{NodeId, Notifier};
+use shortfuse::{NodeId, Notifier, Result};
 
 use super::lease::Slot;
-use super::{FileState, Inner};
+use super::{later, FileState, Inner};
 use crate::conn::Conn;
 
 impl Inner {
@@ -36,24 +36,32 @@ impl Inner {
     /// (The kernel ignores an attribute reply to a request sent before the
     /// notification: `fuse_reverse_inval_inode` moves the inode's
     /// `attr_version` on, which `fuse_change_attributes` checks.)
+    ///
+    /// On a worker ([`later::on_worker`]) nothing is sent: the READs the
+    /// kernel would wait for may be queued for this very thread. Fails with
+    /// [`later::MUST_WAIT`] instead, before anything was changed, for the
+    /// caller to go on from another thread.
     pub(super) fn lock_dropping_pages<'f>(
         &self,
         f: &'f FileState,
         conn: &Conn,
         releases: impl Fn(&Slot) -> bool,
-    ) -> RwLockWriteGuard<'f, Slot> {
+    ) -> Result<RwLockWriteGuard<'f, Slot>> {
         // Not `self.caches_pages()` alone: tests build clients without a
         // kernel; a client with a kernel always has its notifier.
         let Some(notifier) = self.notifier.get().filter(|_| self.cfg.caches_pages()) else {
-            return f.lease.write().unpoison();
+            return Ok(f.lease.write().unpoison());
         };
         loop {
             if !releases(&f.lease.read().unpoison()) {
                 let g = f.lease.write().unpoison();
                 if !releases(&g) {
-                    return g;
+                    return Ok(g);
                 }
                 continue;
+            }
+            if later::on_worker() {
+                return Err(later::MUST_WAIT);
             }
             let served = f.served.load(Ordering::Acquire);
             self.push_size(f, conn, notifier, &releases);
@@ -65,7 +73,7 @@ impl Inner {
             }
             let g = f.lease.write().unpoison();
             if !releases(&g) || f.served.load(Ordering::Acquire) == served {
-                return g;
+                return Ok(g);
             }
         }
     }

@@ -42,7 +42,7 @@ use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::notify::{Notifier, PollHandle};
 use crate::options::MountOptions;
-use crate::reply::{InFlight, Replies, ReplySink, Wait};
+use crate::reply::{AttrTtl, InFlight, Replies, ReplySink, Wait};
 use crate::stats::{Stats, Transport};
 use crate::types::*;
 
@@ -326,15 +326,16 @@ impl Dispatcher {
             let mut later = |call: &dyn Fn(&Replies)| self.later(unique, sink, reply, call);
             match r.op {
                 Operation::Lookup { name } => {
-                    // The type is known only with the answer: the shorter
-                    // of the two timeouts for every node.
-                    let a = self.deferred_attr_ttl();
-                    let (e, n) = (o.entry_timeout, o.negative_timeout);
+                    let (e, a, n) = (o.entry_timeout, self.attr_ttls(), o.negative_timeout);
                     return later(&|rs| fs.lookup_deferred(&req, node, name, rs.entry(e, a, n)));
                 }
                 Operation::Getattr { arg } => {
                     let fh = (arg.getattr_flags & abi::FUSE_GETATTR_FH != 0).then_some(FileHandle(arg.fh));
-                    return later(&|rs| fs.getattr_deferred(&req, node, fh, rs.attr(self.deferred_attr_ttl())));
+                    return later(&|rs| fs.getattr_deferred(&req, node, fh, rs.attr(self.attr_ttls())));
+                }
+                Operation::Setattr { arg } => {
+                    let set = set_attr(&arg);
+                    return later(&|rs| fs.setattr_deferred(&req, node, &set, rs.attr(self.attr_ttls())));
                 }
                 Operation::Read { arg } => {
                     let size = checked_size(arg.size, negotiated)?;
@@ -756,21 +757,18 @@ impl Dispatcher {
         Ok(Outcome::Reply)
     }
 
-    /// How long the kernel may trust `attr`: the file system's timeout for
-    /// regular files, if it set one, else the mount's.
-    fn attr_ttl(&self, attr: &Attr) -> Duration {
-        match self.file_attr_timeout.get() {
-            Some(t) if attr.file_type() == FileType::Regular => *t,
-            _ => self.opts.attr_timeout,
+    /// How long the kernel may trust attributes: the file system's timeout
+    /// for regular files, if it set one, else the mount's.
+    fn attr_ttls(&self) -> AttrTtl {
+        AttrTtl {
+            any: self.opts.attr_timeout,
+            regular: self.file_attr_timeout.get().copied(),
         }
     }
 
-    /// [`Dispatcher::attr_ttl`] for an answer whose attributes are not
-    /// known yet: the shorter timeout.
-    fn deferred_attr_ttl(&self) -> Duration {
-        self.file_attr_timeout
-            .get()
-            .map_or(self.opts.attr_timeout, |t| (*t).min(self.opts.attr_timeout))
+    /// [`Dispatcher::attr_ttls`] of `attr`.
+    fn attr_ttl(&self, attr: &Attr) -> Duration {
+        self.attr_ttls().of(attr)
     }
 
     fn entry(&self, reply: &mut Vec<u8>, unique: u64, e: &Entry) -> Served {

@@ -13,7 +13,7 @@
 //! ([`Filesystem::answers_later`] and the `*_deferred` ones) are not
 //! forwarded, so a layer answers later never, and a file system below it
 //! that does is called through its synchronous methods. Forwarding them
-//! would let LOOKUP, GETATTR, READ and WRITE slip past a layer that
+//! would let LOOKUP, GETATTR, READ, WRITE and SETATTR slip past a layer that
 //! changes those calls (the cache keeps what it reads), and a layer that
 //! changes none of them gains nothing from seeing the others.
 //!
@@ -66,7 +66,7 @@ macro_rules! layer {
         /// module docs): its default, not the inner file system's.
         #[cfg(test)]
         const ANSWERED_HERE: &[&str] =
-            &["answers_later", "lookup_deferred", "getattr_deferred", "read_deferred", "write_deferred"];
+            &["answers_later", "lookup_deferred", "getattr_deferred", "read_deferred", "write_deferred", "setattr_deferred"];
     };
 }
 
