@@ -125,7 +125,10 @@
 //!   size asks nothing while the pages are cached;
 //! - writable opens stay direct, and shared writable mappings are refused
 //!   (no `FUSE_DIRECT_IO_ALLOW_MMAP`), so the kernel never holds a dirty
-//!   page that a notification would have to write back.
+//!   page that a notification would have to write back;
+//! - no worker waits for a notification: a write or truncation that must
+//!   drop pages first goes on from another thread and is answered later
+//!   ([`later`]), since the kernel waits for READs a worker must serve.
 //!
 //! A lease lost with its session (a client cut off from the manager) is
 //! not given back: a watcher drops every file's pages once this client's
