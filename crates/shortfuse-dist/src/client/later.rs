@@ -61,6 +61,14 @@ pub(super) fn written(done: usize, r: Result<()>) -> Result<usize> {
     }
 }
 
+/// Answers a write of which `done` bytes went through (see [`written`]).
+fn answer_write(reply: ReplyWrite, done: usize, r: Result<()>) {
+    match written(done, r) {
+        Ok(n) => reply.written(n),
+        Err(e) => reply.error(e),
+    }
+}
+
 impl DistFs {
     /// WRITE, finished on a helper thread when it must wait for the kernel.
     pub(super) fn write_later(&self, req: &Request, node: NodeId, data: &[u8], args: &WriteArgs, reply: ReplyWrite) {
@@ -74,20 +82,14 @@ impl DistFs {
             })
         };
         let (Err(MUST_WAIT), Some(mut at)) = (r, at) else {
-            return match written(done, r) {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(e),
-            };
+            return answer_write(reply, done, r);
         };
         let rest = data[done..].to_vec();
         let me = inner.clone();
         inner.run_elsewhere(Box::new(move || {
             let mut more = 0;
             let r = me.write_all(node.0, &mut at, &rest, &mut more);
-            match written(done + more, r) {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(e),
-            }
+            answer_write(reply, done + more, r);
         }));
     }
 
