@@ -496,7 +496,11 @@ fn a_layer_answers_at_once_through_the_synchronous_methods_below() {
         pid: 0,
     };
     let ttl = std::time::Duration::ZERO;
-    Filesystem::lookup_deferred(&fs, &req, NodeId(1), OsStr::new("n"), replies.entry(ttl, ttl, ttl));
+    let attr_ttl = crate::reply::AttrTtl {
+        any: ttl,
+        regular: None,
+    };
+    Filesystem::lookup_deferred(&fs, &req, NodeId(1), OsStr::new("n"), replies.entry(ttl, attr_ttl, ttl));
     assert_eq!(
         *fs.0 .0.calls.lock().unwrap(),
         ["lookup"],
