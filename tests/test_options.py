@@ -178,7 +178,11 @@ def test_passthrough_default_keeps_file_data_away_from_the_daemon(mount_factory,
     # Written in the source, so that nothing of it is in the mount's page cache.
     (m.source / "old").write_bytes(data)
     before = daemon_counts(m.path)
-    assert (m.path / "old").read_bytes() == data
+    # Read while a writer holds the file: the reader joins the writer's
+    # passthrough open instead of filling the mount's page cache.
+    with open(m.path / "old", "r+b") as w:
+        assert (m.path / "old").read_bytes() == data
+        w.write(b"x")
     with open(m.path / "new", "wb") as f:
         f.write(data[:100_000])
     assert (m.source / "new").read_bytes() == data[:100_000]
@@ -189,6 +193,84 @@ def test_passthrough_default_keeps_file_data_away_from_the_daemon(mount_factory,
         assert asked["READ"] == 0 and asked["WRITE"] == 0, asked
     else:
         assert asked["READ"] > 0 and asked["WRITE"] > 0, asked
+
+
+def data_requests(m, before: dict[str, int]) -> dict[str, int]:
+    counts = daemon_counts(m.path)
+    return {op: counts.get(op, 0) - before.get(op, 0) for op in ("OPEN", "READ", "WRITE")}
+
+
+@pytest.mark.parametrize("opts", [None, ["no_reader_cache"]], ids=["default", "no_reader_cache"])
+def test_passthrough_default_reads_unchanged_files_from_the_page_cache(mount_factory, opts):
+    """By default a read-only open of a file that no open passes through is
+    served from the mount's page cache (a cached read then costs one copy,
+    not the passthrough path's two files): the first read of the data
+    reaches the daemon, later opens of the unchanged file keep the pages and
+    send no READ. `-o no_reader_cache` passes readers through: no READ."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS, opts)
+    data = os.urandom(256 * 1024)
+    (m.source / "f").write_bytes(data)
+    before = daemon_counts(m.path)
+    assert (m.path / "f").read_bytes() == data
+    first = data_requests(m, before)
+    before = daemon_counts(m.path)
+    for _ in range(3):
+        assert (m.path / "f").read_bytes() == data
+    again = data_requests(m, before)
+    assert first["OPEN"] == 1 and again["OPEN"] == 3, (first, again)
+    assert again["READ"] == 0, f"an unchanged file was read again from the daemon: {again}"
+    if opts is None:
+        assert first["READ"] > 0, f"a reader was passed through: {first}"
+    else:
+        assert first["READ"] == 0, first
+
+
+def test_reader_cache_sees_every_change(mount_factory):
+    """The pages a reader cached are never served stale: not after a change
+    made in the source behind the mount (same size), nor after a write
+    through the mount's passthrough, nor while a reader holds the file open
+    during a write through the mount (the writer then goes through the
+    daemon and the page cache). Sizes and times match the source."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS)
+    f, s = m.path / "f", m.source / "f"
+    size = 64 * 1024
+    s.write_bytes(b"a" * size)
+    assert f.read_bytes() == b"a" * size
+    assert f.read_bytes() == b"a" * size  # cached, kept
+    # Behind the mount, same size.
+    with open(s, "r+b") as h:
+        h.write(b"b" * size)
+    assert f.read_bytes() == b"b" * size
+    # Through the mount, nothing else open: passed through, the page cache
+    # the readers filled is left behind and must not be served.
+    before = daemon_counts(m.path)
+    with open(f, "r+b") as h:
+        h.write(b"c" * 100)
+    assert data_requests(m, before)["WRITE"] == 0
+    assert f.read_bytes() == b"c" * 100 + b"b" * (size - 100)
+    assert s.read_bytes() == f.read_bytes()
+    # A reader holds the file while a writer grows it through the mount.
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4, 0) == b"cccc"
+        before = daemon_counts(m.path)
+        with open(f, "r+b") as h:
+            h.seek(size)
+            h.write(b"d" * 5000)
+            h.seek(0)
+            h.write(b"e" * 10)
+        assert data_requests(m, before)["WRITE"] > 0, "the writer did not join the reader's page-cache mode"
+        assert os.pread(fd, 12, 0) == b"e" * 10 + b"cc"
+        assert os.pread(fd, 10, size - 2) == b"bb" + b"d" * 8
+    finally:
+        os.close(fd)
+    want = b"e" * 10 + b"c" * 90 + b"b" * (size - 100) + b"d" * 5000
+    assert f.read_bytes() == want and s.read_bytes() == want
+    # Sizes and times are the source's, as a new opener sees them.
+    with open(f, "rb") as h:
+        got = os.fstat(h.fileno())
+    src = os.stat(s)
+    assert (got.st_size, got.st_mtime_ns) == (src.st_size, src.st_mtime_ns) == (len(want), src.st_mtime_ns)
 
 
 @pytest.mark.parametrize("opts", [None, ["no_passthrough"]], ids=["default", "no_passthrough"])

@@ -30,6 +30,13 @@ pytestmark = [pytest.mark.fs("passthrough+kp"), pytest.mark.shortfuse_only]
 KIB = 1024
 
 
+@pytest.fixture
+def mnt(config, mount_factory):
+    """Every open passed through, readers too: the mount's default reader
+    cache would serve read-only opens from its page cache (test_options.py)."""
+    return mount_factory(config, ["no_reader_cache"])
+
+
 def daemon_counts(mountpoint) -> dict[str, int]:
     r = run([shortfuse_bin(), "stats", "--json", mountpoint], timeout=30)
     assert r.returncode == 0, f"shortfuse stats --json {mountpoint} failed: {r.stderr}"

@@ -113,7 +113,17 @@ pub struct FsKind {
 /// (registering a backing file needs CAP_SYS_ADMIN) and beside the user's
 /// `writeback_cache` (or `optimized`), which the kernel does not combine with
 /// it; a kernel older than 6.9 does not offer it and the daemon serves the
-/// data. The write-back cache is no default: with it the kernel keeps a
+/// data.
+///
+/// The reader cache: a read-only open of a file that no open passes through
+/// is served from the mount's own page cache instead, kept across opens
+/// while the file's size and times stay as they were. A read of cached data
+/// then costs what it costs on a plain FUSE mount (bindfs), where the
+/// passthrough read path reads a second file beneath the first; the first
+/// read of the data goes through the daemon, and the data is cached twice
+/// (in the source's page cache and the mount's). A change made in SOURCE
+/// behind the mount shows at the next open, or within `attr_timeout` to a
+/// file kept open. The write-back cache is no default: with it the kernel keeps a
 /// file's size and times itself, so a change made in SOURCE behind the mount
 /// could be overwritten or hidden.
 pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
@@ -124,6 +134,10 @@ pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
     (
         "passthrough",
         "as root, on Linux 6.9+: the kernel reads, writes and maps each open file's source file itself, at the source's speed; the daemon sees no READ or WRITE (not in `shortfuse stats`, and the cache= tier then serves no file data); left out for other users and beside writeback_cache or optimized; no_passthrough serves file data in the daemon. (writeback_cache is no default: the kernel would keep sizes and times itself, and a change made in SOURCE behind the mount could be lost)",
+    ),
+    (
+        "reader_cache",
+        "with passthrough: a read-only open of a file no open passes through reads from the mount's page cache, kept across opens while the file's size and times are unchanged, so a cached read costs one copy, as on bindfs, instead of the passthrough path's read of a second file; the first read of the data goes through the daemon and the data is cached twice (source and mount); a change made in SOURCE behind the mount shows at the next open; no_reader_cache passes readers through too",
     ),
 ];
 

@@ -25,6 +25,16 @@
 //!   served by the daemon too, even one that returns a whole map.
 //! - Last release: the mode is forgotten. The backing id is closed the
 //!   first time, and kept from the second time on (see below).
+//! - With the reader cache (`-o reader_cache`), a read-only first open puts
+//!   the inode in daemon mode, where the kernel serves reads from the
+//!   mount's own page cache: a cached read is then one page-cache copy,
+//!   where the passthrough read path reads a second file under the first.
+//!   A read-only open of an inode already in passthrough joins it. Such an
+//!   open keeps the cached pages (`FOPEN_KEEP_CACHE`) only when the file's
+//!   size and times are those the inode's previous cache-mode open saw and
+//!   no open for writing came between ([`Passthrough::keeps_cache`]); the
+//!   kernel's `AUTO_INVAL_DATA` drops pages whose mtime it sees change while
+//!   files are open.
 //!
 //! A backing id stays valid until `FUSE_DEV_IOC_BACKING_CLOSE`, whatever
 //! happens to the files opened with it: the kernel takes its own reference
@@ -51,7 +61,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use shortfuse_abi as abi;
 
 use crate::datamap::DataMap;
-use crate::types::NodeId;
+use crate::types::{Attr, NodeId, Timestamp};
 
 /// A backing id registered with `FUSE_DEV_IOC_BACKING_OPEN`, closed with
 /// `FUSE_DEV_IOC_BACKING_CLOSE` when dropped.
@@ -91,6 +101,18 @@ impl Drop for BackingId {
 /// per inode the kernel knows, so this only bounds what an inode that is
 /// never forgotten keeps besides.
 pub const IDLE_REGISTRATIONS: usize = 1024;
+
+/// What an open may do with the file, as [`Passthrough::open`] weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read-only, passed through like any other open.
+    Read,
+    /// Read-only, served from the page cache unless the inode is already in
+    /// passthrough (the reader cache).
+    CachedRead,
+    /// May write.
+    Write,
+}
 
 /// How the open files of one inode are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +177,28 @@ struct Table {
     /// costs no ioctl at FORGET; a file opened again keeps its.
     released_once: HashSet<NodeId>,
     released_order: VecDeque<NodeId>,
+    /// For each inode whose last cache-mode open saw it unchanged: what it
+    /// saw. Dropped by an open for writing and by FORGET.
+    cached: HashMap<NodeId, CacheKey>,
+}
+
+/// What tells a file's cached pages from stale ones: a write, a truncate
+/// or any change of the inode moves ctime, and the others with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CacheKey {
+    size: u64,
+    mtime: Timestamp,
+    ctime: Timestamp,
+}
+
+impl CacheKey {
+    fn of(attr: &Attr) -> CacheKey {
+        CacheKey {
+            size: attr.size,
+            mtime: attr.mtime,
+            ctime: attr.ctime,
+        }
+    }
 }
 
 impl Table {
@@ -254,17 +298,26 @@ impl Passthrough {
     /// for `FOPEN_PASSTHROUGH` with backing id `id`, `None` for the daemon.
     /// Every call that returns while active must be matched by one
     /// [`Passthrough::release`] of the same node.
-    pub fn open(&self, node: NodeId, map: Option<&DataMap>) -> Option<i32> {
+    ///
+    /// `access` says whether the open may write, and whether a read-only one
+    /// may be served from the page cache instead (the reader cache).
+    pub fn open(&self, node: NodeId, map: Option<&DataMap>, access: Access) -> Option<i32> {
         if !self.is_active() {
             return None;
         }
         let whole = map.and_then(DataMap::as_whole);
+        let passes = whole.is_some() && access != Access::CachedRead;
         {
             let mut table = self.table.lock().unpoison();
-            if let Some(id) = table.join(node, whole.is_some()) {
+            if access == Access::Write {
+                // Whatever mode it gets, what it writes is not what the
+                // page cache held at the last cache-mode open.
+                table.cached.remove(&node);
+            }
+            if let Some(id) = table.join(node, passes) {
                 return id;
             }
-            if whole.is_none() {
+            if !passes {
                 table.nodes.insert(node, Node::open(None, Mode::Daemon));
                 return None;
             }
@@ -363,6 +416,7 @@ impl Passthrough {
         let closed = {
             let mut table = self.table.lock().unpoison();
             table.released_once.remove(&node);
+            table.cached.remove(&node);
             match table.nodes.get_mut(&node) {
                 Some(n) if n.opens > 0 => {
                     n.forgotten = true;
@@ -399,6 +453,17 @@ impl Passthrough {
             .values()
             .filter(|n| n.opens == 0 && n.backing.is_some())
             .count()
+    }
+
+    /// Whether a read-only open of `node` served in daemon mode may keep the
+    /// pages cached by earlier opens (`FOPEN_KEEP_CACHE`): yes when the file
+    /// has `attr` (size, mtime, ctime) as at the previous such open and no
+    /// open for writing came since. Records `attr` for the next one. Without
+    /// the flag the kernel drops the inode's pages at the open.
+    pub fn keeps_cache(&self, node: NodeId, attr: &Attr) -> bool {
+        let key = CacheKey::of(attr);
+        let mut table = self.table.lock().unpoison();
+        table.cached.insert(node, key) == Some(key)
     }
 
     /// `fuse_open_out.open_flags` for a passthrough open: only the flags
@@ -485,7 +550,7 @@ mod tests {
     #[test]
     fn inactive_records_nothing() {
         let p = Passthrough::new();
-        assert_eq!(p.open(NodeId(2), Some(&whole())), None);
+        assert_eq!(p.open(NodeId(2), Some(&whole()), Access::Read), None);
         p.release(NodeId(2));
         assert_eq!(p.open_inodes(), (0, 0));
     }
@@ -496,8 +561,8 @@ mod tests {
         p.set_active(true);
         // No device attached: a whole map cannot be registered, so the
         // inode is served by the daemon.
-        assert_eq!(p.open(NodeId(2), None), None);
-        assert_eq!(p.open(NodeId(2), Some(&whole())), None);
+        assert_eq!(p.open(NodeId(2), None, Access::Read), None);
+        assert_eq!(p.open(NodeId(2), Some(&whole()), Access::Read), None);
         assert_eq!(p.open_inodes(), (1, 0));
         p.release(NodeId(2));
         assert_eq!(p.open_inodes(), (1, 0));
@@ -516,10 +581,10 @@ mod tests {
     fn a_forget_while_open_keeps_the_mode_until_the_last_release() {
         let p = Passthrough::new();
         p.set_active(true);
-        assert_eq!(p.open(NodeId(2), None), None);
+        assert_eq!(p.open(NodeId(2), None, Access::Read), None);
         p.forget(NodeId(2));
         assert_eq!(p.open_inodes(), (1, 0));
-        assert_eq!(p.open(NodeId(2), Some(&whole())), None, "joins the daemon-mode open");
+        assert_eq!(p.open(NodeId(2), Some(&whole()), Access::Read), None, "joins the daemon-mode open");
         p.release(NodeId(2));
         p.release(NodeId(2));
         assert_eq!((p.open_inodes(), p.idle_registrations()), ((0, 0), 0));

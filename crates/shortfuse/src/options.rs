@@ -85,6 +85,14 @@ pub struct MountOptions {
     /// whole-file data map has its reads and writes sent by the kernel
     /// straight to the backing file.
     pub passthrough: bool,
+    /// Under kernel passthrough, a read-only open of a file that no open
+    /// passes through is served from the mount's own page cache instead,
+    /// kept across opens while the file's size and times are unchanged:
+    /// a read of cached data then costs one page-cache copy, as on a plain
+    /// FUSE mount, where the passthrough read path adds a second file's
+    /// read to each call. The first read of the data goes through the
+    /// daemon.
+    pub reader_cache: bool,
 
     // --- for the session ---
     /// Worker threads reading /dev/fuse, each on its own cloned fd: what a
@@ -142,6 +150,7 @@ impl Default for MountOptions {
             splice_move: false,
             handle_killpriv_v2: false,
             passthrough: false,
+            reader_cache: false,
             threads: None,
             transport: Transport::Dev,
             uring_depth: 8,
@@ -267,6 +276,10 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
     (
         "passthrough / no_passthrough",
         "kernel passthrough of file data to backing files (default off; on for passthrough as root, below)",
+    ),
+    (
+        "reader_cache / no_reader_cache",
+        "with passthrough: read-only opens of a file no open passes through use the mount's page cache, kept while the file is unchanged (default off; on for passthrough, below)",
     ),
     ("threads=N", "worker threads (like --threads; --threads wins)"),
     (
@@ -410,6 +423,8 @@ impl MountOptions {
             "handle_killpriv_v2" => flag(value).map(|_| self.handle_killpriv_v2 = true)?,
             "passthrough" => flag(value).map(|_| self.passthrough = true)?,
             "no_passthrough" => flag(value).map(|_| self.passthrough = false)?,
+            "reader_cache" => flag(value).map(|_| self.reader_cache = true)?,
+            "no_reader_cache" => flag(value).map(|_| self.reader_cache = false)?,
             "fsname" => self.fsname = Some(name_value(key, value)?),
             "subtype" => self.subtype = Some(name_value(key, value)?),
             "max_read" => self.max_read = Some(size_value(key, value, 1, u32::MAX as u64)? as u32),
@@ -598,6 +613,8 @@ mod tests {
         assert!(o.splice_read && o.splice_write && o.splice_move && o.handle_killpriv_v2 && !o.passthrough);
         assert!(MountOptions::parse("passthrough").unwrap().passthrough);
         assert!(!MountOptions::parse("passthrough,no_passthrough").unwrap().passthrough);
+        assert!(MountOptions::parse("passthrough,reader_cache").unwrap().reader_cache);
+        assert!(!MountOptions::parse("reader_cache,no_reader_cache").unwrap().reader_cache);
         assert!(
             MountOptions::parse("no_passthrough,writeback_cache")
                 .unwrap()

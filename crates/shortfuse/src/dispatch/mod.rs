@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use shortfuse_abi::{self as abi, Operation};
 
-use crate::backing::Passthrough;
+use crate::backing::{Access, Passthrough};
 use crate::datamap::DataMap;
 use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
@@ -835,27 +835,45 @@ impl Dispatcher {
         // A first open by such a writer puts the inode in daemon mode (no
         // map): its writes then come here with FUSE_WRITE_KILL_SUIDGID.
         let map = opened.data_map.as_ref().filter(|_| !setid_writer);
-        if let Some(id) = self.passthrough.open(node, map) {
-            if setid_writer {
-                // Another open already passes this inode through, so the
-                // writes of this one will never reach the daemon: clear
-                // the bits now, at open rather than at the first write.
-                let kill = SetAttr {
-                    fh: Some(opened.fh),
-                    kill_suidgid: true,
-                    ..SetAttr::default()
-                };
-                if let Err(e) = fs.setattr(req, node, &kill) {
-                    tracing::warn!(
-                        "{}: clearing set-id bits of node {} at a passthrough open: {e}",
-                        self.fs_name(),
-                        node.0
-                    );
+        let access = if open_flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 {
+            Access::Write
+        } else if self.opts.reader_cache && open_flags & libc::O_TRUNC as u32 == 0 {
+            Access::CachedRead
+        } else {
+            Access::Read
+        };
+        let Some(id) = self.passthrough.open(node, map, access) else {
+            // Served here, from the page cache: a reader keeps the pages of
+            // earlier opens while the file is unchanged.
+            if access == Access::CachedRead && self.passthrough.is_active() && out.open_flags & abi::FOPEN_DIRECT_IO == 0 {
+                let keep = fs
+                    .getattr(req, node, Some(opened.fh))
+                    .is_ok_and(|a| self.passthrough.keeps_cache(node, &a));
+                if keep {
+                    out.open_flags |= abi::FOPEN_KEEP_CACHE;
                 }
             }
-            out.open_flags = Passthrough::open_flags(out.open_flags);
-            out.backing_id = id;
+            return Ok(out);
+        };
+        if setid_writer {
+            // Another open already passes this inode through, so the
+            // writes of this one will never reach the daemon: clear
+            // the bits now, at open rather than at the first write.
+            let kill = SetAttr {
+                fh: Some(opened.fh),
+                kill_suidgid: true,
+                ..SetAttr::default()
+            };
+            if let Err(e) = fs.setattr(req, node, &kill) {
+                tracing::warn!(
+                    "{}: clearing set-id bits of node {} at a passthrough open: {e}",
+                    self.fs_name(),
+                    node.0
+                );
+            }
         }
+        out.open_flags = Passthrough::open_flags(out.open_flags);
+        out.backing_id = id;
         Ok(out)
     }
 
