@@ -584,7 +584,11 @@ mod tests {
         assert_eq!(p.open(NodeId(2), None, Access::Read), None);
         p.forget(NodeId(2));
         assert_eq!(p.open_inodes(), (1, 0));
-        assert_eq!(p.open(NodeId(2), Some(&whole()), Access::Read), None, "joins the daemon-mode open");
+        assert_eq!(
+            p.open(NodeId(2), Some(&whole()), Access::Read),
+            None,
+            "joins the daemon-mode open"
+        );
         p.release(NodeId(2));
         p.release(NodeId(2));
         assert_eq!((p.open_inodes(), p.idle_registrations()), ((0, 0), 0));

@@ -614,7 +614,11 @@ mod tests {
         assert!(MountOptions::parse("passthrough").unwrap().passthrough);
         assert!(!MountOptions::parse("passthrough,no_passthrough").unwrap().passthrough);
         assert!(MountOptions::parse("passthrough,reader_cache").unwrap().reader_cache);
-        assert!(!MountOptions::parse("reader_cache,no_reader_cache").unwrap().reader_cache);
+        assert!(
+            !MountOptions::parse("reader_cache,no_reader_cache")
+                .unwrap()
+                .reader_cache
+        );
         assert!(
             MountOptions::parse("no_passthrough,writeback_cache")
                 .unwrap()

@@ -845,7 +845,10 @@ impl Dispatcher {
         let Some(id) = self.passthrough.open(node, map, access) else {
             // Served here, from the page cache: a reader keeps the pages of
             // earlier opens while the file is unchanged.
-            if access == Access::CachedRead && self.passthrough.is_active() && out.open_flags & abi::FOPEN_DIRECT_IO == 0 {
+            if access == Access::CachedRead
+                && self.passthrough.is_active()
+                && out.open_flags & abi::FOPEN_DIRECT_IO == 0
+            {
                 let keep = fs
                     .getattr(req, node, Some(opened.fh))
                     .is_ok_and(|a| self.passthrough.keeps_cache(node, &a));
