@@ -270,7 +270,6 @@ extern "C" fn init() {
     let mode = mode();
     let debug = std::env::var_os("SHORTFUSE_DEBUG").is_some();
     sys::init_cfg();
-    sud::scan_handlers();
     mark_slow_calls();
     let text = zpoline::own_text();
     let mut zpoline_on = false;

@@ -33,7 +33,7 @@
 //! exec, and exec clears it (the shim, preloaded again, turns it back on).
 #![allow(unsafe_code)]
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sys::{self, process, raw, raw6, thread, ALLOW, BLOCK};
 
@@ -166,8 +166,21 @@ fn enable_thread() -> i64 {
 /// call; its file calls then reach the kernel.
 static HANDLED: AtomicU64 = AtomicU64::new(0);
 
+/// Whether the actions in place before our constructor have been read
+/// into [`HANDLED`] (see [`scan_handlers`]).
+static SCANNED: AtomicBool = AtomicBool::new(false);
+
 /// Whether asynchronous signals must be blocked while a call is served.
+/// The first answer reads the actions a constructor that ran before ours
+/// may have installed: a process that never has a call served (`/bin/true`,
+/// most of a build's short processes) never asks the kernel about its 64
+/// signals. Not to be asked in a vfork child (posix_spawn's resets its
+/// actions, and the record is its parent's).
 pub fn handlers_installed() -> bool {
+    if !SCANNED.load(Ordering::Acquire) {
+        scan_handlers();
+        SCANNED.store(true, Ordering::Release);
+    }
     HANDLED.load(Ordering::Relaxed) != 0
 }
 
@@ -180,14 +193,18 @@ pub fn note_sigaction(sig: i64, act: i64) {
     }
 }
 
-/// Seeds the record from the actions in place at start-up (a constructor
-/// that ran before ours may have installed handlers).
-pub fn scan_handlers() {
+/// Adds the handlers in place now to the record (a constructor that ran
+/// before ours may have installed some). It only adds: the program's own
+/// rt_sigaction calls, recorded as they pass, may have run meanwhile on
+/// another thread, and one that put a default action back while we read is
+/// at worst a handler we still block signals for.
+fn scan_handlers() {
     for sig in 1..=64 {
         let mut old = KSigaction::default();
         // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask as
         // the size says.
-        if unsafe { raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) } == 0 {
+        let r = unsafe { raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) };
+        if r == 0 && old.handler as usize != libc::SIG_DFL && old.handler as usize != libc::SIG_IGN {
             note_handler(sig, old.handler);
         }
     }
