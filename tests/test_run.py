@@ -294,6 +294,50 @@ def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
     assert ["/proc/self/fd" in opened for _, opened in shimmed] == [True, False, False, True], shimmed
 
 
+def test_short_processes_ask_the_kernel_little_at_start_up(shortfuse, scratch):
+    """The calls the shim makes as a short process starts, counted per
+    process image by strace. /bin/true itself makes neither kind. The
+    signal actions in place before the shim's constructor are read when a
+    call is first served, not at start-up (64 rt_sigaction calls, one a
+    signal; /bin/true has none served); the descriptors that keep the file systems' own above the
+    program's numbers while they are built are taken by passing copies of
+    one over a socket pair, not by one fcntl each (about a hundred)."""
+    src = scratch / "src"
+    src.mkdir()
+    (src / "f").write_text("x\n")
+    mp = f"{scratch}/p"
+    log = scratch / "strace.log"
+    script = f"/bin/true; test -e {mp}/f && /bin/true; cat {mp}/f"
+    argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,rt_sigaction,fcntl"]
+    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", script]
+    r = subprocess.run(argv, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == b"x\n", r
+    # Per process image: its program, its rt_sigaction calls and its
+    # descriptor-copying fcntl calls.
+    images: list[list] = []
+    current: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith("execve(") and not call.endswith("= -1 ENOENT (No such file or directory)"):
+            images.append([os.path.basename(call.split('"')[1]), 0, 0])
+            current[pid] = len(images) - 1
+        elif pid in current and call.startswith("rt_sigaction("):
+            images[current[pid]][1] += 1
+        elif pid in current and call.startswith("fcntl(") and "F_DUPFD" in call:
+            images[current[pid]][2] += 1
+    trues = [i for i in images if i[0] == "true"]
+    assert len(trues) == 2, images
+    # (One: the shim's own SIGSYS handler, for Syscall User Dispatch.)
+    assert all(sigactions <= 1 for _, sigactions, _ in trues), images
+    assert all(dups < 8 for _, _, dups in trues), images
+    # cat has a call served (its open of the mount's file): the actions
+    # are read then, once.
+    cats = [i for i in images if i[0] == "cat"]
+    assert len(cats) == 1 and 64 <= cats[0][1] < 80, images
+
+
 def test_the_shim_loads_no_unwinder_library(shortfuse, scratch):
     """Every process started under `run` loads the shim and what it needs.
     The shim carries its unwinder (libgcc_eh) inside: loading libgcc_s.so.1

@@ -278,6 +278,7 @@ struct Fence(Vec<i64>);
 
 impl Fence {
     fn low_numbers() -> Fence {
+        let floor = crate::calls::OWN_FD_FLOOR;
         let null = b"/dev/null\0";
         let flags = i64::from(libc::O_PATH | libc::O_CLOEXEC);
         let fd = sys::fs::openat(libc::AT_FDCWD, null, flags as i32, 0);
@@ -286,17 +287,43 @@ impl Fence {
             return Fence(held);
         }
         held.push(fd);
-        while held.len() < crate::calls::OWN_FD_FLOOR as usize {
+        // The kernel hands out the lowest free number: `fd` is it, and
+        // every number below is taken.
+        if fd + 1 < floor {
+            fill_by_passing(fd as i32, floor - fd - 1, &mut held);
+        }
+        // What passing left free (none, unless it failed or a limit cut
+        // it short), one number a call; the last call finds one at or
+        // above the floor and ends it.
+        while held.len() <= floor as usize {
             let d = sys::fs::fcntl_int(fd as i32, libc::F_DUPFD_CLOEXEC, 0);
-            if !(0..crate::calls::OWN_FD_FLOOR).contains(&d) {
-                if d >= 0 {
-                    held.push(d);
-                }
+            if d >= 0 {
+                held.push(d);
+            }
+            if !(0..floor).contains(&d) {
                 break;
             }
-            held.push(d);
         }
         Fence(held)
+    }
+}
+
+/// Takes up to `n` free numbers with copies of `fd` in a handful of
+/// system calls instead of one each: the copies are sent over a socket
+/// pair in one message and received in one, and the kernel installs the
+/// received descriptors at the lowest free numbers (the pair's own two
+/// numbers are held too).
+fn fill_by_passing(fd: i32, n: i64, held: &mut Vec<i64>) {
+    let mut pair = [-1i32; 2];
+    if sys::fs::socketpair_dgram(&mut pair) != 0 {
+        return;
+    }
+    held.extend(pair.map(i64::from));
+    let copies = vec![fd; n.clamp(0, 253) as usize];
+    let mut got = [0i32; 253];
+    if !copies.is_empty() && sys::fs::send_fds(pair[0], &copies) > 0 {
+        let k = sys::fs::recv_fds(pair[1], &mut got);
+        held.extend(got[..k.max(0) as usize].iter().map(|&d| i64::from(d)));
     }
 }
 

@@ -22,6 +22,88 @@ fn fd(fd: i32) -> i64 {
     i64::from(fd)
 }
 
+/// Room for one SCM_RIGHTS message of up to `SCM_MAX_FD` descriptors,
+/// aligned as a `cmsghdr`.
+struct FdControl([u64; FdControl::WORDS]);
+
+impl FdControl {
+    /// The kernel's SCM_MAX_FD.
+    const MAX: usize = 253;
+    const WORDS: usize = (core::mem::size_of::<libc::cmsghdr>() + FdControl::MAX * 4).div_ceil(8);
+
+    fn new() -> FdControl {
+        FdControl([0; FdControl::WORDS])
+    }
+
+    /// Writes one SCM_RIGHTS header and `fds`; returns the control length.
+    fn fill(&mut self, fds: &[i32]) -> Option<usize> {
+        if fds.is_empty() || fds.len() > FdControl::MAX {
+            return None;
+        }
+        let head = core::mem::size_of::<libc::cmsghdr>();
+        let len = head + fds.len() * 4;
+        let hdr = libc::cmsghdr {
+            cmsg_len: len,
+            cmsg_level: libc::SOL_SOCKET,
+            cmsg_type: libc::SCM_RIGHTS,
+        };
+        let bytes = self.bytes_mut();
+        // SAFETY: the buffer holds a header and MAX descriptors; `bytes` is 8-byte aligned.
+        #[allow(unsafe_code)]
+        unsafe {
+            core::ptr::write(bytes.as_mut_ptr().cast::<libc::cmsghdr>(), hdr)
+        };
+        for (i, d) in fds.iter().enumerate() {
+            bytes[head + i * 4..head + i * 4 + 4].copy_from_slice(&d.to_ne_bytes());
+        }
+        Some(len.div_ceil(8) * 8)
+    }
+
+    /// The descriptors of the first SCM_RIGHTS header the kernel wrote, into `out`.
+    fn read(&self, msg: &libc::msghdr, out: &mut [i32]) -> usize {
+        let head = core::mem::size_of::<libc::cmsghdr>();
+        if msg.msg_controllen < head {
+            return 0;
+        }
+        // SAFETY: the kernel wrote a header at the start of our aligned buffer.
+        #[allow(unsafe_code)]
+        let hdr = unsafe { core::ptr::read(self.0.as_ptr().cast::<libc::cmsghdr>()) };
+        if hdr.cmsg_level != libc::SOL_SOCKET || hdr.cmsg_type != libc::SCM_RIGHTS || hdr.cmsg_len < head {
+            return 0;
+        }
+        let n = ((hdr.cmsg_len - head) / 4).min(FdControl::MAX);
+        let bytes = self.bytes();
+        let mut got = 0;
+        for i in 0..n {
+            let d = i32::from_ne_bytes(bytes[head + i * 4..head + i * 4 + 4].try_into().unwrap_or([0xff; 4]));
+            if got < out.len() {
+                out[got] = d;
+                got += 1;
+            } else {
+                // No room to say it: not to be leaked.
+                close(d);
+            }
+        }
+        got
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: plain integers seen as bytes, same length.
+        #[allow(unsafe_code)]
+        unsafe {
+            core::slice::from_raw_parts(self.0.as_ptr().cast(), core::mem::size_of_val(&self.0))
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: plain integers seen as bytes, same length.
+        #[allow(unsafe_code)]
+        unsafe {
+            core::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), core::mem::size_of_val(&self.0))
+        }
+    }
+}
+
 // SAFETY (every call below): the arguments are descriptors, numbers, and
 // paths and buffers borrowed for the call from memory the caller owns,
 // with their lengths; the kernel writes nothing beyond them.
@@ -63,6 +145,66 @@ mod calls {
     pub fn fcntl_int(d: i32, cmd: i32, arg: i64) -> i64 {
         debug_assert!(!is_lock_cmd(cmd));
         unsafe { raw(libc::SYS_fcntl, fd(d), i64::from(cmd), arg, 0, 0, 0) }
+    }
+
+    /// A connected pair of local datagram sockets, close-on-exec.
+    pub fn socketpair_dgram(out: &mut [i32; 2]) -> i64 {
+        let ty = i64::from(libc::SOCK_DGRAM | libc::SOCK_CLOEXEC);
+        unsafe {
+            raw(
+                libc::SYS_socketpair,
+                i64::from(libc::AF_UNIX),
+                ty,
+                0,
+                out.as_mut_ptr() as i64,
+                0,
+                0,
+            )
+        }
+    }
+
+    /// Sends `fds` (at most `SCM_MAX_FD`, 253) over the socket `d` in one
+    /// message of one byte.
+    pub fn send_fds(d: i32, fds: &[i32]) -> i64 {
+        let mut byte = 0u8;
+        let mut iov = libc::iovec {
+            iov_base: (&mut byte as *mut u8).cast(),
+            iov_len: 1,
+        };
+        let mut control = FdControl::new();
+        let Some(len) = control.fill(fds) else {
+            return -i64::from(libc::EINVAL);
+        };
+        // SAFETY (zeroed): a plain C struct, every field then set.
+        let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = len;
+        unsafe { raw(libc::SYS_sendmsg, fd(d), &msg as *const _ as i64, 0, 0, 0, 0) }
+    }
+
+    /// Receives one message from `d` and the descriptors it carries,
+    /// close-on-exec, into `out`; returns how many (or a negated errno).
+    pub fn recv_fds(d: i32, out: &mut [i32]) -> i64 {
+        let mut byte = 0u8;
+        let mut iov = libc::iovec {
+            iov_base: (&mut byte as *mut u8).cast(),
+            iov_len: 1,
+        };
+        let mut control = FdControl::new();
+        // SAFETY (zeroed): a plain C struct, every field then set.
+        let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = core::mem::size_of_val(&control.0);
+        let flags = i64::from(libc::MSG_CMSG_CLOEXEC);
+        let r = unsafe { raw(libc::SYS_recvmsg, fd(d), &mut msg as *mut _ as i64, flags, 0, 0, 0) };
+        if r < 0 {
+            return r;
+        }
+        control.read(&msg, out) as i64
     }
 
     pub fn flock(d: i32, op: i32) -> i64 {
