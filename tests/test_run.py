@@ -338,7 +338,7 @@ def test_short_processes_ask_the_kernel_little_at_start_up(shortfuse, scratch):
     assert len(cats) == 1 and 64 <= cats[0][1] < 80, images
 
 
-def test_the_shim_loads_no_unwinder_library(shortfuse, scratch):
+def test_the_shim_loads_no_unwinder_library_nor_libm(shortfuse, scratch):
     """Every process started under `run` loads the shim and what it needs.
     The shim carries its unwinder (libgcc_eh) inside: loading libgcc_s.so.1
     runs its constructor, whose cpuid instructions trap to the hypervisor in
@@ -350,6 +350,9 @@ def test_the_shim_loads_no_unwinder_library(shortfuse, scratch):
     maps = r.stdout.decode()
     assert "libshortfuse_preload.so" in maps, maps
     assert "libgcc_s" not in maps, maps
+    # Nor libm: the two functions of it the shim's dependencies use are
+    # bound when first called (cat calls neither).
+    assert "/libm.so" not in maps, maps
 
 
 MMAP_MIN_ADDR = Path("/proc/sys/vm/mmap_min_addr")

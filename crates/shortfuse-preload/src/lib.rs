@@ -150,6 +150,7 @@
 mod calls;
 mod creds;
 mod daemon;
+mod lazy_libm;
 mod mounts;
 mod nsmap;
 mod page0;
