@@ -194,11 +194,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool, severed: &Atom
     }
 }
 
-#[test]
-fn partitioned_writer_cannot_write_over_the_next_holder() {
-    let dir = tempfile::tempdir().unwrap();
-    let ttl = Duration::from_millis(1500);
-    let s = server(dir.path(), ttl);
+/// A server, a writer `a` reaching it through a partition (not yet cut)
+/// with "A synced" fsync'd to file "f" and "A cached" written over it but
+/// held under its lease, and a second client `b` on the server directly.
+fn writer_behind_a_partition(dir: &std::path::Path, ttl: Duration) -> (DistServer, Partition, DistFs, DistFs, NodeId) {
+    let s = server(dir, ttl);
     let p = Partition::new(s.addr());
     let a: DistFs = client_at(&p.addr.to_string(), Consistency::Lease);
     let b = client(&s);
@@ -206,6 +206,14 @@ fn partitioned_writer_cannot_write_over_the_next_holder() {
     write(&a, node, 0, b"A synced");
     a.fsync(&REQ, node, FH, false).unwrap();
     write(&a, node, 0, b"A cached");
+    (s, p, a, b, node)
+}
+
+#[test]
+fn partitioned_writer_cannot_write_over_the_next_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(1500);
+    let (_s, p, a, b, node) = writer_behind_a_partition(dir.path(), ttl);
 
     p.cut.store(true, Ordering::Release);
     let cut_at = Instant::now();
@@ -237,14 +245,7 @@ fn partitioned_writer_cannot_write_over_the_next_holder() {
 fn a_writer_that_reconnected_in_a_new_session_reports_its_lost_writes_at_fsync() {
     let dir = tempfile::tempdir().unwrap();
     let ttl = Duration::from_millis(1500);
-    let s = server(dir.path(), ttl);
-    let p = Partition::new(s.addr());
-    let a: DistFs = client_at(&p.addr.to_string(), Consistency::Lease);
-    let b = client(&s);
-    let node = create(&a, "f");
-    write(&a, node, 0, b"A synced");
-    a.fsync(&REQ, node, FH, false).unwrap();
-    write(&a, node, 0, b"A cached");
+    let (_s, p, a, b, node) = writer_behind_a_partition(dir.path(), ttl);
     let first = a.client_id().unwrap();
 
     // Cut off, A loses its session and its lease to B.

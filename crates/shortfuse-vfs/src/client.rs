@@ -164,6 +164,17 @@ fn attr_from(a: &abi::fuse_attr) -> Attr {
     }
 }
 
+/// The argument of READDIR and READDIRPLUS: `size` bytes of the open
+/// directory `fh` from `offset`.
+fn dir_read_in(fh: u64, offset: u64, size: u32) -> abi::fuse_read_in {
+    abi::fuse_read_in {
+        fh,
+        offset,
+        size,
+        ..Default::default()
+    }
+}
+
 fn entry_from(e: &abi::fuse_entry_out) -> EntryOut {
     EntryOut {
         node: NodeId(e.nodeid),
@@ -650,12 +661,7 @@ impl Client {
         size: u32,
         mut each: impl FnMut(u64, u64, u32, &[u8]),
     ) -> Result<usize, Errno> {
-        let arg = abi::fuse_read_in {
-            fh,
-            offset,
-            size,
-            ..Default::default()
-        };
+        let arg = dir_read_in(fh, offset, size);
         self.call(abi::FUSE_READDIR, node, &[arg.as_bytes()], &[], |mut p| {
             let mut count = 0;
             // An entry cut short at the end is left for the next call, as
@@ -690,12 +696,7 @@ impl Client {
         size: u32,
         mut each: impl FnMut(Option<EntryOut>, u64, u64, u32, &[u8]),
     ) -> Result<usize, Errno> {
-        let arg = abi::fuse_read_in {
-            fh,
-            offset,
-            size,
-            ..Default::default()
-        };
+        let arg = dir_read_in(fh, offset, size);
         self.call(abi::FUSE_READDIRPLUS, node, &[arg.as_bytes()], &[], |p| {
             let mut count = 0;
             for (d, name) in abi::direntplus_entries(p) {
