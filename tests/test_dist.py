@@ -69,10 +69,21 @@ class Clients:
 
     def close(self) -> None:
         for mp in self.paths:
-            if sfmount.is_mounted(mp):
-                r = sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(mp)], timeout=30)
-                if r.returncode != 0:
-                    sfmount.run([str(sfmount.shortfuse_bin()), "umount", "-l", str(mp)], timeout=30)
+            if not sfmount.is_mounted(mp):
+                continue
+            # Found before the unmount, so that a daemon left running by a
+            # lazy unmount (one that would not let go) is stopped rather
+            # than outliving the test.
+            pids = sfmount.pids_of_daemon(sfmount.shortfuse_bin(), str(mp))
+            r = sfmount.run([str(sfmount.shortfuse_bin()), "umount", str(mp)], timeout=30)
+            if r.returncode != 0:
+                sfmount.run([str(sfmount.shortfuse_bin()), "umount", "-l", str(mp)], timeout=30)
+            if not sfmount.wait_until(lambda: not any(sfmount.pid_alive(p) for p in pids), 10):
+                for p in pids:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
 
 
 @pytest.fixture
