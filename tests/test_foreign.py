@@ -219,43 +219,40 @@ def test_the_programs_page_cache_in_front_of_a_daemon(shortfuse, scratch):
     finally:
         d.stop()
 
-# A FUSE daemon of its own /dev/fuse loop (as root: open, mount(2), then
-# read requests and write replies), answering a LOOKUP of "bad" with a
-# reply whose header claims more bytes than it carries.
-RAW_DAEMON = r"""
-import ctypes, os, struct, sys, errno
-mp = sys.argv[1]
+# A FUSE daemon of its own /dev/fuse loop (as root: open, mount(2)) and
+# its answers: a root with file "good" of 5 bytes, and a LOOKUP of "bad"
+# answered with a reply whose header claims more bytes than it carries.
+# Each request is noted in the log file (last argument) as "OPCODE ring"
+# or "OPCODE kernel" (the rings' requests have bit 63 of their unique
+# set). `serve_blocking` reads requests and answers them until the
+# session ends.
+RAW_PRELUDE = r"""
+import ctypes, errno, os, struct, sys
+mp, log = sys.argv[-2], sys.argv[-1]
 fd = os.open("/dev/fuse", os.O_RDWR)
 libc = ctypes.CDLL(None, use_errno=True)
 opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
 if libc.mount(b"rawfuse", mp.encode(), b"fuse.rawfuse", 6, opts) != 0:
     sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
 def attr(ino, mode, size):
     # fuse_attr: ino size blocks atime mtime ctime (u64) atimensec mtimensec ctimensec mode nlink uid gid rdev blksize flags (u32)
     return struct.pack("<QQQQQQIIIIIIIIII", ino, size, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
 def entry(ino, mode, size):
     return struct.pack("<QQQQII", ino, 0, 1, 1, 0, 0) + attr(ino, mode, size)
 def reply(unique, body=b"", err=0, claim=None):
-    n = 16 + len(body)
-    os.write(fd, struct.pack("<IiQ", claim or n, -err, unique) + body)
-while True:
-    try:
-        req = os.read(fd, 1 << 21)
-    except OSError as e:
-        if e.errno in (errno.EINTR, errno.ENOENT):
-            continue
-        break
+    os.write(fd, struct.pack("<IiQ", claim or 16 + len(body), -err, unique) + body)
+def answer(req):
+    # False once the kernel ends the session.
     ln, op, unique, node = struct.unpack_from("<IIQQ", req)
     body = req[40:]
+    note(f"{op} {'ring' if unique >> 63 else 'kernel'}")
     if op == 26:  # INIT
-        major, minor = struct.unpack_from("<II", body)
-        out = struct.pack("<IIIIHHIIHHI", 7, 31, 0, 0, 0, 0, 1 << 17, 1, 0, 0, 0) + b"\0" * 28
-        reply(unique, out)
+        reply(unique, struct.pack("<IIIIHHIIHHI", 7, 31, 0, 0, 0, 0, 1 << 17, 1, 0, 0, 0) + b"\0" * 28)
     elif op == 3:  # GETATTR
-        if node == 1:
-            reply(unique, struct.pack("<QII", 1, 0, 0) + attr(1, 0o40755, 0))
-        else:
-            reply(unique, struct.pack("<QII", 1, 0, 0) + attr(node, 0o100644, 5))
+        reply(unique, struct.pack("<QII", 1, 0, 0) + attr(node, 0o40755 if node == 1 else 0o100644, 0 if node == 1 else 5))
     elif op == 1:  # LOOKUP
         name = body.split(b"\0")[0]
         if name == b"good":
@@ -268,16 +265,29 @@ while True:
         pass
     elif op == 38:  # DESTROY
         reply(unique)
-        break
+        return False
     else:
         reply(unique, err=errno.ENOSYS)
+    return True
+def serve_blocking():
+    while True:
+        try:
+            req = os.read(fd, 1 << 21)
+        except OSError as e:
+            if e.errno in (errno.EINTR, errno.ENOENT):
+                continue
+            return
+        if not answer(req):
+            return
 """
+
+RAW_DAEMON = RAW_PRELUDE + "serve_blocking()\n"
 
 
 def test_a_malformed_reply_fails_that_call_only(shortfuse, scratch):
     mp = scratch / "mnt"
     mp.mkdir()
-    d = Daemon(shortfuse, scratch, ["--", sys.executable, "-c", RAW_DAEMON, str(mp)], mp)
+    d = Daemon(shortfuse, scratch, ["--", sys.executable, "-c", RAW_DAEMON, str(mp), str(scratch / "requests.log")], mp)
     b = Agent(shortfuse, mp)
     try:
         assert b("stat", f"{mp}/good")["ok"]["size"] == 5
@@ -613,6 +623,68 @@ def test_shortfuse_passthrough_as_the_daemon_lends_files_the_rings_can_read_and_
         assert d.count("OPEN") >= 1
         assert (d.count("READ"), d.count("WRITE")) == (0, 0)
     finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
+# The raw daemon with a thread blocked reading /dev/fuse; on SIGUSR1 its
+# main thread forks five children and notes "forked".
+FORKING_DAEMON = RAW_PRELUDE + r"""
+import signal, threading
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+threading.Thread(target=serve_blocking, daemon=True).start()
+signal.sigwait({signal.SIGUSR1})
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+note("forked")
+signal.sigwait({signal.SIGUSR1})
+"""
+
+
+def test_a_fork_in_the_daemon_does_not_wait_for_its_threads_waiting_for_requests(shortfuse, scratch):
+    # A fork waits for the other threads' served calls to end (their locks
+    # would stay held in the child), up to 100 ms, spinning on
+    # sched_yield. A thread waiting for the next request holds none, and
+    # the daemon's reading threads wait most of the time: a fork must not
+    # wait for them. Counted (strace on the forking thread), not timed.
+    mp, log = scratch / "mnt", scratch / "requests.log"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", sys.executable, "-c", FORKING_DAEMON, str(mp), str(log)], mp)
+    pid = daemon_pid(d.proc.pid)
+    strace = None
+    try:
+
+        def reading() -> bool:
+            # The reading thread in the shim's wait for the kernel and the rings.
+            for t in Path(f"/proc/{pid}/task").iterdir():
+                if t.name != str(pid) and (t / "syscall").read_text().split()[0] == "271":  # ppoll
+                    return True
+            return False
+
+        assert sfmount.wait_until(reading, 30), "the daemon's thread does not wait for requests"
+        trace, err = scratch / "strace.log", open(scratch / "strace.err", "w+")
+        cmd = [sfmount.require_tool("strace"), "-p", str(pid), "-e", "trace=sched_yield", "-o", str(trace)]
+        strace = subprocess.Popen(cmd, stderr=err)
+
+        def attached() -> bool:
+            err.seek(0)
+            return " attached" in err.read()
+
+        assert sfmount.wait_until(attached, 30), "strace did not attach to the daemon"
+        os.kill(pid, signal.SIGUSR1)
+        assert sfmount.wait_until(lambda: "forked" in log.read_text().split("\n"), 60)
+        strace.send_signal(signal.SIGINT)
+        strace.wait(timeout=30)
+        yields = trace.read_text().count("sched_yield(")
+        assert yields == 0, f"the forks waited for the reading thread ({yields} sched_yield calls)"
+    finally:
+        if strace is not None and strace.poll() is None:
+            strace.kill()
+            strace.wait()
         d.stop()
         for m in sfmount.mounts_at(mp):
             sfmount.run(["umount", "-l", m.mountpoint])

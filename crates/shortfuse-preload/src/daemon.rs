@@ -491,8 +491,10 @@ fn wait(fd: i64) -> i64 {
     let n = if ring_alive() { 2 } else { 1 };
     let mask = crate::calls::special::program_mask().map(|m| m & !crate::sud::SIGSYS_BIT);
     let maskp = mask.as_ref().map_or(0, |m| m as *const u64 as i64);
+    // Outside the call for a fork meanwhile: the wait holds none of our
+    // locks, and a daemon's reading threads spend most of their time here.
     // SAFETY: pollfds of ours, `n` of them, and an 8-byte mask of ours (or null).
-    let r = unsafe { raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0) };
+    let r = crate::fork_gate::outside(|| unsafe { raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0) });
     if r == -i64::from(libc::EINTR) {
         return r;
     }

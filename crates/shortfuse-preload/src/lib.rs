@@ -551,6 +551,16 @@ mod fork_gate {
         INSIDE.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// Runs `wait` (a served call's wait for another process, holding
+    /// none of our locks) as if outside the call: a fork meanwhile need
+    /// not wait for it, and the call goes on once no clone is being made.
+    pub fn outside<R>(wait: impl FnOnce() -> R) -> R {
+        leave();
+        let r = wait();
+        enter();
+        r
+    }
+
     /// In a new process: the other threads, and whatever they were inside,
     /// stayed behind.
     pub fn forked() {
