@@ -628,6 +628,86 @@ def test_shortfuse_passthrough_as_the_daemon_lends_files_the_rings_can_read_and_
             sfmount.run(["umount", "-l", m.mountpoint])
 
 
+# The raw daemon, which waits (argv[1]: epoll, epoll-et, poll, ppoll with a
+# signal mask, or select) until /dev/fuse or a pipe beside it is readable,
+# then reads its /dev/fuse descriptor, made non-blocking as Python does it
+# (ioctl FIONBIO), until EAGAIN ("drained").
+WAITING_DAEMON = RAW_PRELUDE + r"""
+import select, signal
+how = sys.argv[1]
+os.set_blocking(fd, False)
+quiet, _ = os.pipe()
+if how.startswith("epoll"):
+    ep = select.epoll()
+    ep.register(quiet, select.EPOLLIN)
+    ep.register(fd, select.EPOLLIN | (select.EPOLLET if how == "epoll-et" else 0))
+    wait = ep.poll
+elif how == "poll":
+    p = select.poll()
+    p.register(quiet, select.POLLIN)
+    p.register(fd, select.POLLIN)
+    wait = p.poll
+elif how == "ppoll":
+    # struct pollfd { int fd; short events, revents; }, twice; glibc's sigset_t.
+    fds = (ctypes.c_int * 4)()
+    mask = (ctypes.c_uint64 * 16)(1 << (signal.SIGUSR1 - 1))
+    def wait():
+        fds[:] = [quiet, select.POLLIN, fd, select.POLLIN]
+        if libc.ppoll(fds, 2, None, mask) < 0:
+            sys.exit("ppoll: " + os.strerror(ctypes.get_errno()))
+elif how == "select":
+    wait = lambda: select.select([quiet, fd], [], [])
+while True:
+    wait()
+    while True:
+        try:
+            req = os.read(fd, 1 << 21)
+        except BlockingIOError:
+            note("drained")
+            break
+        except OSError as e:
+            if e.errno in (errno.EINTR, errno.ENOENT):
+                continue
+            sys.exit(0)
+        if not answer(req):
+            sys.exit(0)
+"""
+
+STAT_GOOD = "import os, sys\nprint(os.stat(sys.argv[1] + '/good').st_size, os.stat(sys.argv[1]).st_mode)\n"
+
+
+@pytest.mark.parametrize("how", ["epoll", "epoll-et", "poll", "ppoll", "select"])
+def test_a_daemon_that_waits_for_dev_fuse_to_be_readable_gets_the_rings_requests(shortfuse, scratch, how):
+    # Without the rings' requests counted in the readiness of its /dev/fuse
+    # descriptor, the daemon never wakes for them and the program hangs.
+    mp, log = scratch / "mnt", scratch / "requests.log"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", sys.executable, "-c", WAITING_DAEMON, how, str(mp), str(log)], mp)
+    try:
+        p = subprocess.run(
+            [str(shortfuse), "run", "-m", str(mp), "--", sys.executable, "-c", STAT_GOOD, str(mp)],
+            capture_output=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.split() == [b"5", b"16877"]
+        lines = log.read_text().split("\n")
+        assert "1 ring" in lines
+        # Its reads come back empty-handed (EAGAIN), not blocking it, once
+        # the rings' requests are read: it goes back to its wait.
+        after = lines.index("1 ring")
+        assert sfmount.wait_until(lambda: "drained" in log.read_text().split("\n")[after:], 30), (
+            "the daemon's non-blocking read blocked"
+        )
+        # Its kernel mount is served as before.
+        assert os.stat(mp / "good").st_size == 5
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
 # The raw daemon with a thread blocked reading /dev/fuse; on SIGUSR1 its
 # main thread forks five children and notes "forked".
 FORKING_DAEMON = RAW_PRELUDE + r"""

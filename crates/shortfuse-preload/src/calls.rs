@@ -145,6 +145,8 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::Xattr { on, op } => xattr::call(regs, on, op),
         Call::Execve { exec } => exec::execve(exec),
         Call::Execveat { exec } => exec::execveat(exec),
-        Call::Clone { .. } | Call::Send { .. } | Call::Socket { .. } | Call::Recv { .. } => None,
+        Call::Clone { .. } | Call::Send { .. } | Call::Socket { .. } => None,
+        // A daemon's own (see `crate::daemon`).
+        Call::Recv { .. } | Call::Poll { .. } | Call::Select { .. } | Call::EpollCtl { .. } => None,
     }
 }

@@ -23,12 +23,14 @@
 //! A cloned descriptor (FUSE_DEV_IOC_CLONE on a new open of /dev/fuse) is
 //! one more descriptor of ours, so libfuse's `clone_fd` works; every
 //! thread's read may return a ring request. Kernel passthrough
-//! registrations are lent to the ring clients (see `backing`). Not handled: poll or epoll on
-//! the descriptor (every daemon we know of reads it in blocking loops),
-//! FUSE over io_uring (libfuse then stays on /dev/fuse).
+//! registrations are lent to the ring clients (see `backing`). poll,
+//! select and epoll find the descriptor readable when a ring request
+//! waits (see `ready`). Not handled: FUSE over io_uring (libfuse then
+//! stays on /dev/fuse).
 #![allow(unsafe_code)]
 
 mod backing;
+mod ready;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
@@ -200,6 +202,7 @@ pub fn call(c: &Call, regs: Regs) -> Option<i64> {
         }
         Call::Close { fd } if ours(fd.into()) => Some(0),
         Call::Close { fd } => {
+            ready::closed(fd.0);
             set_dev(fd.into(), 0);
             None
         }
@@ -218,7 +221,13 @@ pub fn call(c: &Call, regs: Regs) -> Option<i64> {
             }
             Some(r)
         }
+        Call::Poll { fds, n, timeout, mask } => ready::poll(fds, n, timeout, mask),
+        Call::Select { n, sets, timeout, mask } => ready::select(n, sets, timeout, mask),
+        Call::EpollCtl { ep, op, fd, event } => ready::epoll_ctl(ep.0, op, fd.0, event, reissue),
         Call::Fcntl { fd, cmd, arg } if dev(fd.into()) != 0 => fcntl(fd.into(), cmd, arg, reissue),
+        Call::Ioctl { fd } if dev(fd.into()) != 0 && regs.a[1] as u64 == libc::FIONBIO => {
+            Some(fionbio(fd.into(), regs.a[2]))
+        }
         Call::Ioctl { fd } if dev(fd.into()) != 0 => backing::ioctl(regs.a[1] as u32, regs.a[2], reissue),
         Call::Read { fd, buf, len } if dev(fd.into()) != 0 => {
             let iov = [libc::iovec {
@@ -294,6 +303,20 @@ fn fcntl(fd: i64, cmd: i32, arg: i64, reissue: impl Fn() -> i64) -> Option<i64> 
             Some(r)
         }
         _ => None,
+    }
+}
+
+/// ioctl FIONBIO on a /dev/fuse descriptor (how Python's `os.set_blocking`
+/// sets the flag): as F_SETFL, the daemon's wish is noted, and the
+/// descriptor stays non-blocking underneath.
+fn fionbio(fd: i64, arg: i64) -> i64 {
+    // SAFETY: the call's own argument, an int in the program's memory.
+    match unsafe { user::get::<i32>(arg) } {
+        Ok(on) => {
+            set_dev(fd, DEV | if on != 0 { DEV_NONBLOCK } else { 0 });
+            0
+        }
+        Err(e) => -(e.raw() as i64),
     }
 }
 
@@ -440,6 +463,7 @@ fn ring_request(iov: &[libc::iovec]) -> Option<i64> {
         if r == 0 {
             // `shortfuse serve` went: the kernel alone is left.
             CHANNEL_GONE.store(1, Ordering::Relaxed);
+            ready::gone();
             return None;
         }
         if r < 0 {
@@ -489,12 +513,8 @@ fn wait(fd: i64) -> i64 {
         },
     ];
     let n = if ring_alive() { 2 } else { 1 };
-    let mask = crate::calls::special::program_mask().map(|m| m & !crate::sud::SIGSYS_BIT);
-    let maskp = mask.as_ref().map_or(0, |m| m as *const u64 as i64);
-    // Outside the call for a fork meanwhile: the wait holds none of our
-    // locks, and a daemon's reading threads spend most of their time here.
-    // SAFETY: pollfds of ours, `n` of them, and an 8-byte mask of ours (or null).
-    let r = crate::fork_gate::outside(|| unsafe { raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, 0, maskp, 8, 0) });
+    let mask = ready::wait_mask(None);
+    let r = ready::blocking(|| fs::ppoll(&mut fds[..n], None, mask.as_ref()));
     if r == -i64::from(libc::EINTR) {
         return r;
     }

@@ -238,9 +238,12 @@ fn mark_slow_calls() {
     for nr in page0::calls() {
         sys::set_slow(nr);
     }
-    // A daemon's /dev/fuse descriptor may come from fusermount3.
-    if daemon::wants(libc::SYS_recvmsg) {
-        sys::set_slow(libc::SYS_recvmsg);
+    // A daemon's /dev/fuse descriptor may come from fusermount3, and its
+    // waits on it must see the rings' requests too.
+    for &nr in calls::table::DAEMON_CALLS {
+        if daemon::wants(nr) {
+            sys::set_slow(nr);
+        }
     }
 }
 
@@ -417,7 +420,7 @@ pub extern "C" fn shortfuse_hook(a1: i64, a2: i64, a3: i64, a4: i64, a5: i64, a6
         sud::note_sigaction(a1, a2);
     }
     if sud::on() {
-        if let Some(r) = sud::signal_call(nr, a, None) {
+        if let Some(r) = serve_daemon_wait(nr, a, None).or_else(|| sud::signal_call(nr, a, None)) {
             return r;
         }
     }
@@ -565,6 +568,17 @@ mod fork_gate {
     /// stayed behind.
     pub fn forked() {
         INSIDE.store(0, Ordering::SeqCst);
+    }
+}
+
+/// A FUSE daemon's ppoll and pselect6 on its /dev/fuse descriptors, served
+/// before Syscall User Dispatch's handling of the signal masks they carry
+/// (`daemon` waits with the program's mask, SIGSYS taken out, itself).
+pub(crate) fn serve_daemon_wait(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64> {
+    if matches!(nr, libc::SYS_ppoll | libc::SYS_pselect6) && daemon::wants(nr) {
+        serve(nr, a, frame_mask)
+    } else {
+        None
     }
 }
 

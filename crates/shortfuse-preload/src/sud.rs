@@ -487,7 +487,7 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         t.selector.store(BLOCK, Ordering::SeqCst);
         return;
     }
-    let r = match signal_call(nr, a, Some(&mut *mask)) {
+    let r = match crate::serve_daemon_wait(nr, a, Some(*mask)).or_else(|| signal_call(nr, a, Some(&mut *mask))) {
         Some(r) => r,
         None => match crate::serve(nr, a, Some(*mask)) {
             Some(r) => r,

@@ -171,6 +171,17 @@ pub enum XattrOn {
     Fd(Fd),
 }
 
+/// How long a poll or select waits, as the program gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timeout {
+    /// poll's milliseconds (negative: no limit).
+    Millis(i32),
+    /// ppoll's and pselect6's `struct timespec` (null: no limit).
+    Spec(Ptr),
+    /// select's `struct timeval` (null: no limit).
+    Val(Ptr),
+}
+
 /// A decoded call. Variants that several numbers decode to say in their
 /// fields what told the numbers apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,6 +445,28 @@ pub enum Call {
     Recv {
         msg: Ptr,
     },
+    /// poll, ppoll: `mask` is ppoll's signal set (null: none given, and
+    /// always for poll).
+    Poll {
+        fds: Ptr,
+        n: u64,
+        timeout: Timeout,
+        mask: Ptr,
+    },
+    /// select, pselect6 (`mask`: pselect6's { sigset pointer, size }
+    /// pair, null for select): the read, write and except sets.
+    Select {
+        n: i32,
+        sets: [Ptr; 3],
+        timeout: Timeout,
+        mask: Ptr,
+    },
+    EpollCtl {
+        ep: Fd,
+        op: i32,
+        fd: Fd,
+        event: Ptr,
+    },
 }
 
 /// Declares the table: `NUMBER => Variant { field: expression of the
@@ -607,9 +640,17 @@ calls! { a;
     }
 
     /// The calls daemon mode serves beyond the file calls (see `daemon`).
-    #[cfg_attr(not(test), allow(dead_code))]
     group DAEMON_CALLS, is_daemon_call {
         SYS_recvmsg => Recv { msg: Ptr(a[1]) },
+        SYS_poll => Poll { fds: Ptr(a[0]), n: a[1] as u64, timeout: Timeout::Millis(a[2] as i32), mask: Ptr(0) },
+        SYS_ppoll => Poll { fds: Ptr(a[0]), n: a[1] as u64, timeout: Timeout::Spec(Ptr(a[2])), mask: Ptr(a[3]) },
+        SYS_select => Select {
+            n: a[0] as i32, sets: [Ptr(a[1]), Ptr(a[2]), Ptr(a[3])], timeout: Timeout::Val(Ptr(a[4])), mask: Ptr(0),
+        },
+        SYS_pselect6 => Select {
+            n: a[0] as i32, sets: [Ptr(a[1]), Ptr(a[2]), Ptr(a[3])], timeout: Timeout::Spec(Ptr(a[4])), mask: Ptr(a[5]),
+        },
+        SYS_epoll_ctl => EpollCtl { ep: Fd::of(a[0]), op: a[1] as i32, fd: Fd::of(a[2]), event: Ptr(a[3]) },
     }
 }
 

@@ -358,6 +358,47 @@ mod calls {
             )
         }
     }
+
+    pub fn epoll_create1(flags: i32) -> i64 {
+        unsafe { raw(libc::SYS_epoll_create1, i64::from(flags), 0, 0, 0, 0, 0) }
+    }
+
+    /// epoll_ctl with an event of ours (None: EPOLL_CTL_DEL's null).
+    pub fn epoll_ctl(ep: i32, op: i32, d: i32, ev: Option<&libc::epoll_event>) -> i64 {
+        let ev = ev.map_or(0, |e| e as *const libc::epoll_event as i64);
+        unsafe { raw(libc::SYS_epoll_ctl, fd(ep), i64::from(op), fd(d), ev, 0, 0) }
+    }
+
+    /// ppoll on `fds`, for at most `left` (None: no limit), which the
+    /// kernel leaves holding what was left of it, with the signal mask
+    /// `mask` while it waits (None: the thread's own).
+    pub fn ppoll(fds: &mut [libc::pollfd], left: Option<&mut libc::timespec>, mask: Option<&u64>) -> i64 {
+        let left = left.map_or(0, |t| t as *mut libc::timespec as i64);
+        let mask = mask.map_or(0, |m| m as *const u64 as i64);
+        let n = fds.len() as i64;
+        unsafe { raw(libc::SYS_ppoll, fds.as_mut_ptr() as i64, n, left, mask, 8, 0) }
+    }
+
+    /// pselect6 on the first `n` descriptors of the read, write and except
+    /// sets (EINVAL for a set shorter than that), `left` and `mask` as for
+    /// [`ppoll`].
+    pub fn pselect6(
+        n: i32,
+        sets: [Option<&mut [u64]>; 3],
+        left: Option<&mut libc::timespec>,
+        mask: Option<&u64>,
+    ) -> i64 {
+        let bits = usize::try_from(n).unwrap_or(0);
+        if sets.iter().flatten().any(|s| s.len() * 64 < bits) {
+            return -i64::from(libc::EINVAL);
+        }
+        let [r, w, e] = sets.map(|s| s.map_or(0, |s| s.as_mut_ptr() as i64));
+        let left = left.map_or(0, |t| t as *mut libc::timespec as i64);
+        // pselect6's last argument: { const sigset_t *, size_t }.
+        let pair = mask.map(|m| [m as *const u64 as u64, 8]);
+        let pair = pair.as_ref().map_or(0, |p| p.as_ptr() as i64);
+        unsafe { raw(libc::SYS_pselect6, i64::from(n), r, w, e, left, pair) }
+    }
 }
 
 pub use calls::*;
