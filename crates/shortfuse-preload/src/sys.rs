@@ -368,7 +368,8 @@ pub struct ThreadState {
     /// interrupted the hook leaves it at 1, and the thread's calls then
     /// stay on their own stacks).
     pub hook_depth: AtomicU64,
-    /// Pages of the program's found readable (see `user`), while
+    /// Pages of the program's found readable, or writable with the low bit
+    /// set (see `user`), while
     /// [`Cfg::mem_gen`] is `probed_gen`; 0: none.
     pub probed: [AtomicU64; PROBED],
     pub probed_gen: AtomicU64,
@@ -384,7 +385,7 @@ pub fn moves_memory(nr: i64) -> bool {
     matches!(nr, 9..=12 | 25 | 28 | 30 | 67 | 329)
 }
 
-/// Moves [`Cfg::mem_gen`]: pages found readable must be probed again.
+/// Moves [`Cfg::mem_gen`]: pages found readable or writable must be probed again.
 pub fn memory_moved() {
     cfg().mem_gen.fetch_add(1, Ordering::SeqCst);
 }

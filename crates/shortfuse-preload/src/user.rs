@@ -14,14 +14,15 @@
 //!
 //! Most calls pass a path from the page the last few did (a buffer on the
 //! stack, a string reused in a loop), so each thread remembers the last
-//! [`crate::sys::PROBED`] pages found readable, for as long as no call that
+//! [`crate::sys::PROBED`] pages found readable (or writable: the stat
+//! struct a program's `fstat` fills), for as long as no call that
 //! can unmap memory or take a protection away has run in the process
 //! (munmap, mprotect, mremap, brk, madvise, mmap with MAP_FIXED, shmat,
 //! shmdt, pkey_mprotect, and a fork, whose child lacks MADV_DONTFORK
 //! pages): the entry moves a generation before each of them
 //! (`Cfg::mem_gen`), and a remembered page is trusted only while the
 //! generation is the one it was probed in. A mapped stat then makes one
-//! system call, not two. Not seen: a file mapping whose file is truncated
+//! system call, not two, and so does an `fstat` of a mapped file. Not seen: a file mapping whose file is truncated
 //! (SIGBUS rather than EFAULT, as for a copy after a probe), and calls
 //! made by code the shim does not intercept.
 //!
@@ -76,11 +77,38 @@ fn other() -> i64 {
 /// Whether the page holding `addr` can be read: remembered by this thread
 /// (see the module docs), else probed.
 fn readable_page(addr: usize) -> bool {
+    remembered_or(addr, false, probe_readable)
+}
+
+/// Whether the page holding `addr` can be written: remembered by this
+/// thread (see the module docs), else probed. Only a protection change
+/// (mprotect, which moves the generation) takes writing away from a mapped
+/// page; copy-on-write after a fork is the kernel's to resolve on the copy.
+fn writable_page(addr: usize) -> bool {
+    remembered_or(addr, true, probe_writable)
+}
+
+/// Marks a remembered page as found writable (pages are aligned, so the
+/// low bit is free). A writable page is readable too (x86-64 has no
+/// write-only pages).
+const WRITABLE: u64 = 1;
+
+/// Whether this thread remembers the page of `addr` as readable (as
+/// writable with `write`) in the current generation, else `probe`'s answer,
+/// remembered when yes.
+fn remembered_or(addr: usize, write: bool, probe: fn(usize) -> bool) -> bool {
     let page = (addr & !(PAGE - 1)) as u64;
     let t = crate::sys::thread();
     let gen = crate::sys::cfg().mem_gen.load(Ordering::Acquire);
     if t.probed_gen.load(Ordering::Relaxed) == gen {
-        if t.probed.iter().any(|p| p.load(Ordering::Relaxed) == page) {
+        let known = |p: u64| {
+            if write {
+                p == page | WRITABLE
+            } else {
+                p & !WRITABLE == page
+            }
+        };
+        if t.probed.iter().any(|p| known(p.load(Ordering::Relaxed))) {
             return true;
         }
     } else {
@@ -89,10 +117,10 @@ fn readable_page(addr: usize) -> bool {
         }
         t.probed_gen.store(gen, Ordering::Relaxed);
     }
-    let ok = probe_readable(addr);
+    let ok = probe(addr);
     if ok {
         let i = t.probed_next.fetch_add(1, Ordering::Relaxed) as usize % t.probed.len();
-        t.probed[i].store(page, Ordering::Relaxed);
+        t.probed[i].store(if write { page | WRITABLE } else { page }, Ordering::Relaxed);
     }
     ok
 }
@@ -109,10 +137,10 @@ fn probe_readable(addr: usize) -> bool {
     r != -i64::from(libc::EFAULT)
 }
 
-/// Whether the page holding `addr` can be written: FUTEX_WAKE_OP adds 0
-/// to the word at `addr` atomically (a concurrent writer loses nothing),
-/// then wakes no waiter.
-fn writable_page(addr: usize) -> bool {
+/// The probe of [`writable_page`]: FUTEX_WAKE_OP adds 0 to the word at
+/// `addr` atomically (a concurrent writer loses nothing), then wakes no
+/// waiter.
+fn probe_writable(addr: usize) -> bool {
     let word = (addr & !3) as i64;
     let op = FUTEX_WAKE_OP | FUTEX_PRIVATE;
     // SAFETY: FUTEX_WAKE_OP on a word of ours and the probed word, which the kernel only checks
