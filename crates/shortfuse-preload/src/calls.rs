@@ -31,7 +31,7 @@ pub(crate) mod xattr;
 pub use descriptors::{nested, OWN_FD_FLOOR};
 pub(crate) use directories::kernel_cwd_inside;
 pub use metadata::{to_stat, to_statx, utime_times};
-pub(crate) use resolve::{below_source, mount_of};
+pub(crate) use resolve::{below_source, kind_of, mount_of};
 pub use table::is_file_call;
 
 use table::{Call, Regs};

@@ -595,12 +595,9 @@ fn followed(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i3
 /// Records the kernel's descriptor `fd` of the backing file at `path` (in
 /// the mount) as the mount's, and gives it to the program.
 fn opened(vfs: &Arc<Vfs>, fd: i64, flags: i32, path: Vec<u8>) -> i64 {
-    let mut k: libc::stat = user::zeroed();
-    let kind = if crate::sys::fs::fstat(fd as i32, &mut k) == 0 {
-        shortfuse::FileType::from_mode(k.st_mode)
-    } else {
-        shortfuse::FileType::Regular
-    };
+    // The kernel opened a directory if asked for one; otherwise the type
+    // is learnt when a call needs it (most opens read a file and close it).
+    let kind = (flags & libc::O_DIRECTORY != 0).then_some(shortfuse::FileType::Directory);
     let f = vfs.open_beneath_map(kind, flags, path);
     state().fds.insert(fd as i32, f, flags & libc::O_CLOEXEC != 0);
     fd
@@ -729,7 +726,7 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
                 // The program's descriptor is the kernel's, of the backing
                 // directory: the path starts there (a file's: the walk
                 // says ENOTDIR).
-                if f.file_type() != shortfuse::FileType::Directory {
+                if crate::calls::kind_of(dirfd as i32, &f) != shortfuse::FileType::Directory {
                     return None;
                 }
                 // `..` (fts climbs back up so): the directory above it.

@@ -120,6 +120,7 @@ pub fn fresh_stat(f: &Arc<OpenFile>, fd: Fd) -> Result<libc::stat, Errno> {
         if r < 0 {
             return Err(Errno::from_raw(-r as i32));
         }
+        f.learn_kind(k.st_mode);
         return Ok(to_stat(&shortfuse::Attr::from_stat(&k), f.vfs().dev()));
     }
     let mut st = to_stat(&f.stat()?, f.vfs().dev());

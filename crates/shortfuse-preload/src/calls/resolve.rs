@@ -185,12 +185,25 @@ pub fn magic_link(path: &[u8]) -> Option<i32> {
     std::str::from_utf8(n).ok()?.parse().ok()
 }
 
+/// The type of the file `fd` (a descriptor of `f`) is open on: a file
+/// opened beneath a namespace map learns it from the kernel the first time
+/// it is asked (see `OpenFile::kind_known`).
+pub fn kind_of(fd: i32, f: &OpenFile) -> shortfuse::FileType {
+    if !f.kind_known() {
+        let mut k: libc::stat = crate::user::zeroed();
+        if fs::fstat(fd, &mut k) == 0 {
+            f.learn_kind(k.st_mode);
+        }
+    }
+    f.file_type()
+}
+
 /// The directory descriptor `fd` of ours names, for a walk from it and
 /// fchdir. One the kernel opened beneath a namespace map is where the
 /// kernel finds it now, below the source (the program may have moved it
 /// since it opened it): `None` when it is no directory of the mount.
 pub fn location_of(fd: i32, f: &OpenFile) -> Option<shortfuse_vfs::Location> {
-    if !f.beneath_map() || f.file_type() != shortfuse::FileType::Directory {
+    if !f.beneath_map() || kind_of(fd, f) != shortfuse::FileType::Directory {
         return f.location().cloned();
     }
     let rel = below_source(f.vfs(), fd)?;

@@ -34,7 +34,7 @@ impl OpenFile {
     pub(super) fn page_cache(&self) -> Option<&crate::PageCache> {
         self.vfs
             .page_cache()
-            .filter(|_| self.kind == FileType::Regular && self.map.is_none())
+            .filter(|_| self.file_type() == FileType::Regular && self.map.is_none())
     }
 
     /// READs (of at most `max_io` each) until `buf` is full or end of file.
@@ -147,10 +147,10 @@ impl OpenFile {
         let new = match whence {
             libc::SEEK_SET => offset,
             libc::SEEK_CUR => (cur as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?,
-            libc::SEEK_END if self.kind != FileType::Directory => {
+            libc::SEEK_END if self.file_type() != FileType::Directory => {
                 (self.size()? as i64).checked_add(offset).ok_or(Errno::EOVERFLOW)?
             }
-            libc::SEEK_DATA | libc::SEEK_HOLE if self.kind == FileType::Regular => {
+            libc::SEEK_DATA | libc::SEEK_HOLE if self.file_type() == FileType::Regular => {
                 if offset < 0 {
                     return Err(Errno::ENXIO);
                 }
@@ -188,7 +188,7 @@ impl OpenFile {
     /// Returns 0 at the end of the directory.
     pub fn getdents64(&self, buf: &mut [u8]) -> Result<usize, Errno> {
         let fh = self.fh.ok_or(Errno::EBADF)?;
-        if self.kind != FileType::Directory {
+        if self.file_type() != FileType::Directory {
             return Err(Errno::ENOTDIR);
         }
         let mut pos = self.pos();
@@ -252,7 +252,7 @@ impl OpenFile {
             return Err(Errno::EBADF);
         }
         let fh = self.fh;
-        if self.kind != FileType::Regular || accmode(self.flags()) == libc::O_RDONLY {
+        if self.file_type() != FileType::Regular || accmode(self.flags()) == libc::O_RDONLY {
             return Err(Errno::EINVAL);
         }
         self.vfs.setattr(
@@ -278,7 +278,7 @@ impl OpenFile {
         match self
             .vfs
             .client()
-            .fsync(self.node, fh, datasync, self.kind == FileType::Directory)
+            .fsync(self.node, fh, datasync, self.file_type() == FileType::Directory)
         {
             Err(e) if e == Errno::ENOSYS => Ok(()),
             r => r,
@@ -288,7 +288,7 @@ impl OpenFile {
     /// `fallocate(2)`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<(), Errno> {
         let fh = self.writable()?.ok_or(Errno::EOPNOTSUPP)?;
-        if self.kind != FileType::Regular {
+        if self.file_type() != FileType::Regular {
             return Err(Errno::ENODEV);
         }
         let r = match self.vfs.client().fallocate(self.node, fh, offset, len, mode) {

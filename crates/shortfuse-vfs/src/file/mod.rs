@@ -21,7 +21,7 @@ use shortfuse::sync::Unpoison;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use shortfuse::{Attr, Errno, FileType, NodeId};
@@ -45,7 +45,10 @@ pub struct OpenFile {
     node: NodeId,
     /// `None` for O_PATH descriptors (no FUSE open).
     fh: Option<u64>,
-    kind: FileType,
+    /// The `S_IF*` bits of the file's type; 0 while not known yet (a file
+    /// the kernel opened beneath a namespace map: see
+    /// [`OpenFile::learn_kind`]).
+    kind: AtomicU32,
     flags: AtomicI32,
     /// File offset; for directories the READDIR cookie.
     pos: Mutex<DirPos>,
@@ -99,7 +102,7 @@ impl OpenFile {
             vfs,
             node,
             fh,
-            kind,
+            kind: AtomicU32::new(kind.mode_bits()),
             flags: AtomicI32::new(flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_TRUNC)),
             pos: Mutex::new(DirPos::default()),
             loc: None,
@@ -131,8 +134,33 @@ impl OpenFile {
         self.node
     }
 
+    /// The file's type. One opened beneath a namespace map whose type is
+    /// not known yet reads as a regular file: ask [`OpenFile::kind_known`]
+    /// first where a directory must be told from the rest.
     pub fn file_type(&self) -> FileType {
-        self.kind
+        FileType::from_mode(self.kind.load(Ordering::Relaxed))
+    }
+
+    /// Whether [`OpenFile::file_type`] is the file's own. An open beneath a
+    /// namespace map does not ask the kernel what it opened (most opens
+    /// are of files read and closed, and never ask): the first call that
+    /// needs to know stats the descriptor and tells [`OpenFile::learn_kind`].
+    pub fn kind_known(&self) -> bool {
+        self.kind.load(Ordering::Relaxed) != 0
+    }
+
+    /// Leaves the type to be learnt (see [`OpenFile::kind_known`]).
+    pub(crate) fn forget_kind(&self) {
+        self.kind.store(0, Ordering::Relaxed);
+    }
+
+    /// Records the type of the file in `mode` (from a stat of one of its
+    /// descriptors), when not known yet.
+    pub fn learn_kind(&self, mode: u32) {
+        let bits = FileType::from_mode(mode).mode_bits();
+        let _ = self
+            .kind
+            .compare_exchange(0, bits, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// The `open(2)` flags, with `fcntl(F_SETFL)` changes.
@@ -152,7 +180,7 @@ impl OpenFile {
     /// a call needs it: then a walk of the path it was opened by finds it
     /// (most calls from its descriptor are the kernel's and never ask).
     pub fn location(&self) -> Option<&Location> {
-        if self.loc.is_some() || !self.beneath_map || self.kind != FileType::Directory {
+        if self.loc.is_some() || !self.beneath_map || self.file_type() != FileType::Directory {
             return self.loc.as_ref();
         }
         if let Some(l) = self.found.get() {
@@ -218,7 +246,7 @@ impl OpenFile {
         Some(crate::backend::Anchor {
             node: self.node,
             fh: self.fh?,
-            dir: self.kind == FileType::Directory,
+            dir: self.file_type() == FileType::Directory,
             description: self.shared.get()?.as_fd(),
         })
     }
@@ -339,7 +367,7 @@ impl OpenFile {
 
     /// Whether closing a descriptor sends FLUSH (and so needs a lock owner).
     pub fn needs_flush(&self) -> bool {
-        self.fh.is_some() && !self.noflush && self.kind != FileType::Directory && self.vfs.client().flushes()
+        self.fh.is_some() && !self.noflush && self.file_type() != FileType::Directory && self.vfs.client().flushes()
     }
 
     /// Whether this is an O_PATH descriptor (no FUSE open).
@@ -360,7 +388,7 @@ impl OpenFile {
         if self.path_only {
             return Err(Errno::EBADF);
         }
-        if self.kind == FileType::Directory {
+        if self.file_type() == FileType::Directory {
             return Err(Errno::EISDIR);
         }
         if accmode(self.flags()) == libc::O_WRONLY {
@@ -481,7 +509,7 @@ impl Drop for OpenFile {
             let _ = self
                 .vfs
                 .client()
-                .release(self.node, fh, self.flags(), self.kind == FileType::Directory);
+                .release(self.node, fh, self.flags(), self.file_type() == FileType::Directory);
         }
         if let Some(loc) = self.loc.as_ref().or(self.found.get()) {
             self.vfs.unpin_location(loc);

@@ -269,9 +269,15 @@ impl Vfs {
     /// file's own, and the file system never saw the open, so there is no
     /// node or handle. It is [`OpenFile::kernel_backed`]; what needs the
     /// file's identity in the mount ([`OpenFile::stat`], a walk from its
-    /// descriptor) takes the path it was opened by.
-    pub fn open_beneath_map(self: &Arc<Vfs>, kind: FileType, flags: i32, path: Vec<u8>) -> Arc<OpenFile> {
-        self.kernel_file(NodeId(0), kind, flags, path, true)
+    /// descriptor) takes the path it was opened by. `kind`: `None` when
+    /// the caller does not know yet what it opened (see
+    /// [`OpenFile::kind_known`]).
+    pub fn open_beneath_map(self: &Arc<Vfs>, kind: Option<FileType>, flags: i32, path: Vec<u8>) -> Arc<OpenFile> {
+        let f = self.kernel_file(NodeId(0), kind.unwrap_or(FileType::Regular), flags, path, true);
+        if kind.is_none() {
+            f.forget_kind();
+        }
+        f
     }
 
     /// A kernel-backed open file without a handle: on a pinned `node`, or
