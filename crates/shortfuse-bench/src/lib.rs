@@ -183,10 +183,16 @@ impl Progress {
 /// How many times a suite runs on each configuration: every figure is the
 /// median of these runs, shown with their range. `dist` (its modes take
 /// turns inside one run) and `rings` (a fresh daemon per run) repeat their
-/// rows themselves, so the runner runs them once.
+/// rows themselves, so the runner runs them once. `programs` runs twice at
+/// the quick scale: each of its rows times one run of a real program over
+/// thousands of files (its figure is already a sum over them), and its
+/// rounds took most of `make demo`'s measuring (tar and rsync of the
+/// 5,000-file tree on the FUSE mounts above all); two keep a range beside
+/// every median.
 pub fn repeats(suite: &str, scale: Scale) -> usize {
     match suite {
         "dist" | "rings" => 1,
+        "programs" => scale.pick(2, 2, 5),
         _ => scale.pick(2, 3, 5),
     }
 }
