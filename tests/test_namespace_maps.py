@@ -911,3 +911,43 @@ def test_grep_beneath_the_map_asks_the_kernel_no_more_than_natively(shortfuse, t
     # files; a probe of a new page of grep's arguments now and then remains.
     assert shim["stats"] <= native["stats"] + 3, (native, shim)
     assert shim["futex"] <= native["futex"] + 10, (native, shim)
+
+
+# O_PATH opens of a path the client's cache holds whole (a walk went
+# through it: a `..` in a path is never the kernel's beneath the map).
+CACHED_O_PATH = SCRIPT_START + r"""
+r = sys.argv[1]
+os.stat(f"{r}/a/b/../b/c/d/e/f")
+for i in range(3):
+    fd = os.open(f"{r}/a/b/c/d/e/f", os.O_PATH)
+    s = os.fstat(fd)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_PATH | os.O_ACCMODE)
+    link = os.readlink(f"/proc/self/fd/{fd}")[len(r):]
+    out[f"opath {i}"] = [link, s.st_ino, stat.S_IFMT(s.st_mode), flags, e(lambda: os.read(fd, 1))]
+    out[f"at {i}"] = e(lambda: os.stat("", dir_fd=fd, follow_symlinks=False).st_ino)
+    os.close(fd)
+print(json.dumps(out))
+"""
+
+
+def test_o_path_opens_of_a_path_the_ring_clients_cache_holds_make_no_system_call(shortfuse, tree):
+    native = subprocess.run([sys.executable, "-c", CACHED_O_PATH, str(tree / "src")], capture_output=True, timeout=60)
+    assert native.returncode == 0, native.stderr.decode()
+    mp, spec, daemon = mounted(shortfuse, tree, "ring", [])
+    log = tree / "strace.log"
+    try:
+        p = subprocess.run(
+            ["strace", "-f", "-qq", "-e", "trace=openat,openat2", "-o", str(log)]
+            + [str(shortfuse), "run", *spec, "--", sys.executable, "-c", CACHED_O_PATH, str(mp)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        # (An O_PATH open is no OPEN of the file system.)
+        assert daemon.count("OPEN") == 0
+    finally:
+        daemon.stop()
+    assert json.loads(p.stdout.decode().splitlines()[-1]) == json.loads(native.stdout.decode())
+    # The cache answered the opens: the kernel opened nothing named f.
+    opened = [l for l in log.read_text().splitlines() if '"f"' in l or 'e/f"' in l]
+    assert opened == [], opened

@@ -486,6 +486,18 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     // as the last name, which this open leaves to the walk.
     let slash = matches!(op, Op::Open(flags, _) if flags & (libc::O_DIRECTORY | libc::O_CREAT) == libc::O_DIRECTORY);
     let (vfs, rel, from, caller) = mapped(at, whole, true, slash)?;
+    if let Op::Open(flags, _) = op {
+        // An O_PATH open of a path this image's cache holds whole (over
+        // the rings the daemon's notifications keep entries long) is the
+        // usual way's: a walk of the cache and a spare placeholder, no
+        // request and no system call, where the kernel's takes an
+        // openat2, an fstat and a close. A path with a symbolic link is
+        // never answered from the cache, so links out of the tree stay
+        // the walk's, and a link's own descriptor the kernel's.
+        if flags & libc::O_PATH != 0 && matches!(from, From::Root) && vfs.walks_from_cache(&rel) {
+            return None;
+        }
+    }
     let ns = vfs.namespace()?;
     let place = match Place::of(ns, &caller, &rel, from) {
         Ok(p) => p,

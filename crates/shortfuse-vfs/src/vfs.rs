@@ -529,6 +529,36 @@ impl Vfs {
         }
     }
 
+    /// Whether a walk of `rel` (names alone, below the root) would be
+    /// answered by the cache alone, with no request: every directory on
+    /// the way has valid attributes (for the search check), every name a
+    /// valid entry with valid attributes, and none is a symbolic link:
+    /// following one asks the file system for its target, and callers
+    /// leave a descriptor of the link itself to the kernel.
+    pub fn walks_from_cache(&self, rel: &[u8]) -> bool {
+        let c = self.lock();
+        let now = Instant::now();
+        let mut dir = NodeId::ROOT;
+        let mut names = rel.split(|&b| b == b'/').peekable();
+        while let Some(name) = names.next() {
+            if name.is_empty() || name == b"." || name == b".." || c.attr(dir, now).is_none() {
+                return false;
+            }
+            let Cached::Node(node, Some(attr)) = c.lookup(dir, name, now) else {
+                return false;
+            };
+            let last = names.peek().is_none();
+            match attr.file_type() {
+                FileType::Directory => {}
+                FileType::Symlink => return false,
+                _ if !last => return false,
+                _ => {}
+            }
+            dir = node;
+        }
+        true
+    }
+
     /// Records an entry LOOKUP, or a READDIRPLUS of `parent`, brought (a
     /// lookup to give back), and caches its name: the `stat` after a
     /// listing finds it.
