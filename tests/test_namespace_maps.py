@@ -754,6 +754,19 @@ print(json.dumps(out))
 """
 
 
+def run_traced(shortfuse: Path, spec: list[str], script: str, root: Path, log: Path | None):
+    """`script` under `run` with `root` as its argument; with `log`, its
+    openat2 calls traced there (the in-process passthrough's lookups)."""
+    trace = ["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)] if log else []
+    p = subprocess.run(
+        [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", script, str(root)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    return p
+
+
 @pytest.mark.parametrize("transport", ["preload", "ring"])
 def test_o_path_opens_and_links_followed_beneath_the_map_match_native(shortfuse, tree, transport):
     src = tree / "src"
@@ -767,14 +780,8 @@ def test_o_path_opens_and_links_followed_beneath_the_map_match_native(shortfuse,
     assert native.returncode == 0, native.stderr.decode()
     mp, spec, daemon = mounted(shortfuse, tree, transport, [])
     log = tree / "strace.log"
-    trace = ["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)] if not daemon else []
     try:
-        p = subprocess.run(
-            [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", FOLLOWED, str(mp)],
-            capture_output=True,
-            timeout=120,
-        )
-        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        p = run_traced(shortfuse, spec, FOLLOWED, mp, log if not daemon else None)
         got = json.loads(p.stdout.decode().splitlines()[-1])
         assert got == json.loads(native.stdout.decode())
         assert got["opath 0 lnk"][0] == "/a/b/c/d/e/f" and got["opath 0 lnk"][1][3]
@@ -951,3 +958,173 @@ def test_o_path_opens_of_a_path_the_ring_clients_cache_holds_make_no_system_call
     # The cache answered the opens: the kernel opened nothing named f.
     opened = [l for l in log.read_text().splitlines() if '"f"' in l or 'e/f"' in l]
     assert opened == [], opened
+
+
+# What the kernel makes beneath the mount for calls the shim used to walk
+# for: O_CREAT through a last symbolic link, O_TMPFILE files and the names
+# linkat gives them, fchdir to a directory's descriptor (O_PATH or read),
+# and chmod through a descriptor's /proc link. Paths and device numbers are
+# made relative to the root the script was given; everything it makes it
+# removes, so that the native run and the mount's start alike.
+MADE = SCRIPT_START + r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+r = sys.argv[1]
+dev = os.stat(r + "/a").st_dev
+def rel(p):
+    return p[len(r):] if p.startswith(r + "/") else p
+def st(s):
+    return [stat.S_IFMT(s.st_mode), oct(stat.S_IMODE(s.st_mode)), s.st_size, s.st_nlink, s.st_dev == dev]
+def fd_link(fd):
+    return rel(os.readlink(f"/proc/self/fd/{fd}"))
+os.umask(0o022)
+opens = [
+    ("mk", os.O_CREAT | os.O_WRONLY),
+    ("mk", os.O_CREAT | os.O_WRONLY | os.O_TRUNC),
+    ("mk", os.O_CREAT | os.O_EXCL | os.O_WRONLY),
+    ("mk", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW),
+    ("mkdeep", os.O_CREAT | os.O_RDWR),
+    ("mknodir", os.O_CREAT | os.O_WRONLY),
+]
+for i, (name, flags) in enumerate(opens):
+    def made():
+        fd = os.open(f"{r}/{name}", flags, 0o640)
+        os.write(fd, b"made")
+        got = [fd_link(fd), st(os.fstat(fd))]
+        os.close(fd)
+        return got
+    out[f"creat {i} {name}"] = e(made)
+out["made"] = [e(lambda: st(os.stat(f"{r}/{p}"))) for p in ["a/new1", "a/b/c/new2", "mk", "mkdeep"]]
+def unnamed(d, how):
+    fd = os.open(f"{r}/{d}", os.O_TMPFILE | os.O_RDWR, 0o604)
+    os.write(fd, b"unnamed")
+    s = os.fstat(fd)
+    got = [st(s), fd_link(fd).split("#")[0], fd_link(fd).endswith(" (deleted)")]
+    # link(2) of the /proc link itself, then linkat(AT_SYMLINK_FOLLOW) of
+    # what it leads to.
+    got.append(e(lambda: os.link(f"/proc/self/fd/{fd}", f"{r}/{d}/t1")))
+    n = libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, f"{r}/{d}/t1".encode(), 0x400)
+    got.append(n if n == 0 else errno.errorcode[ctypes.get_errno()])
+    # linkat(fd, "", AT_FDCWD, name, AT_EMPTY_PATH)
+    n = libc.linkat(fd, b"", -100, f"{r}/a/t2".encode(), 0x1000)
+    got.append(n if n == 0 else errno.errorcode[ctypes.get_errno()])
+    n = libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, f"{r}/a/t2".encode(), 0x400)
+    got.append(n if n == 0 else errno.errorcode[ctypes.get_errno()])
+    for name in [f"{d}/t1", "a/t2"]:
+        got.append(e(lambda: [st(os.stat(f"{r}/{name}")), os.stat(f"{r}/{name}").st_ino == s.st_ino]))
+        got.append(e(lambda: open(f"{r}/{name}").read()))
+    got.append(st(os.fstat(fd)))
+    os.close(fd)
+    for name in [f"{d}/t1", "a/t2"]:
+        e(lambda: os.unlink(f"{r}/{name}"))
+    return got
+out["tmpfile"] = e(lambda: unnamed("a/b", os.O_RDWR))
+out["tmpfile_through_link"] = e(lambda: unnamed("lnkdir", os.O_RDWR))
+out["tmpfile_rdonly"] = e(lambda: os.open(f"{r}/a", os.O_TMPFILE | os.O_RDONLY, 0o600))
+out["tmpfile_missing"] = e(lambda: os.open(f"{r}/a/nope", os.O_TMPFILE | os.O_RDWR, 0o600))
+out["tmpfile_in_file"] = e(lambda: os.open(f"{r}/a/b/c/d/e/f", os.O_TMPFILE | os.O_RDWR, 0o600))
+# fchdir to a directory's descriptor, and what is seen from there.
+for how in (os.O_PATH, os.O_RDONLY):
+    fd = os.open(f"{r}/a/b", how | os.O_DIRECTORY)
+    os.fchdir(fd)
+    got = [rel(os.getcwd()), rel(os.readlink("/proc/self/cwd")), sorted(os.listdir("."))]
+    got.append(st(os.stat("c/d/e/f")))
+    got.append(open("c/d/e/f").read())
+    # Renamed while it is the current directory: getcwd follows it.
+    os.rename(f"{r}/a/b", f"{r}/a/B")
+    got.append(rel(os.getcwd()))
+    got.append(sorted(os.listdir(".")))
+    os.rename(f"{r}/a/B", f"{r}/a/b")
+    got.append(rel(os.getcwd()))
+    os.chdir("/")
+    os.close(fd)
+    out[f"fchdir {how}"] = got
+os.mkdir(f"{r}/a/gone")
+fd = os.open(f"{r}/a/gone", os.O_PATH | os.O_DIRECTORY)
+os.fchdir(fd)
+os.rmdir(f"{r}/a/gone")
+out["fchdir_removed"] = [e(os.getcwd), e(lambda: os.listdir(".")), e(lambda: os.open("x", os.O_CREAT | os.O_WRONLY))]
+os.chdir("/")
+os.close(fd)
+# chmod through the /proc link of an O_PATH descriptor (mkfifo -m), and
+# of a descriptor opened for reading.
+os.mkfifo(f"{r}/a/fifo", 0o644)
+fd = os.open(f"{r}/a/fifo", os.O_PATH | os.O_NOFOLLOW)
+os.chmod(f"/proc/self/fd/{fd}", 0o600)
+out["fifo"] = st(os.fstat(fd))
+os.close(fd)
+fd = os.open(f"{r}/a/b/c/d/e/f", os.O_RDONLY)
+os.chmod(f"/proc/self/fd/{fd}", 0o640)
+out["file"] = [st(os.fstat(fd)), st(os.stat(f"{r}/a/b/c/d/e/f"))]
+os.chmod(f"/proc/self/fd/{fd}", 0o644)
+os.close(fd)
+fd = os.open(f"{r}/lnk", os.O_PATH | os.O_NOFOLLOW)
+# fchmodat(AT_FDCWD, link, mode, AT_SYMLINK_NOFOLLOW) of the link itself.
+n = libc.fchmodat(-100, f"/proc/self/fd/{fd}".encode(), 0o600, 0x100)
+out["link"] = n if n == 0 else errno.errorcode[ctypes.get_errno()]
+os.close(fd)
+out["fifo_after"] = st(os.stat(f"{r}/a/fifo"))
+for p in ["a/fifo", "a/new1", "a/b/c/new2"]:
+    os.unlink(f"{r}/{p}")
+print(json.dumps(out))
+"""
+
+# `..` from a directory entered by fchdir of its descriptor.
+UP_FROM_FCHDIR = SCRIPT_START + r"""
+r = sys.argv[1]
+fd = os.open(f"{r}/a/b/c", os.O_PATH | os.O_DIRECTORY)
+os.fchdir(fd)
+out["up"] = [os.stat("..").st_ino == os.stat(f"{r}/a/b").st_ino, sorted(os.listdir("../.."))]
+out["up_file"] = open("../c/d/e/f").read()
+os.chdir("d")
+out["cwd"] = os.getcwd()[len(r):]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_unnamed_files_links_created_through_fchdir_and_proc_chmod_beneath_the_map_are_the_kernels(
+    shortfuse, tree, transport
+):
+    src = tree / "src"
+    (src / "lnk").symlink_to("a/b/c/d/e/f")
+    (src / "lnkdir").symlink_to("a/b")
+    (src / "mk").symlink_to("a/new1")
+    (src / "mkdeep").symlink_to("lnkdir/c/new2")
+    (src / "mknodir").symlink_to("a/nope/x")
+    native = subprocess.run([sys.executable, "-c", MADE, str(src)], capture_output=True, timeout=60)
+    assert native.returncode == 0, native.stderr.decode()
+    native_up = subprocess.run([sys.executable, "-c", UP_FROM_FCHDIR, str(src)], capture_output=True, timeout=60)
+    assert native_up.returncode == 0, native_up.stderr.decode()
+    want = json.loads(native.stdout.decode())
+    # (The script removed what it made.)
+    assert not (src / "a" / "new1").exists() and want["creat 0 mk"][0] == "/a/new1"
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    try:
+        p = run_traced(shortfuse, spec, MADE, mp, log if not daemon else None)
+        if daemon:
+            # The file system heard of none of it: no name looked up (the
+            # walk's way to a directory, a link's target, a descriptor's
+            # place), made, linked or changed.
+            ops = ["LOOKUP", "READLINK", "CREATE", "OPEN", "MKNOD", "LINK", "SETATTR"]
+            assert {op: daemon.count(op) for op in ops} == dict.fromkeys(ops, 0)
+        up = subprocess.run(
+            [str(shortfuse), "run", *spec, "--", sys.executable, "-c", UP_FROM_FCHDIR, str(mp)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert up.returncode == 0, up.stderr.decode()[-3000:]
+    finally:
+        if daemon:
+            daemon.stop()
+    got = json.loads(p.stdout.decode().splitlines()[-1])
+    assert got == want
+    assert json.loads(up.stdout.decode().splitlines()[-1]) == json.loads(native_up.stdout.decode())
+    if not daemon:
+        # The in-process file system looked up no name on the way (the
+        # program's own O_PATH opens of b, gone, fifo and lnk look alike).
+        names = ["a", "c", "mk", "mkdeep", "new1", "new2", "lnkdir", "t1", "t2"]
+        lookups = [l for l in passthrough_lookups(log) if any(f'"{d}"' in l for d in names)]
+        assert lookups == [], lookups
+

@@ -29,9 +29,9 @@ mod unserved;
 pub(crate) mod xattr;
 
 pub use descriptors::{nested, OWN_FD_FLOOR};
-pub(crate) use directories::kernel_cwd_inside;
+pub(crate) use directories::{cwd_location, kernel_cwd_inside, Here};
 pub use metadata::{to_stat, to_statx, utime_times};
-pub(crate) use resolve::{below_source, kind_of, mount_of};
+pub(crate) use resolve::{below_source, kind_of, magic_link, mount_of};
 pub use table::is_file_call;
 
 use table::{Call, Regs};

@@ -162,14 +162,14 @@ mod zpoline;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use shortfuse_vfs::{FdTable, Location, Vfs};
+use shortfuse_vfs::{FdTable, Vfs};
 
 /// Everything the shim knows; built once by the constructor.
 pub(crate) struct State {
     pub mounts: Vec<Arc<Vfs>>,
     pub fds: FdTable,
     /// The current directory when it is inside a mount.
-    pub cwd: Mutex<Option<(Arc<Vfs>, Location)>>,
+    pub cwd: Mutex<Option<(Arc<Vfs>, calls::Here)>>,
     /// The kernel's current directory (kept in step with chdir/fchdir).
     pub host_cwd: Mutex<Vec<u8>>,
 }

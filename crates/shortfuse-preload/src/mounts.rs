@@ -251,7 +251,7 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
 
 /// The mount directory the exec'ing image was in, pinned as our current
 /// directory; `None` (the kernel's current directory) when it is gone.
-fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, Location)> {
+fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, crate::calls::Here)> {
     let path = shortfuse_vfs::normalize(path);
     let vfs = mounts.iter().find(|m| m.strip(&path).is_some())?;
     let rest = vfs.strip(&path)?.to_vec();
@@ -269,7 +269,7 @@ fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, Location
     let loc = vfs.chdir(&t).ok()?;
     vfs.pin_location(&loc);
     crate::calls::kernel_cwd_inside(vfs, &loc);
-    Some((vfs.clone(), loc))
+    Some((vfs.clone(), crate::calls::Here::Walked(loc)))
 }
 
 /// Every free descriptor below [`crate::calls::OWN_FD_FLOOR`], held by

@@ -45,7 +45,7 @@ use shortfuse::{Attr, Errno};
 use shortfuse_vfs::{Namespace, Vfs};
 
 use crate::calls::table::{Call, PathAt, XattrOn, XattrOp};
-use crate::calls::{mount_of, nested, to_stat, to_statx};
+use crate::calls::{mount_of, nested, to_stat, to_statx, Here};
 use crate::state;
 use crate::sys::raw;
 use crate::user;
@@ -382,18 +382,22 @@ impl Place {
     /// place was found for) as a whole from where it starts, following
     /// symbolic links as long as they stay beneath it, the last name's
     /// too: such a link leads where it leads through the mount, the map
-    /// being a 1-to-1 image. `ours`: a descriptor above the program's
+    /// being a 1-to-1 image (an O_CREAT open makes the file a dangling
+    /// link names, with `mode`). `ours`: a descriptor above the program's
     /// numbers, else the lowest free one, the program's. `Err` holds the
     /// answer when the kernel decided it (`Some`), or `None` for the usual
     /// way: a link out of it (absolute, or `..` above where the path
     /// starts), through a mount inside, or too many of them.
-    fn follow(&self, ns: &Namespace, rel: &[u8], flags: i32, ours: bool) -> Result<i64, Option<i64>> {
+    fn follow(&self, ns: &Namespace, rel: &[u8], flags: i32, mode: u32, ours: bool) -> Result<i64, Option<i64>> {
         let sub = rel.get(self.skip..).unwrap_or_default();
         let sub = if sub.is_empty() { &b"."[..] } else { sub };
         let mut c = Vec::with_capacity(sub.len() + 1);
         c.extend_from_slice(sub);
         c.push(0);
-        let how: [u64; 3] = [u64::from(flags as u32), 0, ns.resolve()];
+        // (openat2 refuses a mode without O_CREAT or O_TMPFILE.)
+        let makes = flags & libc::O_CREAT != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE;
+        let mode = if makes { u64::from(mode & 0o7777) } else { 0 };
+        let how: [u64; 3] = [u64::from(flags as u32), mode, ns.resolve()];
         let args = [
             self.root,
             c.as_ptr() as i64,
@@ -422,7 +426,7 @@ impl Place {
     /// What the last name, a symbolic link, leads to beneath the map, as
     /// an `O_PATH` descriptor of ours (see [`Place::follow`]).
     fn followed(&self, ns: &Namespace, rel: &[u8]) -> Result<OwnedFd, Option<i64>> {
-        let fd = self.follow(ns, rel, libc::O_PATH | libc::O_CLOEXEC, true)?;
+        let fd = self.follow(ns, rel, libc::O_PATH | libc::O_CLOEXEC, 0, true)?;
         Ok(OwnedFd::from(crate::sys::owned_file(fd)))
     }
 
@@ -467,24 +471,29 @@ type Mapped = (Arc<Vfs>, Vec<u8>, From, Arc<shortfuse_vfs::Caller>);
 /// call on the directory holding it. The names the call may have changed
 /// leave this image's cache, which the file system does not hear of.
 fn one(at: PathAt, op: Op) -> Option<i64> {
-    if let Op::Open(flags, _) = op {
-        // O_TMPFILE: a file with no name, which the shim answers for with
-        // a location of the mount. An access mode of 3 is the usual way's
-        // to refuse (O_PATH ignores it).
-        // (O_TMPFILE holds O_DIRECTORY's bit.)
-        let refused = flags & libc::O_ACCMODE == libc::O_ACCMODE && flags & libc::O_PATH == 0;
-        if flags & libc::O_TMPFILE == libc::O_TMPFILE || refused {
+    // (O_TMPFILE holds O_DIRECTORY's bit.)
+    let tmpfile = matches!(op, Op::Open(flags, _) if flags & libc::O_TMPFILE == libc::O_TMPFILE);
+    if let Op::Open(flags, mode) = op {
+        if let Some(r) = reopen(at, flags, mode) {
+            return Some(r);
+        }
+        // An access mode of 3 is the usual way's to refuse (O_PATH
+        // ignores it).
+        if flags & libc::O_ACCMODE == libc::O_ACCMODE && flags & libc::O_PATH == 0 {
             return None;
         }
     }
     // Only a read-only open may name where the path starts (`.`, the
-    // root): a directory, which it changes nothing of.
-    let whole = matches!(op, Op::Open(flags, _)
+    // root): a directory, which it changes nothing of; and O_TMPFILE,
+    // which names the directory its unnamed file is made in.
+    let whole = tmpfile
+        || matches!(op, Op::Open(flags, _)
         if flags & libc::O_PATH != 0 || flags & (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) == libc::O_RDONLY);
     // A trailing slash asks for a directory, which O_DIRECTORY asks for
     // already; without O_DIRECTORY it would also follow a symbolic link
     // as the last name, which this open leaves to the walk.
-    let slash = matches!(op, Op::Open(flags, _) if flags & (libc::O_DIRECTORY | libc::O_CREAT) == libc::O_DIRECTORY);
+    let slash = !tmpfile
+        && matches!(op, Op::Open(flags, _) if flags & (libc::O_DIRECTORY | libc::O_CREAT) == libc::O_DIRECTORY);
     let (vfs, rel, from, caller) = mapped(at, whole, true, slash)?;
     if let Op::Open(flags, _) = op {
         // An O_PATH open of a path this image's cache holds whole (over
@@ -505,6 +514,7 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     };
     let (dirfd, cname) = (place.dirfd(), place.name());
     let r = match op {
+        Op::Open(flags, mode) if tmpfile => return unnamed(&vfs, ns, &place, &rel, flags, mode),
         Op::Open(flags, mode) => return open(&vfs, ns, &place, &rel, flags, mode, slash),
         // SAFETY: a NUL-terminated name of ours; no other memory.
         Op::Unlink(flags) => unsafe { raw(libc::SYS_unlinkat, dirfd, cname, i64::from(flags), 0, 0, 0) },
@@ -516,6 +526,35 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
         vfs.drop_cached_path(&rel);
     }
     Some(r)
+}
+
+/// An open of `/proc/self/fd/N` (or `/dev/fd/N`) where N is a descriptor
+/// the kernel opened beneath a map: the kernel's magic link leads to the
+/// backing file itself, so the kernel opens it as the program asked,
+/// checking the program's credentials. A new open of the file is recorded
+/// as the mount's by the same path; an O_PATH|O_NOFOLLOW one is of /proc's
+/// link itself (glibc's fchmodat with AT_SYMLINK_NOFOLLOW opens it so), as
+/// natively. `None`: no such path.
+fn reopen(at: PathAt, flags: i32, mode: u32) -> Option<i64> {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(at.path.0) }.ok()?;
+    let f = state().fds.get(crate::calls::magic_link(path)?)?;
+    if !f.beneath_map() {
+        return None;
+    }
+    // The kernel picks the number: it must be the lowest free one.
+    crate::calls::spare::flush();
+    let (dirfd, flags64, mode) = (i64::from(at.dirfd), i64::from(flags), i64::from(mode));
+    // SAFETY: the program's own path argument, handed on as it gave it.
+    let fd = unsafe { raw(libc::SYS_openat, dirfd, at.path.0, flags64, mode, 0, 0) };
+    if fd < 0 {
+        return Some(fd);
+    }
+    let mut k: libc::stat = user::zeroed();
+    if crate::sys::fs::fstat(fd as i32, &mut k) == 0 && k.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        return Some(fd);
+    }
+    Some(opened(f.vfs(), fd, flags, f.path().to_vec()))
 }
 
 /// The open of a name beneath a map: the program gets the kernel's
@@ -557,13 +596,9 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
     }
     if fd < 0 {
         return match Errno::from_raw(-fd as i32) {
-            // A symbolic link to follow, where it stays beneath the map.
-            // One that creates goes the usual way: it would make a name
-            // the cache knows nothing of, the link's target.
-            Errno::ELOOP if !nofollow && !creates => followed(vfs, ns, place, rel, flags),
-            // A mount point inside, flags openat2 refuses where open
-            // ignores them.
-            Errno::ELOOP if !nofollow => None,
+            // A symbolic link to follow, where it stays beneath the map
+            // (with O_CREAT it makes the file a dangling one names).
+            Errno::ELOOP if !nofollow => followed(vfs, ns, place, rel, flags, mode),
             // With a trailing slash and O_NOFOLLOW the kernel says ENOTDIR
             // of a symbolic link, which the slash would have followed: the
             // walk tells a link from a file.
@@ -577,31 +612,77 @@ fn open(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, m
     // same inode numbers), and so are the `*at` calls from it (see
     // [`beneath`]); what needs its place in the mount (fchdir, `..`) finds
     // it by its path when asked (`OpenFile::location`).
-    let mut path = Vec::with_capacity(rel.len() + 1);
-    path.push(b'/');
-    path.extend_from_slice(rel);
-    Some(opened(vfs, fd, flags, path))
+    Some(opened(vfs, fd, flags, in_mount(rel)))
 }
 
 /// The program's open of a path whose last name is a symbolic link: the
 /// kernel follows it beneath the map (see [`Place::follow`]), and the
 /// descriptor is recorded by the path the target has in the mount, as
 /// the mount's /proc/self/fd shows it.
-fn followed(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32) -> Option<i64> {
-    let fd = match place.follow(ns, rel, flags, false) {
-        Ok(fd) => fd,
+fn followed(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32) -> Option<i64> {
+    let (fd, target) = match opened_whole(vfs, ns, place, rel, flags, mode) {
+        Ok(x) => x,
         Err(r) => return r,
     };
-    let Some(target) = crate::calls::below_source(vfs, fd as i32) else {
-        // Not below the source now (moved out of it meanwhile): the walk's.
-        // SAFETY: the descriptor the kernel just gave, not yet the program's.
-        unsafe { raw(libc::SYS_close, fd, 0, 0, 0, 0, 0) };
-        return None;
+    if flags & libc::O_CREAT != 0 {
+        // Made, or perhaps made, where the link leads: what the cache
+        // said of that name is stale too.
+        vfs.drop_cached_path(&target);
+    }
+    Some(opened(vfs, fd, flags, in_mount(&target)))
+}
+
+/// An O_TMPFILE open in a directory beneath the map: the kernel makes the
+/// unnamed file in the backing directory (following links as long as they
+/// stay beneath it), and the descriptor is recorded as the mount's, by the
+/// name the kernel shows for it below the directory (`#inode`), so that
+/// fstat and /proc/self/fd show the mount's; linkat gives it a name in the
+/// mount (see `changes::link`).
+fn unnamed(vfs: &Arc<Vfs>, ns: &Namespace, place: &Place, rel: &[u8], flags: i32, mode: u32) -> Option<i64> {
+    // An unnamed file is for writing, as open(2) says before it looks at
+    // the path (openat2's EINVAL would send it the usual way).
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Some(err(Errno::EINVAL));
+    }
+    // The kernel picks the number: it must be the lowest free one.
+    crate::calls::spare::flush();
+    let (fd, name) = match opened_whole(vfs, ns, place, rel, flags, mode) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let mut path = Vec::with_capacity(target.len() + 1);
+    let name = name.strip_suffix(b" (deleted)").unwrap_or(&name);
+    Some(opened(vfs, fd, flags & !libc::O_TMPFILE, in_mount(name)))
+}
+
+/// The program's descriptor of `rel` opened whole by the kernel (see
+/// [`Place::follow`]), and where the kernel found it below the source.
+/// `Err` as for [`Place::follow`]; `Err(None)` too when it is not below
+/// the source now (moved out of it meanwhile: the walk's).
+fn opened_whole(
+    vfs: &Vfs,
+    ns: &Namespace,
+    place: &Place,
+    rel: &[u8],
+    flags: i32,
+    mode: u32,
+) -> Result<(i64, Vec<u8>), Option<i64>> {
+    let fd = place.follow(ns, rel, flags, mode, false)?;
+    match crate::calls::below_source(vfs, fd as i32) {
+        Some(below) => Ok((fd, below)),
+        None => {
+            // SAFETY: the descriptor the kernel just gave, not yet the program's.
+            unsafe { raw(libc::SYS_close, fd, 0, 0, 0, 0, 0) };
+            Err(None)
+        }
+    }
+}
+
+/// The path in the mount (starting with '/') of `rel`, below its root.
+fn in_mount(rel: &[u8]) -> Vec<u8> {
+    let mut path = Vec::with_capacity(rel.len() + 1);
     path.push(b'/');
-    path.extend_from_slice(&target);
-    Some(opened(vfs, fd, flags, path))
+    path.extend_from_slice(rel);
+    path
 }
 
 /// Records the kernel's descriptor `fd` of the backing file at `path` (in
@@ -712,14 +793,21 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
         (vfs, Cow::Borrowed(rest.strip_prefix(b"/").unwrap_or(rest)))
     } else {
         let (vfs, base) = if dirfd == AT_FDCWD {
-            let cwd = st.cwd.lock().unpoison();
-            match &*cwd {
-                Some((vfs, loc)) => {
+            let cwd = st.cwd.lock().unpoison().clone();
+            match cwd {
+                // Entered by fchdir of the program's descriptor: the
+                // kernel's current directory is the backing directory
+                // itself, and the path starts there.
+                Some((vfs, Here::Mapped(at))) => {
+                    let (start, f) = from_kernel_dir(vfs.namespace()?, AT_FDCWD, &at, &mut path, whole)?;
+                    from = f;
+                    (vfs, start)
+                }
+                Some((vfs, here)) => {
                     vfs.namespace()?;
-                    (vfs.clone(), loc.path())
+                    (vfs, here.path())
                 }
                 None => {
-                    drop(cwd);
                     let host = st.host_cwd.lock().unpoison();
                     let mut abs = host.clone();
                     drop(host);
@@ -741,28 +829,8 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
                 if crate::calls::kind_of(dirfd as i32, &f) != shortfuse::FileType::Directory {
                     return None;
                 }
-                // `..` (fts climbs back up so): the directory above it.
-                let mut up = 0;
-                while path == b".." || path.starts_with(b"../") {
-                    path = path.get(3..).unwrap_or_default();
-                    up += 1;
-                }
-                if path.is_empty() && !whole {
-                    return None;
-                }
-                let mut start = f.path().to_vec();
-                for _ in 0..up {
-                    // Above the root: out of the mount, the walk's.
-                    let cut = start.iter().rposition(|&b| b == b'/').filter(|_| start != b"/")?;
-                    start.truncate(cut.max(1));
-                }
-                let at = if start == b"/" { 0 } else { start.len() };
-                from = if up == 0 {
-                    From::Dir(dirfd, at, None)
-                } else {
-                    let (fd, own) = above(f.vfs().namespace()?, dirfd, &start, up)?;
-                    From::Dir(fd, at, own)
-                };
+                let (start, f2) = from_kernel_dir(f.vfs().namespace()?, dirfd, f.path(), &mut path, whole)?;
+                from = f2;
                 (f.vfs().clone(), start)
             } else {
                 (f.vfs().clone(), f.location()?.path())
@@ -786,6 +854,37 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
         p.len() > mp.len() && p.starts_with(mp) && (mp == b"/" || p[mp.len()] == b'/')
     });
     (!inner).then_some((vfs, rel, from))
+}
+
+/// Where a path relative to `dirfd`, a kernel descriptor of a directory
+/// beneath the map (the program's, or its current directory, `AT_FDCWD`)
+/// at `at` below the mount's root, starts: the path below the root of the
+/// directory it starts at, and how the kernel reaches it. Leading `..`
+/// components (fts climbs back up so) are taken off `path` and lead to
+/// the directory above, when it is the one the path names.
+fn from_kernel_dir(ns: &Namespace, dirfd: i64, at: &[u8], path: &mut &[u8], whole: bool) -> Option<(Vec<u8>, From)> {
+    let mut up = 0;
+    while *path == b".." || path.starts_with(b"../") {
+        *path = path.get(3..).unwrap_or_default();
+        up += 1;
+    }
+    if path.is_empty() && !whole {
+        return None;
+    }
+    let mut start = at.to_vec();
+    for _ in 0..up {
+        // Above the root: out of the mount, the walk's.
+        let cut = start.iter().rposition(|&b| b == b'/').filter(|_| start != b"/")?;
+        start.truncate(cut.max(1));
+    }
+    let skip = if start == b"/" { 0 } else { start.len() };
+    let from = if up == 0 {
+        From::Dir(dirfd, skip, None)
+    } else {
+        let (fd, own) = above(ns, dirfd, &start, up)?;
+        From::Dir(fd, skip, own)
+    };
+    Some((start, from))
 }
 
 /// The directory `up` levels above the program's directory `dirfd`, when

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use shortfuse::Errno;
-use shortfuse_vfs::Vfs;
+use shortfuse_vfs::{Location, Vfs};
 
 use super::exec;
 use super::reply::{err, res};
@@ -26,6 +26,79 @@ pub fn getdents(fd: Fd, buf: Ptr, len: usize) -> Option<i64> {
         .map(|n| n as i64)))
 }
 
+/// Where the current directory is, inside a mount.
+#[derive(Clone, Debug)]
+pub(crate) enum Here {
+    /// Where a walk found it; its nodes are pinned while it is current.
+    Walked(Location),
+    /// A directory the kernel opened beneath the mount's namespace map,
+    /// entered by fchdir of its descriptor: its path below the mount's
+    /// root then (`/` for the root). The kernel's own current directory is
+    /// that backing directory, so entering it asked the file system
+    /// nothing; a call that needs its place in the mount walks to it then
+    /// ([`cwd_location`]), and most never do (paths beneath the map are
+    /// the kernel's, and so is getcwd).
+    Mapped(Vec<u8>),
+}
+
+impl Here {
+    /// The path below the mount's root, starting with '/'.
+    pub fn path(&self) -> Vec<u8> {
+        match self {
+            Here::Walked(loc) => loc.path(),
+            Here::Mapped(p) => p.clone(),
+        }
+    }
+
+    /// The path on the host (the mount point's and below it).
+    pub fn host_path(&self, vfs: &Vfs) -> Vec<u8> {
+        match self {
+            Here::Walked(loc) => vfs.host_path(loc),
+            Here::Mapped(p) => host_path_of(vfs, p),
+        }
+    }
+}
+
+/// The host path of `rel`, a path below the mount's root starting with '/'.
+fn host_path_of(vfs: &Vfs, rel: &[u8]) -> Vec<u8> {
+    let mp = vfs.mountpoint();
+    if rel == b"/" {
+        return mp.to_vec();
+    }
+    let mut p = if mp == b"/" { Vec::new() } else { mp.to_vec() };
+    p.extend_from_slice(rel);
+    p
+}
+
+/// The current directory inside a mount as a walk finds it (for a walk
+/// from it): a [`Here::Mapped`] one is walked to now, and kept so.
+pub(crate) fn cwd_location() -> Option<(Arc<Vfs>, Location)> {
+    let (vfs, here) = state().cwd.lock().unpoison().clone()?;
+    let path = match here {
+        Here::Walked(loc) => return Some((vfs, loc)),
+        Here::Mapped(p) => p,
+    };
+    let flags = shortfuse_vfs::WalkFlags {
+        follow: false,
+        create: false,
+    };
+    let rel = path.strip_prefix(b"/").unwrap_or(&path);
+    let loc = match vfs.walk(&Location::root(), rel, flags, 0).ok()? {
+        shortfuse_vfs::Walk::Inside(t) => t.location()?,
+        shortfuse_vfs::Walk::Outside { .. } => return None,
+    };
+    vfs.pin_location(&loc);
+    let mut cwd = state().cwd.lock().unpoison();
+    match &*cwd {
+        Some((v, Here::Mapped(p))) if Arc::ptr_eq(v, &vfs) && *p == path => {
+            *cwd = Some((vfs.clone(), Here::Walked(loc.clone())));
+        }
+        // Changed meanwhile: this walk's location is not kept.
+        _ => vfs.unpin_location(&loc),
+    }
+    Some((vfs, loc))
+}
+
 pub fn fchdir(fd: Fd) -> Option<i64> {
     let Some(f) = file(fd) else {
         let r = fs::fchdir(fd.0);
@@ -34,23 +107,50 @@ pub fn fchdir(fd: Fd) -> Option<i64> {
         }
         return Some(r);
     };
+    if f.beneath_map() && super::kind_of(fd.0, &f) == shortfuse::FileType::Directory {
+        // The program's descriptor is the kernel's, of the backing
+        // directory: the kernel enters it (and checks search permission
+        // as it would have), and no walk finds it in the mount.
+        let Some(rel) = super::below_source(f.vfs(), fd.0) else {
+            return Some(err(Errno::ENOTDIR));
+        };
+        let r = fs::fchdir(fd.0);
+        if r < 0 {
+            return Some(r);
+        }
+        let mut path = Vec::with_capacity(rel.len() + 1);
+        path.push(b'/');
+        path.extend_from_slice(&rel);
+        set_cwd(Some((f.vfs().clone(), Here::Mapped(path))));
+        return Some(0);
+    }
     let Some(loc) = super::resolve::location_of(fd.0, &f) else {
         return Some(err(Errno::ENOTDIR));
     };
-    set_cwd(Some((f.vfs().clone(), loc)));
+    set_cwd(Some((f.vfs().clone(), Here::Walked(loc))));
     Some(0)
 }
 
 pub fn getcwd(buf: Ptr, len: usize) -> Option<i64> {
     let cwd = state().cwd.lock().unpoison().clone();
-    let (vfs, loc) = cwd?;
-    // As the kernel: a removed current directory has no path.
-    match vfs.getattr_fresh(loc.node(), None) {
-        Ok(a) if a.nlink == 0 => return Some(err(Errno::ENOENT)),
-        Err(e) => return Some(err(e)),
-        Ok(_) => {}
-    }
-    let p = vfs.host_path(&loc);
+    let (vfs, here) = cwd?;
+    let p = match here {
+        Here::Walked(loc) => {
+            // As the kernel: a removed current directory has no path.
+            match vfs.getattr_fresh(loc.node(), None) {
+                Ok(a) if a.nlink == 0 => return Some(err(Errno::ENOENT)),
+                Err(e) => return Some(err(e)),
+                Ok(_) => {}
+            }
+            vfs.host_path(&loc)
+        }
+        Here::Mapped(path) => match mapped_cwd(&vfs) {
+            Ok(Some(rel)) => host_path_of(&vfs, &rel),
+            // Moved out of the source: where it was entered.
+            Ok(None) => host_path_of(&vfs, &path),
+            Err(e) => return Some(err(e)),
+        },
+    };
     // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
     let buf = match unsafe { user::slice_mut(buf.0, len) } {
         Ok(b) => b,
@@ -64,14 +164,36 @@ pub fn getcwd(buf: Ptr, len: usize) -> Option<i64> {
     Some(p.len() as i64 + 1)
 }
 
-fn set_cwd(new: Option<(Arc<Vfs>, shortfuse_vfs::Location)>) {
+/// Where the kernel's current directory, the backing directory of a
+/// [`Here::Mapped`] one, is below the mount's source now (the kernel's
+/// getcwd follows renames, and says ENOENT once it is removed, as a
+/// mount's getcwd does): `None` when it is not below it.
+fn mapped_cwd(vfs: &Vfs) -> Result<Option<Vec<u8>>, Errno> {
+    let Some(src) = vfs.source() else {
+        return Ok(None);
+    };
+    let src = src.strip_suffix(b"/").unwrap_or(src);
+    let mut buf = vec![0u8; 4096];
+    let n = fs::getcwd(&mut buf);
+    if n < 0 {
+        return Err(Errno::from_raw(-n as i32));
+    }
+    buf.truncate((n as usize).saturating_sub(1));
+    match buf.strip_prefix(src) {
+        Some(b"") => Ok(Some(b"/".to_vec())),
+        Some(rest) if rest.starts_with(b"/") => Ok(Some(rest.to_vec())),
+        _ => Ok(None),
+    }
+}
+
+fn set_cwd(new: Option<(Arc<Vfs>, Here)>) {
     let st = state();
-    if let Some((vfs, loc)) = &new {
+    if let Some((vfs, Here::Walked(loc))) = &new {
         vfs.pin_location(loc);
         kernel_cwd_inside(vfs, loc);
     }
     let old = std::mem::replace(&mut *st.cwd.lock().unpoison(), new);
-    if let Some((vfs, loc)) = old {
+    if let Some((vfs, Here::Walked(loc))) = old {
         vfs.unpin_location(&loc);
     }
 }
@@ -193,7 +315,7 @@ fn chdir_to(arg: Ptr) -> i64 {
         Err(e) => err(e),
         Ok(Resolved::Kernel(p)) => kernel(p),
         Ok(Resolved::Ours(vfs, t)) => res(vfs.chdir(&t).map(|loc| {
-            set_cwd(Some((vfs.clone(), loc)));
+            set_cwd(Some((vfs.clone(), Here::Walked(loc))));
             0i64
         })),
     }

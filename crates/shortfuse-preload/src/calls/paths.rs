@@ -265,8 +265,8 @@ fn proc_link(path: Ptr, buf: Ptr, len: i32) -> Option<i64> {
         p
     } else if is_cwd_link(path) {
         let cwd = state().cwd.lock().unpoison().clone();
-        let (vfs, loc) = cwd?;
-        vfs.host_path(&loc)
+        let (vfs, here) = cwd?;
+        here.host_path(&vfs)
     } else {
         return None;
     };

@@ -111,8 +111,7 @@ pub fn resolve_for(dirfd: i32, path: &[u8], flags: WalkFlags) -> Result<Resolved
     if path.starts_with(b"/") {
         abs = path.into();
     } else if dirfd == libc::AT_FDCWD {
-        let cwd = st.cwd.lock().unpoison().clone();
-        if let Some((vfs, loc)) = cwd {
+        if let Some((vfs, loc)) = super::cwd_location() {
             first = Some(walk(&vfs, &loc, path, 0).map(|w| (vfs, w))?);
             abs = Default::default();
         } else {

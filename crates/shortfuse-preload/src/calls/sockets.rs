@@ -48,8 +48,8 @@ pub fn call(fd: Fd, addr: Ptr, len: u32, bind: bool) -> Option<i64> {
         shortfuse_vfs::normalize(path)
     } else {
         let cwd = state().cwd.lock().unpoison().clone();
-        let (vfs, loc) = cwd?;
-        let mut p = vfs.host_path(&loc);
+        let (vfs, here) = cwd?;
+        let mut p = here.host_path(&vfs);
         p.push(b'/');
         p.extend_from_slice(path);
         shortfuse_vfs::normalize(&p)

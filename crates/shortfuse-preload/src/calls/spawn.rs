@@ -88,7 +88,7 @@ pub fn mount_cwd() -> Option<Vec<u8>> {
         Cwd::Parent => {
             let st = state();
             let cwd = st.cwd.lock().unpoison();
-            cwd.as_ref().map(|(vfs, loc)| vfs.host_path(loc))
+            cwd.as_ref().map(|(vfs, here)| here.host_path(vfs))
         }
     }
 }

@@ -99,9 +99,13 @@ fn with(at: PathAt, writes: bool, f: impl FnOnce(&Found) -> Option<i64>) -> Opti
     }
 }
 
-/// link, linkat of two names beneath one map. A descriptor given a name
-/// (AT_EMPTY_PATH) and a link followed at the end are the usual way's.
+/// link, linkat of two names beneath one map, or of a descriptor the
+/// kernel opened beneath it ([`link_descriptor`]). A link followed at the
+/// end is the usual way's.
 pub(super) fn link(old: PathAt, new: PathAt, flags: i32) -> Option<i64> {
+    if let Some(r) = link_descriptor(old, new, flags) {
+        return r;
+    }
     if flags & !libc::AT_SYMLINK_FOLLOW != 0 {
         return None;
     }
@@ -120,6 +124,70 @@ pub(super) fn link(old: PathAt, new: PathAt, flags: i32) -> Option<i64> {
     let r = unsafe { raw(libc::SYS_linkat, a.dirfd(), a.name(), b.dirfd(), b.name(), 0, 0) };
     a.changed(r);
     b.changed(r)
+}
+
+/// linkat of a descriptor the kernel opened beneath a map (an O_TMPFILE
+/// file, say), named by AT_EMPTY_PATH or by its /proc/self/fd link, to a
+/// name beneath the same map: the descriptor is
+/// the backing file's own, so the program's call, made on the directory
+/// holding the new name, links that file, with the program's credentials
+/// (AT_EMPTY_PATH wants CAP_DAC_READ_SEARCH, as natively). `None`: no such
+/// call; `Some(None)`: the usual way's.
+fn link_descriptor(old: PathAt, new: PathAt, flags: i32) -> Option<Option<i64>> {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(old.path.0) }.ok()?;
+    let fd = if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        old.dirfd
+    } else {
+        // (Without AT_SYMLINK_FOLLOW the kernel links the /proc link
+        // itself, which it refuses with EXDEV, as natively.)
+        crate::calls::magic_link(path)?
+    };
+    let f = crate::state().fds.get(fd)?;
+    if !f.beneath_map() {
+        return None;
+    }
+    let b = match Found::of(new, true) {
+        Ok(b) if Arc::ptr_eq(&b.vfs, f.vfs()) => b,
+        Ok(_) | Err(None) => return Some(None),
+        Err(Some(r)) => return Some(Some(r)),
+    };
+    // SAFETY: the program's own path argument, handed on as it gave it
+    // (the kernel reads it as it would have), and a NUL-terminated name of
+    // ours.
+    let r = unsafe {
+        raw(
+            libc::SYS_linkat,
+            i64::from(old.dirfd),
+            old.path.0,
+            b.dirfd(),
+            b.name(),
+            i64::from(flags),
+            0,
+        )
+    };
+    Some(b.changed(r))
+}
+
+/// A path call on `/proc/self/fd/N` (or `/dev/fd/N`) where N is a
+/// descriptor the kernel opened beneath a map: the kernel's magic link
+/// leads to the backing file itself (glibc reaches an O_PATH descriptor's
+/// file so: fchmodat with AT_SYMLINK_NOFOLLOW, `mkfifo -m`), so the
+/// program's call is the kernel's as it stands, and the file system hears
+/// of nothing. The open file, whose path leaves this image's cache after.
+fn through_descriptor(at: PathAt) -> Option<Arc<shortfuse_vfs::OpenFile>> {
+    // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+    let path = unsafe { user::cstr(at.path.0) }.ok()?;
+    let f = crate::state().fds.get(crate::calls::magic_link(path)?)?;
+    f.beneath_map().then_some(f)
+}
+
+/// After a call [`through_descriptor`] let the kernel make: what the cache
+/// held of the file's name goes.
+fn changed_through(f: &shortfuse_vfs::OpenFile, r: i64) -> Option<i64> {
+    f.vfs()
+        .drop_cached_path(f.path().strip_prefix(b"/").unwrap_or(f.path()));
+    Some(r)
 }
 
 /// symlink, symlinkat: the target is text, stored as given.
@@ -234,6 +302,16 @@ pub(super) fn chmod(at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
     if flags.0 & !libc::AT_SYMLINK_NOFOLLOW != 0 {
         return None;
     }
+    if let Some(f) = through_descriptor(at) {
+        let (dirfd, path, mode) = (i64::from(at.dirfd), at.path.0, i64::from(mode));
+        // SAFETY: the program's own path argument, handed on as it gave it.
+        let mut r = unsafe { raw(libc::SYS_fchmodat2, dirfd, path, mode, i64::from(flags.0), 0, 0) };
+        if r == err(Errno::ENOSYS) && flags.0 == 0 {
+            // SAFETY: as above.
+            r = unsafe { raw(libc::SYS_fchmodat, dirfd, path, mode, 0, 0, 0) };
+        }
+        return changed_through(&f, r);
+    }
     with(at, true, |f| {
         if flags.follow() && f.is_link() {
             return None;
@@ -262,6 +340,12 @@ pub(super) fn chmod(at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
 pub(super) fn chown(at: PathAt, uid: i64, gid: i64, flags: AtFlags) -> Option<i64> {
     if flags.0 & !libc::AT_SYMLINK_NOFOLLOW != 0 {
         return None;
+    }
+    if let Some(f) = through_descriptor(at) {
+        let flags = i64::from(flags.0);
+        // SAFETY: the program's own path argument, handed on as it gave it.
+        let r = unsafe { raw(libc::SYS_fchownat, i64::from(at.dirfd), at.path.0, uid, gid, flags, 0) };
+        return changed_through(&f, r);
     }
     with(at, true, |f| {
         if flags.follow() && f.is_link() {
