@@ -92,7 +92,7 @@ fn sizes(scale: Scale) -> Sizes {
 pub fn describe(scale: Scale, counts: &[usize]) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows on {threads:?} threads (by default 1 to 2x this machine's cores; `--thread-counts` chooses others): 4 KiB random reads over a {} MiB file, buffered after dropping caches (`rand-read-4K`) and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory (`create`) and in one directory per thread (`create-own-dir`), {:.2} s or {} files each, in ops/s. On preload and ring the rows run in one process under `shortfuse run`, its threads sharing the shim (and, for ring, the connection to the daemon).",
+        "Scale {}. On null configurations, empty operations, {} of each after {WARMUP} untimed: `empty-create` is open(O_CREAT|O_WRONLY) + close of one of {NAMES} names (null answers CREATE but keeps nothing, so the kernel sends a LOOKUP that fails, a CREATE and a RELEASE each time, and the shim, which does not look up a name it is about to create, a CREATE and a RELEASE; a stat afterwards fails, which the suite checks), `empty-stat-missing` is stat of a name never created (one failing LOOKUP), `empty-open+close-root` is open(O_DIRECTORY) + close of the mount's root (OPENDIR + RELEASEDIR); median latency in µs (the mean, which this VM's scheduling tails sway, and p99 in the JSON). On the other configurations, passthrough rows on {threads:?} threads (by default 1 to 2x this machine's cores; `--thread-counts` chooses others): 4 KiB random reads over a {} MiB file, buffered after dropping caches (`rand-read-4K`), buffered with the whole file read through the mount first, so that every read is a page-cache hit and the row measures the path of a call rather than the disk (`rand-read-4K-cached`), and with O_DIRECT (`rand-read-4K-direct`), {:.2} s each, in MB/s; creates of empty files (open O_CREAT|O_EXCL + close) in one shared directory (`create`) and in one directory per thread (`create-own-dir`), {:.2} s or {} files each, in ops/s. On preload and ring the rows run in one process under `shortfuse run`, its threads sharing the shim (and, for ring, the connection to the daemon).",
         scale.name(),
         s.empty_ops,
         s.file >> 20,
@@ -180,12 +180,22 @@ fn files(dir: &Path, s: &Sizes, counts: &[usize], progress: &mut dyn FnMut(&str)
     progress("laying out");
     prealloc(&file[0], s.file)?;
     let mut out = Vec::new();
-    for (series, flags) in [("rand-read-4K", 0), ("rand-read-4K-direct", libc::O_DIRECT)] {
+    let reads = [
+        ("rand-read-4K", Cache::Dropped, 0),
+        ("rand-read-4K-cached", Cache::Warm, 0),
+        ("rand-read-4K-direct", Cache::Dropped, libc::O_DIRECT),
+    ];
+    for (series, cache, flags) in reads {
         for &threads in counts {
             let op = format!("{series}-{threads}th");
             progress(&op);
-            if flags == 0 {
-                sys::drop_caches()?;
+            match cache {
+                Cache::Dropped if flags == 0 => sys::drop_caches()?,
+                Cache::Dropped => {}
+                // Every page in the cache before the clock starts, read
+                // through the mount as the row reads it: what the row
+                // measures is the path of a call, not the disk.
+                Cache::Warm => read_whole(&file[0])?,
             }
             let row = IoRow {
                 pattern: Pattern::RandRead,
@@ -209,6 +219,31 @@ fn files(dir: &Path, s: &Sizes, counts: &[usize], progress: &mut dyn FnMut(&str)
         }
     }
     Ok(out)
+}
+
+/// Where the file's pages are when a read row starts.
+#[derive(Clone, Copy)]
+enum Cache {
+    /// Dropped (with O_DIRECT, not used at all).
+    Dropped,
+    /// All of them in the page cache.
+    Warm,
+}
+
+/// Reads all of `path`, so that its pages are in the page cache.
+fn read_whole(path: &Path) -> io::Result<()> {
+    let fd = sys::open(&sys::cpath(path), libc::O_RDONLY, 0)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    let done = loop {
+        match sys::pread(fd, &mut buf, off) {
+            Ok(0) => break Ok(()),
+            Ok(n) => off += n as u64,
+            Err(e) => break Err(e),
+        }
+    };
+    sys::close(fd)?;
+    done
 }
 
 /// Empty-file creates in one shared directory, or with `own_dirs` in one

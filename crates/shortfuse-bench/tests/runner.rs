@@ -200,6 +200,15 @@ fn tiny_programs_on_its_defaults() {
     }
 }
 
+/// The transport suite's threaded series, in the order it runs them.
+const TRANSPORT_SERIES: [&str; 5] = [
+    "rand-read-4K",
+    "rand-read-4K-cached",
+    "rand-read-4K-direct",
+    "create",
+    "create-own-dir",
+];
+
 #[test]
 fn tiny_transport_on_its_defaults() {
     let (report, md) = well_formed_on(
@@ -209,6 +218,7 @@ fn tiny_transport_on_its_defaults() {
         &[
             "plots/transport-latency.png",
             "plots/transport-rand-read-4K.png",
+            "plots/transport-rand-read-4K-cached.png",
             "plots/transport-rand-read-4K-direct.png",
             "plots/transport-create.png",
             "plots/transport-create-own-dir.png",
@@ -224,7 +234,7 @@ fn tiny_transport_on_its_defaults() {
         "{counts:?}"
     );
     let mut files: Vec<String> = Vec::new();
-    for series in ["rand-read-4K", "rand-read-4K-direct", "create", "create-own-dir"] {
+    for series in TRANSPORT_SERIES {
         files.extend(counts.iter().map(|t| format!("{series}-{t}th")));
     }
     for c in ["null-dev", "null-uring"] {
@@ -268,7 +278,7 @@ fn transport_threaded_rows_follow_the_chosen_thread_counts_in_and_out_of_the_shi
     let report = shortfuse_bench::run(&opts).expect("run");
     let suite = &report.suites[0];
     let mut want = Vec::new();
-    for series in ["rand-read-4K", "rand-read-4K-direct", "create", "create-own-dir"] {
+    for series in TRANSPORT_SERIES {
         want.extend([3, 5].map(|t| format!("{series}-{t}th")));
     }
     for c in &names {
