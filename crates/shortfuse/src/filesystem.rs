@@ -71,6 +71,11 @@ pub struct InitConfig {
     /// zero, so that a size or time the kernel was given outside a lease
     /// is asked again before use. `None`: the mount's `attr_timeout`.
     pub file_attr_timeout: Option<std::time::Duration>,
+    /// How long the kernel trusts a name it was given (the mount's
+    /// `entry_timeout`), for a file system whose own caches should last
+    /// as long (a directory listing the kernel may keep, for one). Changing
+    /// it here changes nothing.
+    pub entry_timeout: std::time::Duration,
 }
 
 /// A user-space file system. See the module docs for the contract.

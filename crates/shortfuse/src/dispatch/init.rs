@@ -163,6 +163,7 @@ pub(crate) fn initial_config(
         time_gran: 1,
         notifier: Notifier::new(),
         file_attr_timeout: None,
+        entry_timeout: opts.entry_timeout,
     }
 }
 

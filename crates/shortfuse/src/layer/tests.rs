@@ -347,6 +347,7 @@ fn call_every_method(fs: &dyn Filesystem) {
         time_gran: 1,
         notifier: Notifier::new(),
         file_attr_timeout: None,
+        entry_timeout: std::time::Duration::from_secs(1),
     };
     let mut buf = [0u8; 8];
     let (mut sink, mut plus) = (Sink, Sink);
