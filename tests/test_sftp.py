@@ -7,9 +7,14 @@ that `SHORTFUSE_FS=sftp` runs over the kernel transports:
   on and off, each compared with the same program on the served directory;
 - cache correctness in process and in the daemon: write then read,
   truncate, a change made on the server side seen after reopen;
-- directory listings kept by the kernel for a second: a second listing
-  right after the first sends no READDIR, a name made behind the mount
-  shows after a second, one made through it at once;
+- directory listings kept by the kernel as long as it trusts names: a
+  second listing right after the first sends no READDIR; with
+  `entry_timeout=1` a name made behind the mount shows after a second, one
+  made through it at once; with the mount's defaults (sshfs's 20 s) a
+  second `ls -lR` more than a second after the first needs nothing of the
+  server (it works while the server is stopped);
+- close-to-open under those defaults: a file grown on the server since the
+  kernel last saw it shows its new size and contents at the next open;
 - a dropped connection (the session's sshd process killed): with
   `-o reconnect` later calls work, open files included; without it they
   fail with ENOTCONN; nothing hangs;
@@ -288,24 +293,35 @@ def test_cache_write_read_truncate_and_server_side_change(shortfuse, server, scr
             assert run([shortfuse, "umount", scratch / "mnt"]).returncode == 0
 
 
-def listings(shortfuse: Path, mp: Path) -> int:
-    """READDIR and READDIRPLUS requests the daemon serving `mp` got so far."""
+def requests(shortfuse: Path, mp: Path) -> dict:
+    """Requests of each kind the daemon serving `mp` got so far."""
     p = run([shortfuse, "stats", "--json", mp])
     assert p.returncode == 0, p.stderr
-    return sum(o["count"] for o in json.loads(p.stdout)["ops"] if o["name"] in ("READDIR", "READDIRPLUS"))
+    return {o["name"]: o["count"] for o in json.loads(p.stdout)["ops"]}
+
+
+def listings(shortfuse: Path, mp: Path) -> int:
+    """READDIR and READDIRPLUS requests the daemon serving `mp` got so far."""
+    r = requests(shortfuse, mp)
+    return r.get("READDIR", 0) + r.get("READDIRPLUS", 0)
+
+
+def mount_sftp(shortfuse: Path, server: sshd.Sshd, remote: Path, mnt: Path, options=()) -> None:
+    mnt.mkdir()
+    r = run([shortfuse, "mount", "sftp", server.target(remote), mnt, "-o", ",".join(server.options() + list(options))])
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("cache", CACHE_MODES)
-def test_a_listing_is_reused_by_the_kernel_for_a_second(shortfuse, server, scratch, cache):
+def test_a_listing_is_reused_by_the_kernel_as_long_as_names(shortfuse, server, scratch, cache):
     remote = scratch / "remote"
     (remote / "d").mkdir()
     names = sorted(f"f{i:03}" for i in range(250))
     for n in names:
         (remote / "d" / n).write_bytes(b"")
     mnt = scratch / "mnt"
-    mnt.mkdir()
-    r = run([shortfuse, "mount", "sftp", server.target(remote), mnt, "-o", ",".join(server.options() + [cache])])
-    assert r.returncode == 0, r.stderr
+    # Names trusted for a second (the mount's default is longer).
+    mount_sftp(shortfuse, server, remote, mnt, [cache, "entry_timeout=1", "attr_timeout=1"])
     d = mnt / "d"
     try:
         # A second listing right after the first comes from the kernel's
@@ -332,6 +348,57 @@ def test_a_listing_is_reused_by_the_kernel_for_a_second(shortfuse, server, scrat
         assert "through" in os.listdir(d)
         os.unlink(d / "f000")
         assert sorted(os.listdir(d)) == sorted(names[1:] + ["behind", "through"])
+    finally:
+        assert run([shortfuse, "umount", mnt]).returncode == 0
+
+
+@pytest.mark.parametrize("cache", CACHE_MODES)
+def test_a_second_walk_a_while_later_is_answered_by_the_kernel(shortfuse, server, scratch, cache):
+    remote = scratch / "remote"
+    for d in range(3):
+        (remote / "tree" / f"d{d}").mkdir(parents=True)
+        for f in range(40):
+            (remote / "tree" / f"d{d}" / f"f{f:02}").write_bytes(b"x" * f)
+    mnt = scratch / "mnt"
+    # A request the server does not answer fails within 2 s (EIO).
+    mount_sftp(shortfuse, server, remote, mnt, [cache, "timeout=2"])
+    stopped = []
+    try:
+        walk = ["ls", "-lR", mnt / "tree"]
+        first = run(walk)
+        assert first.returncode == 0, first.stderr
+        # Past a second: what a slow first walk, or a user, leaves between two.
+        time.sleep(1.5)
+        # The server answers nothing now: the walk must not need it.
+        stopped = server.sessions()
+        assert stopped, "no sshd session serves the mount"
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        second = run(walk)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == first.stdout
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        assert run([shortfuse, "umount", "-l", mnt]).returncode == 0
+
+
+@pytest.mark.parametrize("cache", CACHE_MODES)
+def test_a_file_grown_on_the_server_shows_whole_at_the_next_open(shortfuse, server, scratch, cache):
+    remote = scratch / "remote"
+    (remote / "f").write_bytes(b"first")
+    mnt = scratch / "mnt"
+    mount_sftp(shortfuse, server, remote, mnt, [cache])
+    try:
+        assert (mnt / "f").read_bytes() == b"first"
+        assert os.stat(mnt / "f").st_size == 5
+        # Another client makes it longer, with another mtime, while the
+        # kernel still trusts the size it has.
+        grown = b"grown on the server, longer than before"
+        (remote / "f").write_bytes(grown)
+        os.utime(remote / "f", (1_000_000, 1_000_000))
+        assert (mnt / "f").read_bytes() == grown
+        assert os.stat(mnt / "f").st_size == len(grown)
     finally:
         assert run([shortfuse, "umount", mnt]).returncode == 0
 

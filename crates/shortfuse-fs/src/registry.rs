@@ -144,6 +144,26 @@ pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
     ),
 ];
 
+/// `sftp`'s mount defaults: the kernel trusts names, attributes and
+/// directory listings as long as sshfs's own caches do (its
+/// `dcache_timeout`, 20 s), so a second walk of a tree (`ls -lR`, `find`, a
+/// build's stat of every file) is answered by the kernel without a round
+/// trip to the daemon or the server, even when the first walk took longer
+/// than a second. What another client changes on the server shows within
+/// that time, and a file's new size or contents at its next open (the
+/// daemon checks at each open); what is changed through the mount shows at
+/// once.
+pub const SFTP_DEFAULTS: &[(&str, &str)] = &[
+    (
+        "entry_timeout=20",
+        "names and directory listings trusted for 20 s, as sshfs's directory cache: a second `ls -lR` costs no round trip; a name another client adds or removes on the server shows within 20 s (through the mount at once); entry_timeout=1 for 1 s",
+    ),
+    (
+        "attr_timeout=20",
+        "attributes trusted for 20 s, as sshfs's: a size, mode or time another client changes on the server shows to `stat` within 20 s, and a file's size and contents at its next open; attr_timeout=1 for 1 s",
+    ),
+];
+
 /// Whether a file system's mount default `option` can work for a daemon
 /// running with effective user id `euid`: kernel passthrough needs
 /// CAP_SYS_ADMIN to register backing files, which only root has here.
@@ -255,7 +275,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: true,
         mirror: false,
         in_process: true,
-        mount_defaults: &[],
+        mount_defaults: SFTP_DEFAULTS,
         build: |b| {
             let target = source(b)?.to_string_lossy();
             Ok(Arc::new(match b.host {

@@ -23,6 +23,15 @@
 //! there for renames and removed names). `st_ino` is the node id (SFTP v3
 //! carries no inode numbers), so hard links show as different inodes.
 //!
+//! # What the kernel keeps
+//!
+//! The kernel trusts names and attributes for the mount's `entry_timeout`
+//! and `attr_timeout` (`shortfuse mount` defaults them to sshfs's 20 s for
+//! sftp) and keeps each directory's listing as long as names. An open of a
+//! file asks the server for its attributes alongside the open (no extra
+//! round trip) and, when its size or modification time is not what the
+//! kernel was last given, drops the kernel's copy (close-to-open, as NFS).
+//!
 //! # Connection loss
 //!
 //! A request that gets no reply within `timeout` seconds (default 10), or
@@ -69,13 +78,13 @@ use russh_sftp::protocol::{FileAttributes, OpenFlags as SftpOpen, Packet, Status
 use shortfuse::abi::{FUSE_HANDLE_KILLPRIV_V2, FUSE_WRITE_KILL_SUIDGID};
 use shortfuse::{
     AccessMode, Attr, Created, DirPlusSink, DirSink, Entry, Errno, FileHandle, FileType, Filesystem, InitConfig,
-    NewNode, NodeId, OpenFlags, Opened, RenameFlags, ReplyData, ReplyWrite, Request, Result, SetAttr, SetTime, Statfs,
-    Timestamp, WriteArgs,
+    NewNode, NodeId, Notifier, OpenFlags, Opened, RenameFlags, ReplyData, ReplyWrite, Request, Result, SetAttr,
+    SetTime, Statfs, Timestamp, WriteArgs,
 };
 
 pub use config::{Config, HostKeyPolicy};
 use conn::Conn;
-use nodes::{join, Nodes};
+use nodes::{join, Nodes, Shown};
 
 /// An open file: enough to open it again on a new session.
 struct OpenFile {
@@ -98,16 +107,40 @@ struct OpenDir {
     list: Mutex<Option<Arc<Vec<DirEnt>>>>,
 }
 
+/// A directory's listing as last handed to the kernel.
+struct Listed {
+    at: std::time::Instant,
+    /// The directory's own attributes in the listing (its `.` entry).
+    dot: Option<FileAttributes>,
+    /// [`SftpFs::changes`] before the listing was asked for.
+    changes: u64,
+}
+
+/// Held while a call changes something through the mount; counts the
+/// change when the call is over, whatever its outcome. A directory's
+/// attributes are answered from its listing only while no change was made
+/// since the listing was asked for (which one changed a directory is not
+/// worth tracking: after any change the next `stat` of each directory asks
+/// the server once).
+struct Change<'a>(&'a AtomicU64);
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 enum Handle {
     File(Arc<OpenFile>),
     Dir(Arc<OpenDir>),
 }
 
 /// How long the kernel may answer `readdir` from the listing it cached,
-/// counted from when the server gave it: as long as it trusts names
-/// (`entry_timeout`, 1 s by default). A name added or removed behind the
-/// mount shows within that time; through the mount, at once (the kernel
-/// drops its cached listing of a directory it changes).
+/// counted from when the server gave it, until `init` says how long the
+/// kernel trusts names (`entry_timeout`; the listing lasts as long). A name
+/// added or removed behind the mount shows within that time; through the
+/// mount, at once (the kernel drops its cached listing of a directory it
+/// changes).
 const LISTING_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// READDIR requests on the wire at once: the server answers them in
@@ -127,9 +160,16 @@ pub struct SftpFs {
     nodes: Nodes,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
-    /// When each directory's listing last went to the kernel from the
-    /// server (see [`LISTING_TTL`]).
-    listed: Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// Each directory whose listing went to the kernel from the server
+    /// (see [`LISTING_TTL`]).
+    listed: Mutex<HashMap<NodeId, Listed>>,
+    /// Changes made through the mount so far (see [`Change`]).
+    changes: AtomicU64,
+    /// How long a listing handed to the kernel stays its to answer from:
+    /// the mount's `entry_timeout`, set at `init`.
+    listing_ttl: Mutex<std::time::Duration>,
+    /// Tells the kernel a file changed on the server (set at `init`).
+    notifier: Mutex<Option<Notifier>>,
 }
 
 /// The session and what decides its loss, shared with the tasks that
@@ -235,6 +275,14 @@ fn to_attr(ino: u64, a: &FileAttributes) -> Attr {
     }
 }
 
+/// What of `a` says whether a file's data changed.
+fn shown(a: &Attr) -> Shown {
+    Shown {
+        size: a.size,
+        mtime: a.mtime.sec,
+    }
+}
+
 /// A stable stand-in inode number for a listed name the kernel holds no
 /// node for (readdir must not answer 0, which some libcs skip).
 fn path_ino(path: &str) -> u64 {
@@ -326,6 +374,9 @@ impl SftpFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             listed: Mutex::new(HashMap::new()),
+            changes: AtomicU64::new(0),
+            listing_ttl: Mutex::new(LISTING_TTL),
+            notifier: Mutex::new(None),
         }
     }
 
@@ -470,7 +521,31 @@ impl SftpFs {
     fn entry_for(&self, path: &str) -> Result<Entry> {
         let attrs = self.lstat(path)?;
         let node = self.nodes.lookup(path);
-        Ok(Entry::new(node, to_attr(node.0, &attrs)))
+        Ok(Entry::new(node, self.shown(node, to_attr(node.0, &attrs))))
+    }
+
+    /// `attr`, noted as what the kernel now holds of `node` (see
+    /// [`Nodes::differs_from_shown`]).
+    fn shown(&self, node: NodeId, attr: Attr) -> Attr {
+        self.nodes.show(node, shown(&attr));
+        attr
+    }
+
+    /// After an open found `now` on the server: drops the kernel's
+    /// attributes of `node` if they may be others, so the next read or
+    /// `stat` asks again (the open itself drops the cached pages).
+    fn refresh_if_changed(&self, node: NodeId, now: &FileAttributes) {
+        if self.nodes.differs_from_shown(node, shown(&to_attr(node.0, now))) {
+            if let Some(n) = lock(&self.notifier).as_ref() {
+                // ENOENT: the kernel holds nothing of it; in process there
+                // is no kernel. Nothing to drop either way.
+                let _ = n.inval_inode(node, -1, 0);
+            }
+        }
+    }
+
+    fn listing_ttl(&self) -> std::time::Duration {
+        *lock(&self.listing_ttl)
     }
 
     fn child(&self, parent: NodeId, name: &OsStr) -> Result<String> {
@@ -526,11 +601,36 @@ impl SftpFs {
         let (generation, h) = self.call_create(&path.clone(), |c| async move {
             c.sftp.open(path, flags, attrs).await.map(|h| (c.generation, h))
         })?;
-        Ok(self.add_handle(Handle::File(Arc::new(OpenFile {
+        Ok(self.file_handle(node, flags, generation, h.handle))
+    }
+
+    fn file_handle(&self, node: NodeId, flags: SftpOpen, generation: u64, h: String) -> FileHandle {
+        self.add_handle(Handle::File(Arc::new(OpenFile {
             node,
             flags: flags & (SftpOpen::READ | SftpOpen::WRITE | SftpOpen::APPEND),
-            server: Mutex::new(Some((generation, h.handle))),
-        }))))
+            server: Mutex::new(Some((generation, h))),
+        })))
+    }
+
+    /// Opens an existing file and, in the same round trip, reads its
+    /// attributes: the server answers in order, so the second request
+    /// costs no wait of its own.
+    fn open_and_stat(
+        &self,
+        node: NodeId,
+        path: String,
+        flags: SftpOpen,
+    ) -> Result<(FileHandle, Option<FileAttributes>)> {
+        let (generation, h, attrs) = self.call(|c| async move {
+            let stat_path = path.clone();
+            let (h, a) = futures_util::future::join(
+                c.sftp.open(path, flags, FileAttributes::empty()),
+                c.sftp.lstat(stat_path),
+            )
+            .await;
+            Ok((c.generation, h?.handle, a.ok().map(|a| a.attrs)))
+        })?;
+        Ok((self.file_handle(node, flags, generation, h), attrs))
     }
 
     /// An open file of `node`, if any (the only way to a node whose name
@@ -601,14 +701,36 @@ impl SftpFs {
 
     /// `node`'s listing from the server, noted as handed to the kernel now.
     fn fetch_listing(&self, node: NodeId) -> Result<Arc<Vec<DirEnt>>> {
+        let changes = self.changes.load(Ordering::SeqCst);
         let list = Arc::new(self.list(&self.nodes.path(node)?)?);
         let now = std::time::Instant::now();
+        let ttl = self.listing_ttl();
+        let dot = list.iter().find(|e| e.name == ".").map(|e| e.attrs.clone());
         let mut listed = lock(&self.listed);
         if listed.len() >= 4096 {
-            listed.retain(|_, t| now.duration_since(*t) < LISTING_TTL);
+            listed.retain(|_, l| now.duration_since(l.at) < ttl);
         }
-        listed.insert(node, now);
+        listed.insert(node, Listed { at: now, dot, changes });
         Ok(list)
+    }
+
+    /// The attributes of directory `node` from its listing, while the
+    /// kernel still answers `ls` from that listing and nothing was changed
+    /// through the mount since. The kernel asks for them after each read of
+    /// the directory (it marks the access time stale), so a second walk of
+    /// a tree would otherwise cost a round trip per directory.
+    fn listed_attrs(&self, node: NodeId) -> Option<FileAttributes> {
+        let ttl = self.listing_ttl();
+        let listed = lock(&self.listed);
+        let l = listed.get(&node)?;
+        (l.at.elapsed() < ttl && l.changes == self.changes.load(Ordering::SeqCst))
+            .then(|| l.dot.clone())
+            .flatten()
+    }
+
+    /// Marks a call that changes something through the mount.
+    fn change(&self) -> Change<'_> {
+        Change(&self.changes)
     }
 
     /// The listing of open directory `fh` of `node`: the one fetched at
@@ -840,6 +962,8 @@ impl Filesystem for SftpFs {
         // clears them for chown by sending a mode that also loses the
         // sticky bit.
         config.want |= config.kernel_flags & FUSE_HANDLE_KILLPRIV_V2;
+        *lock(&self.listing_ttl) = config.entry_timeout;
+        *lock(&self.notifier) = Some(config.notifier.clone());
         Ok(())
     }
 
@@ -860,10 +984,14 @@ impl Filesystem for SftpFs {
     }
 
     fn getattr(&self, _req: &Request, node: NodeId, fh: Option<FileHandle>) -> Result<Attr> {
-        self.attr_of(node, fh)
+        if let Some(a) = self.listed_attrs(node) {
+            return Ok(self.shown(node, to_attr(node.0, &a)));
+        }
+        Ok(self.shown(node, self.attr_of(node, fh)?))
     }
 
     fn setattr(&self, _req: &Request, node: NodeId, set: &SetAttr) -> Result<Attr> {
+        let _change = self.change();
         let path = self.nodes.path(node);
         let file = set.fh.and_then(|fh| self.file(fh).ok());
         let mut a = FileAttributes::empty();
@@ -937,7 +1065,7 @@ impl Filesystem for SftpFs {
             let path = path?;
             self.call(|c| async move { c.sftp.setstat(path, a).await })?;
         }
-        self.attr_of(node, set.fh)
+        Ok(self.shown(node, self.attr_of(node, set.fh)?))
     }
 
     /// Checks `mask` against the mode bits the server reports, as the
@@ -981,6 +1109,7 @@ impl Filesystem for SftpFs {
     }
 
     fn symlink(&self, _req: &Request, parent: NodeId, name: &OsStr, target: &OsStr) -> Result<Entry> {
+        let _change = self.change();
         let path = self.child(parent, name)?;
         let target = utf8(target)?.to_owned();
         let p = path.clone();
@@ -991,6 +1120,7 @@ impl Filesystem for SftpFs {
     }
 
     fn mknod(&self, _req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        let _change = self.change();
         if new.mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Errno::EPERM);
         }
@@ -1007,6 +1137,7 @@ impl Filesystem for SftpFs {
     }
 
     fn mkdir(&self, _req: &Request, parent: NodeId, name: &OsStr, new: &NewNode) -> Result<Entry> {
+        let _change = self.change();
         let path = self.child(parent, name)?;
         let mut a = FileAttributes::empty();
         a.permissions = Some(new.mode & !new.umask & 0o7777);
@@ -1016,6 +1147,7 @@ impl Filesystem for SftpFs {
     }
 
     fn unlink(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        let _change = self.change();
         let path = self.child(parent, name)?;
         let p = path.clone();
         self.call(|c| async move { c.sftp.remove(p).await })?;
@@ -1024,6 +1156,7 @@ impl Filesystem for SftpFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: NodeId, name: &OsStr) -> Result<()> {
+        let _change = self.change();
         let path = self.child(parent, name)?;
         let p = path.clone();
         match self.call_raw(|c| async move { c.sftp.rmdir(p).await }) {
@@ -1052,6 +1185,7 @@ impl Filesystem for SftpFs {
         new_name: &OsStr,
         flags: RenameFlags,
     ) -> Result<()> {
+        let _change = self.change();
         if flags.exchange || flags.whiteout {
             return Err(Errno::EINVAL);
         }
@@ -1091,6 +1225,7 @@ impl Filesystem for SftpFs {
     }
 
     fn link(&self, _req: &Request, node: NodeId, new_parent: NodeId, new_name: &OsStr) -> Result<Entry> {
+        let _change = self.change();
         let from = self.nodes.path(node)?;
         let to = self.child(new_parent, new_name)?;
         let t = to.clone();
@@ -1098,17 +1233,26 @@ impl Filesystem for SftpFs {
         self.entry_for(&to)
     }
 
+    /// Close-to-open: a file whose size or modification time changed on
+    /// the server since the kernel was told shows the change from this
+    /// open on, however long the kernel trusts attributes.
     fn open(&self, _req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
         let path = self.nodes.path(node)?;
-        let mut f = open_flags(flags);
+        let f = open_flags(flags);
         if flags.contains(OpenFlags::TRUNC) {
-            f |= SftpOpen::TRUNCATE;
+            // The kernel sets the size to 0 itself on a truncating open.
+            let fh = self.open_file(node, path, f | SftpOpen::TRUNCATE, FileAttributes::empty())?;
+            return Ok(Opened::handle(fh.0));
         }
-        let fh = self.open_file(node, path, f, FileAttributes::empty())?;
+        let (fh, now) = self.open_and_stat(node, path, f)?;
+        if let Some(now) = now {
+            self.refresh_if_changed(node, &now);
+        }
         Ok(Opened::handle(fh.0))
     }
 
     fn create(&self, _req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
+        let _change = self.change();
         let path = self.child(parent, name)?;
         let mut f = open_flags(flags) | SftpOpen::CREATE;
         if flags.contains(OpenFlags::EXCL) {
@@ -1131,7 +1275,7 @@ impl Filesystem for SftpFs {
         };
         match self.attr_of(node, Some(fh)) {
             Ok(attr) => Ok(Created {
-                entry: Entry::new(node, attr),
+                entry: Entry::new(node, self.shown(node, attr)),
                 opened: Opened::handle(fh.0),
             }),
             Err(e) => {
@@ -1259,11 +1403,12 @@ impl Filesystem for SftpFs {
 
     /// The kernel caches what `readdir` returns (`FOPEN_CACHE_DIR`) and
     /// keeps it for the next open (`FOPEN_KEEP_CACHE`) while the server's
-    /// listing it came from is younger than [`LISTING_TTL`]: a second `ls`
+    /// listing it came from is younger than `entry_timeout`: a second `ls`
     /// right after the first costs no round trip. Otherwise the listing is
     /// fetched here, so a directory that went away fails the open.
     fn opendir(&self, _req: &Request, node: NodeId, _flags: OpenFlags) -> Result<Opened> {
-        let fresh = lock(&self.listed).get(&node).is_some_and(|t| t.elapsed() < LISTING_TTL);
+        let ttl = self.listing_ttl();
+        let fresh = lock(&self.listed).get(&node).is_some_and(|l| l.at.elapsed() < ttl);
         let list = if fresh { None } else { Some(self.fetch_listing(node)?) };
         let fh = self.add_handle(Handle::Dir(Arc::new(OpenDir { list: Mutex::new(list) })));
         let mut opened = Opened::handle(fh.0);
@@ -1311,7 +1456,7 @@ impl Filesystem for SftpFs {
             }
             let path = join(&dir, &e.name);
             let id = self.nodes.lookup(&path);
-            let entry = Entry::new(id, to_attr(id.0, &e.attrs));
+            let entry = Entry::new(id, self.shown(id, to_attr(id.0, &e.attrs)));
             if !sink.add(&entry, next, OsStr::new(&e.name)) {
                 self.nodes.forget(id, 1);
                 break;

@@ -9,6 +9,11 @@
 //! forgotten but has no path: calls through it fail with `ENOENT` (what POSIX
 //! says of a removed directory used as the current one), while its
 //! open handles keep working on the server.
+//!
+//! Each node also remembers the size and modification time the kernel was
+//! last given for it ([`Shown`]): the kernel trusts attributes for the
+//! mount's `attr_timeout`, so an open that finds them changed on the
+//! server has to tell it (close-to-open).
 
 use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
@@ -20,6 +25,16 @@ struct Node {
     /// `None` once the name was removed or replaced.
     path: Option<String>,
     lookups: u64,
+    shown: Option<Shown>,
+}
+
+/// What of a node's attributes says its data changed: size and
+/// modification time, as the kernel was last given them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shown {
+    pub size: u64,
+    /// Whole seconds (SFTP v3 has no finer times).
+    pub mtime: i64,
 }
 
 struct Inner {
@@ -57,6 +72,7 @@ impl Nodes {
             Node {
                 path: Some(root.clone()),
                 lookups: 1,
+                shown: None,
             },
         );
         by_path.insert(root, NodeId::ROOT.0);
@@ -103,6 +119,7 @@ impl Nodes {
             Node {
                 path: Some(path.to_owned()),
                 lookups: 1,
+                shown: None,
             },
         );
         inner.by_path.insert(path.to_owned(), id);
@@ -166,6 +183,23 @@ impl Nodes {
         }
     }
 
+    /// Notes that the kernel was given `shown` for `node`.
+    pub fn show(&self, node: NodeId, shown: Shown) {
+        if let Some(n) = self.lock().by_id.get_mut(&node.0) {
+            n.shown = Some(shown);
+        }
+    }
+
+    /// Whether the kernel may hold other attributes of `node` than `now`
+    /// (it was given others, or the table does not know what it was given),
+    /// noting `now` as given.
+    pub fn differs_from_shown(&self, node: NodeId, now: Shown) -> bool {
+        match self.lock().by_id.get_mut(&node.0) {
+            Some(n) => n.shown.replace(now) != Some(now),
+            None => true,
+        }
+    }
+
     /// How many nodes the table holds (the root included).
     pub fn count(&self) -> usize {
         self.lock().by_id.len()
@@ -205,6 +239,26 @@ mod tests {
         assert_eq!(t.count(), 1);
         t.forget(NodeId::ROOT, 5);
         assert_eq!(t.path(NodeId::ROOT).unwrap(), "/srv");
+    }
+
+    #[test]
+    fn shown_attributes_are_compared_and_freed_with_the_node() {
+        let t = Nodes::new("/srv".into());
+        let f = t.lookup("/srv/f");
+        let old = Shown { size: 5, mtime: 100 };
+        let grown = Shown { size: 9, mtime: 100 };
+        assert!(t.differs_from_shown(f, old), "nothing was shown yet");
+        assert!(!t.differs_from_shown(f, old));
+        assert!(t.differs_from_shown(f, grown));
+        t.show(f, old);
+        assert!(t.differs_from_shown(f, grown));
+        t.forget(f, 1);
+        assert!(t.differs_from_shown(f, grown), "a forgotten node holds nothing");
+        let again = t.lookup("/srv/f");
+        assert!(
+            t.differs_from_shown(again, grown),
+            "a new node starts with nothing shown"
+        );
     }
 
     #[test]
