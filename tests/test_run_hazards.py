@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import sfmount
 from test_ring import Daemon
 from test_run import output, run, scratch, shortfuse, under  # noqa: F401 (fixtures)
 
@@ -92,6 +93,27 @@ def test_forks_while_another_thread_rewrites_sites(shortfuse, scratch):
     p = under(shortfuse, [f"{scratch}/mnt=mem"], [str(exe), "1500"])
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"hung 0\n"
+
+
+
+def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, scratch):
+    # A clone that makes a thread copies nothing: served calls of other
+    # threads need not wait for it. They used to spin in sched_yield
+    # (counted with strace from the program's marker on, not timed).
+    exe = cc(scratch, "threads_while_serving", "-pthread")
+    (scratch / "src").mkdir()
+    (scratch / "src" / "f").write_bytes(b"x")
+    log = scratch / "strace.log"
+    trace = [sfmount.require_tool("strace"), "-f", "-qq", "-e", "trace=sched_yield,getppid", "-o", str(log)]
+    cmd = [*trace, str(shortfuse), "run", "-m", f"{scratch}/mnt=passthrough:{scratch}/src", "--"]
+    p = run([*cmd, str(exe), f"{scratch}/mnt/f", "50"])
+    assert p.returncode == 0, output(p, str(scratch))
+    assert p.stdout == b"served during\n"
+    # The calls themselves, not Syscall User Dispatch's SIGSYS reports.
+    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
+    marks = [i for i, call in enumerate(calls) if call.startswith("getppid(")]
+    assert len(marks) == 1, calls
+    assert [call for call in calls[marks[0] :] if call.startswith("sched_yield(")] == []
 
 
 GIT_ENV = {

@@ -484,7 +484,9 @@ pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
     if process {
         let _ = serve(nr, a, frame_mask);
     }
-    fork_gate::close(process);
+    if !fork_gate::makes_thread(nr, a) {
+        fork_gate::close(process);
+    }
 }
 
 /// Keeps served calls and new processes apart. A child gets a copy of our
@@ -493,6 +495,9 @@ pub(crate) fn before_clone(nr: i64, a: [i64; 6], frame_mask: Option<u64>) {
 /// in the child forever, and its first call on the mount would hang. So a
 /// clone that makes a process waits until no thread is inside a served
 /// call, and no call starts until the clone has returned.
+///
+/// A clone that only makes a thread (pthread_create) copies nothing and
+/// leaves the gate open: served calls of other threads go on meanwhile.
 ///
 /// Both waits are bounded: a call that blocks (a lock wait on a daemon)
 /// delays a fork by [`DRAIN`] at most, and a vfork child slow to exec
@@ -517,8 +522,19 @@ mod fork_gate {
         }
     }
 
-    /// Before a clone-family call (the assembly opens the gate again when
-    /// it returns): for a new process, waits for the calls of the other
+    /// A thread of this process, on a stack of its own (clone with
+    /// CLONE_VM | CLONE_THREAD and a stack): it shares our memory, so no
+    /// lock can stay held in a copy, and the gate stays open. The
+    /// assembly's parent path skips its `forking` decrement for exactly
+    /// these clones (`sys::shortfuse_special`: clone onto a new stack with
+    /// both flags), so the two tests must stay the same.
+    pub fn makes_thread(nr: i64, a: [i64; 6]) -> bool {
+        let thread = i64::from(libc::CLONE_VM | libc::CLONE_THREAD);
+        nr == libc::SYS_clone && a[1] != 0 && a[0] & thread == thread
+    }
+
+    /// Before any other clone-family call (the assembly opens the gate
+    /// again when it returns): for a new process, waits for the calls of the other
     /// threads to end (a file system may start a process from inside a
     /// call: an sftp mount its ssh).
     pub fn close(process: bool) {

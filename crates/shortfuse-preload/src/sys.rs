@@ -920,7 +920,7 @@ global_asm!(
     "syscall",
     "lea 8(%rsi), %rsi",
     "test %rax, %rax",
-    "jnz 6f",
+    "jnz 60f",
     "mov %rdi, %r11",
     "call shortfuse_child",
     "ret",
@@ -933,6 +933,16 @@ global_asm!(
     "jnz 6f",
     "xor %r11d, %r11d",
     "call shortfuse_child",
+    "jmp 7f",
+    // the parent of a clone onto a new stack: a thread (CLONE_VM |
+    // CLONE_THREAD, in rdi still) did not close the fork gate
+    // (`fork_gate::makes_thread`), so only the clone clock moves back
+    "60:",
+    "mov %edi, %ecx",
+    "and $0x10100, %ecx",
+    "cmp $0x10100, %ecx",
+    "jne 6f",
+    "lock decq shortfuse_cfg+120(%rip)",
     "jmp 7f",
     // the parent: the call no longer runs (see Cfg::clones)
     "6:",
