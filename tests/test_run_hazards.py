@@ -3,7 +3,9 @@
 kilobytes) do file I/O at once, a fork while another thread has a
 system-call site rewritten, `git clone` on a passthrough mount (a
 multi-threaded program that forks), shells and a statically linked
-program (which the shim never reaches) after `cd` into a mount.
+program (which the shim never reaches) after `cd` into a mount; and
+threads that used to spin waiting for each other (threads made while
+calls are served, threads trapping on the same sites at once).
 """
 
 from __future__ import annotations
@@ -114,6 +116,21 @@ def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, 
     marks = [i for i, call in enumerate(calls) if call.startswith("getppid(")]
     assert len(marks) == 1, calls
     assert [call for call in calls[marks[0] :] if call.startswith("sched_yield(")] == []
+
+
+
+def test_threads_trapping_on_the_same_sites_do_not_wait_for_each_other(shortfuse, scratch):
+    # While one thread rewrites a site, the others trapping on it are
+    # served through Syscall User Dispatch instead of spinning in
+    # sched_yield until the rewrite lock is free (counted, not timed).
+    exe = cc(scratch, "threads_trap_together", "-pthread")
+    log = scratch / "strace.log"
+    trace = [sfmount.require_tool("strace"), "-f", "-qq", "-e", "trace=sched_yield", "-o", str(log)]
+    p = run([*trace, str(shortfuse), "run", "-m", f"{scratch}/mnt=mem", "--", str(exe), "4", "200"])
+    assert p.returncode == 0, output(p, str(scratch))
+    assert p.stdout == b"bad 0\n"
+    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
+    assert [call for call in calls if call.startswith("sched_yield(")] == []
 
 
 GIT_ENV = {

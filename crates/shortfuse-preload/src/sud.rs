@@ -459,7 +459,7 @@ fn handle_sigsys(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // holds the number: the kernel rolled it back).
     if (0..512).contains(&nr)
         && t.vforked.load(Ordering::Relaxed) == 0
-        && crate::zpoline::rewrite_site(ret as usize - 2)
+        && crate::zpoline::rewrite_site_unless_busy(ret as usize - 2)
     {
         g[libc::REG_RIP as usize] = ret - 2;
         t.selector.store(BLOCK, Ordering::SeqCst);

@@ -267,8 +267,9 @@ fn rewriter_id() -> u64 {
     pid << 32 | (tid & 0xffff_ffff)
 }
 
-/// Takes [`REWRITING`]; false when this thread already holds it.
-fn lock_rewrites(me: u64) -> bool {
+/// Takes [`REWRITING`]; false when this thread already holds it, or,
+/// unless `wait`, when another thread of this process does.
+fn lock_rewrites(me: u64, wait: bool) -> bool {
     loop {
         match REWRITING.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => return true,
@@ -282,6 +283,7 @@ fn lock_rewrites(me: u64) -> bool {
                     return true;
                 }
             }
+            Err(_) if !wait => return false,
             Err(_) => {
                 process::sched_yield();
             }
@@ -310,16 +312,28 @@ fn lock_rewrites(me: u64) -> bool {
 /// held for ever in the child (glibc does not reset it there), whose first
 /// rewrite then waits for it.
 pub fn rewrite_site(site: usize) -> bool {
+    rewrite_site_or_not(site, true)
+}
+
+/// [`rewrite_site`], from the SIGSYS handler: while another thread
+/// rewrites (threads started together trap on the same sites at once),
+/// the call is served through Syscall User Dispatch this time rather than
+/// spinning until the lock is free; its site is rewritten on a later run.
+pub fn rewrite_site_unless_busy(site: usize) -> bool {
+    rewrite_site_or_not(site, false)
+}
+
+fn rewrite_site_or_not(site: usize, wait: bool) -> bool {
     if !active() || site % 64 == 63 && !alone() {
         return false;
     }
     crate::fork_gate::enter();
-    let done = rewrite_unforked(site);
+    let done = rewrite_unforked(site, wait);
     crate::fork_gate::leave();
     done
 }
 
-fn rewrite_unforked(site: usize) -> bool {
+fn rewrite_unforked(site: usize, wait: bool) -> bool {
     let Some((start, end, prot)) = segment_of(site).or_else(|| mapping_of(site)) else {
         return false;
     };
@@ -338,7 +352,7 @@ fn rewrite_unforked(site: usize) -> bool {
         prot
     };
     let me = rewriter_id();
-    if !lock_rewrites(me) {
+    if !lock_rewrites(me, wait) {
         return false;
     }
     let done = rewrite_locked(site, prot, next);
