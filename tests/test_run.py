@@ -338,6 +338,61 @@ def test_short_processes_ask_the_kernel_little_at_start_up(shortfuse, scratch):
     assert len(cats) == 1 and 64 <= cats[0][1] < 80, images
 
 
+def test_a_passthrough_mount_is_built_without_probes_a_short_process_does_not_need(shortfuse, scratch):
+    """Every process image under `run` builds its passthrough mount again,
+    so what it asks the kernel for then is paid by each of a build's short
+    processes. Counted per image by strace, for commands a shell forks
+    (bash) and spawns with vfork (dash):
+    - RLIMIT_NOFILE is read once (the inode descriptors' budget) and left
+      as it is: a daemon raises it (reading fs.nr_open), in process it is
+      the program's;
+    - whether file handles work on the source is probed when the first
+      inode below the root is looked up, not at start (name_to_handle_at,
+      a reopen through /proc/self/fd);
+    - an image spawned with vfork by a process with no descriptor of a
+      mount, whose child opened none, does not look for inherited ones
+      (/proc/self/fd, a readlink each)."""
+    src = scratch / "src"
+    src.mkdir()
+    (src / "f").write_text("x\n")
+    mp = f"{scratch}/p"
+    log = scratch / "strace.log"
+    # dash runs its commands through vfork; bash forks.
+    script = "/bin/true; sh -c '/bin/true; /bin/true'; cat f"
+    argv = ["strace", "-f", "-qq", "-o", str(log)]
+    argv += ["-e", "trace=execve,execveat,vfork,clone,openat,readlink,readlinkat,prlimit64,name_to_handle_at"]
+    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", f"cd {mp} && {script}"]
+    r = subprocess.run(argv, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == b"x\n", r
+    # Per process image: its program, then its RLIMIT_NOFILE calls, reads
+    # of fs.nr_open, file-handle probes and looks at /proc/self/fd.
+    images: list[list] = []
+    current: dict[str, int] = {}
+    vforks = 0
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith("vfork(") or call.startswith("clone(") and "CLONE_VFORK" in call:
+            vforks += 1
+        # (The shim runs a vfork child's exec as execveat.)
+        if call.startswith(("execve(", "execveat(")) and not call.endswith("= -1 ENOENT (No such file or directory)"):
+            images.append([os.path.basename(call.split('"')[1]), 0, 0, 0, 0])
+            current[pid] = len(images) - 1
+        elif pid in current:
+            counts = images[current[pid]]
+            counts[1] += call.startswith("prlimit64(") and "RLIMIT_NOFILE" in call
+            counts[2] += "/proc/sys/fs/nr_open" in call
+            counts[3] += call.startswith("name_to_handle_at(")
+            counts[4] += "/proc/self/fd" in call
+    assert vforks >= 2, images
+    trues = [i for i in images if i[0] == "true"]
+    assert len(trues) == 3, images
+    assert all(i[1:] == [1, 0, 0, 0] for i in trues), images
+    cats = [i for i in images if i[0] == "cat"]
+    assert len(cats) == 1 and cats[0][1:3] == [1, 0], images
+
+
 def test_the_shim_loads_no_unwinder_library_nor_libm(shortfuse, scratch):
     """Every process started under `run` loads the shim and what it needs.
     The shim carries its unwinder (libgcc_eh) inside: loading libgcc_s.so.1

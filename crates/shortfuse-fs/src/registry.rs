@@ -223,7 +223,10 @@ pub static BUNDLED: &[FsKind] = &[
         mount_defaults: PASSTHROUGH_DEFAULTS,
         build: |b| {
             let src = source_dir(b)?;
-            let fs = crate::passthrough::PassthroughFs::with_options(src, b.options);
+            let fs = match b.host {
+                Host::Daemon { .. } => crate::passthrough::PassthroughFs::with_options(src, b.options),
+                Host::InProcess => crate::passthrough::PassthroughFs::in_process(src, b.options),
+            };
             Ok(Arc::new(naming("passthrough", src, fs)?))
         },
     },

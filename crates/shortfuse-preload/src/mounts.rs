@@ -93,9 +93,9 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         return Ok(vfs);
     }
     let kind = in_process_kind(spec)?;
-    // The passthrough raises RLIMIT_NOFILE as a daemon would and holds
-    // inode descriptors up to half of it. In process the limit is the
-    // program's: keep it as it was, and the inode descriptors to a quarter.
+    // The passthrough holds inode descriptors up to half of RLIMIT_NOFILE.
+    // In process the limit is the program's (built in process, the file
+    // system leaves it as it is): the inode descriptors keep to a quarter.
     if kind.mirror {
         // Every process image caches names and attributes of its own, and
         // other processes of the program change the source behind it (make
@@ -109,28 +109,13 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
             t.get_or_insert(std::time::Duration::ZERO);
         }
     }
-    let saved = nofile();
     if kind.mirror && !run.fs.iter().any(|(k, _)| k == "path_fds") {
-        let quarter = saved.map_or(256, |l| (l[0] / 4).max(16));
+        let quarter = nofile().map_or(256, |l| (l[0] / 4).max(16));
         run.fs.push(("path_fds".into(), Some(quarter.to_string())));
     }
     let fs = kind
         .build(spec.source.as_deref().map(Path::new), &run.fs, Host::InProcess)
         .map_err(|e| e.to_string());
-    if let Some(l) = saved {
-        // SAFETY: a pair of rlimits of ours.
-        unsafe {
-            sys::raw(
-                libc::SYS_prlimit64,
-                0,
-                i64::from(libc::RLIMIT_NOFILE as i32),
-                l.as_ptr() as i64,
-                0,
-                0,
-                0,
-            )
-        };
-    }
     // The maps the file system returns reach the VFS (DataMap fast path,
     // M-Cache, kernel-backed descriptors), unless SHORTFUSE_MAPS=off asks
     // for every read and write to go to the file system (to measure what

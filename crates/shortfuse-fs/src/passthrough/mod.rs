@@ -186,6 +186,15 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
+/// What the file system does with `RLIMIT_NOFILE` as it starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// A daemon's: raised as far as allowed (see [`sys::raise_nofile_limit`]).
+    Raise,
+    /// The program's own: left as it is.
+    Keep,
+}
+
 /// The passthrough file system over one source directory.
 pub struct PassthroughFs {
     inodes: InodeTable,
@@ -193,7 +202,8 @@ pub struct PassthroughFs {
     opts: PassthroughOptions,
     /// `openat2` resolve flags for lookups.
     resolve: u64,
-    /// The source root as `/proc` shows it, for `symlinks=beneath`.
+    /// The source root as `/proc` shows it, for `symlinks=beneath` (empty,
+    /// and not asked for, otherwise).
     root_path: Vec<u8>,
     /// Switch to the caller's fsuid/fsgid (only a root daemon can).
     switch_creds: bool,
@@ -215,6 +225,19 @@ impl PassthroughFs {
     /// naming the source if it is missing or not a directory, or naming the
     /// option that is not known.
     pub fn with_options(source: &Path, opts: &[(String, Option<String>)]) -> io::Result<PassthroughFs> {
+        PassthroughFs::open(source, opts, Limit::Raise)
+    }
+
+    /// [`PassthroughFs::with_options`] for the program's own process
+    /// (`shortfuse run`): the descriptor limit is the program's, left as it
+    /// is (a daemon raises it), and read only when `path_fds` is not given.
+    /// Every process the program starts builds its mounts again, so what a
+    /// short process does not need is not asked of the kernel.
+    pub fn in_process(source: &Path, opts: &[(String, Option<String>)]) -> io::Result<PassthroughFs> {
+        PassthroughFs::open(source, opts, Limit::Keep)
+    }
+
+    fn open(source: &Path, opts: &[(String, Option<String>)], nofile_limit: Limit) -> io::Result<PassthroughFs> {
         let opts = PassthroughOptions::parse(opts)?;
         let context = |e: io::Error| io::Error::new(e.kind(), format!("passthrough source {}: {e}", source.display()));
         let csource = CString::new(source.as_os_str().as_bytes()).map_err(|_| {
@@ -229,19 +252,18 @@ impl PassthroughFs {
             sys::openat(libc::AT_FDCWD, &csource, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| context(e.into()))?;
         let st = sys::fstat(root.as_fd()).map_err(|e| context(e.into()))?;
         let map_root = Arc::new(root.try_clone().map_err(context)?);
-        let root_path =
-            sys::readlink_path(sys::ProcPath::new(root.as_fd()).as_cstr()).map_err(|e| context(e.into()))?;
+        let root_path = if opts.symlinks == SymlinkMode::Beneath {
+            sys::readlink_path(sys::ProcPath::new(root.as_fd()).as_cstr()).map_err(|e| context(e.into()))?
+        } else {
+            Vec::new()
+        };
         // Not fatal: the limit only bounds how many inodes keep a descriptor.
-        let nofile = sys::raise_nofile_limit().unwrap_or(1024);
-        let limit = opts.path_fds.unwrap_or((nofile / 2) as usize);
-        let (budget, no_handles) = Budget::probe(root.as_fd(), st.st_dev, limit);
-        if let Some(e) = no_handles {
-            tracing::warn!(
-                "passthrough {}: file handles do not work here ({e}): every inode the kernel keeps \
-                 holds a descriptor, at most {nofile}",
-                source.display()
-            );
-        }
+        let raised = (nofile_limit == Limit::Raise).then(|| sys::raise_nofile_limit().unwrap_or(1024));
+        let limit = opts.path_fds.unwrap_or_else(|| {
+            let nofile = raised.unwrap_or_else(|| sys::nofile_limit().unwrap_or(1024));
+            (nofile / 2) as usize
+        });
+        let budget = Budget::new(map_root.clone(), st.st_dev, limit);
         let mut resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
         if opts.one_file_system {
             resolve |= libc::RESOLVE_NO_XDEV;

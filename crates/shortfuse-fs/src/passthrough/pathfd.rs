@@ -11,8 +11,10 @@
 //! second chance) once more than the budget are open.
 //!
 //! Reopening by handle needs `CAP_DAC_READ_SEARCH` and a source file system
-//! that exports handles (ext4, xfs, btrfs, tmpfs do); [`Budget::probe`]
-//! checks both on the root at mount time, and without them descriptors are
+//! that exports handles (ext4, xfs, btrfs, tmpfs do); the [`Budget`] checks
+//! both on the root when the first inode below it is looked up (not at
+//! start: under `shortfuse run` every process builds the file system, and
+//! most short ones look nothing up), and without them descriptors are
 //! never given up (the old behaviour). The root, inodes on other devices
 //! than the root (mount points below the source, where the root's
 //! descriptor is no mount fd for `open_by_handle_at`) and inodes with open
@@ -29,7 +31,7 @@
 use shortfuse::sync::Unpoison;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use shortfuse::{Errno, Result};
 
@@ -43,8 +45,11 @@ const MIN_BUDGET: usize = 16;
 /// How many `O_PATH` descriptors may be open, and the means to reopen.
 #[derive(Debug)]
 pub struct Budget {
-    /// `None`: handles do not work here, descriptors are never given up.
-    mount: Option<OwnedFd>,
+    /// The source root, to probe file handles on.
+    root: Arc<OwnedFd>,
+    /// Set by the first probe: `None` when handles do not work here, and
+    /// descriptors are never given up.
+    mount: OnceLock<Option<OwnedFd>>,
     root_dev: u64,
     limit: usize,
     open: AtomicUsize,
@@ -52,32 +57,44 @@ pub struct Budget {
 
 impl Budget {
     /// A budget of `limit` descriptors over the root `root` (on device
-    /// `root_dev`), if file handles work there; unlimited otherwise. The
-    /// second value says why they do not, for the mount's log.
-    pub fn probe(root: BorrowedFd<'_>, root_dev: u64, limit: usize) -> (Budget, Option<Errno>) {
-        // open_by_handle_at wants an opened (not O_PATH) descriptor on the
-        // file system: the root directory, opened for reading.
-        let works = sys::open_dir(root).and_then(|mount| {
-            let h = sys::name_to_handle(root)?;
-            sys::open_by_handle(mount.as_fd(), &h, libc::O_PATH)?;
-            Ok(mount)
-        });
-        let (mount, why) = match works {
-            Ok(mount) => (Some(mount), None),
-            Err(e) => (None, Some(e)),
-        };
-        let budget = Budget {
-            mount,
+    /// `root_dev`), if file handles work there; unlimited otherwise.
+    pub fn new(root: Arc<OwnedFd>, root_dev: u64, limit: usize) -> Budget {
+        Budget {
+            root,
+            mount: OnceLock::new(),
             root_dev,
             limit: limit.max(MIN_BUDGET),
             open: AtomicUsize::new(0),
-        };
-        (budget, why)
+        }
+    }
+
+    /// Whether inode descriptors can be given up for file handles: the
+    /// root opened for reading (the mount descriptor `open_by_handle_at`
+    /// wants) and a handle of it opened again. Probed once.
+    pub fn handles_work(&self) -> bool {
+        self.mount
+            .get_or_init(|| {
+                let root = self.root.as_fd();
+                let works = sys::open_dir(root).and_then(|mount| {
+                    let h = sys::name_to_handle(root)?;
+                    sys::open_by_handle(mount.as_fd(), &h, libc::O_PATH)?;
+                    Ok(mount)
+                });
+                works
+                    .inspect_err(|e| {
+                        tracing::warn!(
+                            "passthrough: file handles do not work on the source ({e}): every inode the kernel \
+                             keeps holds a descriptor, as many as RLIMIT_NOFILE allows"
+                        )
+                    })
+                    .ok()
+            })
+            .is_some()
     }
 
     /// The budget's size, or None when descriptors are never given up.
     pub fn limit(&self) -> Option<usize> {
-        self.mount.as_ref().map(|_| self.limit)
+        self.handles_work().then_some(self.limit)
     }
 
     /// Descriptors open now that count against the budget.
@@ -88,7 +105,8 @@ impl Budget {
     /// How many descriptors to give up now (a quarter of the budget at once,
     /// so that the sweep's cost is spread over many opens).
     pub fn excess(&self) -> usize {
-        if self.mount.is_none() {
+        // Nothing counts against it until a slot found handles work.
+        if self.mount.get().is_none_or(Option::is_none) {
             return 0;
         }
         let open = self.open();
@@ -130,7 +148,7 @@ impl PathSlot {
     /// A slot holding `fd`, of an inode on device `dev`. `pinned` slots (the
     /// root) never give their descriptor up.
     pub fn new(fd: OwnedFd, dev: u64, pinned: bool, budget: &Arc<Budget>) -> PathSlot {
-        let sheddable = !pinned && budget.mount.is_some() && dev == budget.root_dev;
+        let sheddable = !pinned && dev == budget.root_dev && budget.handles_work();
         if sheddable {
             budget.open.fetch_add(1, Ordering::Relaxed);
         }
@@ -158,7 +176,7 @@ impl PathSlot {
         if let Some(fd) = &st.fd {
             return Ok(PathFd(fd.clone()));
         }
-        let (Some(mount), Some(handle)) = (self.budget.mount.as_ref(), st.handle.as_ref()) else {
+        let (Some(Some(mount)), Some(handle)) = (self.budget.mount.get(), st.handle.as_ref()) else {
             // Only a slot with a handle gives its descriptor up.
             return Err(Errno::EIO);
         };

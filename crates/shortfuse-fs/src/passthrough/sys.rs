@@ -595,6 +595,15 @@ pub fn raise_nofile_limit() -> Result<u64> {
     Ok(lim.rlim_cur)
 }
 
+/// The soft `RLIMIT_NOFILE`, as it is.
+pub fn nofile_limit() -> Result<u64> {
+    let mut lim = MaybeUninit::<libc::rlimit>::uninit();
+    // SAFETY: `lim` is a valid out-pointer.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, lim.as_mut_ptr()) })?;
+    // SAFETY: getrlimit succeeded.
+    Ok(unsafe { lim.assume_init() }.rlim_cur)
+}
+
 /// `MAX_HANDLE_SZ` of `<linux/exportfs.h>`.
 const MAX_HANDLE_SZ: usize = 128;
 

@@ -283,9 +283,12 @@ pub fn vfork_exec(e: Exec) -> Option<i64> {
             return Some(r);
         }
     }
-    // The file actions of a spawn may have put a mount descriptor anywhere:
-    // the new image looks for them.
-    let env = environment(envp, false);
+    // The file actions of a spawn may have put a mount descriptor anywhere
+    // (a copy of one of ours, or a file it opened): the new image looks for
+    // them, unless there is none to copy and it opened none (a shell's or
+    // make's command, which then starts without reading /proc/self/fd).
+    let nothing = state().fds.is_empty() && !super::spawn::opened_on_mount();
+    let env = environment(envp, nothing);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // `p` is NUL-terminated.
     // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive across the

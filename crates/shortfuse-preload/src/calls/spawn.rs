@@ -33,7 +33,7 @@
 #![allow(unsafe_code)]
 
 use shortfuse::sync::Unpoison;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use shortfuse::{Errno, FileType};
@@ -61,12 +61,21 @@ pub enum Cwd {
 
 thread_local! {
     static CWD: RefCell<Cwd> = const { RefCell::new(Cwd::Parent) };
+    /// The vfork child opened a file of a mount (its own descriptor, which
+    /// the new image must look for).
+    static OPENED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Before a vfork-like call (in the parent): the child starts where the
-/// parent is.
+/// parent is, with no file of a mount opened.
 pub fn reset() {
     CWD.with(|c| *c.borrow_mut() = Cwd::Parent);
+    OPENED.with(|o| o.set(false));
+}
+
+/// Whether the vfork child opened a file of a mount since the call.
+pub fn opened_on_mount() -> bool {
+    OPENED.with(Cell::get)
 }
 
 /// The vfork child's own current directory; [`Cwd::Parent`] in any other
@@ -214,6 +223,7 @@ fn directory(vfs: &Arc<Vfs>, rest: &[u8]) -> i64 {
 fn open(dirfd: i64, path: &[u8], flags: i32, mode: u32) -> Option<i64> {
     let abs = absolute(dirfd, path)?;
     let (vfs, rest) = mount_of(&abs)?;
+    OPENED.with(|o| o.set(true));
     if let Some(src) = vfs.source() {
         let p = super::exec::backing_path(src, &slash(rest));
         return Some(fs::openat(libc::AT_FDCWD, &p, flags, mode));

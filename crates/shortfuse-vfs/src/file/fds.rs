@@ -200,6 +200,11 @@ impl FdTable {
         }
     }
 
+    /// Whether no descriptor is ours.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// Every descriptor of ours with its flag.
     pub fn fds(&self) -> Vec<(i32, bool)> {
         let mut v: Vec<(i32, bool)> = self.lock().iter().map(|(&fd, s)| (fd, s.cloexec)).collect();
