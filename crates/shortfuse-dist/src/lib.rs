@@ -53,6 +53,7 @@ pub static KIND: FsKind = FsKind {
     // Not built by the preload shim: its client runs a multi-threaded
     // runtime of its own inside the program.
     in_process: false,
+    low_fds_free: false,
     mount_defaults: &[],
     build: |b| {
         let addr = b

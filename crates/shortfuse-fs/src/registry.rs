@@ -58,6 +58,13 @@ pub enum Host {
     InProcess,
 }
 
+/// Where a file system built in the program's own process keeps its
+/// descriptors (those that are not the program's files): at this number or
+/// above. The low numbers are the program's (a shell's `exec 3> f` is
+/// `dup2(fd, 3)`), and the shim moves every descriptor its file systems
+/// open while they serve a call above it.
+pub const IN_PROCESS_FD_FLOOR: i32 = 100;
+
 /// What a builder gets.
 pub struct Build<'a> {
     /// Present exactly when the kind takes one (checked by [`FsKind::build`]).
@@ -89,6 +96,10 @@ pub struct FsKind {
     pub mirror: bool,
     /// The preload shim can build it inside the program (`shortfuse run`).
     pub in_process: bool,
+    /// Built in process, it keeps no descriptor below [`IN_PROCESS_FD_FLOOR`]
+    /// (it opens none, or places its own above): the shim need not hold
+    /// the program's low numbers while it is built.
+    pub low_fds_free: bool,
     /// Mount options `shortfuse mount` applies before the user's own (which
     /// win), with what each trades, for `--help`: `(option, why)`.
     pub mount_defaults: &'static [(&'static str, &'static str)],
@@ -182,6 +193,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        low_fds_free: true,
         mount_defaults: &[],
         build: |b| {
             no_options("null", b.options)?;
@@ -202,6 +214,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        low_fds_free: true,
         mount_defaults: &[],
         build: |b| {
             no_options("mem", b.options)?;
@@ -220,6 +233,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: true,
         in_process: true,
+        low_fds_free: true,
         mount_defaults: PASSTHROUGH_DEFAULTS,
         build: |b| {
             let src = source_dir(b)?;
@@ -240,6 +254,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        low_fds_free: false,
         mount_defaults: &[],
         build: |b| {
             if let Some((k, v)) = b.options.iter().find(|(k, _)| k != "stripe_size") {
@@ -262,6 +277,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: false,
         mirror: false,
         in_process: true,
+        low_fds_free: false,
         mount_defaults: &[],
         build: |b| {
             no_options("pack", b.options)?;
@@ -278,6 +294,7 @@ pub static BUNDLED: &[FsKind] = &[
         network: true,
         mirror: false,
         in_process: true,
+        low_fds_free: false,
         mount_defaults: SFTP_DEFAULTS,
         build: |b| {
             let target = source(b)?.to_string_lossy();

@@ -200,13 +200,16 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     // SAFETY: no memory is passed.
     unsafe { sys::raw(libc::SYS_umask, umask, 0, 0, 0, 0, 0) };
     let specs = parse_mounts(spec)?;
-    // The file systems open descriptors while they are built (passthrough:
-    // its source), before the hook can move them out of the program's way
-    // (`calls::nested`): keep the low numbers taken meanwhile.
-    // mem and null open none: spare them the hundred calls.
+    // A file system may open descriptors while it is built, before the
+    // hook can move them out of the program's way (`calls::nested`): keep
+    // the low numbers taken meanwhile. Those that keep the low numbers free
+    // themselves (mem and null open none, passthrough places its own above
+    // them) are spared the fence's calls, and the kernel's growing and
+    // shrinking of the descriptor table (a good part of what a short
+    // process pays for the shim).
     let fence = specs
         .iter()
-        .any(|m| m.is_daemon() || !matches!(m.fs.as_str(), "mem" | "null"))
+        .any(|m| m.is_daemon() || FsKind::find(&m.fs).is_none_or(|k| !k.low_fds_free))
         .then(Fence::low_numbers);
     let mut mounts = Vec::new();
     for (i, m) in specs.iter().enumerate() {

@@ -122,6 +122,8 @@ use handles::{HandleTable, OpenFile};
 use inodes::{Inode, InodeTable};
 use pathfd::Budget;
 
+use crate::registry::IN_PROCESS_FD_FLOOR;
+
 /// How READLINK presents symbolic links (`-o symlinks=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SymlinkMode {
@@ -186,13 +188,16 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// What the file system does with `RLIMIT_NOFILE` as it starts.
+/// Where the file system runs, for what it does with the process's
+/// descriptors as it starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Limit {
-    /// A daemon's: raised as far as allowed (see [`sys::raise_nofile_limit`]).
-    Raise,
-    /// The program's own: left as it is.
-    Keep,
+enum Role {
+    /// A daemon: `RLIMIT_NOFILE` is raised as far as allowed (see
+    /// [`sys::raise_nofile_limit`]).
+    Daemon,
+    /// The program's own process: the limit is left as it is, and the
+    /// descriptors kept go at [`IN_PROCESS_FD_FLOOR`] or above.
+    InProcess,
 }
 
 /// The passthrough file system over one source directory.
@@ -225,19 +230,21 @@ impl PassthroughFs {
     /// naming the source if it is missing or not a directory, or naming the
     /// option that is not known.
     pub fn with_options(source: &Path, opts: &[(String, Option<String>)]) -> io::Result<PassthroughFs> {
-        PassthroughFs::open(source, opts, Limit::Raise)
+        PassthroughFs::open(source, opts, Role::Daemon)
     }
 
     /// [`PassthroughFs::with_options`] for the program's own process
     /// (`shortfuse run`): the descriptor limit is the program's, left as it
-    /// is (a daemon raises it), and read only when `path_fds` is not given.
+    /// is (a daemon raises it), and read only when `path_fds` is not given;
+    /// the descriptors of the source it keeps go at [`IN_PROCESS_FD_FLOOR`]
+    /// or above, so that the shim need not hold the low numbers meanwhile.
     /// Every process the program starts builds its mounts again, so what a
     /// short process does not need is not asked of the kernel.
     pub fn in_process(source: &Path, opts: &[(String, Option<String>)]) -> io::Result<PassthroughFs> {
-        PassthroughFs::open(source, opts, Limit::Keep)
+        PassthroughFs::open(source, opts, Role::InProcess)
     }
 
-    fn open(source: &Path, opts: &[(String, Option<String>)], nofile_limit: Limit) -> io::Result<PassthroughFs> {
+    fn open(source: &Path, opts: &[(String, Option<String>)], role: Role) -> io::Result<PassthroughFs> {
         let opts = PassthroughOptions::parse(opts)?;
         let context = |e: io::Error| io::Error::new(e.kind(), format!("passthrough source {}: {e}", source.display()));
         let csource = CString::new(source.as_os_str().as_bytes()).map_err(|_| {
@@ -251,14 +258,24 @@ impl PassthroughFs {
         let root =
             sys::openat(libc::AT_FDCWD, &csource, libc::O_PATH | libc::O_DIRECTORY).map_err(|e| context(e.into()))?;
         let st = sys::fstat(root.as_fd()).map_err(|e| context(e.into()))?;
-        let map_root = Arc::new(root.try_clone().map_err(context)?);
+        let (root, floor) = match role {
+            Role::Daemon => (root, 0),
+            // Above the floor where the limit lets it (the low one is
+            // closed); where it does not, the program could not open that
+            // many anyway.
+            Role::InProcess => (
+                sys::dup_at_least(root.as_fd(), IN_PROCESS_FD_FLOOR).unwrap_or(root),
+                IN_PROCESS_FD_FLOOR,
+            ),
+        };
+        let map_root = Arc::new(sys::dup_at_least(root.as_fd(), floor).map_err(|e| context(e.into()))?);
         let root_path = if opts.symlinks == SymlinkMode::Beneath {
             sys::readlink_path(sys::ProcPath::new(root.as_fd()).as_cstr()).map_err(|e| context(e.into()))?
         } else {
             Vec::new()
         };
         // Not fatal: the limit only bounds how many inodes keep a descriptor.
-        let raised = (nofile_limit == Limit::Raise).then(|| sys::raise_nofile_limit().unwrap_or(1024));
+        let raised = (role == Role::Daemon).then(|| sys::raise_nofile_limit().unwrap_or(1024));
         let limit = opts.path_fds.unwrap_or_else(|| {
             let nofile = raised.unwrap_or_else(|| sys::nofile_limit().unwrap_or(1024));
             (nofile / 2) as usize

@@ -595,6 +595,15 @@ pub fn raise_nofile_limit() -> Result<u64> {
     Ok(lim.rlim_cur)
 }
 
+/// A close-on-exec duplicate of `fd` at the lowest free number at or
+/// above `floor`.
+pub fn dup_at_least(fd: BorrowedFd<'_>, floor: i32) -> Result<OwnedFd> {
+    // SAFETY: no memory is passed.
+    let d = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) })?;
+    // SAFETY: the kernel just made `d`, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
 /// The soft `RLIMIT_NOFILE`, as it is.
 pub fn nofile_limit() -> Result<u64> {
     let mut lim = MaybeUninit::<libc::rlimit>::uninit();

@@ -325,7 +325,7 @@ pub fn flock(fd: Fd, op: i32) -> Option<i64> {
 /// Where descriptors of our own code go (see [`nested`]): above the small
 /// numbers programs pick themselves (shells use 3 to 9 for `exec N>`, and
 /// save descriptors at 10 and up with F_DUPFD, which finds free ones).
-pub const OWN_FD_FLOOR: i64 = 100;
+pub const OWN_FD_FLOOR: i64 = shortfuse_fs::registry::IN_PROCESS_FD_FLOOR as i64;
 
 /// A system call made by our own code (the in-process file system, the
 /// allocator) while it serves one of the program's. Runs it, and moves a
