@@ -280,7 +280,7 @@ impl PassthroughFs {
             let nofile = raised.unwrap_or_else(|| sys::nofile_limit().unwrap_or(1024));
             (nofile / 2) as usize
         });
-        let budget = Budget::new(map_root.clone(), st.st_dev, limit);
+        let budget = Budget::new(map_root.clone(), st.st_dev, limit, floor);
         let mut resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
         if opts.one_file_system {
             resolve |= libc::RESOLVE_NO_XDEV;

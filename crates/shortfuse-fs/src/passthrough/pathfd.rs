@@ -47,6 +47,10 @@ const MIN_BUDGET: usize = 16;
 pub struct Budget {
     /// The source root, to probe file handles on.
     root: Arc<OwnedFd>,
+    /// The lowest number the mount descriptor may take (see
+    /// `IN_PROCESS_FD_FLOOR`): the probe may run before the program's
+    /// calls are served, when nothing else moves it there.
+    fd_floor: i32,
     /// Set by the first probe: `None` when handles do not work here, and
     /// descriptors are never given up.
     mount: OnceLock<Option<OwnedFd>>,
@@ -58,9 +62,11 @@ pub struct Budget {
 impl Budget {
     /// A budget of `limit` descriptors over the root `root` (on device
     /// `root_dev`), if file handles work there; unlimited otherwise.
-    pub fn new(root: Arc<OwnedFd>, root_dev: u64, limit: usize) -> Budget {
+    /// The descriptor it keeps goes at `fd_floor` or above.
+    pub fn new(root: Arc<OwnedFd>, root_dev: u64, limit: usize, fd_floor: i32) -> Budget {
         Budget {
             root,
+            fd_floor,
             mount: OnceLock::new(),
             root_dev,
             limit: limit.max(MIN_BUDGET),
@@ -78,7 +84,10 @@ impl Budget {
                 let works = sys::open_dir(root).and_then(|mount| {
                     let h = sys::name_to_handle(root)?;
                     sys::open_by_handle(mount.as_fd(), &h, libc::O_PATH)?;
-                    Ok(mount)
+                    Ok(match self.fd_floor {
+                        0 => mount,
+                        floor => sys::dup_at_least(mount.as_fd(), floor).unwrap_or(mount),
+                    })
                 });
                 works
                     .inspect_err(|e| {
