@@ -10,7 +10,7 @@
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use shortfuse::{Errno, Result};
@@ -102,6 +102,11 @@ fn proc_fd_dir() -> Option<RawFd> {
         return Some(cached as u32 as RawFd);
     }
     let dir = openat(libc::AT_FDCWD, c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).ok()?;
+    // Kept: in a program's own process, away from the numbers the program
+    // uses (it may be opened before the shim serves anything and moves
+    // what the file system opens).
+    let floor = crate::registry::IN_PROCESS_FD_FLOOR;
+    let dir = dup_at_least(dir.as_fd(), floor).unwrap_or(dir);
     let mine = (u64::from(pid) << 32) | u64::from(dir.as_raw_fd() as u32);
     match PROC_FD_DIR.compare_exchange(cached, mine, Ordering::AcqRel, Ordering::Acquire) {
         // Kept for the life of the process. A parent's inherited copy is
