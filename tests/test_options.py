@@ -293,24 +293,16 @@ def test_closing_a_file_on_a_local_source_sends_no_flush(mount_factory, opts):
     assert all((m.source / f"made{i}").read_bytes() == b"made" for i in range(5))
 
 
-class BackingIoctls:
-    """The /dev/fuse backing-file ioctls a daemon makes while the block
-    runs, as strace sees them: FUSE_DEV_IOC_BACKING_OPEN registers a source
-    file with the kernel for passthrough, FUSE_DEV_IOC_BACKING_CLOSE drops
-    the registration."""
+class DaemonStrace:
+    """strace attached to a daemon while the block runs; `read` gets its
+    output once it has detached."""
 
-    # strace prints the names, or the raw request numbers when it does not
-    # know them.
-    OPEN = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_OPEN|_IOC\(_IOC_WRITE, 0xe5, 0x1, 0x10\))")
-    CLOSE = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_CLOSE|_IOC\(_IOC_WRITE, 0xe5, 0x2, 0x4\))")
+    def __init__(self, pid: int, log: Path, args: list[str]):
+        self.pid, self.log, self.args = pid, log, args
 
-    def __init__(self, pid: int, log: Path):
-        self.pid, self.log = pid, log
-        self.opens = self.closes = 0
-
-    def __enter__(self) -> "BackingIoctls":
+    def __enter__(self):
         self.err = open(self.log.with_suffix(".err"), "w+")
-        cmd = [sfmount.require_tool("strace"), "-f", "-p", str(self.pid), "-e", "trace=ioctl", "-o", str(self.log)]
+        cmd = [sfmount.require_tool("strace"), "-f", "-p", str(self.pid), *self.args, "-o", str(self.log)]
         self.proc = subprocess.Popen(cmd, stderr=self.err)
 
         def attached() -> bool:
@@ -325,9 +317,47 @@ class BackingIoctls:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(timeout=30)
         self.err.close()
-        text = self.log.read_text()
+        self.read(self.log.read_text())
+
+    def read(self, text: str) -> None:
+        raise NotImplementedError
+
+
+class BackingIoctls(DaemonStrace):
+    """The /dev/fuse backing-file ioctls a daemon makes while the block
+    runs, as strace sees them: FUSE_DEV_IOC_BACKING_OPEN registers a source
+    file with the kernel for passthrough, FUSE_DEV_IOC_BACKING_CLOSE drops
+    the registration."""
+
+    # strace prints the names, or the raw request numbers when it does not
+    # know them.
+    OPEN = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_OPEN|_IOC\(_IOC_WRITE, 0xe5, 0x1, 0x10\))")
+    CLOSE = re.compile(r"ioctl\(\d+, (FUSE_DEV_IOC_BACKING_CLOSE|_IOC\(_IOC_WRITE, 0xe5, 0x2, 0x4\))")
+
+    def __init__(self, pid: int, log: Path):
+        super().__init__(pid, log, ["-e", "trace=ioctl"])
+        self.opens = self.closes = 0
+
+    def read(self, text: str) -> None:
         self.opens = len(self.OPEN.findall(text))
         self.closes = len(self.CLOSE.findall(text))
+
+
+class DaemonSyscalls(DaemonStrace):
+    """How many times a daemon made each system call of `names` while the
+    block runs, as `strace -c` counts them."""
+
+    ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
+
+    def __init__(self, pid: int, log: Path, names: tuple[str, ...]):
+        super().__init__(pid, log, ["-c", "-e", "trace=" + ",".join(names)])
+        self.calls: dict[str, int] = {}
+
+    def read(self, text: str) -> None:
+        for line in text.splitlines():
+            row = self.ROW.match(line)
+            if row and row.group(2) != "total":
+                self.calls[row.group(2)] = int(row.group(1))
 
 
 def wait_for_requests(mp, before: dict[str, int], ops: tuple[str, ...], at_least: int) -> dict[str, int]:
@@ -383,3 +413,43 @@ def test_passthrough_registers_a_file_once_for_all_its_opens(mount_factory, tmp_
         wait_for_requests(m.path, before, ("RELEASE",), 1)
     assert (calls.opens, calls.closes) == (1, 1), "registrations and closes of the reopened file"
     assert (m.source / "f").read_bytes() == b"again" + data[5:]
+
+
+def test_passthrough_opens_and_looks_up_a_known_file_with_few_system_calls(mount_factory, tmp_path):
+    """The daemon's part of an open+close and of a lookup, counted in system
+    calls: a read-only open reopens the source file and reads its status
+    once (the check of the open's data map gives what the page-cache check
+    needs), with no getpid(2) for the /proc directory it reopens through;
+    a lookup of a name whose inode the daemon holds already is one stat,
+    without opening and closing a second descriptor of it."""
+    stats = ("newfstatat", "fstat", "statx")
+    names = ("getpid", "openat", "openat2", "close") + stats
+
+    def mount_with_a_file(options=None):
+        m = mount_factory(PASSTHROUGH_DEFAULTS, options)
+        (m.path / "f").write_bytes(b"x" * 4096)
+        os.stat(m.path / "f")
+        [pid] = m.daemon_pids
+        return m, pid, daemon_counts(m.path)
+
+    m, pid, before = mount_with_a_file()
+    with DaemonSyscalls(pid, tmp_path / "opens.log", names) as opens:
+        for _ in range(20):
+            os.close(os.open(m.path / "f", os.O_RDONLY))
+        seen = wait_for_requests(m.path, before, ("RELEASE",), 20)
+    asked = {op: seen.get(op, 0) - before.get(op, 0) for op in ("OPEN", "RELEASE")}
+    assert asked == {"OPEN": 20, "RELEASE": 20}, asked
+    calls = opens.calls
+    assert calls.get("getpid", 0) == 0, calls
+    assert sum(calls.get(n, 0) for n in stats) <= 20 + 1, calls
+
+    # entry_timeout=0: each stat asks the daemon to look the name up again.
+    m, pid, before = mount_with_a_file(["entry_timeout=0"])
+    with DaemonSyscalls(pid, tmp_path / "lookups.log", names) as lookups:
+        for _ in range(20):
+            assert os.stat(m.path / "f").st_size == 4096
+    looked_up = daemon_counts(m.path).get("LOOKUP", 0) - before.get("LOOKUP", 0)
+    assert looked_up >= 20, looked_up
+    calls = lookups.calls
+    assert calls.get("openat2", 0) == 0, calls
+    assert sum(calls.get(n, 0) for n in stats) <= 2 * looked_up, calls

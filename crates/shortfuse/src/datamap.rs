@@ -222,7 +222,16 @@ impl DataMap {
     /// Checks the rules of the module docs, then `fstat`s every backing
     /// descriptor (each distinct one once) to check it is a regular file.
     pub fn validate(&self) -> Result<(), InvalidMap> {
+        self.validate_stat().map(drop)
+    }
+
+    /// [`DataMap::validate`], which returns the status of the first
+    /// backing file that the check reads anyway (`None` for an empty map):
+    /// an open that needs the size or times of a whole map's file then
+    /// makes no second system call for them.
+    pub fn validate_stat(&self) -> Result<Option<libc::stat>, InvalidMap> {
         self.validate_layout()?;
+        let mut first = None;
         for (index, e) in self.extents.iter().enumerate() {
             let seen = self.extents[..index]
                 .iter()
@@ -230,12 +239,14 @@ impl DataMap {
             if seen {
                 continue;
             }
-            let mode = sys::fstat_mode(e.backing.as_fd()).map_err(|errno| InvalidMap::Stat { index, errno })?;
+            let st = sys::fstat(e.backing.as_fd()).map_err(|errno| InvalidMap::Stat { index, errno })?;
+            let mode = st.st_mode;
             if mode & libc::S_IFMT != libc::S_IFREG {
                 return Err(InvalidMap::NotRegular { index, mode });
             }
+            first.get_or_insert(st);
         }
-        Ok(())
+        Ok(first)
     }
 
     /// The checks of [`DataMap::validate`] that need no system call.
@@ -395,7 +406,7 @@ fn pwrite_full(fd: BorrowedFd<'_>, data: &[u8], mut at: u64) -> io::Result<()> {
 mod sys {
     use super::*;
 
-    fn fstat(fd: BorrowedFd<'_>) -> Result<libc::stat, Errno> {
+    pub fn fstat(fd: BorrowedFd<'_>) -> Result<libc::stat, Errno> {
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: `fd` is open for the call and `st` is writable memory of
         // the size fstat fills.
@@ -405,10 +416,6 @@ mod sys {
         }
         // SAFETY: fstat succeeded, so it initialised the whole struct.
         Ok(unsafe { st.assume_init() })
-    }
-
-    pub fn fstat_mode(fd: BorrowedFd<'_>) -> Result<u32, Errno> {
-        fstat(fd).map(|st| st.st_mode)
     }
 
     pub fn fstat_size(fd: BorrowedFd<'_>) -> Result<u64, Errno> {

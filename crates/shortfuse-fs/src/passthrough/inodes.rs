@@ -201,6 +201,21 @@ impl InodeTable {
     /// Gives back `n` lookups; at zero the inode leaves the table and its
     /// descriptor closes once the last in-flight request drops its `Arc`.
     /// The root is never forgotten.
+    /// Counts one more lookup of the inode `st` describes when the table
+    /// holds it by an open descriptor, which pins the inode: its device and
+    /// inode numbers cannot name a newer file meanwhile. `None` when the
+    /// inode is unknown or gave its descriptor up.
+    pub fn lookup_known(&self, st: &libc::stat) -> Option<Arc<Inode>> {
+        let maps = self.read();
+        let inode = maps.by_key.get(&InodeKey::of(st))?;
+        if !inode.has_fd() || inode.kind != FileType::from_mode(st.st_mode) {
+            return None;
+        }
+        // Under the read lock: FORGET takes the write lock to count down.
+        inode.nlookup.fetch_add(1, Ordering::Relaxed);
+        Some(inode.clone())
+    }
+
     pub fn forget(&self, node: NodeId, n: u64) {
         self.forget_many(std::iter::once((node, n)));
     }

@@ -11,7 +11,8 @@
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
 
 use shortfuse::{Errno, Result};
 
@@ -94,7 +95,36 @@ impl ProcPath {
 /// inherits the descriptor, which names its parent's table, and opens its own.
 static PROC_FD_DIR: AtomicU64 = AtomicU64::new(0);
 
+/// Set once a passthrough is built in a program's own process: only there
+/// may a child made without fork(3) (a raw clone) use the parent's
+/// directory, so only there is the pid checked at each open. A daemon's
+/// own forks (going to the background) reset the cache through
+/// `pthread_atfork`, and its opens then make no getpid(2) call.
+static CHILDREN_WITHOUT_FORK: AtomicBool = AtomicBool::new(false);
+
+/// Called when a passthrough is built in a program's own process.
+pub fn serve_in_process() {
+    CHILDREN_WITHOUT_FORK.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn forget_proc_fd_dir() {
+    PROC_FD_DIR.store(0, Ordering::Relaxed);
+}
+
 fn proc_fd_dir() -> Option<RawFd> {
+    if !CHILDREN_WITHOUT_FORK.load(Ordering::Relaxed) {
+        let cached = PROC_FD_DIR.load(Ordering::Acquire);
+        if cached != 0 {
+            return Some(cached as u32 as RawFd);
+        }
+        // Not in a program's process, whose libc the shim leaves alone.
+        static AT_FORK: Once = Once::new();
+        AT_FORK.call_once(|| {
+            // SAFETY: the handler only stores to an atomic, which is
+            // async-signal-safe as a child handler must be.
+            unsafe { libc::pthread_atfork(None, None, Some(forget_proc_fd_dir)) };
+        });
+    }
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     let cached = PROC_FD_DIR.load(Ordering::Acquire);
@@ -174,6 +204,23 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> Result<OwnedFd> {
         Some(dir) => openat(dir, path.fd_name(), flags),
         None => openat(libc::AT_FDCWD, path.as_cstr(), flags),
     }
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` of one component `name`.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<libc::stat> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `name` is NUL-terminated and `st` is a valid out-pointer for
+    // one `struct stat`.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded and filled the struct.
+    Ok(unsafe { st.assume_init() })
 }
 
 /// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: works on `O_PATH`

@@ -812,19 +812,23 @@ impl Dispatcher {
         opened: &Opened,
         open_flags: u32,
     ) -> Result<abi::fuse_open_out> {
+        let mut backing_stat = None;
         if let Some(map) = &opened.data_map {
-            if let Err(e) = map.validate() {
-                tracing::warn!(
-                    "{}: open of node {} returned an invalid data map: {e}",
-                    self.fs_name(),
-                    node.0
-                );
-                let args = ReleaseArgs {
-                    flags: OpenFlags::from_raw(open_flags as i32),
-                    ..ReleaseArgs::default()
-                };
-                let _ = fs.release(req, node, opened.fh, &args);
-                return Err(Errno::EINVAL);
+            match map.validate_stat() {
+                Ok(st) => backing_stat = st.filter(|_| map.as_whole().is_some()),
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: open of node {} returned an invalid data map: {e}",
+                        self.fs_name(),
+                        node.0
+                    );
+                    let args = ReleaseArgs {
+                        flags: OpenFlags::from_raw(open_flags as i32),
+                        ..ReleaseArgs::default()
+                    };
+                    let _ = fs.release(req, node, opened.fh, &args);
+                    return Err(Errno::EINVAL);
+                }
             }
         }
         if let (Some(tap), Some(map)) = (&self.map_tap, &opened.data_map) {
@@ -849,9 +853,15 @@ impl Dispatcher {
                 && self.passthrough.is_active()
                 && out.open_flags & abi::FOPEN_DIRECT_IO == 0
             {
-                let keep = fs
-                    .getattr(req, node, Some(opened.fh))
-                    .is_ok_and(|a| self.passthrough.keeps_cache(node, &a));
+                // A whole map's file holds the file's bytes, so its size
+                // and times (read by the map's check above) tell changed
+                // data as the file system's attributes would.
+                let keep = match &backing_stat {
+                    Some(st) => self.passthrough.keeps_cache(node, &Attr::from_stat(st)),
+                    None => fs
+                        .getattr(req, node, Some(opened.fh))
+                        .is_ok_and(|a| self.passthrough.keeps_cache(node, &a)),
+                };
                 if keep {
                     out.open_flags |= abi::FOPEN_KEEP_CACHE;
                 }
