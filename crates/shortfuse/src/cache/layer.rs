@@ -3,6 +3,7 @@
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 
+use super::ahead::Pending;
 use super::io::dirty_len;
 use super::meta::MetaCache;
 use super::page::Page;
@@ -11,6 +12,7 @@ use super::state::NodeState;
 use super::{req0, CachedFs};
 use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
+use crate::sync::Unpoison;
 use crate::types::*;
 
 /// Opens with `open`, a write-only open made readable as the kernel does
@@ -323,6 +325,25 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
                 if tries == 0 {
                     self.stats.misses.fetch_add(1, Ordering::Relaxed);
                 }
+                match self.pending(&mut st, node.0, idx) {
+                    Pending::Collecting => {
+                        st = self.landed.wait(st).unpoison();
+                        continue;
+                    }
+                    Pending::Mine {
+                        first,
+                        count,
+                        generation,
+                        job,
+                    } => {
+                        // The reader reached the window read ahead: the
+                        // next one goes out before it waits for this one.
+                        self.read_ahead(&mut st, node, fh, first + count);
+                        st = self.collect(st, node, first, count, generation, job)?;
+                        continue;
+                    }
+                    Pending::None => {}
+                }
                 let wanted = (buf.len() - done).div_ceil(self.config.page_size) as u64;
                 let count = if sequential || offset == 0 {
                     wanted.max(self.config.readahead as u64)
@@ -352,6 +373,9 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
                     self.fill(&mut st, node, fh, idx, count)?
                 };
                 tries = 0;
+                if sequential || offset == 0 {
+                    self.read_ahead(&mut st, node, fh, idx + count);
+                }
                 // The first page from what was fetched (it was not cached,
                 // and storing the others may have evicted it already);
                 // the next pages from the cache, where dirty ones are newer.
@@ -470,6 +494,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
 
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
         let mut st = self.lock();
+        self.end_reads_ahead(&mut st, node.0, fh.0);
         st.write_only.remove(&fh.0);
         let r = self.flush_pages(&mut st, Some(node.0));
         // What the inner file system now holds is what the cache wrote:

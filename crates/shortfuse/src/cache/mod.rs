@@ -11,7 +11,10 @@
 //! Pages:
 //! - Reads are served from pages of `page_size` bytes; a miss that
 //!   continues the previous read of the same node (or starts at 0) fetches
-//!   `readahead` pages in one call to the inner file system. Reads are
+//!   `readahead` pages in one call to the inner file system, and starts
+//!   the next `readahead` pages on a thread so they arrive while the
+//!   program reads these (`ahead.rs`; over file systems with threads of
+//!   their own only). Reads are
 //!   clipped at the end of file the cache knows (the metadata-cache
 //!   trick of the Prefuse-SSHFS caching thesis): nothing is asked for past it.
 //! - Writes are write-back: they change cached pages and return; dirty
@@ -40,6 +43,7 @@
 //! without `state` held (other files' requests go on meanwhile) and keeps
 //! the pages only if the node's generation did not move.
 
+mod ahead;
 mod io;
 mod layer;
 mod meta;
@@ -54,7 +58,7 @@ mod state;
 
 use crate::sync::Unpoison;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::errno::Result;
@@ -123,6 +127,8 @@ pub struct CachedFs<F: Filesystem + ?Sized> {
     inner: Arc<F>,
     config: CacheConfig,
     state: Mutex<State>,
+    /// Signalled when a window read ahead was collected (see `ahead.rs`).
+    landed: Condvar,
     meta: Mutex<MetaCache>,
     stats: Arc<CacheStats>,
 }
@@ -149,7 +155,9 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
                 nodes: HashMap::new(),
                 counter: 0,
                 write_only: HashSet::new(),
+                ahead: Vec::new(),
             }),
+            landed: Condvar::new(),
             meta: Mutex::new(MetaCache::new(config.policy, config.meta_entries)),
             stats: Arc::new(CacheStats::default()),
         })

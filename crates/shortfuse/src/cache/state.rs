@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::ahead::Ahead;
 use super::page::PageStore;
 use super::seen::Seen;
 use crate::types::*;
@@ -36,6 +37,9 @@ pub(super) struct State {
     pub(super) counter: u64,
     /// Handles the inner file system opened write-only (see `layer::readable`).
     pub(super) write_only: HashSet<u64>,
+    /// Windows being read ahead of sequential readers (few: one per file
+    /// being read sequentially, and one more while a reader collects).
+    pub(super) ahead: Vec<Ahead>,
 }
 
 impl State {

@@ -20,6 +20,11 @@ struct Backing {
     getattrs: AtomicUsize,
     /// Lookups handed out minus those forgotten, per node.
     held: Mutex<HashMap<u64, i64>>,
+    /// Says it has threads of its own ([`Filesystem::answers_later`]).
+    threads: bool,
+    /// When set, a read past the first byte says so on the sender after
+    /// copying its data, then waits on the receiver before returning.
+    gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
 }
 
 impl Backing {
@@ -99,12 +104,25 @@ impl Filesystem for Backing {
 
     fn read(&self, _req: &Request, node: NodeId, _fh: FileHandle, offset: u64, buf: &mut [u8]) -> Result<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        let f = self.files.lock().unwrap();
-        let d = &f.get(&node.0).ok_or(Errno::ENOENT)?.0;
-        let start = (offset as usize).min(d.len());
-        let n = (d.len() - start).min(buf.len());
-        buf[..n].copy_from_slice(&d[start..start + n]);
+        let n = {
+            let f = self.files.lock().unwrap();
+            let d = &f.get(&node.0).ok_or(Errno::ENOENT)?.0;
+            let start = (offset as usize).min(d.len());
+            let n = (d.len() - start).min(buf.len());
+            buf[..n].copy_from_slice(&d[start..start + n]);
+            n
+        };
+        if offset > 0 {
+            if let Some((copied, go)) = &*self.gate.lock().unwrap() {
+                copied.send(()).unwrap();
+                go.recv().unwrap();
+            }
+        }
         Ok(n)
+    }
+
+    fn answers_later(&self) -> bool {
+        self.threads
     }
 
     fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
@@ -456,4 +474,70 @@ fn held_writes_move_mtime_and_an_mtime_set_meanwhile_stays() {
     assert_eq!(fs.inner().data(7)[0], b'x');
     assert_eq!(fs.inner().getattr(&R, N, None).unwrap().mtime.sec, 1000);
     assert_eq!(fs.getattr(&R, N, None).unwrap().mtime.sec, 1000);
+}
+
+#[test]
+fn sequential_reads_over_a_threaded_fs_fetch_the_next_window_before_it_is_asked_for() {
+    let data = pattern(64 * PS);
+    let b = Backing {
+        threads: true,
+        ..Backing::with(7, &data)
+    };
+    let fs = cached(b, 64, Policy::Lru, 8);
+    fs.open(&R, N, OpenFlags::RDONLY).unwrap();
+    assert_eq!(read(&fs, 0, PS), data[..PS]);
+    // Release waits for the reads ahead made through the handle.
+    fs.release(&R, N, FH, &ReleaseArgs::default()).unwrap();
+    assert_eq!(
+        fs.inner().reads.load(Ordering::Relaxed),
+        2,
+        "pages 8..16 were not read ahead of the reader"
+    );
+    // Read whole, each window goes to the file system once.
+    let b = Backing {
+        threads: true,
+        ..Backing::with(7, &data)
+    };
+    let fs = cached(b, 64, Policy::Lru, 8);
+    fs.open(&R, N, OpenFlags::RDONLY).unwrap();
+    let mut all = Vec::new();
+    for i in 0..64 {
+        all.extend(read(&fs, (i * PS) as u64, PS));
+    }
+    assert!(all == data);
+    assert_eq!(fs.inner().reads.load(Ordering::Relaxed), 8, "8 pages per inner read");
+    assert_eq!(fs.stats().bytes_in.load(Ordering::Relaxed), 64 * PS as u64);
+}
+
+#[test]
+fn a_window_read_ahead_before_a_truncation_is_not_kept() {
+    let data = pattern(16 * PS);
+    let (copied_tx, copied) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let b = Backing {
+        threads: true,
+        gate: Mutex::new(Some((copied_tx, go_rx))),
+        ..Backing::with(7, &data)
+    };
+    let fs = cached(b, 64, Policy::Lru, 8);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    assert_eq!(read(&fs, 0, PS), data[..PS]);
+    // The read ahead of pages 8..16 holds the old data now.
+    copied
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("pages 8..16 were not read ahead");
+    for size in [8 * PS, 16 * PS] {
+        let set = SetAttr {
+            size: Some(size as u64),
+            ..SetAttr::default()
+        };
+        fs.setattr(&R, N, &set).unwrap();
+    }
+    go.send(()).unwrap();
+    *fs.inner().gate.lock().unwrap() = None;
+    assert_eq!(
+        read(&fs, 8 * PS as u64, 2 * PS),
+        vec![0u8; 2 * PS],
+        "stale pages were kept"
+    );
 }
