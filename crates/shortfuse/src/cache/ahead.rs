@@ -150,10 +150,11 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
 
     /// Ends the reads ahead made through handle `fh` of `node` before the
     /// inner file system closes it (a handle number it reuses must not
-    /// receive an old read).
-    pub(super) fn end_reads_ahead(&self, st: &mut State, node: u64, fh: u64) {
+    /// receive an old read). Waits without the lock: other files' requests
+    /// go on meanwhile.
+    pub(super) fn end_reads_ahead(&self, node: u64, fh: u64) {
         let mut ended = Vec::new();
-        st.ahead.retain_mut(|a| {
+        self.lock().ahead.retain_mut(|a| {
             if a.node == node && a.fh == fh {
                 ended.extend(a.job.take());
                 // A reader collecting it removes it itself.

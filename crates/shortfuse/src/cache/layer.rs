@@ -493,8 +493,8 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
     }
 
     fn release(&self, req: &Request, node: NodeId, fh: FileHandle, args: &ReleaseArgs) -> Result<()> {
+        self.end_reads_ahead(node.0, fh.0);
         let mut st = self.lock();
-        self.end_reads_ahead(&mut st, node.0, fh.0);
         st.write_only.remove(&fh.0);
         let r = self.flush_pages(&mut st, Some(node.0));
         // What the inner file system now holds is what the cache wrote:
