@@ -535,9 +535,7 @@ fn a_window_read_ahead_before_a_truncation_is_not_kept() {
     }
     go.send(()).unwrap();
     *fs.inner().gate.lock().unwrap() = None;
-    assert_eq!(
-        read(&fs, 8 * PS as u64, 2 * PS),
-        vec![0u8; 2 * PS],
-        "stale pages were kept"
-    );
+    let got = read(&fs, 8 * PS as u64, 2 * PS);
+    assert_eq!(got.len(), 2 * PS);
+    assert!(got.iter().all(|&b| b == 0), "stale pages were kept");
 }
