@@ -287,7 +287,7 @@ pub fn vfork_exec(e: Exec) -> Option<i64> {
     // (a copy of one of ours, or a file it opened): the new image looks for
     // them, unless there is none to copy and it opened none (a shell's or
     // make's command, which then starts without reading /proc/self/fd).
-    let nothing = state().fds.is_empty() && !super::spawn::opened_on_mount();
+    let nothing = state().fds.is_empty() && !super::spawn::opened_on_mount() && !may_hold_unseen();
     let env = environment(envp, nothing);
     let envp = env.as_ref().map_or(envp, |e| e.pointers.as_ptr() as i64);
     // `p` is NUL-terminated.
@@ -461,7 +461,15 @@ const ARG_MAX: usize = 32 * 4096;
 /// close-on-exec, or there is none): the new image then need not look
 /// for any ([`NOTHING_INHERITED_VAR`]).
 fn nothing_inherited() -> bool {
-    state().fds.fds().iter().all(|&(_, cloexec)| cloexec)
+    !may_hold_unseen() && state().fds.fds().iter().all(|&(_, cloexec)| cloexec)
+}
+
+/// Whether this process may hold descriptions of a daemon's files that our
+/// table does not know: one passed to it over a Unix socket (recvmsg is
+/// not intercepted outside a FUSE daemon) is known only to the image that
+/// adopts it at start-up, so with a daemon's mount the new image must look.
+fn may_hold_unseen() -> bool {
+    state().mounts.iter().any(|m| m.client().shared())
 }
 
 /// The environment for the new image with `SHORTFUSE_CWD` set to our
