@@ -458,6 +458,44 @@ os.execv(sys.executable, [sys.executable, sys.argv[0], mp, str(fd)])
 """
 
 
+# A description passed over a Unix socket, then handed to a new image: by
+# fork and exec, and by subprocess (vfork). The receiving process never
+# used it, so only the new image's look at its descriptors finds it.
+PASSED_ON = r"""
+import os, socket, subprocess, sys
+mp = sys.argv[1]
+READ = "import os, sys; print(os.pread(int(sys.argv[1]), 10, 0).decode())"
+a, b = socket.socketpair()
+subprocess.run([sys.executable, "-c", "import os, socket, sys; fd = os.open(sys.argv[1] + '/c', os.O_RDWR | os.O_CREAT, 0o644); "
+                "os.write(fd, b'12'); socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b'x'], [fd])",
+                mp, str(b.fileno())], pass_fds=(b.fileno(),), check=True)
+_, got, _, _ = socket.recv_fds(a, 1, 1)
+fd = got[0]
+os.set_inheritable(fd, True)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.dup2(w, 1)
+    os.execv(sys.executable, [sys.executable, "-c", READ, str(fd)])
+os.close(w)
+forked = os.read(r, 100).decode().strip()
+os.waitpid(pid, 0)
+spawned = subprocess.run([sys.executable, "-c", READ, str(fd)], pass_fds=(fd,), capture_output=True, text=True).stdout.strip()
+print(forked, spawned)
+"""
+
+
+def test_a_description_passed_over_a_socket_reaches_the_images_its_receiver_starts(shortfuse, scratch):
+    mp = scratch / "mnt"
+    d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
+    try:
+        p = under(shortfuse, mp, [sys.executable, "-c", PASSED_ON, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["12", "12"]
+    finally:
+        d.stop()
+
+
 def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratch):
     mp = scratch / "mnt"
     d = Daemon(shortfuse, scratch, ["mem", str(mp)], mp)
