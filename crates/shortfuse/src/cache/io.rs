@@ -10,6 +10,9 @@ use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::types::*;
 
+/// Pages one write-back sends to the inner file system at most.
+const WRITE_RUN: u64 = 8;
+
 impl<F: Filesystem + ?Sized> CachedFs<F> {
     pub(super) fn dirty_delta(&self, before: usize, after: usize) {
         if after > before {
@@ -33,13 +36,33 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
                 offset: page.key.1 * self.ps() + start as u64,
                 ..WriteArgs::default()
             };
-            let n = self
-                .inner
-                .write(&req0(), NodeId(page.key.0), fh, &page.data[start..end], &args)?;
-            if n != end - start {
+            // The dirty pages that continue this one go in the same call,
+            // so that a network file system keeps its writes in flight
+            // instead of waiting on each page.
+            let run = if end == self.config.page_size {
+                self.dirty_run(st, page.key, fh)
+            } else {
+                Vec::new()
+            };
+            let mut data = page.data[start..end].to_vec();
+            for &(idx, len) in &run {
+                if let Some(p) = st.pages.peek((page.key.0, idx)) {
+                    data.extend_from_slice(&p.data[..len]);
+                }
+            }
+            let n = self.inner.write(&req0(), NodeId(page.key.0), fh, &data, &args)?;
+            if n != data.len() {
                 return Err(Errno::EIO);
             }
             self.stats.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+            for (idx, _) in run {
+                if let Some(p) = st.pages.peek((page.key.0, idx)) {
+                    self.dirty_delta(dirty_len(p), 0);
+                    p.dirty = None;
+                    let ns = st.nodes.entry(page.key.0).or_default();
+                    ns.dirty = ns.dirty.saturating_sub(1);
+                }
+            }
         }
         self.dirty_delta(dirty_len(page), 0);
         page.dirty = None;
@@ -48,6 +71,26 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         ns.dirty = ns.dirty.saturating_sub(1);
         self.meta().drop_attr(page.key.0);
         Ok(())
+    }
+
+    /// The cached pages after `key` dirty from their first byte through
+    /// `fh`, each but the last dirty to its end: (index, dirty bytes), at
+    /// most [`WRITE_RUN`] - 1 of them.
+    fn dirty_run(&self, st: &mut State, key: (u64, u64), fh: FileHandle) -> Vec<(u64, usize)> {
+        let mut run = Vec::new();
+        for idx in key.1 + 1..key.1 + WRITE_RUN {
+            let Some(p) = st.pages.peek((key.0, idx)) else { break };
+            let Some((0, end, h)) = p.dirty else { break };
+            if h != fh {
+                break;
+            }
+            let end = end.min(p.data.len());
+            run.push((idx, end));
+            if end < self.config.page_size {
+                break;
+            }
+        }
+        run
     }
 
     pub(super) fn insert(&self, st: &mut State, page: Page) -> Result<()> {
@@ -60,11 +103,14 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
 
     /// Writes back every dirty page of `node` (of all nodes for `None`).
     pub(super) fn flush_pages(&self, st: &mut State, node: Option<u64>) -> Result<()> {
-        let keys = match node {
+        let mut keys = match node {
             Some(n) if !Self::has_dirty(st, n) => return Ok(()),
             Some(n) => st.pages.keys_of(n),
             None => st.pages.keys(),
         };
+        // In file order, so that each write-back takes the dirty pages
+        // after it along (`write_back`).
+        keys.sort_unstable();
         let mut result = Ok(());
         for k in keys {
             // Taken out while written back (write_back needs the state too).

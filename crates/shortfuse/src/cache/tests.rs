@@ -539,3 +539,21 @@ fn a_window_read_ahead_before_a_truncation_is_not_kept() {
     assert_eq!(got.len(), 2 * PS);
     assert!(got.iter().all(|&b| b == 0), "stale pages were kept");
 }
+
+#[test]
+fn consecutive_dirty_pages_are_written_back_in_one_call() {
+    let fs = cached(Backing::with(7, &vec![0u8; 16 * PS]), 64, Policy::Clock, 1);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(16 * PS);
+    for i in 0..16 {
+        let args = WriteArgs {
+            offset: (i * PS) as u64,
+            ..WriteArgs::default()
+        };
+        fs.write(&R, N, FH, &data[i * PS..(i + 1) * PS], &args).unwrap();
+    }
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 2, "16 pages in runs of 8");
+    assert!(fs.inner().data(7) == data);
+    assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
+}
