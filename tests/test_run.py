@@ -256,6 +256,36 @@ def test_mem_is_per_process_image_and_passthrough_is_shared(shortfuse, scratch):
     assert (src / "f").read_text() == "b\n"
 
 
+def traced_images(shortfuse: Path, scratch: Path, trace: str, script: str):
+    """`bash -c script` under `run` with a passthrough mount at
+    `scratch`/p of a source holding f ("x\n"), traced by strace for the
+    calls `trace` names besides execve and execveat. Returns the run, the
+    trace's lines as (pid, call), and each process image (a pid's calls from
+    one exec that succeeded to the next; the shim runs a vfork child's exec
+    as execveat) as its program's path and its calls."""
+    src = scratch / "src"
+    src.mkdir()
+    (src / "f").write_text("x\n")
+    log = scratch / "strace.log"
+    argv = ["strace", "-f", "-qq", "-o", str(log), "-e", f"trace=execve,execveat,{trace}"]
+    argv += [str(shortfuse), "run", "-m", f"{scratch}/p=passthrough:{src}", "--", "bash", "-c", script]
+    r = subprocess.run(argv, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    lines = []
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        lines.append((pid, call.lstrip()))  # strace pads short pids
+    images: list[tuple[str, list[str]]] = []
+    current: dict[str, int] = {}
+    for pid, call in lines:
+        if call.startswith(("execve(", "execveat(")) and not call.endswith("= -1 ENOENT (No such file or directory)"):
+            images.append((call.split('"')[1], []))
+            current[pid] = len(images) - 1
+        elif pid in current:
+            images[current[pid]][1].append(call)
+    return r, lines, images
+
+
 def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
     """What the shim does as each process starts, as strace sees it. No
     image reads /proc/self/maps: a rewritten page gets its protection back
@@ -264,31 +294,17 @@ def test_short_processes_pay_only_for_what_they_inherit(shortfuse, scratch):
     first image of the run, and one exec'd while a mount descriptor is open
     across exec; a /bin/true exec'd with none skips it (and still sees the
     mount)."""
-    src = scratch / "src"
-    src.mkdir()
-    (src / "f").write_text("x\n")
     mp = f"{scratch}/p"
-    log = scratch / "strace.log"
     script = f"/bin/true; test -e {mp}/f && /bin/true; exec 3< {mp}/f; /bin/true"
-    argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,openat"]
-    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", script]
-    r = subprocess.run(argv, capture_output=True, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
-    # Per process image (a pid's lines from one execve to the next): its
-    # program and the /proc files it opened.
-    images: list[tuple[str, set[str]]] = []
-    current: dict[str, int] = {}
-    for line in log.read_text().splitlines():
-        pid, _, call = line.partition(" ")
-        call = call.lstrip()  # strace pads short pids
-        if call.startswith("execve(") and not call.endswith("= -1 ENOENT (No such file or directory)"):
-            images.append((call.split('"')[1], set()))
-            current[pid] = len(images) - 1
-        elif call.startswith("openat(") and pid in current and '"/proc/self/' in call and "O_PATH" not in call:
-            # (An O_PATH open of /proc/self/fd is passthrough's handle for
-            # reopening its descriptors, which lists nothing.)
-            images[current[pid]][1].add(call.split('"')[1])
-    shimmed = [(prog, opened) for prog, opened in images if not prog.endswith("/shortfuse")]
+    _, _, images = traced_images(shortfuse, scratch, "openat", script)
+    # Per process image: its program and the /proc files it opened. (An
+    # O_PATH open of /proc/self/fd is passthrough's handle for reopening its
+    # descriptors, which lists nothing.)
+    shimmed = [
+        (prog, {c.split('"')[1] for c in calls if c.startswith("openat(") and '"/proc/self/' in c and "O_PATH" not in c})
+        for prog, calls in images
+        if not prog.endswith("/shortfuse")
+    ]
     assert [os.path.basename(p) for p, _ in shimmed] == ["bash", "true", "true", "true"], images
     assert all("/proc/self/maps" not in opened for _, opened in shimmed), shimmed
     assert ["/proc/self/fd" in opened for _, opened in shimmed] == [True, False, False, True], shimmed
@@ -303,31 +319,20 @@ def test_short_processes_ask_the_kernel_little_at_start_up(shortfuse, scratch):
     program's numbers while they are built, where that is needed (not for
     passthrough: see the next test), are taken by passing copies of one
     over a socket pair, not by one fcntl each (about a hundred)."""
-    src = scratch / "src"
-    src.mkdir()
-    (src / "f").write_text("x\n")
     mp = f"{scratch}/p"
-    log = scratch / "strace.log"
     script = f"/bin/true; test -e {mp}/f && /bin/true; cat {mp}/f"
-    argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,rt_sigaction,fcntl"]
-    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", script]
-    r = subprocess.run(argv, capture_output=True, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
+    r, _, traced = traced_images(shortfuse, scratch, "rt_sigaction,fcntl", script)
     assert r.stdout == b"x\n", r
     # Per process image: its program, its rt_sigaction calls and its
     # descriptor-copying fcntl calls.
-    images: list[list] = []
-    current: dict[str, int] = {}
-    for line in log.read_text().splitlines():
-        pid, _, call = line.partition(" ")
-        call = call.lstrip()
-        if call.startswith("execve(") and not call.endswith("= -1 ENOENT (No such file or directory)"):
-            images.append([os.path.basename(call.split('"')[1]), 0, 0])
-            current[pid] = len(images) - 1
-        elif pid in current and call.startswith("rt_sigaction("):
-            images[current[pid]][1] += 1
-        elif pid in current and call.startswith("fcntl(") and "F_DUPFD" in call:
-            images[current[pid]][2] += 1
+    images = [
+        [
+            os.path.basename(prog),
+            sum(c.startswith("rt_sigaction(") for c in calls),
+            sum(c.startswith("fcntl(") and "F_DUPFD" in c for c in calls),
+        ]
+        for prog, calls in traced
+    ]
     trues = [i for i in images if i[0] == "true"]
     assert len(trues) == 2, images
     # (One: the shim's own SIGSYS handler, for Syscall User Dispatch.)
@@ -356,41 +361,27 @@ def test_a_passthrough_mount_is_built_without_probes_a_short_process_does_not_ne
     - the file system places the descriptors it keeps above the program's
       low numbers itself, so the shim does not hold them while it is built
       (a socket pair passing about a hundred copies of one descriptor)."""
-    src = scratch / "src"
-    src.mkdir()
-    (src / "f").write_text("x\n")
     mp = f"{scratch}/p"
-    log = scratch / "strace.log"
     # dash runs its commands through vfork; bash forks.
-    script = "/bin/true; sh -c '/bin/true; /bin/true'; cat f"
-    argv = ["strace", "-f", "-qq", "-o", str(log)]
-    argv += ["-e", "trace=execve,execveat,vfork,clone,openat,readlink,readlinkat,prlimit64,name_to_handle_at,socketpair"]
-    argv += [str(shortfuse), "run", "-m", f"{mp}=passthrough:{src}", "--", "bash", "-c", f"cd {mp} && {script}"]
-    r = subprocess.run(argv, capture_output=True, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
+    script = f"cd {mp} && /bin/true; sh -c '/bin/true; /bin/true'; cat f"
+    trace = "vfork,clone,openat,readlink,readlinkat,prlimit64,name_to_handle_at,socketpair"
+    r, lines, traced = traced_images(shortfuse, scratch, trace, script)
     assert r.stdout == b"x\n", r
+    vforks = sum(c.startswith("vfork(") or c.startswith("clone(") and "CLONE_VFORK" in c for _, c in lines)
     # Per process image: its program, then its RLIMIT_NOFILE calls, reads
     # of fs.nr_open, file-handle probes, looks at /proc/self/fd and socket
     # pairs.
-    images: list[list] = []
-    current: dict[str, int] = {}
-    vforks = 0
-    for line in log.read_text().splitlines():
-        pid, _, call = line.partition(" ")
-        call = call.lstrip()
-        if call.startswith("vfork(") or call.startswith("clone(") and "CLONE_VFORK" in call:
-            vforks += 1
-        # (The shim runs a vfork child's exec as execveat.)
-        if call.startswith(("execve(", "execveat(")) and not call.endswith("= -1 ENOENT (No such file or directory)"):
-            images.append([os.path.basename(call.split('"')[1]), 0, 0, 0, 0, 0])
-            current[pid] = len(images) - 1
-        elif pid in current:
-            counts = images[current[pid]]
-            counts[1] += call.startswith("prlimit64(") and "RLIMIT_NOFILE" in call
-            counts[2] += "/proc/sys/fs/nr_open" in call
-            counts[3] += call.startswith("name_to_handle_at(")
-            counts[4] += "/proc/self/fd" in call
-            counts[5] += call.startswith("socketpair(")
+    images = [
+        [
+            os.path.basename(prog),
+            sum(c.startswith("prlimit64(") and "RLIMIT_NOFILE" in c for c in calls),
+            sum("/proc/sys/fs/nr_open" in c for c in calls),
+            sum(c.startswith("name_to_handle_at(") for c in calls),
+            sum("/proc/self/fd" in c for c in calls),
+            sum(c.startswith("socketpair(") for c in calls),
+        ]
+        for prog, calls in traced
+    ]
     assert vforks >= 2, images
     trues = [i for i in images if i[0] == "true"]
     assert len(trues) == 3, images
