@@ -171,6 +171,11 @@ fn read(fs: &CachedFs<Backing>, off: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// The first `n` pages, read one at a time from the start.
+fn read_pages_in_order(fs: &CachedFs<Backing>, n: usize) -> Vec<u8> {
+    (0..n).flat_map(|i| read(fs, (i * PS) as u64, PS)).collect()
+}
+
 #[test]
 fn reads_hit_after_the_first_and_clip_at_eof() {
     let data = pattern(10 * PS + 100);
@@ -195,11 +200,7 @@ fn sequential_reads_fetch_ahead() {
     let data = pattern(64 * PS);
     let fs = cached(Backing::with(7, &data), 64, Policy::Lru, 8);
     fs.open(&R, N, OpenFlags::RDONLY).unwrap();
-    let mut all = Vec::new();
-    for i in 0..64 {
-        all.extend(read(&fs, (i * PS) as u64, PS));
-    }
-    assert!(all == data);
+    assert!(read_pages_in_order(&fs, 64) == data);
     assert_eq!(fs.inner().reads.load(Ordering::Relaxed), 8, "8 pages per inner read");
     // Random reads do not fetch ahead.
     let fs = cached(Backing::with(7, &data), 64, Policy::Lru, 8);
@@ -500,11 +501,7 @@ fn sequential_reads_over_a_threaded_fs_fetch_the_next_window_before_it_is_asked_
     };
     let fs = cached(b, 64, Policy::Lru, 8);
     fs.open(&R, N, OpenFlags::RDONLY).unwrap();
-    let mut all = Vec::new();
-    for i in 0..64 {
-        all.extend(read(&fs, (i * PS) as u64, PS));
-    }
-    assert!(all == data);
+    assert!(read_pages_in_order(&fs, 64) == data);
     assert_eq!(fs.inner().reads.load(Ordering::Relaxed), 8, "8 pages per inner read");
     assert_eq!(fs.stats().bytes_in.load(Ordering::Relaxed), 64 * PS as u64);
 }
