@@ -44,10 +44,12 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
             } else {
                 Vec::new()
             };
-            let mut data = page.data[start..end].to_vec();
+            // A page alone is written from where it lies; only a run is
+            // gathered into one buffer.
+            let mut data = std::borrow::Cow::Borrowed(&page.data[start..end]);
             for &(idx, len) in &run {
                 if let Some(p) = st.pages.peek((page.key.0, idx)) {
-                    data.extend_from_slice(&p.data[..len]);
+                    data.to_mut().extend_from_slice(&p.data[..len]);
                 }
             }
             let n = self.inner.write(&req0(), NodeId(page.key.0), fh, &data, &args)?;
