@@ -434,6 +434,32 @@ def test_a_call_waits_for_a_restarting_server_and_both_sides_log_it(restartable)
     restartable.restart()
 
 
+@pytest.mark.deadline(120)
+def test_a_file_closed_while_the_client_reconnects_holds_nothing_up(restartable):
+    """A client that holds a lease reconnects by itself when its server
+    goes, holding its connection's slot while it retries, and the new
+    session reads the client's table of open files. A file closed
+    meanwhile is released without holding that table while it asks for
+    the connection: once the server is back, calls go on (before, the
+    release and the reconnection waited for each other for ever, and
+    every later call with them)."""
+    r = restartable
+    a = r.clients.mount("a")
+    # A cached write: a lease kept after the close, so the client
+    # reconnects by itself.
+    (a / "kept").write_bytes(b"x" * 10_000)
+    fd = os.open(a / "kept", os.O_RDONLY)
+    kill(r)
+    # The reconnecting thread retries (every 200 ms, for up to 10 s).
+    time.sleep(1)
+    os.close(fd)
+    time.sleep(0.5)
+    r.restart()
+    stat = "import os, sys\nprint(os.stat(sys.argv[1]).st_size)"
+    probe = sfmount.run([sys.executable, "-c", stat, str(a / "kept")], timeout=60)
+    assert probe.stdout.strip() == "10000", probe.stderr
+
+
 def lease_figures(text: str, mp: Path) -> dict:
     """The `shortfuse_lease_*` samples of `mp` in a Prometheus text, by
     name, parsed by the Prometheus client's own parser."""

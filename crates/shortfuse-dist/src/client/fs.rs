@@ -470,7 +470,11 @@ impl Filesystem for DistFs {
     }
 
     fn release(&self, _req: &Request, node: NodeId, _fh: FileHandle, _args: &ReleaseArgs) -> Result<()> {
-        if let Some(f) = lock(&self.inner.files).get(&node.0).cloned() {
+        // The table's guard goes before `close` asks for the connection:
+        // a new session holds the connection's slot while it reads the
+        // table (see "Lock order" in the module docs).
+        let f = lock(&self.inner.files).get(&node.0).cloned();
+        if let Some(f) = f {
             self.close(&f);
         }
         Ok(())

@@ -139,8 +139,10 @@
 //! # Lock order
 //!
 //! `Inner::conn` and `Inner::files` are leaf locks held for a lookup only,
-//! but for `Inner::conn` while a new session starts: it takes the files'
-//! `opens` then, so nothing asks for a connection while holding `opens`.
+//! but for `Inner::conn` while a new session starts: it takes `files` and
+//! the files' `opens` then, so nothing asks for a connection while holding
+//! either (a guard in an `if let` or `match` scrutinee lives to the end of
+//! the statement: take the value out first).
 //! Per file: the lease slot, then the block cache; never two files at once.
 
 use shortfuse::sync::lock;
