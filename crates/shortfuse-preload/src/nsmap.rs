@@ -56,9 +56,13 @@ const AT_FDCWD: i64 = libc::AT_FDCWD as i64;
 /// kept directory is forgotten before they run, wherever their path leads.
 fn moves_or_guards_directories(c: &Call) -> bool {
     match *c {
-        Call::Rename { .. } | Call::Chmod { .. } | Call::Fchmod { .. } | Call::Chown { .. } | Call::Fchown { .. } => {
-            true
-        }
+        Call::Rename { .. } | Call::Chmod { .. } | Call::Chown { .. } => true,
+        // Not of a descriptor that cannot be a directory's: `tar xf` sets
+        // the owner and mode of every file it writes, which forgot every
+        // kept directory, so that the next file's directory was opened
+        // again (an openat2, its descriptor moved above the program's
+        // numbers, closed: five calls more per file).
+        Call::Fchmod { fd, .. } | Call::Fchown { fd, .. } => !never_a_directory(fd.0),
         Call::Xattr {
             op: XattrOp::Set { .. } | XattrOp::Remove { .. },
             ..
@@ -67,6 +71,19 @@ fn moves_or_guards_directories(c: &Call) -> bool {
         Call::Unlink { flags, .. } => flags & libc::AT_REMOVEDIR != 0,
         _ => false,
     }
+}
+
+/// Whether the program's descriptor `fd` is of a file of a mount that is
+/// no directory: its type is known, or it was opened for writing or made
+/// by its open (a directory's open says EISDIR to both; an `O_PATH` open
+/// ignores the access mode).
+fn never_a_directory(fd: i32) -> bool {
+    let Some(f) = state().fds.get(fd) else {
+        return false;
+    };
+    let flags = f.flags();
+    (f.kind_known() && f.file_type() != shortfuse::FileType::Directory)
+        || (flags & libc::O_PATH == 0 && (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_CREAT != 0))
 }
 
 /// A call that would close or replace descriptor numbers, among them
@@ -492,9 +509,16 @@ fn one(at: PathAt, op: Op) -> Option<i64> {
     // A trailing slash asks for a directory, which O_DIRECTORY asks for
     // already; without O_DIRECTORY it would also follow a symbolic link
     // as the last name, which this open leaves to the walk.
-    let slash = !tmpfile
+    let dir_only = !tmpfile
         && matches!(op, Op::Open(flags, _) if flags & (libc::O_DIRECTORY | libc::O_CREAT) == libc::O_DIRECTORY);
-    let (vfs, rel, from, caller) = mapped(at, whole, true, slash)?;
+    let (vfs, rel, from, caller) = mapped(at, whole, true, dir_only)?;
+    // Whether the program's path itself ended in `/` (dropped above): only
+    // then may a symbolic link as the last name be followed despite
+    // O_NOFOLLOW. An O_DIRECTORY|O_NOFOLLOW open of a plain name that is
+    // a file (rsync opens every file so first, to tell it from a
+    // directory) is the kernel's ENOTDIR, as natively, with no walk.
+    // SAFETY: as in `mapped`: the program's path, read during the call.
+    let slash = dir_only && unsafe { user::cstr(at.path.0) }.is_ok_and(|p| p.ends_with(b"/"));
     if let Op::Open(flags, _) = op {
         // An O_PATH open of a path this image's cache holds whole (over
         // the rings the daemon's notifications keep entries long) is the
