@@ -197,9 +197,26 @@ pub fn repeats(suite: &str, scale: Scale) -> usize {
     }
 }
 
+/// Untimed runs of a suite on each configuration before its timed
+/// rounds, their figures dropped. `programs` takes one at the quick and
+/// full scales: with two rounds, one run of a configuration on caches left
+/// cold (the programs' own files, the inputs just made, write-back of what
+/// the configuration before wrote) decided its median; natively that moved
+/// `tar xf` and `rsync -a` 3x and 8x between runs.
+pub fn warm_ups(suite: &str, scale: Scale) -> usize {
+    match suite {
+        "programs" => scale.pick(0, 1, 1),
+        _ => 0,
+    }
+}
+
 impl Plan {
     fn repeats(&self, suite: &str) -> usize {
         repeats(suite, self.scale)
+    }
+
+    fn warm_ups(&self, suite: &str) -> usize {
+        warm_ups(suite, self.scale)
     }
 
     fn describe(&self, suite: &str) -> String {
@@ -328,23 +345,26 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
                 ));
             }
         }
+        let warm_ups = plan.warm_ups(suite);
         // Rounds: every configuration once per round, the first of a round
         // rotating, so that a slow spell of this shared machine hits every
-        // configuration alike rather than all runs of one.
-        for round in 0..repeats {
+        // configuration alike rather than all runs of one. The warm-up
+        // rounds come first and count for nothing but a failure.
+        for round in 0..warm_ups + repeats {
+            let warm_up = round < warm_ups;
             for k in 0..configs.len() {
                 let i = (k + round) % configs.len();
                 let config = &configs[i];
                 if runs[i].is_err() {
                     continue;
                 }
-                let label = format!(
-                    "[{}/{}] {suite} on {}, run {}/{repeats}",
-                    k + 1,
-                    configs.len(),
-                    config.name,
-                    round + 1
-                );
+                let run = if warm_up {
+                    "warm-up".to_string()
+                } else {
+                    format!("run {}", round - warm_ups + 1)
+                };
+                let of = if warm_up { String::new() } else { format!("/{repeats}") };
+                let label = format!("[{}/{}] {suite} on {}, {run}{of}", k + 1, configs.len(), config.name);
                 let started = std::time::Instant::now();
                 let mut progress = |step: &str| log.step(&label, started, step);
                 progress("preparing");
@@ -353,7 +373,7 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
                     .join("raw")
                     .join(suite)
                     .join(&config.name)
-                    .join(format!("run-{}", round + 1));
+                    .join(run.replace(' ', "-"));
                 let outcome = config.prepare(&env).and_then(|p| {
                     let figures = plan
                         .run(suite, config, &p.dir, &p.source, &raw, &mut progress)
@@ -366,18 +386,13 @@ pub fn run(opts: &BenchOptions) -> Result<Report, String> {
                 });
                 log.done(&label, started, outcome.is_ok());
                 match outcome {
+                    Ok(_) if warm_up => {}
                     Ok(figures) => {
                         if let Ok(r) = &mut runs[i] {
                             r.push(figures);
                         }
                     }
-                    Err(e) => {
-                        runs[i] = Err(if round == 0 {
-                            e
-                        } else {
-                            format!("run {}: {e}", round + 1)
-                        })
-                    }
+                    Err(e) => runs[i] = Err(if round == 0 { e } else { format!("{run}: {e}") }),
                 }
             }
         }
