@@ -8,7 +8,7 @@ use shortfuse::sync::Unpoison;
 use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use shortfuse::{Attr, Errno, NodeId, SetAttr, SetTime, Statfs, Timestamp};
@@ -131,7 +131,18 @@ pub struct Client {
     /// The file system answered FLUSH with ENOSYS: as the kernel does, and
     /// as the trait promises, it is never sent again.
     no_flush: AtomicBool,
+    /// The xattr calls (bits of [`XATTR_GET`] and the others) the file
+    /// system answered with ENOSYS: as the kernel's FUSE client does, they
+    /// are not sent again (a daemon without xattrs, sshfs for one, would
+    /// otherwise see two for every name `ls -l` lists).
+    no_xattr: AtomicU8,
 }
+
+/// [`Client`]'s `no_xattr` bits.
+const XATTR_GET: u8 = 1;
+const XATTR_LIST: u8 = 2;
+const XATTR_SET: u8 = 4;
+const XATTR_REMOVE: u8 = 8;
 
 fn ttl(sec: u64, nsec: u32) -> Duration {
     // A file system may answer u64::MAX seconds ("forever"): saturate.
@@ -206,6 +217,7 @@ impl Client {
             creds: std::sync::RwLock::new(creds),
             caller: std::sync::OnceLock::new(),
             no_flush: AtomicBool::new(false),
+            no_xattr: AtomicU8::new(0),
         }
     }
 
@@ -847,13 +859,29 @@ impl Client {
         if name.contains(&0) {
             return Err(Errno::EINVAL);
         }
-        self.call(op, node, &[arg.as_bytes()], names, |p| {
-            if size == 0 {
-                Ok(XattrOut::Size(decode::<abi::fuse_getxattr_out>(p)?.size))
-            } else {
-                Ok(XattrOut::Data(p.to_vec()))
-            }
+        let bit = if list { XATTR_LIST } else { XATTR_GET };
+        self.unless_unimplemented(bit, || {
+            self.call(op, node, &[arg.as_bytes()], names, |p| {
+                if size == 0 {
+                    Ok(XattrOut::Size(decode::<abi::fuse_getxattr_out>(p)?.size))
+                } else {
+                    Ok(XattrOut::Data(p.to_vec()))
+                }
+            })
         })
+    }
+
+    /// Runs `call` unless the file system already answered the xattr call
+    /// `bit` with ENOSYS, and remembers when it does (see `no_xattr`).
+    fn unless_unimplemented<T>(&self, bit: u8, call: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
+        if self.no_xattr.load(Ordering::Relaxed) & bit != 0 {
+            return Err(Errno::ENOSYS);
+        }
+        let r = call();
+        if matches!(r, Err(e) if e == Errno::ENOSYS) {
+            self.no_xattr.fetch_or(bit, Ordering::Relaxed);
+        }
+        r
     }
 
     pub fn setxattr(&self, node: NodeId, name: &[u8], value: &[u8], flags: i32) -> Result<(), Errno> {
@@ -872,14 +900,18 @@ impl Client {
         body.push(0);
         body.extend_from_slice(value);
         let head = &arg.as_bytes()[..abi::FUSE_COMPAT_SETXATTR_IN_SIZE];
-        self.call(abi::FUSE_SETXATTR, node, &[head, &body], &[], |_| Ok(()))
+        self.unless_unimplemented(XATTR_SET, || {
+            self.call(abi::FUSE_SETXATTR, node, &[head, &body], &[], |_| Ok(()))
+        })
     }
 
     pub fn removexattr(&self, node: NodeId, name: &[u8]) -> Result<(), Errno> {
         if name.contains(&0) {
             return Err(Errno::EINVAL);
         }
-        self.call(abi::FUSE_REMOVEXATTR, node, &[], &[name], |_| Ok(()))
+        self.unless_unimplemented(XATTR_REMOVE, || {
+            self.call(abi::FUSE_REMOVEXATTR, node, &[], &[name], |_| Ok(()))
+        })
     }
 
     /// The largest READ or WRITE payload to send.
