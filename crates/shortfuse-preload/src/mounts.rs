@@ -4,9 +4,12 @@
 //! us (`SHORTFUSE_CWD`, see [`crate::calls`]).
 #![allow(unsafe_code)]
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use shortfuse::cache::CacheMode;
+use shortfuse::mount::MountInfo;
 use shortfuse::Stats;
 use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
@@ -51,6 +54,34 @@ fn in_process_kind(spec: &MountSpec) -> Result<&'static FsKind, String> {
     }
 }
 
+/// Whether the daemon serving `mp` (normalised) keeps its files on another
+/// machine, as its kernel mount tells (see [`is_remote`]). A daemon
+/// without a kernel mount says nothing: not remote.
+fn daemon_is_remote(mp: &[u8]) -> bool {
+    let mp = Path::new(std::ffi::OsStr::from_bytes(mp));
+    shortfuse::mount::fuse_mount_at(mp).is_ok_and(|m| m.as_ref().is_some_and(is_remote))
+}
+
+/// Whether the files of a FUSE mount live on another machine: a source of
+/// the `host:path` form (sshfs's `me@host:/srv`, rclone's `remote:path`;
+/// the rule coreutils' `df -l` goes by), or a file system known to keep
+/// its files behind a network whatever its source says. Every read it
+/// serves is then a round trip.
+fn is_remote(m: &MountInfo) -> bool {
+    const NETWORK_FUSE: &[&str] = &[
+        "sshfs",
+        "rclone",
+        "s3fs",
+        "gcsfuse",
+        "mountpoint-s3",
+        "goofys",
+        "curlftpfs",
+        "blobfuse2",
+    ];
+    let subtype = m.fstype.strip_prefix("fuse.").unwrap_or("");
+    m.source.contains(':') || NETWORK_FUSE.contains(&subtype)
+}
+
 /// Builds one mount; `i` numbers it for its device number.
 fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs, String> {
     let mut run = spec.run_options()?;
@@ -73,11 +104,14 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
             vfs.set_source(&src);
         }
         // The program's own page cache in front of the daemon, when asked
-        // (`#cache=on`): a daemon's data the kernel would keep in its page
-        // cache (sshfs's, with its timeouts) is then read from memory here,
-        // fetched ahead in requests as large as the rings carry. `auto`
-        // leaves it off: a daemon says nothing of being remote.
-        let cache = if run.cache.enabled(false) {
+        // (`cache=on`) or, by default (`auto`), when the daemon's kernel
+        // mount says its files are remote (sshfs): its data is then read
+        // from memory here, kept across opens while the file's size and
+        // mtime stay (close-to-open), fetched ahead in requests as large as
+        // the rings carry. A local daemon (bindfs) is left without: the
+        // kernel page cache already holds what it reads.
+        let remote = run.cache.mode == CacheMode::Auto && daemon_is_remote(&mp);
+        let cache = if run.cache.enabled(remote) {
             Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)
         } else {
             None
@@ -334,5 +368,30 @@ impl Drop for Fence {
             }
             i = j + 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(fstype: &str, source: &str) -> MountInfo {
+        MountInfo {
+            major: 0,
+            minor: 1,
+            mount_point: "/m".into(),
+            fstype: fstype.into(),
+            source: source.into(),
+        }
+    }
+
+    #[test]
+    fn remote_mounts_by_source_or_type() {
+        assert!(is_remote(&mount("fuse.sshfs", "me@host:/srv")));
+        assert!(is_remote(&mount("fuse.rclone", "drive:photos")));
+        assert!(is_remote(&mount("fuse.s3fs", "s3fs")));
+        assert!(!is_remote(&mount("fuse.bindfs", "/srv/data")));
+        assert!(!is_remote(&mount("fuse.squashfuse", "/images/a.sqfs")));
+        assert!(!is_remote(&mount("fuse", "shortfuse-passthrough")));
     }
 }

@@ -38,7 +38,7 @@ pub const RUN_MOUNT_OPTIONS: &[(&str, &str)] = &[
     (
         "cache=on|off|auto",
         "the shim's page cache (write-through, read-ahead, reads clipped at EOF); auto: on for network file \
-         systems (on a daemon's mount: off unless on); on turns the mount's data maps off (its data must pass \
+         systems (on a daemon's mount: on when its kernel mount is remote, sshfs's for one); on turns the mount's data maps off (its data must pass \
          through the cache)",
     ),
     (
