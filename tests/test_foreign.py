@@ -219,6 +219,102 @@ def test_the_programs_page_cache_in_front_of_a_daemon(shortfuse, scratch):
     finally:
         d.stop()
 
+def sshfs(shortfuse: Path, base: Path) -> tuple[Daemon, Path, Path]:
+    """sshfs of `base/src` from the session's loopback sshd, served at `base/mnt`."""
+    src, mp = base / "src", base / "mnt"
+    src.mkdir()
+    src.chmod(0o755)
+    mp.mkdir()
+    d = Daemon(shortfuse, base, ["--", *sshfs_command(src, mp)], mp)
+    assert sfmount.is_mounted(mp), "sshfs's kernel mount is not there"
+    return d, src, mp
+
+
+def run_under(shortfuse: Path, mp: Path, script: str, *args: str) -> str:
+    p = subprocess.run(
+        [str(shortfuse), "run", "-m", str(mp), "--", sys.executable, "-c", script, *args],
+        capture_output=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stdout.decode()
+
+
+READ_ONCE = r"""
+import sys
+with open(sys.argv[1]) as f:
+    print(f.read(), end="|")
+"""
+
+# Reads the file, reads it again, changes it on the server (the sshd's
+# directory, outside the mount), and reads it a third time.
+READ_CHANGE_READ = r"""
+import sys
+for i in range(3):
+    with open(sys.argv[1]) as f:
+        print(f.read(), end="|")
+    if i == 1:
+        with open(sys.argv[2], "w") as f:
+            f.write(sys.argv[3])
+"""
+
+
+def test_a_remote_daemon_gets_the_programs_page_cache_by_default(shortfuse, scratch):
+    d, src, mp = sshfs(shortfuse, scratch)
+    try:
+        data = "x" * 300_000
+        (src / "f").write_text(data)
+        # Old enough that the cache trusts its size and mtime.
+        os.utime(src / "f", (1_000_000_000, 1_000_000_000))
+        before = d.count("READ")
+        assert run_under(shortfuse, mp, READ_ONCE, str(mp / "f")) == f"{data}|"
+        once = d.count("READ") - before
+        before = d.count("READ")
+        assert run_under(shortfuse, mp, READ_TWICE, str(mp / "f")) == f"{data}|{data}|"
+        twice = d.count("READ") - before
+        # sshfs's mount is remote (a host:path source): without `-o
+        # cache=...` the program keeps the pages it read, and reading the
+        # unchanged file again sends no READ.
+        assert once > 0 and twice == once, (once, twice)
+        # A change made on the server is seen whole at the next open.
+        changed = "changed on the server, and longer than one line\n" * 2_000
+        out = run_under(shortfuse, mp, READ_CHANGE_READ, str(mp / "f"), str(src / "f"), changed)
+        assert out == f"{data}|{data}|{changed}|", out[-200:]
+    finally:
+        d.stop()
+
+
+# getxattr and listxattr of every name in a directory: what each answered.
+XATTRS = r"""
+import errno, os, sys
+for name in sorted(os.listdir(sys.argv[1])):
+    p = os.path.join(sys.argv[1], name)
+    for call in (lambda: os.getxattr(p, "user.x"), lambda: os.listxattr(p)):
+        try:
+            print(call())
+        except OSError as e:
+            print(errno.errorcode[e.errno])
+"""
+
+
+def test_a_daemon_without_xattrs_is_asked_for_them_once(shortfuse, scratch):
+    d, src, mp = sshfs(shortfuse, scratch)
+    try:
+        for i in range(20):
+            (src / f"f{i}").write_text("x")
+        kernel = subprocess.run(
+            [sys.executable, "-c", XATTRS, str(mp)], capture_output=True, timeout=60, check=True
+        ).stdout.decode()
+        assert kernel.split() == ["ENOTSUP"] * 40, kernel
+        before = d.count("GETXATTR"), d.count("LISTXATTR")
+        assert run_under(shortfuse, mp, XATTRS, str(mp)) == kernel
+        # sshfs answers both with ENOSYS: as the kernel's FUSE client does,
+        # the program asks once and then knows.
+        assert (d.count("GETXATTR") - before[0], d.count("LISTXATTR") - before[1]) == (1, 1)
+    finally:
+        d.stop()
+
+
 # A FUSE daemon of its own /dev/fuse loop (as root: open, mount(2)) and
 # its answers: a root with file "good" of 5 bytes, and a LOOKUP of "bad"
 # answered with a reply whose header claims more bytes than it carries.
