@@ -307,9 +307,9 @@ impl Config {
                 "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve --`, each call sent to it over shared-memory rings{}",
                 if *sshfs { "sshfs from a loopback sshd" } else { "bindfs" },
                 if *cache {
-                    ", the program's own page cache in front (run -o cache=on)"
+                    ", the program's own page cache in front (run -o cache=on, the default for a remote daemon)"
                 } else {
-                    ""
+                    ", without the program's page cache (run -o cache=off)"
                 }
             ),
         }
@@ -672,7 +672,9 @@ impl Config {
                     shortfuse_bin: env.shortfuse_bin.clone(),
                     mount: mnt.display().to_string(),
                     env: vec![],
-                    options: if *cache { "cache=on".into() } else { String::new() },
+                    // Said either way: `auto` turns the cache on for a remote
+                    // daemon (sshfs), and `sshfs-ring` measures the rings alone.
+                    options: if *cache { "cache=on" } else { "cache=off" }.into(),
                 };
                 PRELOAD.lock().unpoison().push((mnt.clone(), worker));
                 prepared.dir = mnt;

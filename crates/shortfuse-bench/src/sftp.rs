@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use crate::config::PreloadWorker;
 use crate::report::Figure;
 use crate::scale::Scale;
 use shortfuse_fs::pattern::bytes;
@@ -44,7 +45,7 @@ fn sizes(scale: Scale) -> Sizes {
 pub fn describe(scale: Scale) -> String {
     let s = sizes(scale);
     format!(
-        "Scale {}: `cp` of a {} MiB file from the mount to local ext4 (`cp-down`) and from local ext4 to the mount (`cp-up`); `ls -lR` of {} files in {} directories on a fresh mount (`ls-lR-cold`) and right after (`ls-lR-warm`). The file and the tree are written into the served directory behind the mount, so the client starts with nothing cached. Wall time of each program in ms; each run on a fresh mount and, for sftp and sshfs, a fresh loopback sshd.",
+        "Scale {}: `cp` of a {} MiB file from the mount to local ext4 (`cp-down`) and from local ext4 to the mount (`cp-up`); `ls -lR` of {} files in {} directories on a fresh mount (`ls-lR-cold`) and right after (`ls-lR-warm`). The file and the tree are written into the served directory behind the mount, so the client starts with nothing cached. Wall time of each program in ms; each run on a fresh mount and, for the network configurations, a fresh loopback sshd. On the configurations under `shortfuse run` each program is started by it, a new process image: its warm run finds warm only what the file system keeps between programs.",
         scale.name(),
         s.file >> 20,
         s.dirs * s.per_dir,
@@ -121,14 +122,26 @@ fn row(name: &str, r: io::Result<f64>) -> Figure {
 
 /// `dir` is where the workload runs (the mount), `source` the directory it
 /// serves (the same as `dir` on native), `local` a scratch directory on
-/// local ext4 (made and removed here).
+/// local ext4 (made and removed here). `shim`: the mount exists only for
+/// programs under `shortfuse run`, so each program is started by it (a
+/// fresh process image, so `ls-lR-warm` finds warm only what the file
+/// system keeps between programs, not the program's own caches).
 pub fn run(
     dir: &Path,
     source: &Path,
     local: &Path,
     scale: Scale,
+    shim: Option<&PreloadWorker>,
     progress: &mut dyn FnMut(&str),
 ) -> io::Result<Vec<Figure>> {
+    let program = |name: &str| match shim {
+        Some(w) => {
+            let mut c = w.command();
+            c.arg(name);
+            c
+        }
+        None => Command::new(name),
+    };
     let s = sizes(scale);
     progress("laying out");
     let _ = std::fs::remove_dir_all(local);
@@ -150,18 +163,18 @@ pub fn run(
 
     let mut out = Vec::new();
     progress("cp-down");
-    let r = timed(Command::new("cp").arg(dir.join("down")).arg(local.join("down")))
+    let r = timed(program("cp").arg(dir.join("down")).arg(local.join("down")))
         .and_then(|(ms, _)| check_file(&local.join("down"), s.file).map(|()| ms));
     out.push(row("cp-down", r));
 
     progress("cp-up");
-    let r = timed(Command::new("cp").arg(local.join("up")).arg(dir.join("up")))
+    let r = timed(program("cp").arg(local.join("up")).arg(dir.join("up")))
         .and_then(|(ms, _)| check_file(&source.join("up"), s.file).map(|()| ms));
     out.push(row("cp-up", r));
 
     for name in ["ls-lR-cold", "ls-lR-warm"] {
         progress(name);
-        let r = timed(Command::new("ls").arg("-lR").arg(dir.join("tree"))).and_then(|(ms, text)| {
+        let r = timed(program("ls").arg("-lR").arg(dir.join("tree"))).and_then(|(ms, text)| {
             if lines(&text) == expected {
                 Ok(ms)
             } else {
