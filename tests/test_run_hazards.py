@@ -5,7 +5,8 @@ system-call site rewritten, `git clone` on a passthrough mount (a
 multi-threaded program that forks), shells and a statically linked
 program (which the shim never reaches) after `cd` into a mount; and
 threads that used to spin waiting for each other (threads made while
-calls are served, threads trapping on the same sites at once).
+calls are served, threads trapping on the same sites at once); and the
+vector registers a program keeps across its system calls.
 """
 
 from __future__ import annotations
@@ -96,6 +97,27 @@ def test_forks_while_another_thread_rewrites_sites(shortfuse, scratch):
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"hung 0\n"
 
+
+
+def has_avx512() -> bool:
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    return {"avx512f", "avx512bw"} <= set(flags.split())
+
+
+@pytest.mark.skipif(not has_avx512(), reason="the program fills AVX-512 registers")
+@pytest.mark.parametrize("intercept", ["both", "zpoline", "sud"])
+def test_served_and_passed_calls_leave_every_vector_and_mask_register_as_it_was(shortfuse, scratch, intercept):
+    # The kernel keeps all of zmm0-31, k0-7 and MXCSR across a system call,
+    # with the upper halves of zmm0-15 in use and not; the hook's own code
+    # (glibc's string functions: zmm16-31 and the masks) must too. The
+    # mount point does not exist outside the shim, so the calls on it were
+    # served.
+    exe = cc(scratch, "vector_registers", "-mavx512f", "-mavx512bw")
+    mp = scratch / "mnt"
+    p = under(shortfuse, [f"{mp}=mem"], [str(exe), str(mp)], env={**os.environ, "SHORTFUSE_INTERCEPT": intercept})
+    assert p.returncode == 0, output(p, str(scratch))
+    assert p.stdout == b"ok\n"
+    assert not mp.exists()
 
 
 def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, scratch):

@@ -7,12 +7,12 @@
 //! kernel run non-file calls straight from its fast path (a bitmap test and
 //! our own `syscall`), and around the Rust hook it saves the argument
 //! registers, rflags and the vector state (`xsave`, or `fxsave` on CPUs
-//! without it, or moves of ymm0-15 where AVX is all there is, see
-//! [`Cfg::xsave_on`]): glibc's memcpy inside the hook uses ymm/zmm
+//! without it, or moves of the registers where AVX or AVX-512 is all there
+//! is, see [`Cfg::xsave_on`]): glibc's memcpy inside the hook uses ymm/zmm
 //! registers that the interrupted code may hold live across its
-//! `syscall`. (The hook leaves the x87 state, MXCSR and PKRU as they
-//! were: Rust and glibc keep the control words, which the ABI makes
-//! callee-saved, and nothing of ours computes on the x87 stack.) The
+//! `syscall`. (The hook leaves the x87 state, MXCSR's control bits and
+//! PKRU as they were: Rust and glibc keep the control words, which the ABI
+//! makes callee-saved, and nothing of ours computes on the x87 stack.) The
 //! `call *%rax` of a rewritten site stores its return address at rsp-8,
 //! the top slot of the interrupted function's red zone; every zpoline-style
 //! rewrite shares that limitation. The remaining 120 bytes are stepped over
@@ -259,7 +259,12 @@ pub struct Cfg {
     /// (the compacted form skips components in their initial state: the
     /// AVX-512 registers a program seldom uses); 3: on CPUs whose only
     /// vector state is AVX, moves of ymm0-15 (of xmm0-15 when the upper
-    /// halves are not in use, which `vzeroupper` then leaves clean).
+    /// halves are not in use, which `vzeroupper` then leaves clean); 4: on
+    /// CPUs whose vector state is AVX-512 (with 64-bit masks, AVX512BW), moves
+    /// of zmm0-31, k0-7 and MXCSR (xsavec and xrstor of the same state
+    /// cost several times as much, mostly their own microcode: glibc's
+    /// string functions keep zmm16-31 and the masks in use, so the
+    /// compacted form saves little).
     pub xsave_on: AtomicU64,
     /// Non-zero: new threads and forked children turn on Syscall User
     /// Dispatch for themselves.
@@ -460,7 +465,7 @@ fn inherited_xsave_layout() -> Option<(u8, usize)> {
     let v = std::env::var(XSAVE_VAR).ok()?;
     let mut f = v.split(':').map(|x| u64::from_str_radix(x, 16).ok());
     let (xcr0, on, size) = (f.next()??, f.next()??, f.next()??);
-    if f.next().is_some() || on > 3 || !(512..=1 << 16).contains(&size) || size % 64 != 0 {
+    if f.next().is_some() || on > 4 || !(512..=1 << 16).contains(&size) || size % 64 != 0 {
         return None;
     }
     (Some(xcr0) == current_xcr0()).then_some((on as u8, size as usize))
@@ -489,6 +494,7 @@ fn current_xcr0() -> Option<u64> {
 /// glibc's indexes of cpuid leaf 1 and of leaf 0xd, sub-leaf 1
 /// (<sys/platform/x86.h>).
 const CPUID_INDEX_1: u32 = 0;
+const CPUID_INDEX_7: u32 = 1;
 const CPUID_INDEX_D_ECX_1: u32 = 3;
 
 /// The registers (eax, ebx, ecx, edx) of a cpuid leaf as glibc read them
@@ -517,7 +523,7 @@ fn glibc_cpuid(index: u32) -> Option<[u32; 4]> {
 /// size of the area: for the save instructions, that of the components
 /// they save (x87, SSE, AVX, MPX, AVX-512: mask 0xff; the standard layout,
 /// which the compacted one never exceeds); for the moves, 16 registers of
-/// 32 bytes and a flag.
+/// 32 bytes and a flag, or 32 of 64 bytes, 8 masks, MXCSR and a flag.
 fn xsave_layout() -> (u8, usize) {
     use core::arch::x86_64::__cpuid_count;
     let l1 = glibc_cpuid(CPUID_INDEX_1).map_or_else(|| __cpuid_count(1, 0).ecx, |r| r[2]);
@@ -537,6 +543,13 @@ fn xsave_layout() -> (u8, usize) {
     let avx_only = lo & 0b110 == 0b110 && lo & !(0b111 | 1 << 9) == 0 && hi == 0;
     if avx_only && d1 & (1 << 2) != 0 {
         return (3, 576);
+    }
+    // x87, SSE, AVX, the masks, the upper halves of zmm0-15 and zmm16-31
+    // (and PKRU): all a move can reach, with AVX512F and AVX512BW (kmovq).
+    let l7 = glibc_cpuid(CPUID_INDEX_7).map_or_else(|| __cpuid_count(7, 0).ebx, |r| r[1]);
+    let avx512 = lo & !(1 << 9) == 0xe7 && hi == 0 && l7 & (1 << 16 | 1 << 30) == 1 << 16 | 1 << 30;
+    if avx512 {
+        return (4, 2176);
     }
     let mut end = 576; // legacy area and header
     for i in 2..8 {
@@ -696,6 +709,8 @@ global_asm!(
     "push %rax",
     "sub shortfuse_cfg+72(%rip), %rsp",
     "and $-64, %rsp",
+    "cmpb $4, shortfuse_cfg+80(%rip)",
+    "je 70f",
     "cmpb $3, shortfuse_cfg+80(%rip)",
     "jne 16f",
     "mov $1, %ecx",
@@ -735,6 +750,27 @@ global_asm!(
     "jmp 12f",
     "11:",
     "fxsave64 (%rsp)",
+    "jmp 12f",
+    // AVX-512 by moves (layout: zmm0-31, k0-7, MXCSR, then whether any
+    // upper half of zmm0-15 is non-zero). With the upper halves all zero,
+    // the restore writes the low halves and vzeroupper leaves them clean
+    // again; the hook itself runs with them clean either way.
+    "70:",
+    ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31",
+    "vmovdqa64 %zmm\\i, (\\i*64)(%rsp)",
+    ".endr",
+    ".irp i, 0,1,2,3,4,5,6,7",
+    "kmovq %k\\i, (2048+\\i*8)(%rsp)",
+    ".endr",
+    "stmxcsr 2112(%rsp)",
+    ".irp i, 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "vpord %zmm\\i, %zmm0, %zmm0",
+    ".endr",
+    "vptestmq %zmm0, %zmm0, %k1",
+    "kmovw %k1, %eax",
+    "and $0xfc, %eax",
+    "mov %rax, 2120(%rsp)",
+    "vzeroupper",
     "12:",
     "sub $16, %rsp",
     "mov -64(%rbp), %rax",
@@ -749,6 +785,8 @@ global_asm!(
     "call shortfuse_hook",
     "add $16, %rsp",
     "mov %rax, %r11",
+    "cmpb $4, shortfuse_cfg+80(%rip)",
+    "je 71f",
     "cmpb $3, shortfuse_cfg+80(%rip)",
     "jne 18f",
     "cmpq $0, 512(%rsp)",
@@ -772,6 +810,27 @@ global_asm!(
     "jmp 14f",
     "13:",
     "fxrstor64 (%rsp)",
+    "jmp 14f",
+    "71:",
+    "cmpq $0, 2120(%rsp)",
+    "je 72f",
+    ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "vmovdqa64 (\\i*64)(%rsp), %zmm\\i",
+    ".endr",
+    "jmp 73f",
+    "72:",
+    "vzeroupper",
+    ".irp i, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "vmovdqa (\\i*64)(%rsp), %xmm\\i",
+    ".endr",
+    "73:",
+    ".irp i, 16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31",
+    "vmovdqa64 (\\i*64)(%rsp), %zmm\\i",
+    ".endr",
+    ".irp i, 0,1,2,3,4,5,6,7",
+    "kmovq (2048+\\i*8)(%rsp), %k\\i",
+    ".endr",
+    "ldmxcsr 2112(%rsp)",
     "14:",
     "mov %r11, %rax",
     "mov -16(%rbp), %rdi",
