@@ -6,7 +6,8 @@ multi-threaded program that forks), shells and a statically linked
 program (which the shim never reaches) after `cd` into a mount; and
 threads that used to spin waiting for each other (threads made while
 calls are served, threads trapping on the same sites at once); and the
-vector registers a program keeps across its system calls.
+vector registers a program keeps across its system calls, and the
+signals of a program with a handler, blocked only around served calls.
 """
 
 from __future__ import annotations
@@ -118,6 +119,32 @@ def test_served_and_passed_calls_leave_every_vector_and_mask_register_as_it_was(
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"ok\n"
     assert not mp.exists()
+
+
+def test_calls_that_reach_the_kernel_unchanged_block_no_signals_in_a_program_with_a_handler(shortfuse, scratch):
+    # Once a program has a handler, served calls run with its signals
+    # blocked (the handler removes a lock file on the mount, and must not
+    # run inside one). Reads, seeks and listings of kernel descriptors of
+    # backing files, a pipe's write and read and an anonymous mmap are not
+    # served: they used to pay the same two rt_sigprocmask calls each.
+    exe = cc(scratch, "calls_with_a_handler")
+    src = scratch / "src"
+    src.mkdir()
+    (src / "data").write_text("some data\n")
+    (src / "lock").write_text("")
+    log = scratch / "strace.log"
+    trace = [sfmount.require_tool("strace"), "-f", "-qq", "-e", "trace=rt_sigprocmask,getppid", "-o", str(log)]
+    cmd = [*trace, str(shortfuse), "run", "-m", f"{scratch}/mnt=passthrough:{src}", "--"]
+    p = run([*cmd, str(exe), f"{scratch}/mnt", "20"])
+    assert p.returncode == 0, output(p, str(scratch))
+    assert p.stdout == b"gone\n"
+    assert sorted(os.listdir(src)) == ["data"]
+    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
+    marks = [i for i, call in enumerate(calls) if call.startswith("getppid(")]
+    assert len(marks) == 2, calls
+    between = [call.split(",")[0] for call in calls[marks[0] + 1 : marks[1]]]
+    # The one served call, the fstat, still has its pair.
+    assert between == ["rt_sigprocmask(SIG_BLOCK", "rt_sigprocmask(SIG_SETMASK"]
 
 
 def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, scratch):

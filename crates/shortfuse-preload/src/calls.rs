@@ -24,6 +24,7 @@ mod sockets;
 pub mod spare;
 pub mod spawn;
 pub mod special;
+mod straight;
 pub mod table;
 mod unserved;
 pub(crate) mod xattr;
@@ -32,6 +33,7 @@ pub use descriptors::{nested, OWN_FD_FLOOR};
 pub(crate) use directories::{cwd_location, kernel_cwd_inside, Here};
 pub use metadata::{to_stat, to_statx, utime_times};
 pub(crate) use resolve::{below_source, kind_of, magic_link, mount_of};
+pub use straight::straight_to_kernel;
 pub use table::is_file_call;
 
 use table::{Call, Regs};

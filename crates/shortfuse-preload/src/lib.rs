@@ -30,8 +30,10 @@
 //!
 //! Re-entry and signals. While a call is served, asynchronous signals are
 //! blocked (in the zpoline path two rt_sigprocmask calls per file call, paid
-//! only once the program has installed a handler for an asynchronous signal;
-//! free in the SIGSYS path, where the handler's mask does it) and a per-thread
+//! only once the program has installed a handler for an asynchronous signal,
+//! and not for calls told lock-free to go to the kernel unchanged, see
+//! `calls::straight_to_kernel`; free in the SIGSYS path, where the handler's
+//! mask does it) and a per-thread
 //! flag sends the file system's own system calls to the kernel. A program's
 //! signal handler therefore never runs inside the hook: it runs when the
 //! served call returns, and its file calls on the mount are served like any
@@ -660,6 +662,10 @@ pub(crate) fn serve(nr: i64, a: [i64; 6], frame_mask: Option<u64>) -> Option<i64
     }
     let mut old_mask = 0u64;
     let block = frame_mask.is_none() && sud::handlers_installed();
+    if block && calls::straight_to_kernel(nr, a) {
+        // Nothing of ours runs for it: no signal to hold back.
+        return None;
+    }
     if block {
         let all = sud::ASYNC_MASK;
         // SAFETY: 8-byte signal masks of ours, as the size says.

@@ -44,7 +44,7 @@ mod vfs;
 
 pub use backend::{Anchor, Backend, InProcess, Invalidation};
 pub use client::{Caller, Client, Creds, EntryOut, InitOut, Lookup, OpenOut, XattrOut};
-pub use file::{anchor_files, FdTable, OpenFile};
+pub use file::{anchor_files, FdTable, Held, OpenFile};
 pub use maps::{HeldMap, MapTable, MapTap, MCACHE_NODES};
 pub use names::Namespace;
 pub use pages::PageCache;

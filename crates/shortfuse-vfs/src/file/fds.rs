@@ -50,6 +50,21 @@ pub struct FdTable {
     slots: Mutex<HashMap<i32, Slot, FdHash>>,
     /// One bit per descriptor below `FAST_FDS`: is it ours?
     bits: Box<[AtomicU64]>,
+    /// One bit per descriptor below `FAST_FDS`: is it ours and a kernel
+    /// descriptor of its backing file ([`OpenFile::kernel_backed`] when it
+    /// was installed)? Read without the lock by [`FdTable::quick`].
+    kernel_bits: Box<[AtomicU64]>,
+}
+
+/// What the lock-free bitmaps know of a descriptor (see [`FdTable::quick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Not ours.
+    NotOurs,
+    /// Ours, a kernel descriptor of its backing file.
+    KernelBacked,
+    /// Ours, and something else (or being replaced right now).
+    Ours,
 }
 
 impl Default for FdTable {
@@ -63,6 +78,7 @@ impl FdTable {
         FdTable {
             slots: Mutex::new(HashMap::default()),
             bits: (0..FAST_FDS / 64).map(|_| AtomicU64::new(0)).collect(),
+            kernel_bits: (0..FAST_FDS / 64).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -71,16 +87,43 @@ impl FdTable {
     }
 
     fn mark(&self, fd: i32, on: bool) {
+        Self::set_bit(&self.bits, fd, on);
+    }
+
+    fn mark_kernel(&self, fd: i32, on: bool) {
+        Self::set_bit(&self.kernel_bits, fd, on);
+    }
+
+    fn set_bit(bits: &[AtomicU64], fd: i32, on: bool) {
         if let Ok(i) = usize::try_from(fd) {
             if i < FAST_FDS {
                 let bit = 1u64 << (i % 64);
                 if on {
-                    self.bits[i / 64].fetch_or(bit, Ordering::Release);
+                    bits[i / 64].fetch_or(bit, Ordering::Release);
                 } else {
-                    self.bits[i / 64].fetch_and(!bit, Ordering::Release);
+                    bits[i / 64].fetch_and(!bit, Ordering::Release);
                 }
             }
         }
+    }
+
+    /// What `fd` is, without the lock (so without waiting for a thread
+    /// that holds it, or for one that a signal interrupted holding it):
+    /// `None` at and above 65536, where only the locked table knows.
+    pub fn quick(&self, fd: i32) -> Option<Held> {
+        let i = match usize::try_from(fd) {
+            Ok(i) if i < FAST_FDS => i,
+            Ok(_) => return None,
+            Err(_) => return Some(Held::NotOurs),
+        };
+        let bit = 1u64 << (i % 64);
+        Some(if self.bits[i / 64].load(Ordering::Acquire) & bit == 0 {
+            Held::NotOurs
+        } else if self.kernel_bits[i / 64].load(Ordering::Acquire) & bit != 0 {
+            Held::KernelBacked
+        } else {
+            Held::Ours
+        })
     }
 
     /// Whether `fd` is one of ours: lock-free for descriptors below 65536.
@@ -102,8 +145,18 @@ impl FdTable {
     /// Installs `file` at `fd`; returns what was there (to be closed by
     /// the caller outside any lock of ours).
     pub fn insert(&self, fd: i32, file: Arc<OpenFile>, cloexec: bool) -> Option<Arc<OpenFile>> {
-        let old = self.lock().insert(fd, Slot { file, cloexec });
+        let kernel = file.kernel_backed();
+        let mut slots = self.lock();
+        // A lock-free reader never takes the new file for kernel-backed
+        // when it is not: the bit goes off before the slot changes, on after.
+        if !kernel {
+            self.mark_kernel(fd, false);
+        }
+        let old = slots.insert(fd, Slot { file, cloexec });
         self.mark(fd, true);
+        if kernel {
+            self.mark_kernel(fd, true);
+        }
         old.map(|s| s.file)
     }
 
@@ -119,6 +172,7 @@ impl FdTable {
             let mut slots = self.lock();
             let s = slots.remove(&fd);
             if s.is_some() {
+                self.mark_kernel(fd, false);
                 self.mark(fd, false);
             }
             s

@@ -15,7 +15,7 @@ mod fds;
 mod io;
 mod open;
 
-pub use fds::FdTable;
+pub use fds::{FdTable, Held};
 
 use shortfuse::sync::Unpoison;
 use std::fs::File;
