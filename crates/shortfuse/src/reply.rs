@@ -306,6 +306,20 @@ impl ReplyWrite {
     }
 }
 
+/// The answer to a request that returns nothing but success or an error
+/// (FSYNC, FSYNCDIR served on a helper thread by the dispatcher).
+pub(crate) struct ReplyEmpty(Reply);
+
+impl ReplyEmpty {
+    /// Answers success or the error.
+    pub(crate) fn result(self, r: crate::errno::Result<()>) {
+        match r {
+            Ok(()) => self.0.send(encode::reply_ok),
+            Err(e) => self.0.error(e),
+        }
+    }
+}
+
 /// The answer to GETATTR and SETATTR: the node's attributes, cached by the
 /// kernel for the mount's attribute timeout.
 pub struct ReplyAttr {
@@ -381,6 +395,10 @@ impl Replies {
 
     pub(crate) fn write(&self) -> ReplyWrite {
         ReplyWrite(self.core())
+    }
+
+    pub(crate) fn empty(&self) -> ReplyEmpty {
+        ReplyEmpty(self.core())
     }
 
     pub(crate) fn attr(&self, ttl: AttrTtl) -> ReplyAttr {

@@ -29,6 +29,7 @@
 mod dir;
 pub mod encode;
 mod init;
+mod offload;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -78,6 +79,8 @@ pub struct Dispatcher {
     /// [`Filesystem::answers_later`], asked once.
     answers_later: bool,
     inflight: Arc<InFlight>,
+    /// Helpers for requests that wait for the device (see [`offload`]).
+    offload: Arc<offload::Offload>,
     observer: OnceLock<Observer>,
     /// [`InitConfig::file_attr_timeout`](crate::InitConfig), once agreed.
     file_attr_timeout: OnceLock<Duration>,
@@ -127,6 +130,7 @@ impl Dispatcher {
             map_tap: None,
             answers_later: fs.answers_later(),
             inflight: Arc::default(),
+            offload: Arc::default(),
             fs,
             observer: OnceLock::new(),
             file_attr_timeout: OnceLock::new(),
@@ -171,6 +175,8 @@ impl Dispatcher {
     /// (distfs's cache, pack's sizes) would otherwise lose that at umount.
     /// Once, and only after INIT (nothing was set up before).
     pub fn finish(&self) {
+        // An fsync still running on a helper ends before `destroy`.
+        self.offload.wait_idle();
         if self.negotiated.get().is_some() && !self.destroyed.swap(true, Ordering::Relaxed) {
             self.fs.destroy();
         }
@@ -352,6 +358,9 @@ impl Dispatcher {
                 }
                 _ => {}
             }
+        }
+        if let (Some(sink), Operation::Fsync { arg } | Operation::Fsyncdir { arg }) = (sink, &r.op) {
+            return Ok(self.sync_on_helper(h.opcode, req, node, arg, sink));
         }
         match r.op {
             Operation::Lookup { name } => match fs.lookup(&req, node, name) {
@@ -684,6 +693,37 @@ impl Dispatcher {
             | Operation::Statx { .. }
             | Operation::CuseInit { .. } => Err(Errno::ENOSYS),
         }
+    }
+
+    /// FSYNC or FSYNCDIR (`opcode`) served on a helper thread, answered to
+    /// `sink` from there: the reader that took it goes on reading while
+    /// the device flushes (see [`offload`]).
+    fn sync_on_helper(
+        &self,
+        opcode: u32,
+        req: Request,
+        node: NodeId,
+        arg: &abi::fuse_fsync_in,
+        sink: &Arc<dyn ReplySink>,
+    ) -> Outcome {
+        let reply = Replies {
+            sink: sink.clone(),
+            inflight: self.inflight.clone(),
+            unique: req.unique,
+        }
+        .empty();
+        let fs = self.fs.clone();
+        let fh = FileHandle(arg.fh);
+        let datasync = arg.fsync_flags & abi::FUSE_FSYNC_FDATASYNC != 0;
+        let dir = opcode == abi::FUSE_FSYNCDIR;
+        self.offload.run(Box::new(move || {
+            reply.result(if dir {
+                fs.fsyncdir(&req, node, fh, datasync)
+            } else {
+                fs.fsync(&req, node, fh, datasync)
+            })
+        }));
+        Outcome::Deferred
     }
 
     /// Hands `call` the makers of a reply handle for `unique`: the reply
