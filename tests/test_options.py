@@ -417,7 +417,8 @@ def test_passthrough_registers_a_file_once_for_all_its_opens(mount_factory, tmp_
 
 def test_passthrough_opens_and_looks_up_a_known_file_with_few_system_calls(mount_factory, tmp_path):
     """The daemon's part of an open+close and of a lookup, counted in system
-    calls: a read-only open reopens the source file and reads its status
+    calls: the first read-only open reopens the source file, and later
+    ones share that descriptor (no open, no close); each reads its status
     once (the check of the open's data map gives what the page-cache check
     needs), with no getpid(2) for the /proc directory it reopens through;
     a lookup of a name whose inode the daemon holds already is one stat,
@@ -442,6 +443,8 @@ def test_passthrough_opens_and_looks_up_a_known_file_with_few_system_calls(mount
     calls = opens.calls
     assert calls.get("getpid", 0) == 0, calls
     assert sum(calls.get(n, 0) for n in stats) <= 20 + 1, calls
+    # Read-only opens share one descriptor of the file, opened once.
+    assert calls.get("openat", 0) <= 1 and calls.get("close", 0) <= 1, calls
 
     # entry_timeout=0: each stat asks the daemon to look the name up again.
     m, pid, before = mount_with_a_file(["entry_timeout=0"])

@@ -39,10 +39,10 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
-    pub fn file(node: NodeId, fd: OwnedFd, flags: i32) -> OpenFile {
+    pub fn file(node: NodeId, fd: Arc<OwnedFd>, flags: i32) -> OpenFile {
         OpenFile {
             node,
-            fd: Arc::new(fd),
+            fd,
             dir: None,
             direct: flags & libc::O_DIRECT != 0,
         }

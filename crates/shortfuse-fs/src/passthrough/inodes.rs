@@ -70,6 +70,12 @@ impl Inode {
         self.path.get()
     }
 
+    /// The shared read-only descriptor of a regular file (see
+    /// [`PathSlot::reader`]), made by `open` from the `O_PATH` one.
+    pub fn reader(&self, open: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd>) -> Result<Arc<OwnedFd>> {
+        self.path.reader(open)
+    }
+
     /// Whether the descriptor is open now (tests of the budget).
     pub fn has_fd(&self) -> bool {
         self.path.is_open()

@@ -124,6 +124,11 @@ use pathfd::Budget;
 
 use crate::registry::IN_PROCESS_FD_FLOOR;
 
+/// The kernel's `O_LARGEFILE`, which it sets on every open of a 64-bit
+/// process and sends in OPEN's flags (`libc::O_LARGEFILE` is 0 here, as in
+/// glibc's headers for 64-bit programs).
+const KERNEL_O_LARGEFILE: i32 = 0o100000;
+
 /// How READLINK presents symbolic links (`-o symlinks=`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SymlinkMode {
@@ -217,6 +222,9 @@ pub struct PassthroughFs {
     writeback: AtomicBool,
     /// The source root again, for the namespace map.
     map_root: Arc<OwnedFd>,
+    /// Plain read-only opens share one descriptor per inode (a daemon
+    /// only, see `open`).
+    share_readers: bool,
 }
 
 impl PassthroughFs {
@@ -295,6 +303,7 @@ impl PassthroughFs {
             switch_creds: sys::geteuid() == 0,
             writeback: AtomicBool::new(false),
             map_root,
+            share_readers: role == Role::Daemon,
         })
     }
 
@@ -821,7 +830,16 @@ impl Filesystem for PassthroughFs {
             // client of our own making sends OPEN for one).
             flags |= libc::O_NONBLOCK;
         }
-        let fd = sys::reopen(inode.fd()?.as_fd(), flags)?;
+        // A plain read-only open shares the inode's reader descriptor in a
+        // daemon (see `Inode::reader`); in a program's own process the shim
+        // may hand the descriptor's description to the program, whose
+        // read(2) moves its offset, so each open keeps its own there.
+        let fd =
+            if self.share_readers && inode.kind == FileType::Regular && flags & !KERNEL_O_LARGEFILE == libc::O_RDONLY {
+                inode.reader(|path| sys::reopen(path, flags))?
+            } else {
+                Arc::new(sys::reopen(inode.fd()?.as_fd(), flags)?)
+            };
         // FLUSH is a close of a duplicate, which reports a writer's
         // deferred errors (NFS sources); a reader has none, nor has a
         // writer on a local source, and without FUSE_POSIX_LOCKS there are
@@ -856,7 +874,7 @@ impl Filesystem for PassthroughFs {
         let entry = self.intern_open(&fd)?;
         // No FLUSH at close where it has nothing to report (see `open`).
         let noflush = sys::close_reports_nothing(fd.as_fd());
-        let file = OpenFile::file(entry.node, fd, flags);
+        let file = OpenFile::file(entry.node, Arc::new(fd), flags);
         let data_map = Some(DataMap::whole(file.fd.clone()));
         let fh = self.handles.insert(file);
         if let Ok(inode) = self.inodes.get(entry.node) {

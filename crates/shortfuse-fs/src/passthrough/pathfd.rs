@@ -142,6 +142,10 @@ pub struct PathSlot {
 struct SlotState {
     fd: Option<Arc<OwnedFd>>,
     handle: Option<Handle>,
+    /// A plain read-only descriptor of the file, shared by its read-only
+    /// opens (see [`PathSlot::reader`]); counts against the budget and is
+    /// given up with `fd`.
+    reader: Option<Arc<OwnedFd>>,
 }
 
 /// A use of an inode's descriptor; it stays open while this lives.
@@ -165,6 +169,7 @@ impl PathSlot {
             state: Mutex::new(SlotState {
                 fd: Some(Arc::new(fd)),
                 handle: None,
+                reader: None,
             }),
             used: AtomicBool::new(true),
             budget: budget.clone(),
@@ -193,6 +198,31 @@ impl PathSlot {
         st.fd = Some(fd.clone());
         self.budget.open.fetch_add(1, Ordering::Relaxed);
         Ok(PathFd(fd))
+    }
+
+    /// The file's shared read-only descriptor, made by `open` from the
+    /// inode's `O_PATH` one the first time. Opening costs the daemon a
+    /// path walk through `/proc/self/fd` (more than bindfs's open by name);
+    /// reads name their offset (`pread`), so read-only opens that ask
+    /// nothing else of their description can share one, as long as the
+    /// inode keeps its descriptor.
+    pub fn reader(&self, open: impl FnOnce(BorrowedFd<'_>) -> Result<OwnedFd>) -> Result<Arc<OwnedFd>> {
+        if let Some(r) = &self.lock().reader {
+            self.used.store(true, Ordering::Relaxed);
+            return Ok(r.clone());
+        }
+        let path = self.get()?;
+        let fd = Arc::new(open(path.as_fd())?);
+        let mut st = self.lock();
+        if let Some(r) = &st.reader {
+            // Another open made one meanwhile: use that one.
+            return Ok(r.clone());
+        }
+        st.reader = Some(fd.clone());
+        if self.sheddable {
+            self.budget.open.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(fd)
     }
 
     /// Puts `fd` (a fresh descriptor of the same inode, from a lookup) back
@@ -228,7 +258,8 @@ impl PathSlot {
         }
         // A request still using the descriptor keeps it open until it ends.
         st.fd = None;
-        self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        let given_up = 1 + usize::from(st.reader.take().is_some());
+        self.budget.open.fetch_sub(given_up, Ordering::Relaxed);
         true
     }
 
@@ -240,8 +271,10 @@ impl PathSlot {
 
 impl Drop for PathSlot {
     fn drop(&mut self) {
-        if self.sheddable && self.lock().fd.is_some() {
-            self.budget.open.fetch_sub(1, Ordering::Relaxed);
+        if self.sheddable {
+            let st = self.lock();
+            let held = usize::from(st.fd.is_some()) + usize::from(st.reader.is_some());
+            self.budget.open.fetch_sub(held, Ordering::Relaxed);
         }
     }
 }
