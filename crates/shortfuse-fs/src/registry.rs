@@ -151,7 +151,7 @@ pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
     ),
     (
         "reader_cache",
-        "with passthrough: a read-only open of a file no open passes through reads from the mount's page cache, kept across opens while the file's size and times are unchanged, so a cached read costs one copy, as on bindfs, instead of the passthrough path's read of a second file; the first read of the data goes through the daemon and the data is cached twice (source and mount); a large cached file read sequentially in big calls comes from the mount's page cache several times slower than a passthrough read from the source's; a change made in SOURCE behind the mount shows at the next open; no_reader_cache passes readers through too (for large sequential reads)",
+        "with passthrough: a read-only open of a file no open passes through reads from the mount's page cache, kept across opens while the file's size and times are unchanged, so a cached read costs one copy, as on bindfs, instead of the passthrough path's read of a second file; the first read of the data goes through the daemon and the data is cached twice (source and mount); a large cached file read sequentially in big calls comes from the mount's page cache several times slower than a passthrough read from the source's; a change made in SOURCE behind the mount shows at the next open; a default because small cached reads (a build's headers, a script's modules) are the common case and large sequential reads from the mount's cache still keep pace with bindfs's and passthrough_ll's; no_reader_cache passes readers through too (for large sequential reads of cached files)",
     ),
 ];
 
