@@ -10,8 +10,13 @@ use crate::errno::{Errno, Result};
 use crate::filesystem::Filesystem;
 use crate::types::*;
 
-/// Pages one write-back sends to the inner file system at most.
+/// Pages one write call to the inner file system carries at most.
 const WRITE_RUN: u64 = 8;
+
+/// Write calls one write-back makes at once, where the file system has
+/// threads of its own: as sshfs keeps its writes in flight, the link is not
+/// left idle while each call waits for its last reply.
+const CALLS_IN_FLIGHT: usize = 4;
 
 impl<F: Filesystem + ?Sized> CachedFs<F> {
     pub(super) fn dirty_delta(&self, before: usize, after: usize) {
@@ -31,38 +36,53 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
             return Ok(());
         };
         let end = end.min(page.data.len());
+        let mut result = Ok(());
         if start < end {
-            let args = WriteArgs {
-                offset: page.key.1 * self.ps() + start as u64,
-                ..WriteArgs::default()
-            };
-            // The dirty pages that continue this one go in the same call,
-            // so that a network file system keeps its writes in flight
-            // instead of waiting on each page.
-            let run = if end == self.config.page_size {
-                self.dirty_run(st, page.key, fh)
+            // The dirty pages that continue this one go along, so that a
+            // network file system keeps its writes in flight instead of
+            // waiting on each page: in calls of up to WRITE_RUN pages,
+            // several calls at once where the file system has threads.
+            let follow = if end == self.config.page_size {
+                self.dirty_run(st, page.key, fh, self.pages_per_write_back() - 1)
             } else {
                 Vec::new()
             };
-            // A page alone is written from where it lies; only a run is
+            // The first call: this page and the run that continues it. A
+            // page alone is written from where it lies; only a run is
             // gathered into one buffer.
-            let mut data = std::borrow::Cow::Borrowed(&page.data[start..end]);
-            for &(idx, len) in &run {
-                if let Some(p) = st.pages.peek((page.key.0, idx)) {
-                    data.to_mut().extend_from_slice(&p.data[..len]);
+            let head = (WRITE_RUN as usize - 1).min(follow.len());
+            let mut first = std::borrow::Cow::Borrowed(&page.data[start..end]);
+            if head > 0 {
+                self.gather(st, page.key.0, &follow[..head], first.to_mut());
+            }
+            let mut calls = vec![(page.key.1 * self.ps() + start as u64, first)];
+            let mut carried = vec![&follow[..head]];
+            for run in follow[head..].chunks(WRITE_RUN as usize) {
+                let mut data = Vec::new();
+                self.gather(st, page.key.0, run, &mut data);
+                calls.push((run[0].0 * self.ps(), std::borrow::Cow::Owned(data)));
+                carried.push(run);
+            }
+            let done = self.write_calls(NodeId(page.key.0), fh, &calls);
+            // A page is clean once the call that carried it succeeded.
+            for (i, r) in done.into_iter().enumerate() {
+                if let Err(e) = r {
+                    if i == 0 {
+                        return Err(e);
+                    }
+                    result = result.and(Err(e));
+                    continue;
                 }
-            }
-            let n = self.inner.write(&req0(), NodeId(page.key.0), fh, &data, &args)?;
-            if n != data.len() {
-                return Err(Errno::EIO);
-            }
-            self.stats.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
-            for (idx, _) in run {
-                if let Some(p) = st.pages.peek((page.key.0, idx)) {
-                    self.dirty_delta(dirty_len(p), 0);
-                    p.dirty = None;
-                    let ns = st.nodes.entry(page.key.0).or_default();
-                    ns.dirty = ns.dirty.saturating_sub(1);
+                self.stats
+                    .bytes_out
+                    .fetch_add(calls[i].1.len() as u64, Ordering::Relaxed);
+                for &(idx, _) in carried[i] {
+                    if let Some(p) = st.pages.peek((page.key.0, idx)) {
+                        self.dirty_delta(dirty_len(p), 0);
+                        p.dirty = None;
+                        let ns = st.nodes.entry(page.key.0).or_default();
+                        ns.dirty = ns.dirty.saturating_sub(1);
+                    }
                 }
             }
         }
@@ -72,15 +92,60 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         ns.wrote = true;
         ns.dirty = ns.dirty.saturating_sub(1);
         self.meta().drop_attr(page.key.0);
-        Ok(())
+        result
+    }
+
+    /// Pages one write-back takes along at most: [`WRITE_RUN`] per call,
+    /// and [`CALLS_IN_FLIGHT`] calls where the file system has threads of
+    /// its own ([`Filesystem::answers_later`]; a program hosting it in its
+    /// own process gets no threads of ours).
+    fn pages_per_write_back(&self) -> u64 {
+        if self.inner.answers_later() {
+            WRITE_RUN * CALLS_IN_FLIGHT as u64
+        } else {
+            WRITE_RUN
+        }
+    }
+
+    /// Appends the dirty bytes of `run`'s pages of `node` to `out`.
+    fn gather(&self, st: &mut State, node: u64, run: &[(u64, usize)], out: &mut Vec<u8>) {
+        for &(idx, len) in run {
+            if let Some(p) = st.pages.peek((node, idx)) {
+                out.extend_from_slice(&p.data[..len]);
+            }
+        }
+    }
+
+    /// Makes each (offset, data) one write call of the inner file system,
+    /// all at once (the first on this thread); the result of each.
+    fn write_calls(&self, node: NodeId, fh: FileHandle, calls: &[(u64, std::borrow::Cow<'_, [u8]>)]) -> Vec<Result<()>> {
+        let one = |(offset, data): &(u64, std::borrow::Cow<'_, [u8]>)| -> Result<()> {
+            let args = WriteArgs {
+                offset: *offset,
+                ..WriteArgs::default()
+            };
+            match self.inner.write(&req0(), node, fh, data, &args)? {
+                n if n == data.len() => Ok(()),
+                _ => Err(Errno::EIO),
+            }
+        };
+        if calls.len() == 1 {
+            return vec![one(&calls[0])];
+        }
+        std::thread::scope(|s| {
+            let others: Vec<_> = calls[1..].iter().map(|c| s.spawn(move || one(c))).collect();
+            let mut done = vec![one(&calls[0])];
+            done.extend(others.into_iter().map(|t| t.join().unwrap_or(Err(Errno::EIO))));
+            done
+        })
     }
 
     /// The cached pages after `key` dirty from their first byte through
     /// `fh`, each but the last dirty to its end: (index, dirty bytes), at
-    /// most [`WRITE_RUN`] - 1 of them.
-    fn dirty_run(&self, st: &mut State, key: (u64, u64), fh: FileHandle) -> Vec<(u64, usize)> {
+    /// most `most` of them.
+    fn dirty_run(&self, st: &mut State, key: (u64, u64), fh: FileHandle, most: u64) -> Vec<(u64, usize)> {
         let mut run = Vec::new();
-        for idx in key.1 + 1..key.1 + WRITE_RUN {
+        for idx in key.1 + 1..=key.1 + most {
             let Some(p) = st.pages.peek((key.0, idx)) else { break };
             let Some((0, end, h)) = p.dirty else { break };
             if h != fh {

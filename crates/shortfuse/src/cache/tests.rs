@@ -25,6 +25,12 @@ struct Backing {
     /// When set, a read past the first byte says so on the sender after
     /// copying its data, then waits on the receiver before returning.
     gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+    /// Writes running now, and the most seen at once.
+    writing: AtomicUsize,
+    most_writing: AtomicUsize,
+    /// When set, a write waits (a few seconds at most) for another to
+    /// start before it returns, so writes made at once are seen at once.
+    await_company: bool,
 }
 
 impl Backing {
@@ -44,6 +50,15 @@ impl Backing {
         let e = f.get_mut(&node).unwrap();
         e.0 = data.to_vec();
         e.1 += 1;
+    }
+}
+
+/// Counts a write as over when dropped.
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -127,6 +142,15 @@ impl Filesystem for Backing {
 
     fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        let now = self.writing.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_writing.fetch_max(now, Ordering::SeqCst);
+        if self.await_company {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while self.most_writing.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let _done = Leave(&self.writing);
         let mut f = self.files.lock().unwrap();
         let e = f.get_mut(&node.0).ok_or(Errno::ENOENT)?;
         let end = args.offset as usize + data.len();
@@ -553,4 +577,32 @@ fn consecutive_dirty_pages_are_written_back_in_one_call() {
     assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 2, "16 pages in runs of 8");
     assert!(fs.inner().data(7) == data);
     assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_write_back_over_a_threaded_fs_keeps_several_calls_in_flight() {
+    let b = Backing {
+        threads: true,
+        await_company: true,
+        ..Backing::with(7, &vec![0u8; 64 * PS])
+    };
+    let fs = cached(b, 64, Policy::Clock, 1);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(64 * PS);
+    for i in 0..64 {
+        let args = WriteArgs {
+            offset: (i * PS) as u64,
+            ..WriteArgs::default()
+        };
+        fs.write(&R, N, FH, &data[i * PS..(i + 1) * PS], &args).unwrap();
+    }
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert!(fs.inner().data(7) == data);
+    assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 8, "64 pages in calls of 8");
+    assert!(
+        fs.inner().most_writing.load(Ordering::Relaxed) >= 2,
+        "one write call at a time"
+    );
+    assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(fs.stats().bytes_out.load(Ordering::Relaxed), 64 * PS as u64);
 }
