@@ -403,6 +403,30 @@ def test_a_file_grown_on_the_server_shows_whole_at_the_next_open(shortfuse, serv
         assert run([shortfuse, "umount", mnt]).returncode == 0
 
 
+def aes_in_hardware() -> bool:
+    """Whether this processor has AES and carry-less multiply instructions."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith(("flags", "Features")):
+            flags |= set(line.split(":", 1)[1].split())
+    return {"aes", "pclmulqdq"} <= flags or {"aes", "pmull"} <= flags
+
+
+def test_the_session_uses_the_cipher_the_processor_does_fast(shortfuse, server, scratch):
+    (scratch / "remote" / "f").write_bytes(b"data")
+    mnt = scratch / "mnt"
+    mount_sftp(shortfuse, server, scratch / "remote", mnt)
+    try:
+        assert (mnt / "f").read_bytes() == b"data"
+        log = run([shortfuse, "logs", mnt])
+        assert log.returncode == 0, log.stderr
+        # The server offers OpenSSH's defaults, ChaCha20-Poly1305 first.
+        want = "aes128-gcm@openssh.com" if aes_in_hardware() else "chacha20-poly1305@openssh.com"
+        assert f"cipher {want}" in log.stdout, log.stdout
+    finally:
+        assert run([shortfuse, "umount", mnt]).returncode == 0
+
+
 # ------------------------------------------------------------ connection loss
 
 def test_reconnect_after_the_session_is_killed_daemon(shortfuse, server, scratch):
