@@ -4,8 +4,8 @@ use shortfuse::sync::Unpoison;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
-use russh::{cipher, client};
 use russh::keys::{self, PrivateKeyWithHashAlg};
+use russh::{cipher, client};
 use russh_sftp::client::rawsession::{Limits, RawSftpSession};
 use russh_sftp::client::Config as SftpConfig;
 
@@ -297,7 +297,10 @@ async fn connect_inner(config: Arc<Config>, generation: u64) -> std::io::Result<
     // Not for the check made at mount time (session 0), which would print
     // it on the terminal of `shortfuse mount`.
     if generation > 0 {
-        tracing::info!("sftp: session {generation} to {at}: cipher {}", cipher.lock().unpoison());
+        tracing::info!(
+            "sftp: session {generation} to {at}: cipher {}",
+            cipher.lock().unpoison()
+        );
     }
     Ok(Conn {
         generation,

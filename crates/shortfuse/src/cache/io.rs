@@ -118,7 +118,12 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
 
     /// Makes each (offset, data) one write call of the inner file system,
     /// all at once (the first on this thread); the result of each.
-    fn write_calls(&self, node: NodeId, fh: FileHandle, calls: &[(u64, std::borrow::Cow<'_, [u8]>)]) -> Vec<Result<()>> {
+    fn write_calls(
+        &self,
+        node: NodeId,
+        fh: FileHandle,
+        calls: &[(u64, std::borrow::Cow<'_, [u8]>)],
+    ) -> Vec<Result<()>> {
         let one = |(offset, data): &(u64, std::borrow::Cow<'_, [u8]>)| -> Result<()> {
             let args = WriteArgs {
                 offset: *offset,
