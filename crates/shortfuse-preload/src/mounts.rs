@@ -89,7 +89,8 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     let dev = 0xf5_0000 + i as u64;
     if spec.is_daemon() {
         let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
-        let ring = shortfuse_vfs::Ring::connect(&mp).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        let early = Vfs::opening_requests(true, creds);
+        let ring = shortfuse_vfs::Ring::connect_with(&mp, &early).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         // A daemon mirroring a host directory we can reach: the kernel's
         // view of the mount where a kernel path is needed (watches, sockets,
         // the programs and libraries the dynamic loader opens, the kernel's

@@ -30,8 +30,8 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::{
-    AnchorAck, AnchorMsg, BackingMsg, BackingReply, Hello, NamesMsg, NodeMsg, WatchMsg, Welcome, ANCHOR_MAGIC,
-    BACKING_MAGIC, CLAIM_MAGIC, NAMES_MAGIC, NODE_MAGIC, WATCH_MAGIC,
+    AnchorAck, AnchorMsg, BackingMsg, BackingReply, EarlyMsg, Hello, NamesMsg, NodeMsg, WatchMsg, Welcome,
+    ANCHOR_MAGIC, BACKING_MAGIC, CLAIM_MAGIC, EARLY_MAGIC, NAMES_MAGIC, NODE_MAGIC, WATCH_MAGIC,
 };
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
 use crate::{sys, wait};
@@ -129,6 +129,14 @@ pub struct RingClient {
     /// The daemon's namespace map, if it granted it, and the only fsuid
     /// it serves (see [`NamesMsg`]).
     names: Option<(shortfuse::NamespaceMap, u32)>,
+    /// Requests sent with the hello and the daemon's replies to them, each
+    /// given once to the first [`RingClient::call`] of exactly that request
+    /// (see [`crate::proto::EarlyMsg`]).
+    early: std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// Whether `early` may hold a reply (a lock spared once it is empty).
+    early_left: AtomicBool,
+    /// Requests published in the queues, for tests of what reaches them.
+    published: std::sync::atomic::AtomicU64,
 }
 
 fn errno(e: io::Error) -> Errno {
@@ -170,6 +178,16 @@ impl RingClient {
     /// `SHORTFUSE_RING_SPIN_US`, when set, overrides the daemon's spin
     /// budget for this client.
     pub fn connect(path: &Path) -> io::Result<RingClient> {
+        RingClient::connect_with(path, &[])
+    }
+
+    /// [`RingClient::connect`], handing the daemon `early` requests with the
+    /// hello: those it answers there (a new process's INIT and root
+    /// GETATTR) are answered again, without a round trip, to the first
+    /// [`RingClient::call`] of the same bytes. `early` must be what this
+    /// client's first calls will send, unique numbers included; anything
+    /// else goes over the rings as usual.
+    pub fn connect_with(path: &Path, early: &[Vec<u8>]) -> io::Result<RingClient> {
         let sock = sys::connect(path).map_err(|e| {
             io::Error::new(
                 e.kind(),
@@ -178,7 +196,14 @@ impl RingClient {
         })?;
         watch_forks();
         let pid = std::process::id();
-        sys::send(sock.as_fd(), Hello::new(pid).as_bytes(), None)?;
+        let mut hello = Hello::new(pid).as_bytes().to_vec();
+        for req in early {
+            if hello.len() + req.len() > crate::proto::EARLY_ROOM {
+                break;
+            }
+            hello.extend_from_slice(req);
+        }
+        sys::send(sock.as_fd(), &hello, None)?;
         let mut buf = vec![0u8; 512 + libc::PATH_MAX as usize];
         let (n, fd) = sys::recv(sock.as_fd(), &mut buf)?;
         let (geo, spin_ns) = decode_welcome(&buf[..n])?;
@@ -205,6 +230,16 @@ impl RingClient {
             },
             _ => return Err(invalid("the daemon sent no namespace answer".into())),
         };
+        let (n, _) = sys::recv(sock.as_fd(), &mut buf)?;
+        let answered = match EarlyMsg::read_from_prefix(&buf[..n]) {
+            Ok((m, replies)) if m.magic == EARLY_MAGIC => crate::proto::fuse_messages(replies)
+                .into_iter()
+                .take(m.count as usize)
+                .zip(early)
+                .map(|(reply, req)| (req.clone(), reply.to_vec()))
+                .collect::<Vec<_>>(),
+            _ => return Err(invalid("the daemon sent no answer to the early requests".into())),
+        };
         let spin = std::env::var("SHORTFUSE_RING_SPIN_US")
             .ok()
             .and_then(|s| s.parse::<u64>().ok())
@@ -219,6 +254,9 @@ impl RingClient {
             overflows: AtomicU32::new(0),
             source,
             names,
+            early_left: AtomicBool::new(!answered.is_empty()),
+            early: std::sync::Mutex::new(answered),
+            published: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -294,6 +332,9 @@ impl RingClient {
     /// request larger than a slot, EIO for a reply that does not fit).
     pub fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
         reply.clear();
+        if self.early_left.load(Ordering::Relaxed) && self.early_reply(request, reply) {
+            return Ok(());
+        }
         let (q, i) = self.submit(request, slot::SUBMITTED)?;
         let off = self.geo.slot_off(q, i);
         let state = self.region.u32_at(off);
@@ -308,6 +349,26 @@ impl RingClient {
         };
         state.store(slot::FREE, Ordering::Release);
         r
+    }
+
+    /// The reply the daemon gave with its welcome to exactly `request`,
+    /// taken (each is given once).
+    fn early_reply(&self, request: &[u8], reply: &mut Vec<u8>) -> bool {
+        let mut early = self.early.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let found = early.iter().position(|(req, _)| req == request);
+        if let Some(i) = found {
+            *reply = early.swap_remove(i).1;
+        }
+        if early.is_empty() {
+            self.early_left.store(false, Ordering::Relaxed);
+        }
+        found.is_some()
+    }
+
+    /// How many requests this client has published in its queues (those
+    /// answered with the welcome are not).
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
     }
 
     /// Sends one request without waiting for its reply, as the kernel
@@ -339,6 +400,7 @@ impl RingClient {
             .u32_at(off + 8)
             .store(PID.load(Ordering::Relaxed), Ordering::Relaxed);
         self.region.u32_at(off).store(state, Ordering::Relaxed);
+        self.published.fetch_add(1, Ordering::Relaxed);
         let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
         self.region
             .u32_at(self.geo.entry_off(q, pos))

@@ -2,7 +2,11 @@
 //! message arrives whole): the client says hello, the daemon answers with
 //! the geometry and passes the memfd of a region made for this client
 //! alone, then sends a [`NamesMsg`] (with the backing directory of the
-//! file system's namespace map, for a client it may have it). Afterwards
+//! file system's namespace map, for a client it may have it), then an
+//! [`EarlyMsg`] with its answers to the requests that came with the hello
+//! (a new process's INIT and root GETATTR: one round trip for the whole
+//! start instead of three, and none through queue workers that are only
+//! being started). Afterwards
 //! the socket carries only the client's [`AnchorMsg`]s, [`BackingMsg`]s and
 //! [`NodeMsg`]s (and the daemon's answers to them); it stays open so that
 //! each side sees the other go away (EOF), however it ends.
@@ -58,6 +62,41 @@ pub struct NamesMsg {
 
 /// `NamesMsg::magic`.
 pub const NAMES_MAGIC: u64 = 0x5346_4e41_4d45_5331;
+
+/// After the [`NamesMsg`]: the daemon's replies to the FUSE requests that
+/// followed the client's [`Hello`] in its message, in their order, each
+/// whole (its length in its header). A request the daemon did not serve
+/// there gets no reply, and the client sends it over the rings.
+#[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub struct EarlyMsg {
+    pub magic: u64,
+    pub count: u32,
+    pub padding: u32,
+}
+
+/// The most bytes a hello with its requests, or an [`EarlyMsg`] with its
+/// replies, may take.
+pub const EARLY_ROOM: usize = 4096;
+
+/// `EarlyMsg::magic`.
+pub const EARLY_MAGIC: u64 = 0x5346_4541_524c_5931;
+
+/// The FUSE messages (requests or replies) laid one after another in
+/// `bytes`, each as long as the length its header gives; a truncated or
+/// malformed tail ends the list.
+pub fn fuse_messages(mut bytes: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while bytes.len() >= 4 {
+        let len = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        if len < 16 || len > bytes.len() {
+            break;
+        }
+        out.push(&bytes[..len]);
+        bytes = &bytes[len..];
+    }
+    out
+}
 
 /// After the handshake, the client's only message: "this open handle
 /// now belongs to the open file description of the descriptor passed with

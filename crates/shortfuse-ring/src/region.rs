@@ -24,7 +24,7 @@ use crate::sys;
 
 pub const PAGE: usize = 4096;
 pub const MAGIC: u64 = 0x5346_5249_4e47_0001; // "SFRING" v1
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Room before a slot's data: the state word, the length and the sender's
 /// pid. The data follows on the same cache line, so that a small request

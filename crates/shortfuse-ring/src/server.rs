@@ -41,7 +41,9 @@ use crate::anchors::Anchors;
 use crate::client::Notice;
 use crate::foreign::{Forward, ForwardFs};
 use crate::locks::{Locks, Reaper};
-use crate::proto::{AnchorAck, AnchorMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, CLAIM_MAGIC, NAMES_MAGIC};
+use crate::proto::{
+    AnchorAck, AnchorMsg, EarlyMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, CLAIM_MAGIC, EARLY_MAGIC, NAMES_MAGIC,
+};
 use crate::region::{self, header, Geometry, Region, DAEMON_ALIVE, DAEMON_GONE, EMPTY};
 use crate::sys;
 
@@ -447,20 +449,23 @@ fn accept_loop(shared: Arc<Shared>) {
 fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
     // Room for the longest message: a watch with a name of NAME_MAX bytes.
     let mut buf = [0u8; 512];
-    let ok = match sys::recv(sock.as_fd(), &mut buf) {
-        Ok((n, _)) => Hello::read_from_prefix(&buf[..n])
+    // The hello, and the requests that came with it (see `EarlyMsg`).
+    let mut hello = vec![0u8; crate::proto::EARLY_ROOM];
+    let hello = match sys::recv(sock.as_fd(), &mut hello) {
+        Ok((n, _)) => Hello::read_from_prefix(&hello[..n])
             .ok()
-            .is_some_and(|(h, _)| h.magic == region::MAGIC && h.version == region::VERSION),
-        Err(_) => false,
+            .filter(|(h, _)| h.magic == region::MAGIC && h.version == region::VERSION)
+            .map(|(h, rest)| (h.pid, rest.to_vec())),
+        Err(_) => None,
     };
-    if !ok {
+    let Some((pid, early)) = hello else {
         let _ = sys::send(
             sock.as_fd(),
             b"error: not a shortfuse ring hello (version mismatch?)",
             None,
         );
         return;
-    }
+    };
     let peer = match Peer::of(sock.as_fd()) {
         Ok(p) => p,
         Err(e) => {
@@ -500,6 +505,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 padding: 0,
             };
             if let Err(e) = sys::send(sock.as_fd(), names.as_bytes(), grant.map(|m| m.root.as_fd())) {
+                tracing::warn!("shortfuse ring: handshake: {e}");
+                return;
+            }
+            let answers = early_answers(&shared, &conn, pid, &early);
+            if let Err(e) = sys::send(sock.as_fd(), &answers, None) {
                 tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }
@@ -576,6 +586,38 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
     lock(&shared.clients).retain(|c| c.id != conn.id);
     lock(&shared.parked).retain(|p| p.conn != conn.id);
     conn.reclaim(&shared);
+}
+
+/// The [`EarlyMsg`] answering the requests that came with a client's hello:
+/// those a process makes as its mount is set up (INIT, GETATTR), served here
+/// with every check a queue worker makes, before the workers have started.
+/// Any other request is left for the rings.
+fn early_answers(shared: &Shared, conn: &Conn, pid: u32, requests: &[u8]) -> Vec<u8> {
+    let mut replies = Vec::new();
+    let mut count = 0u32;
+    let mut reply = Vec::new();
+    for req in crate::proto::fuse_messages(requests) {
+        let early = abi::parse_header(req).is_ok_and(|h| matches!(h.opcode, abi::FUSE_INIT | abi::FUSE_GETATTR));
+        if !early {
+            break;
+        }
+        reply.clear();
+        conn.dispatch(shared, req, &mut reply, pid);
+        if reply.is_empty() || replies.len() + reply.len() > crate::proto::EARLY_ROOM {
+            break;
+        }
+        replies.extend_from_slice(&reply);
+        count += 1;
+    }
+    let mut msg = EarlyMsg {
+        magic: EARLY_MAGIC,
+        count,
+        padding: 0,
+    }
+    .as_bytes()
+    .to_vec();
+    msg.extend_from_slice(&replies);
+    msg
 }
 
 impl Conn {

@@ -1348,3 +1348,48 @@ fn a_client_names_only_the_anchored_nodes_of_its_own_descriptions() {
     );
     drop(s);
 }
+
+/// A new process's first requests (INIT, the root's GETATTR) travel with
+/// its hello and come back with the welcome: none reaches the queues, whose
+/// workers are only being started then, so setting up a mount costs one
+/// round trip instead of three. Each answer is given once, to exactly its
+/// request; any other request, and one the daemon does not answer early,
+/// goes over the rings.
+#[test]
+fn the_first_requests_are_answered_with_the_welcome() {
+    let path = scratch("early");
+    let (_s, stats) = server(&path);
+    let init = init_request();
+    let root = request(abi::FUSE_GETATTR, 1, &[0; 16], &[]);
+    let later = request(
+        abi::FUSE_MKDIR,
+        1,
+        &[0o755u32.to_ne_bytes(), 0u32.to_ne_bytes()].concat(),
+        &[b"d"],
+    );
+    let c = RingClient::connect_with(&path, &[init.clone(), root.clone(), later.clone()]).unwrap();
+    let (err, _) = call(&c, &init).unwrap();
+    assert_eq!(err, 0);
+    let (err, attr) = call(&c, &root).unwrap();
+    assert_eq!(err, 0);
+    let (out, _) = abi::fuse_attr_out::read_from_prefix(&attr).unwrap();
+    assert_eq!(out.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    assert_eq!(
+        c.published(),
+        0,
+        "requests answered with the welcome went to the queues"
+    );
+    // Not served early (MKDIR changes the tree): the daemon left it alone,
+    // and it is made when sent.
+    let (err, _) = call(&c, &later).unwrap();
+    assert_eq!(err, 0);
+    assert_eq!(c.published(), 1);
+    // Answered once: the same bytes again are a new request.
+    let (err, _) = call(&c, &root).unwrap();
+    assert_eq!(err, 0);
+    assert_eq!(c.published(), 2);
+    // The daemon counts what it served, the early ones too.
+    let snap = stats.snapshot();
+    let ring = snap.transports.iter().find(|(t, _)| t.name() == "ring").unwrap().1;
+    assert_eq!(ring, 4);
+}

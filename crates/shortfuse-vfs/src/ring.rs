@@ -21,11 +21,19 @@ pub struct Ring {
 impl Ring {
     /// Connects to the daemon that serves `mountpoint` (normalised here).
     pub fn connect(mountpoint: &[u8]) -> Result<Ring, String> {
+        Ring::connect_with(mountpoint, &[])
+    }
+
+    /// [`Ring::connect`], the daemon answering `early` requests (the
+    /// [`crate::Vfs::opening_requests`] of the mount about to be made) with
+    /// its welcome: a process's whole set-up of the mount is then one round
+    /// trip (see [`RingClient::connect_with`]).
+    pub fn connect_with(mountpoint: &[u8], early: &[Vec<u8>]) -> Result<Ring, String> {
         let mp = crate::normalize(mountpoint);
         let paths = shortfuse_ring::socket_paths(Path::new(OsStr::from_bytes(&mp)));
         let mut first = None;
         for path in &paths {
-            match RingClient::connect(path) {
+            match RingClient::connect_with(path, early) {
                 Ok(client) => return Ok(Ring { client }),
                 // Nobody there: root's daemon may be.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -284,6 +284,41 @@ impl Vfs {
         })
     }
 
+    /// The requests [`Vfs::new`] sends first (INIT, the root's GETATTR), byte
+    /// for byte, for a backend that is `shared` or not and these `creds`: a
+    /// transport can carry them ahead, with its own set-up (see
+    /// [`crate::Ring::connect_with`]).
+    pub fn opening_requests(shared: bool, creds: Creds) -> Vec<Vec<u8>> {
+        /// Keeps what it is asked to send and answers nothing.
+        struct Recorder {
+            shared: bool,
+            sent: Arc<Mutex<Vec<Vec<u8>>>>,
+        }
+        impl Backend for Recorder {
+            fn call(&self, request: &[u8], _reply: &mut Vec<u8>) -> Result<(), Errno> {
+                self.sent.lock().unpoison().push(request.to_vec());
+                Err(Errno::ENOTCONN)
+            }
+            fn shared(&self) -> bool {
+                self.shared
+            }
+        }
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let client = Client::new(
+            Box::new(Recorder {
+                shared,
+                sent: sent.clone(),
+            }),
+            creds,
+        );
+        // As `new` asks them, each failing here.
+        let _ = client.init();
+        let _ = client.getattr(NodeId::ROOT, None);
+        drop(client);
+        let requests = std::mem::take(&mut *sent.lock().unpoison());
+        requests
+    }
+
     pub fn mountpoint(&self) -> &[u8] {
         &self.mountpoint
     }
