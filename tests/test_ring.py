@@ -548,6 +548,41 @@ def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratc
         d.stop()
 
 
+def test_a_new_image_looks_at_its_inherited_descriptors_once(shortfuse, scratch):
+    """A new image under a daemon's mount that mirrors a directory looks at
+    the descriptors it inherited (/proc/self/fd, a readlink each) for two
+    things, the daemon's open file descriptions and the backing files
+    (`cmd >> mnt/file`): one look serves both. Counted by strace in the
+    /bin/true a shell runs while it holds a file of the mount open."""
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    (src / "f").write_text("x\n")
+    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
+    try:
+        log = scratch / "strace.log"
+        argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,openat,readlink"]
+        argv += [str(shortfuse), "run", "-m", str(mp), "--", "bash", "-c", f"exec 3< {mp}/f; /bin/true; cat <&3"]
+        r = subprocess.run(argv, capture_output=True, timeout=120)
+        assert (r.returncode, r.stdout) == (0, b"x\n"), r.stderr.decode()
+    finally:
+        d.stop()
+    # The calls of the /bin/true image: its pid's, after its exec.
+    true_pid, calls = None, []
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith('execve("/bin/true"'):
+            true_pid = pid
+        elif pid == true_pid:
+            calls.append(call)
+    assert true_pid is not None, log.read_text()
+    listings = [c for c in calls if c.startswith("openat(") and '"/proc/self/fd"' in c and "O_PATH" not in c]
+    links = [c.split('"')[1] for c in calls if c.startswith('readlink("/proc/self/fd/')]
+    # It does look (fd 3 is the mount's), and at each descriptor once.
+    assert "/proc/self/fd/3" in links, calls
+    assert (len(listings), len(links)) == (1, len(set(links))), calls
+
+
 # Descriptions made late (at the first fork, exec, SCM_RIGHTS or lock):
 # what the program sees of a descriptor must not change when its
 # placeholder is swapped for the shared description, whichever thread

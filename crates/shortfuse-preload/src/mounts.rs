@@ -90,7 +90,8 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     if spec.is_daemon() {
         let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
         let early = Vfs::opening_requests(true, creds);
-        let ring = shortfuse_vfs::Ring::connect_with(&mp, &early).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+        let ring =
+            shortfuse_vfs::Ring::connect_with(&mp, &early).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         // A daemon mirroring a host directory we can reach: the kernel's
         // view of the mount where a kernel path is needed (watches, sockets,
         // the programs and libraries the dynamic loader opens, the kernel's
@@ -260,9 +261,19 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     // (the shim's set it anew, `calls::exec`).
     let inherits = std::env::var_os(NOTHING_INHERITED_VAR).is_none();
     std::env::remove_var(NOTHING_INHERITED_VAR);
-    if inherits {
-        crate::calls::shared::adopt(&mounts, &fds);
-        crate::calls::kernel::adopt(&mounts, &fds);
+    // Only a daemon's files have descriptions to adopt, and only a mount
+    // with a backing directory backing files: spare the others the look at
+    // every descriptor, and make it once for both.
+    let shared = mounts.iter().any(|m| m.client().shared());
+    let backed = mounts.iter().any(|m| m.source().is_some());
+    if inherits && (shared || backed) {
+        let inherited = descriptor_links();
+        if shared {
+            crate::calls::shared::adopt(&mounts, &fds, &inherited);
+        }
+        if backed {
+            crate::calls::kernel::adopt(&mounts, &fds, &inherited);
+        }
     }
     Ok(State {
         mounts,
@@ -270,6 +281,25 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
         cwd: Mutex::new(cwd),
         host_cwd: Mutex::new(host),
     })
+}
+
+/// Every descriptor this image has, with what /proc/self/fd names it
+/// (the one reading the directory left out).
+fn descriptor_links() -> Vec<(i32, Vec<u8>)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let numbers: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    numbers
+        .into_iter()
+        .filter_map(|fd| {
+            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+            Some((fd, link.into_os_string().into_encoded_bytes()))
+        })
+        .collect()
 }
 
 /// The mount directory the exec'ing image was in, pinned as our current

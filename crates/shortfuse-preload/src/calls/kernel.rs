@@ -414,22 +414,9 @@ pub fn copy(nr: i64, a: [i64; 6]) -> Option<i64> {
 /// onto itself) and /proc/self/fd names it in the mount. A file of the
 /// source opened by its source path is taken for the mount's too: it is
 /// the same file.
-pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
-    if !mounts.iter().any(|m| m.source().is_some()) {
-        return;
-    }
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let numbers: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in numbers {
-        let Ok(link) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else {
-            continue;
-        };
-        let link = link.as_os_str().as_encoded_bytes();
+pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable, inherited: &[(i32, Vec<u8>)]) {
+    for (fd, link) in inherited {
+        let (fd, link) = (*fd, link.as_slice());
         let Some((vfs, rest)) = mounts.iter().find_map(|m| {
             let src = m.source()?;
             let src = src.strip_suffix(b"/").unwrap_or(src);

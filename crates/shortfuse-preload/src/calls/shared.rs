@@ -394,9 +394,8 @@ fn parse_name(link: &[u8]) -> Option<(u64, u64, u64, i32, Vec<u8>)> {
     Some((mount, node, fh, flags, path))
 }
 
-fn inspect(fd: i32) -> Option<Found> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-    let (mount, node, fh, flags, path) = parse_name(link.as_os_str().as_encoded_bytes())?;
+fn inspect(fd: i32, link: &[u8]) -> Option<Found> {
+    let (mount, node, fh, flags, path) = parse_name(link)?;
     let mut st: libc::stat = crate::user::zeroed();
     let r = fs::fstat(fd, &mut st);
     (r == 0).then_some(Found {
@@ -413,20 +412,8 @@ fn inspect(fd: i32) -> Option<Found> {
 /// Takes in the descriptors this image inherited from the one that exec'd
 /// it (see the module doc): each becomes a descriptor of ours again, those
 /// of one description sharing one open file.
-pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable) {
-    // Only a daemon's files have descriptions to adopt: spare the others
-    // the look at every descriptor.
-    if !mounts.iter().any(|m| m.client().shared()) {
-        return;
-    }
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let mut found: Vec<Found> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(inspect)
-        .collect();
+pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable, inherited: &[(i32, Vec<u8>)]) {
+    let mut found: Vec<Found> = inherited.iter().filter_map(|(fd, link)| inspect(*fd, link)).collect();
     found.sort_by_key(|f| (f.ino, f.fd));
     let mut last: Option<(u64, Arc<OpenFile>)> = None;
     // One descriptor of each description, by mount, for the daemon.
