@@ -30,13 +30,15 @@
 #![allow(unsafe_code)]
 
 mod backing;
+mod direct;
 mod ready;
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use shortfuse_ring::foreign::{
-    lane_of, DAEMON_FD_VAR, DAEMON_LANES_VAR, LANES, MSG_INIT, MSG_NOTIFY, MSG_REPLY, MSG_REQUEST, RING_UNIQUE,
+    lane_of, DAEMON_FD_VAR, DAEMON_LANES_VAR, LANES, MSG_CLIENT, MSG_CLIENT_GONE, MSG_INIT, MSG_NOTIFY, MSG_REPLY,
+    MSG_REQUEST, RING_UNIQUE,
 };
 
 use crate::calls::table::{is_daemon_call, Call, Direction, Offset, Regs};
@@ -108,6 +110,7 @@ pub fn setup() -> bool {
             slot.store(high as i32, Ordering::Relaxed);
         }
     }
+    direct::setup(CHANNEL_FLOOR);
     true
 }
 
@@ -406,7 +409,13 @@ fn ring_alive() -> bool {
 /// The next request for the daemon, from a ring client or the kernel,
 /// into `iov`.
 fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
+    let mut polled = false;
     loop {
+        if direct::active() {
+            if let Some(r) = direct::take(|req| scatter(iov, req).then_some(req.len() as i64)) {
+                return r;
+            }
+        }
         if ring_alive() {
             if let Some(r) = ring_request(iov) {
                 return r;
@@ -426,11 +435,76 @@ fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
         if r != -i64::from(libc::EAGAIN) || dev(fd) & DEV_NONBLOCK != 0 {
             return r;
         }
+        if direct::active() {
+            if !polled {
+                polled = true;
+                if direct::poll(|| ready(fd)) {
+                    continue;
+                }
+            }
+            polled = false;
+            if direct::arm() {
+                direct::disarm();
+                continue;
+            }
+        }
         let w = wait(fd);
+        if direct::active() {
+            direct::disarm();
+        }
         if w < 0 {
             return w;
         }
     }
+}
+
+/// Whether the kernel or `serve` has something for `fd`'s reader now.
+fn ready(fd: i64) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: fd as i32,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: CHANNEL.load(Ordering::Relaxed),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: two pollfds of ours and a timespec of ours.
+    let r = unsafe {
+        raw(
+            libc::SYS_ppoll,
+            fds.as_mut_ptr() as i64,
+            2,
+            &zero as *const libc::timespec as i64,
+            0,
+            8,
+            0,
+        )
+    };
+    r > 0
+}
+
+/// Copies `bytes` into the buffers of `iov`: false when they do not fit.
+fn scatter(iov: &[libc::iovec], bytes: &[u8]) -> bool {
+    if iov.iter().map(|v| v.iov_len).sum::<usize>() < bytes.len() {
+        return false;
+    }
+    let mut done = 0;
+    for v in iov {
+        if done == bytes.len() {
+            break;
+        }
+        let n = v.iov_len.min(bytes.len() - done);
+        // SAFETY: the daemon's own read buffer, which it handed us for the
+        // call, `iov_len` bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(bytes[done..].as_ptr(), v.iov_base.cast::<u8>(), n) };
+        done += n;
+    }
+    true
 }
 
 /// A ring request waiting on the socket, taken into `iov`: its length, or
@@ -448,6 +522,9 @@ fn ring_request(iov: &[libc::iovec]) -> Option<i64> {
         let mut msg: libc::msghdr = user::zeroed();
         msg.msg_iov = all.as_mut_ptr();
         msg.msg_iovlen = all.len();
+        let mut cbuf = [0u64; 4];
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
         // SAFETY: a msghdr of ours whose buffers live across the call.
         let r = unsafe {
             raw(
@@ -468,6 +545,30 @@ fn ring_request(iov: &[libc::iovec]) -> Option<i64> {
         }
         if r < 0 {
             return None;
+        }
+        let mut passed = Vec::new();
+        user::passed_fds(&msg, &mut passed);
+        match u32::from_ne_bytes(kind) {
+            MSG_CLIENT => {
+                let mut body = [0u8; std::mem::size_of::<shortfuse_ring::foreign::DirectClient>()];
+                match passed.first() {
+                    Some(&fd) if peek(iov, 0, &mut body) => direct::add(&body, fd),
+                    _ => passed.iter().for_each(|&fd| {
+                        fs::close(fd);
+                    }),
+                }
+                continue;
+            }
+            MSG_CLIENT_GONE => {
+                let mut id = [0u8; 8];
+                if peek(iov, 0, &mut id) {
+                    direct::remove(u64::from_ne_bytes(id));
+                }
+                continue;
+            }
+            _ => passed.iter().for_each(|&fd| {
+                fs::close(fd);
+            }),
         }
         if u32::from_ne_bytes(kind) != MSG_REQUEST || r < 4 + 40 {
             continue;
@@ -511,8 +612,13 @@ fn wait(fd: i64) -> i64 {
             events: libc::POLLIN,
             revents: 0,
         },
+        libc::pollfd {
+            fd: direct::bell().unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
     ];
-    let n = if ring_alive() { 2 } else { 1 };
+    let n = if ring_alive() { 3 } else { 1 };
     let mask = ready::wait_mask(None);
     let r = ready::blocking(|| fs::ppoll(&mut fds[..n], None, mask.as_ref()));
     if r == -i64::from(libc::EINTR) {
@@ -529,6 +635,13 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
     };
     let unique = u64_at(&h, 8);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    if direct::is_direct(unique) {
+        let mut msg = vec![0u8; total];
+        if peek(iov, 0, &mut msg) {
+            direct::complete(unique, &msg);
+        }
+        return total as i64;
+    }
     if unique & RING_UNIQUE != 0 {
         if !ring_alive() {
             // As the kernel answers a reply nobody waits for.
@@ -553,6 +666,11 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
             send(MSG_NOTIFY, iov);
         } else if unique != 0 && r >= 0 && INIT_UNIQUE.load(Ordering::Relaxed) == unique {
             INIT_UNIQUE.store(0, Ordering::Relaxed);
+            let total: usize = iov.iter().map(|v| v.iov_len).sum();
+            let mut msg = vec![0u8; total.min(16 + 256)];
+            if peek(iov, 0, &mut msg) {
+                direct::init_seen(&msg);
+            }
             // With the descriptor: `shortfuse serve` tells the kernel mount
             // through it what the ring clients change.
             send_with(CHANNEL.load(Ordering::Relaxed), MSG_INIT, iov, Some(fd as i32));

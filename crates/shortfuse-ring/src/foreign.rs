@@ -68,6 +68,39 @@ pub const DAEMON_LANES_VAR: &str = "SHORTFUSE_DAEMON_LANES";
 pub const LANES: usize = 16;
 /// Where a ring `unique` keeps its lane (1-based).
 pub const LANE_SHIFT: u32 = 48;
+/// Bridge to daemon: a ring client whose queues the daemon takes requests
+/// from itself (direct path), with its memfd: a [`DirectClient`].
+pub const MSG_CLIENT: u32 = 5;
+/// Bridge to daemon: that client has gone (a `u64` id): take nothing more
+/// from its queues.
+pub const MSG_CLIENT_GONE: u32 = 6;
+/// Marks the `unique` of a request the daemon took from a client's queue
+/// itself (direct path); the rest says which client, queue and slot.
+pub const DIRECT_UNIQUE: u64 = 1 << 62;
+/// A direct client's doorbell while the daemon is awake (1: armed, the
+/// daemon sleeps; 0: the client rang).
+pub const DIRECT_AWAKE: u32 = 2;
+/// The environment variable naming the daemon's end of the eventfd that
+/// `serve` writes when a client rings a queue the sleeping daemon armed.
+pub const DAEMON_BELL_VAR: &str = "SHORTFUSE_DAEMON_BELL";
+/// Set (to anything) in `serve`'s environment: the daemon takes its ring
+/// clients' requests from their queues itself (experimental, see
+/// [`Forward::direct`]).
+pub const DIRECT_VAR: &str = "SHORTFUSE_RING_DIRECT";
+
+/// What the daemon is told of a direct client: its id and the shape of
+/// its region (the memfd comes with the message).
+#[derive(
+    Clone, Copy, Debug, Default, zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout,
+)]
+#[repr(C)]
+pub struct DirectClient {
+    pub id: u64,
+    pub queues: u32,
+    pub slots: u32,
+    pub slot_data: u32,
+    pub records: u32,
+}
 
 /// The lane (0-based) a ring `unique` names, if any.
 pub fn lane_of(unique: u64) -> Option<usize> {
@@ -86,6 +119,25 @@ pub trait Forward: Send + Sync + 'static {
     /// by kernel passthrough, if it does.
     fn backing(&self, node: u64, fh: u64) -> Option<BackingFile> {
         let _ = (node, fh);
+        None
+    }
+
+    /// Whether the daemon takes the requests of client `id` (region
+    /// `memfd` of shape `geo`) from its queues itself; then the server
+    /// only relays the client's doorbell to the sleeping daemon
+    /// ([`Forward::bell`]).
+    fn direct(&self, id: u64, memfd: std::os::fd::BorrowedFd<'_>, geo: &crate::Geometry) -> bool {
+        let _ = (id, memfd, geo);
+        false
+    }
+
+    /// Direct client `id` has gone.
+    fn direct_gone(&self, id: u64) {
+        let _ = id;
+    }
+
+    /// The eventfd that wakes the daemon for a direct client's request.
+    fn bell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
 }
@@ -148,6 +200,9 @@ pub struct Bridge {
     /// Whether ring clients may list with READDIRPLUS where the daemon
     /// agreed to it (`-o readdirplus=no` keeps them on READDIR).
     readdirplus: bool,
+    /// The eventfd that wakes the daemon for a direct client (set when the
+    /// daemon takes ring requests from the queues itself).
+    bell: std::sync::OnceLock<OwnedFd>,
 }
 
 impl Bridge {
@@ -179,7 +234,14 @@ impl Bridge {
             lanes: Mutex::new(lanes),
             lent: Mutex::new(HashMap::new()),
             readdirplus,
+            bell: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The daemon takes its ring clients' requests from their queues
+    /// itself; `bell` (ours of the eventfd it sleeps on) wakes it.
+    pub fn set_direct(&self, bell: OwnedFd) {
+        let _ = self.bell.set(bell);
     }
 
     /// Where the daemon's notifications go once the server runs.
@@ -342,38 +404,7 @@ impl Bridge {
             error(reply, unique, libc::ENOTCONN);
             return Outcome::Reply;
         };
-        let offered = req
-            .get(std::mem::size_of::<abi::fuse_in_header>()..)
-            .and_then(|b| abi::fuse_init_in::read_from_prefix(b).ok())
-            .map_or(0, |(i, _)| u64::from(i.flags) | (u64::from(i.flags2) << 32));
-        // What the clients implement and the daemon may have agreed to.
-        let plus = if self.readdirplus { abi::FUSE_DO_READDIRPLUS } else { 0 };
-        let known = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT | plus;
-        let daemon_flags = u64::from(daemon.flags) | (u64::from(daemon.flags2) << 32);
-        let flags = daemon_flags & offered & known;
-        let max_write = daemon.max_write.clamp(4096, self.max_io);
-        let out = abi::fuse_init_out {
-            major: abi::FUSE_KERNEL_VERSION,
-            minor: daemon.minor.min(abi::FUSE_KERNEL_MINOR_VERSION),
-            max_readahead: daemon.max_readahead,
-            flags: flags as u32,
-            max_background: daemon.max_background,
-            congestion_threshold: daemon.congestion_threshold,
-            max_write,
-            time_gran: daemon.time_gran,
-            max_pages: (max_write / 4096).max(1) as u16,
-            map_alignment: 0,
-            flags2: (flags >> 32) as u32,
-            ..abi::fuse_init_out::default()
-        };
-        reply.clear();
-        let h = abi::fuse_out_header {
-            len: (16 + std::mem::size_of::<abi::fuse_init_out>()) as u32,
-            error: 0,
-            unique,
-        };
-        reply.extend_from_slice(h.as_bytes());
-        reply.extend_from_slice(out.as_bytes());
+        init_reply(&daemon, req, unique, self.max_io, self.readdirplus, reply);
         Outcome::Reply
     }
 
@@ -430,6 +461,51 @@ impl Bridge {
     }
 }
 
+/// The reply to a ring client's INIT `req` (id `unique`): what the daemon
+/// negotiated with the kernel (`daemon`), within what the client offers
+/// and the rings carry (`max_io`, READDIRPLUS only if `readdirplus`).
+pub fn init_reply(
+    daemon: &abi::fuse_init_out,
+    req: &[u8],
+    unique: u64,
+    max_io: u32,
+    readdirplus: bool,
+    reply: &mut Vec<u8>,
+) {
+    let offered = req
+        .get(std::mem::size_of::<abi::fuse_in_header>()..)
+        .and_then(|b| abi::fuse_init_in::read_from_prefix(b).ok())
+        .map_or(0, |(i, _)| u64::from(i.flags) | (u64::from(i.flags2) << 32));
+    // What the clients implement and the daemon may have agreed to.
+    let plus = if readdirplus { abi::FUSE_DO_READDIRPLUS } else { 0 };
+    let known = abi::FUSE_ATOMIC_O_TRUNC | abi::FUSE_BIG_WRITES | abi::FUSE_MAX_PAGES | abi::FUSE_INIT_EXT | plus;
+    let daemon_flags = u64::from(daemon.flags) | (u64::from(daemon.flags2) << 32);
+    let flags = daemon_flags & offered & known;
+    let max_write = daemon.max_write.clamp(4096, max_io);
+    let out = abi::fuse_init_out {
+        major: abi::FUSE_KERNEL_VERSION,
+        minor: daemon.minor.min(abi::FUSE_KERNEL_MINOR_VERSION),
+        max_readahead: daemon.max_readahead,
+        flags: flags as u32,
+        max_background: daemon.max_background,
+        congestion_threshold: daemon.congestion_threshold,
+        max_write,
+        time_gran: daemon.time_gran,
+        max_pages: (max_write / 4096).max(1) as u16,
+        map_alignment: 0,
+        flags2: (flags >> 32) as u32,
+        ..abi::fuse_init_out::default()
+    };
+    reply.clear();
+    let h = abi::fuse_out_header {
+        len: (16 + std::mem::size_of::<abi::fuse_init_out>()) as u32,
+        error: 0,
+        unique,
+    };
+    reply.extend_from_slice(h.as_bytes());
+    reply.extend_from_slice(out.as_bytes());
+}
+
 /// Writes notification `code` with `parts` to the kernel through `fd`.
 fn notify_kernel(fd: &OwnedFd, code: u32, parts: &[&[u8]]) {
     let len = 16 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -464,7 +540,7 @@ fn inval_inode(fd: &OwnedFd, ino: u64, off: i64, len: i64) {
 
 /// A daemon's init reply body (short ones, from older protocol minors,
 /// are zero-extended).
-fn init_out(b: &[u8]) -> Option<abi::fuse_init_out> {
+pub fn init_out(b: &[u8]) -> Option<abi::fuse_init_out> {
     if b.len() < 8 {
         return None;
     }
@@ -484,6 +560,32 @@ fn well_formed(msg: &[u8]) -> bool {
 }
 
 impl Forward for Bridge {
+    fn direct(&self, id: u64, memfd: std::os::fd::BorrowedFd<'_>, geo: &crate::Geometry) -> bool {
+        if self.bell.get().is_none() || self.gone() {
+            return false;
+        }
+        let c = DirectClient {
+            id,
+            queues: geo.queues,
+            slots: geo.slots,
+            slot_data: geo.slot_data,
+            records: geo.records,
+        };
+        let mut msg = MSG_CLIENT.to_ne_bytes().to_vec();
+        msg.extend_from_slice(c.as_bytes());
+        sys::send(self.sock.as_fd(), &msg, Some(memfd)).is_ok()
+    }
+
+    fn direct_gone(&self, id: u64) {
+        let mut msg = MSG_CLIENT_GONE.to_ne_bytes().to_vec();
+        msg.extend_from_slice(&id.to_ne_bytes());
+        let _ = sys::send(self.sock.as_fd(), &msg, None);
+    }
+
+    fn bell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.bell.get().map(|b| b.as_fd())
+    }
+
     fn backing(&self, node: u64, fh: u64) -> Option<BackingFile> {
         lock(&self.lent).get(&(node, fh)).cloned()
     }

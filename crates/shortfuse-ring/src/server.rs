@@ -66,7 +66,7 @@ use ownership::{Locked, Parked};
 pub use notices::changes;
 use notices::ClientsSink;
 use track::{Handle, Track};
-use worker::worker;
+use worker::{relay, worker};
 
 /// How the daemon shapes and polls its rings.
 #[derive(Clone, Debug)]
@@ -513,25 +513,31 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }
-            Arc::new(conn)
+            (Arc::new(conn), memfd)
         }
         Err(e) => {
             let _ = sys::send(sock.as_fd(), format!("error: {e}").as_bytes(), None);
             return;
         }
     };
+    let (conn, conn_memfd) = conn;
     lock(&shared.clients).push(conn.clone());
     // `stop` halts the clients it finds listed; one listed too late for
     // it is halted here (its workers then end before serving anything).
     if shared.stopping.load(Ordering::SeqCst) {
         conn.halt();
     }
+    let direct = shared
+        .forward
+        .as_ref()
+        .is_some_and(|f| f.direct(conn.id, conn_memfd.as_fd(), &shared.geo));
+    drop(conn_memfd);
     for q in 0..shared.geo.queues as usize {
         let c = conn.clone();
         let s = shared.clone();
         match thread::Builder::new()
             .name(format!("sf-ring-c{}q{q}", conn.id))
-            .spawn(move || worker(&s, &c, q))
+            .spawn(move || if direct { relay(&s, &c, q) } else { worker(&s, &c, q) })
         {
             Ok(h) => lock(&conn.workers).push(h),
             Err(e) => {
@@ -579,6 +585,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                     let _ = sys::send(sock.as_fd(), ack.as_bytes(), None);
                 }
             }
+        }
+    }
+    if direct {
+        if let Some(f) = &shared.forward {
+            f.direct_gone(conn.id);
         }
     }
     conn.halt();
