@@ -596,12 +596,14 @@ while True:
         else:
             reply(unique, err=errno.ENOENT)
     elif op == 27:  # OPENDIR
+        note("OPENDIR")
         reply(unique, struct.pack("<QII", 7, 0, 0))
     elif op in (28, 44):  # READDIR, READDIRPLUS
         if op == 44:
             note("READDIRPLUS")
         reply(unique, listing(body, op == 44))
     elif op == 29:  # RELEASEDIR
+        note("RELEASEDIR")
         reply(unique)
     elif op == 2:  # FORGET
         note(f"FORGET {node} {struct.unpack_from('<Q', body)[0]}")
@@ -681,6 +683,108 @@ def test_readdirplus_no_keeps_the_ring_clients_on_readdir(shortfuse, scratch):
         d.stop()
         for m in sfmount.mounts_at(mp):
             sfmount.run(["umount", "-l", m.mountpoint])
+
+
+# Lists the mount (a lookup of every name), keeps the directory open, and
+# waits to be killed.
+LIST_AND_HOLD = r"""
+import os, sys, time
+mp = sys.argv[1]
+print(sum(os.lstat(os.path.join(mp, n)).st_size == 0 for n in os.listdir(mp)))
+held = os.open(mp, os.O_RDONLY | os.O_DIRECTORY)
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_ring_client_killed_has_its_lookups_and_handles_given_back(shortfuse, scratch):
+    d, mp, log = listing_daemon(shortfuse, scratch)
+    try:
+        before = log.read_text().count("RELEASEDIR")
+        p = subprocess.Popen(
+            [str(shortfuse), "run", "-m", str(mp), "--", sys.executable, "-c", LIST_AND_HOLD, str(mp)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert p.stdout.readline().split() == ["50"]
+            assert p.stdout.readline().strip() == "holding"
+            assert held_lookups(log), "the listing handed out no lookups"
+        finally:
+            p.kill()
+            p.wait()
+        # The daemon took the program's requests itself; serve gives back
+        # what the program held once it is gone.
+        assert d.stats()["daemon"]["taken"] > 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (held_lookups(log) or log.read_text().count("RELEASEDIR") == before):
+            time.sleep(0.1)
+        assert held_lookups(log) == {}
+        assert log.read_text().count("RELEASEDIR") > before
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
+# Stats each of the files named in argv[2:] (all in argv[1]).
+STAT_EACH = r"""
+import os, sys
+print(sum(os.stat(os.path.join(sys.argv[1], n)).st_size for n in sys.argv[2:]))
+"""
+
+
+def test_the_daemon_takes_ring_requests_from_the_queues_itself(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        names = [f"f{i}" for i in range(200)]
+        for n in names:
+            (src / n).write_bytes(b"x")
+        figures = d.stats()["daemon"]
+        p = under(shortfuse, mp, [sys.executable, "-c", STAT_EACH, str(mp), *names])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["200"]
+        after = d.stats()["daemon"]
+        # A lookup per name, each taken by a daemon thread from the ring
+        # client's queue and answered in its slot; serve's threads passed
+        # on only what the daemon hands them (the program's releases and
+        # forgets at its end), not a request per call.
+        assert after["taken"] - figures["taken"] >= 200
+        assert after["relayed"] - figures["relayed"] < 20, after
+    finally:
+        d.stop()
+
+
+# Looks at one file as root, drops root, then looks at a file only root
+# may read.
+DROP_ROOT = r"""
+import os, sys
+os.stat(sys.argv[2])
+os.setgid(65534)
+os.setuid(65534)
+try:
+    os.stat(sys.argv[1])
+    print("served")
+except PermissionError:
+    print("refused")
+"""
+
+
+def test_a_ring_program_that_drops_root_is_another_user_to_the_daemon(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        (src / "secret").write_text("root's")
+        (src / "secret").chmod(0o600)
+        (src / "open").write_text("anybody's")
+        # Without allow_other the daemon serves its own user alone, as
+        # its kernel mount does: a program that left that user is refused
+        # whichever thread takes its request.
+        p = under(shortfuse, mp, [sys.executable, "-c", DROP_ROOT, str(mp / "secret"), str(mp / "open")])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["refused"]
+        assert d.stats()["daemon"]["taken"] > 0
+    finally:
+        d.stop()
 
 
 def test_the_daemon_negotiates_init_once_for_its_kernel_mount_and_every_ring_client(shortfuse, scratch):

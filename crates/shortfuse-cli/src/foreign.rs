@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 use shortfuse::control::{About, ControlServer};
 use shortfuse::options::FsOptions;
 use shortfuse::{MountOptions, Stats};
-use shortfuse_ring::foreign::{Bridge, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DIRECT_VAR, LANES};
+use shortfuse_ring::foreign::{
+    Bridge, BridgeFigures, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DIRECT_VAR, LANES,
+};
 use shortfuse_ring::{Server, ServerConfig};
 
 use crate::serve::{client_mountpoint, ServeArgs, SignalSet};
@@ -56,9 +58,9 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         .map(|l| l.as_raw_fd().to_string())
         .collect::<Vec<_>>()
         .join(",");
-    // Experimental: the daemon takes the ring clients' requests from their
-    // queues itself, woken through this eventfd when it sleeps.
-    let bell = if std::env::var_os(DIRECT_VAR).is_some() {
+    // The daemon takes the ring clients' requests from their queues
+    // itself, woken through this eventfd when it sleeps.
+    let bell = if std::env::var_os(DIRECT_VAR).is_none_or(|v| v != "0") {
         // SAFETY: plain eventfd creation; the descriptor is owned at once.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -144,6 +146,7 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         })?,
     };
     let stats = Arc::new(Stats::new());
+    stats.attach_figures(Arc::new(BridgeFigures(bridge.clone())));
     let name = Path::new(&command[0])
         .file_name()
         .map_or_else(|| "daemon".into(), |n| n.to_string_lossy().into_owned());

@@ -362,6 +362,19 @@ fn send(kind: u32, iov: &[libc::iovec]) -> i64 {
     send_with(CHANNEL.load(Ordering::Relaxed), kind, iov, None)
 }
 
+/// Sends `kind` then `parts` to `shortfuse serve`, with descriptor `pass`.
+fn send_parts(kind: u32, parts: &[&[u8]], pass: Option<i32>) -> i64 {
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    send_with(CHANNEL.load(Ordering::Relaxed), kind, &iov, pass)
+}
+
 /// [`send`] on socket `sock`, passing descriptor `pass` with the message.
 fn send_with(sock: i32, kind: u32, iov: &[libc::iovec], pass: Option<i32>) -> i64 {
     let kind = kind.to_ne_bytes();
@@ -431,6 +444,14 @@ fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
                 }
             }
             return r;
+        }
+        if r == -i64::from(libc::EAGAIN) && dev(fd) & DEV_NONBLOCK != 0 && direct::active() {
+            // The daemon goes back to its poll, select or epoll: the clients
+            // must ring, and a request that came meanwhile is taken now.
+            direct::drain();
+            if direct::arm() {
+                continue;
+            }
         }
         if r != -i64::from(libc::EAGAIN) || dev(fd) & DEV_NONBLOCK != 0 {
             return r;
@@ -638,7 +659,11 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
     if direct::is_direct(unique) {
         let mut msg = vec![0u8; total];
         if peek(iov, 0, &mut msg) {
-            direct::complete(unique, &msg);
+            let lent = backing::lent_by(total, |at, out| peek(iov, at, out));
+            direct::complete(unique, &msg, lent);
+            if let Some(fd) = lent {
+                fs::close(fd);
+            }
         }
         return total as i64;
     }

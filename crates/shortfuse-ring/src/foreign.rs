@@ -41,7 +41,7 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::client::Notice;
-use crate::server::{build, error_reply as error, Announcer};
+use crate::server::{build, error_reply as error, Announcer, DirectJob};
 use crate::sys;
 
 /// The environment variable that puts the shim in daemon mode: the number
@@ -74,8 +74,9 @@ pub const MSG_CLIENT: u32 = 5;
 /// Bridge to daemon: that client has gone (a `u64` id): take nothing more
 /// from its queues.
 pub const MSG_CLIENT_GONE: u32 = 6;
-/// Marks the `unique` of a request the daemon took from a client's queue
-/// itself (direct path); the rest says which client, queue and slot.
+/// Marks, with [`RING_UNIQUE`], the `unique` of a request the daemon took
+/// from a client's queue itself (direct path); the rest says which
+/// client, queue and slot.
 pub const DIRECT_UNIQUE: u64 = 1 << 62;
 /// A direct client's doorbell while the daemon is awake (1: armed, the
 /// daemon sleeps; 0: the client rang).
@@ -83,9 +84,10 @@ pub const DIRECT_AWAKE: u32 = 2;
 /// The environment variable naming the daemon's end of the eventfd that
 /// `serve` writes when a client rings a queue the sleeping daemon armed.
 pub const DAEMON_BELL_VAR: &str = "SHORTFUSE_DAEMON_BELL";
-/// Set (to anything) in `serve`'s environment: the daemon takes its ring
-/// clients' requests from their queues itself (experimental, see
-/// [`Forward::direct`]).
+/// `0` in `serve`'s environment: the daemon's threads do not take the ring
+/// clients' requests from their queues themselves (see
+/// [`Forward::direct`]); every request then goes through `serve`'s
+/// workers, as for a client of another user.
 pub const DIRECT_VAR: &str = "SHORTFUSE_RING_DIRECT";
 
 /// What the daemon is told of a direct client: its id and the shape of
@@ -100,6 +102,60 @@ pub struct DirectClient {
     pub slots: u32,
     pub slot_data: u32,
     pub records: u32,
+    /// The ids the client's process connected with; `root` (1): it may
+    /// claim any. A request claiming other ids goes through `serve`, which
+    /// checks them against everything the process held.
+    pub uid: u32,
+    pub gid: u32,
+    pub root: u32,
+    /// The daemon's user, and whether others are served (`allow_other`).
+    pub owner: u32,
+    pub allow_other: u32,
+    /// Whether READDIRPLUS may be offered to the client.
+    pub readdirplus: u32,
+}
+
+/// Daemon to bridge: a direct request it leaves to `serve` (a
+/// [`DirectSlot`]): `serve` serves it as if its own worker had taken it.
+pub const MSG_HANDOVER: u32 = 7;
+/// Daemon to bridge: a direct request answered (a [`DirectDone`], then
+/// the request, then the reply, under the client's own `unique`), for
+/// `serve`'s bookkeeping; with the backing file of a passthrough OPEN.
+pub const MSG_DONE: u32 = 8;
+/// Daemon to bridge: it holds no request of client (`u64` id) any more,
+/// after a [`MSG_CLIENT_GONE`]: every [`MSG_DONE`] of it came before.
+pub const MSG_GONE_ACK: u32 = 9;
+/// Daemon to bridge: how many requests of each opcode it answered for
+/// direct clients alone since the last such message (pairs of `u32`
+/// opcode and `u32` count).
+pub const MSG_COUNTS: u32 = 10;
+/// [`DirectDone::flags`]: `serve` hands the reply to the client (after
+/// telling the other clients and the kernel mount of the change).
+pub const DONE_COMPLETE: u32 = 1;
+
+/// Where a direct request lies: client, queue and slot.
+#[derive(
+    Clone, Copy, Debug, Default, zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout,
+)]
+#[repr(C)]
+pub struct DirectSlot {
+    pub id: u64,
+    pub queue: u32,
+    pub slot: u32,
+}
+
+/// What comes before the request and reply of a [`MSG_DONE`].
+#[derive(
+    Clone, Copy, Debug, Default, zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout,
+)]
+#[repr(C)]
+pub struct DirectDone {
+    pub at: DirectSlot,
+    /// The process the client says sent it.
+    pub pid: u32,
+    pub req_len: u32,
+    pub flags: u32,
+    pub padding: u32,
 }
 
 /// The lane (0-based) a ring `unique` names, if any.
@@ -122,18 +178,25 @@ pub trait Forward: Send + Sync + 'static {
         None
     }
 
-    /// Whether the daemon takes the requests of client `id` (region
-    /// `memfd` of shape `geo`) from its queues itself; then the server
-    /// only relays the client's doorbell to the sleeping daemon
-    /// ([`Forward::bell`]).
-    fn direct(&self, id: u64, memfd: std::os::fd::BorrowedFd<'_>, geo: &crate::Geometry) -> bool {
-        let _ = (id, memfd, geo);
+    /// Whether the daemon takes the requests of `client` (its region
+    /// `memfd`) from its queues itself; then the server relays the
+    /// client's doorbell to the sleeping daemon ([`Forward::bell`]) and
+    /// does what the daemon leaves to it ([`crate::server::DirectJob`]).
+    fn direct(&self, client: &DirectClient, memfd: std::os::fd::BorrowedFd<'_>) -> bool {
+        let _ = (client, memfd);
         false
     }
 
-    /// Direct client `id` has gone.
+    /// Direct client `id` has gone: returns once the daemon holds none of
+    /// its requests any more (and `serve` was told what it answered), or
+    /// the daemon is gone, or after a bound.
     fn direct_gone(&self, id: u64) {
         let _ = id;
+    }
+
+    /// Whether the daemon has gone (its socket closed).
+    fn daemon_gone(&self) -> bool {
+        false
     }
 
     /// The eventfd that wakes the daemon for a direct client's request.
@@ -203,6 +266,13 @@ pub struct Bridge {
     /// The eventfd that wakes the daemon for a direct client (set when the
     /// daemon takes ring requests from the queues itself).
     bell: std::sync::OnceLock<OwnedFd>,
+    /// Requests `serve`'s threads passed to the daemon over the socket.
+    relayed: AtomicU64,
+    /// Requests the daemon took from the clients' queues itself.
+    taken: AtomicU64,
+    /// Direct clients the daemon let go of ([`MSG_GONE_ACK`]).
+    acked: Mutex<std::collections::HashSet<u64>>,
+    acked_seen: Condvar,
 }
 
 impl Bridge {
@@ -235,6 +305,10 @@ impl Bridge {
             lent: Mutex::new(HashMap::new()),
             readdirplus,
             bell: std::sync::OnceLock::new(),
+            relayed: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            acked: Mutex::new(std::collections::HashSet::new()),
+            acked_seen: Condvar::new(),
         })
     }
 
@@ -282,6 +356,29 @@ impl Bridge {
             match kind {
                 MSG_REPLY => self.reply(msg, passed),
                 MSG_NOTIFY => self.notified(msg),
+                MSG_HANDOVER => {
+                    if let (Ok((at, _)), Some(a)) = (DirectSlot::read_from_prefix(msg), lock(&self.announcer).clone()) {
+                        a.direct_job(at.id, DirectJob::Handover(at.queue as usize, at.slot as usize));
+                    }
+                }
+                MSG_DONE => self.direct_done(msg, passed),
+                MSG_COUNTS => {
+                    if let Some(a) = lock(&self.announcer).clone() {
+                        for pair in msg.chunks_exact(8) {
+                            let opcode = u32::from_ne_bytes([pair[0], pair[1], pair[2], pair[3]]);
+                            let n = u32::from_ne_bytes([pair[4], pair[5], pair[6], pair[7]]);
+                            a.stats()
+                                .record_untimed(opcode, shortfuse::Transport::Ring, u64::from(n));
+                            self.taken.fetch_add(u64::from(n), Ordering::Relaxed);
+                        }
+                    }
+                }
+                MSG_GONE_ACK => {
+                    if let Some(id) = msg.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes) {
+                        lock(&self.acked).insert(id);
+                        self.acked_seen.notify_all();
+                    }
+                }
                 MSG_INIT => {
                     if let Some(fd) = passed {
                         *lock(&self.kernel) = Some(fd);
@@ -302,6 +399,45 @@ impl Bridge {
         }
         let _g = lock(&self.init);
         self.init_seen.notify_all();
+        drop(_g);
+        let _g = lock(&self.acked);
+        self.acked_seen.notify_all();
+    }
+
+    /// A direct request the daemon answered: the backing file of a
+    /// passthrough OPEN is lent, the kernel mount told of a change, and
+    /// the rest (bookkeeping, other clients, the answer where `serve`
+    /// gives it) goes to the client's job thread.
+    fn direct_done(&self, msg: &[u8], passed: Option<OwnedFd>) {
+        let Ok((d, rest)) = DirectDone::read_from_prefix(msg) else {
+            return;
+        };
+        let Some((req, reply)) = rest.split_at_checked(d.req_len as usize) else {
+            return;
+        };
+        let Ok(h) = abi::parse_header(req) else {
+            return;
+        };
+        if let Some(file) = passed {
+            self.lend(h, reply, file);
+        }
+        if reply.get(4..8) == Some(&[0; 4]) {
+            self.tell_kernel(req);
+        }
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = lock(&self.announcer).clone() {
+            a.direct_job(
+                d.at.id,
+                DirectJob::Done {
+                    queue: d.at.queue as usize,
+                    slot: d.at.slot as usize,
+                    pid: d.pid,
+                    complete: d.flags & DONE_COMPLETE != 0,
+                    req: req.to_vec(),
+                    reply: reply.to_vec(),
+                },
+            );
+        }
     }
 
     fn reply(&self, msg: &[u8], passed: Option<OwnedFd>) {
@@ -461,6 +597,33 @@ impl Bridge {
     }
 }
 
+/// How the ring clients' requests reached the daemon (`shortfuse stats`'
+/// `daemon` group).
+pub struct BridgeFigures(pub Arc<Bridge>);
+
+impl shortfuse::stats::Figures for BridgeFigures {
+    fn group(&self) -> &'static str {
+        "daemon"
+    }
+
+    fn figures(&self) -> Vec<shortfuse::stats::Figure> {
+        vec![
+            shortfuse::stats::Figure {
+                name: "relayed",
+                value: self.0.relayed.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Ring clients' requests that serve's threads passed to the daemon over its socket.",
+            },
+            shortfuse::stats::Figure {
+                name: "taken",
+                value: self.0.taken.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Ring clients' requests the daemon's own threads took from the clients' queues.",
+            },
+        ]
+    }
+}
+
 /// The reply to a ring client's INIT `req` (id `unique`): what the daemon
 /// negotiated with the kernel (`daemon`), within what the client offers
 /// and the rings carry (`max_io`, READDIRPLUS only if `readdirplus`).
@@ -560,17 +723,12 @@ fn well_formed(msg: &[u8]) -> bool {
 }
 
 impl Forward for Bridge {
-    fn direct(&self, id: u64, memfd: std::os::fd::BorrowedFd<'_>, geo: &crate::Geometry) -> bool {
+    fn direct(&self, client: &DirectClient, memfd: std::os::fd::BorrowedFd<'_>) -> bool {
         if self.bell.get().is_none() || self.gone() {
             return false;
         }
-        let c = DirectClient {
-            id,
-            queues: geo.queues,
-            slots: geo.slots,
-            slot_data: geo.slot_data,
-            records: geo.records,
-        };
+        let mut c = *client;
+        c.readdirplus = u32::from(self.readdirplus);
         let mut msg = MSG_CLIENT.to_ne_bytes().to_vec();
         msg.extend_from_slice(c.as_bytes());
         sys::send(self.sock.as_fd(), &msg, Some(memfd)).is_ok()
@@ -579,7 +737,25 @@ impl Forward for Bridge {
     fn direct_gone(&self, id: u64) {
         let mut msg = MSG_CLIENT_GONE.to_ne_bytes().to_vec();
         msg.extend_from_slice(&id.to_ne_bytes());
-        let _ = sys::send(self.sock.as_fd(), &msg, None);
+        if sys::send(self.sock.as_fd(), &msg, None).is_err() {
+            return;
+        }
+        // A daemon stuck in a call of this client's holds up only the
+        // giving back of what the client held, and not for ever.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut acked = lock(&self.acked);
+        while !acked.remove(&id) && !self.gone() {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                tracing::warn!("the daemon still holds a request of a ring client that left");
+                return;
+            }
+            acked = self.acked_seen.wait_timeout(acked, deadline - now).unpoison().0;
+        }
+    }
+
+    fn daemon_gone(&self) -> bool {
+        self.gone()
     }
 
     fn bell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -609,6 +785,7 @@ impl Forward for Bridge {
             }
             return Outcome::NoReply;
         }
+        self.relayed.fetch_add(1, Ordering::Relaxed);
         let seq = self.next.fetch_add(1, Ordering::Relaxed) & ((1 << LANE_SHIFT) - 1);
         let lane = if replies { lock(&self.lanes).pop() } else { None };
         if let Some(mut lane) = lane {

@@ -39,7 +39,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::anchors::Anchors;
 use crate::client::Notice;
-use crate::foreign::{Forward, ForwardFs};
+use crate::foreign::{DirectClient, Forward, ForwardFs};
 use crate::locks::{Locks, Reaper};
 use crate::proto::{
     AnchorAck, AnchorMsg, EarlyMsg, Hello, NamesMsg, Welcome, ANCHOR_MAGIC, CLAIM_MAGIC, EARLY_MAGIC, NAMES_MAGIC,
@@ -49,6 +49,7 @@ use crate::sys;
 
 mod backings;
 mod caller;
+mod direct;
 mod nodes;
 mod notices;
 mod ownership;
@@ -63,10 +64,12 @@ use watches::Watches;
 use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
 
+pub use direct::DirectJob;
+use direct::{jobs, relay, Jobs};
 pub use notices::changes;
 use notices::ClientsSink;
 use track::{Handle, Track};
-use worker::{relay, worker};
+use worker::worker;
 
 /// How the daemon shapes and polls its rings.
 #[derive(Clone, Debug)]
@@ -193,6 +196,13 @@ struct Conn {
     /// Its queues' workers, joined by whoever ends the client first: its
     /// watcher when it goes, or [`Server::stop`].
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// What the daemon left to the server, for a client it serves directly.
+    jobs: Jobs,
+    /// The daemon serves this client directly: what it hands out reaches
+    /// `track` a moment after the client has it.
+    direct: AtomicBool,
+    /// Told when the job thread has added to `track`.
+    tracked: std::sync::Condvar,
 }
 
 struct NotifyTail {
@@ -412,6 +422,19 @@ impl Announcer {
         self.0.watches.apply(r, reply);
     }
 
+    /// The server's request counters.
+    pub fn stats(&self) -> &Stats {
+        &self.0.stats
+    }
+
+    /// Work the daemon left for direct client `id` (gone: dropped).
+    pub fn direct_job(&self, id: u64, job: DirectJob) {
+        let conn = lock(&self.0.clients).iter().find(|c| c.id == id).cloned();
+        if let Some(c) = conn {
+            c.jobs.push(job);
+        }
+    }
+
     pub fn notify_all(&self, notice: Notice<'_>) {
         for c in lock(&self.0.clients).iter() {
             c.push_notice(0, notice);
@@ -527,11 +550,40 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
     if shared.stopping.load(Ordering::SeqCst) {
         conn.halt();
     }
-    let direct = shared
-        .forward
-        .as_ref()
-        .is_some_and(|f| f.direct(conn.id, conn_memfd.as_fd(), &shared.geo));
+    // The daemon takes the requests itself only of a client that may name
+    // any node (others are checked node by node, here) and where this
+    // server does not act as the caller.
+    let direct = !shared.config.impersonate
+        && conn.peer.may_name_any_node(owner)
+        && shared.forward.as_ref().is_some_and(|f| {
+            let client = DirectClient {
+                id: conn.id,
+                queues: shared.geo.queues,
+                slots: shared.geo.slots,
+                slot_data: shared.geo.slot_data,
+                records: shared.geo.records,
+                uid: conn.peer.uid(),
+                gid: conn.peer.gid(),
+                root: u32::from(conn.peer.is_root()),
+                owner,
+                allow_other: u32::from(shared.opts.allow_other),
+                readdirplus: 0,
+            };
+            f.direct(&client, conn_memfd.as_fd())
+        });
     drop(conn_memfd);
+    conn.direct.store(direct, Ordering::SeqCst);
+    if direct {
+        let c = conn.clone();
+        let s = shared.clone();
+        match thread::Builder::new()
+            .name(format!("sf-ring-c{}jobs", conn.id))
+            .spawn(move || jobs(&s, &c))
+        {
+            Ok(h) => lock(&conn.workers).push(h),
+            Err(e) => tracing::warn!("shortfuse ring: cannot start a worker: {e}"),
+        }
+    }
     for q in 0..shared.geo.queues as usize {
         let c = conn.clone();
         let s = shared.clone();
@@ -673,6 +725,9 @@ impl Conn {
             }),
             stop: AtomicBool::new(false),
             workers: Mutex::new(Vec::new()),
+            jobs: Jobs::default(),
+            direct: AtomicBool::new(false),
+            tracked: std::sync::Condvar::new(),
         };
         Ok((conn, memfd))
     }
@@ -686,7 +741,8 @@ impl Conn {
         description: Option<std::os::fd::BorrowedFd<'_>>,
         shared: &Shared,
     ) -> bool {
-        if lock(&self.track)
+        if self
+            .track_with(|t| t.handles.get(&(m.fh, false)).is_some_and(|h| h.node == m.node))
             .handles
             .get(&(m.fh, false))
             .is_some_and(|h| h.node == m.node)
@@ -709,6 +765,7 @@ impl Conn {
     /// Tells the workers to end, waking those asleep.
     fn halt(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.jobs.wake();
         for q in 0..self.geo.queues as usize {
             let bell = self.region.u32_at(self.geo.doorbell_off(q));
             bell.store(0, Ordering::SeqCst);

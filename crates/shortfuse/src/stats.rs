@@ -399,6 +399,16 @@ impl Stats {
         self.transports[transport.index()].fetch_add(1, Relaxed);
     }
 
+    /// Records `n` requests of `opcode` over `transport` whose times were
+    /// not taken (counted as served at once).
+    pub fn record_untimed(&self, opcode: u32, transport: Transport, n: u64) {
+        let slot = (opcode as usize).min(OPCODE_SLOTS);
+        let c = &self.ops[slot];
+        c.count.fetch_add(n, Relaxed);
+        c.buckets[bucket_of(0)].fetch_add(n, Relaxed);
+        self.transports[transport.index()].fetch_add(n, Relaxed);
+    }
+
     /// Zeroes every counter. Requests recorded meanwhile may be half counted.
     pub fn reset(&self) {
         for c in self.ops.iter() {

@@ -1,15 +1,24 @@
-//! The direct path (experimental, `SHORTFUSE_RING_DIRECT` in `serve`'s
-//! environment): the daemon's reads take ring clients' requests from their
-//! queues themselves, and its writes put the replies in the clients'
-//! slots, so a request costs the rings' own hop plus the daemon's work,
-//! without `shortfuse serve`'s thread and two sockets in between.
+//! The direct path: the daemon's reads take ring clients' requests from
+//! their queues themselves, and its writes put the replies in the
+//! clients' slots, so a request costs the rings' own hop plus the
+//! daemon's work, without `shortfuse serve`'s thread and two sockets in
+//! between (the kernel mount's path has the same two threads).
 //!
-//! `serve` passes each client's memfd (`MSG_CLIENT`); it relays a client's
-//! doorbell to the daemon's eventfd only while the daemon sleeps (it arms
-//! the bells first). Not done here yet, and done by `serve` on its own
-//! path: credential checks, the node and handle bookkeeping that forgets
-//! and releases for a client that exits, telling other clients and the
-//! kernel mount of changes, locks that wait.
+//! `serve` passes each client's memfd (`MSG_CLIENT`), with the ids its
+//! process connected with; it relays a client's doorbell to the daemon's
+//! eventfd only while the daemon sleeps (it arms the bells first). What
+//! `serve` keeps doing for these clients it is told of in order on the
+//! socket, the reply to the client never waiting for it where nothing
+//! else may see the change first:
+//! - reads, stats, listings: answered here alone;
+//! - lookups, opens, forgets: answered here, and `serve` told
+//!   (`MSG_DONE`) before the client has the answer, so that what a client
+//!   that goes held is given back;
+//! - changes (create, write, unlink...): `serve` hands the reply over,
+//!   once it told the other clients, the kernel mount and the watches;
+//! - everything else (releases, locks, a caller whose ids are not those
+//!   it connected with): handed to `serve` whole (`MSG_HANDOVER`), which
+//!   checks and serves it as it serves any client.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -17,21 +26,102 @@ use std::sync::Mutex;
 
 use shortfuse::sync::lock;
 use shortfuse_abi as abi;
-use shortfuse_ring::foreign::{init_out, init_reply, DirectClient, DAEMON_BELL_VAR, DIRECT_AWAKE, DIRECT_UNIQUE};
+use shortfuse_ring::foreign::{
+    init_out, init_reply, DirectClient, DirectDone, DirectSlot, DAEMON_BELL_VAR, DIRECT_AWAKE, DIRECT_UNIQUE,
+    DONE_COMPLETE, MSG_COUNTS, MSG_DONE, MSG_GONE_ACK, MSG_HANDOVER, RING_UNIQUE,
+};
 use shortfuse_ring::region::{entry_slot, slot, Region, SLOT_HEADER};
 use shortfuse_ring::Geometry;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::sys::{fs, raw};
 
+/// Who answers a request of a direct client, and who hands the answer over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// The daemon; nobody else needs to know.
+    Daemon,
+    /// The daemon; `serve` is told first (what the client now holds).
+    Settle,
+    /// The daemon; `serve` hands the reply over (a change others must see).
+    Serve,
+    /// `serve`, whole.
+    Handover,
+}
+
+/// Who answers a request with `opcode`.
+fn route(opcode: u32) -> Route {
+    match opcode {
+        abi::FUSE_GETATTR
+        | abi::FUSE_READ
+        | abi::FUSE_READDIR
+        | abi::FUSE_STATFS
+        | abi::FUSE_ACCESS
+        | abi::FUSE_GETXATTR
+        | abi::FUSE_LISTXATTR
+        | abi::FUSE_READLINK
+        | abi::FUSE_LSEEK
+        | abi::FUSE_FSYNC
+        | abi::FUSE_FSYNCDIR => Route::Daemon,
+        abi::FUSE_LOOKUP | abi::FUSE_OPEN | abi::FUSE_OPENDIR | abi::FUSE_READDIRPLUS => Route::Settle,
+        // FLUSH: `serve` lets the caller's POSIX locks go.
+        abi::FUSE_FLUSH
+        | abi::FUSE_CREATE
+        | abi::FUSE_MKNOD
+        | abi::FUSE_MKDIR
+        | abi::FUSE_SYMLINK
+        | abi::FUSE_LINK
+        | abi::FUSE_UNLINK
+        | abi::FUSE_RMDIR
+        | abi::FUSE_RENAME
+        | abi::FUSE_RENAME2
+        | abi::FUSE_SETATTR
+        | abi::FUSE_WRITE
+        | abi::FUSE_FALLOCATE
+        | abi::FUSE_SETXATTR
+        | abi::FUSE_REMOVEXATTR
+        | abi::FUSE_COPY_FILE_RANGE => Route::Serve,
+        // Releases, and the forgets that may follow them: the client sends
+        // a RELEASE without waiting, and the daemon must not see a FORGET
+        // of a node before the release of its last handle (libfuse aborts).
+        _ => Route::Handover,
+    }
+}
+
+/// Whether client `c` may send request `h` without `serve`'s full check:
+/// it claims the ids it connected with (or connected as root), and it is
+/// the daemon's user or others are served, as `serve` decides.
+fn plainly_allowed(c: &DirectClient, h: &abi::fuse_in_header) -> bool {
+    let own = c.root != 0 || (h.uid == c.uid && h.gid == c.gid && h.total_extlen == 0);
+    let letting_go = matches!(h.opcode, abi::FUSE_FORGET | abi::FUSE_BATCH_FORGET | abi::FUSE_FLUSH);
+    own && (h.uid == c.owner || c.allow_other != 0 || letting_go)
+}
+
+/// A request taken and not answered yet.
+#[derive(Clone, Default)]
+struct Taken {
+    /// The client's own `unique`.
+    unique: u64,
+    pid: u32,
+    /// The request, for `serve` (Settle and Serve only).
+    req: Vec<u8>,
+    serve: bool,
+}
+
 /// One client whose queues we take from.
 struct Client {
-    id: u64,
+    info: DirectClient,
     region: Region,
     geo: Geometry,
     /// The next position to look at, per queue.
     heads: Vec<u32>,
-    /// The request's own `unique`, per slot (queue-major).
-    uniques: Vec<u64>,
+    /// Per slot (queue-major).
+    taken: Vec<Option<Taken>>,
+    /// How many requests the daemon holds.
+    held: usize,
+    /// `serve` said it went: nothing more is taken, and once nothing is
+    /// held it is told so and the client dropped.
+    gone: bool,
 }
 
 static CLIENTS: Mutex<Vec<Client>> = Mutex::new(Vec::new());
@@ -41,6 +131,34 @@ static INIT: Mutex<Option<abi::fuse_init_out>> = Mutex::new(None);
 static BELL: AtomicI32 = AtomicI32::new(-1);
 /// Whether some client is registered (a read looks at the queues at all).
 static ANY: AtomicU32 = AtomicU32::new(0);
+/// Requests answered here alone, by opcode, not yet counted by `serve`.
+static COUNTS: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
+/// A count that reaches this is sent at once (else when a reader sleeps).
+const COUNT_BATCH: u32 = 1024;
+
+/// Counts a request answered here alone.
+fn count(opcode: u32) {
+    if let Some(c) = COUNTS.get(opcode as usize) {
+        if c.fetch_add(1, Ordering::Relaxed) + 1 >= COUNT_BATCH {
+            flush_counts();
+        }
+    }
+}
+
+/// Tells `serve` what was answered here alone since the last time.
+pub fn flush_counts() {
+    let mut msg = Vec::new();
+    for (op, c) in COUNTS.iter().enumerate() {
+        let n = c.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            msg.extend_from_slice(&(op as u32).to_ne_bytes());
+            msg.extend_from_slice(&n.to_ne_bytes());
+        }
+    }
+    if !msg.is_empty() {
+        super::send_parts(MSG_COUNTS, &[&msg], None);
+    }
+}
 
 /// The largest READ/WRITE payload a ring carries (as `serve`'s default).
 const MAX_IO: u32 = 1 << 20;
@@ -83,61 +201,65 @@ pub fn spin() -> std::time::Duration {
 
 /// A client `serve` hands us: `body` a [`DirectClient`], `fd` its memfd.
 pub fn add(body: &[u8], fd: i32) {
-    let u32_at = |at: usize| {
-        body.get(at..at + 4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let (Some(id), Some(queues), Some(slots), Some(slot_data), Some(records)) = (
-        body.get(..8)
-            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))),
-        u32_at(8),
-        u32_at(12),
-        u32_at(16),
-        u32_at(20),
-    ) else {
-        fs::close(fd);
-        return;
-    };
-    let c = DirectClient {
-        id,
-        queues,
-        slots,
-        slot_data,
-        records,
-    };
-    let geo = Geometry {
-        queues: c.queues,
-        slots: c.slots,
-        slot_data: c.slot_data,
-        records: c.records,
-    };
     // SAFETY: a descriptor passed to us alone, owned from here.
     let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let Ok((info, _)) = DirectClient::read_from_prefix(body) else {
+        return;
+    };
+    let geo = Geometry {
+        queues: info.queues,
+        slots: info.slots,
+        slot_data: info.slot_data,
+        records: info.records,
+    };
     let Ok(region) = geo
         .check()
         .and_then(|_| Region::map(std::os::fd::AsFd::as_fd(&owned), geo.bytes()).map_err(|e| e.to_string()))
     else {
         return;
     };
+    let start = if ELSEWHERE.load(Ordering::Relaxed) {
+        1
+    } else {
+        DIRECT_AWAKE
+    };
     for q in 0..geo.queues as usize {
-        region.u32_at(geo.doorbell_off(q)).store(DIRECT_AWAKE, Ordering::SeqCst);
+        region.u32_at(geo.doorbell_off(q)).store(start, Ordering::SeqCst);
     }
     let mut all = lock(&CLIENTS);
     all.push(Client {
-        id: c.id,
+        info,
         region,
         geo,
         heads: vec![0; geo.queues as usize],
-        uniques: vec![0; geo.total_slots()],
+        taken: vec![None; geo.total_slots()],
+        held: 0,
+        gone: false,
     });
     ANY.store(1, Ordering::Relaxed);
 }
 
-/// Client `id` has gone: nothing more is taken from its queues, and
-/// replies to it are dropped.
+/// Client `id` has gone: nothing more is taken from its queues; once the
+/// daemon answered what it holds of it, `serve` is told.
 pub fn remove(id: u64) {
     let mut all = lock(&CLIENTS);
-    all.retain(|c| c.id != id);
+    if let Some(c) = all.iter_mut().find(|c| c.info.id == id) {
+        c.gone = true;
+    }
+    drop_gone(&mut all);
+}
+
+/// Drops the clients that went and whose requests were all answered,
+/// telling `serve` (after every `MSG_DONE` of theirs).
+fn drop_gone(all: &mut Vec<Client>) {
+    all.retain(|c| {
+        if c.gone && c.held == 0 {
+            flush_counts();
+            super::send_parts(MSG_GONE_ACK, &[&c.info.id.to_ne_bytes()], None);
+            return false;
+        }
+        true
+    });
     ANY.store(u32::from(!all.is_empty()), Ordering::Relaxed);
 }
 
@@ -149,7 +271,7 @@ pub fn init_seen(msg: &[u8]) {
 }
 
 fn unique_of(id: u64, q: usize, i: usize) -> u64 {
-    DIRECT_UNIQUE | ((id & 0xf_ffff) << 40) | ((q as u64 & 0xf_ffff) << 20) | (i as u64 & 0xf_ffff)
+    RING_UNIQUE | DIRECT_UNIQUE | ((id & 0xf_ffff) << 40) | ((q as u64 & 0xf_ffff) << 20) | (i as u64 & 0xf_ffff)
 }
 
 fn decode(unique: u64) -> (u64, usize, usize) {
@@ -160,19 +282,37 @@ fn decode(unique: u64) -> (u64, usize, usize) {
     )
 }
 
-/// Whether `unique` is one of ours.
+/// Whether `unique` is one of ours: a ring request's (which a daemon may
+/// tell by that bit), taken from the queues here.
 pub fn is_direct(unique: u64) -> bool {
-    unique & DIRECT_UNIQUE != 0 && unique & shortfuse_ring::foreign::RING_UNIQUE == 0
+    unique & (RING_UNIQUE | DIRECT_UNIQUE) == RING_UNIQUE | DIRECT_UNIQUE
+}
+
+/// Tells `serve` what the daemon answered to request `t` in slot `i` of
+/// queue `q` of `c` (`reply` under the client's own id).
+fn tell_done(c: &Client, q: usize, i: usize, t: &Taken, reply: &[u8], lent: Option<i32>) {
+    let d = DirectDone {
+        at: DirectSlot {
+            id: c.info.id,
+            queue: q as u32,
+            slot: i as u32,
+        },
+        pid: t.pid,
+        req_len: t.req.len() as u32,
+        flags: if t.serve { DONE_COMPLETE } else { 0 },
+        padding: 0,
+    };
+    super::send_parts(MSG_DONE, &[d.as_bytes(), &t.req, reply], lent);
 }
 
 /// The next request of a direct client for the daemon, handed over by
 /// `deliver` (which copies it into the daemon's buffer: its length, or
 /// None when it does not fit). Requests the daemon must not see (INIT,
-/// DESTROY) are answered here.
+/// DESTROY) are answered here, and those `serve` answers handed to it.
 pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
     let mut all = lock(&CLIENTS);
     let mut req = Vec::new();
-    for c in all.iter_mut() {
+    for c in all.iter_mut().filter(|c| !c.gone) {
         for q in 0..c.geo.queues as usize {
             loop {
                 let head = c.heads[q];
@@ -200,13 +340,14 @@ pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
                 let mut reply = Vec::new();
                 match h.opcode {
                     abi::FUSE_INIT => {
+                        count(h.opcode);
                         match *lock(&INIT) {
                             Some(d) => init_reply(
                                 &d,
                                 &req,
                                 h.unique,
                                 MAX_IO.min(c.geo.slot_data.saturating_sub(4096)),
-                                true,
+                                c.info.readdirplus != 0,
                                 &mut reply,
                             ),
                             None => error(&mut reply, h.unique, libc::ENOTCONN),
@@ -221,16 +362,52 @@ pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
                     }
                     _ => {}
                 }
+                let way = if plainly_allowed(&c.info, &h) {
+                    route(h.opcode)
+                } else {
+                    Route::Handover
+                };
+                if way == Route::Handover {
+                    let at = DirectSlot {
+                        id: c.info.id,
+                        queue: q as u32,
+                        slot: i as u32,
+                    };
+                    if super::send_parts(MSG_HANDOVER, &[at.as_bytes()], None) < 0 {
+                        error(&mut reply, h.unique, libc::ENOTCONN);
+                        finish(c, q, i, &reply);
+                    }
+                    continue;
+                }
+                let pid = c.region.u32_at(off + 8).load(Ordering::Relaxed);
                 let replies = abi::op_info(h.opcode).is_none_or(|o| o.reply);
-                c.uniques[q * c.geo.slots as usize + i] = h.unique;
-                req[8..16].copy_from_slice(&unique_of(c.id, q, i).to_ne_bytes());
+                let t = Taken {
+                    unique: h.unique,
+                    pid,
+                    req: if way == Route::Daemon { Vec::new() } else { req.clone() },
+                    serve: way == Route::Serve,
+                };
+                if !replies {
+                    // FORGET: nothing comes back; `serve` counts it now.
+                    if way != Route::Daemon {
+                        tell_done(c, q, i, &t, &[], None);
+                    }
+                } else {
+                    c.taken[q * c.geo.slots as usize + i] = Some(t);
+                    c.held += 1;
+                }
+                req[8..16].copy_from_slice(&unique_of(c.info.id, q, i).to_ne_bytes());
                 let Some(n) = deliver(&req) else {
-                    error(&mut reply, h.unique, libc::EIO);
-                    finish(c, q, i, &reply);
+                    if replies {
+                        answer(c, q, i, None, None);
+                    }
                     continue;
                 };
                 if !replies {
                     finish(c, q, i, &[]);
+                }
+                if way == Route::Daemon {
+                    count(h.opcode);
                 }
                 return Some(n);
             }
@@ -244,6 +421,27 @@ fn error(reply: &mut Vec<u8>, unique: u64, errno: i32) {
     reply.extend_from_slice(&16u32.to_ne_bytes());
     reply.extend_from_slice(&(-errno).to_ne_bytes());
     reply.extend_from_slice(&unique.to_ne_bytes());
+}
+
+/// Answers the request held in slot `i` of queue `q` of `c` with the
+/// daemon's `msg` (None, or a malformed one: EIO for that call alone),
+/// by the request's route.
+fn answer(c: &mut Client, q: usize, i: usize, msg: Option<&[u8]>, lent: Option<i32>) {
+    let Some(t) = c.taken.get_mut(q * c.geo.slots as usize + i).and_then(Option::take) else {
+        return;
+    };
+    c.held -= 1;
+    let mut reply = msg.map(<[u8]>::to_vec).unwrap_or_default();
+    if !well_formed(&reply) || reply.len() > c.geo.slot_data as usize {
+        error(&mut reply, t.unique, libc::EIO);
+    }
+    reply[8..16].copy_from_slice(&t.unique.to_ne_bytes());
+    if !t.req.is_empty() {
+        tell_done(c, q, i, &t, &reply, lent);
+    }
+    if !t.serve && !c.gone {
+        finish(c, q, i, &reply);
+    }
 }
 
 /// Writes `reply` in slot `i` of queue `q` and hands it back to the client.
@@ -279,24 +477,21 @@ fn futex_wake(word: &AtomicU32) {
     };
 }
 
-/// The daemon's reply `msg` to direct request `unique`: into its slot, with
-/// the request's own id; a malformed one fails that call with EIO.
-pub fn complete(unique: u64, msg: &[u8]) {
+/// The daemon's reply `msg` to direct request `unique` (with `lent`, the
+/// backing file a passthrough OPEN names, which the caller closes).
+pub fn complete(unique: u64, msg: &[u8], lent: Option<i32>) {
     let (id, q, i) = decode(unique);
-    let all = lock(&CLIENTS);
-    let Some(c) = all.iter().find(|c| c.id & 0xf_ffff == id) else {
+    let mut all = lock(&CLIENTS);
+    let Some(c) = all.iter_mut().find(|c| c.info.id & 0xf_ffff == id) else {
         return;
     };
     if q >= c.geo.queues as usize || i >= c.geo.slots as usize {
         return;
     }
-    let own = c.uniques[q * c.geo.slots as usize + i];
-    let mut reply = msg.to_vec();
-    if !well_formed(&reply) || reply.len() > c.geo.slot_data as usize {
-        error(&mut reply, own, libc::EIO);
+    answer(c, q, i, Some(msg), lent);
+    if c.gone {
+        drop_gone(&mut all);
     }
-    reply[8..16].copy_from_slice(&own.to_ne_bytes());
-    finish(c, q, i, &reply);
 }
 
 fn well_formed(msg: &[u8]) -> bool {
@@ -311,7 +506,7 @@ fn well_formed(msg: &[u8]) -> bool {
 /// Whether some client has published a request not taken yet.
 pub fn has_work() -> bool {
     let all = lock(&CLIENTS);
-    all.iter().any(|c| {
+    all.iter().filter(|c| !c.gone).any(|c| {
         (0..c.geo.queues as usize).any(|q| {
             let head = c.heads[q];
             let e = c.region.u32_at(c.geo.entry_off(q, head)).load(Ordering::SeqCst);
@@ -342,6 +537,7 @@ pub fn poll(mut other: impl FnMut() -> bool) -> bool {
 /// `serve`'s relay, which writes our eventfd). True
 /// when a request came meanwhile: then the reader does not sleep.
 pub fn arm() -> bool {
+    flush_counts();
     let all = lock(&CLIENTS);
     for c in all.iter() {
         for q in 0..c.geo.queues as usize {
@@ -359,7 +555,7 @@ pub fn arm() -> bool {
 /// is emptied.
 pub fn disarm() {
     let all = lock(&CLIENTS);
-    for c in all.iter() {
+    for c in all.iter().filter(|_| !ELSEWHERE.load(Ordering::Relaxed)) {
         for q in 0..c.geo.queues as usize {
             // Not 0, which is the client's ring: `serve`'s relay waits on
             // this value until the bell is armed again.
@@ -368,8 +564,26 @@ pub fn disarm() {
                 .store(DIRECT_AWAKE, Ordering::SeqCst);
         }
     }
+    drop(all);
+    drain();
+}
+
+/// Empties the eventfd (it is non-blocking).
+pub fn drain() {
     if let Some(b) = bell() {
         let mut v = [0u8; 8];
         fs::read(b, &mut v);
     }
+}
+
+/// The daemon waits for its descriptor with poll, select or epoll (then
+/// reads it without blocking): the bells stay armed, since no read of
+/// ours sleeps and re-arms them, and the eventfd is in the wait.
+static ELSEWHERE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Before a wait for the daemon's descriptor in poll, select or epoll:
+/// true when a request is there already.
+pub fn waits_elsewhere() -> bool {
+    ELSEWHERE.store(true, Ordering::Relaxed);
+    arm()
 }

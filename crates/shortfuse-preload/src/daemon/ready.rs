@@ -27,7 +27,7 @@ use std::sync::Mutex;
 
 use shortfuse::sync::Unpoison;
 
-use super::{dev, ring_alive, CHANNEL};
+use super::{dev, direct, ring_alive, CHANNEL};
 use crate::calls::table::{Ptr, Timeout};
 use crate::sys::fs;
 use crate::user;
@@ -137,16 +137,25 @@ pub(super) fn poll(fds: Ptr, n: u64, timeout: Timeout, mask: Ptr) -> Option<i64>
         Err(e) => return Some(e),
     };
     set.push(libc::pollfd {
+        fd: direct::bell().unwrap_or(-1),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    set.push(libc::pollfd {
         fd: CHANNEL.load(Ordering::Relaxed),
         events: libc::POLLIN,
         revents: 0,
     });
-    let r = blocking(|| fs::ppoll(&mut set, left.as_mut(), mask.as_ref()));
+    let queued = direct::bell().is_some() && direct::waits_elsewhere();
+    let mut zero = Some(libc::timespec { tv_sec: 0, tv_nsec: 0 });
+    let wait = if queued { zero.as_mut() } else { left.as_mut() };
+    let r = blocking(|| fs::ppoll(&mut set, wait, mask.as_ref()));
     timeout_out(timeout, left);
     if r < 0 {
         return Some(r);
     }
     let ring = set.pop().is_some_and(|c| c.revents != 0);
+    let ring = set.pop().is_some_and(|c| c.revents != 0) || ring || queued;
     // SAFETY: as above; nothing of ours refers to it any longer.
     let Ok(out) = (unsafe { user::slice_mut(fds.0, len) }) else {
         return Some(EFAULT);
@@ -176,7 +185,10 @@ pub(super) fn select(n: i32, sets: [Ptr; 3], timeout: Timeout, mask: Ptr) -> Opt
     }
     // The kernel reads and writes whole words of each set.
     let theirs = bits.div_ceil(64) * 8;
-    let words = bits.max(ch + 1).div_ceil(64);
+    // The eventfd a ring client's request wakes, waited for beside the socket.
+    let bell = direct::bell().and_then(|b| usize::try_from(b).ok());
+    let top = bits.max(ch + 1).max(bell.map_or(0, |b| b + 1));
+    let words = top.div_ceil(64);
     let mut ours = [vec![0u64; words], vec![0u64; words], vec![0u64; words]];
     for (p, set) in sets.iter().zip(ours.iter_mut()) {
         if p.is_null() {
@@ -212,16 +224,28 @@ pub(super) fn select(n: i32, sets: [Ptr; 3], timeout: Timeout, mask: Ptr) -> Opt
         Err(e) => return Some(e),
     };
     ours[0][ch / 64] |= 1 << (ch % 64);
-    let nfds = bits.max(ch + 1) as i32;
+    if let Some(b) = bell {
+        ours[0][b / 64] |= 1 << (b % 64);
+    }
+    let queued = bell.is_some() && direct::waits_elsewhere();
+    let mut zero = Some(libc::timespec { tv_sec: 0, tv_nsec: 0 });
+    let wait = if queued { zero.as_mut() } else { left.as_mut() };
+    let nfds = top as i32;
     let [r, w, e] = &mut ours;
     let w = (!sets[1].is_null()).then_some(w.as_mut_slice());
     let e = (!sets[2].is_null()).then_some(e.as_mut_slice());
-    let r = blocking(|| fs::pselect6(nfds, [Some(r.as_mut_slice()), w, e], left.as_mut(), mask.as_ref()));
+    let r = blocking(|| fs::pselect6(nfds, [Some(r.as_mut_slice()), w, e], wait, mask.as_ref()));
     timeout_out(timeout, left);
     if r < 0 {
         return Some(r);
     }
-    if has(&ours[0], ch) {
+    // Our descriptors are never the program's: their bits are cleared.
+    let rung = bell.is_some_and(|b| {
+        let hit = has(&ours[0], b);
+        ours[0][b / 64] &= !(1 << (b % 64));
+        hit
+    });
+    if has(&ours[0], ch) || rung || queued {
         ours[0][ch / 64] &= !(1 << (ch % 64));
         for fd in asked {
             ours[0][fd / 64] |= 1 << (fd % 64);
@@ -312,10 +336,17 @@ fn watch(ep: i32, ev: &libc::epoll_event) -> Option<i32> {
     };
     let ch = CHANNEL.load(Ordering::Relaxed);
     if fs::epoll_ctl(ours, libc::EPOLL_CTL_ADD, ch, Some(&socket)) < 0
+        || direct::bell().is_some_and(|b| fs::epoll_ctl(ours, libc::EPOLL_CTL_ADD, b, Some(&socket)) < 0)
         || fs::epoll_ctl(ep, libc::EPOLL_CTL_ADD, ours, Some(ev)) < 0
     {
         fs::close(ours);
         return None;
+    }
+    // A request already queued is reported by the eventfd.
+    if direct::bell().is_some() && direct::waits_elsewhere() {
+        if let Some(b) = direct::bell() {
+            fs::write(b, &1u64.to_ne_bytes());
+        }
     }
     Some(ours)
 }

@@ -63,6 +63,16 @@ impl Peer {
         self.uids[0]
     }
 
+    /// The group id the process connected with.
+    pub fn gid(&self) -> u32 {
+        self.gids[0]
+    }
+
+    /// Whether the process connected as root (it may claim any ids).
+    pub fn is_root(&self) -> bool {
+        self.root
+    }
+
     /// Whether the process may name any node: root (it can become
     /// anybody) or the daemon's own user `owner` (it could read the
     /// daemon's memory). Others name only the nodes they were given.

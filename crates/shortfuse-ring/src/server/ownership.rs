@@ -48,7 +48,7 @@ impl Conn {
             return;
         };
         let dir = m.dir == 1;
-        let mut t = lock(&self.track);
+        let mut t = self.track_with(|t| t.handles.get(&(m.fh, dir)).is_some_and(|h| h.node == m.node));
         let pid = match t.handles.get(&(m.fh, dir)) {
             Some(h) if h.node == m.node => h.pid,
             _ => return,

@@ -13,7 +13,6 @@ use crate::{sys, wait};
 use super::changes;
 use super::track::tracked;
 use super::{error_reply, Acting, Conn, Locked, Shared, Who};
-use crate::foreign::DIRECT_AWAKE;
 
 impl Conn {
     /// The next slot index published in queue `q` at `head`, if any; an
@@ -137,6 +136,16 @@ impl Conn {
         if outcome == Outcome::NoReply {
             reply.clear();
         }
+        self.settle(shared, req, reply, pid);
+    }
+
+    /// After the file system answered `req` (from process `pid`) with
+    /// `reply`: what the client now holds, and telling the other clients,
+    /// the kernel mount and the watches of a change.
+    pub(super) fn settle(&self, shared: &Shared, req: &[u8], reply: &[u8], pid: u32) {
+        let Ok(h) = abi::parse_header(req) else {
+            return;
+        };
         let ok = shortfuse::answered_ok(reply);
         // A failed request hands out nothing and changes nothing; only the
         // ones giving something back count when they fail (a stat of a
@@ -281,38 +290,5 @@ pub(super) fn worker(shared: &Shared, conn: &Conn, q: usize) {
         // would stall the queue for everyone else.
         let tail = conn.region.u32_at(conn.geo.tail_off(q)).load(Ordering::Relaxed);
         holes.look(&mut head, tail, conn.geo.slots);
-    }
-}
-
-/// A direct client's queue (see [`crate::foreign::Forward::direct`]): the
-/// daemon takes its requests itself. While it is awake the queue's doorbell
-/// holds [`DIRECT_AWAKE`]; before it sleeps it arms the bell (1); the
-/// client rings by swapping 1 for 0 and waking us, and we wake the daemon
-/// through its eventfd. A daemon that polls never needs us.
-pub(super) fn relay(shared: &Shared, conn: &Conn, q: usize) {
-    let Some(bell_fd) = shared.forward.as_ref().and_then(|f| f.bell()) else {
-        return;
-    };
-    let bell = conn.region.u32_at(conn.geo.doorbell_off(q));
-    loop {
-        if conn.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let v = bell.load(Ordering::SeqCst);
-        if v == 0 {
-            // Rung. Taken back to "awake" before the daemon is woken: a
-            // ring after it wakes and arms again is a new 0, never one we
-            // already passed on (a wait on 0 would sleep through it).
-            if bell
-                .compare_exchange(0, DIRECT_AWAKE, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                let one = 1u64.to_ne_bytes();
-                let _ = sys::write(bell_fd, &one);
-            }
-            continue;
-        }
-        // A wake reaches us whatever value we waited on.
-        sys::futex_wait(bell, v, Some(HOLE_WAIT));
     }
 }
