@@ -583,6 +583,30 @@ def test_a_new_image_looks_at_its_inherited_descriptors_once(shortfuse, scratch)
     assert (len(listings), len(links)) == (1, len(set(links))), calls
 
 
+def test_an_image_under_a_mirroring_daemon_does_not_read_the_mount_table(shortfuse, scratch):
+    """Whether a daemon's files are remote (so that a program's page cache
+    goes in front of it by default) is read from its kernel mount in the
+    mount table; a daemon that mirrors a directory of this machine is
+    local, and a new image under its mount starts without that read.
+    Counted by strace over every image of a shell running /bin/true."""
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
+    try:
+        log = scratch / "strace.log"
+        argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,execveat,openat"]
+        argv += [str(shortfuse), "run", "-m", str(mp), "--", "sh", "-c", f"cd {mp} && /bin/true && echo ok"]
+        r = subprocess.run(argv, capture_output=True, timeout=120)
+        assert (r.returncode, r.stdout) == (0, b"ok\n"), r.stderr.decode()
+    finally:
+        d.stop()
+    text = log.read_text()
+    # The shim execs through execveat.
+    assert '"/bin/true", ["/bin/true"]' in text, text
+    reads = [line for line in text.splitlines() if "/proc/self/mountinfo" in line]
+    assert reads == [], reads
+
+
 # Descriptions made late (at the first fork, exec, SCM_RIGHTS or lock):
 # what the program sees of a descriptor must not change when its
 # placeholder is swapped for the shared description, whichever thread

@@ -97,6 +97,10 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         // the programs and libraries the dynamic loader opens, the kernel's
         // current directory), as for passthrough in process.
         let source = ring.client().source().map(<[u8]>::to_vec);
+        // A daemon mirroring a directory of this machine is local: only
+        // another's kernel mount is worth reading the mount table for (a
+        // read every image under the mount would pay at start-up).
+        let mirrors = source.is_some();
         let names = ring.namespace_map();
         let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         vfs.client().set_caller(crate::creds::current);
@@ -112,7 +116,7 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         // mtime stay (close-to-open), fetched ahead in requests as large as
         // the rings carry. A local daemon (bindfs) is left without: the
         // kernel page cache already holds what it reads.
-        let remote = run.cache.mode == CacheMode::Auto && daemon_is_remote(&mp);
+        let remote = run.cache.mode == CacheMode::Auto && !mirrors && daemon_is_remote(&mp);
         let cache = if run.cache.enabled(remote) {
             Some(PageCache::new(run.cache.config()?).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?)
         } else {
