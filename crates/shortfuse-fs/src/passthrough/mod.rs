@@ -836,6 +836,11 @@ impl Filesystem for PassthroughFs {
         // read(2) moves its offset, so each open keeps its own there.
         let fd =
             if self.share_readers && inode.kind == FileType::Regular && flags & !KERNEL_O_LARGEFILE == libc::O_RDONLY {
+                // The shared descriptor was opened with another caller's
+                // credentials, or before a chmod: this open's permission
+                // check is made here, with the credentials the request is
+                // served with (the caller's where the daemon takes them on).
+                sys::faccess(inode.fd()?.as_fd(), libc::R_OK)?;
                 inode.reader(|path| sys::reopen(path, flags))?
             } else {
                 Arc::new(sys::reopen(inode.fd()?.as_fd(), flags)?)
