@@ -234,6 +234,30 @@ pub static OPCODES: &[OpInfo] = &[
     op(CUSE_INIT, "CUSE_INIT", size_of::<cuse_init_in>(), 0, true),
 ];
 
+/// Whether a request with `opcode` changes the file system (a name, a
+/// node's attributes or its data): what other holders of names and
+/// attributes must be told of once it is done.
+pub fn changes_file_system(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        FUSE_CREATE
+            | FUSE_MKNOD
+            | FUSE_MKDIR
+            | FUSE_SYMLINK
+            | FUSE_LINK
+            | FUSE_UNLINK
+            | FUSE_RMDIR
+            | FUSE_RENAME
+            | FUSE_RENAME2
+            | FUSE_SETATTR
+            | FUSE_WRITE
+            | FUSE_FALLOCATE
+            | FUSE_SETXATTR
+            | FUSE_REMOVEXATTR
+            | FUSE_COPY_FILE_RANGE
+    )
+}
+
 /// The description of `opcode`, or `None` for an opcode this protocol does
 /// not know.
 pub fn op_info(opcode: u32) -> Option<&'static OpInfo> {

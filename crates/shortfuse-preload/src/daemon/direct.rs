@@ -65,22 +65,8 @@ fn route(opcode: u32) -> Route {
         | abi::FUSE_FSYNCDIR => Route::Daemon,
         abi::FUSE_LOOKUP | abi::FUSE_OPEN | abi::FUSE_OPENDIR | abi::FUSE_READDIRPLUS => Route::Settle,
         // FLUSH: `serve` lets the caller's POSIX locks go.
-        abi::FUSE_FLUSH
-        | abi::FUSE_CREATE
-        | abi::FUSE_MKNOD
-        | abi::FUSE_MKDIR
-        | abi::FUSE_SYMLINK
-        | abi::FUSE_LINK
-        | abi::FUSE_UNLINK
-        | abi::FUSE_RMDIR
-        | abi::FUSE_RENAME
-        | abi::FUSE_RENAME2
-        | abi::FUSE_SETATTR
-        | abi::FUSE_WRITE
-        | abi::FUSE_FALLOCATE
-        | abi::FUSE_SETXATTR
-        | abi::FUSE_REMOVEXATTR
-        | abi::FUSE_COPY_FILE_RANGE => Route::Serve,
+        abi::FUSE_FLUSH => Route::Serve,
+        op if abi::changes_file_system(op) => Route::Serve,
         // Releases, and the forgets that may follow them: the client sends
         // a RELEASE without waiting, and the daemon must not see a FORGET
         // of a node before the release of its last handle (libfuse aborts).

@@ -386,20 +386,5 @@ pub(super) fn tracked(opcode: u32) -> bool {
             | abi::FUSE_BATCH_FORGET
             | abi::FUSE_OPEN
             | abi::FUSE_OPENDIR
-            | abi::FUSE_CREATE
-            | abi::FUSE_MKNOD
-            | abi::FUSE_MKDIR
-            | abi::FUSE_SYMLINK
-            | abi::FUSE_LINK
-            | abi::FUSE_UNLINK
-            | abi::FUSE_RMDIR
-            | abi::FUSE_RENAME
-            | abi::FUSE_RENAME2
-            | abi::FUSE_SETATTR
-            | abi::FUSE_WRITE
-            | abi::FUSE_FALLOCATE
-            | abi::FUSE_SETXATTR
-            | abi::FUSE_REMOVEXATTR
-            | abi::FUSE_COPY_FILE_RANGE
-    )
+    ) || abi::changes_file_system(opcode)
 }
