@@ -479,34 +479,20 @@ fn read(fd: i64, iov: &[libc::iovec]) -> i64 {
     }
 }
 
+/// A wait for `fd` to be readable.
+fn pollin(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 /// Whether the kernel or `serve` has something for `fd`'s reader now.
 fn ready(fd: i64) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd: fd as i32,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: CHANNEL.load(Ordering::Relaxed),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: two pollfds of ours and a timespec of ours.
-    let r = unsafe {
-        raw(
-            libc::SYS_ppoll,
-            fds.as_mut_ptr() as i64,
-            2,
-            &zero as *const libc::timespec as i64,
-            0,
-            8,
-            0,
-        )
-    };
-    r > 0
+    let mut fds = [pollin(fd as i32), pollin(CHANNEL.load(Ordering::Relaxed))];
+    let mut zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    fs::ppoll(&mut fds, Some(&mut zero), None) > 0
 }
 
 /// Copies `bytes` into the buffers of `iov`: false when they do not fit.
@@ -621,23 +607,10 @@ fn refuse(unique: u64, errno: i32) {
 /// Waits until the kernel or the rings have a request for `fd`, with the
 /// program's signal mask: 0, or -EINTR.
 fn wait(fd: i64) -> i64 {
-    let ch = CHANNEL.load(Ordering::Relaxed);
     let mut fds = [
-        libc::pollfd {
-            fd: fd as i32,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: ch,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: direct::bell().unwrap_or(-1),
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        pollin(fd as i32),
+        pollin(CHANNEL.load(Ordering::Relaxed)),
+        pollin(direct::bell().unwrap_or(-1)),
     ];
     let n = if ring_alive() { 3 } else { 1 };
     let mask = ready::wait_mask(None);
