@@ -633,7 +633,7 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
         let mut msg = vec![0u8; total];
         if peek(iov, 0, &mut msg) {
             let lent = backing::lent_by(total, |at, out| peek(iov, at, out));
-            direct::complete(unique, &msg, lent);
+            direct::complete(unique, msg, lent);
             if let Some(fd) = lent {
                 fs::close(fd);
             }

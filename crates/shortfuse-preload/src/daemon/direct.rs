@@ -412,12 +412,13 @@ fn error(reply: &mut Vec<u8>, unique: u64, errno: i32) {
 /// Answers the request held in slot `i` of queue `q` of `c` with the
 /// daemon's `msg` (None, or a malformed one: EIO for that call alone),
 /// by the request's route.
-fn answer(c: &mut Client, q: usize, i: usize, msg: Option<&[u8]>, lent: Option<i32>) {
+fn answer(c: &mut Client, q: usize, i: usize, msg: Option<Vec<u8>>, lent: Option<i32>) {
     let Some(t) = c.taken.get_mut(q * c.geo.slots as usize + i).and_then(Option::take) else {
         return;
     };
     c.held -= 1;
-    let mut reply = msg.map(<[u8]>::to_vec).unwrap_or_default();
+    // The daemon's own copy of its reply, fixed up in place.
+    let mut reply = msg.unwrap_or_default();
     if !well_formed(&reply) || reply.len() > c.geo.slot_data as usize {
         error(&mut reply, t.unique, libc::EIO);
     }
@@ -465,7 +466,7 @@ fn futex_wake(word: &AtomicU32) {
 
 /// The daemon's reply `msg` to direct request `unique` (with `lent`, the
 /// backing file a passthrough OPEN names, which the caller closes).
-pub fn complete(unique: u64, msg: &[u8], lent: Option<i32>) {
+pub fn complete(unique: u64, msg: Vec<u8>, lent: Option<i32>) {
     let (id, q, i) = decode(unique);
     let mut all = lock(&CLIENTS);
     let Some(c) = all.iter_mut().find(|c| c.info.id & 0xf_ffff == id) else {
