@@ -548,34 +548,45 @@ def test_a_description_reaches_other_processes_with_its_handle(shortfuse, scratc
         d.stop()
 
 
+def traced_on_a_passthrough_mount(shortfuse, scratch, trace: str, shell: list[str], out: bytes) -> str:
+    """The strace log (`-e trace=TRACE`, every process) of `shell` run under
+    `shortfuse run` on a `serve passthrough` mount of `scratch/src` at
+    `scratch/mnt` (`{mp}` in `shell` is replaced by it), which must print
+    `out`."""
+    src, mp = scratch / "src", scratch / "mnt"
+    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
+    try:
+        log = scratch / "strace.log"
+        argv = ["strace", "-f", "-qq", "-o", str(log), "-e", f"trace={trace}"]
+        argv += [str(shortfuse), "run", "-m", str(mp), "--", *(a.replace("{mp}", str(mp)) for a in shell)]
+        r = subprocess.run(argv, capture_output=True, timeout=120)
+        assert (r.returncode, r.stdout) == (0, out), r.stderr.decode()
+    finally:
+        d.stop()
+    return log.read_text()
+
+
 def test_a_new_image_looks_at_its_inherited_descriptors_once(shortfuse, scratch):
     """A new image under a daemon's mount that mirrors a directory looks at
     the descriptors it inherited (/proc/self/fd, a readlink each) for two
     things, the daemon's open file descriptions and the backing files
     (`cmd >> mnt/file`): one look serves both. Counted by strace in the
     /bin/true a shell runs while it holds a file of the mount open."""
-    src, mp = scratch / "src", scratch / "mnt"
-    src.mkdir()
-    (src / "f").write_text("x\n")
-    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
-    try:
-        log = scratch / "strace.log"
-        argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,openat,readlink"]
-        argv += [str(shortfuse), "run", "-m", str(mp), "--", "bash", "-c", f"exec 3< {mp}/f; /bin/true; cat <&3"]
-        r = subprocess.run(argv, capture_output=True, timeout=120)
-        assert (r.returncode, r.stdout) == (0, b"x\n"), r.stderr.decode()
-    finally:
-        d.stop()
+    (scratch / "src").mkdir()
+    (scratch / "src" / "f").write_text("x\n")
+    text = traced_on_a_passthrough_mount(
+        shortfuse, scratch, "execve,openat,readlink", ["bash", "-c", "exec 3< {mp}/f; /bin/true; cat <&3"], b"x\n"
+    )
     # The calls of the /bin/true image: its pid's, after its exec.
     true_pid, calls = None, []
-    for line in log.read_text().splitlines():
+    for line in text.splitlines():
         pid, _, call = line.partition(" ")
         call = call.lstrip()
         if call.startswith('execve("/bin/true"'):
             true_pid = pid
         elif pid == true_pid:
             calls.append(call)
-    assert true_pid is not None, log.read_text()
+    assert true_pid is not None, text
     listings = [c for c in calls if c.startswith("openat(") and '"/proc/self/fd"' in c and "O_PATH" not in c]
     links = [c.split('"')[1] for c in calls if c.startswith('readlink("/proc/self/fd/')]
     # It does look (fd 3 is the mount's), and at each descriptor once.
@@ -589,18 +600,10 @@ def test_an_image_under_a_mirroring_daemon_does_not_read_the_mount_table(shortfu
     mount table; a daemon that mirrors a directory of this machine is
     local, and a new image under its mount starts without that read.
     Counted by strace over every image of a shell running /bin/true."""
-    src, mp = scratch / "src", scratch / "mnt"
-    src.mkdir()
-    d = Daemon(shortfuse, scratch, ["passthrough", str(src), str(mp)], mp)
-    try:
-        log = scratch / "strace.log"
-        argv = ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=execve,execveat,openat"]
-        argv += [str(shortfuse), "run", "-m", str(mp), "--", "sh", "-c", f"cd {mp} && /bin/true && echo ok"]
-        r = subprocess.run(argv, capture_output=True, timeout=120)
-        assert (r.returncode, r.stdout) == (0, b"ok\n"), r.stderr.decode()
-    finally:
-        d.stop()
-    text = log.read_text()
+    (scratch / "src").mkdir()
+    text = traced_on_a_passthrough_mount(
+        shortfuse, scratch, "execve,execveat,openat", ["sh", "-c", "cd {mp} && /bin/true && echo ok"], b"ok\n"
+    )
     # The shim execs through execveat.
     assert '"/bin/true", ["/bin/true"]' in text, text
     reads = [line for line in text.splitlines() if "/proc/self/mountinfo" in line]
