@@ -27,6 +27,24 @@ struct regs {
 static struct regs want, got;
 static int failures;
 
+/* The part of `call` after the vector registers are loaded, in both of its
+ * forms: the masks and MXCSR loaded, the system call, every register stored
+ * to `got`, the program's MXCSR back; with the operands and clobbers. */
+#define CALL_AND_STORE                                                                                             \
+    ".irp i,0,1,2,3,4,5,6,7\n kmovq (2048+\\i*8)(%[w]), %%k\\i\n .endr\n"                                       \
+    "ldmxcsr 2112(%[w])\n"                                                                                         \
+    "syscall\n"                                                                                                    \
+    ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31\n vmovdqu64 %%zmm\\i, (\\i*64)(%[g])\n .endr\n" \
+    ".irp i,0,1,2,3,4,5,6,7\n kmovq %%k\\i, (2048+\\i*8)(%[g])\n .endr\n"                                       \
+    "stmxcsr 2112(%[g])\n"                                                                                         \
+    "ldmxcsr 2116(%[w])\n"                                                                                         \
+    : "=a"(ret)                                                                                                    \
+    : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10), [w] "r"(&want), [g] "r"(&got)                                 \
+    : "rcx", "r11", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",       \
+      "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",  \
+      "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k0", "k1", "k2",  \
+      "k3", "k4", "k5", "k6", "k7"
+
 /* One system call between a load and a store of every register. `clean`:
  * zmm0-15 are loaded as xmm (VEX zero-extends them), so their upper halves
  * are zero and, after vzeroupper, not in use; the call must leave them so. */
@@ -38,35 +56,11 @@ __attribute__((noinline)) static long call(long nr, long a1, long a2, long a3, l
             "vzeroupper\n"
             ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n vmovdqu (\\i*64)(%[w]), %%xmm\\i\n .endr\n"
             ".irp i,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31\n vmovdqu64 (\\i*64)(%[w]), %%zmm\\i\n .endr\n"
-            ".irp i,0,1,2,3,4,5,6,7\n kmovq (2048+\\i*8)(%[w]), %%k\\i\n .endr\n"
-            "ldmxcsr 2112(%[w])\n"
-            "syscall\n"
-            ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31\n vmovdqu64 %%zmm\\i, (\\i*64)(%[g])\n .endr\n"
-            ".irp i,0,1,2,3,4,5,6,7\n kmovq %%k\\i, (2048+\\i*8)(%[g])\n .endr\n"
-            "stmxcsr 2112(%[g])\n"
-            "ldmxcsr 2116(%[w])\n"
-            : "=a"(ret)
-            : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10), [w] "r"(&want), [g] "r"(&got)
-            : "rcx", "r11", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-              "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19",
-              "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-              "xmm31", "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+            CALL_AND_STORE);
     } else {
         __asm__ volatile(
             ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31\n vmovdqu64 (\\i*64)(%[w]), %%zmm\\i\n .endr\n"
-            ".irp i,0,1,2,3,4,5,6,7\n kmovq (2048+\\i*8)(%[w]), %%k\\i\n .endr\n"
-            "ldmxcsr 2112(%[w])\n"
-            "syscall\n"
-            ".irp i,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31\n vmovdqu64 %%zmm\\i, (\\i*64)(%[g])\n .endr\n"
-            ".irp i,0,1,2,3,4,5,6,7\n kmovq %%k\\i, (2048+\\i*8)(%[g])\n .endr\n"
-            "stmxcsr 2112(%[g])\n"
-            "ldmxcsr 2116(%[w])\n"
-            : "=a"(ret)
-            : "a"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10), [w] "r"(&want), [g] "r"(&got)
-            : "rcx", "r11", "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-              "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19",
-              "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-              "xmm31", "k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7");
+            CALL_AND_STORE);
     }
     return ret;
 }
