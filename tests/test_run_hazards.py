@@ -35,6 +35,17 @@ def cc(scratch: Path, name: str, *flags: str) -> Path:
     return exe
 
 
+def traced_calls(log: Path) -> list[str]:
+    """The calls in strace's `log`, without Syscall User Dispatch's SIGSYS
+    reports."""
+    return [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
+
+
+def markers(calls: list[str]) -> list[int]:
+    """Where the program's getppid markers are among `calls`."""
+    return [i for i, call in enumerate(calls) if call.startswith("getppid(")]
+
+
 @pytest.fixture(scope="module")
 def gofs():
     """tests/programs/gofs built with cgo (dynamically linked against glibc,
@@ -139,8 +150,8 @@ def test_calls_that_reach_the_kernel_unchanged_block_no_signals_in_a_program_wit
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"gone\n"
     assert sorted(os.listdir(src)) == ["data"]
-    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
-    marks = [i for i, call in enumerate(calls) if call.startswith("getppid(")]
+    calls = traced_calls(log)
+    marks = markers(calls)
     assert len(marks) == 2, calls
     between = [call.split(",")[0] for call in calls[marks[0] + 1 : marks[1]]]
     # The one served call, the fstat, still has its pair.
@@ -160,12 +171,10 @@ def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, 
     p = run([*cmd, str(exe), f"{scratch}/mnt/f", "50"])
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"served during\n"
-    # The calls themselves, not Syscall User Dispatch's SIGSYS reports.
-    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
-    marks = [i for i, call in enumerate(calls) if call.startswith("getppid(")]
+    calls = traced_calls(log)
+    marks = markers(calls)
     assert len(marks) == 1, calls
     assert [call for call in calls[marks[0] :] if call.startswith("sched_yield(")] == []
-
 
 
 def test_threads_trapping_on_the_same_sites_do_not_wait_for_each_other(shortfuse, scratch):
@@ -178,7 +187,7 @@ def test_threads_trapping_on_the_same_sites_do_not_wait_for_each_other(shortfuse
     p = run([*trace, str(shortfuse), "run", "-m", f"{scratch}/mnt=mem", "--", str(exe), "4", "200"])
     assert p.returncode == 0, output(p, str(scratch))
     assert p.stdout == b"bad 0\n"
-    calls = [line.split(None, 1)[1] for line in log.read_text().splitlines() if "SIGSYS" not in line]
+    calls = traced_calls(log)
     assert [call for call in calls if call.startswith("sched_yield(")] == []
 
 
