@@ -185,14 +185,19 @@ for _ in range(2):
 """
 
 
+def settled_file(path: Path, data: str) -> str:
+    """Writes `data` to `path`, dated long ago: old enough that a program's
+    page cache trusts its size and mtime (a file changed too recently to
+    tell is read again at every open). Returns `data`."""
+    path.write_text(data)
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    return data
+
+
 def test_the_programs_page_cache_in_front_of_a_daemon(shortfuse, scratch):
     d, src, mp = bindfs(shortfuse, scratch)
     try:
-        data = "x" * 300_000
-        (src / "f").write_text(data)
-        # Old enough that the cache trusts its size and mtime (a file
-        # changed too recently to tell is read again at every open).
-        os.utime(src / "f", (1_000_000_000, 1_000_000_000))
+        data = settled_file(src / "f", "x" * 300_000)
 
         def read_twice(*opts) -> str:
             p = subprocess.run(
@@ -262,10 +267,7 @@ for i in range(3):
 def test_a_remote_daemon_gets_the_programs_page_cache_by_default(shortfuse, scratch):
     d, src, mp = sshfs(shortfuse, scratch)
     try:
-        data = "x" * 300_000
-        (src / "f").write_text(data)
-        # Old enough that the cache trusts its size and mtime.
-        os.utime(src / "f", (1_000_000_000, 1_000_000_000))
+        data = settled_file(src / "f", "x" * 300_000)
         before = d.count("READ")
         assert run_under(shortfuse, mp, READ_ONCE, str(mp / "f")) == f"{data}|"
         once = d.count("READ") - before
