@@ -19,6 +19,7 @@ programs under `shortfuse run -m MOUNTPOINT`, their kernel mount kept.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -753,6 +754,46 @@ def test_the_daemon_takes_ring_requests_from_the_queues_itself(shortfuse, scratc
         # forgets at its end), not a request per call.
         assert after["taken"] - figures["taken"] >= 200
         assert after["relayed"] - figures["relayed"] < 20, after
+    finally:
+        d.stop()
+
+
+# Reads argv[1] whole in 1 MiB calls; prints its length and its SHA-256.
+READ_WHOLE = r"""
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+h, n = hashlib.sha256(), 0
+while True:
+    b = os.read(fd, 1 << 20)
+    if not b:
+        break
+    h.update(b)
+    n += len(b)
+os.close(fd)
+print(n, h.hexdigest())
+"""
+
+
+def test_the_daemon_s_read_data_goes_from_its_buffers_to_the_program_s_slot(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        data = os.urandom(8 << 20)
+        (src / "big").write_bytes(data)
+        before = d.stats()
+        p = under(shortfuse, mp, [sys.executable, "-c", READ_WHOLE, str(mp / "big")])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == [str(len(data)), hashlib.sha256(data).hexdigest()]
+        after = d.stats()
+        # The daemon's threads took the reads themselves, and their replies
+        # went from bindfs's buffers into the program's slot: only the
+        # replies serve must see too (the lookup, the open) were gathered
+        # into a buffer on the way, never the 8 MiB the reads carried.
+        reads = sum(o["count"] for o in after["ops"] if o.get("name") == "READ") - sum(
+            o["count"] for o in before["ops"] if o.get("name") == "READ"
+        )
+        assert reads >= 8, after["ops"]
+        assert after["daemon"]["taken"] - before["daemon"]["taken"] >= 8
+        assert after["daemon"]["copied"] - before["daemon"]["copied"] < 64 << 10, after["daemon"]
     finally:
         d.stop()
 

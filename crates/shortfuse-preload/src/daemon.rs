@@ -630,13 +630,17 @@ fn write(fd: i64, iov: &[libc::iovec]) -> i64 {
     let unique = u64_at(&h, 8);
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     if direct::is_direct(unique) {
-        let mut msg = vec![0u8; total];
-        if peek(iov, 0, &mut msg) {
-            let lent = backing::lent_by(total, |at, out| peek(iov, at, out));
-            direct::complete(unique, msg, lent);
-            if let Some(fd) = lent {
-                fs::close(fd);
-            }
+        // The daemon's buffers as they are: the reply goes from them to
+        // the client's slot (a READ's data copied once, not gathered first).
+        let parts: Result<Vec<&[u8]>, _> = iov
+            .iter()
+            // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
+            .map(|v| unsafe { user::slice(v.iov_base as i64, v.iov_len) })
+            .collect();
+        let lent = backing::lent_by(total, |at, out| peek(iov, at, out));
+        direct::complete(unique, parts.as_deref().ok(), lent);
+        if let Some(fd) = lent {
+            fs::close(fd);
         }
         return total as i64;
     }

@@ -129,6 +129,10 @@ pub const MSG_GONE_ACK: u32 = 9;
 /// direct clients alone since the last such message (pairs of `u32`
 /// opcode and `u32` count).
 pub const MSG_COUNTS: u32 = 10;
+/// In a [`MSG_COUNTS`] pair in place of an opcode: the count is bytes of
+/// the daemon's replies to direct clients gathered into a buffer before
+/// the client's slot (replies `serve` is told of too).
+pub const COUNT_COPIED: u32 = u32::MAX;
 /// [`DirectDone::flags`]: `serve` hands the reply to the client (after
 /// telling the other clients and the kernel mount of the change).
 pub const DONE_COMPLETE: u32 = 1;
@@ -270,6 +274,8 @@ pub struct Bridge {
     relayed: AtomicU64,
     /// Requests the daemon took from the clients' queues itself.
     taken: AtomicU64,
+    /// Bytes of the daemon's direct replies it gathered before the slot.
+    copied: AtomicU64,
     /// Direct clients the daemon let go of ([`MSG_GONE_ACK`]).
     acked: Mutex<std::collections::HashSet<u64>>,
     acked_seen: Condvar,
@@ -307,6 +313,7 @@ impl Bridge {
             bell: std::sync::OnceLock::new(),
             relayed: AtomicU64::new(0),
             taken: AtomicU64::new(0),
+            copied: AtomicU64::new(0),
             acked: Mutex::new(std::collections::HashSet::new()),
             acked_seen: Condvar::new(),
         })
@@ -367,6 +374,10 @@ impl Bridge {
                         for pair in msg.chunks_exact(8) {
                             let opcode = u32::from_ne_bytes([pair[0], pair[1], pair[2], pair[3]]);
                             let n = u32::from_ne_bytes([pair[4], pair[5], pair[6], pair[7]]);
+                            if opcode == COUNT_COPIED {
+                                self.copied.fetch_add(u64::from(n), Ordering::Relaxed);
+                                continue;
+                            }
                             a.stats()
                                 .record_untimed(opcode, shortfuse::Transport::Ring, u64::from(n));
                             self.taken.fetch_add(u64::from(n), Ordering::Relaxed);
@@ -619,6 +630,13 @@ impl shortfuse::stats::Figures for BridgeFigures {
                 value: self.0.taken.load(Ordering::Relaxed),
                 gauge: false,
                 help: "Ring clients' requests the daemon's own threads took from the clients' queues.",
+            },
+            shortfuse::stats::Figure {
+                name: "copied",
+                value: self.0.copied.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Bytes of the daemon's replies to those requests copied into a buffer on their way to the \
+                       client (the replies serve is told of too; a READ's data goes straight to the client).",
             },
         ]
     }

@@ -21,14 +21,14 @@
 //!   checks and serves it as it serves any client.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use shortfuse::sync::lock;
 use shortfuse_abi as abi;
 use shortfuse_ring::foreign::{
-    init_out, init_reply, DirectClient, DirectDone, DirectSlot, DAEMON_BELL_VAR, DIRECT_AWAKE, DIRECT_UNIQUE,
-    DONE_COMPLETE, MSG_COUNTS, MSG_DONE, MSG_GONE_ACK, MSG_HANDOVER, RING_UNIQUE,
+    init_out, init_reply, DirectClient, DirectDone, DirectSlot, COUNT_COPIED, DAEMON_BELL_VAR, DIRECT_AWAKE,
+    DIRECT_UNIQUE, DONE_COMPLETE, MSG_COUNTS, MSG_DONE, MSG_GONE_ACK, MSG_HANDOVER, RING_UNIQUE,
 };
 use shortfuse_ring::region::{entry_slot, slot, Region, SLOT_HEADER};
 use shortfuse_ring::Geometry;
@@ -140,6 +140,13 @@ pub fn flush_counts() {
             msg.extend_from_slice(&(op as u32).to_ne_bytes());
             msg.extend_from_slice(&n.to_ne_bytes());
         }
+    }
+    let mut copied = COPIED.swap(0, Ordering::Relaxed);
+    while copied > 0 {
+        let n = copied.min(u64::from(u32::MAX)) as u32;
+        msg.extend_from_slice(&COUNT_COPIED.to_ne_bytes());
+        msg.extend_from_slice(&n.to_ne_bytes());
+        copied -= u64::from(n);
     }
     if !msg.is_empty() {
         super::send_parts(MSG_COUNTS, &[&msg], None);
@@ -410,29 +417,67 @@ fn error(reply: &mut Vec<u8>, unique: u64, errno: i32) {
 }
 
 /// Answers the request held in slot `i` of queue `q` of `c` with the
-/// daemon's `msg` (None, or a malformed one: EIO for that call alone),
-/// by the request's route.
-fn answer(c: &mut Client, q: usize, i: usize, msg: Option<Vec<u8>>, lent: Option<i32>) {
+/// daemon's reply, the bytes of `parts` in order (None, or a malformed
+/// reply: EIO for that call alone), by the request's route.
+fn answer(c: &mut Client, q: usize, i: usize, parts: Option<&[&[u8]]>, lent: Option<i32>) {
     let Some(t) = c.taken.get_mut(q * c.geo.slots as usize + i).and_then(Option::take) else {
         return;
     };
     c.held -= 1;
-    // The daemon's own copy of its reply, fixed up in place.
-    let mut reply = msg.unwrap_or_default();
-    if !well_formed(&reply) || reply.len() > c.geo.slot_data as usize {
-        error(&mut reply, t.unique, libc::EIO);
+    let mut refused = Vec::new();
+    let parts = match parts {
+        Some(p) if well_formed(p) && total(p) <= c.geo.slot_data as usize => p,
+        _ => {
+            error(&mut refused, t.unique, libc::EIO);
+            &[&refused[..]][..]
+        }
+    };
+    if t.req.is_empty() {
+        // `serve` sees nothing of it: from the daemon's buffers to the slot.
+        if !c.gone {
+            finish_parts(c, q, i, parts, Some(t.unique));
+        }
+        return;
     }
-    reply[8..16].copy_from_slice(&t.unique.to_ne_bytes());
-    if !t.req.is_empty() {
+    // `serve` gets the reply too: gathered once, into a buffer of this
+    // thread's that the next reply reuses.
+    GATHERED.with(|g| {
+        let mut reply = g.borrow_mut();
+        reply.clear();
+        for p in parts {
+            reply.extend_from_slice(p);
+        }
+        reply[8..16].copy_from_slice(&t.unique.to_ne_bytes());
+        COPIED.fetch_add(reply.len() as u64, Ordering::Relaxed);
         tell_done(c, q, i, &t, &reply, lent);
-    }
-    if !t.serve && !c.gone {
-        finish(c, q, i, &reply);
-    }
+        if !t.serve && !c.gone {
+            finish(c, q, i, &reply);
+        }
+    });
+}
+
+thread_local! {
+    /// Where a reply `serve` must see too is gathered (see `answer`).
+    static GATHERED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Bytes of replies gathered into a buffer of ours before the client's
+/// slot, not yet counted by `serve`.
+static COPIED: AtomicU64 = AtomicU64::new(0);
+
+fn total(parts: &[&[u8]]) -> usize {
+    parts.iter().map(|p| p.len()).sum()
 }
 
 /// Writes `reply` in slot `i` of queue `q` and hands it back to the client.
 fn finish(c: &Client, q: usize, i: usize, reply: &[u8]) {
+    finish_parts(c, q, i, &[reply], None);
+}
+
+/// Writes the bytes of `parts` in slot `i` of queue `q` (the header's
+/// `unique` replaced by `unique`, if given) and hands them back to the
+/// client.
+fn finish_parts(c: &Client, q: usize, i: usize, parts: &[&[u8]], unique: Option<u64>) {
     let off = c.geo.slot_off(q, i);
     let state = c.region.u32_at(off);
     if state.load(Ordering::Acquire) == slot::DETACHED
@@ -442,8 +487,17 @@ fn finish(c: &Client, q: usize, i: usize, reply: &[u8]) {
     {
         return;
     }
-    c.region.write(off + SLOT_HEADER, reply);
-    c.region.u32_at(off + 4).store(reply.len() as u32, Ordering::Relaxed);
+    let mut at = off + SLOT_HEADER;
+    for p in parts {
+        c.region.write(at, p);
+        at += p.len();
+    }
+    if let Some(u) = unique {
+        c.region.write(off + SLOT_HEADER + 8, &u.to_ne_bytes());
+    }
+    c.region
+        .u32_at(off + 4)
+        .store((at - off - SLOT_HEADER) as u32, Ordering::Relaxed);
     if state.swap(slot::DONE, Ordering::AcqRel) == slot::SLEEPING {
         futex_wake(state);
     }
@@ -464,9 +518,10 @@ fn futex_wake(word: &AtomicU32) {
     };
 }
 
-/// The daemon's reply `msg` to direct request `unique` (with `lent`, the
-/// backing file a passthrough OPEN names, which the caller closes).
-pub fn complete(unique: u64, msg: Vec<u8>, lent: Option<i32>) {
+/// The daemon's reply to direct request `unique`, the bytes of `parts` in
+/// order (None: the daemon's buffers could not be read), with `lent`, the
+/// backing file a passthrough OPEN names, which the caller closes.
+pub fn complete(unique: u64, parts: Option<&[&[u8]]>, lent: Option<i32>) {
     let (id, q, i) = decode(unique);
     let mut all = lock(&CLIENTS);
     let Some(c) = all.iter_mut().find(|c| c.info.id & 0xf_ffff == id) else {
@@ -475,19 +530,29 @@ pub fn complete(unique: u64, msg: Vec<u8>, lent: Option<i32>) {
     if q >= c.geo.queues as usize || i >= c.geo.slots as usize {
         return;
     }
-    answer(c, q, i, Some(msg), lent);
+    answer(c, q, i, parts, lent);
     if c.gone {
         drop_gone(&mut all);
     }
 }
 
-fn well_formed(msg: &[u8]) -> bool {
-    let Some(head) = msg.get(..8) else {
-        return false;
-    };
+/// Whether the bytes of `parts` are one reply: a header whose length is
+/// theirs, and an error with no payload or success.
+fn well_formed(parts: &[&[u8]]) -> bool {
+    let mut head = [0u8; 8];
+    let mut got = 0;
+    for p in parts {
+        let n = p.len().min(8 - got);
+        head[got..got + n].copy_from_slice(&p[..n]);
+        got += n;
+        if got == 8 {
+            break;
+        }
+    }
+    let all = total(parts);
     let len = u32::from_ne_bytes([head[0], head[1], head[2], head[3]]) as usize;
     let error = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
-    msg.len() >= 16 && len == msg.len() && error <= 0 && error > -4096 && (error == 0 || msg.len() == 16)
+    all >= 16 && len == all && error <= 0 && error > -4096 && (error == 0 || all == 16)
 }
 
 /// Whether some client has published a request not taken yet.
