@@ -798,6 +798,45 @@ def test_the_daemon_s_read_data_goes_from_its_buffers_to_the_program_s_slot(shor
         d.stop()
 
 
+# Writes argv[2] over the start of argv[1], opened for reading and writing.
+OVERWRITE = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+os.pwrite(fd, sys.argv[2].encode(), 0)
+os.close(fd)
+"""
+
+
+def test_bindfs_s_handles_declared_backing_files_serve_read_only_opens_without_it(shortfuse, scratch):
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    bindfs = sfmount.require_tool("bindfs")
+    d = Daemon(shortfuse, scratch, ["--backing-handles", "--", bindfs, "-f", str(src), str(mp)], mp)
+    try:
+        data = os.urandom(4 << 20)
+        (src / "big").write_bytes(data)
+        (src / "small").write_text("before")
+        reads, opens = d.count("READ"), d.count("OPEN")
+        p = under(shortfuse, mp, [sys.executable, "-c", READ_WHOLE, str(mp / "big")])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == [str(len(data)), hashlib.sha256(data).hexdigest()]
+        # bindfs opened the file and kept its descriptor as the handle; the
+        # program read that file itself: not one READ reached bindfs.
+        assert d.count("OPEN") > opens
+        assert d.count("READ") == reads
+        # A writing open is bindfs's own, and the kernel mount sees the
+        # change at once.
+        assert (mp / "small").read_text() == "before"
+        writes = d.count("WRITE")
+        p = under(shortfuse, mp, [sys.executable, "-c", OVERWRITE, str(mp / "small"), "AFTER!"])
+        assert p.returncode == 0, p.stderr.decode()
+        assert d.count("WRITE") > writes
+        assert (mp / "small").read_text() == "AFTER!"
+    finally:
+        d.stop()
+
+
 # Looks at one file as root, drops root, then looks at a file only root
 # may read.
 DROP_ROOT = r"""

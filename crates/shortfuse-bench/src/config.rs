@@ -57,8 +57,10 @@ pub enum Kind {
     /// calls reach that daemon over shared-memory rings, its kernel mount
     /// beside; `cache`: with the program's own page cache in front of it
     /// (`run -o cache=on`), as the kernel's page cache stands in front of
-    /// its kernel mount.
-    ServedDaemon { sshfs: bool, cache: bool },
+    /// its kernel mount; `backing`: bindfs's handles are declared to be
+    /// its descriptors of the backing files (`serve --backing-handles`), so
+    /// that read-only opens read those files themselves.
+    ServedDaemon { sshfs: bool, cache: bool, backing: bool },
 }
 
 /// A named configuration.
@@ -160,6 +162,15 @@ impl Config {
                 kind: Kind::ServedDaemon {
                     sshfs: false,
                     cache: false,
+                    backing: false,
+                },
+            },
+            Config {
+                name: "bindfs-ring-map".into(),
+                kind: Kind::ServedDaemon {
+                    sshfs: false,
+                    cache: false,
+                    backing: true,
                 },
             },
             Config {
@@ -167,6 +178,7 @@ impl Config {
                 kind: Kind::ServedDaemon {
                     sshfs: true,
                     cache: false,
+                    backing: false,
                 },
             },
             Config {
@@ -174,6 +186,7 @@ impl Config {
                 kind: Kind::ServedDaemon {
                     sshfs: true,
                     cache: true,
+                    backing: false,
                 },
             },
             Config {
@@ -303,9 +316,15 @@ impl Config {
             ),
             Kind::Sshfs { direct_io: false } => "Debian's sshfs from the same kind of loopback sshd, its defaults".into(),
             Kind::Sshfs { direct_io: true } => "Debian's sshfs with -o direct_io (no kernel page cache)".into(),
-            Kind::ServedDaemon { sshfs, cache } => format!(
-                "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve --`, each call sent to it over shared-memory rings{}",
+            Kind::ServedDaemon { sshfs, cache, backing } => format!(
+                "no kernel mount in the way: Debian's {}, unmodified, under `shortfuse serve {}--`, each call sent to it over shared-memory rings{}{}",
                 if *sshfs { "sshfs from a loopback sshd" } else { "bindfs" },
+                if *backing { "--backing-handles " } else { "" },
+                if *backing {
+                    ", reads of read-only opens from the backing files bindfs opened"
+                } else {
+                    ""
+                },
                 if *cache {
                     ", the program's own page cache in front (run -o cache=on, the default for a remote daemon)"
                 } else {
@@ -651,8 +670,12 @@ impl Config {
         cleanup::remember_scratch(&prepared.root);
         let mut cmd = match &self.kind {
             Kind::Native => return Ok(prepared),
-            Kind::ServedDaemon { sshfs, cache } => {
-                let mut args: Vec<std::ffi::OsString> = vec!["--".into()];
+            Kind::ServedDaemon { sshfs, cache, backing } => {
+                let mut args: Vec<std::ffi::OsString> = Vec::new();
+                if *backing {
+                    args.push("--backing-handles".into());
+                }
+                args.push("--".into());
                 if *sshfs {
                     let server = Sshd::start(&prepared.root.join("sshd"), &src)?;
                     let bin = find_in_path("sshfs").ok_or("sshfs is not installed (apt-get install sshfs)")?;

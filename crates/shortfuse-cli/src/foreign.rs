@@ -30,7 +30,7 @@ use shortfuse::control::{About, ControlServer};
 use shortfuse::options::FsOptions;
 use shortfuse::{MountOptions, Stats};
 use shortfuse_ring::foreign::{
-    Bridge, BridgeFigures, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DIRECT_VAR, LANES,
+    Bridge, BridgeFigures, BACKING_HANDLES_VAR, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DIRECT_VAR, LANES,
 };
 use shortfuse_ring::{Server, ServerConfig};
 
@@ -74,6 +74,9 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     let mut child = Command::new(&command[0]);
     if let Some(b) = &bell {
         child.env(DAEMON_BELL_VAR, b.as_raw_fd().to_string());
+    }
+    if args.backing_handles {
+        child.env(BACKING_HANDLES_VAR, "1");
     }
     let mut child = child
         .args(&command[1..])

@@ -54,6 +54,15 @@ pub struct ServeArgs {
     /// arguments as written.
     #[arg(long, value_name = "DIR", requires = "command")]
     pub(crate) mountpoint: Option<PathBuf>,
+    /// With COMMAND: the file handle the daemon answers an open with is its
+    /// descriptor of the file's backing file, holding the file's bytes as
+    /// they are (bindfs, libfuse's passthrough examples). A program's
+    /// read-only open then reads the backing file itself, as a daemon's
+    /// kernel passthrough registration lets it; writes still go to the
+    /// daemon. Wrong for a daemon that changes the bytes (compresses,
+    /// encrypts) or keeps anything else in its handles.
+    #[arg(long, requires = "command")]
+    pub(crate) backing_handles: bool,
     /// Mount options, comma-separated, as for `shortfuse mount`. May be repeated.
     #[arg(short = 'o', value_name = "OPT[,OPT...]")]
     pub(crate) options: Vec<String>,

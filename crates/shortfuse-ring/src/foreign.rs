@@ -89,6 +89,12 @@ pub const DAEMON_BELL_VAR: &str = "SHORTFUSE_DAEMON_BELL";
 /// [`Forward::direct`]); every request then goes through `serve`'s
 /// workers, as for a client of another user.
 pub const DIRECT_VAR: &str = "SHORTFUSE_RING_DIRECT";
+/// `1` in the daemon's environment (`serve --backing-handles`): the file
+/// handle it answers OPEN with is its descriptor of the file's backing
+/// file, whose bytes are the file's (bindfs, libfuse's passthrough
+/// examples); a ring client's read-only open is then lent that file as a
+/// kernel passthrough registration is.
+pub const BACKING_HANDLES_VAR: &str = "SHORTFUSE_DAEMON_BACKING_HANDLES";
 
 /// What the daemon is told of a direct client: its id and the shape of
 /// its region (the memfd comes with the message).

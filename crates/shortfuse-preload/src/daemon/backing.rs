@@ -10,6 +10,13 @@
 //! descriptor to `shortfuse serve`, which lends it to the client, whose
 //! reads and writes then go to the backing file as the kernel's do. The
 //! open reply is what makes the pairing: no other message can race it.
+//!
+//! A daemon that registers nothing but keeps its descriptor of the backing
+//! file as the handle (bindfs) is lent the same way when `serve` was told
+//! so (`--backing-handles`), for read-only opens alone: a ring client's
+//! writes must still reach the daemon, after which `serve` tells the
+//! kernel mount (whose page cache such a daemon does not bypass) what
+//! changed.
 
 use std::sync::Mutex;
 
@@ -92,4 +99,55 @@ pub(super) fn lent_by(total: usize, peek: impl Fn(usize, &mut [u8]) -> bool) -> 
     let &(_, fd) = t.iter().find(|&&(i, _)| i == id)?;
     let copy = fs::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, super::CHANNEL_FLOOR);
     (copy >= 0).then_some(copy as i32)
+}
+
+/// Whether the daemon's handles are its descriptors of the backing files
+/// (see the module doc).
+fn handles_are_backing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(shortfuse_ring::foreign::BACKING_HANDLES_VAR).is_some_and(|v| v == "1"))
+}
+
+/// For a ring client's read-only OPEN (`req`) answered with `reply` (the
+/// whole message, fixed up in place): when the daemon's handle is its
+/// read-only descriptor of a regular file and `serve` was told its
+/// handles are backing files, a copy of that descriptor to lend, the
+/// reply then marked FOPEN_PASSTHROUGH as a registration would be (for
+/// the ring client alone: the kernel never sees this reply).
+pub(super) fn lent_by_handle(req: &[u8], reply: &mut [u8]) -> Option<i32> {
+    const HEADER: usize = std::mem::size_of::<abi::fuse_in_header>();
+    const OUT: usize = std::mem::size_of::<abi::fuse_out_header>();
+    if !handles_are_backing() || reply.len() != OUT + std::mem::size_of::<abi::fuse_open_out>() {
+        return None;
+    }
+    let h = abi::parse_header(req).ok()?;
+    let flags = req.get(HEADER..HEADER + 4)?;
+    let flags = i32::from_ne_bytes(flags.try_into().ok()?);
+    if h.opcode != abi::FUSE_OPEN || flags & libc::O_ACCMODE != libc::O_RDONLY {
+        return None;
+    }
+    let fh = u64::from_ne_bytes(reply[OUT..OUT + 8].try_into().ok()?);
+    let fd = i32::try_from(fh)
+        .ok()
+        .filter(|&fd| fd >= 0 && i64::from(fd) < super::CHANNEL_FLOOR)?;
+    // The daemon's own descriptor, as it opened it: reading, of a regular
+    // file (a handle that is a table index fails here or names another
+    // file, hence the declaration `serve` needs).
+    let mut st: libc::stat = user::zeroed();
+    let access = fs::fcntl_int(fd, libc::F_GETFL, 0);
+    if access < 0
+        || access as i32 & libc::O_ACCMODE != libc::O_RDONLY
+        || fs::fstat(fd, &mut st) != 0
+        || st.st_mode & libc::S_IFMT != libc::S_IFREG
+    {
+        return None;
+    }
+    let copy = fs::fcntl_int(fd, libc::F_DUPFD_CLOEXEC, super::CHANNEL_FLOOR);
+    if copy < 0 {
+        return None;
+    }
+    let open_flags = OUT + 8;
+    let marked = u32::from_ne_bytes(reply[open_flags..open_flags + 4].try_into().ok()?) | abi::FOPEN_PASSTHROUGH;
+    reply[open_flags..open_flags + 4].copy_from_slice(&marked.to_ne_bytes());
+    Some(copy as i32)
 }

@@ -449,7 +449,14 @@ fn answer(c: &mut Client, q: usize, i: usize, parts: Option<&[&[u8]]>, lent: Opt
         }
         reply[8..16].copy_from_slice(&t.unique.to_ne_bytes());
         COPIED.fetch_add(reply.len() as u64, Ordering::Relaxed);
-        tell_done(c, q, i, &t, &reply, lent);
+        let by_handle = match lent {
+            Some(_) => None,
+            None => super::backing::lent_by_handle(&t.req, &mut reply),
+        };
+        tell_done(c, q, i, &t, &reply, lent.or(by_handle));
+        if let Some(fd) = by_handle {
+            fs::close(fd);
+        }
         if !t.serve && !c.gone {
             finish(c, q, i, &reply);
         }
