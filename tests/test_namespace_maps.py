@@ -1044,6 +1044,71 @@ def test_tar_xf_beneath_the_map_asks_the_kernel_no_more_than_natively(shortfuse,
     assert shim <= native + 5, (native, shim)
 
 
+# Stats one file in each of the first N directories below the root.
+STATS_IN_DIRECTORIES = r"""
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.stat(f"{root}/d{i:02}/f")
+"""
+
+
+def flag_reads_of_opened(log: Path, image: str) -> tuple[int, int]:
+    """In an strace -f log of openat2 and fcntl calls: how many openat2
+    calls the processes running `image` made, and how many fcntl F_GETFD
+    calls they made on the descriptor such an openat2 had just returned."""
+    opens = reads = 0
+    running: set[str] = set()
+    made: dict[str, str] = {}
+    for line in log.read_text().splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith("execve(") and not call.endswith("ENOENT (No such file or directory)"):
+            if os.path.basename(call.split('"')[1]) == image:
+                running.add(pid)
+            else:
+                running.discard(pid)
+        elif pid not in running:
+            continue
+        elif call.startswith("openat2("):
+            opens += 1
+            made[pid] = call.rpartition("= ")[2]
+        elif call.startswith("fcntl("):
+            fd, _, cmd = call[len("fcntl(") :].partition(")")[0].partition(", ")
+            reads += cmd == "F_GETFD" and fd == made.get(pid)
+    return opens, reads
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_a_directory_kept_beneath_the_map_is_not_asked_for_its_flags(shortfuse, tree, transport):
+    """A stat of a name in a directory not seen before keeps that directory:
+    an openat2 of it, moved above the program's numbers (fcntl
+    F_DUPFD_CLOEXEC, close). The open said O_CLOEXEC, so the move asks the
+    kernel nothing more; before, an fcntl F_GETFD of each new descriptor
+    asked whether it was close-on-exec. Counted for stats in 60
+    directories."""
+    for i in range(60):
+        (tree / "src" / f"d{i:02}").mkdir()
+        (tree / "src" / f"d{i:02}" / "f").write_text("x\n")
+    image = os.path.basename(sys.executable)
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "stats.log"
+    try:
+        r = subprocess.run(
+            ["strace", "-f", "-qq", "-o", str(log), "-e", "trace=openat2,fcntl,execve", str(shortfuse), "run", *spec]
+            + ["--", sys.executable, "-c", STATS_IN_DIRECTORIES, str(mp), "60"],
+            capture_output=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr.decode()[-3000:]
+    finally:
+        if daemon:
+            daemon.stop()
+    opens, reads = flag_reads_of_opened(log, image)
+    assert opens >= 60, opens
+    assert reads == 0, (opens, reads)
+
+
 # O_PATH opens of a path the client's cache holds whole (a walk went
 # through it: a `..` in a path is never the kernel's beneath the map).
 CACHED_O_PATH = SCRIPT_START + r"""

@@ -362,12 +362,12 @@ pub unsafe fn nested(nr: i64, a: [i64; 6]) -> i64 {
         return r;
     }
     let low = r as i32;
-    let cloexec = fs::fcntl_int(low, libc::F_GETFD, 0);
-    let cmd = if cloexec > 0 && cloexec & i64::from(libc::FD_CLOEXEC) != 0 {
-        libc::F_DUPFD_CLOEXEC
-    } else {
-        libc::F_DUPFD
-    };
+    // SAFETY: the call succeeded with these arguments of our own code.
+    let cloexec = unsafe { closes_on_exec(nr, &a) }.unwrap_or_else(|| {
+        let flags = fs::fcntl_int(low, libc::F_GETFD, 0);
+        flags > 0 && flags & i64::from(libc::FD_CLOEXEC) != 0
+    });
+    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
     let high = fs::fcntl_int(low, cmd, floor);
     if high < 0 {
         // No room up there (a tiny limit): keep the low number.
@@ -375,6 +375,32 @@ pub unsafe fn nested(nr: i64, a: [i64; 6]) -> i64 {
     }
     fs::close(low);
     high
+}
+
+/// Whether the descriptor that call `nr` made is close-on-exec, as its own
+/// arguments say (an open's flags, the command of a dup by fcntl); None
+/// where only the kernel knows, to be asked with F_GETFD. Spares a system
+/// call for every directory the namespace maps keep and every file the
+/// in-process file systems open.
+///
+/// # Safety
+///
+/// `nr` and `a` are a call of our own code that succeeded: an openat2's
+/// `struct open_how` is ours and the kernel has read its flags.
+#[allow(unsafe_code)]
+unsafe fn closes_on_exec(nr: i64, a: &[i64; 6]) -> Option<bool> {
+    let cloexec = i64::from(libc::O_CLOEXEC);
+    match nr {
+        libc::SYS_open => Some(a[1] & cloexec != 0),
+        libc::SYS_openat => Some(a[2] & cloexec != 0),
+        // SAFETY: the caller's contract: `open_how` starts with the flags,
+        // a u64, which the kernel read.
+        libc::SYS_openat2 => Some(unsafe { core::ptr::read_unaligned(a[2] as *const u64) } as i64 & cloexec != 0),
+        // Neither ever makes a close-on-exec descriptor.
+        libc::SYS_creat | libc::SYS_dup => Some(false),
+        libc::SYS_fcntl => Some(a[1] as i32 == libc::F_DUPFD_CLOEXEC),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -400,6 +426,29 @@ mod tests {
         assert_eq!(fdflags & i64::from(libc::FD_CLOEXEC), i64::from(libc::FD_CLOEXEC));
         let dup = nested(libc::SYS_dup, [fd, 0, 0, 0, 0, 0]);
         assert!(dup >= floor && dup != fd);
+        // Moved up with the close-on-exec flag the call gave it, or not.
+        let cloexec = |fd: i64| fs::fcntl_int(fd as i32, libc::F_GETFD, 0) & i64::from(libc::FD_CLOEXEC) != 0;
+        assert!(!cloexec(dup));
+        let kept = nested(
+            libc::SYS_openat,
+            [
+                AT_FDCWD,
+                c"/dev/null".as_ptr() as i64,
+                i64::from(libc::O_RDONLY),
+                0,
+                0,
+                0,
+            ],
+        );
+        assert!(kept >= floor && !cloexec(kept));
+        let how: [u64; 3] = [(libc::O_PATH | libc::O_CLOEXEC) as u64, 0, 0];
+        let path = nested(
+            libc::SYS_openat2,
+            [AT_FDCWD, c"/dev".as_ptr() as i64, how.as_ptr() as i64, 24, 0, 0],
+        );
+        assert!(path >= floor && cloexec(path));
+        fs::close(kept as i32);
+        fs::close(path as i32);
         // Failures pass through.
         let bad = nested(
             libc::SYS_openat,
