@@ -75,3 +75,33 @@ def test_readers_grow_under_parallel_load(config, mount_factory):
     # Never more than asked for.
     assert len(readers(pid)) <= 3
     assert os.listdir(m.path) == []
+
+
+# One program, one thread: creates files, then unlinks them, as `shortfuse
+# bench latency` does. Each unlink's inode leaves a FORGET behind, which
+# the kernel lets the program's next request overtake.
+LONE = r"""
+import os, sys
+d = sys.argv[1]
+names = [os.path.join(d, f"u{i}") for i in range(1000)]
+for p in names:
+    os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+for p in names:
+    os.unlink(p)
+"""
+
+
+@pytest.mark.shortfuse_only
+@pytest.mark.fs("passthrough", "passthrough+kp")
+def test_a_lone_programs_unlinks_start_no_second_reader(config, mount_factory):
+    m = mount_factory(config, options=["threads=2"])
+    assert m.daemon_pids, "no daemon found"
+    pid = m.daemon_pids[0]
+    os.stat(m.path)
+    assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", LONE, str(m.path)], check=True, timeout=120)
+    # A second reader would answer this program's requests in turn with the
+    # first, each from a cold thread: slower, and nothing runs in parallel.
+    assert readers(pid) == ["shortfuse-dev-0"], "one program, one caller at a time: no second reader"
+    assert os.listdir(m.path) == []

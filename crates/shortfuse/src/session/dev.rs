@@ -35,7 +35,7 @@ use crate::mount::Mount;
 use crate::notify::Notifier;
 use crate::options::MountOptions;
 use crate::reply::ReplySink;
-use crate::session::pool::{opcode_of, Backlog, Pool};
+use crate::session::pool::{Backlog, Pool, Seen};
 use crate::session::{uring, SessionOptions};
 use crate::stats::{Stats, Transport};
 use crate::sys::{self, SignalMask};
@@ -318,9 +318,9 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
                 _ => return Err(io::Error::new(e.kind(), format!("reading /dev/fuse: {e}"))),
             },
         };
-        let opcode = opcode_of(&buf[..n]);
+        let seen = Seen::of(&buf[..n]);
         if grows {
-            backlog.read(opcode, pool);
+            backlog.read(seen, pool);
         }
         let outcome = dispatcher.handle_with(&buf[..n], &mut reply, Transport::Dev, Some(&later));
         if matches!(outcome, Outcome::NoReply | Outcome::Deferred) {
@@ -328,7 +328,7 @@ fn worker(dev: File, dispatcher: &Dispatcher, pool: &Arc<Pool>) -> io::Result<()
         }
         if grows {
             // Before the reply: this request's caller cannot have sent another yet.
-            backlog.handled(opcode, &dev, pool);
+            backlog.handled(seen, &dev, pool);
         }
         if write_reply(&dev, &reply) == Some(libc::ENODEV) {
             return Ok(());

@@ -16,10 +16,12 @@
 //! nobody waits for (FORGET, RELEASE after close) are left out: a lone
 //! program produces them between its own requests (counting them grew a
 //! second reader under a single open/close loop), parallel programs show
-//! a backlog of real requests at once. Not perfect: a FORGET waiting at the
-//! check, read after the program's next LOOKUP (the kernel lets requests
-//! overtake long runs of FORGETs), counts too, so an unlink-heavy lone
-//! program can still grow a second reader.
+//! a backlog of real requests at once. The request read must also come
+//! from another caller (thread id in the request header) than the one just
+//! answered: what was waiting at the check may be a FORGET that the
+//! kernel lets the same program's next request overtake (it does so after
+//! runs of FORGETs), and counting that grew a second reader under a lone
+//! create/unlink loop, where a second reader makes each unlink slower.
 //! Readers never retire: a daemon that has seen parallel load keeps its
 //! readers.
 
@@ -138,6 +140,8 @@ pub struct Backlog {
     streak: u32,
     /// A request was waiting when the last synchronous one was answered.
     pending: bool,
+    /// The caller of the last synchronous request answered.
+    answered: u32,
 }
 
 /// Requests nobody waits for: the kernel sends them after the caller's
@@ -156,46 +160,123 @@ fn asynchronous(opcode: u32) -> bool {
     )
 }
 
-/// The opcode of a raw request (`fuse_in_header.opcode`, bytes 4..8).
-pub fn opcode_of(request: &[u8]) -> Option<u32> {
-    Some(u32::from_ne_bytes(request.get(4..8)?.try_into().ok()?))
+/// What the pool looks at in a raw request's `fuse_in_header`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub opcode: u32,
+    /// The calling thread (`pid`, bytes 32..36; 0 outside the mount's
+    /// pid namespace).
+    pub caller: u32,
+}
+
+impl Seen {
+    /// The opcode (bytes 4..8) and caller of a raw request; `None` when
+    /// it is shorter than a header.
+    pub fn of(request: &[u8]) -> Option<Seen> {
+        let word = |at: usize| Some(u32::from_ne_bytes(request.get(at..at + 4)?.try_into().ok()?));
+        Some(Seen {
+            opcode: word(4)?,
+            caller: word(32)?,
+        })
+    }
+
+    fn synchronous(self) -> bool {
+        !asynchronous(self.opcode)
+    }
 }
 
 impl Backlog {
-    /// Called once `opcode` was handled on `dev`, before its reply is
+    /// Called once `seen` was handled on `dev`, before its reply is
     /// written: notes whether another request is already waiting. Only for
     /// a synchronous request: its caller is still blocked on us, so a
     /// request waiting now comes from a second caller. (After the reply the
     /// caller, woken on this CPU, often runs first and sends its next
     /// request before we look: a lone program then looked like two.)
-    pub fn handled(&mut self, opcode: Option<u32>, dev: &File, pool: &Pool) {
+    pub fn handled(&mut self, seen: Option<Seen>, dev: &File, pool: &Pool) {
         if !pool.can_grow() {
             return;
         }
         self.pending = false;
-        if opcode.is_none_or(asynchronous) {
+        let Some(seen) = seen.filter(|s| s.synchronous()) else {
             return;
-        }
+        };
+        self.answered = seen.caller;
         self.pending = sys::readable_now(dev.as_fd());
         if !self.pending {
             self.streak = 0;
         }
     }
 
-    /// Called with the opcode of the next request read: a synchronous
-    /// request that was already waiting extends the streak, and
+    /// Called with the next request read: a synchronous request of another
+    /// caller that was already waiting extends the streak, and
     /// [`GROW_AFTER`] in a row start another reader. Failing to start one
     /// is not fatal.
-    pub fn read(&mut self, opcode: Option<u32>, pool: &Arc<Pool>) {
-        if !std::mem::take(&mut self.pending) || opcode.is_none_or(asynchronous) {
-            return;
-        }
-        self.streak += 1;
-        if self.streak >= GROW_AFTER {
-            self.streak = 0;
-            if let Err(e) = pool.grow() {
-                tracing::warn!("starting another /dev/fuse reader: {e}");
+    pub fn read(&mut self, seen: Option<Seen>, pool: &Arc<Pool>) {
+        if self.counts(seen) {
+            self.streak += 1;
+            if self.streak >= GROW_AFTER {
+                self.streak = 0;
+                if let Err(e) = pool.grow() {
+                    tracing::warn!("starting another /dev/fuse reader: {e}");
+                }
             }
         }
+    }
+
+    /// Whether `seen`, just read, shows a second caller waiting. A caller
+    /// outside the mount's pid namespace reads as 0, which tells nothing:
+    /// it counts, as every waiting request did before callers were told
+    /// apart.
+    fn counts(&mut self, seen: Option<Seen>) -> bool {
+        std::mem::take(&mut self.pending)
+            && seen.is_some_and(|s| s.synchronous() && (s.caller != self.answered || s.caller == 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(opcode: u32, caller: u32) -> Vec<u8> {
+        let mut r = vec![0u8; 40];
+        r[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        r[32..36].copy_from_slice(&caller.to_ne_bytes());
+        r
+    }
+
+    /// A backlog that saw a request waiting after answering `caller`.
+    fn waiting_after(caller: u32) -> Backlog {
+        Backlog {
+            pending: true,
+            answered: caller,
+            ..Backlog::default()
+        }
+    }
+
+    #[test]
+    fn the_header_gives_the_opcode_and_the_calling_thread() {
+        let seen = Seen::of(&request(abi::FUSE_UNLINK, 4242));
+        assert_eq!(
+            seen,
+            Some(Seen {
+                opcode: abi::FUSE_UNLINK,
+                caller: 4242
+            })
+        );
+        assert_eq!(Seen::of(&[0u8; 20]), None);
+    }
+
+    #[test]
+    fn only_another_callers_waiting_request_counts() {
+        let next = |op, caller| Seen::of(&request(op, caller));
+        // The same program's next request overtook a FORGET that was waiting.
+        assert!(!waiting_after(7).counts(next(abi::FUSE_GETATTR, 7)));
+        assert!(!waiting_after(7).counts(next(abi::FUSE_FORGET, 8)));
+        assert!(waiting_after(7).counts(next(abi::FUSE_GETATTR, 8)));
+        // Callers outside the mount's pid namespace cannot be told apart.
+        assert!(waiting_after(0).counts(next(abi::FUSE_GETATTR, 0)));
+        let mut b = waiting_after(7);
+        assert!(b.counts(next(abi::FUSE_LOOKUP, 8)));
+        assert!(!b.counts(next(abi::FUSE_LOOKUP, 8)), "one check counts once");
     }
 }
