@@ -42,16 +42,22 @@ def readers(pid: int) -> list[str]:
     return sorted(n for n in names if n.startswith("shortfuse-dev-"))
 
 
+def one_reader_mount(config, mount_factory, threads: int):
+    """A fresh mount of up to `threads` readers, and its daemon's pid, once
+    its first reader has answered a request (the mount command may return
+    before that thread has started)."""
+    m = mount_factory(config, options=[f"threads={threads}"])
+    assert m.daemon_pids, "no daemon found"
+    pid = m.daemon_pids[0]
+    os.stat(m.path)
+    assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
+    return m, pid
+
+
 @pytest.mark.shortfuse_only
 @pytest.mark.fs("mem", "passthrough")
 def test_readers_grow_under_parallel_load(config, mount_factory):
-    m = mount_factory(config, options=["threads=3"])
-    assert m.daemon_pids, "no daemon found"
-    pid = m.daemon_pids[0]
-    # One request answered: the first reader is running (the mount command
-    # may return before its thread has started).
-    os.stat(m.path)
-    assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
+    m, pid = one_reader_mount(config, mount_factory, 3)
     stop = m.base / "stop"
     procs = [subprocess.Popen([sys.executable, "-c", LOAD, str(m.path), str(stop)]) for _ in range(4)]
     try:
@@ -94,11 +100,7 @@ for p in names:
 @pytest.mark.shortfuse_only
 @pytest.mark.fs("passthrough", "passthrough+kp")
 def test_a_lone_programs_unlinks_start_no_second_reader(config, mount_factory):
-    m = mount_factory(config, options=["threads=2"])
-    assert m.daemon_pids, "no daemon found"
-    pid = m.daemon_pids[0]
-    os.stat(m.path)
-    assert readers(pid) == ["shortfuse-dev-0"], "a fresh mount must start with one reader"
+    m, pid = one_reader_mount(config, mount_factory, 2)
     for _ in range(2):
         subprocess.run([sys.executable, "-c", LONE, str(m.path)], check=True, timeout=120)
     # A second reader would answer this program's requests in turn with the
