@@ -225,13 +225,15 @@ def test_the_programs_page_cache_in_front_of_a_daemon(shortfuse, scratch):
     finally:
         d.stop()
 
-def sshfs(shortfuse: Path, base: Path) -> tuple[Daemon, Path, Path]:
-    """sshfs of `base/src` from the session's loopback sshd, served at `base/mnt`."""
+def sshfs(shortfuse: Path, base: Path, *options: str) -> tuple[Daemon, Path, Path]:
+    """sshfs of `base/src` from the session's loopback sshd, served at
+    `base/mnt`, with more `-o` `options` if given."""
     src, mp = base / "src", base / "mnt"
     src.mkdir()
     src.chmod(0o755)
     mp.mkdir()
-    d = Daemon(shortfuse, base, ["--", *sshfs_command(src, mp)], mp)
+    more = [arg for o in options for arg in ("-o", o)]
+    d = Daemon(shortfuse, base, ["--", *sshfs_command(src, mp)[:-1], *more, str(mp)], mp)
     assert sfmount.is_mounted(mp), "sshfs's kernel mount is not there"
     return d, src, mp
 
@@ -314,6 +316,42 @@ def test_a_daemon_without_xattrs_is_asked_for_them_once(shortfuse, scratch):
         # sshfs answers both with ENOSYS: as the kernel's FUSE client does,
         # the program asks once and then knows.
         assert (d.count("GETXATTR") - before[0], d.count("LISTXATTR") - before[1]) == (1, 1)
+    finally:
+        d.stop()
+
+
+def test_a_second_listing_finds_the_names_the_first_looked_up(shortfuse, scratch):
+    # Timeouts long enough for a loaded machine (sshfs leaves libfuse's
+    # 1 s): the second program starts well within them.
+    d, src, mp = sshfs(shortfuse, scratch, "entry_timeout=60,attr_timeout=60")
+    try:
+        for i in range(4):
+            (src / "tree" / f"d{i}").mkdir(parents=True)
+            for j in range(25):
+                (src / "tree" / f"d{i}" / f"f{j}").write_text("x" * j)
+        ls = ["ls", "-lR", "--time-style=+%s", str(mp / "tree")]
+        kernel = subprocess.run(ls, capture_output=True, timeout=60, check=True).stdout.decode()
+        before = d.count("LOOKUP")
+        first = under(shortfuse, mp, ls)
+        assert first.returncode == 0 and first.stdout.decode() == kernel, first.stderr.decode()
+        looked_up = d.count("LOOKUP") - before
+        before = d.count("LOOKUP")
+        second = under(shortfuse, mp, ls)
+        assert second.returncode == 0 and second.stdout.decode() == kernel, second.stderr.decode()
+        # The first program looked up every name; the second, a new
+        # program, found them kept by the server from the first's lookups
+        # (its listings came with their nodes), as the kernel finds its
+        # dentries: only the path to the tree is looked up again.
+        assert (looked_up >= 104, d.count("LOOKUP") - before <= 2) == (True, True), (
+            looked_up,
+            d.count("LOOKUP") - before,
+        )
+        # A change made through the rings drops what was kept of the file:
+        # the next program sees it, not the kept attributes.
+        chmod = under(shortfuse, mp, ["chmod", "600", str(mp / "tree" / "d1" / "f3")])
+        assert chmod.returncode == 0, chmod.stderr.decode()
+        listed = under(shortfuse, mp, ["ls", "-l", str(mp / "tree" / "d1")]).stdout.decode()
+        assert [line.split()[0] for line in listed.splitlines() if line.endswith(" f3")] == ["-rw-------"], listed
     finally:
         d.stop()
 

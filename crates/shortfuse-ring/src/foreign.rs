@@ -95,6 +95,10 @@ pub const DIRECT_VAR: &str = "SHORTFUSE_RING_DIRECT";
 /// examples); a ring client's read-only open is then lent that file as a
 /// kernel passthrough registration is.
 pub const BACKING_HANDLES_VAR: &str = "SHORTFUSE_DAEMON_BACKING_HANDLES";
+/// `0` in `serve`'s environment: the server keeps no names and
+/// attributes of the daemon across programs (each program then looks
+/// every name up itself, as before it kept them).
+pub const KEEP_VAR: &str = "SHORTFUSE_RING_KEEP";
 
 /// What the daemon is told of a direct client: its id and the shape of
 /// its region (the memfd comes with the message).

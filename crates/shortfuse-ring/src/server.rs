@@ -50,6 +50,7 @@ use crate::sys;
 mod backings;
 mod caller;
 mod direct;
+mod entries;
 mod nodes;
 mod notices;
 mod ownership;
@@ -58,6 +59,7 @@ mod watches;
 mod worker;
 
 use backings::Backings;
+use entries::Entries;
 use nodes::Nodes;
 use watches::Watches;
 
@@ -180,6 +182,9 @@ struct Shared {
     nodes: Nodes,
     /// The kernel objects standing for watched nodes (inotify).
     watches: Watches,
+    /// Names and attributes an unmodified daemon gave, kept across
+    /// programs for its timeouts (see `entries`).
+    entries: Entries,
 }
 
 /// One client's connection.
@@ -281,6 +286,10 @@ impl Server {
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let owner = sys::geteuid();
         let nodes = Nodes::new(path, owner == 0);
+        // Only for an unmodified daemon: our own file systems list with
+        // their nodes (READDIRPLUS), and the kernel keeps their names.
+        let keep = std::env::var_os(crate::foreign::KEEP_VAR).is_none_or(|v| v != "0");
+        let entries = Entries::new(forward.is_some() && keep);
         let shared = Arc::new(Shared {
             fs,
             forward,
@@ -303,6 +312,7 @@ impl Server {
             backings: Arc::default(),
             watches: Watches::new(nodes.dir().map(Path::to_path_buf)),
             nodes,
+            entries,
         });
         notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);
@@ -323,6 +333,13 @@ impl Server {
         let anchors = thread::Builder::new()
             .name("sf-ring-anchors".into())
             .spawn(move || s.anchors.run(&s.stopping, || s.settle_anchors()))?;
+        if shared.entries.enabled() {
+            // Not joined: it holds the server weakly and ends with it.
+            let s = Arc::downgrade(&shared);
+            thread::Builder::new()
+                .name("sf-ring-entries".into())
+                .spawn(move || entries::expiry(s))?;
+        }
         Ok(Server {
             shared,
             path: path.to_path_buf(),
@@ -436,6 +453,7 @@ impl Announcer {
     }
 
     pub fn notify_all(&self, notice: Notice<'_>) {
+        self.0.entries.invalidate(notice, std::time::Instant::now());
         for c in lock(&self.0.clients).iter() {
             c.push_notice(0, notice);
         }

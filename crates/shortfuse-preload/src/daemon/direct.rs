@@ -16,6 +16,8 @@
 //!   that goes held is given back;
 //! - changes (create, write, unlink...): `serve` hands the reply over,
 //!   once it told the other clients, the kernel mount and the watches;
+//!   so it does for READDIRPLUS, whose entries without a node it may fill
+//!   in from the names it keeps across programs;
 //! - everything else (releases, locks, a caller whose ids are not those
 //!   it connected with): handed to `serve` whole (`MSG_HANDOVER`), which
 //!   checks and serves it as it serves any client.
@@ -63,7 +65,10 @@ fn route(opcode: u32) -> Route {
         | abi::FUSE_LSEEK
         | abi::FUSE_FSYNC
         | abi::FUSE_FSYNCDIR => Route::Daemon,
-        abi::FUSE_LOOKUP | abi::FUSE_OPEN | abi::FUSE_OPENDIR | abi::FUSE_READDIRPLUS => Route::Settle,
+        abi::FUSE_LOOKUP | abi::FUSE_OPEN | abi::FUSE_OPENDIR => Route::Settle,
+        // `serve` may fill in the nodes of entries that came without one
+        // from the names it keeps across programs.
+        abi::FUSE_READDIRPLUS => Route::Serve,
         // FLUSH: `serve` lets the caller's POSIX locks go.
         abi::FUSE_FLUSH => Route::Serve,
         op if abi::changes_file_system(op) => Route::Serve,

@@ -95,6 +95,7 @@ pub(super) fn jobs(shared: &Shared, conn: &Conn) {
                     let mut unused = Vec::new();
                     conn.lock_request(shared, &req, &mut unused, false);
                 }
+                shared.fill_listing(&req, &mut reply);
                 conn.settle(shared, &req, &reply, pid);
                 {
                     let _t = lock(&conn.track);

@@ -38,6 +38,7 @@ impl Shared {
     /// process `pid`. The connection itself is told too, for the processes
     /// forked from its owner that share it: each skips its own changes.
     pub(super) fn announce(&self, from: u64, pid: u32, notice: Notice<'_>) {
+        self.entries.invalidate(notice, std::time::Instant::now());
         for c in lock(&self.clients).iter() {
             c.push_notice(if c.id == from { pid } else { 0 }, notice);
         }
@@ -93,6 +94,7 @@ impl NotifySink for ClientsSink {
             // Only the kernel has pages to hand back or poll waiters.
             Notification::Retrieve { .. } | Notification::PollWakeup { .. } => return,
         };
+        shared.entries.invalidate(notice, std::time::Instant::now());
         for c in lock(&shared.clients).iter() {
             c.push_notice(0, notice);
         }

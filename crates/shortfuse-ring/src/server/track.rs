@@ -243,6 +243,7 @@ impl Conn {
     /// open handles, one BATCH_FORGET for its lookups.
     pub(super) fn reclaim(&self, shared: &Shared) {
         let t = std::mem::take(&mut *lock(&self.track));
+        let now = std::time::Instant::now();
         let mut req = Vec::new();
         let mut reply = Vec::new();
         let mut unique = u64::MAX;
@@ -255,7 +256,7 @@ impl Conn {
             .into_iter()
             .map(|(nodeid, n)| abi::fuse_forget_one {
                 nodeid,
-                nlookup: shared.keep_lookups(nodeid, n.get()),
+                nlookup: shared.entries.keep(nodeid, shared.keep_lookups(nodeid, n.get()), now),
             })
             .filter(|f| f.nlookup > 0)
             .collect();

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use shortfuse::{Outcome, Transport};
 use shortfuse_abi::{self as abi};
+use zerocopy::FromBytes;
 
 use crate::region::{self, slot, SLOT_HEADER};
 use crate::{sys, wait};
@@ -136,6 +137,7 @@ impl Conn {
         if outcome == Outcome::NoReply {
             reply.clear();
         }
+        shared.fill_listing(req, reply);
         self.settle(shared, req, reply, pid);
     }
 
@@ -157,6 +159,12 @@ impl Conn {
         let Ok(parsed) = abi::parse(req) else {
             return;
         };
+        if let (true, abi::Operation::Lookup { name }) = (ok, &parsed.op) {
+            if let Ok((e, _)) = abi::fuse_entry_out::read_from_prefix(reply.get(16..).unwrap_or(&[])) {
+                use std::os::unix::ffi::OsStrExt;
+                shared.entries.learn(h.nodeid, name.as_bytes(), &e, Instant::now());
+            }
+        }
         if let Some(p) = self.track(&parsed, ok, reply, pid) {
             if !shared.reaper.watch(p) {
                 shared.process_ended(p);

@@ -1,0 +1,416 @@
+//! The names and attributes an unmodified daemon gave, kept across
+//! programs for the timeouts it gave them, as the kernel keeps dentries
+//! and inode attributes for its mount.
+//!
+//! Each program under `shortfuse run` starts with an empty cache of its
+//! own, so a second `ls -lR` would look every name up again where the
+//! kernel answers from its dentries. The server keeps what LOOKUP
+//! answered (name to node until the entry timeout, the node's attributes
+//! until the attribute timeout), and when a departed program's lookups of
+//! such a node would be forgotten, keeps them instead, as the kernel keeps
+//! the lookup of a dentry it caches. A later program's READDIRPLUS whose
+//! entries came without a node (sshfs, and every libfuse high-level file
+//! system, lists names only) gets them filled in from here, each taking
+//! one kept lookup, so the program caches them as LOOKUP answers and
+//! sends no LOOKUP per name. Nothing is filled in past the daemon's
+//! timeouts (the remaining time is what the program gets), nor for a name
+//! the listing gives another type, nor after a change made through the
+//! rings or an invalidation the daemon sent; kept lookups are forgotten
+//! once every name of their node has timed out.
+
+use shortfuse::sync::lock;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use shortfuse_abi as abi;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::client::Notice;
+
+use super::{build, Shared};
+
+/// How often kept lookups whose names timed out are given back.
+const EXPIRY: Duration = Duration::from_millis(500);
+
+/// Past this many names, those timed out are dropped, then all.
+const MAX_NAMES: usize = 1 << 18;
+/// The longest a timeout is taken at (a daemon's "forever").
+const LONGEST: Duration = Duration::from_secs(24 * 3600);
+
+/// The server's cache of names and attributes (see the module doc); empty
+/// and inert when not `enabled`.
+pub(super) struct Entries {
+    enabled: bool,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// (parent, name) -> the node LOOKUP answered.
+    names: HashMap<(u64, Box<[u8]>), Name>,
+    nodes: HashMap<u64, Node>,
+}
+
+struct Name {
+    node: u64,
+    generation: u64,
+    until: Instant,
+}
+
+struct Node {
+    attr: abi::fuse_attr,
+    attr_until: Instant,
+    /// The latest timeout of a name of the node (or of one since dropped).
+    named_until: Instant,
+    /// Lookups of departed programs the server holds for the node.
+    kept: u64,
+}
+
+fn timeout(secs: u64, nsec: u32) -> Duration {
+    Duration::from_secs(secs)
+        .saturating_add(Duration::from_nanos(u64::from(nsec.min(999_999_999))))
+        .min(LONGEST)
+}
+
+fn split(d: Duration) -> (u64, u32) {
+    (d.as_secs(), d.subsec_nanos())
+}
+
+impl Entries {
+    pub(super) fn new(enabled: bool) -> Entries {
+        Entries {
+            enabled,
+            inner: Mutex::default(),
+        }
+    }
+
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// LOOKUP of `name` in `parent` answered `e` at `now`.
+    pub(super) fn learn(&self, parent: u64, name: &[u8], e: &abi::fuse_entry_out, now: Instant) {
+        if !self.enabled {
+            return;
+        }
+        let mut g = lock(&self.inner);
+        let key = (parent, Box::<[u8]>::from(name));
+        if e.nodeid == 0 {
+            g.names.remove(&key);
+            return;
+        }
+        if g.names.len() >= MAX_NAMES {
+            g.names.retain(|_, n| n.until > now);
+            if g.names.len() >= MAX_NAMES {
+                g.names.clear();
+            }
+        }
+        let until = now + timeout(e.entry_valid, e.entry_valid_nsec);
+        let attr_until = now + timeout(e.attr_valid, e.attr_valid_nsec);
+        g.names.insert(
+            key,
+            Name {
+                node: e.nodeid,
+                generation: e.generation,
+                until,
+            },
+        );
+        let node = g.nodes.entry(e.nodeid).or_insert(Node {
+            attr: e.attr,
+            attr_until,
+            named_until: until,
+            kept: 0,
+        });
+        node.attr = e.attr;
+        node.attr_until = attr_until;
+        node.named_until = node.named_until.max(until);
+    }
+
+    /// A departed program's `n` lookups of `node`: how many to forget now
+    /// (the rest are kept while a name of the node is fresh).
+    pub(super) fn keep(&self, node: u64, n: u64, now: Instant) -> u64 {
+        if !self.enabled || n == 0 {
+            return n;
+        }
+        match lock(&self.inner).nodes.get_mut(&node) {
+            Some(k) if k.named_until > now => {
+                k.kept += n;
+                0
+            }
+            _ => n,
+        }
+    }
+
+    /// Fills in, in READDIRPLUS `reply` of directory `parent`, the entries
+    /// that came without a node and whose name and attributes are fresh
+    /// here with a lookup kept: each such entry is then one lookup the
+    /// program holds. Returns how many were filled in.
+    pub(super) fn fill(&self, parent: u64, reply: &mut [u8], now: Instant) -> usize {
+        const HEADER: usize = std::mem::size_of::<abi::fuse_out_header>();
+        if !self.enabled || !shortfuse::answered_ok(reply) {
+            return 0;
+        }
+        let mut g = lock(&self.inner);
+        if g.nodes.values().all(|n| n.kept == 0) {
+            return 0;
+        }
+        let Inner { names, nodes } = &mut *g;
+        let mut filled = 0;
+        let mut at = HEADER;
+        while let Ok((d, _)) = abi::fuse_direntplus::read_from_prefix(&reply[at..]) {
+            let start = at + abi::FUSE_NAME_OFFSET_DIRENTPLUS;
+            let Some(name) = reply.get(start..start + d.dirent.namelen as usize) else {
+                break;
+            };
+            let next = at + abi::fuse_direntplus_size(d.dirent.namelen as usize);
+            if d.entry_out.nodeid == 0 && name != b"." && name != b".." {
+                let key = (parent, Box::<[u8]>::from(name));
+                let found = names.get(&key).filter(|n| n.until > now).and_then(|n| {
+                    let node = nodes.get_mut(&n.node)?;
+                    let same_type = d.dirent.typ == 0 || d.dirent.typ == (node.attr.mode & libc::S_IFMT) >> 12;
+                    (node.kept > 0 && node.attr_until > now && same_type).then_some((n, node))
+                });
+                if let Some((n, node)) = found {
+                    node.kept -= 1;
+                    let (entry_valid, entry_valid_nsec) = split(n.until - now);
+                    let (attr_valid, attr_valid_nsec) = split(node.attr_until - now);
+                    let e = abi::fuse_entry_out {
+                        nodeid: n.node,
+                        generation: n.generation,
+                        entry_valid,
+                        attr_valid,
+                        entry_valid_nsec,
+                        attr_valid_nsec,
+                        attr: node.attr,
+                    };
+                    reply[at..at + std::mem::size_of::<abi::fuse_entry_out>()].copy_from_slice(e.as_bytes());
+                    filled += 1;
+                }
+            }
+            if next > reply.len() {
+                break;
+            }
+            at = next;
+        }
+        filled
+    }
+
+    /// Drops what `notice` says changed (through the rings, or the daemon
+    /// said so).
+    pub(super) fn invalidate(&self, notice: Notice<'_>, now: Instant) {
+        if !self.enabled {
+            return;
+        }
+        let mut g = lock(&self.inner);
+        match notice {
+            Notice::Inode(node) => {
+                if let Some(n) = g.nodes.get_mut(&node) {
+                    n.attr_until = now;
+                }
+            }
+            Notice::Entry { parent, name } => {
+                g.names.remove(&(parent, Box::<[u8]>::from(name)));
+            }
+            Notice::All => {
+                g.names.clear();
+                for n in g.nodes.values_mut() {
+                    n.attr_until = now;
+                }
+            }
+        }
+    }
+
+    /// Drops the names timed out by `now` and the nodes none of whose names
+    /// is fresh; returns the lookups kept of those nodes, to be forgotten.
+    pub(super) fn expire(&self, now: Instant) -> Vec<abi::fuse_forget_one> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let mut g = lock(&self.inner);
+        g.names.retain(|_, n| n.until > now);
+        let mut forgets = Vec::new();
+        g.nodes.retain(|&nodeid, n| {
+            if n.named_until > now {
+                return true;
+            }
+            if n.kept > 0 {
+                forgets.push(abi::fuse_forget_one {
+                    nodeid,
+                    nlookup: n.kept,
+                });
+            }
+            false
+        });
+        forgets
+    }
+
+    /// Whether anything is held here (names, or lookups to give back).
+    pub(super) fn any(&self) -> bool {
+        self.enabled && !lock(&self.inner).nodes.is_empty()
+    }
+}
+
+impl Shared {
+    /// Fills in the nodes of READDIRPLUS reply `reply` to `req` that this
+    /// server can (see [`Entries::fill`]), before the program has it and
+    /// before its books count them.
+    pub(super) fn fill_listing(&self, req: &[u8], reply: &mut [u8]) {
+        match abi::parse_header(req) {
+            Ok(h) if h.opcode == abi::FUSE_READDIRPLUS => {
+                self.entries.fill(h.nodeid, reply, Instant::now());
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives the daemon back the lookups kept of nodes whose names all
+    /// timed out.
+    fn give_back_expired(&self) {
+        let Some(f) = &self.forward else {
+            return;
+        };
+        let forgets = self.entries.expire(Instant::now());
+        let (mut req, mut reply) = (Vec::new(), Vec::new());
+        for chunk in forgets.chunks(1024) {
+            let arg = abi::fuse_batch_forget_in {
+                count: chunk.len() as u32,
+                dummy: 0,
+            };
+            build(
+                &mut req,
+                abi::FUSE_BATCH_FORGET,
+                0,
+                0,
+                &[arg.as_bytes(), chunk.as_bytes()],
+            );
+            f.forward(&req, &mut reply);
+        }
+    }
+}
+
+/// Gives back, every [`EXPIRY`], the kept lookups whose names timed out,
+/// until the server stops (or is dropped).
+pub(super) fn expiry(shared: std::sync::Weak<Shared>) {
+    loop {
+        std::thread::sleep(EXPIRY);
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        if s.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if s.entries.any() {
+            s.give_back_expired();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(node: u64, secs: u64, mode: u32) -> abi::fuse_entry_out {
+        abi::fuse_entry_out {
+            nodeid: node,
+            generation: 1,
+            entry_valid: secs,
+            attr_valid: secs,
+            entry_valid_nsec: 0,
+            attr_valid_nsec: 0,
+            attr: abi::fuse_attr {
+                ino: node,
+                mode,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A READDIRPLUS reply listing `names` without nodes, as sshfs does.
+    fn listing(names: &[(&[u8], u32)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (i, (name, typ)) in names.iter().enumerate() {
+            let d = abi::fuse_direntplus {
+                entry_out: abi::fuse_entry_out::default(),
+                dirent: abi::fuse_dirent {
+                    ino: u64::MAX,
+                    off: i as u64 + 1,
+                    namelen: name.len() as u32,
+                    typ: *typ,
+                },
+            };
+            body.extend_from_slice(d.as_bytes());
+            body.extend_from_slice(name);
+            body.resize(abi::fuse_rec_align(body.len()), 0);
+        }
+        let h = abi::fuse_out_header {
+            len: (16 + body.len()) as u32,
+            error: 0,
+            unique: 9,
+        };
+        let mut reply = h.as_bytes().to_vec();
+        reply.extend_from_slice(&body);
+        reply
+    }
+
+    fn nodes_of(reply: &[u8]) -> Vec<u64> {
+        abi::direntplus_entries(&reply[16..])
+            .map(|(d, _)| d.entry_out.nodeid)
+            .collect()
+    }
+
+    const FILE: u32 = libc::S_IFREG | 0o644;
+
+    #[test]
+    fn a_listing_gets_the_nodes_of_fresh_names_with_a_kept_lookup() {
+        let e = Entries::new(true);
+        let now = Instant::now();
+        e.learn(1, b"a", &entry(7, 5, FILE), now);
+        e.learn(1, b"b", &entry(8, 5, FILE), now);
+        // Only a's lookup was left by a departed program.
+        assert_eq!(e.keep(7, 2, now), 0);
+        assert_eq!(e.keep(99, 3, now), 3);
+        let mut reply = listing(&[(b".", 4), (b"a", 8), (b"b", 8), (b"c", 8)]);
+        assert_eq!(e.fill(1, &mut reply, now + Duration::from_secs(1)), 1);
+        assert_eq!(nodes_of(&reply), vec![0, 7, 0, 0]);
+        let (d, _) = abi::direntplus_entries(&reply[16..]).nth(1).unwrap();
+        assert_eq!(d.entry_out.entry_valid, 4, "the time left, not the whole timeout");
+        assert_eq!(d.entry_out.attr.mode, FILE);
+        // The second kept lookup, then none.
+        let mut again = listing(&[(b"a", 8)]);
+        assert_eq!(e.fill(1, &mut again, now), 1);
+        let mut third = listing(&[(b"a", 8)]);
+        assert_eq!(e.fill(1, &mut third, now), 0);
+    }
+
+    #[test]
+    fn nothing_is_filled_in_past_a_timeout_a_change_or_for_another_type() {
+        let e = Entries::new(true);
+        let now = Instant::now();
+        e.learn(1, b"a", &entry(7, 5, FILE), now);
+        e.keep(7, 10, now);
+        assert_eq!(e.fill(1, &mut listing(&[(b"a", 8)]), now + Duration::from_secs(6)), 0);
+        assert_eq!(e.fill(1, &mut listing(&[(b"a", 4)]), now), 0, "listed as a directory");
+        e.invalidate(Notice::Inode(7), now);
+        assert_eq!(e.fill(1, &mut listing(&[(b"a", 8)]), now), 0);
+        e.learn(1, b"a", &entry(7, 5, FILE), now);
+        e.invalidate(Notice::Entry { parent: 1, name: b"a" }, now);
+        assert_eq!(e.fill(1, &mut listing(&[(b"a", 8)]), now), 0);
+    }
+
+    #[test]
+    fn kept_lookups_are_given_back_once_their_names_time_out() {
+        let e = Entries::new(true);
+        let now = Instant::now();
+        e.learn(1, b"a", &entry(7, 5, FILE), now);
+        e.learn(2, b"a2", &entry(7, 9, FILE), now);
+        e.keep(7, 3, now);
+        assert!(e.expire(now + Duration::from_secs(6)).is_empty(), "a2 is still fresh");
+        let gone = e.expire(now + Duration::from_secs(10));
+        assert_eq!(
+            gone.iter().map(|f| (f.nodeid, f.nlookup)).collect::<Vec<_>>(),
+            vec![(7, 3)]
+        );
+        assert!(!e.any());
+    }
+}
