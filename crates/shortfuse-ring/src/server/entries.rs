@@ -50,6 +50,8 @@ struct Inner {
     /// (parent, name) -> the node LOOKUP answered.
     names: HashMap<(u64, Box<[u8]>), Name>,
     nodes: HashMap<u64, Node>,
+    /// The sum of the nodes' `kept`.
+    kept: u64,
 }
 
 struct Name {
@@ -105,6 +107,8 @@ impl Entries {
             if g.names.len() >= MAX_NAMES {
                 g.names.clear();
             }
+            // A node nothing is kept of is only there to start keeping.
+            g.nodes.retain(|_, n| n.kept > 0);
         }
         let until = now + timeout(e.entry_valid, e.entry_valid_nsec);
         let attr_until = now + timeout(e.attr_valid, e.attr_valid_nsec);
@@ -133,9 +137,11 @@ impl Entries {
         if !self.enabled || n == 0 {
             return n;
         }
-        match lock(&self.inner).nodes.get_mut(&node) {
+        let mut g = lock(&self.inner);
+        match g.nodes.get_mut(&node) {
             Some(k) if k.named_until > now => {
                 k.kept += n;
+                g.kept += n;
                 0
             }
             _ => n,
@@ -152,10 +158,10 @@ impl Entries {
             return 0;
         }
         let mut g = lock(&self.inner);
-        if g.nodes.values().all(|n| n.kept == 0) {
+        if g.kept == 0 {
             return 0;
         }
-        let Inner { names, nodes } = &mut *g;
+        let Inner { names, nodes, kept } = &mut *g;
         let mut filled = 0;
         let mut at = HEADER;
         while let Ok((d, _)) = abi::fuse_direntplus::read_from_prefix(&reply[at..]) {
@@ -173,6 +179,7 @@ impl Entries {
                 });
                 if let Some((n, node)) = found {
                     node.kept -= 1;
+                    *kept -= 1;
                     let (entry_valid, entry_valid_nsec) = split(n.until - now);
                     let (attr_valid, attr_valid_nsec) = split(node.attr_until - now);
                     let e = abi::fuse_entry_out {
@@ -230,11 +237,13 @@ impl Entries {
         let mut g = lock(&self.inner);
         g.names.retain(|_, n| n.until > now);
         let mut forgets = Vec::new();
-        g.nodes.retain(|&nodeid, n| {
+        let Inner { nodes, kept, .. } = &mut *g;
+        nodes.retain(|&nodeid, n| {
             if n.named_until > now {
                 return true;
             }
             if n.kept > 0 {
+                *kept -= n.kept;
                 forgets.push(abi::fuse_forget_one {
                     nodeid,
                     nlookup: n.kept,
