@@ -30,7 +30,7 @@ mod unserved;
 pub(crate) mod xattr;
 
 pub use descriptors::{nested, OWN_FD_FLOOR};
-pub(crate) use directories::{cwd_location, kernel_cwd_inside, Here};
+pub(crate) use directories::{cwd_location, entered_mapped, inherited_mapped, kernel_cwd_inside, Here};
 pub use metadata::{to_stat, to_statx, utime_times};
 pub(crate) use resolve::{below_source, kind_of, magic_link, mount_of};
 pub use straight::straight_to_kernel;
@@ -120,7 +120,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
         Call::Getdents { fd, buf, len } => directories::getdents(fd, buf, len),
         Call::Fchdir { fd } => directories::fchdir(fd),
         Call::Getcwd { buf, len } => directories::getcwd(buf, len),
-        Call::Chdir { path } => directories::chdir(path),
+        Call::Chdir { at } => directories::chdir(at.path),
         Call::Fstat { fd, out } => metadata::fstat(fd, out),
         Call::Stat { at, out, flags } => metadata::stat(regs, at, out, flags),
         Call::Statx { at, flags, out } => metadata::statx(regs, at, flags, out),

@@ -312,6 +312,9 @@ fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, crate::c
     let path = shortfuse_vfs::normalize(path);
     let vfs = mounts.iter().find(|m| m.strip(&path).is_some())?;
     let rest = vfs.strip(&path)?.to_vec();
+    if let Some(here) = crate::calls::inherited_mapped(vfs, &rest) {
+        return Some((vfs.clone(), here));
+    }
     let Ok(Walk::Inside(t)) = vfs.walk(
         &Location::root(),
         &rest,

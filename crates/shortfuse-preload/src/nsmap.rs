@@ -156,6 +156,7 @@ pub fn call(c: &Call) -> Option<i64> {
         }
         Call::Readlink { at, buf, len } => (at, false, Op::Readlink(buf.0, i64::from(len))),
         Call::Open { at, flags, mode } => return one(at, Op::Open(flags, mode)),
+        Call::Chdir { at } => return chdir(at),
         // (With AT_REMOVEDIR it was taken above.)
         Call::Unlink { at, flags: 0 } => return one(at, Op::Unlink(0)),
         Call::Mkdir { at, mode } => return one(at, Op::Mkdir(mode)),
@@ -718,6 +719,36 @@ fn opened(vfs: &Arc<Vfs>, fd: i64, flags: i32, path: Vec<u8>) -> i64 {
     let f = vfs.open_beneath_map(kind, flags, path);
     state().fds.insert(fd as i32, f, flags & libc::O_CLOEXEC != 0);
     fd
+}
+
+/// chdir to a directory beneath a map: the kernel enters the backing
+/// directory (checking search permission as it would), and the current
+/// directory becomes a mapped one (see `Here::Mapped`), as fchdir to a
+/// descriptor opened beneath the map makes it. The file system is asked
+/// nothing: a shell's `cd` before each command of a build costs no lookup,
+/// no permission request and no node to forget, and the images it starts
+/// there take the directory up without asking either (see
+/// `calls::inherited_mapped`).
+fn chdir(at: PathAt) -> Option<i64> {
+    let (vfs, rel, from, caller) = mapped(at, true, false, true)?;
+    let ns = vfs.namespace()?;
+    let place = match Place::of(ns, &caller, &rel, from) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    let fd = match place.follow(ns, &rel, flags, 0, true) {
+        Ok(fd) => OwnedFd::from(crate::sys::owned_file(fd)),
+        Err(r) => return r,
+    };
+    // Where the kernel found it (a symbolic link beneath the map leads
+    // elsewhere in it), as getcwd will say.
+    let below = crate::calls::below_source(&vfs, fd.as_raw_fd())?;
+    let r = crate::sys::fs::fchdir(fd.as_raw_fd());
+    if r == 0 {
+        crate::calls::entered_mapped(vfs, in_mount(&below));
+    }
+    Some(r)
 }
 
 /// rename, renameat and renameat2 of two names beneath one map: one

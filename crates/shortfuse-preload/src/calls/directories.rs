@@ -186,6 +186,33 @@ fn mapped_cwd(vfs: &Vfs) -> Result<Option<Vec<u8>>, Errno> {
     }
 }
 
+/// The current directory a new image inherits at `rel` below the root of
+/// `vfs` (empty for the root), found without asking the file system: the
+/// image that exec'd left the kernel's current directory in that
+/// directory beneath the mount's backing directory (see
+/// [`kernel_cwd_inside`]), and exec kept it there. Where the mount has a
+/// namespace map this caller may use and the kernel's current directory is
+/// indeed that one, it is a [`Here::Mapped`] one, as fchdir to a
+/// descriptor opened beneath the map makes: no lookup, no permission
+/// check (the program is in the directory already, as natively after
+/// exec) and no node to forget at exit. `None`: the usual walk.
+pub(crate) fn inherited_mapped(vfs: &Vfs, rel: &[u8]) -> Option<Here> {
+    if !vfs.namespace()?.serves(&crate::creds::current()) {
+        return None;
+    }
+    let mut path = Vec::with_capacity(rel.len() + 1);
+    path.push(b'/');
+    path.extend_from_slice(rel);
+    (mapped_cwd(vfs).ok()?? == path).then_some(Here::Mapped(path))
+}
+
+/// Makes `path` (below the mount's root, starting with '/') in `vfs` the
+/// current directory, the kernel's being its backing directory already
+/// (see [`Here::Mapped`]).
+pub(crate) fn entered_mapped(vfs: Arc<Vfs>, path: Vec<u8>) {
+    set_cwd(Some((vfs, Here::Mapped(path))));
+}
+
 fn set_cwd(new: Option<(Arc<Vfs>, Here)>) {
     let st = state();
     if let Some((vfs, Here::Walked(loc))) = &new {

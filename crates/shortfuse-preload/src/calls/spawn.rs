@@ -128,7 +128,7 @@ pub fn absolute(dirfd: i64, path: &[u8]) -> Option<Vec<u8>> {
 pub fn call(c: Call) -> Option<i64> {
     match c {
         // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
-        Call::Chdir { path } => chdir(AT_FDCWD, unsafe { crate::user::cstr(path.0) }.ok()?),
+        Call::Chdir { at } => chdir(AT_FDCWD, unsafe { crate::user::cstr(at.path.0) }.ok()?),
         Call::Fchdir { fd } => {
             let f = state().fds.get(fd.0);
             let Some(f) = f else {
