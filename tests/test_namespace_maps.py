@@ -1317,3 +1317,97 @@ def test_unnamed_files_links_created_through_fchdir_and_proc_chmod_beneath_the_m
         lookups = [l for l in passthrough_lookups(log) if any(f'"{d}"' in l for d in names)]
         assert lookups == [], lookups
 
+
+
+def test_a_process_started_in_a_directory_beneath_the_map_asks_the_daemon_nothing_past_its_hello(shortfuse, tree):
+    """Every image a build starts (make's shells, gcc, cc1, as, ld) opens
+    the mount with its hello, which carries its INIT and the root's
+    GETATTR. Beneath the map nothing else of its start reaches the daemon:
+    the image takes up the directory it was started in from the kernel's
+    current directory, which exec kept (no LOOKUP, ACCESS or FORGET), and
+    a shell's `cd` and getcwd are the kernel's. Counted with the daemon's
+    request counts over a shell that enters a directory and starts
+    programs there that read a file by a relative path and print where
+    they are."""
+    mp, spec, daemon = mounted(shortfuse, tree, "ring", [])
+    (tree / "src" / DEEP / "g").mkdir()
+    (tree / "src" / DEEP / "g" / "h").write_text("there\n")
+    script = f"cd {mp}/{DEEP} && cat f && /bin/pwd && cd g && cat h && sh -c 'cat ../f; pwd; exec /bin/pwd'"
+    try:
+        before = {o["name"]: o["count"] for o in daemon.stats()["ops"]}
+        r = subprocess.run([str(shortfuse), "run", *spec, "--", "sh", "-c", script], capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()[-3000:]
+        here = f"{mp}/{DEEP}"
+        assert r.stdout.decode().splitlines() == ["deep", here, "there", "deep", f"{here}/g", f"{here}/g"]
+        asked = {o["name"]: o["count"] - before.get(o["name"], 0) for o in daemon.stats()["ops"]}
+        asked = {op: n for op, n in asked.items() if n}
+    finally:
+        daemon.stop()
+    # sh, cat, /bin/pwd, cat, sh, cat, /bin/pwd (and run's own image).
+    images = asked.pop("INIT", 0)
+    assert images >= 7, asked
+    assert asked == {"GETATTR": images}, asked
+
+
+# Relative paths from a current directory entered beneath the map, then
+# the directory renamed and another made in its place by the program:
+# where each path leads (the file's text or the errno) and getcwd.
+FROM_CWD = SCRIPT_START + r"""
+mp = sys.argv[1]
+os.chdir(f"{mp}/a/b")
+for _ in range(20):
+    text = open("c/d/e/f").read()
+out["first"] = [text, os.getcwd()[len(mp):]]
+os.rename(f"{mp}/a/b", f"{mp}/a/B")
+os.makedirs(f"{mp}/a/b/c/d/e")
+with open(f"{mp}/a/b/c/d/e/f", "w") as f:
+    f.write("new\n")
+out["moved"] = [open("c/d/e/f").read(), os.getcwd()[len(mp):]]
+os.chdir(f"{mp}/a/b")
+out["again"] = [open("c/d/e/f").read(), os.getcwd()[len(mp):]]
+os.chdir("c")
+out["down"] = [e(lambda: open("d/e/f").read()), e(lambda: open("../c/d/e/f").read()), os.getcwd()[len(mp):]]
+out["not_a_dir"] = e(lambda: os.chdir("d/e/f"))
+out["missing"] = e(lambda: os.chdir("nope"))
+os.chdir("/")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("transport", ["preload", "ring"])
+def test_relative_paths_follow_a_current_directory_entered_beneath_the_map(shortfuse, tree, transport):
+    """A current directory entered by chdir beneath the map is the
+    kernel's, entered without a lookup: paths relative to it start there
+    and find their directory once (a file read 20 times by `c/d/e/f`), and
+    when the program moves it, they follow it as they would natively (the
+    directories kept for them are dropped)."""
+    native = subprocess.run(
+        [sys.executable, "-c", FROM_CWD, str(tree / "src")], capture_output=True, timeout=60
+    )
+    assert native.returncode == 0, native.stderr.decode()
+    want = json.loads(native.stdout)
+    subprocess.run(["rm", "-rf", str(tree / "src" / "a" / "b")], check=True)
+    subprocess.run(["mv", str(tree / "src" / "a" / "B"), str(tree / "src" / "a" / "b")], check=True)
+    mp, spec, daemon = mounted(shortfuse, tree, transport, [])
+    log = tree / "strace.log"
+    trace = ["strace", "-f", "-qq", "-e", "trace=openat2", "-o", str(log)]
+    try:
+        p = subprocess.run(
+            [*trace, str(shortfuse), "run", *spec, "--", sys.executable, "-c", FROM_CWD, str(mp)],
+            capture_output=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        assert json.loads(p.stdout.decode().splitlines()[-1]) == want
+        assert want["moved"] == ["deep\n", "/a/B"]
+        # No name was looked up by the file system for the chdirs.
+        if daemon:
+            assert [daemon.count("LOOKUP"), daemon.count("ACCESS")] == [0, 0]
+        else:
+            assert passthrough_lookups(log) == []
+        # The directory of c/d/e/f, once per current directory.
+        dirs = [l for l in log.read_text().splitlines() if "O_DIRECTORY" in l and 'c/d/e"' in l]
+        assert len(dirs) <= 5, dirs
+    finally:
+        if daemon:
+            daemon.stop()

@@ -189,7 +189,12 @@ pub fn call(c: &Call) -> Option<i64> {
         // size handed on: the kernel checks and fills it.
         return Some(unsafe { raw(libc::SYS_readlinkat, dirfd, c"".as_ptr() as i64, buf, len, 0, 0) });
     }
-    let (vfs, rel, from) = beneath(dirfd, path, false)?;
+    // `.` too (a shell checks its $PWD against it at start-up), though
+    // not the mount's root, whose attributes are the file system's.
+    let (vfs, rel, from) = beneath(dirfd, path, true)?;
+    if rel.is_empty() {
+        return None;
+    }
     let ns = vfs.namespace_current()?;
     if let Op::Access(mode, _) = op {
         if mode & libc::W_OK != 0 && vfs.is_read_only() {
@@ -366,7 +371,12 @@ impl Place {
         } else {
             // From the program's own directory descriptor the kernel
             // follows the directory wherever it moved: nothing to keep.
+            // From the current directory (the kernel's, entered beneath
+            // the map), what is found is kept until it changes: a program
+            // at work in a directory of the mount opens `sub/file` after
+            // `sub/file` (grep, a compiler).
             let found = match base {
+                Some(AT_FDCWD) => ns.dir_from_cwd(dir, caller, || open_dir(ns, AT_FDCWD, dir)),
                 Some(fd) => open_dir(ns, fd, dir).map(Arc::new),
                 None => ns.dir(dir, caller, || open_dir(ns, root, dir)),
             };

@@ -215,6 +215,13 @@ pub(crate) fn entered_mapped(vfs: Arc<Vfs>, path: Vec<u8>) {
 
 fn set_cwd(new: Option<(Arc<Vfs>, Here)>) {
     let st = state();
+    // The kernel's current directory changes (or may): what was found
+    // from it leads elsewhere.
+    for m in &st.mounts {
+        if let Some(ns) = m.namespace() {
+            ns.forget_cwd_dirs();
+        }
+    }
     if let Some((vfs, Here::Walked(loc))) = &new {
         vfs.pin_location(loc);
         kernel_cwd_inside(vfs, loc);
