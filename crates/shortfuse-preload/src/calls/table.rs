@@ -559,7 +559,7 @@ calls! { a;
         SYS_flock => Flock { fd: Fd::of(a[0]), op: a[1] as i32 },
         SYS_fchdir => Fchdir { fd: Fd::of(a[0]) },
         SYS_getcwd => Getcwd { buf: Ptr(a[0]), len: a[1] as usize },
-        SYS_chdir => Chdir { at: PathAt::cwd(&a, 0) },
+        SYS_chdir => Chdir { at: PathAt::cwd(a, 0) },
         SYS_umask => Umask { mask: a[0] as u32 },
         SYS_open => Open { at: PathAt::cwd(a, 0), flags: a[1] as i32, mode: a[2] as u32 },
         SYS_creat => Open {
