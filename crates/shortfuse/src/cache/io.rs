@@ -11,12 +11,12 @@ use crate::filesystem::Filesystem;
 use crate::types::*;
 
 /// Pages one write call to the inner file system carries at most.
-const WRITE_RUN: u64 = 8;
+pub(super) const WRITE_RUN: u64 = 8;
 
 /// Write calls one write-back makes at once, where the file system has
 /// threads of its own: as sshfs keeps its writes in flight, the link is not
 /// left idle while each call waits for its last reply.
-const CALLS_IN_FLIGHT: usize = 4;
+pub(super) const CALLS_IN_FLIGHT: usize = 4;
 
 impl<F: Filesystem + ?Sized> CachedFs<F> {
     pub(super) fn dirty_delta(&self, before: usize, after: usize) {
@@ -35,6 +35,10 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         let Some((start, end, fh)) = page.dirty else {
             return Ok(());
         };
+        if Self::writing_behind(st, page.key.0) {
+            // This page or those it takes along may have an earlier write out.
+            self.collect_behind(st, Some(page.key.0), true);
+        }
         let end = end.min(page.data.len());
         let mut result = Ok(());
         if start < end {
@@ -180,10 +184,12 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
             Some(n) => st.pages.keys_of(n),
             None => st.pages.keys(),
         };
+        // The runs written behind land first: a write-back of a page
+        // written again since must not overtake its earlier write.
+        let mut result = self.drain(st, node);
         // In file order, so that each write-back takes the dirty pages
         // after it along (`write_back`).
         keys.sort_unstable();
-        let mut result = Ok(());
         for k in keys {
             // Taken out while written back (write_back needs the state too).
             let Some(mut p) = st.pages.remove(k) else { continue };
@@ -211,8 +217,13 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         }
     }
 
+    /// Whether the cache holds data of `node` the inner file system may
+    /// not have yet: dirty pages, runs being written behind, or a failed
+    /// run not reported yet.
     pub(super) fn has_dirty(st: &mut State, node: u64) -> bool {
-        st.nodes.get(&node).is_some_and(|n| n.dirty > 0)
+        st.nodes
+            .get(&node)
+            .is_some_and(|n| n.dirty > 0 || n.behind > 0 || n.failed.is_some())
     }
 
     /// Fills pages `first..first+count` of `node` from the inner file system.
@@ -225,6 +236,9 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
         first: u64,
         count: u64,
     ) -> Result<(Vec<u8>, usize)> {
+        // A page written behind and evicted since must not be read back
+        // from before its write landed.
+        self.collect_behind(st, Some(node.0), true);
         let (buf, got) = self.fetch(node, fh, first, count)?;
         let end = self.store(st, node, first, count, &buf, got)?;
         Ok((buf, end))

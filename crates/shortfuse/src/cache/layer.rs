@@ -242,6 +242,10 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
     }
 
     fn open(&self, req: &Request, node: NodeId, flags: OpenFlags) -> Result<Opened> {
+        if flags.contains(OpenFlags::TRUNC) {
+            // A run written behind must not land after the truncation.
+            self.collect_behind(&mut self.lock(), Some(node.0), true);
+        }
         let (mut opened, write_only) = readable(flags, |f| self.inner.open(req, node, f))?;
         // The data must pass through the cache, not around it.
         opened.data_map = None;
@@ -276,6 +280,11 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
     }
 
     fn create(&self, req: &Request, parent: NodeId, name: &OsStr, new: &NewNode, flags: OpenFlags) -> Result<Created> {
+        if flags.contains(OpenFlags::TRUNC) {
+            // The name may be a file with runs written behind (which one
+            // is known only after): none may land after the truncation.
+            self.collect_behind(&mut self.lock(), None, true);
+        }
         let (mut c, write_only) = readable(flags, |f| self.inner.create(req, parent, name, new, f))?;
         c.opened.data_map = None;
         flush_writes(flags, &mut c.opened);
@@ -292,9 +301,9 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
                 next: 0,
                 seen: Some(Seen::now(&c.entry.attr)),
                 wrote: false,
-                dirty: 0,
                 written: None,
                 generation: 0,
+                ..NodeState::default()
             },
         );
         Ok(c)
@@ -343,6 +352,12 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
                         continue;
                     }
                     Pending::None => {}
+                }
+                if Self::writing_behind(&st, node.0) {
+                    // The page may have been written behind and evicted:
+                    // what the inner file system holds is not it until
+                    // its write landed.
+                    self.collect_behind(&mut st, Some(node.0), true);
                 }
                 let wanted = (buf.len() - done).div_ceil(self.config.page_size) as u64;
                 let count = if sequential || offset == 0 {
@@ -478,7 +493,15 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         ns.size = Some(size.max(end));
         ns.written = Some(Timestamp::now());
         st.bump(node.0);
+        let wait = self.write_behind(&mut st, node, fh, end);
+        drop(st);
         self.meta().drop_attr(node.0);
+        if let Some(oldest) = wait {
+            // Too many runs of this file out: the writer waits for the
+            // oldest, without the lock (other requests go on meanwhile).
+            let _ = oldest.wait();
+            self.collect_behind(&mut self.lock(), Some(node.0), false);
+        }
         Ok(data.len())
     }
 

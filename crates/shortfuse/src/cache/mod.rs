@@ -20,7 +20,11 @@
 //! - Writes are write-back: they change cached pages and return; dirty
 //!   pages go to the inner file system on `flush` (every `close(2)`),
 //!   `fsync`, `release`, truncation, eviction, `destroy` and
-//!   [`CachedFs::flush_all`] (the daemon calls it when it stops).
+//!   [`CachedFs::flush_all`] (the daemon calls it when it stops). Over
+//!   file systems with threads of their own, each run of 8 whole pages a
+//!   writer fills goes out at once on a thread, behind the writer
+//!   (`behind.rs`); `flush`, `fsync` and `release` wait for those and
+//!   report their errors.
 //! - Open files' data maps are withheld (their data must pass here).
 //!
 //! Metadata: attributes by node and names by (parent, name), each bounded
@@ -39,11 +43,13 @@
 //! see. Attributes and names changed elsewhere show after `meta_ttl`.
 //!
 //! Lock order: `state` (pages, per-node state), then `meta`; write-backs
-//! run under `state`, nothing runs under `meta`. A read miss fetches
+//! run under `state` (writes behind the writer run on their own threads,
+//! which take neither lock), nothing runs under `meta`. A read miss fetches
 //! without `state` held (other files' requests go on meanwhile) and keeps
 //! the pages only if the node's generation did not move.
 
 mod ahead;
+mod behind;
 mod io;
 mod layer;
 mod meta;
@@ -156,6 +162,7 @@ impl<F: Filesystem + ?Sized> CachedFs<F> {
                 counter: 0,
                 write_only: HashSet::new(),
                 ahead: Vec::new(),
+                behind: Vec::new(),
             }),
             landed: Condvar::new(),
             meta: Mutex::new(MetaCache::new(config.policy, config.meta_entries)),

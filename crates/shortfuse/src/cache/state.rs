@@ -4,8 +4,10 @@
 use std::collections::{HashMap, HashSet};
 
 use super::ahead::Ahead;
+use super::behind::Behind;
 use super::page::PageStore;
 use super::seen::Seen;
+use crate::errno::Errno;
 use crate::types::*;
 
 #[derive(Default)]
@@ -21,6 +23,11 @@ pub(super) struct NodeState {
     /// Dirty pages of the node in the cache (so that a clean node's
     /// flush and size check look at no page).
     pub(super) dirty: usize,
+    /// Runs of the node being written behind its writer (`behind.rs`).
+    pub(super) behind: usize,
+    /// Why a run written behind failed where its pages were no longer
+    /// cached to write again: for the next flush, fsync or close.
+    pub(super) failed: Option<Errno>,
     /// When the last write the cache holds came: the file's mtime and
     /// ctime while its data waits here.
     pub(super) written: Option<Timestamp>,
@@ -40,6 +47,8 @@ pub(super) struct State {
     /// Windows being read ahead of sequential readers (few: one per file
     /// being read sequentially, and one more while a reader collects).
     pub(super) ahead: Vec<Ahead>,
+    /// Runs of pages being written behind their writers, oldest first.
+    pub(super) behind: Vec<Behind>,
 }
 
 impl State {

@@ -31,6 +31,11 @@ struct Backing {
     /// When set, a write waits (a few seconds at most) for another to
     /// start before it returns, so writes made at once are seen at once.
     await_company: bool,
+    /// When set, a write says so on the sender, then waits on the
+    /// receiver (until its sender is gone) before it does anything.
+    write_gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+    /// Every write fails with EIO.
+    fail_writes: bool,
 }
 
 impl Backing {
@@ -142,6 +147,13 @@ impl Filesystem for Backing {
 
     fn write(&self, _req: &Request, node: NodeId, _fh: FileHandle, data: &[u8], args: &WriteArgs) -> Result<usize> {
         self.writes.fetch_add(1, Ordering::Relaxed);
+        if let Some((entered, go)) = &*self.write_gate.lock().unwrap() {
+            let _ = entered.send(());
+            let _ = go.recv();
+        }
+        if self.fail_writes {
+            return Err(Errno::EIO);
+        }
         let now = self.writing.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_writing.fetch_max(now, Ordering::SeqCst);
         if self.await_company {
@@ -605,4 +617,109 @@ fn a_write_back_over_a_threaded_fs_keeps_several_calls_in_flight() {
     );
     assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
     assert_eq!(fs.stats().bytes_out.load(Ordering::Relaxed), 64 * PS as u64);
+}
+
+/// Writes pages `from..to` of [`N`] one at a time, as `cp` does.
+fn write_pages(fs: &CachedFs<Backing>, data: &[u8], pages: std::ops::Range<usize>) -> Result<()> {
+    for i in pages {
+        let args = WriteArgs {
+            offset: (i * PS) as u64,
+            ..WriteArgs::default()
+        };
+        fs.write(&R, N, FH, &data[i * PS..(i + 1) * PS], &args)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_sequential_writer_has_its_runs_written_behind_it() {
+    let b = Backing {
+        threads: true,
+        ..Backing::with(7, &[])
+    };
+    // Room for all 48 pages: nothing is evicted, so without writes behind
+    // nothing would reach the file system before the flush.
+    let fs = cached(b, 64, Policy::Clock, 1);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(48 * PS);
+    write_pages(&fs, &data, 0..48).unwrap();
+    // Six runs of 8 pages went out; with at most 4 (and the one just
+    // started) out at once, the writer waited for the first two.
+    let early = fs.inner().data(7);
+    assert!(
+        early.len() >= 16 * PS && early[..16 * PS] == data[..16 * PS],
+        "{} bytes reached the file system before the flush",
+        early.len()
+    );
+    assert_eq!(
+        fs.getattr(&R, N, None).unwrap().size,
+        48 * PS as u64,
+        "the cache's size"
+    );
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert!(fs.inner().data(7) == data);
+    assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 6, "48 pages in runs of 8");
+    assert_eq!(fs.stats().dirty_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(fs.stats().bytes_out.load(Ordering::Relaxed), 48 * PS as u64);
+}
+
+#[test]
+fn runs_written_behind_hold_no_lock_while_they_are_out() {
+    let (entered, at_gate) = std::sync::mpsc::channel();
+    let (open_gate, go) = std::sync::mpsc::channel::<()>();
+    let b = Backing {
+        threads: true,
+        write_gate: Mutex::new(Some((entered, go))),
+        ..Backing::with(7, &[])
+    };
+    b.files.lock().unwrap().insert(8, (pattern(PS), 1));
+    // Smaller than what is written: pages leave the cache while written.
+    let fs = Arc::new(cached(b, 32, Policy::Clock, 1));
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(48 * PS);
+    let writer = {
+        let (fs, data) = (fs.clone(), data.clone());
+        std::thread::spawn(move || write_pages(&fs, &data, 0..48))
+    };
+    at_gate.recv().unwrap();
+    // A write is held in the file system: another file's read must not
+    // wait for it.
+    let (read_done, got) = std::sync::mpsc::channel();
+    let reader = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; PS];
+            let _ = read_done.send(fs.read(&R, NodeId(8), FH, 0, &mut buf).map(|n| buf[..n].to_vec()));
+        })
+    };
+    let read = got.recv_timeout(std::time::Duration::from_secs(20));
+    drop(open_gate);
+    reader.join().unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(
+        read.expect("the read of another file waited for a write in the file system"),
+        Ok(pattern(PS))
+    );
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert!(fs.inner().data(7) == data);
+}
+
+#[test]
+fn a_run_written_behind_that_failed_is_reported_at_the_flush() {
+    let b = Backing {
+        threads: true,
+        fail_writes: true,
+        ..Backing::with(7, &[])
+    };
+    let fs = cached(b, 16, Policy::Clock, 1);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(48 * PS);
+    // The failed runs' pages were evicted while out: nothing is left to
+    // write again, the writes themselves succeeded, and the close says so.
+    write_pages(&fs, &data, 0..48).expect("the writer was not told");
+    assert_eq!(fs.flush(&R, N, FH, 0), Err(Errno::EIO));
+    assert!(
+        fs.inner().writes.load(Ordering::Relaxed) >= 5,
+        "runs went out behind the writer"
+    );
 }
