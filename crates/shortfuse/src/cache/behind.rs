@@ -69,18 +69,26 @@ pub(super) struct Behind {
 }
 
 impl<F: Filesystem + ?Sized> CachedFs<F> {
-    /// After a write of `node` that ended at byte `end`: when it completed
-    /// an aligned run of whole dirty pages written through `fh`, starts
-    /// writing the run behind the writer. Returns what the writer must
-    /// wait for (without the lock) when more runs of the node are out
-    /// than [`CALLS_IN_FLIGHT`].
-    pub(super) fn write_behind(&self, st: &mut State, node: NodeId, fh: FileHandle, end: u64) -> Option<Arc<Done>> {
+    /// After a write of `node` over bytes `start..end`: when it completed
+    /// an aligned run of whole dirty pages written through `fh` (the run
+    /// ends where the write passed a multiple of [`WRITE_RUN`] pages, so
+    /// writes of any size start runs), starts writing the run behind the
+    /// writer. Returns what the writer must wait for (without the lock)
+    /// when more runs of the node are out than [`CALLS_IN_FLIGHT`].
+    pub(super) fn write_behind(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        fh: FileHandle,
+        start: u64,
+        end: u64,
+    ) -> Option<Arc<Done>> {
         if !self.inner.answers_later() {
             return None;
         }
         let ps = self.ps();
-        let last = end / ps;
-        if last == 0 || end % ps != 0 || last % WRITE_RUN != 0 {
+        let last = end / ps / WRITE_RUN * WRITE_RUN;
+        if last == 0 || start >= last * ps {
             return None;
         }
         let first = last - WRITE_RUN;

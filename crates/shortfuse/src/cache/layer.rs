@@ -493,7 +493,7 @@ impl<F: Filesystem + ?Sized> crate::layer::Layer for CachedFs<F> {
         ns.size = Some(size.max(end));
         ns.written = Some(Timestamp::now());
         st.bump(node.0);
-        let wait = self.write_behind(&mut st, node, fh, end);
+        let wait = self.write_behind(&mut st, node, fh, args.offset, end);
         drop(st);
         self.meta().drop_attr(node.0);
         if let Some(oldest) = wait {

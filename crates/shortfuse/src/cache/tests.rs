@@ -664,6 +664,34 @@ fn a_sequential_writer_has_its_runs_written_behind_it() {
 }
 
 #[test]
+fn writes_across_page_boundaries_have_their_runs_written_behind_too() {
+    let b = Backing {
+        threads: true,
+        ..Backing::with(7, &[])
+    };
+    let fs = cached(b, 64, Policy::Clock, 1);
+    fs.open(&R, N, OpenFlags::RDWR).unwrap();
+    let data = pattern(48 * PS);
+    // Writes of a page and a half: few of them end on a run's last byte.
+    for (i, piece) in data.chunks(PS * 3 / 2).enumerate() {
+        let args = WriteArgs {
+            offset: (i * PS * 3 / 2) as u64,
+            ..WriteArgs::default()
+        };
+        fs.write(&R, N, FH, piece, &args).unwrap();
+    }
+    let early = fs.inner().data(7);
+    assert!(
+        early.len() >= 16 * PS && early[..16 * PS] == data[..16 * PS],
+        "{} bytes reached the file system before the flush",
+        early.len()
+    );
+    fs.flush(&R, N, FH, 0).unwrap();
+    assert!(fs.inner().data(7) == data);
+    assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 6, "48 pages in runs of 8");
+}
+
+#[test]
 fn runs_written_behind_hold_no_lock_while_they_are_out() {
     let (entered, at_gate) = std::sync::mpsc::channel();
     let (open_gate, go) = std::sync::mpsc::channel::<()>();
