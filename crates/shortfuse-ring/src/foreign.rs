@@ -217,6 +217,10 @@ pub trait Forward: Send + Sync + 'static {
     fn bell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+
+    /// A direct client rang while no thread of the daemon looked at the
+    /// queues, and the server wrote [`Forward::bell`] (counted).
+    fn rung(&self) {}
 }
 
 /// A reply of the daemon, and the descriptor that came with it.
@@ -286,6 +290,11 @@ pub struct Bridge {
     taken: AtomicU64,
     /// Bytes of the daemon's direct replies it gathered before the slot.
     copied: AtomicU64,
+    /// Requests the daemon took whose answers `serve` was told of
+    /// ([`MSG_DONE`]).
+    told: AtomicU64,
+    /// Times a direct client's ring woke the daemon through its eventfd.
+    woken: AtomicU64,
     /// Direct clients the daemon let go of ([`MSG_GONE_ACK`]).
     acked: Mutex<std::collections::HashSet<u64>>,
     acked_seen: Condvar,
@@ -324,6 +333,8 @@ impl Bridge {
             relayed: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             copied: AtomicU64::new(0),
+            told: AtomicU64::new(0),
+            woken: AtomicU64::new(0),
             acked: Mutex::new(std::collections::HashSet::new()),
             acked_seen: Condvar::new(),
         })
@@ -446,6 +457,7 @@ impl Bridge {
             self.tell_kernel(req);
         }
         self.taken.fetch_add(1, Ordering::Relaxed);
+        self.told.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = lock(&self.announcer).clone() {
             a.direct_job(
                 d.at.id,
@@ -648,6 +660,18 @@ impl shortfuse::stats::Figures for BridgeFigures {
                 help: "Bytes of the daemon's replies to those requests copied into a buffer on their way to the \
                        client (the replies serve is told of too; a READ's data goes straight to the client).",
             },
+            shortfuse::stats::Figure {
+                name: "told",
+                value: self.0.told.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Requests the daemon took whose answers it sent serve: lookups and opens, changes, flushes.",
+            },
+            shortfuse::stats::Figure {
+                name: "woken",
+                value: self.0.woken.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Times a ring client's request woke the daemon, no thread of which looked at the queues.",
+            },
         ]
     }
 }
@@ -788,6 +812,10 @@ impl Forward for Bridge {
 
     fn bell(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.bell.get().map(|b| b.as_fd())
+    }
+
+    fn rung(&self) {
+        self.woken.fetch_add(1, Ordering::Relaxed);
     }
 
     fn backing(&self, node: u64, fh: u64) -> Option<BackingFile> {

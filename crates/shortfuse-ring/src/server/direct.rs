@@ -150,6 +150,7 @@ pub(super) fn relay(shared: &Shared, conn: &Conn, q: usize) {
             {
                 let one = 1u64.to_ne_bytes();
                 let _ = sys::write(bell_fd, &one);
+                forward.rung();
             }
             continue;
         }
