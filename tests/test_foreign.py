@@ -875,6 +875,37 @@ def test_bindfs_s_handles_declared_backing_files_serve_read_only_opens_without_i
         d.stop()
 
 
+# Stats the names argv[2:] (all in argv[1], none there): how many were missing.
+STAT_MISSING = r"""
+import os, sys
+missing = 0
+for n in sys.argv[2:]:
+    try:
+        os.stat(os.path.join(sys.argv[1], n))
+    except FileNotFoundError:
+        missing += 1
+print(missing)
+"""
+
+
+def test_a_failed_lookup_the_daemon_took_is_not_sent_to_serve(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        names = [f"none{i}" for i in range(200)]
+        figures = d.stats()["daemon"]
+        p = under(shortfuse, mp, [sys.executable, "-c", STAT_MISSING, str(mp), *names])
+        assert p.returncode == 0, p.stderr.decode()
+        assert p.stdout.decode().split() == ["200"]
+        after = d.stats()["daemon"]
+        # The daemon answered each lookup itself; a failed one hands out
+        # nothing a client could leave behind, so serve hears of none (only
+        # of the program's own start: its libraries, its directory).
+        assert after["taken"] - figures["taken"] >= 200
+        assert after["told"] - figures["told"] < 50, (figures, after)
+    finally:
+        d.stop()
+
+
 # Looks at one file as root, drops root, then looks at a file only root
 # may read.
 DROP_ROOT = r"""

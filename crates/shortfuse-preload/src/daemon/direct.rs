@@ -18,6 +18,9 @@
 //!   once it told the other clients, the kernel mount and the watches;
 //!   so it does for READDIRPLUS, whose entries without a node it may fill
 //!   in from the names it keeps across programs;
+//! - a lookup, open, listing or change that failed: answered here alone,
+//!   as it hands out and changes nothing (a FLUSH goes to `serve`
+//!   whatever its answer);
 //! - everything else (releases, locks, a caller whose ids are not those
 //!   it connected with): handed to `serve` whole (`MSG_HANDOVER`), which
 //!   checks and serves it as it serves any client.
@@ -437,7 +440,11 @@ fn answer(c: &mut Client, q: usize, i: usize, parts: Option<&[&[u8]]>, lent: Opt
             &[&refused[..]][..]
         }
     };
-    if t.req.is_empty() {
+    let opcode = abi::parse_header(&t.req).map_or(0, |h| h.opcode);
+    if t.req.is_empty() || nothing_to_tell(opcode, parts) {
+        if !t.req.is_empty() {
+            count(opcode);
+        }
         // `serve` sees nothing of it: from the daemon's buffers to the slot.
         if !c.gone {
             finish_parts(c, q, i, parts, Some(t.unique));
@@ -479,6 +486,21 @@ static COPIED: AtomicU64 = AtomicU64::new(0);
 
 fn total(parts: &[&[u8]]) -> usize {
     parts.iter().map(|p| p.len()).sum()
+}
+
+/// Whether `serve` has nothing to do for a request with `opcode` that the
+/// daemon answered with `reply` (a well-formed reply, in parts): a lookup,
+/// open or change that failed hands out nothing and changes nothing, so
+/// `serve` would only count it (and hand the reply over); a FLUSH lets
+/// the caller's POSIX locks go whatever its answer. Each such message
+/// wakes two of `serve`'s threads, on a machine where the program and the
+/// daemon want the CPUs.
+fn nothing_to_tell(opcode: u32, reply: &[&[u8]]) -> bool {
+    let mut head = [0u8; 8];
+    for (d, s) in head.iter_mut().zip(reply.iter().flat_map(|p| p.iter())) {
+        *d = *s;
+    }
+    opcode != abi::FUSE_FLUSH && head[4..8] != [0; 4]
 }
 
 /// Writes `reply` in slot `i` of queue `q` and hands it back to the client.
