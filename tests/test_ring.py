@@ -610,6 +610,36 @@ def test_an_image_under_a_mirroring_daemon_does_not_read_the_mount_table(shortfu
     assert reads == [], reads
 
 
+def test_an_image_connects_to_the_daemon_without_fencing_the_low_descriptor_numbers(shortfuse, scratch):
+    """A new image connects to the daemon before the program runs, when the
+    program expects the low descriptor numbers free. The ring client puts
+    the descriptors it keeps (its socket, the namespace map's root) above
+    them itself, so the image no longer fences them first (a socket pair
+    and about a hundred descriptors passed over it and closed again, in
+    every new process). Counted by strace in the /bin/true a shell runs;
+    the program after it still gets the lowest number for its first open."""
+    (scratch / "src").mkdir()
+    first_open = "import os; print(os.open('/dev/null', os.O_RDONLY))"
+    text = traced_on_a_passthrough_mount(
+        shortfuse,
+        scratch,
+        "execve,socketpair,sendmsg,connect",
+        ["sh", "-c", f'/bin/true && exec python3 -c "{first_open}"'],
+        b"3\n",
+    )
+    true_pid, calls = None, []
+    for line in text.splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith('execve("/bin/true"'):
+            true_pid = pid
+        elif pid == true_pid and call[:1].isalpha():
+            calls.append(call.split("(")[0])
+    assert true_pid is not None, text
+    # It does connect, and sends its hello, and nothing else.
+    assert calls == ["connect", "sendmsg"], calls
+
+
 # Descriptions made late (at the first fork, exec, SCM_RIGHTS or lock):
 # what the program sees of a descriptor must not change when its
 # placeholder is swapped for the shared description, whichever thread

@@ -244,12 +244,14 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     // hook can move them out of the program's way (`calls::nested`): keep
     // the low numbers taken meanwhile. Those that keep the low numbers free
     // themselves (mem and null open none, passthrough places its own above
-    // them) are spared the fence's calls, and the kernel's growing and
-    // shrinking of the descriptor table (a good part of what a short
-    // process pays for the shim).
+    // them, and so does a daemon's ring connection, told here) are spared
+    // the fence's calls, and the kernel's growing and shrinking of the
+    // descriptor table (a good part of what a short process pays for the
+    // shim).
+    shortfuse_ring::keep_descriptors_from(crate::calls::OWN_FD_FLOOR as i32);
     let fence = specs
         .iter()
-        .any(|m| m.is_daemon() || FsKind::find(&m.fs).is_none_or(|k| !k.low_fds_free))
+        .any(|m| !m.is_daemon() && FsKind::find(&m.fs).is_none_or(|k| !k.low_fds_free))
         .then(Fence::low_numbers);
     let mut mounts = Vec::new();
     for (i, m) in specs.iter().enumerate() {

@@ -92,6 +92,31 @@ pub fn after_fork() {
     refresh_pid();
 }
 
+/// The lowest number a descriptor the client keeps (its socket, the
+/// namespace map's root) may take; 0: any. See [`keep_descriptors_from`].
+static DESCRIPTOR_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Has every descriptor a later [`RingClient::connect_with`] keeps placed at
+/// `floor` or above. The preload shim connects before the program runs,
+/// when whatever the program opens next, and a shell's `exec 3<file`,
+/// expects the low numbers free; with its descriptors moved out of their
+/// way here it needs no fence of the low numbers while it connects (about
+/// a hundred descriptors passed over a socket pair and closed again in
+/// every new process).
+pub fn keep_descriptors_from(floor: i32) {
+    DESCRIPTOR_FLOOR.store(floor, Ordering::Relaxed);
+}
+
+/// `fd`, moved to the floor of [`keep_descriptors_from`] or above (as it
+/// is when there is no floor, it already is above, or the move fails).
+fn kept(fd: OwnedFd) -> OwnedFd {
+    let floor = DESCRIPTOR_FLOOR.load(Ordering::Relaxed);
+    if fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    sys::dup_from(fd.as_fd(), floor).unwrap_or(fd)
+}
+
 /// Set while a thread of this process sends anchors and waits for their
 /// acknowledgement (cleared in a forked child, whose other threads are gone).
 static ANCHORING: AtomicBool = AtomicBool::new(false);
@@ -194,6 +219,7 @@ impl RingClient {
                 format!("no shortfuse daemon serves rings at {} ({e})", path.display()),
             )
         })?;
+        let sock = kept(sock);
         watch_forks();
         let pid = std::process::id();
         let mut hello = Hello::new(pid).as_bytes().to_vec();
@@ -221,7 +247,7 @@ impl RingClient {
             Ok((m, _)) if m.magic == NAMES_MAGIC => match (m.granted, root) {
                 (1, Some(root)) => Some((
                     shortfuse::NamespaceMap {
-                        root: std::sync::Arc::new(root),
+                        root: std::sync::Arc::new(kept(root)),
                         no_xdev: m.no_xdev != 0,
                     },
                     m.uid,

@@ -35,7 +35,9 @@ pub mod wait;
 
 pub use anchors::DESCRIPTION_OWNER;
 pub use announce::Announcing;
-pub use client::{after_fork, decode_welcome, pid, Anchoring, Notice, RingClient, LIVENESS_PERIOD};
+pub use client::{
+    after_fork, decode_welcome, keep_descriptors_from, pid, Anchoring, Notice, RingClient, LIVENESS_PERIOD,
+};
 pub use locks::{Locks, POSIX_OWNER};
 pub use proto::{socket_path, socket_paths};
 pub use region::Geometry;

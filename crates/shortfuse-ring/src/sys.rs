@@ -283,6 +283,15 @@ pub fn listen(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A close-on-exec duplicate of `fd` at the lowest free number from
+/// `floor` on.
+pub fn dup_from(fd: BorrowedFd<'_>, floor: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: plain call on a descriptor we hold.
+    let dup = check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) })?;
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
 /// Connects a SOCK_SEQPACKET socket to `path`.
 pub fn connect(path: &std::path::Path) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
