@@ -96,7 +96,8 @@ impl Default for OpCounters {
 
 /// Counters for one connection.
 pub struct Stats {
-    ops: Box<[OpCounters]>,
+    /// Per opcode slot, made at its first request (see [`Stats::counters`]).
+    ops: Box<[OnceLock<Box<OpCounters>>]>,
     transports: [AtomicU64; 4],
     started: Instant,
     /// The user-space cache in front of the file system, when there is one.
@@ -348,7 +349,7 @@ impl Stats {
     /// Empty counters, timing each request.
     pub fn new() -> Stats {
         Stats {
-            ops: (0..=OPCODE_SLOTS).map(|_| OpCounters::default()).collect(),
+            ops: (0..=OPCODE_SLOTS).map(|_| OnceLock::new()).collect(),
             transports: Default::default(),
             started: Instant::now(),
             cache: OnceLock::new(),
@@ -388,10 +389,17 @@ impl Stats {
         self.cache.get()
     }
 
+    /// The counters of `opcode`'s slot, made on its first request. Every
+    /// program under the preload shim counts its requests, and a short one
+    /// serves a handful of opcodes: it then writes a few slots, not all 65
+    /// (35 KB, nine pages touched in every new process).
+    fn counters(&self, opcode: u32) -> &OpCounters {
+        self.ops[(opcode as usize).min(OPCODE_SLOTS)].get_or_init(Box::default)
+    }
+
     /// Records one request of `opcode` served in `nanos` over `transport`.
     pub fn record(&self, opcode: u32, transport: Transport, nanos: u64) {
-        let slot = (opcode as usize).min(OPCODE_SLOTS);
-        let c = &self.ops[slot];
+        let c = self.counters(opcode);
         c.count.fetch_add(1, Relaxed);
         c.sum.fetch_add(nanos, Relaxed);
         c.max.fetch_max(nanos, Relaxed);
@@ -402,8 +410,7 @@ impl Stats {
     /// Records `n` requests of `opcode` over `transport` whose times were
     /// not taken (counted as served at once).
     pub fn record_untimed(&self, opcode: u32, transport: Transport, n: u64) {
-        let slot = (opcode as usize).min(OPCODE_SLOTS);
-        let c = &self.ops[slot];
+        let c = self.counters(opcode);
         c.count.fetch_add(n, Relaxed);
         c.buckets[bucket_of(0)].fetch_add(n, Relaxed);
         self.transports[transport.index()].fetch_add(n, Relaxed);
@@ -411,7 +418,7 @@ impl Stats {
 
     /// Zeroes every counter. Requests recorded meanwhile may be half counted.
     pub fn reset(&self) {
-        for c in self.ops.iter() {
+        for c in self.ops.iter().filter_map(OnceLock::get) {
             c.count.store(0, Relaxed);
             c.sum.store(0, Relaxed);
             c.max.store(0, Relaxed);
@@ -434,6 +441,7 @@ impl Stats {
             .ops
             .iter()
             .enumerate()
+            .filter_map(|(slot, c)| Some((slot, c.get()?)))
             .filter(|(_, c)| c.count.load(Relaxed) > 0)
             .map(|(slot, c)| {
                 let mut buckets = [0u64; BUCKETS];
@@ -719,6 +727,23 @@ impl StatsSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fresh_counters_take_under_a_page_until_requests_come() {
+        let s = Stats::untimed();
+        assert!(
+            std::mem::size_of_val(&*s.ops) < 4096,
+            "{}",
+            std::mem::size_of_val(&*s.ops)
+        );
+        s.record_untimed(1, Transport::Dev, 1);
+        s.record(70, Transport::Ring, 5);
+        let snap = s.snapshot();
+        assert_eq!(snap.total_requests(), 2);
+        assert_eq!(snap.ops.iter().map(|o| o.opcode).collect::<Vec<_>>(), [Some(1), None]);
+        s.reset();
+        assert_eq!(s.snapshot().total_requests(), 0);
+    }
 
     #[test]
     fn transports_parse_and_display_as_the_cli_spells_them() {
