@@ -303,9 +303,18 @@ impl OpenFile {
     }
 
     /// SETATTR through this descriptor (fchmod, fchown, futimens).
+    ///
+    /// The handle goes with it for a file's open only: a directory's is
+    /// OPENDIR's, which FATTR_FH does not mean, and the kernel's FUSE
+    /// client never sends one. A libfuse 2 daemon (bindfs) would take it
+    /// for a file's and answer with the fgetattr of that, EBADF: rsync's
+    /// fchmod of each directory it copies failed so.
     pub fn setattr(&self, set: &SetAttr) -> Result<Attr, Errno> {
         let mut set = *set;
-        set.fh = self.fh.map(FileHandle);
+        set.fh = self
+            .fh
+            .filter(|_| self.file_type() != FileType::Directory)
+            .map(FileHandle);
         self.vfs.setattr(self.node, &set)
     }
 
