@@ -23,6 +23,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -934,6 +935,106 @@ def test_a_ring_program_that_drops_root_is_another_user_to_the_daemon(shortfuse,
         assert p.returncode == 0, p.stderr.decode()
         assert p.stdout.decode().split() == ["refused"]
         assert d.stats()["daemon"]["taken"] > 0
+    finally:
+        d.stop()
+
+
+def a_tree_with_modes(root: Path):
+    """Directories, files and a link with modes other than the defaults."""
+    root.mkdir()
+    for d, mode in [("d000", 0o750), ("d000/sub", 0o700), ("d001", 0o755), ("d002", 0o2775), ("d002/deep", 0o711)]:
+        (root / d).mkdir()
+        (root / d).chmod(mode)
+    for f, mode in [("top", 0o644), ("d000/f", 0o640), ("d000/sub/x", 0o600), ("d001/run", 0o755), ("d002/deep/g", 0o444)]:
+        (root / f).write_text(f"contents of {f}\n" * 3)
+        (root / f).chmod(mode)
+    (root / "d001" / "link").symlink_to("run")
+
+
+def test_rsync_a_over_the_rings_copies_directories_and_modes_as_natively(shortfuse, scratch):
+    rsync = sfmount.require_tool("rsync")
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        a_tree_with_modes(src / "tree")
+        native = scratch / "native"
+        native.mkdir()
+        shutil.copytree(src / "tree", native / "tree", symlinks=True)
+        p = subprocess.run([rsync, "-a", "tree/", "copy/"], cwd=native, capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr.decode()
+        # rsync opens each directory it made for reading and fchmods it
+        # (3.2.4 on): a directory's handle, served by bindfs.
+        p = under(shortfuse, mp, [rsync, "-a", "tree/", "copy/"], cwd=mp)
+        assert p.returncode == 0, p.stderr.decode()
+        want = test_run.tree(native / "copy")
+        assert want["d000"]["mode"] == "0o750" and want["d002"]["mode"] == "0o2775", want
+        assert test_run.tree(mp / "copy") == want
+        assert test_run.tree(src / "copy") == want
+        assert d.stats()["transports"]["ring"] > 0
+    finally:
+        d.stop()
+
+
+# Calls that change a file through a descriptor, or through the
+# descriptor's /proc/self/fd link: a directory opened for reading, and
+# O_PATH descriptors of a directory and a file (which glibc's
+# lchmod/fchmodat(AT_SYMLINK_NOFOLLOW) opens and chmods through
+# /proc/self/fd). Prints what each gave, the root as ROOT.
+THROUGH_DESCRIPTORS = r"""
+import os, stat, sys
+root = sys.argv[1]
+def show(what, f):
+    try:
+        r = f()
+    except OSError as e:
+        r = os.strerror(e.errno)
+    print(what, str(r).replace(root, "ROOT"))
+def mode(p):
+    return oct(stat.S_IMODE(os.lstat(p).st_mode))
+d, f = f"{root}/dir", f"{root}/file"
+fd = os.open(d, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+show("fchmod dir", lambda: (os.fchmod(fd, 0o750), mode(d))[1])
+show("fchown dir", lambda: os.fchown(fd, 0, 0))
+show("futimens dir", lambda: (os.utime(fd, (1, 2)), os.stat(d).st_mtime)[1])
+show("fstat dir", lambda: oct(os.fstat(fd).st_mode))
+os.close(fd)
+for p in (d, f):
+    n = os.path.basename(p)
+    fd = os.open(p, os.O_PATH | os.O_NOFOLLOW)
+    for link in (f"/proc/self/fd/{fd}", f"/proc/thread-self/fd/{fd}", f"/dev/fd/{fd}"):
+        l = link.replace(str(fd), "N")
+        show(f"readlink {l} {n}", lambda: os.readlink(link))
+        show(f"chmod {l} {n}", lambda: (os.chmod(link, 0o701), mode(p))[1])
+        show(f"stat {l} {n}", lambda: oct(os.stat(link).st_mode))
+        show(f"utime {l} {n}", lambda: (os.utime(link, (3, 4)), os.stat(p).st_mtime)[1])
+        show(f"chown {l} {n}", lambda: os.chown(link, 0, 0))
+    show(f"lchmod {n}", lambda: (os.chmod(p, 0o710, follow_symlinks=False), mode(p))[1])
+    show(f"fchmod O_PATH {n}", lambda: os.fchmod(fd, 0o777))
+    show(f"fchown O_PATH {n}", lambda: os.fchown(fd, 0, 0))
+    show(f"futimens O_PATH {n}", lambda: os.utime(fd, (5, 6)))
+    show(f"mode {n}", lambda: mode(p))
+    os.close(fd)
+"""
+
+
+def test_changes_through_a_descriptor_or_its_proc_link_over_the_rings_are_as_natively(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        native = scratch / "native"
+        for root in (native, src):
+            root.mkdir(exist_ok=True)
+            (root / "dir").mkdir()
+            (root / "file").write_text("x")
+        want = subprocess.run([sys.executable, "-c", THROUGH_DESCRIPTORS, str(native)], capture_output=True, timeout=60)
+        assert want.returncode == 0, want.stderr.decode()
+        p = under(shortfuse, mp, [sys.executable, "-c", THROUGH_DESCRIPTORS, str(mp)])
+        assert p.returncode == 0, p.stderr.decode()
+        lines = want.stdout.decode().splitlines()
+        # What the kernel gives: the descriptor's own file through every
+        # link, and EBADF for an O_PATH descriptor itself.
+        assert "fchmod dir 0o750" in lines and "readlink /proc/self/fd/N dir ROOT/dir" in lines, lines
+        assert "fchmod O_PATH file Bad file descriptor" in lines and "mode file 0o710" in lines, lines
+        assert p.stdout.decode().splitlines() == lines
+        assert stat.S_IMODE((src / "dir").stat().st_mode) == 0o710
     finally:
         d.stop()
 

@@ -49,6 +49,18 @@ pub(super) fn own(f: Arc<shortfuse_vfs::OpenFile>) -> Option<Arc<shortfuse_vfs::
     (!f.beneath_map()).then_some(f)
 }
 
+/// The open file a descriptor call that changes the file (fchmod, fchown,
+/// futimens) acts through: `Err(EBADF)` for an O_PATH descriptor, which
+/// the kernel lets name a file for a path call (AT_EMPTY_PATH,
+/// `/proc/self/fd/N`) but not act on it. gnulib's lchmod, say, tries
+/// fchmod first and counts on EBADF to go through `/proc/self/fd`.
+fn acting(f: Arc<shortfuse_vfs::OpenFile>) -> Result<Arc<shortfuse_vfs::OpenFile>, Errno> {
+    if f.is_path_only() {
+        return Err(Errno::EBADF);
+    }
+    Ok(f)
+}
+
 /// stat, lstat, newfstatat.
 pub fn stat(regs: Regs, at: PathAt, out: Ptr, flags: AtFlags) -> Option<i64> {
     if let Some(f) = empty_path_file(at, flags, Null::Empty) {
@@ -119,7 +131,8 @@ pub fn chmod(regs: Regs, at: PathAt, mode: u32, flags: AtFlags) -> Option<i64> {
 }
 
 pub fn fchmod(fd: Fd, mode: u32) -> Option<i64> {
-    Some(done(own(file(fd)?)?.setattr(&mode_set(mode))))
+    let f = own(file(fd)?)?;
+    Some(done(acting(f).and_then(|f| f.setattr(&mode_set(mode)))))
 }
 
 /// chown, lchown, fchownat.
@@ -132,7 +145,8 @@ pub fn chown(regs: Regs, at: PathAt, uid: i64, gid: i64, flags: AtFlags) -> Opti
 }
 
 pub fn fchown(fd: Fd, uid: i64, gid: i64) -> Option<i64> {
-    Some(done(own(file(fd)?)?.setattr(&owner_set(uid, gid))))
+    let f = own(file(fd)?)?;
+    Some(done(acting(f).and_then(|f| f.setattr(&owner_set(uid, gid)))))
 }
 
 /// utimensat; a null path is futimens(2): the descriptor itself, and so is
@@ -161,6 +175,16 @@ pub fn utimensat(regs: Regs, at: PathAt, times: Ptr, flags: AtFlags) -> Option<i
     };
     let (vfs, node) = if at.path.is_null() || empty_path(at.path, flags, Null::Fault) {
         let f = own(file(Fd(at.dirfd))?)?;
+        // futimens proper (a null path) acts on the descriptor; an empty
+        // path with AT_EMPTY_PATH names its file, O_PATH or not.
+        let f = if at.path.is_null() {
+            match acting(f) {
+                Ok(f) => f,
+                Err(e) => return Some(err(e)),
+            }
+        } else {
+            f
+        };
         (f.vfs().clone(), f.node())
     } else {
         // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
