@@ -820,6 +820,32 @@ pub(crate) fn error_reply(reply: &mut Vec<u8>, unique: u64, errno: i32) {
     reply.extend_from_slice(h.as_bytes());
 }
 
+/// Encodes as few BATCH_FORGETs as carry `forgets` (the kernel's own limit
+/// of entries per request), numbered down from `unique`, and hands each to
+/// `send`.
+pub(crate) fn build_forgets(
+    req: &mut Vec<u8>,
+    mut unique: u64,
+    forgets: &[abi::fuse_forget_one],
+    mut send: impl FnMut(&[u8]),
+) {
+    for chunk in forgets.chunks(1024) {
+        let arg = abi::fuse_batch_forget_in {
+            count: chunk.len() as u32,
+            dummy: 0,
+        };
+        build(
+            req,
+            abi::FUSE_BATCH_FORGET,
+            unique,
+            0,
+            &[arg.as_bytes(), chunk.as_bytes()],
+        );
+        unique = unique.wrapping_sub(1);
+        send(req);
+    }
+}
+
 /// Encodes a request the daemon makes on a departed client's behalf.
 pub(crate) fn build(req: &mut Vec<u8>, opcode: u32, unique: u64, nodeid: u64, parts: &[&[u8]]) {
     req.clear();

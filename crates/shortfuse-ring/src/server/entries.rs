@@ -28,7 +28,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::client::Notice;
 
-use super::{build, Shared};
+use super::{build_forgets, Shared};
 
 /// How often kept lookups whose names timed out are given back.
 const EXPIRY: Duration = Duration::from_millis(500);
@@ -281,20 +281,9 @@ impl Shared {
         };
         let forgets = self.entries.expire(Instant::now());
         let (mut req, mut reply) = (Vec::new(), Vec::new());
-        for chunk in forgets.chunks(1024) {
-            let arg = abi::fuse_batch_forget_in {
-                count: chunk.len() as u32,
-                dummy: 0,
-            };
-            build(
-                &mut req,
-                abi::FUSE_BATCH_FORGET,
-                0,
-                0,
-                &[arg.as_bytes(), chunk.as_bytes()],
-            );
-            f.forward(&req, &mut reply);
-        }
+        build_forgets(&mut req, 0, &forgets, |req| {
+            f.forward(req, &mut reply);
+        });
     }
 }
 

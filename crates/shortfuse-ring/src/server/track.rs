@@ -13,7 +13,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::proto::WatchMsg;
 
-use super::{build, Conn, Shared};
+use super::{build, build_forgets, Conn, Shared};
 
 /// What a client holds in the file system, to give back when it goes.
 #[derive(Default)]
@@ -260,21 +260,9 @@ impl Conn {
             })
             .filter(|f| f.nlookup > 0)
             .collect();
-        for chunk in forgets.chunks(1024) {
-            let arg = abi::fuse_batch_forget_in {
-                count: chunk.len() as u32,
-                dummy: 0,
-            };
-            build(
-                &mut req,
-                abi::FUSE_BATCH_FORGET,
-                unique,
-                0,
-                &[arg.as_bytes(), chunk.as_bytes()],
-            );
-            unique -= 1;
-            self.handle(shared, &req, &mut reply);
-        }
+        build_forgets(&mut req, unique, &forgets, |req| {
+            self.handle(shared, req, &mut reply);
+        });
     }
 
     /// RELEASE (or RELEASEDIR) of handle `fh` on `node` on behalf of the
