@@ -566,6 +566,21 @@ def traced_on_a_passthrough_mount(shortfuse, scratch, trace: str, shell: list[st
     return log.read_text()
 
 
+def calls_of_true(text):
+    """The lines of `strace -f` output `text` that the /bin/true image made:
+    its pid's, after its exec."""
+    true_pid, calls = None, []
+    for line in text.splitlines():
+        pid, _, call = line.partition(" ")
+        call = call.lstrip()
+        if call.startswith('execve("/bin/true"'):
+            true_pid = pid
+        elif pid == true_pid:
+            calls.append(call)
+    assert true_pid is not None, text
+    return calls
+
+
 def test_a_new_image_looks_at_its_inherited_descriptors_once(shortfuse, scratch):
     """A new image under a daemon's mount that mirrors a directory looks at
     the descriptors it inherited (/proc/self/fd, a readlink each) for two
@@ -577,16 +592,7 @@ def test_a_new_image_looks_at_its_inherited_descriptors_once(shortfuse, scratch)
     text = traced_on_a_passthrough_mount(
         shortfuse, scratch, "execve,openat,readlink", ["bash", "-c", "exec 3< {mp}/f; /bin/true; cat <&3"], b"x\n"
     )
-    # The calls of the /bin/true image: its pid's, after its exec.
-    true_pid, calls = None, []
-    for line in text.splitlines():
-        pid, _, call = line.partition(" ")
-        call = call.lstrip()
-        if call.startswith('execve("/bin/true"'):
-            true_pid = pid
-        elif pid == true_pid:
-            calls.append(call)
-    assert true_pid is not None, text
+    calls = calls_of_true(text)
     listings = [c for c in calls if c.startswith("openat(") and '"/proc/self/fd"' in c and "O_PATH" not in c]
     links = [c.split('"')[1] for c in calls if c.startswith('readlink("/proc/self/fd/')]
     # It does look (fd 3 is the mount's), and at each descriptor once.
@@ -627,15 +633,7 @@ def test_an_image_connects_to_the_daemon_without_fencing_the_low_descriptor_numb
         ["sh", "-c", f'/bin/true && exec python3 -c "{first_open}"'],
         b"3\n",
     )
-    true_pid, calls = None, []
-    for line in text.splitlines():
-        pid, _, call = line.partition(" ")
-        call = call.lstrip()
-        if call.startswith('execve("/bin/true"'):
-            true_pid = pid
-        elif pid == true_pid and call[:1].isalpha():
-            calls.append(call.split("(")[0])
-    assert true_pid is not None, text
+    calls = [c.split("(")[0] for c in calls_of_true(text) if c[:1].isalpha()]
     # It does connect, and sends its hello, and nothing else.
     assert calls == ["connect", "sendmsg"], calls
 
