@@ -601,13 +601,7 @@ fn a_write_back_over_a_threaded_fs_keeps_several_calls_in_flight() {
     let fs = cached(b, 64, Policy::Clock, 1);
     fs.open(&R, N, OpenFlags::RDWR).unwrap();
     let data = pattern(64 * PS);
-    for i in 0..64 {
-        let args = WriteArgs {
-            offset: (i * PS) as u64,
-            ..WriteArgs::default()
-        };
-        fs.write(&R, N, FH, &data[i * PS..(i + 1) * PS], &args).unwrap();
-    }
+    write_pages(&fs, &data, 0..64).unwrap();
     fs.flush(&R, N, FH, 0).unwrap();
     assert!(fs.inner().data(7) == data);
     assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 8, "64 pages in calls of 8");
@@ -631,6 +625,17 @@ fn write_pages(fs: &CachedFs<Backing>, data: &[u8], pages: std::ops::Range<usize
     Ok(())
 }
 
+/// The first two runs of 8 pages of `data` reached the file system before
+/// any flush: the writer waited for them, having 4 more out.
+fn assert_first_runs_written_behind(fs: &CachedFs<Backing>, data: &[u8]) {
+    let early = fs.inner().data(7);
+    assert!(
+        early.len() >= 16 * PS && early[..16 * PS] == data[..16 * PS],
+        "{} bytes reached the file system before the flush",
+        early.len()
+    );
+}
+
 #[test]
 fn a_sequential_writer_has_its_runs_written_behind_it() {
     let b = Backing {
@@ -645,12 +650,7 @@ fn a_sequential_writer_has_its_runs_written_behind_it() {
     write_pages(&fs, &data, 0..48).unwrap();
     // Six runs of 8 pages went out; with at most 4 (and the one just
     // started) out at once, the writer waited for the first two.
-    let early = fs.inner().data(7);
-    assert!(
-        early.len() >= 16 * PS && early[..16 * PS] == data[..16 * PS],
-        "{} bytes reached the file system before the flush",
-        early.len()
-    );
+    assert_first_runs_written_behind(&fs, &data);
     assert_eq!(
         fs.getattr(&R, N, None).unwrap().size,
         48 * PS as u64,
@@ -680,12 +680,7 @@ fn writes_across_page_boundaries_have_their_runs_written_behind_too() {
         };
         fs.write(&R, N, FH, piece, &args).unwrap();
     }
-    let early = fs.inner().data(7);
-    assert!(
-        early.len() >= 16 * PS && early[..16 * PS] == data[..16 * PS],
-        "{} bytes reached the file system before the flush",
-        early.len()
-    );
+    assert_first_runs_written_behind(&fs, &data);
     fs.flush(&R, N, FH, 0).unwrap();
     assert!(fs.inner().data(7) == data);
     assert_eq!(fs.inner().writes.load(Ordering::Relaxed), 6, "48 pages in runs of 8");
