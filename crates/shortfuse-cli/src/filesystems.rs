@@ -11,6 +11,8 @@ use shortfuse::{Filesystem, MountOptions};
 pub use shortfuse_fs::registry::invalid;
 use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
 
+use crate::rights::DaemonRights;
+
 /// Every file system the command line knows, in help order: the bundled
 /// ones, then distfs.
 pub fn all() -> impl Iterator<Item = &'static FsKind> {
@@ -26,7 +28,8 @@ pub fn find(name: &str) -> io::Result<&'static FsKind> {
 }
 
 /// The file system called `name`, built for a daemon over `source` with
-/// `rest`; also turns on what the mount must carry for it.
+/// `rest`; also turns on what the mount must carry for it (`opts`, the
+/// mount's options, already hold the user's).
 pub fn build(
     name: &str,
     source: Option<&Path>,
@@ -34,7 +37,7 @@ pub fn build(
     opts: &mut MountOptions,
 ) -> io::Result<Arc<dyn Filesystem>> {
     let kind = find(name)?;
-    if kind.kernel_permissions {
+    if crate::rights::kernel_checks(kind, opts.allow_other, DaemonRights::of_this_process()) {
         opts.default_permissions = true;
     }
     let (uid, gid) = crate::sys::effective_ids();

@@ -6,6 +6,7 @@ mod helper;
 mod list;
 mod logging;
 mod metrics;
+mod rights;
 mod run;
 mod serve;
 mod sys;
@@ -183,6 +184,14 @@ fn mount_options_help() -> String {
         for (o, why) in k.mount_defaults {
             s.push_str(&format!("  {:<width$}  {}: {why}\n", o, k.name));
         }
+    }
+    for k in filesystems::all().filter(|k| k.mirror && k.kernel_permissions) {
+        s.push_str(&format!(
+            "  {:<width$}  {}: {}\n",
+            "default_permissions",
+            k.name,
+            rights::MIRROR_HELP
+        ));
     }
     s.push_str("\nUser-space cache (-o, also for serve and run; README \"Caching\"):\n");
     for (k, v) in CACHE_OPTION_HELP {

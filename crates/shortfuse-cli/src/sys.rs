@@ -51,6 +51,20 @@ pub fn effective_ids() -> (u32, u32) {
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
+/// The real user and group ids of this process.
+pub fn real_ids() -> (u32, u32) {
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// This process's effective capability set (`CapEff` of
+/// /proc/self/status), or None when it cannot be read.
+pub fn effective_capabilities() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
 /// Tells systemd the mount is live (sd_notify's `READY=1`), when it runs us
 /// with `NOTIFY_SOCKET` set (`Type=notify`); `MAINPID` names the process
 /// that serves, the background daemon included (which needs

@@ -83,7 +83,10 @@ pub struct FsKind {
     /// Its own `-o` options, for `--help` (empty: none).
     pub options: &'static str,
     /// The daemon does not check permissions itself (it relies on the
-    /// kernel's `default_permissions`), so the mount always asks for them.
+    /// kernel's `default_permissions`), so the mount asks for them; a
+    /// `mirror`'s source checks the daemon's own rights, so its mount asks
+    /// only where a caller's rights can differ from the daemon's (see
+    /// `shortfuse mount --help`).
     pub kernel_permissions: bool,
     /// Reads cost a round trip and nothing below caches them: `-o
     /// cache=auto` puts the user-space cache in front (the Prefuse-SSHFS
@@ -91,8 +94,9 @@ pub struct FsKind {
     pub network: bool,
     /// SOURCE is a local directory mirrored name for name: other processes
     /// change it behind the mount (the shim caches no attributes of it),
-    /// a daemon running as root acts with each caller's credentials on it,
-    /// and the shim can hand out descriptors of its backing files.
+    /// every call is the same call on it with the daemon's rights (a
+    /// daemon running as root takes on each caller's credentials where it
+    /// can), and the shim can hand out descriptors of its backing files.
     pub mirror: bool,
     /// The preload shim can build it inside the program (`shortfuse run`).
     pub in_process: bool,

@@ -68,6 +68,9 @@
 //! files. Other operations run with the daemon's rights: a root daemon should
 //! be mounted with `default_permissions` (as `passthrough_hp` does) so that
 //! the kernel checks permissions against the attributes we report.
+//! `shortfuse mount` asks for it except where the daemon's rights are every
+//! caller's (an unprivileged user's own daemon, without `allow_other`):
+//! there the source's checks of the daemon's rights are the callers'.
 //! Supplementary groups are not known (FUSE does not send them).
 //!
 //! Modes of new files are masked with the caller's umask here; each worker
