@@ -566,14 +566,15 @@ def traced_on_a_passthrough_mount(shortfuse, scratch, trace: str, shell: list[st
     return log.read_text()
 
 
-def calls_of_true(text):
-    """The lines of `strace -f` output `text` that the /bin/true image made:
-    its pid's, after its exec."""
+def calls_of_true(text, program="/bin/true"):
+    """The lines of `strace -f` output `text` that the /bin/true image (or
+    the image of `program`) made: its pid's, after its exec."""
     true_pid, calls = None, []
     for line in text.splitlines():
         pid, _, call = line.partition(" ")
         call = call.lstrip()
-        if call.startswith('execve("/bin/true"'):
+        # The shim execs through execveat.
+        if call.startswith(f'execve("{program}"') or call.startswith("execveat(") and f'"{program}", [' in call:
             true_pid = pid
         elif pid == true_pid:
             calls.append(call)
@@ -616,24 +617,45 @@ def test_an_image_under_a_mirroring_daemon_does_not_read_the_mount_table(shortfu
     assert reads == [], reads
 
 
-def test_an_image_connects_to_the_daemon_without_fencing_the_low_descriptor_numbers(shortfuse, scratch):
-    """A new image connects to the daemon before the program runs, when the
-    program expects the low descriptor numbers free. The ring client puts
-    the descriptors it keeps (its socket, the namespace map's root) above
-    them itself, so the image no longer fences them first (a socket pair
-    and about a hundred descriptors passed over it and closed again, in
-    every new process). Counted by strace in the /bin/true a shell runs;
-    the program after it still gets the lowest number for its first open."""
+def test_an_image_that_never_uses_the_mount_does_not_connect_to_the_daemon(shortfuse, scratch):
+    """A new image sets the daemon's mount up from what `run` (or the image
+    that exec'd it) was told by the daemon's welcome, and connects at its
+    first request: one that never makes any, here a /bin/true started in a
+    directory beneath the namespace map, opens no socket, says no hello,
+    and leaves the daemon nothing to set up or clean after. Counted by
+    strace in that /bin/true."""
     (scratch / "src").mkdir()
-    first_open = "import os; print(os.open('/dev/null', os.O_RDONLY))"
+    text = traced_on_a_passthrough_mount(
+        shortfuse,
+        scratch,
+        "execve,execveat,socket,socketpair,sendmsg,connect",
+        ["sh", "-c", "cd {mp} && /bin/true && echo ok"],
+        b"ok\n",
+    )
+    calls = [c.split("(")[0] for c in calls_of_true(text) if c[:1].isalpha()]
+    assert calls == [], calls
+
+
+def test_an_image_connects_at_its_first_request_without_fencing_the_low_descriptor_numbers(shortfuse, scratch):
+    """An image connects to the daemon at its first request, inside the
+    program's call, when the program expects the low descriptor numbers
+    free. The ring client puts the descriptors it keeps (its socket, the
+    namespace map's root) above them itself, so nothing fences them (a
+    socket pair and about a hundred descriptors passed over it and closed
+    again). Counted by strace in a python3 whose stat of the mount point
+    (the root is not beneath the map: a GETATTR) connects; its next open
+    still gets the lowest number."""
+    (scratch / "src").mkdir()
+    mp = scratch / "mnt"
+    first_open = f"import os; os.stat('{mp}'); print(os.open('/dev/null', os.O_RDONLY))"
     text = traced_on_a_passthrough_mount(
         shortfuse,
         scratch,
         "execve,socketpair,sendmsg,connect",
-        ["sh", "-c", f'/bin/true && exec python3 -c "{first_open}"'],
+        ["sh", "-c", f'exec /usr/bin/python3 -c "{first_open}"'],
         b"3\n",
     )
-    calls = [c.split("(")[0] for c in calls_of_true(text) if c[:1].isalpha()]
+    calls = [c.split("(")[0] for c in calls_of_true(text, "/usr/bin/python3") if c[:1].isalpha()]
     # It does connect, and sends its hello, and nothing else.
     assert calls == ["connect", "sendmsg"], calls
 

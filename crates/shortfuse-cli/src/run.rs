@@ -108,7 +108,7 @@ pub fn after_help() -> String {
 /// Validates the mounts, prepares the environment and execs PROGRAM; only
 /// returns when that fails.
 pub fn main(args: RunArgs) -> ExitCode {
-    let specs = match specs(&args) {
+    let (specs, told) = match specs(&args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("shortfuse run: {e}");
@@ -152,6 +152,13 @@ pub fn main(args: RunArgs) -> ExitCode {
     cmd.env("LD_PRELOAD", ld_preload(&shim, std::env::var_os("LD_PRELOAD")));
     // A current directory handed over by an outer `run` means nothing here.
     cmd.env_remove("SHORTFUSE_CWD");
+    // What the daemons told us, so that each process connects only when it
+    // first needs its daemon (see `shortfuse_ring::Told`).
+    if told.is_empty() {
+        cmd.env_remove(shortfuse_ring::TOLD_VAR);
+    } else {
+        cmd.env(shortfuse_ring::TOLD_VAR, shortfuse_ring::encode_told(&told));
+    }
     if let Some(f) = &args.stats {
         // Absolute: the program's processes may run anywhere.
         let f = std::env::current_dir().map(|d| d.join(f)).unwrap_or_else(|_| f.clone());
@@ -273,8 +280,10 @@ fn kernel_mount(mp: &Path) -> bool {
 }
 
 /// The mounts of the command line, with `-o` applied to each, checked as
-/// far as can be done before the program runs.
-fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
+/// far as can be done before the program runs, and what the daemons of
+/// those served by one told us when we connected to check them (by
+/// normalised mount point).
+fn specs(args: &RunArgs) -> Result<(Vec<MountSpec>, Vec<(Vec<u8>, shortfuse_ring::Told)>), String> {
     let options = args
         .options
         .iter()
@@ -285,12 +294,16 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
     let options = expand_cache_config(&options)?;
     let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut specs = Vec::new();
+    let mut told = Vec::new();
     for m in &args.mounts {
         let Some((mp, rest)) = m.split_once('=') else {
             // No file system: the `shortfuse serve` daemon of that mount point.
             let spec = MountSpec::daemon(absolute(&cwd, Path::new(m)), options.clone());
             spec.check_syntax().map_err(|e| format!("-m {m}: {e}"))?;
-            shortfuse_vfs::Ring::connect(spec.mountpoint.as_bytes()).map_err(|e| format!("-m {m}: {e}"))?;
+            let ring = shortfuse_vfs::Ring::connect(spec.mountpoint.as_bytes()).map_err(|e| format!("-m {m}: {e}"))?;
+            if let Some(t) = ring.client().and_then(|c| c.told()) {
+                told.push((shortfuse_vfs::normalize(spec.mountpoint.as_bytes()), t));
+            }
             specs.push(spec);
             continue;
         };
@@ -334,7 +347,7 @@ fn specs(args: &RunArgs) -> Result<Vec<MountSpec>, String> {
         specs.push(spec);
     }
     check_distinct(&specs)?;
-    Ok(specs)
+    Ok((specs, told))
 }
 
 /// A `config=FILE` among the options is read here, once, and replaced by

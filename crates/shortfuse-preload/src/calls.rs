@@ -73,6 +73,7 @@ pub fn dispatch(nr: i64, a: [i64; 6]) -> Option<i64> {
     // Where a daemon's descriptions may reach another process (see `shared`).
     match call {
         Call::Clone { flags } => {
+            spawn::before_vfork(nr, flags);
             shared::before_clone(nr, flags);
             return Some(0);
         }

@@ -89,19 +89,37 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
     let dev = 0xf5_0000 + i as u64;
     if spec.is_daemon() {
         let mp = shortfuse_vfs::normalize(spec.mountpoint.as_bytes());
-        let early = Vfs::opening_requests(true, creds);
-        let ring =
-            shortfuse_vfs::Ring::connect_with(&mp, &early).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         // A daemon mirroring a host directory we can reach: the kernel's
         // view of the mount where a kernel path is needed (watches, sockets,
         // the programs and libraries the dynamic loader opens, the kernel's
         // current directory), as for passthrough in process.
-        let source = ring.client().source().map(<[u8]>::to_vec);
+        let (ring, source, names) = match told(&mp) {
+            // What the exec'ing image (or `run`) was told: the connection
+            // waits for the first need (see `shortfuse_vfs::Ring::lazy`).
+            Some(told) => {
+                let source = told.source_here().map(<[u8]>::to_vec);
+                let names = source.as_ref().and_then(|_| told.namespace_map(creds.uid));
+                let set_up = shortfuse_ring::Told {
+                    source: told.source.filter(|_| source.is_some()),
+                    names: told.names.filter(|_| names.is_some()),
+                };
+                let ring = shortfuse_vfs::Ring::lazy(&mp, set_up, crate::calls::spawn::may_connect);
+                (ring, source, names)
+            }
+            None => {
+                let early = Vfs::opening_requests(true, creds);
+                let ring = shortfuse_vfs::Ring::connect_with(&mp, &early)
+                    .map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
+                let client = ring.client();
+                let source = client.and_then(|c| c.source()).map(<[u8]>::to_vec);
+                let names = ring.namespace_map();
+                (ring, source, names)
+            }
+        };
         // A daemon mirroring a directory of this machine is local: only
         // another's kernel mount is worth reading the mount table for (a
         // read every image under the mount would pay at start-up).
         let mirrors = source.is_some();
-        let names = ring.namespace_map();
         let vfs = Vfs::new(Box::new(ring), &mp, dev, creds).map_err(|e| format!("mount {}: {e}", spec.mountpoint))?;
         vfs.client().set_caller(crate::creds::current);
         vfs.set_umask(umask);
@@ -207,6 +225,13 @@ fn build_one(spec: &MountSpec, i: usize, creds: Creds, umask: u32) -> Result<Vfs
         }
     }
     Ok(vfs)
+}
+
+/// What a daemon's welcome told about mount point `mp` (normalised), as
+/// handed down in [`shortfuse_ring::TOLD_VAR`].
+fn told(mp: &[u8]) -> Option<shortfuse_ring::Told> {
+    let all = std::env::var(shortfuse_ring::TOLD_VAR).ok()?;
+    shortfuse_ring::told_for(&all, mp)
 }
 
 /// RLIMIT_NOFILE (soft, hard).

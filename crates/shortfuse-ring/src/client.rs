@@ -34,6 +34,7 @@ use crate::proto::{
     ANCHOR_MAGIC, BACKING_MAGIC, CLAIM_MAGIC, EARLY_MAGIC, NAMES_MAGIC, NODE_MAGIC, WATCH_MAGIC,
 };
 use crate::region::{self, header, slot, Geometry, Region, DAEMON_GONE, MAGIC, RECORD, SLOT_HEADER, VERSION};
+use crate::told::Told;
 use crate::{sys, wait};
 
 /// How often a caller sleeping for its reply checks that the daemon lives:
@@ -109,7 +110,7 @@ pub fn keep_descriptors_from(floor: i32) {
 
 /// `fd`, moved to the floor of [`keep_descriptors_from`] or above (as it
 /// is when there is no floor, it already is above, or the move fails).
-fn kept(fd: OwnedFd) -> OwnedFd {
+pub(crate) fn kept(fd: OwnedFd) -> OwnedFd {
     let floor = DESCRIPTOR_FLOOR.load(Ordering::Relaxed);
     if fd.as_raw_fd() >= floor {
         return fd;
@@ -149,8 +150,8 @@ pub struct RingClient {
     overflows: AtomicU32,
     /// The host directory the daemon's file system mirrors, when the
     /// daemon named one and we find it at that path (see
-    /// [`crate::proto::SourceDir`]).
-    source: Option<Vec<u8>>,
+    /// [`crate::proto::SourceDir`]), with its device and inode numbers.
+    source: Option<(Vec<u8>, u64, u64)>,
     /// The daemon's namespace map, if it granted it, and the only fsuid
     /// it serves (see [`NamesMsg`]).
     names: Option<(shortfuse::NamespaceMap, u32)>,
@@ -235,7 +236,7 @@ impl RingClient {
         let (geo, spin_ns) = decode_welcome(&buf[..n])?;
         let source = crate::proto::decode_source(&buf[..n])
             .filter(|&(path, dev, ino)| sys::same_dir(path, dev, ino))
-            .map(|(path, _, _)| path.to_vec());
+            .map(|(path, dev, ino)| (path.to_vec(), dev, ino));
         let fd = fd.ok_or_else(|| invalid("the daemon passed no ring memory".into()))?;
         let region = Region::map(fd.as_fd(), geo.bytes())?;
         drop(fd);
@@ -289,7 +290,27 @@ impl RingClient {
     /// The host directory the daemon's file system mirrors, as this
     /// process finds it (passthrough), if any.
     pub fn source(&self) -> Option<&[u8]> {
-        self.source.as_deref()
+        self.source.as_ref().map(|(path, _, _)| path.as_slice())
+    }
+
+    /// What the welcome told that a process needs before its first request
+    /// (see [`Told`]); `None` when the namespace map's root is not the
+    /// source directory, which an image could then not open by itself.
+    pub fn told(&self) -> Option<Told> {
+        let names = match &self.names {
+            None => None,
+            Some((map, uid)) => {
+                let (_, dev, ino) = self.source.as_ref()?;
+                if sys::dir_id(map.root.as_fd()) != Some((*dev, *ino)) {
+                    return None;
+                }
+                Some((map.no_xdev, *uid))
+            }
+        };
+        Some(Told {
+            source: self.source.clone(),
+            names,
+        })
     }
 
     /// The namespace map the daemon granted this client, with the only

@@ -31,6 +31,7 @@ mod proto;
 pub mod region;
 mod server;
 mod sys;
+mod told;
 pub mod wait;
 
 pub use anchors::DESCRIPTION_OWNER;
@@ -46,3 +47,4 @@ pub use server::{changes, Announcer, Server, ServerConfig, DEFAULT_SPIN_US};
 /// the `syscall` instruction's wrapper); not for file-system authors.
 #[doc(hidden)]
 pub use sys::raw as raw_syscall;
+pub use told::{decode_for as told_for, encode as encode_told, Told, TOLD_VAR};

@@ -528,6 +528,28 @@ pub fn thread_groups() -> Vec<u32> {
     g
 }
 
+/// The device and inode numbers of the directory open at `fd` (`None`
+/// when it is no directory or fstat fails).
+pub fn dir_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: a descriptor we hold and a stat buffer of the right size.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
+    // SAFETY: filled in by a successful fstat.
+    let st = (r == 0).then(|| unsafe { st.assume_init() })?;
+    (st.st_mode & libc::S_IFMT == libc::S_IFDIR).then_some((st.st_dev, st.st_ino))
+}
+
+/// An `O_PATH` descriptor of directory `path` (close-on-exec; symbolic
+/// links followed, as the daemon's own opening of its source did).
+pub fn open_dir(path: &[u8]) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path.
+    let fd = check(unsafe { libc::open(c.as_ptr(), flags) })?;
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Whether `path` names, for this process, the directory with device `dev`
 /// and inode `ino` (the daemon's source, as the daemon saw it).
 pub fn same_dir(path: &[u8], dev: u64, ino: u64) -> bool {

@@ -40,6 +40,22 @@ pub trait Backend: Send + Sync {
         let _ = apply;
     }
 
+    /// Whether the transport is set up at the first request rather than
+    /// when the mount is made (a daemon connected to lazily, see
+    /// [`crate::Ring::lazy`]): the VFS then sends INIT just before that
+    /// request, and nothing while the mount is made.
+    fn deferred(&self) -> bool {
+        false
+    }
+
+    /// Whether this process may set a deferred transport up now: a vfork
+    /// child, which shares the parent's memory but not its descriptors,
+    /// must not (a connection it made would be left to the parent without
+    /// its socket).
+    fn may_start(&self) -> bool {
+        true
+    }
+
     /// Whether other processes reach the same file system (a shared daemon):
     /// open file descriptions and locks are then kept so that every process
     /// sees them (see [`Anchor`]).

@@ -16,6 +16,7 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::backend::Backend;
+use crate::once::MadeOnce;
 
 /// What LOOKUP, MKDIR, CREATE, ... return: a node with its cache lifetimes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +53,7 @@ pub enum XattrOut {
 }
 
 /// What INIT agreed on, as the client uses it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InitOut {
     pub minor: u32,
     /// The INIT flags in effect (flags | flags2 << 32).
@@ -136,6 +137,11 @@ pub struct Client {
     /// are not sent again (a daemon without xattrs, sshfs for one, would
     /// otherwise see two for every name `ls -l` lists).
     no_xattr: AtomicU8,
+    /// What INIT agreed on, once it was sent.
+    init: MadeOnce<InitOut>,
+    /// The backend sets its transport up at the first request
+    /// ([`Backend::deferred`]): INIT goes first then, not at the start.
+    deferred: bool,
 }
 
 /// [`Client`]'s `no_xattr` bits.
@@ -211,6 +217,7 @@ fn name_bytes(name: &OsStr) -> Result<&[u8], Errno> {
 
 impl Client {
     pub fn new(backend: Box<dyn Backend>, creds: Creds) -> Client {
+        let deferred = backend.deferred();
         Client {
             backend,
             unique: AtomicU64::new(1),
@@ -218,6 +225,8 @@ impl Client {
             caller: std::sync::OnceLock::new(),
             no_flush: AtomicBool::new(false),
             no_xattr: AtomicU8::new(0),
+            init: MadeOnce::new(),
+            deferred,
         }
     }
 
@@ -260,12 +269,16 @@ impl Client {
         names: &[&[u8]],
         f: impl FnOnce(&[u8]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        if opcode != abi::FUSE_INIT {
+            self.opened()?;
+        }
         with_bufs(|req, reply| self.call_with(req, reply, opcode, node, parts, names, f))
     }
 
     /// Sends `opcode` for `node` without waiting for its reply (see
     /// [`Backend::send`]): only a transport failure is reported.
     fn send(&self, opcode: u32, node: NodeId, parts: &[&[u8]]) -> Result<(), Errno> {
+        self.opened()?;
         with_bufs(|req, reply| {
             self.encode(req, opcode, node, parts, &[])?;
             self.backend.send(req, reply)
@@ -362,7 +375,42 @@ impl Client {
     }
 
     /// FUSE_INIT: must be the first request.
+    /// Sends INIT now (the first request of a backend that is not
+    /// [`Backend::deferred`]) and returns what it agreed on, which
+    /// [`Client::init_out`] then gives.
     pub fn init(&self) -> Result<InitOut, Errno> {
+        let out = self.send_init()?;
+        self.init.set(out);
+        Ok(out)
+    }
+
+    /// What INIT agreed on. Over a deferred backend the first request of
+    /// the process sends INIT first, once, whichever thread makes it; a
+    /// vfork child that would have to set the transport up gets ENOTCONN
+    /// (see [`Backend::may_start`]).
+    pub fn init_out(&self) -> Result<InitOut, Errno> {
+        if let Some(out) = self.init.get() {
+            return Ok(*out);
+        }
+        if !self.deferred {
+            // Vfs::new sends it before anything else.
+            return Err(Errno::ENOTCONN);
+        }
+        if !self.backend.may_start() {
+            return Err(Errno::ENOTCONN);
+        }
+        self.init.get_or_try(|| self.send_init()).copied()
+    }
+
+    /// Before a request over a deferred backend: INIT, if it was not sent.
+    fn opened(&self) -> Result<(), Errno> {
+        if self.deferred && self.init.get().is_none() {
+            self.init_out()?;
+        }
+        Ok(())
+    }
+
+    fn send_init(&self) -> Result<InitOut, Errno> {
         let offered = if self.shared() { OFFERED_SHARED } else { OFFERED };
         let arg = abi::fuse_init_in {
             major: abi::FUSE_KERNEL_VERSION,

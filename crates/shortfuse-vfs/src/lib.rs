@@ -37,6 +37,7 @@ pub mod elf;
 mod file;
 mod maps;
 pub mod names;
+mod once;
 mod pages;
 mod ring;
 pub mod spec;

@@ -3,19 +3,42 @@
 //! system built in this process. Every process then sees one file system
 //! (one cache in the daemon, changes visible at once); the daemon's
 //! notifications keep this client's dentry and attribute cache coherent.
+//!
+//! A mount made from what another process was told ([`Ring::lazy`])
+//! connects at its first need: the first request, descriptions to hand to
+//! the daemon or a descriptor to ask of it. A process that never needs the
+//! daemon never connects (most short processes of a build, `/bin/true`:
+//! no handshake, no region mapped, nothing for the daemon to set up or
+//! clean after). Its INIT travels with the hello. Each process connects
+//! for itself: a child forked before its parent connected has a connection
+//! of its own, one forked after shares the parent's as before.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use shortfuse::{Errno, NodeId};
-use shortfuse_ring::{Anchoring, Notice, RingClient};
+use shortfuse_ring::{Anchoring, Notice, RingClient, Told};
 
 use crate::backend::{Anchor, Backend, Invalidation};
+use crate::once::MadeOnce;
 
-/// A connection to the daemon serving one mount point.
+/// A connection to the daemon serving one mount point, made now or at the
+/// first need.
 pub struct Ring {
-    client: RingClient,
+    /// The mount point, normalised.
+    mp: Vec<u8>,
+    /// For a lazy connection: what the mount was set up with, which the
+    /// daemon met later must still say.
+    told: Option<Told>,
+    client: MadeOnce<RingClient>,
+    /// A lazy connection was just made: what the VFS kept before it
+    /// (beneath the namespace map) heard no notification and goes.
+    fresh: AtomicBool,
+    /// Whether this process may connect now (see [`Backend::may_start`]).
+    may_connect: fn() -> bool,
 }
 
 impl Ring {
@@ -34,7 +57,15 @@ impl Ring {
         let mut first = None;
         for path in &paths {
             match RingClient::connect_with(path, early) {
-                Ok(client) => return Ok(Ring { client }),
+                Ok(client) => {
+                    return Ok(Ring {
+                        mp,
+                        told: None,
+                        client: MadeOnce::made(client),
+                        fresh: AtomicBool::new(false),
+                        may_connect: always,
+                    })
+                }
                 // Nobody there: root's daemon may be.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     first.get_or_insert(e);
@@ -49,36 +80,104 @@ impl Ring {
         ))
     }
 
-    pub fn client(&self) -> &RingClient {
-        &self.client
+    /// A mount of the daemon serving `mountpoint` set up from what another
+    /// process's welcome `told`, which connects at its first need (see the
+    /// module doc), when `may_connect` says this process may.
+    pub fn lazy(mountpoint: &[u8], told: Told, may_connect: fn() -> bool) -> Ring {
+        Ring {
+            mp: crate::normalize(mountpoint),
+            told: Some(told),
+            client: MadeOnce::new(),
+            fresh: AtomicBool::new(false),
+            may_connect,
+        }
+    }
+
+    /// The connection, when made (always, for [`Ring::connect`]'s).
+    pub fn client(&self) -> Option<&RingClient> {
+        self.client.get()
     }
 
     /// The daemon's namespace map, when it granted it to this client, and
     /// the only fsuid it serves (see [`crate::Namespace`]).
     pub fn namespace_map(&self) -> Option<(shortfuse::NamespaceMap, u32)> {
-        self.client.namespace_map().cloned()
+        self.client()?.namespace_map().cloned()
     }
+
+    /// The connection, made now if it was not (`early`: the request about
+    /// to be sent, which the daemon answers with its welcome when it is
+    /// the INIT).
+    fn connected(&self, early: &[u8]) -> Result<&RingClient, Errno> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        if !(self.may_connect)() {
+            return Err(Errno::ENOTCONN);
+        }
+        self.client.get_or_try(|| {
+            let early: Vec<Vec<u8>> = if early.is_empty() {
+                Vec::new()
+            } else {
+                vec![early.to_vec()]
+            };
+            let ring = Ring::connect_with(&self.mp, &early).map_err(|e| self.refused(&e))?;
+            let client = ring.client.into_inner().ok_or(Errno::ENOTCONN)?;
+            // The mount was set up with what another process was told: a
+            // daemon that now says otherwise is not the one it was made for.
+            let agrees = match (client.told(), &self.told) {
+                (Some(now), Some(set_up)) => now.agrees_with(set_up),
+                _ => false,
+            };
+            if !agrees {
+                return Err(self.refused("the daemon serving it now is not the one the program started with"));
+            }
+            self.fresh.store(true, Ordering::Release);
+            Ok(client)
+        })
+    }
+
+    /// Says once per process why the connection failed, as the start of
+    /// an image used to; the call gets ENOTCONN, as from a daemon gone.
+    fn refused(&self, why: &str) -> Errno {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            eprintln!("shortfuse-preload: mount {}: {why}", String::from_utf8_lossy(&self.mp));
+        }
+        Errno::ENOTCONN
+    }
+}
+
+fn always() -> bool {
+    true
 }
 
 impl Backend for Ring {
     fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
-        self.client.call(request, reply)
+        self.connected(request)?.call(request, reply)
     }
 
     fn send(&self, request: &[u8], _scratch: &mut Vec<u8>) -> Result<(), Errno> {
-        self.client.send(request)
+        self.connected(request)?.send(request)
     }
 
     fn shared(&self) -> bool {
         true
     }
 
+    fn deferred(&self) -> bool {
+        self.client.get().is_none()
+    }
+
+    fn may_start(&self) -> bool {
+        self.client.get().is_some() || (self.may_connect)()
+    }
+
     fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
-        by_chunks(anchors, |b| self.client.anchor(b))
+        by_chunks(anchors, |b| self.connected(&[])?.anchor(b))
     }
 
     fn claim(&self, descriptions: &[Anchor<'_>]) -> Result<(), Errno> {
-        by_chunks(descriptions, |b| self.client.claim_descriptions(b))
+        by_chunks(descriptions, |b| self.connected(&[])?.claim_descriptions(b))
     }
 
     fn backing_file(
@@ -87,19 +186,25 @@ impl Backend for Ring {
         fh: u64,
         description: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<std::os::fd::OwnedFd, Errno> {
-        self.client.backing_file(node.0, fh, description)
+        self.connected(&[])?.backing_file(node.0, fh, description)
     }
 
     fn kernel_node(&self, node: NodeId) -> Result<std::os::fd::OwnedFd, Errno> {
-        self.client.kernel_node(node.0)
+        self.connected(&[])?.kernel_node(node.0)
     }
 
     fn watch_node(&self, node: NodeId, parent: NodeId, name: &[u8]) -> Result<std::os::fd::OwnedFd, Errno> {
-        self.client.watch_node(node.0, parent.0, name)
+        self.connected(&[])?.watch_node(node.0, parent.0, name)
     }
 
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
-        self.client.notices(|n| {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        if self.fresh.load(Ordering::Relaxed) && self.fresh.swap(false, Ordering::Acquire) {
+            apply(Invalidation::All);
+        }
+        client.notices(|n| {
             apply(match n {
                 Notice::Inode(node) => Invalidation::Inode(NodeId(node)),
                 Notice::Entry { parent, name } => Invalidation::Entry {

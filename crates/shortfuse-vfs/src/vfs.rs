@@ -222,10 +222,29 @@ fn join(dir: &[u8], rest: &[u8]) -> Vec<u8> {
     p
 }
 
+/// The root's attributes before anyone asked for them: a placeholder the
+/// cache never takes as valid.
+fn unknown_root() -> Attr {
+    let never = shortfuse::Timestamp { sec: 0, nsec: 0 };
+    Attr {
+        ino: NodeId::ROOT.0,
+        size: 0,
+        blocks: 0,
+        atime: never,
+        mtime: never,
+        ctime: never,
+        mode: libc::S_IFDIR | 0o755,
+        nlink: 2,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+    }
+}
+
 /// A mounted file system in this process.
 pub struct Vfs {
     client: Client,
-    init: InitOut,
     /// Absolute, normalised, without a trailing slash.
     mountpoint: Vec<u8>,
     /// `st_dev` reported for every file of the mount.
@@ -251,26 +270,35 @@ pub struct Vfs {
 
 impl Vfs {
     /// Connects to the file system behind `backend` (FUSE_INIT, then a
-    /// GETATTR of the root) and mounts it at `mountpoint`.
+    /// GETATTR of the root) and mounts it at `mountpoint`. A
+    /// [`Backend::deferred`] one is asked nothing yet: INIT goes with the
+    /// first request the process makes, and the root's attributes are
+    /// fetched when first needed.
     pub fn new(backend: Box<dyn Backend>, mountpoint: &[u8], dev: u64, creds: Creds) -> Result<Vfs, Errno> {
         if !mountpoint.starts_with(b"/") {
             return Err(Errno::EINVAL);
         }
+        let deferred = backend.deferred();
         let client = Client::new(backend, creds);
-        let init = client.init()?;
-        let (root, ttl) = client.getattr(NodeId::ROOT, None)?;
-        if root.file_type() != FileType::Directory {
-            return Err(Errno::ENOTDIR);
-        }
-        let mut cache = Cache::new(root);
-        cache.set_attr(NodeId::ROOT, root, ttl, Instant::now());
+        let cache = if deferred {
+            // Never valid: the first look at the root asks for it.
+            Cache::new(unknown_root())
+        } else {
+            client.init()?;
+            let (root, ttl) = client.getattr(NodeId::ROOT, None)?;
+            if root.file_type() != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            let mut cache = Cache::new(root);
+            cache.set_attr(NodeId::ROOT, root, ttl, Instant::now());
+            cache
+        };
         let mut mp = crate::normalize(mountpoint);
         if mp.len() > 1 && mp.ends_with(b"/") {
             mp.pop();
         }
         Ok(Vfs {
             client,
-            init,
             mountpoint: mp,
             dev,
             cache: Mutex::new(cache),
@@ -331,8 +359,11 @@ impl Vfs {
         &self.client
     }
 
-    pub fn init_out(&self) -> &InitOut {
-        &self.init
+    /// What INIT agreed on (sent first, when the backend is deferred and
+    /// no request was made yet; the defaults when that fails, and so will
+    /// the request that needed them).
+    pub fn init_out(&self) -> InitOut {
+        self.client.init_out().unwrap_or_default()
     }
 
     pub fn set_umask(&self, umask: u32) {
@@ -603,7 +634,7 @@ impl Vfs {
 
     /// Whether listings are READDIRPLUS (the file system agreed to it).
     pub(crate) fn readdirplus(&self) -> bool {
-        self.init.flags & abi::FUSE_DO_READDIRPLUS != 0
+        self.init_out().flags & abi::FUSE_DO_READDIRPLUS != 0
     }
 
     /// Drops what the cache says of the name at `rel` (a path below the
@@ -1182,11 +1213,11 @@ impl Vfs {
     }
 
     pub(crate) fn atomic_o_trunc(&self) -> bool {
-        self.init.flags & abi::FUSE_ATOMIC_O_TRUNC != 0
+        self.init_out().flags & abi::FUSE_ATOMIC_O_TRUNC != 0
     }
 
     pub(crate) fn max_io(&self) -> usize {
-        self.init.max_io as usize
+        self.init_out().max_io as usize
     }
 }
 

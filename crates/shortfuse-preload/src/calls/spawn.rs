@@ -73,6 +73,31 @@ pub fn reset() {
     OPENED.with(|o| o.set(false));
 }
 
+/// Before a clone-family call `nr` (clone's `flags`): a vfork-like one
+/// makes a child that may need the daemon of a mount without a source
+/// directory (a chdir, an open or the exec there), which it cannot connect
+/// to itself (see [`may_connect`]), so we connect first. Mounts with a
+/// source serve the child from the kernel, and stay as they are.
+pub fn before_vfork(nr: i64, flags: i64) {
+    let vfork = i64::from(libc::CLONE_VM | libc::CLONE_VFORK);
+    if nr != libc::SYS_vfork && (nr != libc::SYS_clone || flags & vfork != vfork) {
+        return;
+    }
+    for m in &state().mounts {
+        if m.client().shared() && m.source().is_none() {
+            // A failure is the child's: its call gets ENOTCONN.
+            let _ = m.client().init_out();
+        }
+    }
+}
+
+/// Whether this process may connect to a daemon now: not in a vfork
+/// child, which shares our memory but not our descriptors (the connection
+/// would stay with the parent, its socket with the child).
+pub fn may_connect() -> bool {
+    crate::sys::thread().vforked.load(std::sync::atomic::Ordering::Relaxed) == 0
+}
+
 /// Whether the vfork child opened a file of a mount since the call.
 pub fn opened_on_mount() -> bool {
     OPENED.with(Cell::get)
