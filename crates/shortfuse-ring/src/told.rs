@@ -61,10 +61,16 @@ impl Told {
     }
 
     /// Whether a daemon that says this now serves a mount `set_up` from
-    /// what another welcome told: the same source directory, and the
-    /// namespace map as granted when the mount uses one.
+    /// what another welcome told: the same source directory, and a
+    /// namespace map granted as the mount uses it. (A map not granted now
+    /// is one for another user: the process left the daemon's, and its
+    /// calls no longer use the map.)
     pub fn agrees_with(&self, set_up: &Told) -> bool {
-        self.source == set_up.source && (set_up.names.is_none() || self.names == set_up.names)
+        let same_map = match (self.names, set_up.names) {
+            (Some(now), Some(then)) => now == then,
+            _ => true,
+        };
+        self.source == set_up.source && same_map
     }
 
     /// One mount's entry of [`encode`]: `hex(path),dev,ino,granted,no_xdev,uid`

@@ -48,6 +48,14 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Sets a deferred transport up now (nothing when it is), handing it
+    /// the requests about to be sent first, which it may carry with its
+    /// own set-up (see [`crate::Ring::lazy`]).
+    fn start(&self, first: &[Vec<u8>]) -> Result<(), Errno> {
+        let _ = first;
+        Ok(())
+    }
+
     /// Whether this process may set a deferred transport up now: a vfork
     /// child, which shares the parent's memory but not its descriptors,
     /// must not (a connection it made would be left to the parent without

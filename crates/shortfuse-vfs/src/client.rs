@@ -139,6 +139,10 @@ pub struct Client {
     no_xattr: AtomicU8,
     /// What INIT agreed on, once it was sent.
     init: MadeOnce<InitOut>,
+    /// The root's attributes fetched with INIT over a deferred backend,
+    /// until the VFS takes them ([`Client::take_root`]).
+    root: std::sync::Mutex<Option<(Attr, Duration)>>,
+    root_waiting: AtomicBool,
     /// The backend sets its transport up at the first request
     /// ([`Backend::deferred`]): INIT goes first then, not at the start.
     deferred: bool,
@@ -226,6 +230,8 @@ impl Client {
             no_flush: AtomicBool::new(false),
             no_xattr: AtomicU8::new(0),
             init: MadeOnce::new(),
+            root: std::sync::Mutex::new(None),
+            root_waiting: AtomicBool::new(false),
             deferred,
         }
     }
@@ -353,6 +359,19 @@ impl Client {
         f: impl FnOnce(&[u8]) -> Result<T, Errno>,
     ) -> Result<T, Errno> {
         let unique = self.encode(req, opcode, node, parts, names)?;
+        self.exchange(req, reply, unique, opcode, f)
+    }
+
+    /// Sends request `req`, encoded already with number `unique`, and
+    /// hands the payload of its reply to `f`.
+    fn exchange<T>(
+        &self,
+        req: &[u8],
+        reply: &mut Vec<u8>,
+        unique: u64,
+        opcode: u32,
+        f: impl FnOnce(&[u8]) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
         reply.clear();
         self.backend.call(req, reply)?;
         let info = abi::op_info(opcode);
@@ -399,7 +418,38 @@ impl Client {
         if !self.backend.may_start() {
             return Err(Errno::ENOTCONN);
         }
-        self.init.get_or_try(|| self.send_init()).copied()
+        self.init.get_or_try(|| self.open_deferred()).copied()
+    }
+
+    /// The first requests over a deferred backend, INIT and the root's
+    /// GETATTR (what [`crate::Vfs::new`] sends at once otherwise), handed
+    /// to the backend's set-up, which may carry them with its own (the
+    /// rings' hello): one round trip for both.
+    fn open_deferred(&self) -> Result<InitOut, Errno> {
+        let init = self.init_arg();
+        let getattr = abi::fuse_getattr_in::default();
+        let (mut first, mut then) = (Vec::new(), Vec::new());
+        let init_unique = self.encode(&mut first, abi::FUSE_INIT, NodeId(0), &[init.as_bytes()], &[])?;
+        let root_unique = self.encode(&mut then, abi::FUSE_GETATTR, NodeId::ROOT, &[getattr.as_bytes()], &[])?;
+        let requests = [first, then];
+        self.backend.start(&requests)?;
+        let mut reply = Vec::new();
+        let out = self.exchange(&requests[0], &mut reply, init_unique, abi::FUSE_INIT, init_reply)?;
+        if let Ok(root) = self.exchange(&requests[1], &mut reply, root_unique, abi::FUSE_GETATTR, attr_reply) {
+            *self.root.lock().unpoison() = Some(root);
+            self.root_waiting.store(true, Ordering::Release);
+        }
+        Ok(out)
+    }
+
+    /// The root's attributes and their time to live, fetched with INIT
+    /// over a deferred backend and not taken yet.
+    pub fn take_root(&self) -> Option<(Attr, Duration)> {
+        if !self.root_waiting.load(Ordering::Acquire) {
+            return None;
+        }
+        self.root_waiting.store(false, Ordering::Relaxed);
+        self.root.lock().unpoison().take()
     }
 
     /// Before a request over a deferred backend: INIT, if it was not sent.
@@ -411,39 +461,21 @@ impl Client {
     }
 
     fn send_init(&self) -> Result<InitOut, Errno> {
+        let arg = self.init_arg();
+        self.call(abi::FUSE_INIT, NodeId(0), &[arg.as_bytes()], &[], init_reply)
+    }
+
+    /// What INIT offers.
+    fn init_arg(&self) -> abi::fuse_init_in {
         let offered = if self.shared() { OFFERED_SHARED } else { OFFERED };
-        let arg = abi::fuse_init_in {
+        abi::fuse_init_in {
             major: abi::FUSE_KERNEL_VERSION,
             minor: abi::FUSE_KERNEL_MINOR_VERSION,
             max_readahead: 128 << 10,
             flags: offered as u32,
             flags2: (offered >> 32) as u32,
             unused: [0; 11],
-        };
-        self.call(abi::FUSE_INIT, NodeId(0), &[arg.as_bytes()], &[], |p| {
-            let out: abi::fuse_init_out = if p.len() >= std::mem::size_of::<abi::fuse_init_out>() {
-                decode(p)?
-            } else {
-                let mut full = abi::fuse_init_out::default();
-                let n = p.len().min(std::mem::size_of::<abi::fuse_init_out>());
-                full.as_mut_bytes()[..n].copy_from_slice(&p[..n]);
-                full
-            };
-            if out.major != abi::FUSE_KERNEL_VERSION {
-                return Err(Errno::EPROTO);
-            }
-            let flags = u64::from(out.flags) | (u64::from(out.flags2) << 32);
-            let pages = if flags & abi::FUSE_MAX_PAGES != 0 {
-                u32::from(out.max_pages) * 4096
-            } else {
-                0
-            };
-            Ok(InitOut {
-                minor: out.minor,
-                flags,
-                max_io: out.max_write.max(pages).clamp(4096, MAX_IO),
-            })
-        })
+        }
     }
 
     pub fn lookup(&self, parent: NodeId, name: &OsStr) -> Result<Lookup, Errno> {
@@ -966,6 +998,32 @@ impl Client {
     pub const fn max_io_cap() -> u32 {
         MAX_IO
     }
+}
+
+/// What INIT's reply `p` agreed on.
+fn init_reply(p: &[u8]) -> Result<InitOut, Errno> {
+    let out: abi::fuse_init_out = if p.len() >= std::mem::size_of::<abi::fuse_init_out>() {
+        decode(p)?
+    } else {
+        let mut full = abi::fuse_init_out::default();
+        let n = p.len().min(std::mem::size_of::<abi::fuse_init_out>());
+        full.as_mut_bytes()[..n].copy_from_slice(&p[..n]);
+        full
+    };
+    if out.major != abi::FUSE_KERNEL_VERSION {
+        return Err(Errno::EPROTO);
+    }
+    let flags = u64::from(out.flags) | (u64::from(out.flags2) << 32);
+    let pages = if flags & abi::FUSE_MAX_PAGES != 0 {
+        u32::from(out.max_pages) * 4096
+    } else {
+        0
+    };
+    Ok(InitOut {
+        minor: out.minor,
+        flags,
+        max_io: out.max_write.max(pages).clamp(4096, MAX_IO),
+    })
 }
 
 fn attr_reply(p: &[u8]) -> Result<(Attr, Duration), Errno> {

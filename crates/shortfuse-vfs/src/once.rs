@@ -38,10 +38,6 @@ impl<T> MadeOnce<T> {
         once
     }
 
-    pub(crate) fn into_inner(self) -> Option<T> {
-        self.value.into_inner()
-    }
-
     pub(crate) fn get(&self) -> Option<&T> {
         self.value.get()
     }

@@ -12,6 +12,12 @@
 //! clean after). Its INIT travels with the hello. Each process connects
 //! for itself: a child forked before its parent connected has a connection
 //! of its own, one forked after shares the parent's as before.
+//!
+//! Until it connects a process hears none of the daemon's notifications,
+//! and needs none for its cache, which holds nothing of the daemon's yet;
+//! directories it resolved beneath the namespace map are kept for the
+//! entry timeout, as they are against changes the daemon never sees
+//! (another process's beneath the map).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -34,9 +40,6 @@ pub struct Ring {
     /// daemon met later must still say.
     told: Option<Told>,
     client: MadeOnce<RingClient>,
-    /// A lazy connection was just made: what the VFS kept before it
-    /// (beneath the namespace map) heard no notification and goes.
-    fresh: AtomicBool,
     /// Whether this process may connect now (see [`Backend::may_start`]).
     may_connect: fn() -> bool,
 }
@@ -53,31 +56,13 @@ impl Ring {
     /// trip (see [`RingClient::connect_with`]).
     pub fn connect_with(mountpoint: &[u8], early: &[Vec<u8>]) -> Result<Ring, String> {
         let mp = crate::normalize(mountpoint);
-        let paths = shortfuse_ring::socket_paths(Path::new(OsStr::from_bytes(&mp)));
-        let mut first = None;
-        for path in &paths {
-            match RingClient::connect_with(path, early) {
-                Ok(client) => {
-                    return Ok(Ring {
-                        mp,
-                        told: None,
-                        client: MadeOnce::made(client),
-                        fresh: AtomicBool::new(false),
-                        may_connect: always,
-                    })
-                }
-                // Nobody there: root's daemon may be.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    first.get_or_insert(e);
-                }
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        let e = first.map_or_else(String::new, |e| e.to_string());
-        Err(format!(
-            "{e} (is `shortfuse serve FS {}` running?)",
-            String::from_utf8_lossy(&mp)
-        ))
+        let client = dial(&mp, early).map_err(|(_, e)| e)?;
+        Ok(Ring {
+            mp,
+            told: None,
+            client: MadeOnce::made(client),
+            may_connect: always,
+        })
     }
 
     /// A mount of the daemon serving `mountpoint` set up from what another
@@ -88,7 +73,6 @@ impl Ring {
             mp: crate::normalize(mountpoint),
             told: Some(told),
             client: MadeOnce::new(),
-            fresh: AtomicBool::new(false),
             may_connect,
         }
     }
@@ -104,10 +88,10 @@ impl Ring {
         self.client()?.namespace_map().cloned()
     }
 
-    /// The connection, made now if it was not (`early`: the request about
-    /// to be sent, which the daemon answers with its welcome when it is
-    /// the INIT).
-    fn connected(&self, early: &[u8]) -> Result<&RingClient, Errno> {
+    /// The connection, made now if it was not (`early`: the requests about
+    /// to be sent first, which the daemon answers with its welcome when
+    /// they are a process's INIT and the root's GETATTR).
+    fn connected(&self, early: &[Vec<u8>]) -> Result<&RingClient, Errno> {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
@@ -115,13 +99,14 @@ impl Ring {
             return Err(Errno::ENOTCONN);
         }
         self.client.get_or_try(|| {
-            let early: Vec<Vec<u8>> = if early.is_empty() {
-                Vec::new()
-            } else {
-                vec![early.to_vec()]
-            };
-            let ring = Ring::connect_with(&self.mp, &early).map_err(|e| self.refused(&e))?;
-            let client = ring.client.into_inner().ok_or(Errno::ENOTCONN)?;
+            let client = dial(&self.mp, early).map_err(|(kind, e)| match kind {
+                // The daemon turned us away (a program that left the
+                // daemon's user before its first request, without
+                // `allow_other`): EACCES, as from a kernel mount of
+                // another user's.
+                std::io::ErrorKind::InvalidData => Errno::EACCES,
+                _ => self.refused(&e),
+            })?;
             // The mount was set up with what another process was told: a
             // daemon that now says otherwise is not the one it was made for.
             let agrees = match (client.told(), &self.told) {
@@ -131,7 +116,6 @@ impl Ring {
             if !agrees {
                 return Err(self.refused("the daemon serving it now is not the one the program started with"));
             }
-            self.fresh.store(true, Ordering::Release);
             Ok(client)
         })
     }
@@ -151,13 +135,37 @@ fn always() -> bool {
     true
 }
 
+/// Connects to the daemon serving normalised mount point `mp` (at its
+/// user's socket, else root's), handing it `early` requests; the error's
+/// kind is InvalidData when a daemon answered and refused.
+fn dial(mp: &[u8], early: &[Vec<u8>]) -> Result<RingClient, (std::io::ErrorKind, String)> {
+    let paths = shortfuse_ring::socket_paths(Path::new(OsStr::from_bytes(mp)));
+    let mut first = None;
+    for path in &paths {
+        match RingClient::connect_with(path, early) {
+            Ok(client) => return Ok(client),
+            // Nobody there: root's daemon may be.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                first.get_or_insert(e);
+            }
+            Err(e) => return Err((e.kind(), e.to_string())),
+        }
+    }
+    let e = first.map_or_else(String::new, |e| e.to_string());
+    let mp = String::from_utf8_lossy(mp);
+    Err((
+        std::io::ErrorKind::NotFound,
+        format!("{e} (is `shortfuse serve FS {mp}` running?)"),
+    ))
+}
+
 impl Backend for Ring {
     fn call(&self, request: &[u8], reply: &mut Vec<u8>) -> Result<(), Errno> {
-        self.connected(request)?.call(request, reply)
+        self.connected(&[])?.call(request, reply)
     }
 
     fn send(&self, request: &[u8], _scratch: &mut Vec<u8>) -> Result<(), Errno> {
-        self.connected(request)?.send(request)
+        self.connected(&[])?.send(request)
     }
 
     fn shared(&self) -> bool {
@@ -166,6 +174,10 @@ impl Backend for Ring {
 
     fn deferred(&self) -> bool {
         self.client.get().is_none()
+    }
+
+    fn start(&self, first: &[Vec<u8>]) -> Result<(), Errno> {
+        self.connected(first).map(drop)
     }
 
     fn may_start(&self) -> bool {
@@ -201,9 +213,6 @@ impl Backend for Ring {
         let Some(client) = self.client.get() else {
             return;
         };
-        if self.fresh.load(Ordering::Relaxed) && self.fresh.swap(false, Ordering::Acquire) {
-            apply(Invalidation::All);
-        }
         client.notices(|n| {
             apply(match n {
                 Notice::Inode(node) => Invalidation::Inode(NodeId(node)),

@@ -494,6 +494,10 @@ impl Vfs {
             }
             c.invalidate(inv, Instant::now())
         });
+        // The root's attributes, fetched as a deferred backend connected.
+        if let Some((root, ttl)) = self.client.take_root() {
+            c.set_attr(NodeId::ROOT, root, ttl, Instant::now());
+        }
         c
     }
 
