@@ -279,11 +279,14 @@ fn kernel_mount(mp: &Path) -> bool {
     r == 0 && unsafe { st.assume_init() }.f_type == FUSE_SUPER_MAGIC
 }
 
+/// What each daemon told, by normalised mount point.
+type ToldByMount = Vec<(Vec<u8>, shortfuse_ring::Told)>;
+
 /// The mounts of the command line, with `-o` applied to each, checked as
 /// far as can be done before the program runs, and what the daemons of
 /// those served by one told us when we connected to check them (by
 /// normalised mount point).
-fn specs(args: &RunArgs) -> Result<(Vec<MountSpec>, Vec<(Vec<u8>, shortfuse_ring::Told)>), String> {
+fn specs(args: &RunArgs) -> Result<(Vec<MountSpec>, ToldByMount), String> {
     let options = args
         .options
         .iter()
