@@ -357,6 +357,167 @@ def test_a_second_listing_finds_the_names_the_first_looked_up(shortfuse, scratch
         d.stop()
 
 
+# Prints, one line each, the mode and size of every path (lstat), or the
+# error's name.
+STATS = r"""
+import errno, os, sys
+for p in sys.argv[1:]:
+    try:
+        s = os.lstat(p)
+        print(oct(s.st_mode), s.st_size)
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+"""
+
+
+def ring_messages(d: Daemon) -> int:
+    """Every request the rings brought to serve so far."""
+    return sum(o["count"] for o in d.stats()["ops"])
+
+
+def test_a_program_stats_names_another_looked_up_without_a_ring_message(shortfuse, scratch):
+    d, src, mp = sshfs(shortfuse, scratch, "entry_timeout=60,attr_timeout=60")
+    try:
+        for i in range(3):
+            (src / "tree" / f"d{i}").mkdir(parents=True)
+            for j in range(10):
+                (src / "tree" / f"d{i}" / f"f{j}").write_text("x" * j)
+        paths = [str(mp / "tree" / f"d{i}" / f"f{j}") for i in range(3) for j in range(10)]
+        kernel = subprocess.run(
+            [sys.executable, "-c", STATS, *paths], capture_output=True, timeout=60, check=True
+        ).stdout.decode()
+        first = run_under(shortfuse, mp, STATS, *paths)
+        assert first == kernel
+        # A second program stats the same 30 names (and their 4
+        # directories): every one from serve's shared table, no lookup and
+        # no other request on the rings but those of the program's start.
+        start = ring_messages(d)
+        run_under(shortfuse, mp, "pass")
+        alone = ring_messages(d) - start
+        before = d.count("LOOKUP"), d.count("GETATTR")
+        start = ring_messages(d)
+        assert run_under(shortfuse, mp, STATS, *paths) == kernel
+        stats = ring_messages(d) - start
+        # (The start's one GETATTR is of the mount's root.)
+        assert (d.count("LOOKUP") - before[0], d.count("GETATTR") - before[1], stats - alone) == (0, 1, 0), alone
+        # A change one program makes is seen by the next stat of another,
+        # not what the table held.
+        f3 = str(mp / "tree" / "d1" / "f3")
+        p = under(shortfuse, mp, ["chmod", "600", f3])
+        assert p.returncode == 0, p.stderr.decode()
+        assert run_under(shortfuse, mp, STATS, f3) == "0o100600 3\n"
+        p = under(shortfuse, mp, ["sh", "-c", f"echo longer than three > {f3}"])
+        assert p.returncode == 0, p.stderr.decode()
+        assert run_under(shortfuse, mp, STATS, f3) == "0o100600 18\n"
+        p = under(shortfuse, mp, ["mv", f3, f3 + ".moved"])
+        assert p.returncode == 0, p.stderr.decode()
+        assert run_under(shortfuse, mp, STATS, f3, f3 + ".moved") == "ENOENT\n0o100600 18\n"
+        p = under(shortfuse, mp, ["rm", "-r", str(mp / "tree" / "d2")])
+        assert p.returncode == 0, p.stderr.decode()
+        assert run_under(shortfuse, mp, STATS, paths[-1], str(mp / "tree" / "d2")) == "ENOENT\nENOENT\n"
+    finally:
+        d.stop()
+
+
+# A daemon of its own /dev/fuse loop with names valid for a minute: file
+# "f" (node 2) of 5 bytes. On SIGUSR1 the file grows to 9 bytes and the
+# daemon sends INVAL_INODE of it; on SIGUSR2 the name goes and it sends
+# INVAL_ENTRY. Each request is noted in the log as "OPCODE ring|kernel",
+# each notification as "inval".
+INVALIDATING_DAEMON = r"""
+import ctypes, errno, os, signal, struct, sys
+mp, log = sys.argv[1], sys.argv[2]
+fd = os.open("/dev/fuse", os.O_RDWR)
+libc = ctypes.CDLL(None, use_errno=True)
+opts = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+if libc.mount(b"invfuse", mp.encode(), b"fuse.invfuse", 6, opts) != 0:
+    sys.exit("mount: " + os.strerror(ctypes.get_errno()))
+state = {"size": 5, "there": True}
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
+def attr(ino, mode, size):
+    return struct.pack("<QQQQQQIIIIIIIIII", ino, size, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+def reply(unique, body=b"", err=0):
+    os.write(fd, struct.pack("<IiQ", 16 + len(body), -err, unique) + body)
+def notify(code, body):
+    try:
+        os.write(fd, struct.pack("<IiQ", 16 + len(body), code, 0) + body)
+    except OSError:
+        pass  # the kernel had nothing cached
+    note("inval")
+def grow(*_):
+    state["size"] = 9
+    notify(2, struct.pack("<Qqq", 2, 0, 0))  # INVAL_INODE
+def remove(*_):
+    state["there"] = False
+    notify(3, struct.pack("<QII", 1, 1, 0) + b"f\0")  # INVAL_ENTRY
+signal.signal(signal.SIGUSR1, grow)
+signal.signal(signal.SIGUSR2, remove)
+while True:
+    try:
+        req = os.read(fd, 1 << 21)
+    except OSError as e:
+        if e.errno in (errno.EINTR, errno.ENOENT):
+            continue
+        break
+    ln, op, unique, node = struct.unpack_from("<IIQQ", req)
+    body = req[40:]
+    note(f"{op} {'ring' if unique >> 63 else 'kernel'}")
+    if op == 26:  # INIT
+        reply(unique, struct.pack("<IIIIHHIIHHI", 7, 31, 0, 0, 0, 0, 1 << 17, 1, 0, 0, 0) + b"\0" * 28)
+    elif op == 3:  # GETATTR
+        a = attr(1, 0o40755, 0) if node == 1 else attr(2, 0o100644, state["size"])
+        reply(unique, struct.pack("<QII", 60, 0, 0) + a)
+    elif op == 1:  # LOOKUP
+        if body.split(b"\0")[0] == b"f" and state["there"]:
+            reply(unique, struct.pack("<QQQQII", 2, 0, 60, 60, 0, 0) + attr(2, 0o100644, state["size"]))
+        else:
+            reply(unique, err=errno.ENOENT)
+    elif op in (2, 42):  # FORGET, BATCH_FORGET
+        pass
+    elif op == 38:  # DESTROY
+        reply(unique)
+        break
+    else:
+        reply(unique, err=errno.ENOSYS)
+"""
+
+
+def test_an_invalidation_from_the_daemon_takes_the_name_out_of_the_shared_table(shortfuse, scratch):
+    mp, log = scratch / "mnt", scratch / "requests.log"
+    mp.mkdir()
+    d = Daemon(shortfuse, scratch, ["--", sys.executable, "-c", INVALIDATING_DAEMON, str(mp), str(log)], mp)
+    pid = daemon_pid(d.proc.pid)
+
+    def lookups() -> int:
+        return log.read_text().splitlines().count("1 ring")
+
+    def after_signal(sig: int):
+        sent = log.read_text().count("inval")
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 30
+        while log.read_text().count("inval") == sent:
+            assert time.monotonic() < deadline, "the daemon sent no invalidation"
+            time.sleep(0.02)
+
+    try:
+        f = str(mp / "f")
+        assert run_under(shortfuse, mp, STATS, f) == "0o100644 5\n"
+        # The next program finds the name in the shared table.
+        before = lookups()
+        assert run_under(shortfuse, mp, STATS, f) == "0o100644 5\n"
+        assert lookups() == before
+        after_signal(signal.SIGUSR1)
+        assert run_under(shortfuse, mp, STATS, f) == "0o100644 9\n"
+        after_signal(signal.SIGUSR2)
+        assert run_under(shortfuse, mp, STATS, f) == "ENOENT\n"
+    finally:
+        d.stop()
+        for m in sfmount.mounts_at(mp):
+            sfmount.run(["umount", "-l", m.mountpoint])
+
+
 # A FUSE daemon of its own /dev/fuse loop (as root: open, mount(2)) and
 # its answers: a root with file "good" of 5 bytes, and a LOOKUP of "bad"
 # answered with a reply whose header claims more bytes than it carries.

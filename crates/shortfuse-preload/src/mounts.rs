@@ -346,6 +346,7 @@ fn inherited_cwd(mounts: &[Arc<Vfs>], path: &[u8]) -> Option<(Arc<Vfs>, crate::c
         &Location::root(),
         &rest,
         WalkFlags {
+            attrs_only: false,
             follow: true,
             create: false,
         },

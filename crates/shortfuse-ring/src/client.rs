@@ -29,6 +29,7 @@ use shortfuse::Errno;
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::name_table::NameView;
 use crate::proto::{
     AnchorAck, AnchorMsg, BackingMsg, BackingReply, EarlyMsg, Hello, NamesMsg, NodeMsg, WatchMsg, Welcome,
     ANCHOR_MAGIC, BACKING_MAGIC, CLAIM_MAGIC, EARLY_MAGIC, NAMES_MAGIC, NODE_MAGIC, WATCH_MAGIC,
@@ -155,6 +156,9 @@ pub struct RingClient {
     /// The daemon's namespace map, if it granted it, and the only fsuid
     /// it serves (see [`NamesMsg`]).
     names: Option<(shortfuse::NamespaceMap, u32)>,
+    /// The names and attributes the server keeps, when it shares them
+    /// with this client (see [`crate::name_table`]).
+    table: Option<NameView>,
     /// Requests sent with the hello and the daemon's replies to them, each
     /// given once to the first [`RingClient::call`] of exactly that request
     /// (see [`crate::proto::EarlyMsg`]).
@@ -257,7 +261,9 @@ impl RingClient {
             },
             _ => return Err(invalid("the daemon sent no namespace answer".into())),
         };
-        let (n, _) = sys::recv(sock.as_fd(), &mut buf)?;
+        let (n, table) = sys::recv(sock.as_fd(), &mut buf)?;
+        // A table we cannot map is only a cache we go without.
+        let table = table.and_then(|fd| NameView::map(fd.as_fd()).ok());
         let answered = match EarlyMsg::read_from_prefix(&buf[..n]) {
             Ok((m, replies)) if m.magic == EARLY_MAGIC => crate::proto::fuse_messages(replies)
                 .into_iter()
@@ -281,6 +287,7 @@ impl RingClient {
             overflows: AtomicU32::new(0),
             source,
             names,
+            table,
             early_left: AtomicBool::new(!answered.is_empty()),
             early: std::sync::Mutex::new(answered),
             published: std::sync::atomic::AtomicU64::new(0),
@@ -317,6 +324,23 @@ impl RingClient {
     /// fsuid it may serve calls for.
     pub fn namespace_map(&self) -> Option<&(shortfuse::NamespaceMap, u32)> {
         self.names.as_ref()
+    }
+
+    /// The node `name` in `parent` names and its attributes, from the
+    /// server's shared table, while both are valid there (the server
+    /// takes an entry out before it tells anyone of a change to it). The
+    /// node comes with no lookup of this client's: its id must never be
+    /// sent to the daemon.
+    pub fn shared_entry(&self, parent: u64, name: &[u8]) -> Option<(u64, abi::fuse_attr)> {
+        let table = self.table.as_ref()?;
+        let found = table.name(parent, name)?;
+        let attr = table.attr(found.node)?;
+        Some((found.node, attr))
+    }
+
+    /// Whether the server shares its table of names with this client.
+    pub fn has_shared_entries(&self) -> bool {
+        self.table.is_some()
     }
 
     pub fn geometry(&self) -> &Geometry {

@@ -27,6 +27,7 @@ mod announce;
 mod client;
 pub mod foreign;
 pub mod locks;
+mod name_table;
 mod proto;
 pub mod region;
 mod server;

@@ -66,7 +66,9 @@ pub const NAMES_MAGIC: u64 = 0x5346_4e41_4d45_5331;
 /// After the [`NamesMsg`]: the daemon's replies to the FUSE requests that
 /// followed the client's [`Hello`] in its message, in their order, each
 /// whole (its length in its header). A request the daemon did not serve
-/// there gets no reply, and the client sends it over the rings.
+/// there gets no reply, and the client sends it over the rings. It may
+/// carry the descriptor of the server's shared name table
+/// (`name_table`), for the client to map read-only.
 #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout)]
 #[repr(C)]
 pub struct EarlyMsg {

@@ -217,6 +217,20 @@ impl Region {
         Ok(Region { ptr, len })
     }
 
+    /// [`Region::map`] to read only: [`Region::write`] and stores through
+    /// its words fault, so only loads may be used.
+    pub fn map_read_only(fd: BorrowedFd<'_>, len: usize) -> io::Result<Region> {
+        if sys::file_size(fd)? < len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shared memory shorter than expected",
+            ));
+        }
+        let p = sys::map_shared_read(fd, len)?;
+        let ptr = NonNull::new(p).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Region { ptr, len })
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -550,7 +550,14 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
                 return;
             }
             let answers = early_answers(&shared, &conn, pid, &early);
-            if let Err(e) = sys::send(sock.as_fd(), &answers, None) {
+            // The names the server keeps, to read from (see `name_table`):
+            // to a client that may name any node, as the daemon's own
+            // user, and that the server does not act for.
+            let table = shared
+                .entries
+                .table()
+                .filter(|_| !shared.config.impersonate && conn.peer.may_name_any_node(owner));
+            if let Err(e) = sys::send(sock.as_fd(), &answers, table) {
                 tracing::warn!("shortfuse ring: handshake: {e}");
                 return;
             }

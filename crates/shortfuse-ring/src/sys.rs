@@ -195,6 +195,13 @@ fn check(r: libc::c_int) -> io::Result<libc::c_int> {
 /// a client cannot make the daemon's accesses fault (SIGBUS) by truncating
 /// the file under its mapping.
 pub fn sealed_memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let fd = memfd(name, len)?;
+    seal(std::os::fd::AsFd::as_fd(&fd), 0)?;
+    Ok(fd)
+}
+
+/// A memfd of `len` bytes that may still be sealed ([`seal`]).
+pub fn memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: a NUL-terminated name; the result is a new descriptor we own.
     let fd = check(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
@@ -203,10 +210,25 @@ pub fn sealed_memfd(name: &str, len: usize) -> io::Result<OwnedFd> {
     let size = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: plain calls on our descriptor.
     check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) })?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: as above.
-    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
     Ok(fd)
+}
+
+/// Seals memfd `fd` against resizing and further seals, and with `more`.
+pub fn seal(fd: BorrowedFd<'_>, more: i32) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL | more;
+    // SAFETY: a plain call on a descriptor we hold.
+    check(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(())
+}
+
+/// Now on CLOCK_MONOTONIC, in nanoseconds: one clock for every process.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: fills the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// The size of the file behind `fd`.
@@ -220,17 +242,17 @@ pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// A shared read-write mapping of the whole of `fd`.
 pub fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<*mut u8> {
+    map(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+/// A shared mapping of the whole of `fd` that this process can only read.
+pub fn map_shared_read(fd: BorrowedFd<'_>, len: usize) -> io::Result<*mut u8> {
+    map(fd, len, libc::PROT_READ)
+}
+
+fn map(fd: BorrowedFd<'_>, len: usize, prot: i32) -> io::Result<*mut u8> {
     // SAFETY: a fresh mapping chosen by the kernel; nothing else is touched.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }

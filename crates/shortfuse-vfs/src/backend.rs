@@ -64,6 +64,21 @@ pub trait Backend: Send + Sync {
         true
     }
 
+    /// The node `name` in `parent` names and its attributes, as a daemon
+    /// shared by other programs keeps them for all (see
+    /// `shortfuse_ring::RingClient::shared_entry`), while valid. The node
+    /// is not looked up by this process: its attributes may be read, and
+    /// its id never sent. In process there is no such table: `None`.
+    fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
+        let _ = (parent, name);
+        None
+    }
+
+    /// Whether [`Backend::shared_entry`] may find anything.
+    fn has_shared_entries(&self) -> bool {
+        false
+    }
+
     /// Whether other processes reach the same file system (a shared daemon):
     /// open file descriptions and locks are then kept so that every process
     /// sees them (see [`Anchor`]).

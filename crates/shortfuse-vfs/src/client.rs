@@ -925,6 +925,16 @@ impl Client {
         self.call(op, node, &[arg.as_bytes()], &[], |_| Ok(()))
     }
 
+    /// A name and its attributes from the daemon's shared table (see
+    /// [`Backend::shared_entry`]): the node must never be sent.
+    pub fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, Attr)> {
+        self.backend.shared_entry(parent, name).map(|(n, a)| (n, attr_from(&a)))
+    }
+
+    pub fn has_shared_entries(&self) -> bool {
+        self.backend.has_shared_entries()
+    }
+
     /// Drains the backend's invalidations (see [`Backend::invalidations`]).
     pub fn invalidations(&self, apply: &mut dyn FnMut(crate::backend::Invalidation<'_>)) {
         self.backend.invalidations(apply);

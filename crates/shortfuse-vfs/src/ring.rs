@@ -184,6 +184,17 @@ impl Backend for Ring {
         self.client.get().is_some() || (self.may_connect)()
     }
 
+    fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
+        self.client
+            .get()?
+            .shared_entry(parent.0, name)
+            .map(|(n, a)| (NodeId(n), a))
+    }
+
+    fn has_shared_entries(&self) -> bool {
+        self.client.get().is_some_and(RingClient::has_shared_entries)
+    }
+
     fn anchor(&self, anchors: &[Anchor<'_>]) -> Result<(), Errno> {
         by_chunks(anchors, |b| self.connected(&[])?.anchor(b))
     }

@@ -195,6 +195,36 @@ pub struct WalkFlags {
     /// the cache does not know is not looked up, so that a new file costs
     /// one request (CREATE), not two (LOOKUP, CREATE) as in the kernel.
     pub create: bool,
+    /// The caller only reads the attributes of what the walk finds (stat,
+    /// statx): names this process has not looked up may be found in the
+    /// daemon's shared table ([`crate::Backend::shared_entry`]), whose
+    /// nodes the walk never sends to the daemon. Where it would, the walk
+    /// starts again without the table.
+    pub attrs_only: bool,
+}
+
+/// Why a walk stopped short.
+enum Stop {
+    Failed(Errno),
+    /// It would have sent a node found in the shared table.
+    Asks,
+}
+
+impl From<Errno> for Stop {
+    fn from(e: Errno) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// The nodes an attributes-only walk found in the shared table, with
+/// their attributes: never to be sent to the daemon.
+#[derive(Default)]
+struct Borrowed(Vec<(NodeId, Attr)>);
+
+impl Borrowed {
+    fn attr(&self, node: NodeId) -> Option<Attr> {
+        self.0.iter().find(|(n, _)| *n == node).map(|(_, a)| *a)
+    }
 }
 
 /// Splits `p` at its first '/': (component, rest after the slashes).
@@ -694,12 +724,51 @@ impl Vfs {
     /// may always). Checked on every walk, cached names included: the file
     /// system's LOOKUP, which may check too, is not asked for those.
     pub fn may_search(&self, dir: NodeId) -> Result<(), Errno> {
+        self.may_search_attr(&self.getattr(dir)?)
+    }
+
+    /// [`Vfs::may_search`] of a directory of attributes `attr`.
+    fn may_search_attr(&self, attr: &Attr) -> Result<(), Errno> {
         let caller = self.client.caller();
-        if caller.uid == 0 || permits(&caller, &self.getattr(dir)?, 0o1) {
+        if caller.uid == 0 || permits(&caller, attr, 0o1) {
             Ok(())
         } else {
             Err(Errno::EACCES)
         }
+    }
+
+    /// The attributes of `node` for a walk: those the shared table gave
+    /// with it when it is `borrowed`, else [`Vfs::getattr`].
+    fn walk_attr(&self, node: NodeId, borrowed: Option<&Borrowed>) -> Result<Attr, Errno> {
+        match borrowed.and_then(|b| b.attr(node)) {
+            Some(a) => Ok(a),
+            None => self.getattr(node),
+        }
+    }
+
+    /// `name` in `parent` for a walk, once the cache said `cached`: from
+    /// the shared table for an attributes-only walk (`borrowed`), where
+    /// this process holds no valid entry; [`Stop::Asks`] where a request
+    /// would name a node found there.
+    fn walk_lookup(
+        &self,
+        parent: NodeId,
+        name: &[u8],
+        cached: Cached,
+        borrowed: Option<&mut Borrowed>,
+    ) -> Result<Option<(NodeId, Attr)>, Stop> {
+        if let Some(b) = borrowed {
+            if matches!(cached, Cached::Miss | Cached::Node(_, None)) {
+                if let Some((n, a)) = self.client.shared_entry(parent, name) {
+                    b.0.push((n, a));
+                    return Ok(Some((n, a)));
+                }
+                if b.attr(parent).is_some() {
+                    return Err(Stop::Asks);
+                }
+            }
+        }
+        Ok(self.lookup_past(parent, name, cached)?)
     }
 
     /// The set-group-ID bit a new non-directory of `mode` made in `parent`
@@ -786,9 +855,8 @@ impl Vfs {
 
     /// A walk's end at the directory `loc` itself (a path with nothing
     /// left to walk, or a link to the mount's root).
-    fn dir_itself(&self, loc: Location, trailing_slash: bool, links: u32) -> Result<Walk, Errno> {
+    fn dir_itself(&self, loc: Location, attr: Attr, trailing_slash: bool, links: u32) -> Result<Walk, Errno> {
         let node = loc.node();
-        let attr = self.getattr(node)?;
         Ok(Walk::Inside(Target {
             dir: loc,
             last: Last::Dir,
@@ -803,8 +871,34 @@ impl Vfs {
     /// root (callers strip the mount point from absolute paths first).
     /// `links` counts symbolic links already followed.
     pub fn walk(&self, start: &Location, path: &[u8], flags: WalkFlags, links: u32) -> Result<Walk, Errno> {
+        if flags.attrs_only && self.client.has_shared_entries() {
+            let mut borrowed = Borrowed::default();
+            match self.walk_with(start, path, flags, links, Some(&mut borrowed)) {
+                Ok(w) => return Ok(w),
+                Err(Stop::Failed(e)) => return Err(e),
+                Err(Stop::Asks) => {}
+            }
+        }
+        match self.walk_with(start, path, flags, links, None) {
+            Ok(w) => Ok(w),
+            Err(Stop::Failed(e)) => Err(e),
+            // Only a walk with the table asks to start again.
+            Err(Stop::Asks) => Err(Errno::EIO),
+        }
+    }
+
+    /// [`Vfs::walk`], looking names up in the shared table too when given
+    /// `borrowed` (the nodes found there).
+    fn walk_with(
+        &self,
+        start: &Location,
+        path: &[u8],
+        flags: WalkFlags,
+        links: u32,
+        mut borrowed: Option<&mut Borrowed>,
+    ) -> Result<Walk, Stop> {
         if path.len() >= PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
+            return Err(Errno::ENAMETOOLONG.into());
         }
         let mut links = links;
         let mut loc = if path.starts_with(b"/") {
@@ -823,11 +917,12 @@ impl Vfs {
             let trailing = is_last && buf[pos + comp_len..].contains(&b'/');
             if comp.is_empty() {
                 // Nothing (left) to walk: the path names the directory itself.
-                return self.dir_itself(loc, true, links);
+                let attr = self.walk_attr(loc.node(), borrowed.as_deref())?;
+                return Ok(self.dir_itself(loc, attr, true, links)?);
             }
             // As the kernel's may_lookup: every name, dots included, is
             // looked up in a directory the caller may search.
-            self.may_search(loc.node())?;
+            self.may_search_attr(&self.walk_attr(loc.node(), borrowed.as_deref())?)?;
             if comp == b"." || comp == b".." {
                 if comp == b".." {
                     if loc.is_root() {
@@ -845,7 +940,7 @@ impl Vfs {
                 }
                 if is_last {
                     let node = loc.node();
-                    let attr = self.getattr(node)?;
+                    let attr = self.walk_attr(node, borrowed.as_deref())?;
                     return Ok(Walk::Inside(Target {
                         dir: loc,
                         last: if comp == b"." { Last::Dot } else { Last::DotDot },
@@ -864,7 +959,7 @@ impl Vfs {
             let found = if unasked {
                 None
             } else {
-                self.lookup_past(parent, comp, cached)?
+                self.walk_lookup(parent, comp, cached, borrowed.as_deref_mut())?
             };
             let Some((node, attr)) = found else {
                 if is_last {
@@ -877,17 +972,20 @@ impl Vfs {
                         unasked,
                     }));
                 }
-                return Err(Errno::ENOENT);
+                return Err(Errno::ENOENT.into());
             };
             let typ = attr.file_type();
             if typ == FileType::Symlink && (!is_last || flags.follow || trailing) {
                 links += 1;
                 if links > MAXSYMLINKS {
-                    return Err(Errno::ELOOP);
+                    return Err(Errno::ELOOP.into());
+                }
+                if borrowed.as_deref().is_some_and(|b| b.attr(node).is_some()) {
+                    return Err(Stop::Asks);
                 }
                 let target = self.client.readlink(node)?;
                 if target.is_empty() {
-                    return Err(Errno::ENOENT);
+                    return Err(Errno::ENOENT.into());
                 }
                 let mut rest = buf[pos + comp_len..].to_vec();
                 // Keep the slashes: "link/" must still name a directory.
@@ -909,18 +1007,19 @@ impl Vfs {
                     buf = nb.into();
                 }
                 if buf.len() >= PATH_MAX {
-                    return Err(Errno::ENAMETOOLONG);
+                    return Err(Errno::ENAMETOOLONG.into());
                 }
                 pos = buf.iter().take_while(|&&b| b == b'/').count();
                 if buf[pos..].is_empty() {
                     // "link" -> "/mnt/x": the mount's root itself.
-                    return self.dir_itself(loc, trailing, links);
+                    let attr = self.walk_attr(loc.node(), borrowed.as_deref())?;
+                    return Ok(self.dir_itself(loc, attr, trailing, links)?);
                 }
                 continue;
             }
             if is_last {
                 if trailing && typ != FileType::Directory && typ != FileType::Symlink {
-                    return Err(Errno::ENOTDIR);
+                    return Err(Errno::ENOTDIR.into());
                 }
                 return Ok(Walk::Inside(Target {
                     dir: loc,
@@ -932,7 +1031,7 @@ impl Vfs {
                 }));
             }
             if typ != FileType::Directory {
-                return Err(Errno::ENOTDIR);
+                return Err(Errno::ENOTDIR.into());
             }
             loc.push(node, comp);
             pos = rest_at;

@@ -67,6 +67,7 @@ impl Fx {
                 &Location::root(),
                 path.as_bytes(),
                 WalkFlags {
+                    attrs_only: false,
                     follow: true,
                     create: false,
                 },

@@ -50,8 +50,16 @@ fn count(stats: &Stats, opcode: u32) -> u64 {
 
 impl Fx {
     fn walk_from(&self, start: &Location, path: &str, follow: bool) -> Result<Walk, Errno> {
-        self.vfs
-            .walk(start, path.as_bytes(), WalkFlags { follow, create: false }, 0)
+        self.vfs.walk(
+            start,
+            path.as_bytes(),
+            WalkFlags {
+                attrs_only: false,
+                follow,
+                create: false,
+            },
+            0,
+        )
     }
 
     fn target(&self, path: &str, follow: bool) -> Result<Target, Errno> {
@@ -407,6 +415,7 @@ fn forty_links_resolve_and_forty_one_loop() {
             &Location::root(),
             b"l1",
             WalkFlags {
+                attrs_only: false,
                 follow: true,
                 create: false
             },
@@ -479,7 +488,16 @@ fn entries_and_attributes_are_cached_for_their_timeouts() {
 /// What `path` (from the root, following links) names inside the mount.
 fn inside(vfs: &Vfs, path: &[u8], create: bool) -> Target {
     match vfs
-        .walk(&Location::root(), path, WalkFlags { follow: true, create }, 0)
+        .walk(
+            &Location::root(),
+            path,
+            WalkFlags {
+                attrs_only: false,
+                follow: true,
+                create,
+            },
+            0,
+        )
         .unwrap()
     {
         Walk::Inside(t) => t,

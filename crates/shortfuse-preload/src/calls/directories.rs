@@ -79,6 +79,7 @@ pub(crate) fn cwd_location() -> Option<(Arc<Vfs>, Location)> {
         Here::Mapped(p) => p,
     };
     let flags = shortfuse_vfs::WalkFlags {
+        attrs_only: false,
         follow: false,
         create: false,
     };

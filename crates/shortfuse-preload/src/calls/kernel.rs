@@ -438,6 +438,7 @@ pub fn adopt(mounts: &[Arc<Vfs>], fds: &FdTable, inherited: &[(i32, Vec<u8>)]) {
             continue;
         }
         let walk = WalkFlags {
+            attrs_only: false,
             follow: false,
             create: false,
         };

@@ -10,7 +10,7 @@ use shortfuse_vfs::{Target, Vfs};
 
 use super::kernel;
 use super::reply::{done, err};
-use super::resolve::{file, lookup_follow, ours};
+use super::resolve::{file, lookup_attrs, lookup_follow, ours};
 use super::table::{AtFlags, Fd, PathAt, Ptr, Regs};
 use crate::user;
 
@@ -73,7 +73,7 @@ pub fn stat(regs: Regs, at: PathAt, out: Ptr, flags: AtFlags) -> Option<i64> {
         }
         return fstat_of(&f, out);
     }
-    let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
+    let (vfs, t) = ours!(lookup_attrs(regs, at, flags.follow()));
     Some(done(
         // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.
         vfs.stat(&t)
@@ -105,7 +105,7 @@ pub fn statx(regs: Regs, at: PathAt, flags: AtFlags, out: Ptr) -> Option<i64> {
         }
         f.stat().map(|a| (a, f.vfs().dev()))
     } else {
-        let (vfs, t) = ours!(lookup_follow(regs, at, flags.follow()));
+        let (vfs, t) = ours!(lookup_attrs(regs, at, flags.follow()));
         vfs.stat(&t).map(|a| (a, vfs.dev()))
     };
     // SAFETY: a pointer argument of the call, into the program's memory, to a plain C type.

@@ -45,7 +45,15 @@ pub fn open(regs: Regs, at: PathAt, flags: i32, mode: u32) -> Option<i64> {
     // create it, without a LOOKUP; when that fails (the name may exist), it
     // takes the usual way.
     let create = flags & (libc::O_CREAT | libc::O_PATH) == libc::O_CREAT;
-    let (mut vfs, t) = ours!(resolve::lookup(regs, at, WalkFlags { follow, create }));
+    let (mut vfs, t) = ours!(resolve::lookup(
+        regs,
+        at,
+        WalkFlags {
+            attrs_only: false,
+            follow,
+            create
+        }
+    ));
     if let Some(fd) = open_special(&vfs, &t, flags) {
         return Some(fd);
     }
@@ -131,6 +139,7 @@ fn tmpfile_open(vfs: &Arc<Vfs>, t: &Target, flags: i32, mode: u32) -> Tmpfile {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let name = format!(".sftmp.{}.{}", process::getpid(), NEXT.fetch_add(1, Ordering::Relaxed));
     let walk = WalkFlags {
+        attrs_only: false,
         follow: false,
         create: false,
     };

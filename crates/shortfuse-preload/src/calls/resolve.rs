@@ -85,7 +85,15 @@ pub fn with_nul(mut p: Vec<u8>) -> Vec<u8> {
 
 /// Resolves `path` relative to `dirfd` (or the current directory).
 pub fn resolve(dirfd: i32, path: &[u8], follow: bool) -> Result<Resolved, Errno> {
-    resolve_for(dirfd, path, WalkFlags { follow, create: false })
+    resolve_for(
+        dirfd,
+        path,
+        WalkFlags {
+            attrs_only: false,
+            follow,
+            create: false,
+        },
+    )
 }
 
 /// [`resolve`], with the walk's every flag.
@@ -208,6 +216,7 @@ pub fn location_of(fd: i32, f: &OpenFile) -> Option<shortfuse_vfs::Location> {
     let rel = below_source(f.vfs(), fd)?;
     let rel = &rel[..];
     let flags = WalkFlags {
+        attrs_only: false,
         follow: false,
         create: false,
     };
@@ -277,7 +286,30 @@ pub fn lookup(regs: Regs, at: PathAt, flags: WalkFlags) -> Result<(Arc<Vfs>, Tar
 
 /// [`lookup`] with only `follow` to say.
 pub fn lookup_follow(regs: Regs, at: PathAt, follow: bool) -> Result<(Arc<Vfs>, Target), Option<i64>> {
-    lookup(regs, at, WalkFlags { follow, create: false })
+    lookup(
+        regs,
+        at,
+        WalkFlags {
+            attrs_only: false,
+            follow,
+            create: false,
+        },
+    )
+}
+
+/// [`lookup_follow`] for a call that only reads the attributes of what
+/// it finds (stat, statx): names other programs of a shared daemon looked
+/// up may come from its table (see [`WalkFlags::attrs_only`]).
+pub fn lookup_attrs(regs: Regs, at: PathAt, follow: bool) -> Result<(Arc<Vfs>, Target), Option<i64>> {
+    lookup(
+        regs,
+        at,
+        WalkFlags {
+            attrs_only: true,
+            follow,
+            create: false,
+        },
+    )
 }
 
 /// Returns from a handler what [`lookup`] says when the path is not ours.

@@ -230,6 +230,7 @@ pub(super) fn slash(rest: &[u8]) -> Vec<u8> {
 /// negated errno chdir gives.
 fn directory(vfs: &Arc<Vfs>, rest: &[u8]) -> i64 {
     let flags = WalkFlags {
+        attrs_only: false,
         follow: true,
         create: false,
     };
@@ -268,7 +269,11 @@ fn open(dirfd: i64, path: &[u8], flags: i32, mode: u32) -> Option<i64> {
 fn open_unbacked(abs: &[u8], flags: i32, mode: u32) -> i64 {
     let excl = libc::O_CREAT | libc::O_EXCL;
     let follow = flags & libc::O_NOFOLLOW == 0 && flags & excl != excl;
-    let walk = WalkFlags { follow, create: false };
+    let walk = WalkFlags {
+        attrs_only: false,
+        follow,
+        create: false,
+    };
     let (vfs, t) = match resolve_for(libc::AT_FDCWD, abs, walk) {
         Ok(Resolved::Ours(vfs, t)) => (vfs, t),
         // A walk that left the mount: the kernel opens what it reached.

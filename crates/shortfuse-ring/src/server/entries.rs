@@ -17,6 +17,11 @@
 //! the listing gives another type, nor after a change made through the
 //! rings or an invalidation the daemon sent; kept lookups are forgotten
 //! once every name of their node has timed out.
+//!
+//! What is kept is also published in a shared table (see
+//! [`crate::name_table`]) that the programs of the daemon's own user read
+//! their `stat`s from; every drop here takes it out of the table too,
+//! before the change is answered or announced.
 
 use shortfuse::sync::lock;
 use std::collections::HashMap;
@@ -27,6 +32,7 @@ use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::client::Notice;
+use crate::name_table::{self, NameTable};
 
 use super::{build_forgets, Shared};
 
@@ -43,6 +49,8 @@ const LONGEST: Duration = Duration::from_secs(24 * 3600);
 pub(super) struct Entries {
     enabled: bool,
     inner: Mutex<Inner>,
+    /// The shared table, written under `inner`'s lock (its one writer).
+    table: Option<NameTable>,
 }
 
 #[derive(Default)]
@@ -81,10 +89,23 @@ fn split(d: Duration) -> (u64, u32) {
 
 impl Entries {
     pub(super) fn new(enabled: bool) -> Entries {
+        let table = enabled
+            .then(|| {
+                NameTable::new()
+                    .inspect_err(|e| tracing::warn!("shortfuse ring: no shared name table: {e}"))
+                    .ok()
+            })
+            .flatten();
         Entries {
             enabled,
             inner: Mutex::default(),
+            table,
         }
+    }
+
+    /// The shared table's descriptor, for a client that may read it.
+    pub(super) fn table(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.table.as_ref().map(NameTable::memfd)
     }
 
     pub(super) fn enabled(&self) -> bool {
@@ -100,6 +121,9 @@ impl Entries {
         let key = (parent, Box::<[u8]>::from(name));
         if e.nodeid == 0 {
             g.names.remove(&key);
+            if let Some(t) = &self.table {
+                t.clear_name(parent, name);
+            }
             return;
         }
         if g.names.len() >= MAX_NAMES {
@@ -110,8 +134,17 @@ impl Entries {
             // A node nothing is kept of is only there to start keeping.
             g.nodes.retain(|_, n| n.kept > 0);
         }
-        let until = now + timeout(e.entry_valid, e.entry_valid_nsec);
-        let attr_until = now + timeout(e.attr_valid, e.attr_valid_nsec);
+        let entry_for = timeout(e.entry_valid, e.entry_valid_nsec);
+        let attr_for = timeout(e.attr_valid, e.attr_valid_nsec);
+        if let Some(t) = &self.table {
+            // Deadlines on the clock every process reads (`now` is close to it).
+            let ns = name_table::now_ns();
+            let deadline = |d: Duration| ns.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+            t.put_attr(e.nodeid, &e.attr, deadline(attr_for));
+            t.put_name(parent, name, e.nodeid, e.generation, deadline(entry_for));
+        }
+        let until = now + entry_for;
+        let attr_until = now + attr_for;
         g.names.insert(
             key,
             Name {
@@ -212,14 +245,29 @@ impl Entries {
         let mut g = lock(&self.inner);
         match notice {
             Notice::Inode(node) => {
+                if let Some(t) = &self.table {
+                    t.clear_attr(node);
+                }
                 if let Some(n) = g.nodes.get_mut(&node) {
                     n.attr_until = now;
                 }
             }
             Notice::Entry { parent, name } => {
-                g.names.remove(&(parent, Box::<[u8]>::from(name)));
+                let gone = g.names.remove(&(parent, Box::<[u8]>::from(name)));
+                if let Some(t) = &self.table {
+                    // The directory's times and links changed with its name,
+                    // and the node's links and ctime.
+                    t.clear_name(parent, name);
+                    t.clear_attr(parent);
+                    if let Some(n) = gone {
+                        t.clear_attr(n.node);
+                    }
+                }
             }
             Notice::All => {
+                if let Some(t) = &self.table {
+                    t.clear();
+                }
                 g.names.clear();
                 for n in g.nodes.values_mut() {
                     n.attr_until = now;

@@ -425,6 +425,7 @@ impl OpenFile {
     /// following a last symbolic link).
     pub fn walk_path(&self) -> Result<Target, Errno> {
         let walk = crate::WalkFlags {
+            attrs_only: false,
             follow: false,
             create: false,
         };
