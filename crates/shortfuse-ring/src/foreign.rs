@@ -99,6 +99,10 @@ pub const BACKING_HANDLES_VAR: &str = "SHORTFUSE_DAEMON_BACKING_HANDLES";
 /// attributes of the daemon across programs (each program then looks
 /// every name up itself, as before it kept them).
 pub const KEEP_VAR: &str = "SHORTFUSE_RING_KEEP";
+/// `0` in `serve`'s environment: what the server keeps is not shared with
+/// the programs (their stats of names other programs looked up go to the
+/// server again).
+pub const SHARE_VAR: &str = "SHORTFUSE_RING_SHARE";
 
 /// What the daemon is told of a direct client: its id and the shape of
 /// its region (the memfd comes with the message).

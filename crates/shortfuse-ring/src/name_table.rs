@@ -322,7 +322,7 @@ impl NameTable {
     }
 
     #[cfg(test)]
-    fn view(&self) -> NameView {
+    pub(crate) fn view(&self) -> NameView {
         NameView::map(self.memfd.as_fd()).unwrap()
     }
 }

@@ -289,7 +289,8 @@ impl Server {
         // Only for an unmodified daemon: our own file systems list with
         // their nodes (READDIRPLUS), and the kernel keeps their names.
         let keep = std::env::var_os(crate::foreign::KEEP_VAR).is_none_or(|v| v != "0");
-        let entries = Entries::new(forward.is_some() && keep);
+        let share = std::env::var_os(crate::foreign::SHARE_VAR).is_none_or(|v| v != "0");
+        let entries = Entries::new(forward.is_some() && keep, share);
         let shared = Arc::new(Shared {
             fs,
             forward,

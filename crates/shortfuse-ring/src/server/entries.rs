@@ -88,8 +88,9 @@ fn split(d: Duration) -> (u64, u32) {
 }
 
 impl Entries {
-    pub(super) fn new(enabled: bool) -> Entries {
-        let table = enabled
+    /// `share`: publish in the shared table too.
+    pub(super) fn new(enabled: bool, share: bool) -> Entries {
+        let table = (enabled && share)
             .then(|| {
                 NameTable::new()
                     .inspect_err(|e| tracing::warn!("shortfuse ring: no shared name table: {e}"))
@@ -409,7 +410,7 @@ mod tests {
 
     #[test]
     fn a_listing_gets_the_nodes_of_fresh_names_with_a_kept_lookup() {
-        let e = Entries::new(true);
+        let e = Entries::new(true, false);
         let now = Instant::now();
         e.learn(1, b"a", &entry(7, 5, FILE), now);
         e.learn(1, b"b", &entry(8, 5, FILE), now);
@@ -431,7 +432,7 @@ mod tests {
 
     #[test]
     fn nothing_is_filled_in_past_a_timeout_a_change_or_for_another_type() {
-        let e = Entries::new(true);
+        let e = Entries::new(true, false);
         let now = Instant::now();
         e.learn(1, b"a", &entry(7, 5, FILE), now);
         e.keep(7, 10, now);
@@ -445,8 +446,38 @@ mod tests {
     }
 
     #[test]
+    fn what_is_learned_is_shared_until_a_change_takes_it_out() {
+        let e = Entries::new(true, true);
+        let v = name_table::NameView::map(e.table().unwrap()).unwrap();
+        let now = Instant::now();
+        let shared = |parent, name: &[u8]| v.name(parent, name).and_then(|f| Some((f.node, v.attr(f.node)?.mode)));
+        e.learn(1, b"d", &entry(5, 60, libc::S_IFDIR | 0o755), now);
+        e.learn(5, b"a", &entry(7, 60, FILE), now);
+        e.learn(5, b"b", &entry(8, 60, FILE), now);
+        assert_eq!(shared(5, b"a"), Some((7, FILE)));
+        e.invalidate(Notice::Inode(7), now);
+        assert_eq!(shared(5, b"a"), None, "the attributes changed");
+        assert_eq!(v.name(5, b"a").map(|f| f.node), Some(7), "not the name");
+        // A name's change takes out the name, the node's and the
+        // directory's attributes, nothing else.
+        e.invalidate(Notice::Entry { parent: 5, name: b"b" }, now);
+        assert_eq!(
+            (v.name(5, b"b"), v.attr(8).is_some(), v.attr(5).is_some()),
+            (None, false, false)
+        );
+        assert_eq!(v.name(1, b"d").map(|f| f.node), Some(5));
+        e.learn(5, b"a", &entry(7, 60, FILE), now);
+        e.invalidate(Notice::All, now);
+        assert_eq!((shared(5, b"a"), v.name(1, b"d")), (None, None));
+        // A negative answer takes the name out too.
+        e.learn(5, b"a", &entry(7, 60, FILE), now);
+        e.learn(5, b"a", &entry(0, 60, 0), now);
+        assert_eq!(v.name(5, b"a"), None);
+    }
+
+    #[test]
     fn kept_lookups_are_given_back_once_their_names_time_out() {
-        let e = Entries::new(true);
+        let e = Entries::new(true, false);
         let now = Instant::now();
         e.learn(1, b"a", &entry(7, 5, FILE), now);
         e.learn(2, b"a2", &entry(7, 9, FILE), now);
