@@ -157,8 +157,8 @@ pub struct RingClient {
     /// it serves (see [`NamesMsg`]).
     names: Option<(shortfuse::NamespaceMap, u32)>,
     /// The names and attributes the server keeps, when it shares them
-    /// with this client (see [`crate::name_table`]).
-    table: Option<NameView>,
+    /// with this client (see [`crate::name_table`]), and the daemon's user.
+    table: Option<(NameView, u32)>,
     /// Requests sent with the hello and the daemon's replies to them, each
     /// given once to the first [`RingClient::call`] of exactly that request
     /// (see [`crate::proto::EarlyMsg`]).
@@ -248,6 +248,7 @@ impl RingClient {
             return Err(invalid("ring memory without the ring header".into()));
         }
         let (n, root) = sys::recv(sock.as_fd(), &mut buf)?;
+        let owner = NamesMsg::read_from_prefix(&buf[..n]).map_or(u32::MAX, |(m, _)| m.uid);
         let names = match NamesMsg::read_from_prefix(&buf[..n]) {
             Ok((m, _)) if m.magic == NAMES_MAGIC => match (m.granted, root) {
                 (1, Some(root)) => Some((
@@ -263,7 +264,7 @@ impl RingClient {
         };
         let (n, table) = sys::recv(sock.as_fd(), &mut buf)?;
         // A table we cannot map is only a cache we go without.
-        let table = table.and_then(|fd| NameView::map(fd.as_fd()).ok());
+        let table = table.and_then(|fd| NameView::map(fd.as_fd()).ok()).map(|t| (t, owner));
         let answered = match EarlyMsg::read_from_prefix(&buf[..n]) {
             Ok((m, replies)) if m.magic == EARLY_MAGIC => crate::proto::fuse_messages(replies)
                 .into_iter()
@@ -330,9 +331,13 @@ impl RingClient {
     /// server's shared table, while both are valid there (the server
     /// takes an entry out before it tells anyone of a change to it). The
     /// node comes with no lookup of this client's: its id must never be
-    /// sent to the daemon.
-    pub fn shared_entry(&self, parent: u64, name: &[u8]) -> Option<(u64, abi::fuse_attr)> {
-        let table = self.table.as_ref()?;
+    /// sent to the daemon. Only for calls made as the daemon's user or
+    /// root (`uid`): the server serves no other user this table is open to.
+    pub fn shared_entry(&self, parent: u64, name: &[u8], uid: u32) -> Option<(u64, abi::fuse_attr)> {
+        let (table, owner) = self.table.as_ref()?;
+        if uid != *owner && uid != 0 {
+            return None;
+        }
         let found = table.name(parent, name)?;
         let attr = table.attr(found.node)?;
         Some((found.node, attr))

@@ -68,9 +68,10 @@ pub trait Backend: Send + Sync {
     /// shared by other programs keeps them for all (see
     /// `shortfuse_ring::RingClient::shared_entry`), while valid. The node
     /// is not looked up by this process: its attributes may be read, and
-    /// its id never sent. In process there is no such table: `None`.
-    fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
-        let _ = (parent, name);
+    /// its id never sent. For a call made as `uid`. In process there is no
+    /// such table: `None`.
+    fn shared_entry(&self, parent: NodeId, name: &[u8], uid: u32) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
+        let _ = (parent, name, uid);
         None
     }
 

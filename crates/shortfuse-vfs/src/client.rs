@@ -926,9 +926,11 @@ impl Client {
     }
 
     /// A name and its attributes from the daemon's shared table (see
-    /// [`Backend::shared_entry`]): the node must never be sent.
+    /// [`Backend::shared_entry`]): the node must never be sent. For the calling thread's user.
     pub fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, Attr)> {
-        self.backend.shared_entry(parent, name).map(|(n, a)| (n, attr_from(&a)))
+        self.backend
+            .shared_entry(parent, name, self.caller().uid)
+            .map(|(n, a)| (n, attr_from(&a)))
     }
 
     pub fn has_shared_entries(&self) -> bool {

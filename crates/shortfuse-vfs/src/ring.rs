@@ -184,10 +184,10 @@ impl Backend for Ring {
         self.client.get().is_some() || (self.may_connect)()
     }
 
-    fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
+    fn shared_entry(&self, parent: NodeId, name: &[u8], uid: u32) -> Option<(NodeId, shortfuse_abi::fuse_attr)> {
         self.client
             .get()?
-            .shared_entry(parent.0, name)
+            .shared_entry(parent.0, name, uid)
             .map(|(n, a)| (NodeId(n), a))
     }
 

@@ -28,7 +28,7 @@ impl Backend for Sharing {
         self.inner.call(request, reply)
     }
 
-    fn shared_entry(&self, parent: NodeId, name: &[u8]) -> Option<(NodeId, abi::fuse_attr)> {
+    fn shared_entry(&self, parent: NodeId, name: &[u8], _uid: u32) -> Option<(NodeId, abi::fuse_attr)> {
         self.table.get(&(parent.0, name.to_vec())).copied()
     }
 

@@ -43,6 +43,13 @@ const EXPIRY: Duration = Duration::from_millis(500);
 const MAX_NAMES: usize = 1 << 18;
 /// The longest a timeout is taken at (a daemon's "forever").
 const LONGEST: Duration = Duration::from_secs(24 * 3600);
+/// How long a change keeps LOOKUP answers about what it touched from being
+/// kept: the daemon's threads race, so an answer it gave before the change
+/// may reach the server after the change was announced.
+const SETTLE: Duration = Duration::from_secs(1);
+/// Changes remembered for [`SETTLE`] at most; past that, all is taken as
+/// changed.
+const RECENT_MAX: usize = 1 << 16;
 
 /// The server's cache of names and attributes (see the module doc); empty
 /// and inert when not `enabled`.
@@ -60,6 +67,51 @@ struct Inner {
     nodes: HashMap<u64, Node>,
     /// The sum of the nodes' `kept`.
     kept: u64,
+    recent: Recent,
+}
+
+/// The changes of the last [`SETTLE`], by what they touched.
+#[derive(Default)]
+struct Recent {
+    nodes: HashMap<u64, Instant>,
+    names: HashMap<(u64, Box<[u8]>), Instant>,
+    all: Option<Instant>,
+}
+
+impl Recent {
+    fn note(&mut self, notice: Notice<'_>, gone: Option<u64>, now: Instant) {
+        if self.nodes.len() + self.names.len() >= RECENT_MAX {
+            let fresh = |t: &mut Instant| now.saturating_duration_since(*t) < SETTLE;
+            self.nodes.retain(|_, t| fresh(t));
+            self.names.retain(|_, t| fresh(t));
+            if self.nodes.len() + self.names.len() >= RECENT_MAX {
+                self.nodes.clear();
+                self.names.clear();
+                self.all = Some(now);
+            }
+        }
+        match notice {
+            Notice::Inode(node) => {
+                self.nodes.insert(node, now);
+            }
+            Notice::Entry { parent, name } => {
+                self.names.insert((parent, Box::from(name)), now);
+                self.nodes.insert(parent, now);
+                if let Some(n) = gone {
+                    self.nodes.insert(n, now);
+                }
+            }
+            Notice::All => self.all = Some(now),
+        }
+    }
+
+    /// Whether a change of the last [`SETTLE`] touched name `key` or `node`.
+    fn touched(&self, key: &(u64, Box<[u8]>), node: u64, now: Instant) -> bool {
+        let fresh = |t: &Instant| now.saturating_duration_since(*t) < SETTLE;
+        self.all.as_ref().is_some_and(fresh)
+            || self.nodes.get(&node).is_some_and(fresh)
+            || self.names.get(key).is_some_and(fresh)
+    }
 }
 
 struct Name {
@@ -120,7 +172,7 @@ impl Entries {
         }
         let mut g = lock(&self.inner);
         let key = (parent, Box::<[u8]>::from(name));
-        if e.nodeid == 0 {
+        if e.nodeid == 0 || g.recent.touched(&key, e.nodeid, now) {
             g.names.remove(&key);
             if let Some(t) = &self.table {
                 t.clear_name(parent, name);
@@ -195,7 +247,7 @@ impl Entries {
         if g.kept == 0 {
             return 0;
         }
-        let Inner { names, nodes, kept } = &mut *g;
+        let Inner { names, nodes, kept, .. } = &mut *g;
         let mut filled = 0;
         let mut at = HEADER;
         while let Ok((d, _)) = abi::fuse_direntplus::read_from_prefix(&reply[at..]) {
@@ -246,6 +298,7 @@ impl Entries {
         let mut g = lock(&self.inner);
         match notice {
             Notice::Inode(node) => {
+                g.recent.note(notice, None, now);
                 if let Some(t) = &self.table {
                     t.clear_attr(node);
                 }
@@ -255,6 +308,7 @@ impl Entries {
             }
             Notice::Entry { parent, name } => {
                 let gone = g.names.remove(&(parent, Box::<[u8]>::from(name)));
+                g.recent.note(notice, gone.as_ref().map(|n| n.node), now);
                 if let Some(t) = &self.table {
                     // The directory's times and links changed with its name,
                     // and the node's links and ctime.
@@ -266,6 +320,7 @@ impl Entries {
                 }
             }
             Notice::All => {
+                g.recent.note(notice, None, now);
                 if let Some(t) = &self.table {
                     t.clear();
                 }
@@ -470,9 +525,31 @@ mod tests {
         e.invalidate(Notice::All, now);
         assert_eq!((shared(5, b"a"), v.name(1, b"d")), (None, None));
         // A negative answer takes the name out too.
-        e.learn(5, b"a", &entry(7, 60, FILE), now);
-        e.learn(5, b"a", &entry(0, 60, 0), now);
+        let later = now + SETTLE;
+        e.learn(5, b"a", &entry(7, 60, FILE), later);
+        assert_eq!(shared(5, b"a"), Some((7, FILE)));
+        e.learn(5, b"a", &entry(0, 60, 0), later);
         assert_eq!(v.name(5, b"a"), None);
+    }
+
+    #[test]
+    fn an_answer_that_reaches_the_server_just_after_a_change_is_not_kept() {
+        let e = Entries::new(true, true);
+        let v = name_table::NameView::map(e.table().unwrap()).unwrap();
+        let now = Instant::now();
+        e.invalidate(Notice::Inode(7), now);
+        e.invalidate(Notice::Entry { parent: 5, name: b"b" }, now);
+        // Answers the daemon gave before those changes.
+        e.learn(5, b"a", &entry(7, 60, FILE), now);
+        e.learn(5, b"b", &entry(8, 60, FILE), now);
+        e.learn(1, b"d", &entry(5, 60, libc::S_IFDIR | 0o755), now);
+        assert_eq!((v.name(5, b"a"), v.name(5, b"b"), v.name(1, b"d")), (None, None, None));
+        e.keep(7, 1, now);
+        assert_eq!(e.fill(5, &mut listing(&[(b"a", 8)]), now), 0);
+        // Once the change has settled, answers are kept again.
+        let later = now + SETTLE;
+        e.learn(5, b"a", &entry(7, 60, FILE), later);
+        assert_eq!(v.name(5, b"a").map(|f| f.node), Some(7));
     }
 
     #[test]
