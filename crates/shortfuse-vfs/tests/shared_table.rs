@@ -13,12 +13,15 @@ use shortfuse_vfs::*;
 
 const MP: &[u8] = b"/mnt/x";
 
-/// An in-process backend with a shared table of names, noting the
-/// (opcode, node) of every request it carries.
+/// The (opcode, node) of every request a backend carried.
+type Sent = Arc<Mutex<Vec<(u32, u64)>>>;
+
+/// An in-process backend with a shared table of names, noting what it
+/// carries.
 struct Sharing {
     inner: InProcess,
     table: HashMap<(u64, Vec<u8>), (NodeId, abi::fuse_attr)>,
-    sent: Arc<Mutex<Vec<(u32, u64)>>>,
+    sent: Sent,
 }
 
 impl Backend for Sharing {
@@ -65,7 +68,7 @@ fn target(vfs: &Vfs, path: &str, f: WalkFlags) -> Result<Target, Errno> {
 /// A file system with `d/file` and `d/link` -> `file`, made by another
 /// process; and a program's VFS whose shared table holds `d` and `d/link`
 /// (not `d/file`), with what it sends.
-fn setup() -> (Vfs, Arc<Mutex<Vec<(u32, u64)>>>, NodeId, NodeId) {
+fn setup() -> (Vfs, Sent, NodeId, NodeId) {
     let mem = Arc::new(MemFs::new());
     let other = Vfs::new(
         Box::new(InProcess::new(
