@@ -724,13 +724,14 @@ impl Vfs {
     /// may always). Checked on every walk, cached names included: the file
     /// system's LOOKUP, which may check too, is not asked for those.
     pub fn may_search(&self, dir: NodeId) -> Result<(), Errno> {
-        self.may_search_attr(&self.getattr(dir)?)
+        self.may_search_in(dir, None)
     }
 
-    /// [`Vfs::may_search`] of a directory of attributes `attr`.
-    fn may_search_attr(&self, attr: &Attr) -> Result<(), Errno> {
+    /// [`Vfs::may_search`] in a walk that found the nodes of `borrowed` in
+    /// the shared table. Root may search anything: no attributes asked.
+    fn may_search_in(&self, dir: NodeId, borrowed: Option<&Borrowed>) -> Result<(), Errno> {
         let caller = self.client.caller();
-        if caller.uid == 0 || permits(&caller, attr, 0o1) {
+        if caller.uid == 0 || permits(&caller, &self.walk_attr(dir, borrowed)?, 0o1) {
             Ok(())
         } else {
             Err(Errno::EACCES)
@@ -922,7 +923,7 @@ impl Vfs {
             }
             // As the kernel's may_lookup: every name, dots included, is
             // looked up in a directory the caller may search.
-            self.may_search_attr(&self.walk_attr(loc.node(), borrowed.as_deref())?)?;
+            self.may_search_in(loc.node(), borrowed.as_deref())?;
             if comp == b"." || comp == b".." {
                 if comp == b".." {
                     if loc.is_root() {
