@@ -933,8 +933,10 @@ impl Client {
             .map(|(n, a)| (n, attr_from(&a)))
     }
 
+    /// Whether [`Client::shared_entry`] may find anything. A transport
+    /// set up at the first request is set up now: a walk needs it anyway.
     pub fn has_shared_entries(&self) -> bool {
-        self.backend.has_shared_entries()
+        self.opened().is_ok() && self.backend.has_shared_entries()
     }
 
     /// Drains the backend's invalidations (see [`Backend::invalidations`]).
