@@ -1040,6 +1040,64 @@ def test_a_failed_lookup_the_daemon_took_is_not_sent_to_serve(shortfuse, scratch
         d.stop()
 
 
+# Opens and closes argv[1], argv[2] times.
+OPEN_CLOSE = r"""
+import os, sys
+for _ in range(int(sys.argv[2])):
+    os.close(os.open(sys.argv[1], os.O_RDONLY))
+"""
+
+
+def test_an_open_and_close_sends_serve_one_message_at_most(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        (src / "f").write_text("x")
+        n = 300
+        releases = d.count("RELEASE")
+        figures = d.stats()["daemon"]
+        p = under(shortfuse, mp, [sys.executable, "-c", OPEN_CLOSE, str(mp / "f"), str(n)])
+        assert p.returncode == 0, p.stderr.decode()
+        after = d.stats()["daemon"]
+        # Each close still reached bindfs.
+        assert d.count("RELEASE") - releases >= n
+        # The release goes through serve (it checks who owns the handle),
+        # and carries the word of the open kept back for it; with no lock
+        # ever asked for, serve has nothing to do at the flush. Each
+        # message wakes serve's reader and a job thread; an open and close
+        # sent three.
+        heard = after["heard"] - figures["heard"]
+        assert heard < 1.5 * n, (figures, after)
+    finally:
+        d.stop()
+
+
+# Removes the files argv[2:] of directory argv[1].
+UNLINK = r"""
+import os, sys
+for n in sys.argv[2:]:
+    os.unlink(os.path.join(sys.argv[1], n))
+"""
+
+
+def test_an_unlink_is_handed_back_by_the_thread_that_read_it(shortfuse, scratch):
+    d, src, mp = bindfs(shortfuse, scratch)
+    try:
+        names = [f"f{i}" for i in range(200)]
+        for n in names:
+            (src / n).write_text("x")
+        figures = d.stats()["daemon"]
+        p = under(shortfuse, mp, [sys.executable, "-c", UNLINK, str(mp), *names])
+        assert p.returncode == 0, p.stderr.decode()
+        after = d.stats()["daemon"]
+        assert os.listdir(src) == [] and os.listdir(mp) == []
+        # serve tells the kernel mount and the other programs of each
+        # removal, and hands the answer back, on the thread that read it
+        # from the daemon: no job thread is woken on the program's path.
+        assert after["at_once"] - figures["at_once"] >= len(names), (figures, after)
+    finally:
+        d.stop()
+
+
 # Looks at one file as root, drops root, then looks at a file only root
 # may read.
 DROP_ROOT = r"""

@@ -31,6 +31,7 @@
 
 mod backing;
 mod direct;
+mod later;
 mod ready;
 
 use std::cell::RefCell;

@@ -147,6 +147,10 @@ pub const MSG_COUNTS: u32 = 10;
 /// the daemon's replies to direct clients gathered into a buffer before
 /// the client's slot (replies `serve` is told of too).
 pub const COUNT_COPIED: u32 = u32::MAX;
+/// Daemon to bridge: [`MSG_DONE`]s (and the message that was sent with
+/// them) kept back so that they wake `serve` once: `u32` kind, `u32`
+/// length and the message, one after another.
+pub const MSG_BATCH: u32 = 11;
 /// [`DirectDone::flags`]: `serve` hands the reply to the client (after
 /// telling the other clients and the kernel mount of the change).
 pub const DONE_COMPLETE: u32 = 1;
@@ -299,6 +303,11 @@ pub struct Bridge {
     told: AtomicU64,
     /// Times a direct client's ring woke the daemon through its eventfd.
     woken: AtomicU64,
+    /// Messages the daemon sent about requests it took ([`MSG_DONE`],
+    /// [`MSG_HANDOVER`], [`MSG_BATCH`]): each wakes the reader.
+    heard: AtomicU64,
+    /// Answers `serve` handed to the client on the reader itself.
+    at_once: AtomicU64,
     /// Direct clients the daemon let go of ([`MSG_GONE_ACK`]).
     acked: Mutex<std::collections::HashSet<u64>>,
     acked_seen: Condvar,
@@ -339,6 +348,8 @@ impl Bridge {
             copied: AtomicU64::new(0),
             told: AtomicU64::new(0),
             woken: AtomicU64::new(0),
+            heard: AtomicU64::new(0),
+            at_once: AtomicU64::new(0),
             acked: Mutex::new(std::collections::HashSet::new()),
             acked_seen: Condvar::new(),
         })
@@ -385,47 +396,25 @@ impl Bridge {
             }
             let kind = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let msg = &buf[4..n];
-            match kind {
-                MSG_REPLY => self.reply(msg, passed),
-                MSG_NOTIFY => self.notified(msg),
-                MSG_HANDOVER => {
-                    if let (Ok((at, _)), Some(a)) = (DirectSlot::read_from_prefix(msg), lock(&self.announcer).clone()) {
-                        a.direct_job(at.id, DirectJob::Handover(at.queue as usize, at.slot as usize));
-                    }
-                }
-                MSG_DONE => self.direct_done(msg, passed),
-                MSG_COUNTS => {
-                    if let Some(a) = lock(&self.announcer).clone() {
-                        for pair in msg.chunks_exact(8) {
-                            let opcode = u32::from_ne_bytes([pair[0], pair[1], pair[2], pair[3]]);
-                            let n = u32::from_ne_bytes([pair[4], pair[5], pair[6], pair[7]]);
-                            if opcode == COUNT_COPIED {
-                                self.copied.fetch_add(u64::from(n), Ordering::Relaxed);
-                                continue;
-                            }
-                            a.stats()
-                                .record_untimed(opcode, shortfuse::Transport::Ring, u64::from(n));
-                            self.taken.fetch_add(u64::from(n), Ordering::Relaxed);
-                        }
-                    }
-                }
-                MSG_GONE_ACK => {
-                    if let Some(id) = msg.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes) {
-                        lock(&self.acked).insert(id);
-                        self.acked_seen.notify_all();
-                    }
-                }
-                MSG_INIT => {
-                    if let Some(fd) = passed {
-                        *lock(&self.kernel) = Some(fd);
-                    }
-                    if let Some(out) = msg.get(16..).and_then(init_out) {
-                        *lock(&self.init) = Some(out);
-                        self.init_seen.notify_all();
-                    }
-                }
-                _ => {}
+            if matches!(kind, MSG_HANDOVER | MSG_DONE | MSG_BATCH) {
+                self.heard.fetch_add(1, Ordering::Relaxed);
             }
+            if kind == MSG_BATCH {
+                let mut rest = msg;
+                while let (Some(head), Some(len)) = (rest.get(..4), rest.get(4..8)) {
+                    let kind = u32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
+                    let len = u32::from_ne_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                    let Some(one) = rest.get(8..8 + len) else {
+                        break;
+                    };
+                    if kind != MSG_BATCH {
+                        self.message(kind, one, None);
+                    }
+                    rest = &rest[8 + len..];
+                }
+                continue;
+            }
+            self.message(kind, msg, passed);
         }
         self.gone.store(true, Ordering::SeqCst);
         lock(&self.kernel).take();
@@ -438,6 +427,52 @@ impl Bridge {
         drop(_g);
         let _g = lock(&self.acked);
         self.acked_seen.notify_all();
+    }
+
+    /// One message of the daemon (`kind`, then `msg`), with the descriptor
+    /// `passed` with it.
+    fn message(&self, kind: u32, msg: &[u8], passed: Option<OwnedFd>) {
+        match kind {
+            MSG_REPLY => self.reply(msg, passed),
+            MSG_NOTIFY => self.notified(msg),
+            MSG_HANDOVER => {
+                if let (Ok((at, _)), Some(a)) = (DirectSlot::read_from_prefix(msg), lock(&self.announcer).clone()) {
+                    a.direct_job(at.id, DirectJob::Handover(at.queue as usize, at.slot as usize));
+                }
+            }
+            MSG_DONE => self.direct_done(msg, passed),
+            MSG_COUNTS => {
+                if let Some(a) = lock(&self.announcer).clone() {
+                    for pair in msg.chunks_exact(8) {
+                        let opcode = u32::from_ne_bytes([pair[0], pair[1], pair[2], pair[3]]);
+                        let n = u32::from_ne_bytes([pair[4], pair[5], pair[6], pair[7]]);
+                        if opcode == COUNT_COPIED {
+                            self.copied.fetch_add(u64::from(n), Ordering::Relaxed);
+                            continue;
+                        }
+                        a.stats()
+                            .record_untimed(opcode, shortfuse::Transport::Ring, u64::from(n));
+                        self.taken.fetch_add(u64::from(n), Ordering::Relaxed);
+                    }
+                }
+            }
+            MSG_GONE_ACK => {
+                if let Some(id) = msg.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_ne_bytes) {
+                    lock(&self.acked).insert(id);
+                    self.acked_seen.notify_all();
+                }
+            }
+            MSG_INIT => {
+                if let Some(fd) = passed {
+                    *lock(&self.kernel) = Some(fd);
+                }
+                if let Some(out) = msg.get(16..).and_then(init_out) {
+                    *lock(&self.init) = Some(out);
+                    self.init_seen.notify_all();
+                }
+            }
+            _ => {}
+        }
     }
 
     /// A direct request the daemon answered: the backing file of a
@@ -463,7 +498,7 @@ impl Bridge {
         self.taken.fetch_add(1, Ordering::Relaxed);
         self.told.fetch_add(1, Ordering::Relaxed);
         if let Some(a) = lock(&self.announcer).clone() {
-            a.direct_job(
+            let at_once = a.direct_job(
                 d.at.id,
                 DirectJob::Done {
                     queue: d.at.queue as usize,
@@ -474,6 +509,9 @@ impl Bridge {
                     reply: reply.to_vec(),
                 },
             );
+            if at_once {
+                self.at_once.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -669,6 +707,20 @@ impl shortfuse::stats::Figures for BridgeFigures {
                 value: self.0.told.load(Ordering::Relaxed),
                 gauge: false,
                 help: "Requests the daemon took whose answers it sent serve: lookups and opens, changes, flushes.",
+            },
+            shortfuse::stats::Figure {
+                name: "heard",
+                value: self.0.heard.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Messages the daemon sent serve about the requests it took (answers told, requests handed \
+                       over; several kept back and sent together count once): each wakes serve's reader.",
+            },
+            shortfuse::stats::Figure {
+                name: "at_once",
+                value: self.0.at_once.load(Ordering::Relaxed),
+                gauge: false,
+                help: "Answers of the daemon (changes, flushes) that serve noted, told and handed to the waiting \
+                       client on the thread that read them, no other thread of serve woken.",
             },
             shortfuse::stats::Figure {
                 name: "woken",

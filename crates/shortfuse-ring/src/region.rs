@@ -57,6 +57,12 @@ pub mod header {
     pub const SPIN_NS: usize = 32;
     /// [`super::DAEMON_ALIVE`] or [`super::DAEMON_GONE`].
     pub const DAEMON: usize = 40;
+    /// Written by the server alone: 1 once some client asked it for a
+    /// lock (SETLK, SETLKW), 0 before. Until then a close has no
+    /// lock to let go, and an unmodified daemon taking the requests itself
+    /// answers FLUSH without the server (a client that writes 0 here only
+    /// keeps its own locks past its closes).
+    pub const LOCKS: usize = 44;
 }
 
 pub const DAEMON_ALIVE: u32 = 1;

@@ -67,7 +67,7 @@ use caller::{Acting, Peer, Who};
 use ownership::{Locked, Parked};
 
 pub use direct::DirectJob;
-use direct::{jobs, relay, Jobs};
+use direct::{jobs, relay, run, Jobs};
 pub use notices::changes;
 use notices::ClientsSink;
 use track::{Handle, Track};
@@ -168,6 +168,8 @@ struct Shared {
     anchors: Anchors,
     /// The lock table, shared with a kernel mount of the same daemon.
     locks: Arc<Locks>,
+    /// Some client asked for a lock (see [`header::LOCKS`]).
+    locks_asked: AtomicBool,
     reaper: Reaper,
     /// SETLKW requests waiting for their lock.
     parked: Mutex<Vec<Parked>>,
@@ -305,6 +307,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             anchors: Anchors::new()?,
             locks: locks.clone(),
+            locks_asked: AtomicBool::new(false),
             reaper: Reaper::new()?,
             parked: Mutex::new(Vec::new()),
             retrying: AtomicBool::new(false),
@@ -445,12 +448,20 @@ impl Announcer {
         &self.0.stats
     }
 
-    /// Work the daemon left for direct client `id` (gone: dropped).
-    pub fn direct_job(&self, id: u64, job: DirectJob) {
+    /// Work the daemon left for direct client `id` (gone: dropped): true
+    /// when it was done here and then, on the caller's thread (the
+    /// daemon's reader), rather than queued for the client's job thread.
+    pub fn direct_job(&self, id: u64, job: DirectJob) -> bool {
         let conn = lock(&self.0.clients).iter().find(|c| c.id == id).cloned();
-        if let Some(c) = conn {
-            c.jobs.push(job);
-        }
+        let Some(c) = conn else {
+            return false;
+        };
+        let Some(job) = c.jobs.push_or_take(job) else {
+            return false;
+        };
+        run(&self.0, &c, job, &mut Vec::new(), &mut Vec::new());
+        c.jobs.ran();
+        true
     }
 
     pub fn notify_all(&self, notice: Notice<'_>) {
@@ -571,6 +582,11 @@ fn serve_client(shared: Arc<Shared>, sock: OwnedFd) {
     };
     let (conn, conn_memfd) = conn;
     lock(&shared.clients).push(conn.clone());
+    // After the listing: a first lock asked meanwhile either finds this
+    // client listed or is seen here.
+    if shared.locks_asked.load(Ordering::SeqCst) {
+        conn.region.u32_at(header::LOCKS).store(1, Ordering::Release);
+    }
     // `stop` halts the clients it finds listed; one listed too late for
     // it is halted here (its workers then end before serving anything).
     if shared.stopping.load(Ordering::SeqCst) {

@@ -11,16 +11,19 @@
 //! socket, the reply to the client never waiting for it where nothing
 //! else may see the change first:
 //! - reads, stats, listings: answered here alone;
-//! - lookups, opens, forgets: answered here, and `serve` told
-//!   (`MSG_DONE`) before the client has the answer, so that what a client
-//!   that goes held is given back;
+//! - lookups and opens: answered here, and `serve` told (`MSG_DONE`, kept
+//!   back for the next message, see `later`) so that what a client that
+//!   goes held is given back;
 //! - changes (create, write, unlink...): `serve` hands the reply over,
 //!   once it told the other clients, the kernel mount and the watches;
 //!   so it does for READDIRPLUS, whose entries without a node it may fill
 //!   in from the names it keeps across programs;
+//! - FLUSH: `serve` hands the reply over once it let the caller's POSIX
+//!   locks on the file go, whatever the answer; but while no client ever
+//!   asked for a lock (`serve` says so in each region's header) there are
+//!   none, and the daemon answers alone;
 //! - a lookup, open, listing or change that failed: answered here alone,
-//!   as it hands out and changes nothing (a FLUSH goes to `serve`
-//!   whatever its answer);
+//!   as it hands out and changes nothing;
 //! - everything else (releases, locks, a caller whose ids are not those
 //!   it connected with): handed to `serve` whole (`MSG_HANDOVER`), which
 //!   checks and serves it as it serves any client.
@@ -35,7 +38,7 @@ use shortfuse_ring::foreign::{
     init_out, init_reply, DirectClient, DirectDone, DirectSlot, COUNT_COPIED, DAEMON_BELL_VAR, DIRECT_AWAKE,
     DIRECT_UNIQUE, DONE_COMPLETE, MSG_COUNTS, MSG_DONE, MSG_GONE_ACK, MSG_HANDOVER, RING_UNIQUE,
 };
-use shortfuse_ring::region::{entry_slot, slot, Region, SLOT_HEADER};
+use shortfuse_ring::region::{entry_slot, header, slot, Region, SLOT_HEADER};
 use shortfuse_ring::Geometry;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -157,7 +160,7 @@ pub fn flush_counts() {
         copied -= u64::from(n);
     }
     if !msg.is_empty() {
-        super::send_parts(MSG_COUNTS, &[&msg], None);
+        super::later::now(MSG_COUNTS, &[&msg], None);
     }
 }
 
@@ -256,7 +259,7 @@ fn drop_gone(all: &mut Vec<Client>) {
     all.retain(|c| {
         if c.gone && c.held == 0 {
             flush_counts();
-            super::send_parts(MSG_GONE_ACK, &[&c.info.id.to_ne_bytes()], None);
+            super::later::now(MSG_GONE_ACK, &[&c.info.id.to_ne_bytes()], None);
             return false;
         }
         true
@@ -303,7 +306,13 @@ fn tell_done(c: &Client, q: usize, i: usize, t: &Taken, reply: &[u8], lent: Opti
         flags: if t.serve { DONE_COMPLETE } else { 0 },
         padding: 0,
     };
-    super::send_parts(MSG_DONE, &[d.as_bytes(), &t.req, reply], lent);
+    let parts = [d.as_bytes(), &t.req[..], reply];
+    if t.serve || lent.is_some() {
+        super::later::now(MSG_DONE, &parts, lent);
+    } else {
+        // Nothing waits for `serve` here: the client has its answer.
+        super::later::later(MSG_DONE, &parts);
+    }
 }
 
 /// The next request of a direct client for the daemon, handed over by
@@ -311,6 +320,7 @@ fn tell_done(c: &Client, q: usize, i: usize, t: &Taken, reply: &[u8], lent: Opti
 /// None when it does not fit). Requests the daemon must not see (INIT,
 /// DESTROY) are answered here, and those `serve` answers handed to it.
 pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
+    super::later::send(false);
     let mut all = lock(&CLIENTS);
     let mut req = Vec::new();
     for c in all.iter_mut().filter(|c| !c.gone) {
@@ -364,7 +374,17 @@ pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
                     _ => {}
                 }
                 let way = if plainly_allowed(&c.info, &h) {
-                    route(h.opcode)
+                    match route(h.opcode) {
+                        // No lock was ever taken on the rings: a close lets
+                        // none go, and `serve` has nothing to do for it.
+                        Route::Serve
+                            if h.opcode == abi::FUSE_FLUSH
+                                && c.region.u32_at(header::LOCKS).load(Ordering::Acquire) == 0 =>
+                        {
+                            Route::Daemon
+                        }
+                        way => way,
+                    }
                 } else {
                     Route::Handover
                 };
@@ -374,7 +394,7 @@ pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
                         queue: q as u32,
                         slot: i as u32,
                     };
-                    if super::send_parts(MSG_HANDOVER, &[at.as_bytes()], None) < 0 {
+                    if super::later::now(MSG_HANDOVER, &[at.as_bytes()], None) < 0 {
                         error(&mut reply, h.unique, libc::ENOTCONN);
                         finish(c, q, i, &reply);
                     }
@@ -624,6 +644,7 @@ pub fn poll(mut other: impl FnMut() -> bool) -> bool {
 /// when a request came meanwhile: then the reader does not sleep.
 pub fn arm() -> bool {
     flush_counts();
+    super::later::send(true);
     let all = lock(&CLIENTS);
     for c in all.iter() {
         for q in 0..c.geo.queues as usize {

@@ -6,7 +6,9 @@
 //! give back when the client goes, lent backing files, stats), telling
 //! other clients and the kernel mount of changes before the caller has its
 //! answer, and the requests the daemon hands over whole (releases, locks,
-//! requests whose credentials need the full check).
+//! requests whose credentials need the full check). An answer to note or
+//! tell that finds the job thread idle is done on the thread that read it
+//! instead (see [`Jobs::push_or_take`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -42,13 +44,39 @@ pub enum DirectJob {
 /// A direct client's jobs, in the order the daemon sent them.
 #[derive(Default)]
 pub(super) struct Jobs {
-    queue: Mutex<VecDeque<DirectJob>>,
+    queue: Mutex<Queue>,
     ready: Condvar,
 }
 
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<DirectJob>,
+    /// The job thread runs one (or the reader runs one in its place).
+    running: bool,
+}
+
 impl Jobs {
-    pub(super) fn push(&self, job: DirectJob) {
-        lock(&self.queue).push_back(job);
+    /// Queues `job`, or hands it back to be run at once by the caller
+    /// (the daemon's reader, which alone pushes jobs) when nothing of the
+    /// client is queued or running and the job is an answer `serve` only
+    /// has to note and tell (see [`runs_at_once`]): the job thread would be
+    /// one more thread wake-up, on the path of a caller waiting for a
+    /// change. [`Jobs::ran`] ends it.
+    pub(super) fn push_or_take(&self, job: DirectJob) -> Option<DirectJob> {
+        let mut q = lock(&self.queue);
+        if q.jobs.is_empty() && !q.running && runs_at_once(&job) {
+            q.running = true;
+            return Some(job);
+        }
+        q.jobs.push_back(job);
+        drop(q);
+        self.ready.notify_one();
+        None
+    }
+
+    /// A job [`Jobs::push_or_take`] handed back was run.
+    pub(super) fn ran(&self) {
+        lock(&self.queue).running = false;
         self.ready.notify_one();
     }
 
@@ -58,6 +86,19 @@ impl Jobs {
     }
 }
 
+/// Whether `job` may run on the daemon's reader: an answer to note (a
+/// lookup), or one to tell and hand over (a change, a flush), whose
+/// bookkeeping calls nothing of the daemon. Not a handover (it waits for
+/// the daemon's answer, which may need the reader), nor what hands out a
+/// file handle (a process found gone has its handles released there and
+/// then, through the daemon).
+fn runs_at_once(job: &DirectJob) -> bool {
+    let DirectJob::Done { req, .. } = job else {
+        return false;
+    };
+    abi::parse_header(req).is_ok_and(|h| !matches!(h.opcode, abi::FUSE_OPEN | abi::FUSE_OPENDIR | abi::FUSE_CREATE))
+}
+
 /// Runs a direct client's jobs until it is halted and none is left.
 pub(super) fn jobs(shared: &Shared, conn: &Conn) {
     let (mut req, mut reply) = (Vec::new(), Vec::new());
@@ -65,45 +106,55 @@ pub(super) fn jobs(shared: &Shared, conn: &Conn) {
         let job = {
             let mut q = lock(&conn.jobs.queue);
             loop {
-                if let Some(j) = q.pop_front() {
-                    break j;
-                }
-                if conn.stop.load(Ordering::SeqCst) {
-                    return;
+                // Not while the reader runs one in our place: in order.
+                if !q.running {
+                    if let Some(j) = q.jobs.pop_front() {
+                        q.running = true;
+                        break j;
+                    }
+                    if conn.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
                 }
                 q = conn.jobs.ready.wait(q).unpoison();
             }
         };
-        match job {
-            DirectJob::Handover(q, i) if q < conn.geo.queues as usize && i < conn.geo.slots as usize => {
-                conn.serve(shared, q, i, &mut req, &mut reply);
+        run(shared, conn, job, &mut req, &mut reply);
+        lock(&conn.jobs.queue).running = false;
+    }
+}
+
+/// Runs one job of a direct client (`req` and `reply`: buffers to reuse).
+pub(super) fn run(shared: &Shared, conn: &Conn, job: DirectJob, req: &mut Vec<u8>, reply: &mut Vec<u8>) {
+    match job {
+        DirectJob::Handover(q, i) if q < conn.geo.queues as usize && i < conn.geo.slots as usize => {
+            conn.serve(shared, q, i, req, reply);
+        }
+        DirectJob::Handover(..) => {}
+        DirectJob::Done {
+            queue,
+            slot,
+            pid,
+            complete,
+            req,
+            mut reply,
+        } => {
+            if let Ok(h) = abi::parse_header(&req) {
+                shared.stats.record(h.opcode, Transport::Ring, 0);
             }
-            DirectJob::Handover(..) => {}
-            DirectJob::Done {
-                queue,
-                slot,
-                pid,
-                complete,
-                req,
-                mut reply,
-            } => {
-                if let Ok(h) = abi::parse_header(&req) {
-                    shared.stats.record(h.opcode, Transport::Ring, 0);
-                }
-                if abi::parse_header(&req).is_ok_and(|h| h.opcode == abi::FUSE_FLUSH) {
-                    // The caller's POSIX locks on the file go with its close.
-                    let mut unused = Vec::new();
-                    conn.lock_request(shared, &req, &mut unused, false);
-                }
-                shared.fill_listing(&req, &mut reply);
-                conn.settle(shared, &req, &reply, pid);
-                {
-                    let _t = lock(&conn.track);
-                    conn.tracked.notify_all();
-                }
-                if complete && queue < conn.geo.queues as usize && slot < conn.geo.slots as usize {
-                    conn.complete(queue, slot, &req, &mut reply);
-                }
+            if abi::parse_header(&req).is_ok_and(|h| h.opcode == abi::FUSE_FLUSH) {
+                // The caller's POSIX locks on the file go with its close.
+                let mut unused = Vec::new();
+                conn.lock_request(shared, &req, &mut unused, false);
+            }
+            shared.fill_listing(&req, &mut reply);
+            conn.settle(shared, &req, &reply, pid);
+            {
+                let _t = lock(&conn.track);
+                conn.tracked.notify_all();
+            }
+            if complete && queue < conn.geo.queues as usize && slot < conn.geo.slots as usize {
+                conn.complete(queue, slot, &req, &mut reply);
             }
         }
     }

@@ -101,6 +101,9 @@ impl Conn {
         if !matches!(h.opcode, abi::FUSE_GETLK | abi::FUSE_SETLK | abi::FUSE_SETLKW) {
             return None;
         }
+        if h.opcode != abi::FUSE_GETLK {
+            shared.note_locks(self);
+        }
         let start = std::time::Instant::now();
         let Ok((arg, _)) = abi::fuse_lk_in::read_from_prefix(body) else {
             error_reply(reply, h.unique, libc::EINVAL);
@@ -161,6 +164,20 @@ impl Conn {
 }
 
 impl Shared {
+    /// Client `asking` asks for a lock: from now on the closes of every
+    /// client go through the server, which lets their locks go (see
+    /// [`crate::region::header::LOCKS`]). Its own region is marked before
+    /// it has its answer, so its next close cannot miss the lock.
+    pub(super) fn note_locks(&self, asking: &Conn) {
+        let word = crate::region::header::LOCKS;
+        asking.region.u32_at(word).store(1, Ordering::Release);
+        if !self.locks_asked.swap(true, Ordering::SeqCst) {
+            for c in lock(&self.clients).iter() {
+                c.region.u32_at(word).store(1, Ordering::Release);
+            }
+        }
+    }
+
     pub(super) fn park(&self, conn: u64, q: usize, i: usize, req: &[u8]) {
         lock(&self.parked).push(Parked {
             conn,
