@@ -25,6 +25,8 @@ use shortfuse_ring::foreign::MSG_BATCH;
 const HOLD: Duration = Duration::from_millis(1);
 /// Kept-back messages are sent once this many wait.
 const MOST: usize = 32;
+/// A message sent now longer than this goes on its own, after the batch.
+const ALONE: usize = 16 << 10;
 
 struct Kept {
     /// `[u32 kind][u32 length][message]`, one after another.
@@ -75,8 +77,11 @@ pub fn now(kind: u32, parts: &[&[u8]], pass: Option<i32>) -> i64 {
     if k.count == 0 {
         return super::send_parts(kind, parts, pass);
     }
-    if pass.is_some() {
-        // A descriptor goes with its own message.
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if pass.is_some() || len > ALONE {
+        // A descriptor goes with its own message; so does a large one
+        // (a write's data), which the batch must not push past what
+        // `serve` reads at once.
         let r = send_kept(&mut k, None);
         if r < 0 {
             return r;
