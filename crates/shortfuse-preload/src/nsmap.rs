@@ -856,58 +856,53 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
         let (vfs, rest) = mount_of(path)?;
         vfs.namespace()?;
         (vfs, Cow::Borrowed(rest.strip_prefix(b"/").unwrap_or(rest)))
-    } else {
-        let (vfs, base) = if dirfd == AT_FDCWD {
-            let cwd = st.cwd.lock().unpoison().clone();
-            match cwd {
-                // Entered by fchdir of the program's descriptor: the
-                // kernel's current directory is the backing directory
-                // itself, and the path starts there.
-                Some((vfs, Here::Mapped(at))) => {
-                    let (start, f) = from_kernel_dir(vfs.namespace()?, AT_FDCWD, &at, &mut path, whole)?;
-                    from = f;
-                    (vfs, start)
-                }
-                Some((vfs, here)) => {
-                    vfs.namespace()?;
-                    (vfs, here.path())
-                }
-                None => {
-                    let host = st.host_cwd.lock().unpoison();
-                    let mut abs = host.clone();
-                    drop(host);
-                    abs.push(b'/');
-                    abs.extend_from_slice(path);
-                    let (vfs, rest) = mount_of(&abs)?;
-                    vfs.namespace()?;
-                    let rest = rest.strip_prefix(b"/").unwrap_or(rest).to_vec();
-                    return plain(&rest).then_some((vfs, Cow::Owned(rest), From::Root));
-                }
+    } else if dirfd == AT_FDCWD {
+        // (Both halves shared: no copy of the current directory's path.)
+        let cwd = st.cwd.lock().unpoison().clone();
+        match cwd {
+            // Entered by fchdir of the program's descriptor: the
+            // kernel's current directory is the backing directory
+            // itself, and the path starts there.
+            Some((vfs, Here::Mapped(at))) => {
+                let (start, f) = from_kernel_dir(vfs.namespace()?, AT_FDCWD, &at, &mut path, whole)?;
+                from = f;
+                let rel = below_root(&at[..start], path);
+                (vfs, Cow::Owned(rel))
             }
-        } else {
-            let f = st.fds.get(dirfd as i32)?;
-            f.vfs().namespace()?;
-            if f.beneath_map() {
-                // The program's descriptor is the kernel's, of the backing
-                // directory: the path starts there (a file's: the walk
-                // says ENOTDIR).
-                if crate::calls::kind_of(dirfd as i32, &f) != shortfuse::FileType::Directory {
-                    return None;
-                }
-                let (start, f2) = from_kernel_dir(f.vfs().namespace()?, dirfd, f.path(), &mut path, whole)?;
-                from = f2;
-                (f.vfs().clone(), start)
-            } else {
-                (f.vfs().clone(), f.location()?.path())
+            Some((vfs, here)) => {
+                vfs.namespace()?;
+                let rel = below_root(&here.path(), path);
+                (vfs, Cow::Owned(rel))
             }
-        };
-        let mut rel = base;
-        if rel != b"/" && !path.is_empty() {
-            rel.push(b'/');
+            None => {
+                let host = st.host_cwd.lock().unpoison();
+                let mut abs = host.clone();
+                drop(host);
+                abs.push(b'/');
+                abs.extend_from_slice(path);
+                let (vfs, rest) = mount_of(&abs)?;
+                vfs.namespace()?;
+                let rest = rest.strip_prefix(b"/").unwrap_or(rest).to_vec();
+                return plain(&rest).then_some((vfs, Cow::Owned(rest), From::Root));
+            }
         }
-        rel.extend_from_slice(path);
-        rel.remove(0);
-        (vfs, Cow::Owned(rel))
+    } else {
+        let f = st.fds.get(dirfd as i32)?;
+        f.vfs().namespace()?;
+        let rel = if f.beneath_map() {
+            // The program's descriptor is the kernel's, of the backing
+            // directory: the path starts there (a file's: the walk
+            // says ENOTDIR).
+            if crate::calls::kind_of(dirfd as i32, &f) != shortfuse::FileType::Directory {
+                return None;
+            }
+            let (start, f2) = from_kernel_dir(f.vfs().namespace()?, dirfd, f.path(), &mut path, whole)?;
+            from = f2;
+            below_root(&f.path()[..start], path)
+        } else {
+            below_root(&f.location()?.path(), path)
+        };
+        (f.vfs().clone(), Cow::Owned(rel))
     };
     if !(plain(&rel) || whole && rel.is_empty()) {
         return None;
@@ -923,11 +918,12 @@ fn beneath(dirfd: i64, path: &[u8], whole: bool) -> Option<(Arc<Vfs>, Cow<'_, [u
 
 /// Where a path relative to `dirfd`, a kernel descriptor of a directory
 /// beneath the map (the program's, or its current directory, `AT_FDCWD`)
-/// at `at` below the mount's root, starts: the path below the root of the
-/// directory it starts at, and how the kernel reaches it. Leading `..`
-/// components (fts climbs back up so) are taken off `path` and lead to
-/// the directory above, when it is the one the path names.
-fn from_kernel_dir(ns: &Namespace, dirfd: i64, at: &[u8], path: &mut &[u8], whole: bool) -> Option<(Vec<u8>, From)> {
+/// at `at` below the mount's root, starts: how long the part of `at` is
+/// that names the directory it starts at (its path below the root), and
+/// how the kernel reaches it. Leading `..` components (fts climbs back up
+/// so) are taken off `path` and lead to the directory above, when it is
+/// the one the path names.
+fn from_kernel_dir(ns: &Namespace, dirfd: i64, at: &[u8], path: &mut &[u8], whole: bool) -> Option<(usize, From)> {
     let mut up = 0;
     while *path == b".." || path.starts_with(b"../") {
         *path = path.get(3..).unwrap_or_default();
@@ -936,20 +932,33 @@ fn from_kernel_dir(ns: &Namespace, dirfd: i64, at: &[u8], path: &mut &[u8], whol
     if path.is_empty() && !whole {
         return None;
     }
-    let mut start = at.to_vec();
+    let mut start = at;
     for _ in 0..up {
         // Above the root: out of the mount, the walk's.
         let cut = start.iter().rposition(|&b| b == b'/').filter(|_| start != b"/")?;
-        start.truncate(cut.max(1));
+        start = &start[..cut.max(1)];
     }
     let skip = if start == b"/" { 0 } else { start.len() };
     let from = if up == 0 {
         From::Dir(dirfd, skip, None)
     } else {
-        let (fd, own) = above(ns, dirfd, &start, up)?;
+        let (fd, own) = above(ns, dirfd, start, up)?;
         From::Dir(fd, skip, own)
     };
-    Some((start, from))
+    Some((start.len(), from))
+}
+
+/// The path below the mount's root of `path`, relative to the directory at
+/// `start` (below the root, starting with '/'), made in one allocation.
+fn below_root(start: &[u8], path: &[u8]) -> Vec<u8> {
+    let start = start.strip_prefix(b"/").unwrap_or(start);
+    let mut rel = Vec::with_capacity(start.len() + 1 + path.len());
+    rel.extend_from_slice(start);
+    if !start.is_empty() && !path.is_empty() {
+        rel.push(b'/');
+    }
+    rel.extend_from_slice(path);
+    rel
 }
 
 /// The directory `up` levels above the program's directory `dirfd`, when

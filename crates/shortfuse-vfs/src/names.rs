@@ -15,10 +15,12 @@
 
 use shortfuse::sync::Unpoison;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use shortfuse::cache::page::FxHasher;
 use shortfuse::{Errno, NamespaceMap};
 
 use crate::Caller;
@@ -38,11 +40,59 @@ pub struct Namespace {
     dirs: Mutex<Dirs>,
 }
 
+/// A kept directory and when it was found.
+type Kept = (Arc<OwnedFd>, Instant);
+
+/// Kept directories by path. Looked up on every path call beneath the
+/// map, with keys of the program's own making and at most [`NAMED_DIRS`]
+/// of them: FxHash, a few cycles a word, in place of SipHash, which
+/// resists flooding that a table this small cannot suffer.
+type ByPath = HashMap<Box<[u8]>, Kept, BuildHasherDefault<FxHasher>>;
+
 #[derive(Default)]
 struct Dirs {
     /// Whose search permissions the kept directories were reached with.
     caller: Option<Arc<Caller>>,
-    by_path: HashMap<Box<[u8]>, (Arc<OwnedFd>, Instant)>,
+    /// By their path below the root.
+    by_path: ByPath,
+    /// By their path below the current directory: a table apart, so that
+    /// a lookup takes the program's path as it is, with no key to build.
+    from_cwd: ByPath,
+}
+
+/// Which of a mount's tables a directory is kept in.
+#[derive(Clone, Copy)]
+enum Below {
+    Root,
+    Cwd,
+}
+
+impl Dirs {
+    fn table(&mut self, below: Below) -> &mut ByPath {
+        match below {
+            Below::Root => &mut self.by_path,
+            Below::Cwd => &mut self.from_cwd,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_path.len() + self.from_cwd.len()
+    }
+
+    /// Makes room for one more: the oldest goes (a linear scan of small
+    /// tables).
+    fn make_room(&mut self) {
+        let oldest = |t: &ByPath| t.iter().map(|(k, (_, at))| (*at, k.clone())).min();
+        let old = match (oldest(&self.by_path), oldest(&self.from_cwd)) {
+            (Some(a), Some(b)) if b < a => Some((Below::Cwd, b.1)),
+            (Some(a), _) => Some((Below::Root, a.1)),
+            (None, Some(b)) => Some((Below::Cwd, b.1)),
+            (None, None) => None,
+        };
+        if let Some((below, key)) = old {
+            self.table(below).remove(&key);
+        }
+    }
 }
 
 impl Namespace {
@@ -94,6 +144,33 @@ impl Namespace {
         caller: &Arc<Caller>,
         open: impl FnOnce() -> Result<OwnedFd, Errno>,
     ) -> Result<Arc<OwnedFd>, Errno> {
+        self.kept(Below::Root, path, caller, open)
+    }
+
+    /// The directory at `path` relative to the process's current directory,
+    /// a kernel one beneath the root (a shim's current directory entered
+    /// beneath the map), as `caller` reaches it: kept as [`Namespace::dir`]
+    /// keeps those below the root, apart from them, until the current
+    /// directory changes ([`Namespace::forget_cwd_dirs`]). Relative paths
+    /// of a program that works in a directory of the mount (`grep -r`, a
+    /// compiler's `dir/file.c`, git's lstat of every tracked file) then
+    /// cost one `*at` call each, as those from the root do.
+    pub fn dir_from_cwd(
+        &self,
+        path: &[u8],
+        caller: &Arc<Caller>,
+        open: impl FnOnce() -> Result<OwnedFd, Errno>,
+    ) -> Result<Arc<OwnedFd>, Errno> {
+        self.kept(Below::Cwd, path, caller, open)
+    }
+
+    fn kept(
+        &self,
+        below: Below,
+        path: &[u8],
+        caller: &Arc<Caller>,
+        open: impl FnOnce() -> Result<OwnedFd, Errno>,
+    ) -> Result<Arc<OwnedFd>, Errno> {
         let now = Instant::now();
         {
             let mut d = self.lock();
@@ -103,9 +180,10 @@ impl Namespace {
                 .is_some_and(|c| Arc::ptr_eq(c, caller) || **c == **caller);
             if !same {
                 d.by_path.clear();
+                d.from_cwd.clear();
                 d.caller = Some(caller.clone());
             }
-            if let Some((fd, at)) = d.by_path.get(path) {
+            if let Some((fd, at)) = d.table(below).get(path) {
                 if now.duration_since(*at) < self.valid_for {
                     return Ok(fd.clone());
                 }
@@ -117,62 +195,41 @@ impl Namespace {
         }
         let mut d = self.lock();
         if d.caller.as_deref() == Some(&**caller) {
-            if d.by_path.len() >= NAMED_DIRS && !d.by_path.contains_key(path) {
-                // The oldest goes (a linear scan of a small table).
-                if let Some(old) = d.by_path.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone()) {
-                    d.by_path.remove(&old);
-                }
+            if d.len() >= NAMED_DIRS && !d.table(below).contains_key(path) {
+                d.make_room();
             }
-            d.by_path.insert(path.into(), (fd.clone(), now));
+            d.table(below).insert(path.into(), (fd.clone(), now));
         }
         Ok(fd)
-    }
-
-    /// The directory at `path` relative to the process's current directory,
-    /// a kernel one beneath the root (a shim's current directory entered
-    /// beneath the map), as `caller` reaches it: kept as [`Namespace::dir`]
-    /// keeps those below the root, apart from them (a path never holds a
-    /// NUL byte), until the current directory changes
-    /// ([`Namespace::forget_cwd_dirs`]). Relative paths of a program that
-    /// works in a directory of the mount (`grep -r`, a compiler's
-    /// `dir/file.c`) then cost one `*at` call each, as those from the root do.
-    pub fn dir_from_cwd(
-        &self,
-        path: &[u8],
-        caller: &Arc<Caller>,
-        open: impl FnOnce() -> Result<OwnedFd, Errno>,
-    ) -> Result<Arc<OwnedFd>, Errno> {
-        let mut key = Vec::with_capacity(path.len() + 1);
-        key.push(0);
-        key.extend_from_slice(path);
-        self.dir(&key, caller, open)
     }
 
     /// Drops the directories kept relative to the current directory (see
     /// [`Namespace::dir_from_cwd`]): it changed.
     pub fn forget_cwd_dirs(&self) {
-        let mut d = self.lock();
-        d.by_path.retain(|k, _| k.first() != Some(&0));
+        self.lock().from_cwd.clear();
     }
 
     /// Drops every kept directory: something may have moved one, or
     /// changed who may search it.
     pub fn forget_dirs(&self) {
         let mut d = self.lock();
-        if !d.by_path.is_empty() {
-            d.by_path.clear();
-        }
+        d.by_path.clear();
+        d.from_cwd.clear();
     }
 
     /// Whether `fd` is the number of a kept directory.
     pub fn holds(&self, fd: std::os::fd::RawFd) -> bool {
         use std::os::fd::AsRawFd;
-        self.lock().by_path.values().any(|(d, _)| d.as_raw_fd() == fd)
+        let d = self.lock();
+        d.by_path
+            .values()
+            .chain(d.from_cwd.values())
+            .any(|(d, _)| d.as_raw_fd() == fd)
     }
 
     /// How many directories are kept now.
     pub fn kept_dirs(&self) -> usize {
-        self.lock().by_path.len()
+        self.lock().len()
     }
 }
 

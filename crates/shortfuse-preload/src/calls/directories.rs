@@ -38,7 +38,9 @@ pub(crate) enum Here {
     /// nothing; a call that needs its place in the mount walks to it then
     /// ([`cwd_location`]), and most never do (paths beneath the map are
     /// the kernel's, and so is getcwd).
-    Mapped(Vec<u8>),
+    /// Shared, so that a relative path's call takes the current directory
+    /// with no copy.
+    Mapped(Arc<[u8]>),
 }
 
 impl Here {
@@ -46,7 +48,7 @@ impl Here {
     pub fn path(&self) -> Vec<u8> {
         match self {
             Here::Walked(loc) => loc.path(),
-            Here::Mapped(p) => p.clone(),
+            Here::Mapped(p) => p.to_vec(),
         }
     }
 
@@ -122,7 +124,7 @@ pub fn fchdir(fd: Fd) -> Option<i64> {
         let mut path = Vec::with_capacity(rel.len() + 1);
         path.push(b'/');
         path.extend_from_slice(&rel);
-        set_cwd(Some((f.vfs().clone(), Here::Mapped(path))));
+        set_cwd(Some((f.vfs().clone(), Here::Mapped(path.into()))));
         return Some(0);
     }
     let Some(loc) = super::resolve::location_of(fd.0, &f) else {
@@ -204,14 +206,14 @@ pub(crate) fn inherited_mapped(vfs: &Vfs, rel: &[u8]) -> Option<Here> {
     let mut path = Vec::with_capacity(rel.len() + 1);
     path.push(b'/');
     path.extend_from_slice(rel);
-    (mapped_cwd(vfs).ok()?? == path).then_some(Here::Mapped(path))
+    (mapped_cwd(vfs).ok()?? == path).then_some(Here::Mapped(path.into()))
 }
 
 /// Makes `path` (below the mount's root, starting with '/') in `vfs` the
 /// current directory, the kernel's being its backing directory already
 /// (see [`Here::Mapped`]).
 pub(crate) fn entered_mapped(vfs: Arc<Vfs>, path: Vec<u8>) {
-    set_cwd(Some((vfs, Here::Mapped(path))));
+    set_cwd(Some((vfs, Here::Mapped(path.into()))));
 }
 
 fn set_cwd(new: Option<(Arc<Vfs>, Here)>) {

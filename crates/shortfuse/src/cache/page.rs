@@ -40,7 +40,7 @@ impl Policy {
 /// FxHash (rustc's): keys here are node numbers and short names, not
 /// attacker-chosen flood material worth SipHash's cost on every lookup.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher(u64);
+pub struct FxHasher(u64);
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
