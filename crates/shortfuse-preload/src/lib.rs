@@ -152,6 +152,7 @@
 mod calls;
 mod creds;
 mod daemon;
+mod known_sites;
 mod lazy_libm;
 mod mounts;
 mod nsmap;
@@ -273,6 +274,7 @@ extern "C" fn init() {
         return;
     }
     calls::libpath::restore();
+    known_sites::load();
     let mode = mode();
     let debug = std::env::var_os("SHORTFUSE_DEBUG").is_some();
     sys::init_cfg();

@@ -21,6 +21,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use iced_x86::{Code, Decoder, DecoderOptions};
 
+use crate::known_sites::{self, Object};
 use crate::sys::{fs, process, raw, raw3};
 
 const SYS_MMAP: i64 = 9;
@@ -334,9 +335,10 @@ fn rewrite_site_or_not(site: usize, wait: bool) -> bool {
 }
 
 fn rewrite_unforked(site: usize, wait: bool) -> bool {
-    let Some((start, end, prot)) = segment_of(site).or_else(|| mapping_of(site)) else {
+    let Some(seg) = segment_of(site).or_else(|| mapping_of(site)) else {
         return false;
     };
+    let (start, end, prot) = (seg.start, seg.end, seg.prot);
     if site < start || prot & libc::PROT_READ == 0 {
         return false;
     }
@@ -345,7 +347,7 @@ fn rewrite_unforked(site: usize, wait: bool) -> bool {
     // rewritten), whose protection is given back to it.
     let next = if site + 2 > end {
         match segment_of(end).or_else(|| mapping_of(end)) {
-            Some((s, _, p)) if s == end && p & libc::PROT_READ != 0 => p,
+            Some(s) if s.start == end && s.prot & libc::PROT_READ != 0 => s.prot,
             _ => return false,
         }
     } else {
@@ -355,9 +357,65 @@ fn rewrite_unforked(site: usize, wait: bool) -> bool {
     if !lock_rewrites(me, wait) {
         return false;
     }
-    let done = rewrite_locked(site, prot, next);
+    let id = seg.object.and_then(|o| Some((o, o.build_id()?)));
+    if let Some((object, id)) = id {
+        if let Some(offsets) = known_sites::take(id, object.base) {
+            rewrite_handed_down(&object, offsets);
+        }
+    }
+    let done = match rewrite_locked(site, prot, next) {
+        Rewrite::Now => {
+            if let Some((object, id)) = id {
+                known_sites::learned(id, site - object.base);
+            }
+            true
+        }
+        Rewrite::Before => true,
+        Rewrite::Not => false,
+    };
     REWRITING.store(0, Ordering::Release);
     done
+}
+
+/// Rewrites the sites handed down for `object` (offsets from its load
+/// address, see [`known_sites`]) that still hold `syscall`: one pair of
+/// mprotect calls for each of its code segments that holds any. Under the
+/// rewrite lock.
+fn rewrite_handed_down(object: &Object, offsets: &[usize]) {
+    for (start, end, prot) in object.code_segments() {
+        let sites = offsets.iter().map(|&o| object.base.wrapping_add(o));
+        // Both bytes inside the segment and inside one cache line (so also
+        // one page): a pair across a line is left to the one-by-one rewrite,
+        // which may only do it while the process has one thread.
+        let fits = move |&s: &usize| {
+            (start..end.saturating_sub(1)).contains(&s)
+                && s % 64 != 63
+                // SAFETY: both bytes are inside a loaded segment that its
+                // header says is readable and executable.
+                && unsafe { [core::ptr::read_volatile(s as *const u8), core::ptr::read_volatile((s + 1) as *const u8)] }
+                    == [0x0f, 0x05]
+        };
+        let Some(first) = sites.clone().filter(fits).min() else {
+            continue;
+        };
+        let last = sites.clone().filter(fits).max().unwrap_or(first);
+        let page = first & !(PAGE - 1);
+        let len = ((last + 2 + PAGE - 1) & !(PAGE - 1)) - page;
+        let rwx = (prot | libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as i64;
+        // SAFETY: pages of loaded code that this module changes the protection of for a rewrite,
+        // and restores; nothing of Rust's lives there.
+        if unsafe { raw3(SYS_MPROTECT, page as i64, len as i64, rwx) } != 0 {
+            continue;
+        }
+        for s in sites.filter(fits) {
+            // SAFETY: a `syscall` (checked just now) in the pages just made
+            // writable; `call *%rax` is two bytes too, stored in one write
+            // inside one cache line, so another thread runs one or the other.
+            unsafe { crate::sys::store2(s as *mut u8, [0xff, 0xd0]) };
+        }
+        // SAFETY: as above: the protection its header gives the segment back.
+        unsafe { raw3(SYS_MPROTECT, page as i64, len as i64, prot as i64) };
+    }
 }
 
 /// Set once the process was seen with more than one thread: from then on
@@ -399,17 +457,27 @@ fn alone() -> bool {
     true
 }
 
+/// What [`rewrite_locked`] found.
+enum Rewrite {
+    /// The site was a `syscall` and now calls the trampoline.
+    Now,
+    /// It called the trampoline already.
+    Before,
+    /// It is left as it is.
+    Not,
+}
+
 /// `next`: the protection of the page after `site`'s, when the pair
 /// reaches into it.
-fn rewrite_locked(site: usize, prot: i32, next: i32) -> bool {
+fn rewrite_locked(site: usize, prot: i32, next: i32) -> Rewrite {
     let p = site as *mut u8;
     // SAFETY: the mapping is readable (checked above) for both bytes.
     let cur = unsafe { [core::ptr::read_volatile(p), core::ptr::read_volatile(p.add(1))] };
     if cur == [0xff, 0xd0] {
-        return true;
+        return Rewrite::Before;
     }
     if cur != [0x0f, 0x05] {
-        return false;
+        return Rewrite::Not;
     }
     let page = site & !(PAGE - 1);
     let len = ((site + 1) & !(PAGE - 1)) + PAGE - page;
@@ -417,7 +485,7 @@ fn rewrite_locked(site: usize, prot: i32, next: i32) -> bool {
     // SAFETY: page 0 or a page of loaded code that this module changes the protection of for a
     // rewrite, and restores; nothing of Rust's lives there.
     if unsafe { raw3(SYS_MPROTECT, page as i64, len as i64, rwx) } != 0 {
-        return false;
+        return Rewrite::Not;
     }
     // SAFETY: both bytes are in the page range just made writable.
     unsafe { crate::sys::store2(p, [0xff, 0xd0]) };
@@ -431,13 +499,23 @@ fn rewrite_locked(site: usize, prot: i32, next: i32) -> bool {
             raw3(SYS_MPROTECT, (page + PAGE) as i64, PAGE as i64, next as i64);
         }
     }
-    true
+    Rewrite::Now
 }
 
 /// Opens NUL-terminated `path` for reading: the descriptor or a negated
 /// errno.
 fn open_read(path: &[u8]) -> i64 {
     fs::openat(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_CLOEXEC, 0)
+}
+
+/// Where a site lies: a page range, the protection to give it back, and
+/// the loaded object it belongs to (None: code no object holds).
+#[derive(Clone, Copy)]
+struct Segment {
+    start: usize,
+    end: usize,
+    prot: i32,
+    object: Option<Object>,
 }
 
 /// The loaded segment holding `addr`: its page range and the protection its
@@ -450,10 +528,10 @@ fn open_read(path: &[u8]) -> i64 {
 ///
 /// The loader's lock taken here is recursive (a handler interrupting the
 /// thread that holds it goes on) and nothing of ours is held meanwhile.
-fn segment_of(addr: usize) -> Option<(usize, usize, i32)> {
+fn segment_of(addr: usize) -> Option<Segment> {
     struct Find {
         addr: usize,
-        found: Option<(usize, usize, i32)>,
+        found: Option<Segment>,
     }
     extern "C" fn each(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: the loader hands a valid entry and our `Find`, for the
@@ -462,25 +540,24 @@ fn segment_of(addr: usize) -> Option<(usize, usize, i32)> {
         if info.dlpi_phdr.is_null() {
             return 0;
         }
-        // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers.
+        // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers, which
+        // the loader keeps as long as the object stays loaded (a site of an
+        // object that another thread unloads meanwhile is code the program
+        // could no longer run anyway).
         let headers = unsafe { core::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let base = info.dlpi_addr as usize;
         for ph in headers.iter().filter(|ph| ph.p_type == libc::PT_LOAD) {
-            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            let start = base.wrapping_add(ph.p_vaddr as usize);
             let end = start.wrapping_add(ph.p_memsz as usize);
             if !(start..end).contains(&find.addr) {
                 continue;
             }
-            let mut prot = 0;
-            for (flag, p) in [
-                (libc::PF_R, libc::PROT_READ),
-                (libc::PF_W, libc::PROT_WRITE),
-                (libc::PF_X, libc::PROT_EXEC),
-            ] {
-                if ph.p_flags & flag != 0 {
-                    prot |= p;
-                }
-            }
-            find.found = Some((start & !(PAGE - 1), (end + PAGE - 1) & !(PAGE - 1), prot));
+            find.found = Some(Segment {
+                start: start & !(PAGE - 1),
+                end: (end + PAGE - 1) & !(PAGE - 1),
+                prot: known_sites::protection(ph.p_flags),
+                object: Some(Object { base, headers }),
+            });
             return 1;
         }
         0
@@ -494,7 +571,7 @@ fn segment_of(addr: usize) -> Option<(usize, usize, i32)> {
 
 /// The mapping holding `addr`, from /proc/self/maps, read with raw system
 /// calls into a stack buffer.
-fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
+fn mapping_of(addr: usize) -> Option<Segment> {
     let fd = open_read(b"/proc/self/maps\0");
     if fd < 0 {
         return None;
@@ -537,7 +614,12 @@ fn mapping_of(addr: usize) -> Option<(usize, usize, i32)> {
         }
     }
     fs::close(fd as i32);
-    found
+    found.map(|(start, end, prot)| Segment {
+        start,
+        end,
+        prot,
+        object: None,
+    })
 }
 
 /// `start-end perms ...`: the range and protection if it holds `addr`.
@@ -579,8 +661,8 @@ fn hex(s: &[u8]) -> Option<usize> {
 /// Dispatch, so that our raw system calls and our signal restorer always
 /// reach the kernel.
 pub fn own_text() -> Option<(usize, usize)> {
-    let (start, end, prot) = segment_of(crate::sys::shortfuse_special as *const () as usize)?;
-    (prot & libc::PROT_EXEC != 0).then_some((start, end - start))
+    let s = segment_of(crate::sys::shortfuse_special as *const () as usize)?;
+    (s.prot & libc::PROT_EXEC != 0).then_some((s.start, s.end - s.start))
 }
 
 #[cfg(test)]

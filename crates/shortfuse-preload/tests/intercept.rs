@@ -38,6 +38,8 @@ fn programs() -> &'static Path {
         cc(&[
             "-O1",
             "-Wall",
+            // Sites are handed down by build-id (`known_sites`).
+            "-Wl,--build-id",
             "-o",
             prog.to_str().unwrap(),
             src.join("prog.c").to_str().unwrap(),
@@ -66,6 +68,11 @@ fn mountpoint(name: &str) -> String {
 /// under the shim with DIR a mem mount and `SHORTFUSE_INTERCEPT=mode`
 /// ("" for the default). Killed after 60 s, so that a hang fails.
 fn prog(mode: Option<&str>, cmd: &str, dir: &str, args: &[&str]) -> Output {
+    prog_with(mode, cmd, dir, args, &[])
+}
+
+/// [`prog`] with more variables in its environment.
+fn prog_with(mode: Option<&str>, cmd: &str, dir: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let _page0 = PAGE_ZERO.read().unpoison();
     let mut c = Command::new("timeout");
     c.args(["-s", "KILL", "60"])
@@ -82,6 +89,7 @@ fn prog(mode: Option<&str>, cmd: &str, dir: &str, args: &[&str]) -> Output {
             c.env("SHORTFUSE_INTERCEPT", m);
         }
     }
+    c.envs(env.iter().copied());
     c.output().unwrap()
 }
 
@@ -158,6 +166,62 @@ fn syscall_sites_are_rewritten_when_they_first_run() {
             out,
             format!("site before {before}\ngetpid 1\nsite after {after}\n"),
             "SHORTFUSE_INTERCEPT={mode:?}"
+        );
+    }
+}
+
+/// The sites an image rewrote are handed to the image it execs, where the
+/// first site of the program's text that traps has every other one it was
+/// handed rewritten with it: site b calls the trampoline before it first
+/// runs there.
+#[test]
+fn sites_an_image_learned_are_rewritten_at_once_in_the_image_it_execs() {
+    let mp = mountpoint("handed");
+    let out = stdout(&prog(Some(""), "handed", &mp, &[]), "default");
+    assert_eq!(
+        out,
+        "first: a 0f05 b 0f05\nafter a: a ffd0 b 0f05\nids 1\n\
+         second: a 0f05 b 0f05\nafter a: a ffd0 b ffd0\nids 1\n"
+    );
+}
+
+/// A handed-down site is rewritten only in an object of the same
+/// build-id, and only where it holds a `syscall`.
+#[test]
+fn handed_down_sites_are_checked_before_they_are_rewritten() {
+    let exe = programs().join("prog");
+    let tool = |cmd: &str, args: &[&str]| {
+        let o = Command::new(cmd).args(args).arg(&exe).output().unwrap();
+        assert!(o.status.success(), "{cmd}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let notes = tool("readelf", &["-n"]);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build-id: {notes}"))
+        .to_string();
+    let symbols = tool("nm", &[]);
+    let b = symbols
+        .lines()
+        .find_map(|l| l.strip_suffix(" prog_site2"))
+        .and_then(|l| u64::from_str_radix(l.split(' ').next()?, 16).ok())
+        .unwrap_or_else(|| panic!("no prog_site2: {symbols}"));
+    let other_id = format!("{}{}", &id[..id.len() - 1], if id.ends_with('0') { '1' } else { '0' });
+    let mp = mountpoint("checked");
+    for (var, b_after_a) in [
+        (format!("{id}:{b:x}"), "ffd0"),
+        (format!("{other_id}:{b:x}"), "0f05"),
+        (format!("{id}:{:x}", b + 1), "0f05"),
+    ] {
+        let out = stdout(
+            &prog_with(Some(""), "handed2", &mp, &[], &[("SHORTFUSE_SITES", &var)]),
+            &var,
+        );
+        assert_eq!(
+            out,
+            format!("second: a 0f05 b 0f05\nafter a: a ffd0 b {b_after_a}\nids 1\n"),
+            "SHORTFUSE_SITES={var}"
         );
     }
 }

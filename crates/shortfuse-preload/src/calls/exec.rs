@@ -474,17 +474,21 @@ fn may_hold_unseen() -> bool {
 
 /// The environment for the new image with `SHORTFUSE_CWD` set to our
 /// current directory inside a mount, or removed when we are not in one,
-/// LD_LIBRARY_PATH made fit for the dynamic loader (`libpath`), and
+/// LD_LIBRARY_PATH made fit for the dynamic loader (`libpath`),
 /// [`NOTHING_INHERITED_VAR`] set when `nothing` says so (removed
-/// otherwise). `None`: the program's own environment needs no change.
+/// otherwise), and the system-call sites this image knows handed down
+/// (`known_sites`) when the new image loads the shim. `None`: the program's
+/// own environment needs no change.
 fn environment(envp: i64, nothing: bool) -> Option<Env> {
     let cwd = super::spawn::mount_cwd();
     let prefix = format!("{CWD_VAR}=");
     let saved = format!("{}=", super::libpath::SAVED_VAR);
     let marker = format!("{NOTHING_INHERITED_VAR}=");
+    let sites = format!("{}=", crate::known_sites::VAR);
     let mut pointers = Vec::new();
     let mut own = Vec::new();
     let mut had = false;
+    let mut preloads = false;
     if envp != 0 {
         let mut i = 0;
         loop {
@@ -499,10 +503,14 @@ fn environment(envp: i64, nothing: bool) -> Option<Env> {
             i += 1;
             // SAFETY: a pointer argument of the call, into the program's memory, used during the call only.
             let s = unsafe { user::cstr_max(p, ARG_MAX) }.unwrap_or_default();
-            if [&prefix, &saved, &marker].iter().any(|v| s.starts_with(v.as_bytes())) {
+            if [&prefix, &saved, &marker, &sites]
+                .iter()
+                .any(|v| s.starts_with(v.as_bytes()))
+            {
                 had = true;
                 continue;
             }
+            preloads |= s.starts_with(b"LD_PRELOAD=");
             if let Some((for_loader, keep)) = super::libpath::for_loader(s) {
                 if let (Ok(a), Ok(b)) = (CString::new(for_loader), CString::new(keep)) {
                     own.push(a);
@@ -511,6 +519,13 @@ fn environment(envp: i64, nothing: bool) -> Option<Env> {
                 }
             }
             pointers.push(p as *const libc::c_char);
+        }
+    }
+    if preloads {
+        if let Some(c) =
+            crate::known_sites::for_exec().and_then(|v| CString::new([sites.into_bytes(), v].concat()).ok())
+        {
+            own.push(c);
         }
     }
     if cwd.is_none() && !had && own.is_empty() && !nothing {

@@ -438,6 +438,32 @@ static int lazy(void) {
     return 0;
 }
 
+/* A second `syscall` of the program's own text. */
+extern unsigned char prog_site2[];
+__attribute__((noinline)) static long own_getppid(void) {
+    long r = SYS_getppid;
+    __asm__ volatile(".globl prog_site2\nprog_site2: syscall" : "+a"(r) : : "rcx", "r11", "memory");
+    return r;
+}
+
+static void both_sites(const char *when) {
+    printf("%s: a %02x%02x b %02x%02x\n", when, prog_site[0], prog_site[1], prog_site2[0], prog_site2[1]);
+}
+
+/* Runs site a, then site b, showing both before and between; the first
+ * image then execs the second (`handed2`). */
+static int handed(int second, const char *self) {
+    both_sites(second ? "second" : "first");
+    long pid = own_getpid();
+    both_sites("after a");
+    long ppid = own_getppid();
+    printf("ids %d\n", pid == getpid() && ppid == getppid());
+    if (second) return 0;
+    char *args[] = {(char *)self, "handed2", (char *)mp, NULL};
+    execv("/proc/self/exe", args);
+    return 3;
+}
+
 /* Not a test: prints ns per getpid, for the report. */
 static int bench(void) {
     struct timespec a, b;
@@ -469,6 +495,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "regs")) return regs();
     if (!strcmp(c, "fds")) return fds();
     if (!strcmp(c, "lazy")) return lazy();
+    if (!strcmp(c, "handed")) return handed(0, argv[0]);
+    if (!strcmp(c, "handed2")) return handed(1, argv[0]);
     if (!strcmp(c, "bench")) return bench();
     return 2;
 }
