@@ -14,7 +14,9 @@
 //! of which were spent decoding git's own text, which holds no `syscall`
 //! at all; `/bin/true` from 20 to 1.5 ms (native 0.6). Without it
 //! ([`rewrite_loaded`]) every object loaded at start-up is rewritten at
-//! once, and code loaded later bypasses the hook.
+//! once, and code loaded later bypasses the hook. The sites an image
+//! rewrote are handed to the images it execs ([`known_sites`]), which
+//! rewrite all of an object's at its first site that traps.
 #![allow(unsafe_code)]
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
