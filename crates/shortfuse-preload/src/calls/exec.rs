@@ -297,12 +297,20 @@ pub fn vfork_exec(e: Exec) -> Option<i64> {
     let Some((vfs, rest)) = mount_of(&abs).map(|(v, r)| (v, r.to_vec())) else {
         if path.starts_with(b"/") || super::spawn::mount_cwd().is_none() {
             // The kernel finds it as it is (the environment may still
-            // have changed).
-            return env
-                .is_some()
+            // have changed: the sites handed down, at least), through the
+            // call the program made.
+            let plain = dirfd == AT_FDCWD && flags == 0;
+            return env.is_some().then(|| {
                 // SAFETY: the program's argv, envp and path, or a NUL-terminated path of ours alive
                 // across the call: the kernel reads them as it would have.
-                .then(|| unsafe { raw(libc::SYS_execveat, dirfd, e.at.path.0, argv, envp, flags, 0) });
+                unsafe {
+                    if plain {
+                        raw(libc::SYS_execve, e.at.path.0, argv, envp, 0, 0, 0)
+                    } else {
+                        raw(libc::SYS_execveat, dirfd, e.at.path.0, argv, envp, flags, 0)
+                    }
+                }
+            });
         }
         // Relative to a directory in a mount: the kernel's current
         // directory is not there.
