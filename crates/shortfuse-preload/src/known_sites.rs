@@ -123,7 +123,8 @@ fn gnu_build_id(mut notes: &[u8], align: usize) -> Option<&[u8]> {
 struct Handed {
     id: Vec<u8>,
     offsets: Vec<usize>,
-    /// The load address at which they were last rewritten (0: never).
+    /// One past the load address at which they were last rewritten (0:
+    /// never).
     at: AtomicUsize,
 }
 
@@ -167,7 +168,9 @@ fn parse(s: &[u8]) -> Vec<Handed> {
 /// no allocation).
 pub fn take(id: &[u8], base: usize) -> Option<&'static [usize]> {
     let h = HANDED.get()?.iter().find(|h| h.id == id)?;
-    (h.at.swap(base, Ordering::AcqRel) != base).then_some(&h.offsets[..])
+    // Plus one: a program that is not position-independent loads at 0.
+    let mark = base.wrapping_add(1);
+    (h.at.swap(mark, Ordering::AcqRel) != mark).then_some(&h.offsets[..])
 }
 
 /// An object this image rewrote a site of: its build-id, `len` bytes.
