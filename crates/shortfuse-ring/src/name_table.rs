@@ -62,6 +62,20 @@ pub fn now_ns() -> u64 {
     sys::monotonic_ns()
 }
 
+/// Copies a slot's words 1.. into `out` under the seqlock in its word 0:
+/// false when the slot is empty, being written, or changed during the copy.
+fn copy_whole<'a, const N: usize>(word: impl Fn(usize) -> &'a AtomicU64, out: &mut [u64; N]) -> bool {
+    let seq = word(0).load(Ordering::Acquire);
+    if seq == 0 || seq & 1 == 1 {
+        return false;
+    }
+    for (w, o) in out.iter_mut().enumerate().skip(1) {
+        *o = word(w).load(Ordering::Relaxed);
+    }
+    fence(Ordering::Acquire);
+    word(0).load(Ordering::Relaxed) == seq
+}
+
 fn hash(parent: u64, name: &[u8]) -> u64 {
     // FNV-1a: both sides compute it, so it must not depend on the process.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -110,27 +124,11 @@ impl Table {
     /// Copies name slot `slot` under its seqlock: (parent, node,
     /// generation, deadline, tag, name) when it was whole.
     fn read_name(&self, slot: usize, out: &mut [u64; NAME_WORDS]) -> bool {
-        let seq = self.name_word(slot, 0).load(Ordering::Acquire);
-        if seq == 0 || seq & 1 == 1 {
-            return false;
-        }
-        for (w, o) in out.iter_mut().enumerate().skip(1) {
-            *o = self.name_word(slot, w).load(Ordering::Relaxed);
-        }
-        fence(Ordering::Acquire);
-        self.name_word(slot, 0).load(Ordering::Relaxed) == seq
+        copy_whole(|w| self.name_word(slot, w), out)
     }
 
     fn read_node(&self, slot: usize, out: &mut [u64; NODE_WORDS]) -> bool {
-        let seq = self.node_word(slot, 0).load(Ordering::Acquire);
-        if seq == 0 || seq & 1 == 1 {
-            return false;
-        }
-        for (w, o) in out.iter_mut().enumerate().skip(1) {
-            *o = self.node_word(slot, w).load(Ordering::Relaxed);
-        }
-        fence(Ordering::Acquire);
-        self.node_word(slot, 0).load(Ordering::Relaxed) == seq
+        copy_whole(|w| self.node_word(slot, w), out)
     }
 
     fn find_name(&self, parent: u64, name: &[u8], now: u64) -> Option<FoundName> {
