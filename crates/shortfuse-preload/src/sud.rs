@@ -189,7 +189,8 @@ pub fn handlers_installed() -> bool {
 pub fn note_sigaction(sig: i64, act: i64) {
     if act != 0 {
         // SAFETY: the program's new action, as the kernel reads it.
-        note_handler(sig, unsafe { core::ptr::read_unaligned(act as *const u64) });
+        let handler = unsafe { core::ptr::read_unaligned(act as *const u64) } as usize;
+        note_caught(sig, handler != libc::SIG_DFL && handler != libc::SIG_IGN);
     }
 }
 
@@ -199,18 +200,78 @@ pub fn note_sigaction(sig: i64, act: i64) {
 /// another thread, and one that put a default action back while we read is
 /// at worst a handler we still block signals for.
 fn scan_handlers() {
+    if let Some(caught) = caught_signals() {
+        for sig in 1..=64 {
+            if caught & 1 << (sig - 1) != 0 {
+                note_caught(sig, true);
+            }
+        }
+        return;
+    }
+    // No /proc (a chroot, a sandbox): the actions one by one.
     for sig in 1..=64 {
         let mut old = KSigaction::default();
         // SAFETY: kernel sigaction structs of ours, alive across the call, with an 8-byte mask as
         // the size says.
         let r = unsafe { raw(libc::SYS_rt_sigaction, sig, 0, &mut old as *mut _ as i64, 8, 0, 0) };
         if r == 0 && old.handler as usize != libc::SIG_DFL && old.handler as usize != libc::SIG_IGN {
-            note_handler(sig, old.handler);
+            note_caught(sig, true);
         }
     }
 }
 
-fn note_handler(sig: i64, handler: u64) {
+/// The signals that have a handler (neither default nor ignored), bit n-1
+/// for signal n: the `SigCgt` line of /proc/self/status, which the kernel
+/// fills from the actions the process's threads share. Three system calls
+/// where asking for each action is 64. None if it cannot be read.
+fn caught_signals() -> Option<u64> {
+    let fd = sys::fs::openat(
+        libc::AT_FDCWD,
+        b"/proc/self/status\0",
+        libc::O_RDONLY | libc::O_CLOEXEC,
+        0,
+    );
+    if fd < 0 {
+        return None;
+    }
+    // Read in small pieces, keeping the start of each line: this may run
+    // on a small stack (a signal handler's), and a long Groups line comes
+    // before SigCgt.
+    let mut buf = [0u8; 256];
+    let mut line = [0u8; 32];
+    let mut at = 0;
+    let mut caught = None;
+    'text: loop {
+        let n = sys::fs::read(fd as i32, &mut buf);
+        let Ok(n) = usize::try_from(n) else { break };
+        if n == 0 {
+            break;
+        }
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                caught = sig_cgt(&line[..at]);
+                if caught.is_some() {
+                    break 'text;
+                }
+                at = 0;
+            } else if at < line.len() {
+                line[at] = b;
+                at += 1;
+            }
+        }
+    }
+    sys::fs::close(fd as i32);
+    caught
+}
+
+/// The mask of a `SigCgt:` line of a /proc/PID/status text (16 hex digits).
+fn sig_cgt(line: &[u8]) -> Option<u64> {
+    let hex = std::str::from_utf8(line.strip_prefix(b"SigCgt:")?).ok()?.trim();
+    (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok()).flatten()
+}
+
+/// Records whether signal `sig` now has a handler (`caught`).
+fn note_caught(sig: i64, caught: bool) {
     // glibc's SIGSETXID (33) handler only issues set*id calls.
     if !(1..=64).contains(&sig) || sig == 33 {
         return;
@@ -219,10 +280,10 @@ fn note_handler(sig: i64, handler: u64) {
     if bit & ASYNC_MASK == 0 {
         return;
     }
-    if handler as usize == libc::SIG_DFL || handler as usize == libc::SIG_IGN {
-        HANDLED.fetch_and(!bit, Ordering::Relaxed);
-    } else {
+    if caught {
         HANDLED.fetch_or(bit, Ordering::Relaxed);
+    } else {
+        HANDLED.fetch_and(!bit, Ordering::Relaxed);
     }
 }
 
@@ -620,4 +681,29 @@ fn foreign(sig: i32, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
 /// The program's handler runs as it would have: selector at BLOCK.
 fn t_block_for_app() {
     thread().selector.store(BLOCK, Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_caught_mask_is_read_from_its_status_line() {
+        assert_eq!(sig_cgt(b"SigCgt:\t0000000180014002"), Some(0x0000_0001_8001_4002));
+        assert_eq!(sig_cgt(b"SigIgn:\t0000000000001000"), None);
+        assert_eq!(sig_cgt(b"SigCgt:\t12"), None);
+    }
+
+    #[test]
+    fn a_handler_in_place_is_among_the_caught_signals() {
+        extern "C" fn nothing(_: libc::c_int) {}
+        let bit = 1u64 << (libc::SIGURG - 1);
+        // SAFETY: a handler that does nothing, for a signal nothing sends the test.
+        let old = unsafe { libc::signal(libc::SIGURG, nothing as *const () as libc::sighandler_t) };
+        let caught = caught_signals();
+        // SAFETY: the action the test found, put back.
+        unsafe { libc::signal(libc::SIGURG, old) };
+        assert_eq!(caught.map(|c| c & bit), Some(bit));
+        assert_eq!(caught_signals().map(|c| c & bit), Some(0));
+    }
 }
