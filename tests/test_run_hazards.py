@@ -158,6 +158,32 @@ def test_calls_that_reach_the_kernel_unchanged_block_no_signals_in_a_program_wit
     assert between == ["rt_sigprocmask(SIG_BLOCK", "rt_sigprocmask(SIG_SETMASK"]
 
 
+@pytest.mark.parametrize("intercept", ["both", "sud"])
+def test_pages_a_program_passes_paths_from_again_and_again_are_checked_once(shortfuse, scratch, intercept):
+    # Before reading a path the shim checks that its page is mapped (a futex
+    # operation, which gives EFAULT instead of a fault), and remembers pages
+    # found so. Six paths on six pages, and the stat structure on the stack,
+    # taken in turn: a memory of four pages used to forget each before its
+    # next use, and every call checked its page again.
+    exe = cc(scratch, "paths_on_many_pages")
+    src = scratch / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}").write_text("")
+    log = scratch / "strace.log"
+    trace = [sfmount.require_tool("strace"), "-f", "-qq", "-e", "trace=futex,getppid", "-o", str(log)]
+    cmd = [*trace, str(shortfuse), "run", "-m", f"{scratch}/mnt=passthrough:{src}", "--"]
+    p = run([*cmd, str(exe), f"{scratch}/mnt", "20"], env={**os.environ, "SHORTFUSE_INTERCEPT": intercept})
+    assert p.returncode == 0, output(p, str(scratch))
+    assert p.stdout == b"ok\n"
+    calls = traced_calls(log)
+    marks = markers(calls)
+    assert len(marks) == 2, calls
+    futexes = [call for call in calls[marks[0] + 1 : marks[1]] if call.startswith("futex(")]
+    # 120 stats; one check per page at most.
+    assert len(futexes) <= 7, futexes
+
+
 def test_threads_made_while_calls_are_served_leave_the_calls_running(shortfuse, scratch):
     # A clone that makes a thread copies nothing: served calls of other
     # threads need not wait for it. They used to spin in sched_yield

@@ -381,8 +381,12 @@ pub struct ThreadState {
     pub probed_next: AtomicU64,
 }
 
-/// Readable pages each thread remembers.
-pub const PROBED: usize = 4;
+/// Readable pages each thread remembers. A program's calls pass paths and
+/// buffers from its stack, its heap and its libraries' constants, a few
+/// dozen pages in turn (git status: about thirty), which a list of four
+/// kept pushing each other out of: one page of libc's constants was probed
+/// again and again. Looking through them all costs less than one probe.
+pub const PROBED: usize = 32;
 
 /// Whether system call `nr` may unmap memory or take a protection away
 /// (the calls the entry's fast path moves [`Cfg::mem_gen`] for).
