@@ -225,6 +225,30 @@ def test_passthrough_default_reads_unchanged_files_from_the_page_cache(mount_fac
         assert first["READ"] == 0, first
 
 
+@pytest.mark.parametrize("opts", [None, ["reader_cache_max=8M"]], ids=["default", "reader_cache_max=8M"])
+def test_passthrough_default_passes_large_files_through_to_readers(mount_factory, opts):
+    """The reader cache takes files of up to 1 MiB by default: a larger one
+    is passed through to its readers, so its reads reach neither the daemon
+    nor the mount's page cache (big reads copy faster from the source's large
+    folios). `-o reader_cache_max=8M` takes it into the cache again."""
+    m = mount_factory(PASSTHROUGH_DEFAULTS, opts)
+    small, large = os.urandom(64 * 1024), os.urandom(4 << 20)
+    (m.source / "small").write_bytes(small)
+    (m.source / "large").write_bytes(large)
+    before = daemon_counts(m.path)
+    assert (m.path / "large").read_bytes() == large
+    asked = data_requests(m, before)
+    assert asked["OPEN"] == 1, asked
+    if opts is None:
+        assert asked["READ"] == 0, f"a 4 MiB file was read through the daemon: {asked}"
+    else:
+        assert asked["READ"] > 0, f"a 4 MiB file was passed through under reader_cache_max=8M: {asked}"
+    # A small file still fills the mount's page cache.
+    before = daemon_counts(m.path)
+    assert (m.path / "small").read_bytes() == small
+    assert data_requests(m, before)["READ"] > 0
+
+
 def test_reader_cache_sees_every_change(mount_factory):
     """The pages a reader cached are never served stale: not after a change
     made in the source behind the mount (same size), nor after a write

@@ -136,10 +136,12 @@ pub struct FsKind {
 /// then costs what it costs on a plain FUSE mount (bindfs), where the
 /// passthrough read path reads a second file beneath the first; the first
 /// read of the data goes through the daemon, and the data is cached twice
-/// (in the source's page cache and the mount's). A large cached file read
-/// sequentially in big calls is slower from the mount's page cache than
-/// through passthrough from the source's (measured: several times, with
-/// 1 MiB reads of an ext4 source). A change made in SOURCE
+/// (in the source's page cache and the mount's). It takes files of up to
+/// 1 MiB (`reader_cache_max`): a large cached file read sequentially in big
+/// calls is several times slower from the mount's page cache (single pages)
+/// than through passthrough from the source's (ext4's large folios;
+/// measured with 1 MiB reads), so larger files are passed through to
+/// readers too. A change made in SOURCE
 /// behind the mount shows at the next open, or within `attr_timeout` to a
 /// file kept open. The write-back cache is no default: with it the kernel keeps a
 /// file's size and times itself, so a change made in SOURCE behind the mount
@@ -155,7 +157,7 @@ pub const PASSTHROUGH_DEFAULTS: &[(&str, &str)] = &[
     ),
     (
         "reader_cache",
-        "with passthrough: a read-only open of a file no open passes through reads from the mount's page cache, kept across opens while the file's size and times are unchanged, so a cached read costs one copy, as on bindfs, instead of the passthrough path's read of a second file; the first read of the data goes through the daemon and the data is cached twice (source and mount); a large cached file read sequentially in big calls comes from the mount's page cache several times slower than a passthrough read from the source's; a change made in SOURCE behind the mount shows at the next open; a default because small cached reads (a build's headers, a script's modules) are the common case and large sequential reads from the mount's cache still keep pace with bindfs's and passthrough_ll's; no_reader_cache passes readers through too (for large sequential reads of cached files)",
+        "with passthrough: a read-only open of a file of up to 1 MiB (reader_cache_max) that no open passes through reads from the mount's page cache, kept across opens while the file's size and times are unchanged, so a cached read costs one copy, as on bindfs, instead of the passthrough path's read of a second file; the first read of the data goes through the daemon and the data is cached twice (source and mount); a change made in SOURCE behind the mount shows at the next open; a default because small cached reads (a build's headers, a script's modules) are the common case; a larger file is passed through to readers too, since the mount's page cache is built of single pages where ext4's has large folios, so a big read call copies several times slower from it (and the second copy costs memory); no_reader_cache passes every reader through, reader_cache_max=SIZE moves the bound",
     ),
 ];
 

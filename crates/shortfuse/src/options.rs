@@ -93,6 +93,14 @@ pub struct MountOptions {
     /// read to each call. The first read of the data goes through the
     /// daemon.
     pub reader_cache: bool,
+    /// The largest file (bytes) the reader cache takes; larger files are
+    /// passed through to every reader. The mount's page cache holds a
+    /// second copy of what the source's already holds, and on Linux 6.18
+    /// it is built of single pages where ext4's has large folios, so a big
+    /// read call copies several times slower from it (measured: 1 MiB
+    /// reads of a cached 128 MiB file); small files, read in small calls,
+    /// are what the reader cache is for.
+    pub reader_cache_max: u64,
 
     // --- for the session ---
     /// Worker threads reading /dev/fuse, each on its own cloned fd: what a
@@ -154,6 +162,7 @@ impl Default for MountOptions {
             handle_killpriv_v2: false,
             passthrough: false,
             reader_cache: false,
+            reader_cache_max: READER_CACHE_MAX,
             threads: None,
             transport: Transport::Dev,
             uring_depth: 8,
@@ -284,6 +293,10 @@ pub const OPTION_HELP: &[(&str, &str)] = &[
     (
         "reader_cache / no_reader_cache",
         "with passthrough: read-only opens of a file no open passes through use the mount's page cache, kept while the file is unchanged (default off; on for passthrough, below)",
+    ),
+    (
+        "reader_cache_max=N[K|M|G]",
+        "the largest file the reader cache takes (default 1M); larger files are passed through to readers too",
     ),
     ("threads=N", "worker threads (like --threads; --threads wins)"),
     (
@@ -433,6 +446,7 @@ impl MountOptions {
             "no_passthrough" => flag(value).map(|_| self.passthrough = false)?,
             "reader_cache" => flag(value).map(|_| self.reader_cache = true)?,
             "no_reader_cache" => flag(value).map(|_| self.reader_cache = false)?,
+            "reader_cache_max" => self.reader_cache_max = size_value(key, value, 0, u64::MAX)?,
             "fsname" => self.fsname = Some(name_value(key, value)?),
             "subtype" => self.subtype = Some(name_value(key, value)?),
             "max_read" => self.max_read = Some(size_value(key, value, 1, u32::MAX as u64)? as u32),
@@ -534,6 +548,10 @@ fn name_value(key: &str, value: Option<&str>) -> Result<String, String> {
     }
 }
 
+/// Default of [`MountOptions::reader_cache_max`]: a build's headers and a
+/// script's modules are well below it, a data set or an archive above.
+pub const READER_CACHE_MAX: u64 = 1 << 20;
+
 /// A byte count with an optional binary suffix (`K`, `M`, `G`, either case).
 pub fn size_value(key: &str, value: Option<&str>, min: u64, max: u64) -> Result<u64, String> {
     let v = value.ok_or_else(|| format!("expected {key}=NUMBER"))?;
@@ -628,6 +646,12 @@ mod tests {
                 .unwrap()
                 .reader_cache
         );
+        assert_eq!(MountOptions::parse("").unwrap().reader_cache_max, READER_CACHE_MAX);
+        assert_eq!(
+            MountOptions::parse("reader_cache_max=64M").unwrap().reader_cache_max,
+            64 << 20
+        );
+        assert!(MountOptions::parse("reader_cache_max").is_err());
         assert!(
             MountOptions::parse("no_passthrough,writeback_cache")
                 .unwrap()

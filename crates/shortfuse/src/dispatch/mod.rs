@@ -881,7 +881,15 @@ impl Dispatcher {
         let map = opened.data_map.as_ref().filter(|_| !setid_writer);
         let access = if open_flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32 {
             Access::Write
-        } else if self.opts.reader_cache && open_flags & libc::O_TRUNC as u32 == 0 {
+        } else if self.opts.reader_cache
+            && open_flags & libc::O_TRUNC as u32 == 0
+            && backing_stat
+                .as_ref()
+                .is_none_or(|st| st.st_size as u64 <= self.opts.reader_cache_max)
+        {
+            // A larger file is passed through: its pages stay in the
+            // source's page cache only, whose large folios copy faster in
+            // big reads than the mount's single pages.
             Access::CachedRead
         } else {
             Access::Read
