@@ -99,7 +99,9 @@ impl Config {
             sf("dev-base", "dev", "base", Some(1)),
             sf("dev", "dev", "", None),
             sf("dev-opt", "dev", "optimized", None),
-            sf("dev-passthrough", "dev", "passthrough", None),
+            // Every open passed through, readers too: the pure kernel
+            // passthrough that `dev`'s reader cache departs from.
+            sf("dev-passthrough", "dev", "passthrough,no_reader_cache", None),
             sf("uring", "uring", "", None),
             sf("uring-passthrough", "uring", "passthrough", None),
             Config {
@@ -290,6 +292,7 @@ impl Config {
                     "base" => "-o base (1 thread, 4 KiB writes, no write-back cache, no splice: StackfsBase of To FUSE or Not to FUSE (FAST '17))".into(),
                     "optimized" => "-o optimized (write-back cache, 128 KiB writes, splice, a thread per CPU: StackfsOpt of To FUSE or Not to FUSE (FAST '17))".into(),
                     "passthrough" => "-o passthrough (the kernel reads and writes the backing file itself; opens and metadata still go to the daemon)".into(),
+                    "passthrough,no_reader_cache" => "-o passthrough,no_reader_cache (every open passed through, readers too: the kernel reads and writes the source file itself and the mount keeps no pages; opens and metadata still go to the daemon)".into(),
                     o => format!("-o {o}"),
                 };
                 let threads = threads.map(|t| format!(", --threads {t}")).unwrap_or_default();
