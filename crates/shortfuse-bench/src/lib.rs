@@ -593,6 +593,22 @@ mod tests {
     }
 
     #[test]
+    fn dev_passthrough_differs_from_the_defaults_by_passing_readers_through() {
+        // With kernel passthrough and the reader cache both defaults of
+        // `mount passthrough`, a plain `-o passthrough` mounts what `dev`
+        // mounts, and their comparison column says nothing.
+        let all = Config::all();
+        let pt = all.iter().find(|c| c.name == "dev-passthrough").unwrap();
+        assert!(
+            pt.describe().contains("-o passthrough,no_reader_cache"),
+            "{}",
+            pt.describe()
+        );
+        let dev = all.iter().find(|c| c.name == "dev").unwrap();
+        assert!(dev.describe().ends_with("its defaults"), "{}", dev.describe());
+    }
+
+    #[test]
     fn former_names_select_the_renamed_suites() {
         let o = parse_args(&args("table2 thesis latency")).unwrap().unwrap();
         assert_eq!(o.suites, ["workloads", "sshfs-read", "latency"]);
