@@ -343,6 +343,18 @@ impl RingClient {
         Some((found.node, attr))
     }
 
+    /// The listing of directory `dir` the server shares (records, see
+    /// [`crate::listings::records`]), copied into `out`, while valid there
+    /// (the server takes it out before it tells anyone of a change to the
+    /// directory). Its entries carry no node. Only for calls made as the
+    /// daemon's user or root (`uid`), as [`RingClient::shared_entry`].
+    pub fn shared_listing(&self, dir: u64, uid: u32, out: &mut Vec<u8>) -> bool {
+        match &self.table {
+            Some((table, owner)) if uid == *owner || uid == 0 => table.listing(dir, out),
+            _ => false,
+        }
+    }
+
     /// Whether the server shares its table of names with this client.
     pub fn has_shared_entries(&self) -> bool {
         self.table.is_some()

@@ -26,6 +26,7 @@ mod anchors;
 mod announce;
 mod client;
 pub mod foreign;
+pub mod listings;
 pub mod locks;
 mod name_table;
 mod proto;

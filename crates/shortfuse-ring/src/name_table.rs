@@ -8,7 +8,8 @@
 //! against new writable mappings (the server maps it before it seals), and
 //! handed to a client with its welcome. It holds two open-addressed tables
 //! of fixed-size slots: names ((parent, name) -> node, generation, entry
-//! deadline) and nodes (node -> attributes, attribute deadline). Deadlines
+//! deadline) and nodes (node -> attributes, attribute deadline), then the
+//! directory listings the server keeps (see [`crate::listings`]). Deadlines
 //! are CLOCK_MONOTONIC nanoseconds, one clock for every process. The server
 //! alone writes, under its own lock, each slot under a seqlock: the slot's
 //! first word is odd while it is written, and a reader that sees it odd or
@@ -31,6 +32,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use shortfuse_abi as abi;
 use zerocopy::{FromBytes, IntoBytes};
 
+use crate::listings::{self, Listings};
 use crate::region::Region;
 use crate::sys;
 
@@ -54,8 +56,10 @@ const PROBES: usize = 4;
 
 const NAMES_OFF: usize = 0;
 const NODES_OFF: usize = SLOTS * NAME_WORDS * 8;
+/// Where the directory listings start (see [`crate::listings`]).
+const LISTINGS_OFF: usize = NODES_OFF + SLOTS * NODE_WORDS * 8;
 /// Bytes of the whole region.
-pub const BYTES: usize = NODES_OFF + SLOTS * NODE_WORDS * 8;
+pub const BYTES: usize = LISTINGS_OFF + listings::BYTES;
 
 /// Now on the clock the deadlines are on.
 pub fn now_ns() -> u64 {
@@ -150,6 +154,13 @@ impl Table {
             }
         }
         None
+    }
+
+    fn listings(&self) -> Listings<'_> {
+        Listings {
+            region: &self.region,
+            base: LISTINGS_OFF,
+        }
     }
 
     fn find_attr(&self, node: u64, now: u64) -> Option<abi::fuse_attr> {
@@ -302,9 +313,21 @@ impl NameTable {
         }
     }
 
+    /// Publishes `records` (see [`listings::encode`]) as the listing of
+    /// directory `dir` until `until` (ns).
+    pub fn put_listing(&self, dir: u64, records: &[u8], until: u64) {
+        self.table.listings().put(dir, records, until, now_ns());
+    }
+
+    /// Takes the listing of directory `dir` out.
+    pub fn clear_listing(&self, dir: u64) {
+        self.table.listings().clear(dir);
+    }
+
     /// Takes everything out.
     pub fn clear(&self) {
         let t = &self.table;
+        t.listings().clear_all();
         for slot in 0..SLOTS {
             if t.name_word(slot, 4).load(Ordering::Relaxed) != 0 {
                 NameTable::write(t.name_word(slot, 0), || {
@@ -354,6 +377,13 @@ impl NameView {
     /// The attributes of `node`, while they are valid.
     pub fn attr(&self, node: u64) -> Option<abi::fuse_attr> {
         self.table.find_attr(node, now_ns())
+    }
+
+    /// Copies the listing of directory `dir` (records, see
+    /// [`listings::records`]) into `out` while it is valid: false when
+    /// there is none.
+    pub fn listing(&self, dir: u64, out: &mut Vec<u8>) -> bool {
+        self.table.listings().get(dir, now_ns(), out)
     }
 }
 

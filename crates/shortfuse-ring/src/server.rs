@@ -51,6 +51,7 @@ mod backings;
 mod caller;
 mod direct;
 mod entries;
+mod listings;
 mod nodes;
 mod notices;
 mod ownership;
@@ -187,6 +188,8 @@ struct Shared {
     /// Names and attributes an unmodified daemon gave, kept across
     /// programs for its timeouts (see `entries`).
     entries: Entries,
+    /// The listings being gathered to share (see `listings`).
+    listing_parts: listings::Gathering,
 }
 
 /// One client's connection.
@@ -317,6 +320,7 @@ impl Server {
             watches: Watches::new(nodes.dir().map(Path::to_path_buf)),
             nodes,
             entries,
+            listing_parts: Default::default(),
         });
         notifier.add_sink(Arc::new(ClientsSink(Arc::downgrade(&shared))));
         let weak = Arc::downgrade(&shared);

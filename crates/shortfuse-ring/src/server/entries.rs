@@ -105,6 +105,12 @@ impl Recent {
         }
     }
 
+    /// Whether a change touched `node` (a directory: a name in it, or the
+    /// node itself) at `since` or later.
+    fn changed_since(&self, node: u64, since: Instant) -> bool {
+        self.all.is_some_and(|t| t >= since) || self.nodes.get(&node).is_some_and(|&t| t >= since)
+    }
+
     /// Whether a change of the last [`SETTLE`] touched name `key` or `node`.
     fn touched(&self, key: &(u64, Box<[u8]>), node: u64, now: Instant) -> bool {
         let fresh = |t: &Instant| now.saturating_duration_since(*t) < SETTLE;
@@ -163,6 +169,65 @@ impl Entries {
 
     pub(super) fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Whether what is kept is shared with the programs.
+    pub(super) fn shares(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// Learns the entries of READDIRPLUS `reply` of `parent` that the
+    /// daemon gave with a node, as LOOKUP answers (a listing counts a
+    /// lookup of each, as the kernel's `fuse_direntplus_link`): the `stat`
+    /// of a listed name in another program then finds it shared.
+    pub(super) fn learn_listing(&self, parent: u64, reply: &[u8], now: Instant) {
+        const HEADER: usize = std::mem::size_of::<abi::fuse_out_header>();
+        if !self.enabled || !shortfuse::answered_ok(reply) {
+            return;
+        }
+        for (d, name) in abi::direntplus_entries(reply.get(HEADER..).unwrap_or(&[])) {
+            if d.counts_as_lookup(name) {
+                self.learn(parent, name, &d.entry_out, now);
+            }
+        }
+    }
+
+    /// Shares `records` (see [`crate::listings`]), the whole listing of
+    /// directory `dir` whose first answer reached the server at `started`,
+    /// until the earliest deadline of the directory's attributes and of its
+    /// names held here (see `server::listings` for why), when the
+    /// directory did not change since the settling time before `started`.
+    pub(super) fn share_listing(&self, dir: u64, records: &[u8], started: Instant, now: Instant) {
+        let Some(t) = &self.table else {
+            return;
+        };
+        let g = lock(&self.inner);
+        if g.recent
+            .changed_since(dir, started.checked_sub(SETTLE).unwrap_or(started))
+        {
+            return;
+        }
+        let dir_until = g.nodes.get(&dir).map(|n| n.attr_until);
+        let mut until = dir_until;
+        let mut key = (dir, Box::<[u8]>::from(&b""[..]));
+        for r in crate::listings::records(records) {
+            if r.name == b"." || r.name == b".." {
+                continue;
+            }
+            key.1 = Box::from(r.name);
+            match g.names.get(&key) {
+                Some(n) => until = Some(until.map_or(n.until, |u| u.min(n.until))),
+                // A name nothing is known of: the directory's attributes
+                // vouch for it, or nothing does.
+                None if dir_until.is_some() => {}
+                None => return,
+            }
+        }
+        let Some(until) = until.filter(|&u| u > now) else {
+            return;
+        };
+        let left = u64::try_from((until - now).as_nanos()).unwrap_or(u64::MAX);
+        t.put_listing(dir, records, name_table::now_ns().saturating_add(left));
     }
 
     /// LOOKUP of `name` in `parent` answered `e` at `now`.
@@ -301,6 +366,8 @@ impl Entries {
                 g.recent.note(notice, None, now);
                 if let Some(t) = &self.table {
                     t.clear_attr(node);
+                    // A directory's own invalidation: its entries too.
+                    t.clear_listing(node);
                 }
                 if let Some(n) = g.nodes.get_mut(&node) {
                     n.attr_until = now;
@@ -314,6 +381,7 @@ impl Entries {
                     // and the node's links and ctime.
                     t.clear_name(parent, name);
                     t.clear_attr(parent);
+                    t.clear_listing(parent);
                     if let Some(n) = gone {
                         t.clear_attr(n.node);
                     }
@@ -367,11 +435,15 @@ impl Entries {
 impl Shared {
     /// Fills in the nodes of READDIRPLUS reply `reply` to `req` that this
     /// server can (see [`Entries::fill`]), before the program has it and
-    /// before its books count them.
+    /// before its books count them; learns the nodes the daemon gave, and
+    /// gathers the listing to share (see `listings`).
     pub(super) fn fill_listing(&self, req: &[u8], reply: &mut [u8]) {
         match abi::parse_header(req) {
             Ok(h) if h.opcode == abi::FUSE_READDIRPLUS => {
-                self.entries.fill(h.nodeid, reply, Instant::now());
+                let now = Instant::now();
+                self.entries.learn_listing(h.nodeid, reply, now);
+                self.entries.fill(h.nodeid, reply, now);
+                self.gather_listing(req, reply);
             }
             _ => {}
         }
