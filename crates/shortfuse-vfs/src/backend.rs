@@ -75,6 +75,15 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// The listing of directory `dir` a daemon shared by other programs
+    /// keeps for all (see `shortfuse_ring::RingClient::shared_listing`),
+    /// copied into `out` while valid: records of `shortfuse_ring::listings`,
+    /// with no node. For a call made as `uid`. In process there is none.
+    fn shared_listing(&self, dir: NodeId, uid: u32, out: &mut Vec<u8>) -> bool {
+        let _ = (dir, uid, out);
+        false
+    }
+
     /// Whether [`Backend::shared_entry`] may find anything.
     fn has_shared_entries(&self) -> bool {
         false

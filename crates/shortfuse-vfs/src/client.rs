@@ -933,6 +933,16 @@ impl Client {
             .map(|(n, a)| (n, attr_from(&a)))
     }
 
+    /// The daemon's shared listing of `dir` (see
+    /// [`Backend::shared_listing`]), for the calling thread's user: `None`
+    /// when there is none valid.
+    pub fn shared_listing(&self, dir: NodeId) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        self.backend
+            .shared_listing(dir, self.caller().uid, &mut out)
+            .then_some(out)
+    }
+
     /// Whether [`Client::shared_entry`] may find anything. A transport
     /// set up at the first request is set up now: a walk needs it anyway.
     pub fn has_shared_entries(&self) -> bool {

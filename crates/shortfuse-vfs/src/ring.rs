@@ -191,6 +191,10 @@ impl Backend for Ring {
             .map(|(n, a)| (NodeId(n), a))
     }
 
+    fn shared_listing(&self, dir: NodeId, uid: u32, out: &mut Vec<u8>) -> bool {
+        self.client.get().is_some_and(|c| c.shared_listing(dir.0, uid, out))
+    }
+
     fn has_shared_entries(&self) -> bool {
         self.client.get().is_some_and(RingClient::has_shared_entries)
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use shortfuse::{Attr, Errno, FileHandle, FileType, SetAttr};
 
+use super::listing::put_dirent;
 use super::{accmode, OpenFile};
 use crate::maps::io_errno;
 
@@ -192,6 +193,9 @@ impl OpenFile {
             return Err(Errno::ENOTDIR);
         }
         let mut pos = self.pos();
+        if let Some(listed) = self.getdents_listed(&mut pos, buf) {
+            return listed;
+        }
         // At least a page: a READDIR too small for one entry would read as
         // the end of the directory; entries that do not fit are left for
         // the next call.
@@ -200,19 +204,10 @@ impl OpenFile {
         let mut cookie = pos.cookie;
         let mut too_small = false;
         let mut put = |ino: u64, off: u64, typ: u32, name: &[u8]| {
-            let reclen = (19 + name.len() + 1 + 7) & !7;
-            if too_small || used + reclen > buf.len() {
+            if too_small || !put_dirent(buf, &mut used, ino, off, typ, name) {
                 too_small = true;
                 return;
             }
-            let rec = &mut buf[used..used + reclen];
-            rec[0..8].copy_from_slice(&ino.to_ne_bytes());
-            rec[8..16].copy_from_slice(&off.to_ne_bytes());
-            rec[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
-            rec[18] = typ as u8;
-            rec[19..19 + name.len()].copy_from_slice(name);
-            rec[19 + name.len()..].fill(0);
-            used += reclen;
             cookie = off;
         };
         let client = self.vfs.client();

@@ -13,6 +13,7 @@
 
 mod fds;
 mod io;
+mod listing;
 mod open;
 
 pub use fds::{FdTable, Held};
@@ -37,6 +38,9 @@ const SETFL_MASK: i32 = libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | lib
 struct DirPos {
     /// The READDIR cookie to continue from (0 = start).
     cookie: u64,
+    /// The daemon's shared listing this stream reads, taken at its start
+    /// (see [`listing`]).
+    listing: Option<Vec<u8>>,
 }
 
 /// One open file description.
