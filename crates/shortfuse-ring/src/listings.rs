@@ -107,12 +107,7 @@ impl Listings<'_> {
 
     /// Writes slot `slot` with `f` under its seqlock (the server's side).
     fn write(&self, slot: usize, f: impl FnOnce()) {
-        let seq = self.word(slot, 0);
-        let s = seq.load(Ordering::Relaxed);
-        seq.store(s | 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        f();
-        seq.store((s | 1) + 1, Ordering::Release);
+        crate::name_table::seq_write(self.word(slot, 0), f);
     }
 
     /// Publishes `data` (records) as the listing of `dir` until `until`
@@ -123,20 +118,8 @@ impl Listings<'_> {
             self.clear(dir);
             return;
         }
-        let mut victim: Option<(usize, u64)> = None;
-        let mut chosen = None;
-        for slot in slots(dir) {
-            if self.word(slot, 1).load(Ordering::Relaxed) == dir {
-                chosen = Some(slot);
-                break;
-            }
-            let live = self.word(slot, 2).load(Ordering::Relaxed);
-            let expiry = if live <= now { 0 } else { live };
-            if victim.is_none_or(|(_, e)| expiry < e) {
-                victim = Some((slot, expiry));
-            }
-        }
-        let Some(slot) = chosen.or(victim.map(|(s, _)| s)) else {
+        let word = |slot, w| self.word(slot, w).load(Ordering::Relaxed);
+        let Some(slot) = crate::name_table::pick_slot(slots(dir), |s| word(s, 1) == dir, |s| word(s, 2), now) else {
             return;
         };
         self.write(slot, || {

@@ -80,6 +80,38 @@ fn copy_whole<'a, const N: usize>(word: impl Fn(usize) -> &'a AtomicU64, out: &m
     word(0).load(Ordering::Relaxed) == seq
 }
 
+/// Writes a slot with `f` under the seqlock in its word `seq` (the
+/// server's side; see [`copy_whole`] for the reader's).
+pub(crate) fn seq_write(seq: &AtomicU64, f: impl FnOnce()) {
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s | 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    f();
+    seq.store((s | 1) + 1, Ordering::Release);
+}
+
+/// The slot of `slots` to write a key in: the key's own (`mine`), else the
+/// one that expires first (`until`; a past deadline counts as free).
+pub(crate) fn pick_slot(
+    slots: impl Iterator<Item = usize>,
+    mine: impl Fn(usize) -> bool,
+    until: impl Fn(usize) -> u64,
+    now: u64,
+) -> Option<usize> {
+    let mut victim: Option<(usize, u64)> = None;
+    for slot in slots {
+        if mine(slot) {
+            return Some(slot);
+        }
+        let live = until(slot);
+        let expiry = if live <= now { 0 } else { live };
+        if victim.is_none_or(|(_, e)| expiry < e) {
+            victim = Some((slot, expiry));
+        }
+    }
+    victim.map(|(s, _)| s)
+}
+
 fn hash(parent: u64, name: &[u8]) -> u64 {
     // FNV-1a: both sides compute it, so it must not depend on the process.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -198,15 +230,6 @@ impl NameTable {
         self.memfd.as_fd()
     }
 
-    /// Writes slot `slot` with `f` under its seqlock.
-    fn write(seq: &AtomicU64, f: impl FnOnce()) {
-        let s = seq.load(Ordering::Relaxed);
-        seq.store(s | 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        f();
-        seq.store((s | 1) + 1, Ordering::Release);
-    }
-
     /// Publishes `name` in `parent` as `node` until `until` (ns).
     pub fn put_name(&self, parent: u64, name: &[u8], node: u64, generation: u64, until: u64) {
         if name.len() > NAME_ROOM {
@@ -239,7 +262,7 @@ impl NameTable {
         };
         let mut padded = [0u64; NAME_WORDS - NAME_HEAD];
         padded.as_mut_bytes()[..name.len()].copy_from_slice(name);
-        NameTable::write(t.name_word(slot, 0), || {
+        seq_write(t.name_word(slot, 0), || {
             t.name_word(slot, 1).store(parent, Ordering::Relaxed);
             t.name_word(slot, 2).store(node, Ordering::Relaxed);
             t.name_word(slot, 3).store(generation, Ordering::Relaxed);
@@ -254,26 +277,18 @@ impl NameTable {
     /// Publishes the attributes of `node` until `until` (ns).
     pub fn put_attr(&self, node: u64, attr: &abi::fuse_attr, until: u64) {
         let t = &self.table;
-        let now = now_ns();
-        let mut victim: Option<(usize, u64)> = None;
-        let mut chosen = None;
-        for slot in Table::node_slots(node) {
-            if t.node_word(slot, 1).load(Ordering::Relaxed) == node {
-                chosen = Some(slot);
-                break;
-            }
-            let live = t.node_word(slot, 2).load(Ordering::Relaxed);
-            let expiry = if live <= now { 0 } else { live };
-            if victim.is_none_or(|(_, e)| expiry < e) {
-                victim = Some((slot, expiry));
-            }
-        }
-        let Some(slot) = chosen.or(victim.map(|(s, _)| s)) else {
+        let word = |slot, w| t.node_word(slot, w).load(Ordering::Relaxed);
+        let Some(slot) = pick_slot(
+            Table::node_slots(node),
+            |s| word(s, 1) == node,
+            |s| word(s, 2),
+            now_ns(),
+        ) else {
             return;
         };
         let mut words = [0u64; ATTR_WORDS];
         words.as_mut_bytes().copy_from_slice(attr.as_bytes());
-        NameTable::write(t.node_word(slot, 0), || {
+        seq_write(t.node_word(slot, 0), || {
             t.node_word(slot, 1).store(node, Ordering::Relaxed);
             t.node_word(slot, 2).store(until, Ordering::Relaxed);
             for (i, w) in words.iter().enumerate() {
@@ -294,7 +309,7 @@ impl NameTable {
             if t.name_word(slot, 1).load(Ordering::Relaxed) == parent
                 && t.name_word(slot, 5).load(Ordering::Relaxed) == tag
             {
-                NameTable::write(t.name_word(slot, 0), || {
+                seq_write(t.name_word(slot, 0), || {
                     t.name_word(slot, 4).store(0, Ordering::Relaxed)
                 });
             }
@@ -306,7 +321,7 @@ impl NameTable {
         let t = &self.table;
         for slot in Table::node_slots(node) {
             if t.node_word(slot, 1).load(Ordering::Relaxed) == node {
-                NameTable::write(t.node_word(slot, 0), || {
+                seq_write(t.node_word(slot, 0), || {
                     t.node_word(slot, 2).store(0, Ordering::Relaxed)
                 });
             }
@@ -330,12 +345,12 @@ impl NameTable {
         t.listings().clear_all();
         for slot in 0..SLOTS {
             if t.name_word(slot, 4).load(Ordering::Relaxed) != 0 {
-                NameTable::write(t.name_word(slot, 0), || {
+                seq_write(t.name_word(slot, 0), || {
                     t.name_word(slot, 4).store(0, Ordering::Relaxed)
                 });
             }
             if t.node_word(slot, 2).load(Ordering::Relaxed) != 0 {
-                NameTable::write(t.node_word(slot, 0), || {
+                seq_write(t.node_word(slot, 0), || {
                     t.node_word(slot, 2).store(0, Ordering::Relaxed)
                 });
             }

@@ -502,29 +502,7 @@ mod tests {
 
     /// A READDIRPLUS reply listing `names` without nodes, as sshfs does.
     fn listing(names: &[(&[u8], u32)]) -> Vec<u8> {
-        let mut body = Vec::new();
-        for (i, (name, typ)) in names.iter().enumerate() {
-            let d = abi::fuse_direntplus {
-                entry_out: abi::fuse_entry_out::default(),
-                dirent: abi::fuse_dirent {
-                    ino: u64::MAX,
-                    off: i as u64 + 1,
-                    namelen: name.len() as u32,
-                    typ: *typ,
-                },
-            };
-            body.extend_from_slice(d.as_bytes());
-            body.extend_from_slice(name);
-            body.resize(abi::fuse_rec_align(body.len()), 0);
-        }
-        let h = abi::fuse_out_header {
-            len: (16 + body.len()) as u32,
-            error: 0,
-            unique: 9,
-        };
-        let mut reply = h.as_bytes().to_vec();
-        reply.extend_from_slice(&body);
-        reply
+        super::super::listings::tests::typed_reply(names, 0)
     }
 
     fn nodes_of(reply: &[u8]) -> Vec<u64> {

@@ -154,7 +154,7 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use zerocopy::IntoBytes;
 
@@ -166,17 +166,18 @@ mod tests {
         }
     }
 
-    /// A READDIRPLUS answer of `names`, the first at offset `first`.
-    fn reply(names: &[&[u8]], first: u64) -> Vec<u8> {
+    /// A READDIRPLUS answer listing `names` (with their `DT_*` types)
+    /// without nodes, as sshfs does, the first at offset `first`.
+    pub(in crate::server) fn typed_reply(names: &[(&[u8], u32)], first: u64) -> Vec<u8> {
         let mut body = Vec::new();
-        for (i, name) in names.iter().enumerate() {
+        for (i, (name, typ)) in names.iter().enumerate() {
             let d = abi::fuse_direntplus {
                 entry_out: abi::fuse_entry_out::default(),
                 dirent: abi::fuse_dirent {
                     ino: 50 + first + i as u64,
                     off: first + i as u64 + 1,
                     namelen: name.len() as u32,
-                    typ: 8,
+                    typ: *typ,
                 },
             };
             body.extend_from_slice(d.as_bytes());
@@ -191,6 +192,11 @@ mod tests {
         let mut r = h.as_bytes().to_vec();
         r.extend_from_slice(&body);
         r
+    }
+
+    /// [`typed_reply`] of regular files.
+    fn reply(names: &[&[u8]], first: u64) -> Vec<u8> {
+        typed_reply(&names.iter().map(|n| (*n, 8)).collect::<Vec<_>>(), first)
     }
 
     fn names(p: &Part) -> Vec<(Vec<u8>, u64)> {
