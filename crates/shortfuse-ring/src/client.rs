@@ -694,6 +694,19 @@ impl RingClient {
         }
     }
 
+    /// Whether [`RingClient::notices`] would hand anything over: plain
+    /// loads, no read-modify-write, so that a caller can leave a lock of
+    /// its own untaken when nothing changed (every path call beneath a
+    /// namespace map asks).
+    pub fn notices_pending(&self) -> bool {
+        let g = &self.geo;
+        self.is_dead()
+            || self.notify_head.load(Ordering::Relaxed)
+                != self.region.u32_at(g.notify_tail_off()).load(Ordering::Acquire)
+            || self.overflows.load(Ordering::Relaxed)
+                != self.region.u32_at(g.notify_overflow_off()).load(Ordering::Acquire)
+    }
+
     /// Hands every pending notification to `f`, oldest first (or
     /// [`Notice::All`] once the daemon is gone). Costs three loads when
     /// there is none. Invalidations are idempotent, so two

@@ -40,6 +40,14 @@ pub trait Backend: Send + Sync {
         let _ = apply;
     }
 
+    /// Whether [`Backend::invalidations`] may have something to hand over,
+    /// found without a read-modify-write of anything shared: `false` lets
+    /// the VFS skip the drain and the cache lock it takes. `true` by
+    /// default (a backend that cannot tell is always drained).
+    fn invalidations_pending(&self) -> bool {
+        true
+    }
+
     /// Whether the transport is set up at the first request rather than
     /// when the mount is made (a daemon connected to lazily, see
     /// [`crate::Ring::lazy`]): the VFS then sends INIT just before that

@@ -949,6 +949,12 @@ impl Client {
         self.opened().is_ok() && self.backend.has_shared_entries()
     }
 
+    /// Whether the backend may have invalidations to drain (see
+    /// [`Backend::invalidations_pending`]).
+    pub fn invalidations_pending(&self) -> bool {
+        self.backend.invalidations_pending()
+    }
+
     /// Drains the backend's invalidations (see [`Backend::invalidations`]).
     pub fn invalidations(&self, apply: &mut dyn FnMut(crate::backend::Invalidation<'_>)) {
         self.backend.invalidations(apply);

@@ -224,6 +224,11 @@ impl Backend for Ring {
         self.connected(&[])?.watch_node(node.0, parent.0, name)
     }
 
+    fn invalidations_pending(&self) -> bool {
+        // Not connected yet: nothing was announced to this process.
+        self.client.get().is_some_and(|c| c.notices_pending())
+    }
+
     fn invalidations(&self, apply: &mut dyn FnMut(Invalidation<'_>)) {
         let Some(client) = self.client.get() else {
             return;

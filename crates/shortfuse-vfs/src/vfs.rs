@@ -459,10 +459,13 @@ impl Vfs {
     }
 
     /// [`Vfs::namespace`], after taking in what other clients of a shared
-    /// daemon changed (which may forget kept directories).
+    /// daemon changed (which may forget kept directories). The cache lock
+    /// is taken only when the daemon announced something: every path call
+    /// beneath the map of every thread comes here, and a lock taken each
+    /// time would make them all write one cache line.
     pub fn namespace_current(&self) -> Option<&Namespace> {
         let names = self.names.get()?;
-        if names.shared() {
+        if names.shared() && self.client.invalidations_pending() {
             drop(self.lock());
         }
         Some(names)
