@@ -513,8 +513,48 @@ mod fork_gate {
 
     use crate::sys;
 
-    /// Threads inside a served call.
-    static INSIDE: AtomicU64 = AtomicU64::new(0);
+    /// Threads inside a served call, counted apart by thread: every served
+    /// call of every thread moves its count on entry and on the way out,
+    /// and one counter for all made each call write the same cache line,
+    /// which then travels from CPU to CPU as the threads take turns. A
+    /// thread keeps to one stripe, on a line of its own; a clone adds them
+    /// up. Beyond [`STRIPES`] threads share stripes, which costs lines, not
+    /// correctness.
+    static INSIDE: [Stripe; STRIPES] = [const { Stripe(AtomicU64::new(0)) }; STRIPES];
+
+    /// Stripes of [`INSIDE`].
+    pub(crate) const STRIPES: usize = 64;
+
+    /// One counter on a cache line of its own (two lines: the adjacent
+    /// line prefetcher pairs them).
+    #[repr(align(128))]
+    struct Stripe(AtomicU64);
+
+    /// Stripes given to threads so far (round robin).
+    static GIVEN: AtomicU64 = AtomicU64::new(0);
+
+    /// This thread's stripe, chosen at its first served call.
+    fn mine() -> &'static AtomicU64 {
+        &INSIDE[stripe_index()].0
+    }
+
+    /// The index of this thread's stripe.
+    pub(crate) fn stripe_index() -> usize {
+        let t = sys::thread();
+        let mut s = t.gate_stripe.load(Ordering::Relaxed);
+        if s == 0 {
+            s = GIVEN.fetch_add(1, Ordering::Relaxed) % STRIPES as u64 + 1;
+            t.gate_stripe.store(s, Ordering::Relaxed);
+        }
+        s as usize - 1
+    }
+
+    /// Threads inside a served call now (as a clone sees them: a count it
+    /// read before a thread's increment is made up for by that thread,
+    /// which then sees `forking` and steps out).
+    pub(crate) fn inside() -> u64 {
+        INSIDE.iter().map(|s| s.0.load(Ordering::SeqCst)).sum()
+    }
 
     const DRAIN: Duration = Duration::from_millis(100);
     const HOLD: Duration = Duration::from_secs(1);
@@ -545,33 +585,34 @@ mod fork_gate {
         sys::cfg().forking.fetch_add(1, Ordering::SeqCst);
         if process {
             let mine = u64::from(sys::thread().in_hook.load(Ordering::Relaxed));
-            wait_until(DRAIN, || INSIDE.load(Ordering::SeqCst) <= mine);
+            wait_until(DRAIN, || inside() <= mine);
         }
     }
 
     /// A served call starts (waiting while a clone is made).
     pub fn enter() {
         let forking = &sys::cfg().forking;
-        INSIDE.fetch_add(1, Ordering::SeqCst);
+        let inside = mine();
+        inside.fetch_add(1, Ordering::SeqCst);
         if forking.load(Ordering::SeqCst) == 0 {
             return;
         }
-        INSIDE.fetch_sub(1, Ordering::SeqCst);
+        inside.fetch_sub(1, Ordering::SeqCst);
         let end = Instant::now() + HOLD;
         loop {
             wait_until(end.saturating_duration_since(Instant::now()), || {
                 forking.load(Ordering::SeqCst) == 0
             });
-            INSIDE.fetch_add(1, Ordering::SeqCst);
+            inside.fetch_add(1, Ordering::SeqCst);
             if forking.load(Ordering::SeqCst) == 0 || Instant::now() >= end {
                 return;
             }
-            INSIDE.fetch_sub(1, Ordering::SeqCst);
+            inside.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     pub fn leave() {
-        INSIDE.fetch_sub(1, Ordering::SeqCst);
+        mine().fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Runs `wait` (a served call's wait for another process, holding
@@ -587,7 +628,46 @@ mod fork_gate {
     /// In a new process: the other threads, and whatever they were inside,
     /// stayed behind.
     pub fn forked() {
-        INSIDE.store(0, Ordering::SeqCst);
+        for s in &INSIDE {
+            s.0.store(0, Ordering::SeqCst);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// The address of the counter this thread's served calls move.
+        fn counter() -> usize {
+            mine() as *const AtomicU64 as usize
+        }
+
+        #[test]
+        fn threads_in_served_calls_at_once_write_no_cache_line_in_common() {
+            let barrier = std::sync::Barrier::new(4);
+            let lines: Vec<usize> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            enter();
+                            let line = counter() / 64;
+                            // All four inside together: a clone counts them.
+                            barrier.wait();
+                            assert!(inside() >= 4);
+                            barrier.wait();
+                            leave();
+                            line
+                        })
+                    })
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let mut distinct = lines.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(distinct.len(), lines.len(), "cache lines of the counters: {lines:x?}");
+            assert_eq!(inside(), 0);
+        }
     }
 }
 

@@ -379,6 +379,9 @@ pub struct ThreadState {
     pub probed: [AtomicU64; PROBED],
     pub probed_gen: AtomicU64,
     pub probed_next: AtomicU64,
+    /// Which of the fork gate's counters this thread's served calls move,
+    /// plus one; 0: none chosen yet (see `crate::fork_gate`).
+    pub gate_stripe: AtomicU64,
 }
 
 /// Readable pages each thread remembers. A program's calls pass paths and
@@ -421,6 +424,7 @@ thread_local! {
             probed: [const { AtomicU64::new(0) }; PROBED],
             probed_gen: AtomicU64::new(0),
             probed_next: AtomicU64::new(0),
+            gate_stripe: AtomicU64::new(0),
         }
     };
 }
