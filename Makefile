@@ -50,6 +50,8 @@ test-mounted: build
 # --quick` on native, the shim in process and over rings, dev and uring.
 # The shim (libshortfuse_preload.so) is
 # built in release too: the release shortfuse looks for it beside itself.
+# The demo mounts no sftp in process, so the shim built with sftp
+# (shortfuse-preload-sftp) is left to `make build`.
 # The bench exits with a failure when any configuration did not complete.
 DEMO_OUT ?= $(CURDIR)/bench-out
 demo: setup

@@ -48,8 +48,11 @@ def shortfuse() -> Path:
         bin_ = sfmount.shortfuse_bin()
     except sfmount.HarnessError as e:
         pytest.fail(str(e), pytrace=False)
-    shim = bin_.parent / "libshortfuse_preload.so"
-    assert shim.is_file(), f"{shim} not built: run make build (cargo build --workspace)"
+    # The shim every process loads, and the one built with sftp that run
+    # loads for an sftp mount.
+    for name in ("libshortfuse_preload.so", "libshortfuse_preload_sftp.so"):
+        shim = bin_.parent / name
+        assert shim.is_file(), f"{shim} not built: run make build (cargo build --workspace)"
     return bin_
 
 

@@ -55,7 +55,7 @@ def shortfuse() -> Path:
         bin_ = sfmount.shortfuse_bin()
     except sfmount.HarnessError as e:
         pytest.fail(str(e), pytrace=False)
-    assert (bin_.parent / "libshortfuse_preload.so").is_file(), "the preload shim is not built: make build"
+    assert (bin_.parent / "libshortfuse_preload_sftp.so").is_file(), "the preload shim with sftp is not built: make build"
     return bin_
 
 

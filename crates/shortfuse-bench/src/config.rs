@@ -344,7 +344,8 @@ impl Config {
     }
 
     /// Whether this configuration runs its workload under the preload shim
-    /// (`libshortfuse_preload.so` beside the `shortfuse` binary).
+    /// (`libshortfuse_preload.so`, or `libshortfuse_preload_sftp.so` for
+    /// sftp, beside the `shortfuse` binary).
     pub fn needs_shim(&self) -> bool {
         matches!(
             self.kind,
@@ -710,10 +711,15 @@ impl Config {
             Kind::Preload { .. } | Kind::Shim { .. } | Kind::SftpShim { .. } => {
                 // The mount point exists only for the worker's shim.
                 std::fs::remove_dir(&mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
-                let so = env.shortfuse_bin.with_file_name("libshortfuse_preload.so");
+                // `run` loads the shim built with sftp for an sftp mount.
+                let (name, package) = match &self.kind {
+                    Kind::SftpShim { .. } => ("libshortfuse_preload_sftp.so", "shortfuse-preload-sftp"),
+                    _ => ("libshortfuse_preload.so", "shortfuse-preload"),
+                };
+                let so = env.shortfuse_bin.with_file_name(name);
                 if !so.is_file() {
                     return Err(format!(
-                        "{} is missing (built by cargo build -p shortfuse-preload)",
+                        "{} is missing (built by cargo build -p {package})",
                         so.display()
                     ));
                 }

@@ -9,14 +9,14 @@ use shortfuse::cache::{CacheOptions, CachedFs};
 use shortfuse::options::FsOptions;
 use shortfuse::{Filesystem, MountOptions};
 pub use shortfuse_fs::registry::invalid;
-use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
+use shortfuse_fs::registry::{bundled, FsKind, Host};
 
 use crate::rights::DaemonRights;
 
 /// Every file system the command line knows, in help order: the bundled
 /// ones, then distfs.
 pub fn all() -> impl Iterator<Item = &'static FsKind> {
-    BUNDLED.iter().chain([&shortfuse_dist::KIND])
+    bundled().chain([&shortfuse_dist::KIND])
 }
 
 /// The file system called `name`.

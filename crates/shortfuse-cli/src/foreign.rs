@@ -46,7 +46,7 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
     for o in &args.options {
         opts.apply(o, Some(&mut rest))?;
     }
-    let shim = crate::run::shim_path().map_err(io::Error::other)?;
+    let shim = crate::run::shim_path(crate::run::SHIM).map_err(io::Error::other)?;
     let (ours, theirs) = socket_pair()?;
     let (our_lanes, their_lanes): (Vec<OwnedFd>, Vec<OwnedFd>) = (0..LANES)
         .map(|_| socket_pair())

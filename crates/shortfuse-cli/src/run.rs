@@ -1,6 +1,6 @@
 //! `shortfuse run -m MOUNTPOINT=FS[:SOURCE] [-m ...] [-o OPTS] -- PROGRAM
-//! ARGS...`: starts PROGRAM with the preload shim (`libshortfuse_preload.so`)
-//! loaded, so that its file calls on the mounts are served inside its own
+//! ARGS...`: starts PROGRAM with the preload shim (`libshortfuse_preload.so`,
+//! or `libshortfuse_preload_sftp.so` when a mount is sftp's) loaded, so that its file calls on the mounts are served inside its own
 //! process, without FUSE and without a kernel mount.
 //!
 //! The mounts travel in `SHORTFUSE_MOUNTS` (format in
@@ -16,13 +16,32 @@ use std::process::{Command, ExitCode};
 
 use shortfuse::cache::{CacheOptions, CACHE_KEYS};
 use shortfuse::MountOptions;
-use shortfuse_fs::registry::{FsKind, Source, BUNDLED};
+use shortfuse_fs::registry::{bundled, FsKind, Source, LOCAL};
 use shortfuse_vfs::spec::{check_distinct, format_mounts, MountSpec, RUN_MOUNT_OPTIONS};
 
 use crate::filesystems;
 
-/// The shim's file name, next to the `shortfuse` binary.
+/// The shim's file name, next to the `shortfuse` binary: it builds the
+/// local file systems ([`LOCAL`]) in process and serves `serve` daemons.
 pub const SHIM: &str = "libshortfuse_preload.so";
+
+/// The shim built with sftp too, loaded only when a mount needs it: the SSH
+/// client, its async runtime and crypto are about half of what the dynamic
+/// loader relocates in the shim, which every process under `run` pays
+/// before its first instruction.
+pub const SHIM_SFTP: &str = "libshortfuse_preload_sftp.so";
+
+/// The shim that serves `specs`: the one every process can load cheaply
+/// unless a mount's file system is built in process and not among those it
+/// links.
+pub fn shim_for(specs: &[MountSpec]) -> &'static str {
+    let light = |m: &MountSpec| m.is_daemon() || LOCAL.iter().any(|k| k.name == m.fs);
+    if specs.iter().all(light) {
+        SHIM
+    } else {
+        SHIM_SFTP
+    }
+}
 
 /// Exit status for a bad command line (clap's usage errors use it too).
 const USAGE: u8 = 2;
@@ -72,7 +91,7 @@ pub struct RunArgs {
 
 pub fn after_help() -> String {
     let mut s = String::from("File systems served in process:\n");
-    for kind in BUNDLED.iter().filter(|k| k.in_process) {
+    for kind in bundled().filter(|k| k.in_process) {
         let src = kind
             .source
             .describe()
@@ -115,7 +134,7 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
-    let shim = match shim_path() {
+    let shim = match shim_path(shim_for(&specs)) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("shortfuse run: {e}");
@@ -402,7 +421,7 @@ fn in_process_kind(name: &str) -> Result<&'static FsKind, String> {
     match filesystems::all().find(|k| k.name == name) {
         Some(kind) if kind.in_process => Ok(kind),
         known => {
-            let served: Vec<&str> = BUNDLED.iter().filter(|k| k.in_process).map(|k| k.name).collect();
+            let served: Vec<&str> = bundled().filter(|k| k.in_process).map(|k| k.name).collect();
             let hint = match known {
                 Some(_) => format!(" (mount {name} with `shortfuse mount` instead)"),
                 None => String::new(),
@@ -438,16 +457,16 @@ fn check_fs(spec: &MountSpec) -> Result<(), String> {
     built
 }
 
-/// `libshortfuse_preload.so` next to this binary.
-pub(crate) fn shim_path() -> Result<PathBuf, String> {
+/// The shim called `name` ([`SHIM`] or [`SHIM_SFTP`]) next to this binary.
+pub(crate) fn shim_path(name: &str) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the shortfuse binary: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let so = dir.join(SHIM);
+    let so = dir.join(name);
     if !so.is_file() {
         return Err(format!(
             "the preload shim {} is missing: build it next to shortfuse ({})",
             so.display(),
-            build_hint(dir)
+            build_hint(dir, name)
         ));
     }
     let s = so.to_string_lossy();
@@ -459,32 +478,37 @@ pub(crate) fn shim_path() -> Result<PathBuf, String> {
     Ok(so)
 }
 
-/// The command that builds the shim where a `shortfuse` in `dir` looks for
-/// it: cargo puts each profile in its own directory, so a release binary
-/// needs a release build of the shim (a plain `cargo build` makes a debug
-/// copy it never finds).
-fn build_hint(dir: &Path) -> String {
+/// The command that builds the shim called `name` where a `shortfuse` in
+/// `dir` looks for it: cargo puts each profile in its own directory, so a
+/// release binary needs a release build of the shim (a plain `cargo build`
+/// makes a debug copy it never finds).
+fn build_hint(dir: &Path, name: &str) -> String {
+    // The package is named as its library, with dashes.
+    let package = name.trim_start_matches("lib").trim_end_matches(".so").replace('_', "-");
     match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "cargo build -p shortfuse-preload".into(),
-        Some("release") => "cargo build --release -p shortfuse-preload".into(),
+        Some("debug") => format!("cargo build -p {package}"),
+        Some("release") => format!("cargo build --release -p {package}"),
         Some(profile) if dir.parent().is_some_and(|p| p.join("CACHEDIR.TAG").is_file()) => {
-            format!("cargo build --profile {profile} -p shortfuse-preload")
+            format!("cargo build --profile {profile} -p {package}")
         }
         _ => format!(
-            "cargo build --release -p shortfuse-preload, then copy target/release/{SHIM} to {}",
+            "cargo build --release -p {package}, then copy target/release/{name} to {}",
             dir.display()
         ),
     }
 }
 
-/// LD_PRELOAD with the shim first (the program's own preloads follow).
+/// LD_PRELOAD with the shim first (the program's own preloads follow). A
+/// shim an outer `run` preloaded, of either build or another build
+/// directory, goes: two shims in one process would both rewrite its calls.
 pub(crate) fn ld_preload(shim: &Path, existing: Option<OsString>) -> OsString {
+    let is_shim = |p: &Path| p == shim || p.file_name().is_some_and(|n| n == SHIM || n == SHIM_SFTP);
     let mut v = OsString::from(shim);
     if let Some(old) = existing {
         let rest: Vec<_> = old
             .to_string_lossy()
             .split([' ', ':'])
-            .filter(|p| !p.is_empty() && Path::new(p) != shim)
+            .filter(|p| !p.is_empty() && !is_shim(Path::new(p)))
             .map(str::to_string)
             .collect();
         if !rest.is_empty() {
@@ -528,15 +552,28 @@ mod tests {
     #[test]
     fn the_hint_builds_the_shim_in_the_binary_s_own_profile() {
         assert_eq!(
-            build_hint(Path::new("/w/target/debug")),
+            build_hint(Path::new("/w/target/debug"), SHIM),
             "cargo build -p shortfuse-preload"
         );
         assert_eq!(
-            build_hint(Path::new("/w/target/release")),
-            "cargo build --release -p shortfuse-preload"
+            build_hint(Path::new("/w/target/release"), SHIM_SFTP),
+            "cargo build --release -p shortfuse-preload-sftp"
         );
-        assert!(build_hint(Path::new("/usr/local/bin"))
+        assert!(build_hint(Path::new("/usr/local/bin"), SHIM)
             .contains("copy target/release/libshortfuse_preload.so to /usr/local/bin"));
+    }
+
+    #[test]
+    fn only_an_sftp_mount_loads_the_shim_built_with_sftp() {
+        let spec = |fs: &str| MountSpec {
+            mountpoint: "/m".into(),
+            fs: fs.into(),
+            source: Some("/s".into()),
+            options: String::new(),
+        };
+        let daemon = MountSpec::daemon("/d".into(), String::new());
+        assert_eq!(shim_for(&[spec("passthrough"), spec("mem"), daemon.clone()]), SHIM);
+        assert_eq!(shim_for(&[spec("passthrough"), spec("sftp")]), SHIM_SFTP);
     }
 
     #[test]
@@ -546,6 +583,11 @@ mod tests {
         assert_eq!(
             ld_preload(shim, Some("/a.so /t/libshortfuse_preload.so:/b.so".into())),
             OsString::from("/t/libshortfuse_preload.so:/a.so:/b.so")
+        );
+        // An outer run's shim of the other build, from elsewhere.
+        assert_eq!(
+            ld_preload(shim, Some("/u/libshortfuse_preload_sftp.so:/a.so".into())),
+            OsString::from("/t/libshortfuse_preload.so:/a.so")
         );
     }
 

@@ -10,9 +10,20 @@
 //! directories, a remote host) is a property here, never a comparison of
 //! its name elsewhere.
 //!
-//! Adding a file system: its module in this crate and one [`BUNDLED`] line.
-//! A file system of another crate (distfs) declares its [`FsKind`] there;
-//! the command line lists it after these.
+//! The table is split by what a file system links: [`LOCAL`] holds those
+//! built on the local machine's own calls, [`SFTP`] the one that brings an
+//! SSH client and an async runtime with it. Every process started under
+//! `shortfuse run` loads the preload shim, and the dynamic loader relocates
+//! all of it before the program's first instruction; the shim every
+//! process loads therefore links [`LOCAL`] alone (naming [`SFTP`], or
+//! [`bundled`] and [`FsKind::find`] that name it, would link the SSH stack
+//! into it), and a second build of the shim, which `run` picks only for an
+//! sftp mount, links both.
+//!
+//! Adding a file system: its module in this crate and one [`LOCAL`] line
+//! (or a static of its own beside [`SFTP`], when it links a stack of that
+//! weight). A file system of another crate (distfs) declares its [`FsKind`]
+//! there; the command line lists it after these.
 
 use std::io;
 use std::path::Path;
@@ -189,7 +200,14 @@ pub fn default_applies(option: &str, euid: u32) -> bool {
 }
 
 /// Every file system of this crate, in help order.
-pub static BUNDLED: &[FsKind] = &[
+pub fn bundled() -> impl Iterator<Item = &'static FsKind> + Clone {
+    LOCAL.iter().chain([&SFTP])
+}
+
+/// The file systems of this crate that link no network stack, in help
+/// order: all that the preload shim every process loads can build (see the
+/// module's documentation).
+pub static LOCAL: &[FsKind] = &[
     FsKind {
         name: "null",
         source: Source::None,
@@ -291,33 +309,36 @@ pub static BUNDLED: &[FsKind] = &[
             Ok(Arc::new(naming("pack", src, crate::pack::PackFs::new(src))?))
         },
     },
-    FsKind {
-        name: "sftp",
-        source: Source::Remote("[user@]host:[path] on an SSH server"),
-        about: "a remote directory over SFTP, like sshfs",
-        options: "port=,identity=,reconnect,StrictHostKeyChecking=,...",
-        kernel_permissions: false,
-        network: true,
-        mirror: false,
-        in_process: true,
-        low_fds_free: false,
-        mount_defaults: SFTP_DEFAULTS,
-        build: |b| {
-            let target = source(b)?.to_string_lossy();
-            Ok(Arc::new(match b.host {
-                Host::Daemon { .. } => crate::sftp::SftpFs::connect(&target, b.options)?,
-                // No threads of its own, connects on first use, reconnects
-                // in a forked child.
-                Host::InProcess => crate::sftp::SftpFs::in_process(&target, b.options)?,
-            }))
-        },
-    },
 ];
+
+/// sftp: a remote directory over SSH (russh, tokio and their crypto), kept
+/// out of [`LOCAL`] so that a process with no sftp mount does not load them.
+pub static SFTP: FsKind = FsKind {
+    name: "sftp",
+    source: Source::Remote("[user@]host:[path] on an SSH server"),
+    about: "a remote directory over SFTP, like sshfs",
+    options: "port=,identity=,reconnect,StrictHostKeyChecking=,...",
+    kernel_permissions: false,
+    network: true,
+    mirror: false,
+    in_process: true,
+    low_fds_free: false,
+    mount_defaults: SFTP_DEFAULTS,
+    build: |b| {
+        let target = source(b)?.to_string_lossy();
+        Ok(Arc::new(match b.host {
+            Host::Daemon { .. } => crate::sftp::SftpFs::connect(&target, b.options)?,
+            // No threads of its own, connects on first use, reconnects
+            // in a forked child.
+            Host::InProcess => crate::sftp::SftpFs::in_process(&target, b.options)?,
+        }))
+    },
+};
 
 impl FsKind {
     /// The bundled file system called `name`.
     pub fn find(name: &str) -> Option<&'static FsKind> {
-        BUNDLED.iter().find(|k| k.name == name)
+        bundled().find(|k| k.name == name)
     }
 
     /// Builds it over `source` with `options` for `host`, after checking
@@ -404,8 +425,9 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_sources_are_checked() {
-        for (i, k) in BUNDLED.iter().enumerate() {
-            assert!(BUNDLED[i + 1..].iter().all(|o| o.name != k.name), "{} twice", k.name);
+        let all: Vec<&FsKind> = bundled().collect();
+        for (i, k) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|o| o.name != k.name), "{} twice", k.name);
             assert_eq!(FsKind::find(k.name).map(|f| f.name), Some(k.name));
             let opts = FsOptions::new();
             let wrong = match k.source {

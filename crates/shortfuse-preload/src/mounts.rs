@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use shortfuse::cache::CacheMode;
 use shortfuse::mount::MountInfo;
 use shortfuse::Stats;
-use shortfuse_fs::registry::{FsKind, Host, BUNDLED};
+use shortfuse_fs::registry::{FsKind, Host, LOCAL};
 use shortfuse_vfs::spec::{parse_mounts, MountSpec};
 use shortfuse_vfs::{
     Creds, FdTable, InProcess, Location, MapTap, Namespace, PageCache, Vfs, Walk, WalkFlags, MCACHE_NODES,
@@ -39,19 +39,30 @@ pub const CWD_VAR: &str = "SHORTFUSE_CWD";
 pub const NOTHING_INHERITED_VAR: &str = "SHORTFUSE_NOTHING_INHERITED";
 pub const NOTHING_INHERITED: &std::ffi::CStr = c"SHORTFUSE_NOTHING_INHERITED=1";
 
+/// The file systems this build of the shim links beyond [`LOCAL`]: none in
+/// the shim every process under `run` loads, sftp in the one `run` loads
+/// for an sftp mount (naming it links its SSH stack, which every process
+/// would relocate at start-up).
+#[cfg(feature = "sftp")]
+const LINKED: &[&FsKind] = &[&shortfuse_fs::registry::SFTP];
+#[cfg(not(feature = "sftp"))]
+const LINKED: &[&FsKind] = &[];
+
+/// The file systems this shim can build in process.
+fn served() -> impl Iterator<Item = &'static FsKind> {
+    LOCAL.iter().chain(LINKED.iter().copied()).filter(|k| k.in_process)
+}
+
 /// The file system a spec names, when the shim builds it in process.
 fn in_process_kind(spec: &MountSpec) -> Result<&'static FsKind, String> {
-    match FsKind::find(&spec.fs) {
-        Some(kind) if kind.in_process => Ok(kind),
-        _ => {
-            let known: Vec<&str> = BUNDLED.iter().filter(|k| k.in_process).map(|k| k.name).collect();
-            Err(format!(
-                "file system {:?} is not served in process (these are: {})",
-                spec.fs,
-                known.join(", ")
-            ))
-        }
-    }
+    served().find(|k| k.name == spec.fs).ok_or_else(|| {
+        let known: Vec<&str> = served().map(|k| k.name).collect();
+        format!(
+            "file system {:?} is not served in process by this shim (these are: {}; `shortfuse run` loads the shim that serves its mounts)",
+            spec.fs,
+            known.join(", ")
+        )
+    })
 }
 
 /// Whether the daemon serving `mp` (normalised) keeps its files on another
@@ -276,7 +287,7 @@ pub(crate) fn build(spec: &str) -> Result<State, String> {
     shortfuse_ring::keep_descriptors_from(crate::calls::OWN_FD_FLOOR as i32);
     let fence = specs
         .iter()
-        .any(|m| !m.is_daemon() && FsKind::find(&m.fs).is_none_or(|k| !k.low_fds_free))
+        .any(|m| !m.is_daemon() && in_process_kind(m).ok().is_none_or(|k| !k.low_fds_free))
         .then(Fence::low_numbers);
     let mut mounts = Vec::new();
     for (i, m) in specs.iter().enumerate() {
