@@ -489,6 +489,7 @@ impl RingClient {
             .store(PID.load(Ordering::Relaxed), Ordering::Relaxed);
         self.region.u32_at(off).store(state, Ordering::Relaxed);
         self.published.fetch_add(1, Ordering::Relaxed);
+        wait::note_cpu(self.region.u32_at(header::CALLER_CPU), wait::cpu_mark());
         let pos = self.region.u32_at(self.geo.tail_off(q)).fetch_add(1, Ordering::Relaxed);
         self.region
             .u32_at(self.geo.entry_off(q, pos))
@@ -506,7 +507,11 @@ impl RingClient {
     /// Waits for DONE in the slot's state: spin, then sleep with a timeout
     /// that lets us notice a dead daemon.
     fn wait(&self, state: &std::sync::atomic::AtomicU32) -> Result<(), Errno> {
-        if wait::spin_until(self.spin, || state.load(Ordering::Acquire) == slot::DONE) {
+        // The thread that takes our requests on this CPU cannot answer
+        // while we keep it.
+        let taker = self.region.u32_at(header::TAKER_CPU).load(Ordering::Relaxed);
+        let sharing = taker != 0 && taker == wait::cpu_mark();
+        if wait::spin_until_sharing(self.spin, sharing, || state.load(Ordering::Acquire) == slot::DONE) {
             return Ok(());
         }
         loop {

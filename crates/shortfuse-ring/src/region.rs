@@ -63,6 +63,14 @@ pub mod header {
     /// answers FLUSH without the server (a client that writes 0 here only
     /// keeps its own locks past its closes).
     pub const LOCKS: usize = 44;
+    /// The CPU, plus one (0: not known), of the client thread that last
+    /// published a request; on a cache line of its own.
+    pub const CALLER_CPU: usize = 64;
+    /// The CPU, plus one, of the thread that last took a request of this
+    /// client from its queues; on a cache line of its own. Together they
+    /// tell each side whether the other waits on its own CPU (see
+    /// `wait`): advisory, a wrong value costs time, never correctness.
+    pub const TAKER_CPU: usize = 128;
 }
 
 pub const DAEMON_ALIVE: u32 = 1;

@@ -183,6 +183,12 @@ pub fn current_cpu() -> usize {
     usize::try_from(c).unwrap_or(0)
 }
 
+/// The CPU this thread runs on, if it can be told (see [`current_cpu`]).
+pub fn cpu() -> Option<u32> {
+    // SAFETY: no arguments; returns -1 on failure.
+    u32::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
 fn check(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())

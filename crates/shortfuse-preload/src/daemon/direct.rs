@@ -401,6 +401,11 @@ pub fn take(mut deliver: impl FnMut(&[u8]) -> Option<i64>) -> Option<i64> {
                     continue;
                 }
                 let pid = c.region.u32_at(off + 8).load(Ordering::Relaxed);
+                // Where each side waits for the other (see `poll`, and the
+                // client's wait).
+                let me = shortfuse_ring::wait::cpu_mark();
+                shortfuse_ring::wait::note_cpu(c.region.u32_at(header::TAKER_CPU), me);
+                CALLER.set(c.region.u32_at(header::CALLER_CPU).load(Ordering::Relaxed));
                 let replies = abi::op_info(h.opcode).is_none_or(|o| o.reply);
                 let t = Taken {
                     unique: h.unique,
@@ -623,6 +628,8 @@ pub fn has_work() -> bool {
 
 thread_local! {
     static POLL: shortfuse_ring::wait::Poll = shortfuse_ring::wait::Poll::default();
+    /// The CPU mark of the client thread whose request this reader took last.
+    static CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Polls the clients' queues, and now and then `other` (the kernel's
@@ -631,8 +638,12 @@ thread_local! {
 /// true when there is something to read.
 pub fn poll(mut other: impl FnMut() -> bool) -> bool {
     let mut n = 0u32;
+    // A client waiting on this CPU for its answer, or about to send its
+    // next request, runs only when we yield.
+    let caller = CALLER.get();
+    let sharing = caller != 0 && caller == shortfuse_ring::wait::cpu_mark();
     POLL.with(|p| {
-        p.until(spin(), || {
+        p.until_sharing(spin(), sharing, || {
             n = n.wrapping_add(1);
             has_work() || (n.is_multiple_of(64) && other())
         })
