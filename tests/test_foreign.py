@@ -1171,6 +1171,41 @@ def test_an_open_and_close_sends_serve_one_message_at_most(shortfuse, scratch):
         d.stop()
 
 
+# Stats a missing name argv[2] times in directory argv[1].
+STAT_MISSING = r"""
+import os, sys
+for _ in range(int(sys.argv[2])):
+    try:
+        os.stat(os.path.join(sys.argv[1], "missing"))
+    except FileNotFoundError:
+        pass
+"""
+
+
+def test_daemon_spin_us_0_makes_the_daemon_s_reader_sleep_after_each_request(shortfuse, scratch):
+    src, mp = scratch / "src", scratch / "mnt"
+    src.mkdir()
+    mp.mkdir()
+    d = Daemon(
+        shortfuse,
+        scratch,
+        ["--daemon-spin-us", "0", "--", sfmount.require_tool("bindfs"), "-f", str(src), str(mp)],
+        mp,
+    )
+    try:
+        n = 200
+        figures = d.stats()["daemon"]
+        p = under(shortfuse, mp, [sys.executable, "-c", STAT_MISSING, str(mp), str(n)])
+        assert p.returncode == 0, p.stderr.decode()
+        after = d.stats()["daemon"]
+        # Each lookup finds the daemon asleep (it polled for none), so the
+        # program's request wakes it; with the default window the next
+        # lookup comes while it polls and wakes nothing.
+        assert after["woken"] - figures["woken"] >= n // 4, (figures, after)
+    finally:
+        d.stop()
+
+
 # Removes the files argv[2:] of directory argv[1].
 UNLINK = r"""
 import os, sys

@@ -30,7 +30,8 @@ use shortfuse::control::{About, ControlServer};
 use shortfuse::options::FsOptions;
 use shortfuse::{MountOptions, Stats};
 use shortfuse_ring::foreign::{
-    Bridge, BridgeFigures, BACKING_HANDLES_VAR, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DIRECT_VAR, LANES,
+    Bridge, BridgeFigures, BACKING_HANDLES_VAR, DAEMON_BELL_VAR, DAEMON_FD_VAR, DAEMON_LANES_VAR, DAEMON_SPIN_VAR,
+    DIRECT_VAR, LANES,
 };
 use shortfuse_ring::{Server, ServerConfig};
 
@@ -86,6 +87,7 @@ pub fn main(args: &ServeArgs) -> io::Result<()> {
         )
         .env(DAEMON_FD_VAR, theirs.as_raw_fd().to_string())
         .env(DAEMON_LANES_VAR, lane_list)
+        .env(DAEMON_SPIN_VAR, args.daemon_spin_us.to_string())
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", command[0].to_string_lossy())))?;
     drop(theirs);

@@ -31,6 +31,7 @@ use shortfuse::cache::{CacheOptions, CachedFs};
 use shortfuse::control::ControlServer;
 use shortfuse::options::FsOptions;
 use shortfuse::{DevSession, Filesystem, MountOptions, SessionOptions, Stats, Transport};
+use shortfuse_ring::foreign::DEFAULT_DAEMON_SPIN_US;
 use shortfuse_ring::{Announcing, Server, ServerConfig, DEFAULT_SPIN_US};
 
 use crate::filesystems;
@@ -79,6 +80,15 @@ pub struct ServeArgs {
     /// --spin-us]. SHORTFUSE_RING_SPIN_US in a client's environment overrides it.
     #[arg(long, value_name = "US")]
     pub(crate) client_spin_us: Option<u64>,
+    /// With COMMAND: how long (µs) the daemon's readers poll for the next
+    /// request before they sleep (0: at once). A request that comes within
+    /// the window spares a sleep and the wake-up of an idle CPU, which
+    /// costs more than most requests' work; a reader that finds nothing
+    /// spends the window's CPU. A reader on the CPU of the program it
+    /// answered yields at every look.
+    #[arg(long, value_name = "US", default_value_t = DEFAULT_DAEMON_SPIN_US, requires = "command",
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub(crate) daemon_spin_us: u64,
     /// Request slots per CPU queue (requests in flight per CPU).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=992))]
     pub(crate) slots: u32,
@@ -270,5 +280,35 @@ impl SignalSet {
         let mut sig = 0;
         // SAFETY: a valid set and out-pointer; retried on spurious errors.
         while unsafe { libc::sigwait(&self.0, &mut sig) } != 0 {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).map(|c| c.serve)
+    }
+
+    #[test]
+    fn daemon_spin_us() {
+        let daemon = ["--", "bindfs", "-f", "src", "mnt"];
+        let with = |opt: &[&str]| parse(&[opt, &daemon[..]].concat());
+        assert_eq!(with(&[]).unwrap().daemon_spin_us, DEFAULT_DAEMON_SPIN_US);
+        assert_eq!(with(&["--daemon-spin-us", "0"]).unwrap().daemon_spin_us, 0);
+        assert_eq!(with(&["--daemon-spin-us=10000"]).unwrap().daemon_spin_us, 10_000);
+        for bad in ["10001", "-1", "2.5", "1K", ""] {
+            assert!(with(&["--daemon-spin-us", bad]).is_err(), "{bad}");
+        }
+        // It concerns a daemon started with `--` alone.
+        assert!(parse(&["--daemon-spin-us", "5", "null", "mnt"]).is_err());
     }
 }

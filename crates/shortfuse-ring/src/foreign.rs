@@ -84,6 +84,12 @@ pub const DIRECT_AWAKE: u32 = 2;
 /// The environment variable naming the daemon's end of the eventfd that
 /// `serve` writes when a client rings a queue the sleeping daemon armed.
 pub const DAEMON_BELL_VAR: &str = "SHORTFUSE_DAEMON_BELL";
+/// The daemon's environment: how long (µs) its readers poll the clients'
+/// queues, its /dev/fuse descriptor and the socket before they sleep
+/// (`serve --daemon-spin-us`).
+pub const DAEMON_SPIN_VAR: &str = "SHORTFUSE_DIRECT_SPIN_US";
+/// `serve --daemon-spin-us` when not given.
+pub const DEFAULT_DAEMON_SPIN_US: u64 = 20;
 /// `0` in `serve`'s environment: the daemon's threads do not take the ring
 /// clients' requests from their queues themselves (see
 /// [`Forward::direct`]); every request then goes through `serve`'s

@@ -167,7 +167,7 @@ pub fn flush_counts() {
 /// The largest READ/WRITE payload a ring carries (as `serve`'s default).
 const MAX_IO: u32 = 1 << 20;
 /// How long a reader polls the queues before it sleeps.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+const SPIN: std::time::Duration = std::time::Duration::from_micros(shortfuse_ring::foreign::DEFAULT_DAEMON_SPIN_US);
 
 /// At start-up: takes the eventfd [`DAEMON_BELL_VAR`] names.
 pub fn setup(floor: i64) {
@@ -196,7 +196,7 @@ pub fn active() -> bool {
 pub fn spin() -> std::time::Duration {
     static US: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     US.get_or_init(|| {
-        std::env::var("SHORTFUSE_DIRECT_SPIN_US")
+        std::env::var(shortfuse_ring::foreign::DAEMON_SPIN_VAR)
             .ok()
             .and_then(|v| v.parse().ok())
     })
