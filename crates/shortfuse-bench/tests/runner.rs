@@ -318,7 +318,10 @@ fn tiny_data_on_its_defaults() {
         assert_eq!(ops_of(suite, c), want, "{c}");
     }
     for op in &want {
-        for title in ["dev-passthrough vs dev (no maps)", "uring-passthrough vs dev (no maps)"] {
+        for title in [
+            "dev-passthrough vs dev (readers passed through vs the defaults)",
+            "uring-passthrough vs dev (no maps)",
+        ] {
             let cell = comparison_cell(suite, title, op);
             assert!(cell.ends_with(')') && cell.contains("x ("), "{op} {title}: {cell:?}");
         }
