@@ -97,6 +97,7 @@
 #![deny(unsafe_code)]
 
 mod creds;
+mod flushing;
 mod handles;
 pub mod inodes;
 mod pathfd;
@@ -223,6 +224,10 @@ pub struct PassthroughFs {
     /// Writeback cache negotiated: the kernel may read a file opened
     /// write-only and handles `O_APPEND` itself.
     writeback: AtomicBool,
+    /// Under write-back, FLUSH has nothing to do on any file of the mount
+    /// and is answered ENOSYS, so that the kernel stops sending it (see
+    /// `flushing`).
+    no_flush: AtomicBool,
     /// The source root again, for the namespace map.
     map_root: Arc<OwnedFd>,
     /// Plain read-only opens share one descriptor per inode (a daemon
@@ -305,6 +310,7 @@ impl PassthroughFs {
             root_path,
             switch_creds: sys::geteuid() == 0,
             writeback: AtomicBool::new(false),
+            no_flush: AtomicBool::new(false),
             map_root,
             share_readers: role == Role::Daemon,
         })
@@ -620,8 +626,12 @@ impl Filesystem for PassthroughFs {
         // with CAP_FSETID, so the source would not do it on write; and the
         // kernel's own chown path sends a mode that loses the sticky bit.
         config.want |= config.kernel_flags & FUSE_HANDLE_KILLPRIV_V2;
-        self.writeback
-            .store(config.want & FUSE_WRITEBACK_CACHE != 0, Ordering::Relaxed);
+        let writeback = config.want & FUSE_WRITEBACK_CACHE != 0;
+        self.writeback.store(writeback, Ordering::Relaxed);
+        self.no_flush.store(
+            writeback && flushing::close_reports_nothing_beneath(self.map_root.as_fd(), self.opts.one_file_system),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
@@ -930,8 +940,13 @@ impl Filesystem for PassthroughFs {
 
     /// Sent for writers on sources that may defer write errors only (see
     /// `open`): closing a duplicate makes the source report them at
-    /// `close(2)`, as it would natively.
+    /// `close(2)`, as it would natively. Under write-back the kernel sends
+    /// it on every close; where no file can report anything, ENOSYS ends
+    /// that round trip for the rest of the mount.
     fn flush(&self, _req: &Request, node: NodeId, fh: FileHandle, _lock_owner: u64) -> Result<()> {
+        if self.no_flush.load(Ordering::Relaxed) {
+            return Err(Errno::ENOSYS);
+        }
         sys::close_dup(self.file(node, fh)?.fd())
     }
 
