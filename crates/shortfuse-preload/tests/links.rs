@@ -3,7 +3,9 @@
 //! of it (its pointer tables, written once per process) before the
 //! program's first instruction: the SSH client sftp brings, with its async
 //! runtime and crypto, was about half of that. It belongs in the shim built
-//! with sftp alone, which `run` loads only for an sftp mount.
+//! with sftp alone, which `run` loads only for an sftp mount. Nor does a
+//! shim parse the cache's configuration files: `shortfuse run` reads a
+//! `config=FILE` once and hands every process the values it holds.
 
 // The built shim's path, alone of what the module shares.
 #[allow(dead_code)]
@@ -57,5 +59,30 @@ fn the_shim_every_process_loads_links_no_ssh_client() {
             "the shim built with sftp does not link {stack}"
         );
         assert_eq!(mentions(&lean, stack), 0, "the shim every process loads links {stack}");
+    }
+}
+
+#[test]
+fn no_shim_links_a_configuration_file_parser() {
+    let lean = support::shim();
+    let dir = lean.parent().unwrap();
+    let cli = dir.join("shortfuse");
+    let full = dir.join("libshortfuse_preload_sftp.so");
+    for built in [&cli, &full] {
+        assert!(
+            built.is_file(),
+            "{} not built: build the workspace (make build)",
+            built.display()
+        );
+    }
+    let cli = std::fs::read(&cli).unwrap();
+    for parser in ["toml_edit", "winnow"] {
+        // The command line, which reads the files, shows that the check
+        // sees the parser where it is.
+        assert!(mentions(&cli, parser) > 0, "shortfuse does not link {parser}");
+        for shim in [&lean, &full] {
+            let elf = std::fs::read(shim).unwrap();
+            assert_eq!(mentions(&elf, parser), 0, "{} links {parser}", shim.display());
+        }
     }
 }

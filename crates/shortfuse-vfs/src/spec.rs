@@ -236,7 +236,8 @@ impl MountSpec {
                 _ => {}
             }
         }
-        out.cache = CacheOptions::take_from(&mut cache)?;
+        // `run` has already read a config=FILE into the values it holds.
+        out.cache = CacheOptions::take_expanded(&mut cache)?;
         out.cache.config()?;
         Ok(out)
     }

@@ -136,6 +136,31 @@ impl CacheOptions {
     /// claimed), leaving the file system's own. A `config=FILE` is read
     /// first wherever it stands; the other options then apply over it.
     pub fn take_from(rest: &mut FsOptions) -> Result<CacheOptions, String> {
+        Self::take_with(rest, CacheOptions::load_file)
+    }
+
+    /// [`CacheOptions::take_from`] for options a command already expanded:
+    /// `shortfuse run` reads a `config=FILE` once and hands every process
+    /// the values it holds, so the preload shim, which every process under
+    /// `run` loads and relocates whole before the program starts, is not
+    /// linked with a TOML parser it would never call. A `config=` left in
+    /// is refused rather than ignored.
+    pub fn take_expanded(rest: &mut FsOptions) -> Result<CacheOptions, String> {
+        Self::take_with(rest, |_, path| {
+            Err(format!(
+                "{}: a configuration file is read by the command that starts the program \
+                 (shortfuse run), which passes on the values it holds",
+                path.display()
+            ))
+        })
+    }
+
+    /// The two above, with `load` meeting each `config=FILE`: generic, so
+    /// that a caller that never reads a file links no parser.
+    fn take_with(
+        rest: &mut FsOptions,
+        load: impl Fn(&mut CacheOptions, &Path) -> Result<(), String>,
+    ) -> Result<CacheOptions, String> {
         let mut o = CacheOptions::default();
         let mine: Vec<(String, Option<String>)> = rest
             .iter()
@@ -145,8 +170,7 @@ impl CacheOptions {
         rest.retain(|(k, _)| !CACHE_KEYS.contains(&k.as_str()));
         for (k, v) in mine.iter().filter(|(k, _)| k == "config") {
             let path = v.as_deref().filter(|p| !p.is_empty()).ok_or("expected config=FILE")?;
-            o.load_file(Path::new(path))
-                .map_err(|e| format!("-o {k}={path}: {e}"))?;
+            load(&mut o, Path::new(path)).map_err(|e| format!("-o {k}={path}: {e}"))?;
         }
         for (k, v) in mine.iter().filter(|(k, _)| k != "config") {
             o.apply(k, v.as_deref())
@@ -155,7 +179,8 @@ impl CacheOptions {
         Ok(o)
     }
 
-    /// Applies one option; `Ok(false)` when `key` is not a cache option.
+    /// Applies one option; `Ok(false)` when `key` is not one it applies
+    /// (`config=FILE` is a file of options, read by [`CacheOptions::take_from`]).
     pub fn apply(&mut self, key: &str, value: Option<&str>) -> Result<bool, String> {
         match key {
             "cache" => {
@@ -184,10 +209,9 @@ impl CacheOptions {
                 }
             }
             "meta_timeout" => self.meta_timeout = seconds_value(key, value)?,
-            "config" => {
-                let path = value.filter(|p| !p.is_empty()).ok_or("expected config=FILE")?;
-                self.load_file(Path::new(path))?;
-            }
+            // `config=FILE` is not one option but a file of them, met by
+            // the caller that takes the options (`take_from`), so that
+            // what applies options alone links no file parser.
             _ => return Ok(false),
         }
         Ok(true)
