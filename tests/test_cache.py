@@ -241,3 +241,29 @@ def test_a_config_file_sets_the_cache_and_options_override_it(mount_factory, tmp
         timeout=30,
     )
     assert r.returncode != 0 and b"page_sise" in r.stderr, r.stderr
+
+
+def test_a_config_file_under_run_reaches_every_process(shortfuse, scratch):
+    # run reads the file once and hands the processes its values: the shim
+    # they load links no parser and would refuse a config= left in.
+    src = scratch / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"q" * 100_000)
+    conf = scratch / "cache.toml"
+    conf.write_text('cache = true\npage_size = 65536\ncache_policy = "lru"\n')
+    stats = scratch / "stats.jsonl"
+    # The program reads from a child with another working directory.
+    child = "import sys; sys.exit(len(open('/cm/f', 'rb').read()) != 100_000)"
+    program = f"import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', {child!r}], cwd='/').returncode)"
+    p = test_run.run(
+        [str(shortfuse), "run", "-m", f"/cm=passthrough:{src}", "-o", f"config={conf},page_size=32K",
+         "--stats", str(stats), "--", sys.executable, "-c", program]
+    )
+    assert p.returncode == 0, p.stderr.decode()
+    assert "pages of 32 KiB (lru)" in p.stderr.decode(), p.stderr.decode()
+    lines = [json.loads(l) for l in stats.read_text().splitlines()]
+    assert any(l["mountpoint"] == "/cm" and l["cache"]["bytes_in"] >= 100_000 for l in lines), lines
+    bad = scratch / "bad.toml"
+    bad.write_text("cache = true\npage_sise = 4096\n")
+    p = test_run.run([str(shortfuse), "run", "-m", f"/cm=passthrough:{src}", "-o", f"config={bad}", "--", "true"])
+    assert p.returncode != 0 and b"page_sise" in p.stderr, p.stderr
