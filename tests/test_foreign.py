@@ -1172,7 +1172,7 @@ def test_an_open_and_close_sends_serve_one_message_at_most(shortfuse, scratch):
 
 
 # Stats a missing name argv[2] times in directory argv[1].
-STAT_MISSING = r"""
+STAT_MISSING_AGAIN = r"""
 import os, sys
 for _ in range(int(sys.argv[2])):
     try:
@@ -1195,7 +1195,7 @@ def test_daemon_spin_us_0_makes_the_daemon_s_reader_sleep_after_each_request(sho
     try:
         n = 200
         figures = d.stats()["daemon"]
-        p = under(shortfuse, mp, [sys.executable, "-c", STAT_MISSING, str(mp), str(n)])
+        p = under(shortfuse, mp, [sys.executable, "-c", STAT_MISSING_AGAIN, str(mp), str(n)])
         assert p.returncode == 0, p.stderr.decode()
         after = d.stats()["daemon"]
         # Each lookup finds the daemon asleep (it polled for none), so the

@@ -135,3 +135,27 @@ def test_finding_mounts_and_daemons_asks_no_daemon(tmp_path):
     assert answered_while_stopped, "the harness waited for a stopped daemon"
     assert found["mounted"] is True
     assert found["other"] and not set(found["other"]) & set(pids), found
+
+
+def defined_twice(source: str) -> list[str]:
+    """Top-level names a module binds more than once (def, class or a plain
+    assignment): the later one silently replaces the first for every test
+    above it that uses the name."""
+    import ast
+    import collections
+
+    seen: collections.Counter[str] = collections.Counter()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            seen[node.name] += 1
+        elif isinstance(node, ast.Assign):
+            seen.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return sorted(name for name, n in seen.items() if n > 1)
+
+
+def test_no_test_module_binds_a_top_level_name_twice():
+    # Two tests once each defined a STAT_MISSING script; the second
+    # replaced the first, and the first test ran the wrong program.
+    assert defined_twice("A = 1\ndef f(): pass\nA = 2\n") == ["A"]
+    twice = {p.name: d for p in sorted(TESTS.glob("*.py")) if (d := defined_twice(p.read_text()))}
+    assert twice == {}
