@@ -999,25 +999,27 @@ mod tests {
 
         // A configuration served in the calling process may beat native,
         // but only runs clear of native's show it.
-        let lat = |v: f64, runs: Vec<f64>| Figure {
-            op: "stat".into(),
-            unit: "us".into(),
+        let fig = |op: &str, unit: &str, v: f64, runs: Vec<f64>| Figure {
+            op: op.into(),
+            unit: unit.into(),
             value: v,
             lower_is_better: true,
             runs,
             ..Figure::default()
         };
-        let suite = SuiteResult {
+        let latency = |results: Vec<ConfigResult>| SuiteResult {
             suite: "latency".into(),
             scale: String::new(),
             repeats: 3,
             comparisons: vec![],
-            results: vec![
-                result("native", vec![lat(1.0, vec![0.5, 1.0, 1.5])]),
-                result("preload", vec![lat(0.8, vec![0.7, 0.8, 0.9])]),
-                result("ring", vec![lat(0.3, vec![0.2, 0.3, 0.4])]),
-            ],
+            results,
         };
+        let lat = |v: f64, runs: Vec<f64>| fig("stat", "us", v, runs);
+        let suite = latency(vec![
+            result("native", vec![lat(1.0, vec![0.5, 1.0, 1.5])]),
+            result("preload", vec![lat(0.8, vec![0.7, 0.8, 0.9])]),
+            result("ring", vec![lat(0.3, vec![0.2, 0.3, 0.4])]),
+        ]);
         let faster = suite.faster_than_native();
         assert!(
             faster[0].starts_with("`preload` stat") && faster[0].contains("ranges overlap native's"),
@@ -1032,42 +1034,28 @@ mod tests {
         // Skipping a kernel entry explains a gain of a call or two, measured
         // by native's getpid in the same run, and nothing larger: not a
         // create that ext4 makes take 20 or 800 µs, not a whole program.
-        let fig = |op: &str, unit: &str, v: f64, runs: Vec<f64>| Figure {
-            op: op.into(),
-            unit: unit.into(),
-            value: v,
-            lower_is_better: true,
-            runs,
-            ..Figure::default()
-        };
-        let suite = SuiteResult {
-            suite: "latency".into(),
-            scale: String::new(),
-            repeats: 3,
-            comparisons: vec![],
-            results: vec![
-                result(
-                    "native",
-                    vec![
-                        fig("getpid", "us", 0.14, vec![0.14, 0.14, 0.14]),
-                        fig("stat-missing", "us", 0.88, vec![0.87, 0.88, 0.89]),
-                        fig("stat", "us", 1.0, vec![0.99, 1.0, 1.01]),
-                        fig("create", "us", 807.0, vec![19.0, 807.0, 814.0]),
-                        fig("git-add+commit", "ms", 1100.0, vec![1093.0, 1109.0]),
-                    ],
-                ),
-                result(
-                    "preload",
-                    vec![
-                        fig("getpid", "us", 0.19, vec![0.19, 0.19, 0.19]),
-                        fig("stat-missing", "us", 0.83, vec![0.83, 0.83, 0.83]),
-                        fig("stat", "us", 0.5, vec![0.49, 0.5, 0.51]),
-                        fig("create", "us", 577.0, vec![20.0, 577.0, 811.0]),
-                        fig("git-add+commit", "ms", 697.0, vec![358.0, 1036.0]),
-                    ],
-                ),
-            ],
-        };
+        let suite = latency(vec![
+            result(
+                "native",
+                vec![
+                    fig("getpid", "us", 0.14, vec![0.14, 0.14, 0.14]),
+                    fig("stat-missing", "us", 0.88, vec![0.87, 0.88, 0.89]),
+                    fig("stat", "us", 1.0, vec![0.99, 1.0, 1.01]),
+                    fig("create", "us", 807.0, vec![19.0, 807.0, 814.0]),
+                    fig("git-add+commit", "ms", 1100.0, vec![1093.0, 1109.0]),
+                ],
+            ),
+            result(
+                "preload",
+                vec![
+                    fig("getpid", "us", 0.19, vec![0.19, 0.19, 0.19]),
+                    fig("stat-missing", "us", 0.83, vec![0.83, 0.83, 0.83]),
+                    fig("stat", "us", 0.5, vec![0.49, 0.5, 0.51]),
+                    fig("create", "us", 577.0, vec![20.0, 577.0, 811.0]),
+                    fig("git-add+commit", "ms", 697.0, vec![358.0, 1036.0]),
+                ],
+            ),
+        ]);
         let faster = suite.faster_than_native();
         let about = |op: &str| {
             faster
